@@ -1,0 +1,35 @@
+// canzonactl subcommands. Each Add*Command registers one subcommand (its
+// options and a callback) on the top-level CLI11 app. Callbacks report a
+// usage or input problem by throwing CanzonactlExit(2, "one line naming the
+// problem"); main() prints it and exits with that code, so nothing is written
+// on bad input.
+//
+// Thread-safety: single-threaded command-line code.
+#ifndef CANZONA_CLIENT_CTL_COMMANDS_H_
+#define CANZONA_CLIENT_CTL_COMMANDS_H_
+
+#include <stdexcept>
+#include <string>
+
+#include "CLI/CLI.hpp"
+
+namespace canzona::ctl {
+
+// Thrown by a subcommand callback to end the program with `code`.
+class CanzonactlExit : public std::runtime_error {
+ public:
+  CanzonactlExit(int code, const std::string& message)
+      : std::runtime_error(message), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
+void AddPlanCommand(CLI::App& app);
+void AddReplayCommand(CLI::App& app);
+void AddBenchCommand(CLI::App& app);
+
+}  // namespace canzona::ctl
+
+#endif  // CANZONA_CLIENT_CTL_COMMANDS_H_

@@ -1,0 +1,35 @@
+// canzonactl: the operator and user command line of Canzona.
+//   canzonactl plan    --model qwen3-32b --dp 32 --tp 8 ...   (planner)
+//   canzonactl replay  --optimizer muon --param P.npy ...     (offline optimizer)
+//   canzonactl bench   kernels                                (kernel rates)
+#include <cstdio>
+#include <exception>
+
+#include "CLI/CLI.hpp"
+#include "client/ctl/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"canzonactl: inspect, plan, replay and benchmark Canzona"};
+  app.require_subcommand(1);
+  canzona::ctl::AddPlanCommand(app);
+  canzona::ctl::AddReplayCommand(app);
+  canzona::ctl::AddBenchCommand(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // Usage errors: one line on stderr, status 2.
+    std::fprintf(stderr, "canzonactl: %s\n", e.what());
+    return 2;
+  } catch (const canzona::ctl::CanzonactlExit& e) {
+    if (e.what()[0] != '\0') std::fprintf(stderr, "canzonactl: %s\n", e.what());
+    return e.code();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "canzonactl: internal error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,36 @@
+# Sourced by tests/run.sh and deploy/demo.sh: installs the Debian packages
+# Canzona builds and tests with, only those missing, quietly.
+# The CUDA 13 toolkit is expected in /usr/local/cuda (not a Debian package).
+
+CANZONA_DEBIAN_PACKAGES=(
+  cmake ninja-build g++ pkg-config
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libopenblas-dev liblapacke-dev
+  nlohmann-json3-dev libspdlog-dev libcli11-dev
+)
+
+canzona_install_deps() {
+  local missing=()
+  local pkg
+  for pkg in "${CANZONA_DEBIAN_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed"; then
+      missing+=("$pkg")
+    fi
+  done
+  if ((${#missing[@]} == 0)); then
+    return 0
+  fi
+  echo "canzona: installing ${missing[*]}" >&2
+  local sudo=""
+  if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq >/dev/null
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# Adds /usr/local/cuda/bin to PATH so CMake finds nvcc when it exists.
+canzona_cuda_path() {
+  if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+  fi
+}

@@ -1,0 +1,255 @@
+// The numeric backend interface: the dense linear algebra and fused
+// elementwise kernels that Canzona's optimizer update rules are written in.
+//
+// Two implementations: `cpu` (OpenBLAS + LAPACKE, kernels/cpu) and `cuda`
+// (cuBLAS + cuSOLVER + our kernels, kernels/cuda). Update rules in
+// server/optim call only this interface, so the same rule runs on either.
+//
+// Conventions (all methods):
+// - Matrices are float32, row-major (like PyTorch): element (i, j) of a
+//   rows x cols matrix with leading dimension ld lives at a[i * ld + j].
+// - Every pointer argument points into the backend's own memory space
+//   (host memory for cpu, device memory for cuda): allocate with Allocate()
+//   and move data with CopyFromHost / CopyToHost. Index arrays (`perm`) and
+//   scalars are host values.
+// - Outputs may alias inputs for elementwise kernels; GEMM/SYRK outputs must
+//   not alias their inputs.
+// - Work is ordered: each call sees the results of the previous calls on the
+//   same backend. Only methods returning host values (SumSquares, CopyToHost,
+//   Synchronize) wait for the device.
+//
+// Example:
+//   CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+//                            CreateBackend(BackendKind::kCpu));
+//   CANZONA_ASSIGN_OR_RETURN(DeviceBuffer x, backend->Allocate(rows * cols));
+//   CANZONA_RETURN_IF_ERROR(backend->CopyFromHost(host, x.size(), x.data()));
+//   CANZONA_RETURN_IF_ERROR(backend->NewtonSchulz(spec, 1, rows, cols,
+//                                                 x.data(), x.data()));
+//
+// Thread-safety: a Backend is not thread-safe. It is owned by one device
+// worker thread (which owns its stream and library handles); distinct
+// Backend objects may be used from distinct threads concurrently.
+#ifndef CANZONA_KERNELS_BACKEND_H_
+#define CANZONA_KERNELS_BACKEND_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace canzona {
+
+enum class BackendKind { kCpu, kCuda };
+
+// "cpu" / "cuda".
+absl::string_view BackendKindName(BackendKind kind);
+// Parses "cpu" / "cuda"; INVALID_ARGUMENT naming the value otherwise.
+absl::StatusOr<BackendKind> ParseBackendKind(absl::string_view name);
+
+enum class Transpose { kNo, kYes };
+
+// Arithmetic precision of Newton-Schulz's GEMMs. Accumulation is always
+// float32; kBfloat16 rounds the operands (X, A, B) to bfloat16 as every peer
+// implementation does on GPUs. The cpu backend supports only kFloat32.
+enum class NsPrecision { kFloat32, kBfloat16 };
+
+// Precision of a symmetric eigendecomposition. kFloat64 computes in double
+// internally (inputs and outputs stay float32); Shampoo retries with it when
+// the float32 solver fails to converge.
+enum class EigenPrecision { kFloat32, kFloat64 };
+
+// A fully resolved Newton-Schulz iteration:
+//   X <- X / (norm_scale * ||X||_F + norm_eps)
+//   for each (a, b, c) in coefficients:
+//     A = X X^T; B = b A + c A A; X = a X + B X
+// applied to the wide orientation of the matrix (transposed when
+// rows > cols, transposed back afterwards).
+struct NewtonSchulzSpec {
+  std::vector<std::array<float, 3>> coefficients;  // one triple per step
+  float norm_scale = 1.0f;
+  float norm_eps = 1e-7f;
+  NsPrecision precision = NsPrecision::kFloat32;
+};
+
+class Backend;
+
+// A float32 array in a backend's memory space. Move-only; returns its memory
+// to the backend on destruction. The backend must outlive the buffer.
+//
+// Thread-safety: as the owning Backend.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend* owner, float* data, int64_t size)
+      : owner_(owner), data_(data), size_(size) {}
+  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { Reset(); }
+
+  float* data() const { return data_; }
+  int64_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  inline void Reset();
+
+ private:
+  Backend* owner_ = nullptr;
+  float* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual BackendKind kind() const = 0;
+  // Human-readable description, e.g. "cpu (OpenBLAS 0.3.21, 2 threads)" or
+  // "cuda:0 (NVIDIA H100 80GB HBM3, sm_90)".
+  virtual std::string description() const = 0;
+
+  // ---- Memory -------------------------------------------------------------
+  // Zero-filled float32 array of `count` elements (count >= 0).
+  virtual absl::StatusOr<DeviceBuffer> Allocate(int64_t count) = 0;
+  virtual absl::Status CopyFromHost(const float* host, int64_t count,
+                                    float* dst) = 0;
+  virtual absl::Status CopyToHost(const float* src, int64_t count,
+                                  float* host) = 0;
+  virtual absl::Status Copy(const float* src, int64_t count, float* dst) = 0;
+  // Copies a rows x cols block between strided row-major layouts.
+  virtual absl::Status Copy2D(int64_t rows, int64_t cols, const float* src,
+                              int64_t src_ld, float* dst, int64_t dst_ld) = 0;
+  virtual absl::Status Fill(float value, int64_t count, float* dst) = 0;
+  // Waits until all work issued so far has finished.
+  virtual absl::Status Synchronize() = 0;
+
+  // ---- Dense linear algebra (row-major) ----------------------------------
+  // C[m x n] = alpha * op(A) * op(B) + beta * C, op(A) is m x k.
+  virtual absl::Status Gemm(Transpose trans_a, Transpose trans_b, int64_t m,
+                            int64_t n, int64_t k, float alpha, const float* a,
+                            int64_t lda, const float* b, int64_t ldb,
+                            float beta, float* c, int64_t ldc) = 0;
+  // `batch` independent GEMMs; matrix i of A starts at a + i * stride_a, etc.
+  virtual absl::Status GemmStridedBatched(
+      Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k,
+      float alpha, const float* a, int64_t lda, int64_t stride_a,
+      const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
+      int64_t ldc, int64_t stride_c, int64_t batch) = 0;
+  // Symmetric rank-k update, half the flops of the equivalent GEMM:
+  //   kNo:  C[n x n] = alpha * A A^T + beta * C, A is n x k;
+  //   kYes: C[n x n] = alpha * A^T A + beta * C, A is k x n.
+  // Both triangles of C are written (the result is the full matrix).
+  virtual absl::Status Syrk(Transpose trans, int64_t n, int64_t k, float alpha,
+                            const float* a, int64_t lda, float beta, float* c,
+                            int64_t ldc) = 0;
+  // Eigendecomposition of the symmetric n x n matrix `a` (both triangles
+  // set). On success `a` holds the orthonormal eigenvectors as columns
+  // (a[i * n + j] = component i of eigenvector j) and `eigenvalues` the n
+  // eigenvalues in ascending order. INTERNAL if the solver fails to converge.
+  virtual absl::Status SymmetricEigen(int64_t n, float* a, float* eigenvalues,
+                                      EigenPrecision precision) = 0;
+  // Householder QR of the rows x cols matrix `a` (rows >= cols), replacing
+  // `a` by the thin Q factor, with LAPACK's sign convention (geqrf + orgqr).
+  virtual absl::Status QrOrthonormalize(int64_t rows, int64_t cols,
+                                        float* a) = 0;
+  // Orthogonalizes `batch` contiguous rows x cols matrices (matrix i at
+  // input + i * rows * cols) into `output` (may equal `input`).
+  virtual absl::Status NewtonSchulz(const NewtonSchulzSpec& spec, int64_t batch,
+                                    int64_t rows, int64_t cols,
+                                    const float* input, float* output) = 0;
+
+  // ---- Fused elementwise kernels (n elements, outputs may alias) ---------
+  // out = a + weight * (b - a)   (torch.lerp)
+  virtual absl::Status Lerp(int64_t n, const float* a, const float* b,
+                            float weight, float* out) = 0;
+  // y = alpha * x + beta * y
+  virtual absl::Status Axpby(int64_t n, float alpha, const float* x,
+                             float beta, float* y) = 0;
+  // x = alpha * x
+  virtual absl::Status Scale(int64_t n, float alpha, float* x) = 0;
+  // v = decay * v + weight * g * g
+  virtual absl::Status EmaSquare(int64_t n, float decay, float weight,
+                                 const float* g, float* v) = 0;
+  // out = (m * m_scale) / (sqrt(v * v_scale) + eps)
+  virtual absl::Status AdamDirection(int64_t n, const float* m, float m_scale,
+                                     const float* v, float v_scale, float eps,
+                                     float* out) = 0;
+  // One torch.optim.AdamW step (single-tensor path, same operation order):
+  //   p *= 1 - lr * weight_decay; m = lerp(m, g, 1 - beta1);
+  //   v = beta2 * v + (1 - beta2) * g * g;
+  //   p -= (lr / (1 - beta1^step)) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+  virtual absl::Status AdamWStep(int64_t n, float lr, float beta1, float beta2,
+                                 float eps, float weight_decay, int64_t step,
+                                 const float* g, float* p, float* m,
+                                 float* v) = 0;
+  // Sum of squares accumulated in double; returns to the host (waits).
+  virtual absl::StatusOr<double> SumSquares(int64_t n, const float* x) = 0;
+  // Returns true when every element is finite (waits).
+  virtual absl::StatusOr<bool> AllFinite(int64_t n, const float* x) = 0;
+
+  // ---- Matrix helpers (row-major, contiguous: ld == cols) ----------------
+  // a[i, i] += alpha for the n x n matrix a.
+  virtual absl::Status AddIdentity(int64_t n, float alpha, float* a) = 0;
+  // a[i, j] *= d[j]
+  virtual absl::Status ScaleColumns(int64_t rows, int64_t cols,
+                                    const float* d, float* a) = 0;
+  // out[j] = sum_i a[i, j] * b[i, j]
+  virtual absl::Status ColumnDots(int64_t rows, int64_t cols, const float* a,
+                                  const float* b, float* out) = 0;
+  // dst[:, j] = src[:, perm[j]]   (dst must not alias src)
+  virtual absl::Status GatherColumns(int64_t rows, int64_t cols,
+                                     absl::Span<const int64_t> perm,
+                                     const float* src, float* dst) = 0;
+  // dst[i, :] = src[perm[i], :]   (dst must not alias src)
+  virtual absl::Status GatherRows(int64_t rows, int64_t cols,
+                                  absl::Span<const int64_t> perm,
+                                  const float* src, float* dst) = 0;
+  // dst[cols x rows] = src[rows x cols]^T   (dst must not alias src)
+  virtual absl::Status Transpose2D(int64_t rows, int64_t cols, const float* src,
+                                   float* dst) = 0;
+
+ protected:
+  friend class DeviceBuffer;
+  // Returns memory obtained by Allocate. Never fails visibly.
+  virtual void Free(float* data, int64_t size) = 0;
+};
+
+inline DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    owner_ = other.owner_;
+    data_ = other.data_;
+    size_ = other.size_;
+    other.owner_ = nullptr;
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+inline void DeviceBuffer::Reset() {
+  if (owner_ != nullptr && data_ != nullptr) owner_->Free(data_, size_);
+  owner_ = nullptr;
+  data_ = nullptr;
+  size_ = 0;
+}
+
+// Creates a backend. `device` selects the GPU for kCuda (ignored for kCpu).
+// kCuda without a usable device (or in a build without CUDA) returns
+// FAILED_PRECONDITION whose message starts with "no usable CUDA device".
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(BackendKind kind,
+                                                       int device = 0);
+
+// "auto" -> cuda when a device is present, else cpu; "cpu"; "cuda".
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackendByName(
+    absl::string_view name, int device = 0);
+
+}  // namespace canzona
+
+#endif  // CANZONA_KERNELS_BACKEND_H_

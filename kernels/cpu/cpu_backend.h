@@ -1,0 +1,21 @@
+// The cpu numeric backend: OpenBLAS (sgemm, ssyrk) and LAPACKE (ssyevd,
+// dsyevd, sgeqrf/sorgqr) with plain loops for the elementwise kernels.
+// Host memory is the backend's memory space.
+//
+// Thread-safety: as Backend (one owner thread); OpenBLAS's own threads are
+// used inside each call.
+#ifndef CANZONA_KERNELS_CPU_CPU_BACKEND_H_
+#define CANZONA_KERNELS_CPU_CPU_BACKEND_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace canzona {
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend();
+
+}  // namespace canzona
+
+#endif  // CANZONA_KERNELS_CPU_CPU_BACKEND_H_
