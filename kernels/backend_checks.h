@@ -1,0 +1,62 @@
+// Argument validation shared by every Backend implementation, so cpu and cuda
+// reject the same bad calls with the same INVALID_ARGUMENT messages.
+//
+// Thread-safety: stateless inline functions.
+#ifndef CANZONA_KERNELS_BACKEND_CHECKS_H_
+#define CANZONA_KERNELS_BACKEND_CHECKS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace canzona::backend_checks {
+
+// `what` names the method, e.g. "Gemm"; `field` the argument, e.g. "m".
+inline absl::Status NonNegative(absl::string_view what, absl::string_view field,
+                                int64_t value) {
+  if (value >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": ", field, " must be >= 0, got ", value));
+}
+
+// A pointer must be set whenever it addresses at least one element.
+inline absl::Status Pointer(absl::string_view what, absl::string_view field,
+                            const void* pointer, int64_t count) {
+  if (count == 0 || pointer != nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": ", field, " is null for ", count, " elements"));
+}
+
+// Leading dimension of a row-major matrix with `cols` columns.
+inline absl::Status LeadingDim(absl::string_view what, absl::string_view field,
+                               int64_t ld, int64_t cols) {
+  if (ld >= (cols > 0 ? cols : 1)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": ", field, " = ", ld, " is smaller than the row length ", cols));
+}
+
+// `perm` must be a permutation of [0, size).
+inline absl::Status Permutation(absl::string_view what,
+                                absl::Span<const int64_t> perm, int64_t size) {
+  if (static_cast<int64_t>(perm.size()) != size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": perm has ", perm.size(), " entries, expected ", size));
+  }
+  std::vector<bool> seen(static_cast<size_t>(size), false);
+  for (int64_t p : perm) {
+    if (p < 0 || p >= size || seen[static_cast<size_t>(p)]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": perm is not a permutation of [0, ", size, ")"));
+    }
+    seen[static_cast<size_t>(p)] = true;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace canzona::backend_checks
+
+#endif  // CANZONA_KERNELS_BACKEND_CHECKS_H_
