@@ -1,7 +1,713 @@
 #include "kernels/cpu/cpu_backend.h"
 
+#include <cblas.h>
+#include <lapacke.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+#include "kernels/backend_checks.h"
+#include "kernels/base/status_macros.h"
+
 namespace canzona {
-absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend() {
-  return absl::UnimplementedError("cpu backend: not yet built");
+namespace {
+
+namespace checks = backend_checks;
+
+// Allocations are 64-byte aligned so that every buffer starts on a cache
+// line and the widest vector loads (AVX-512) never straddle one.
+constexpr size_t kAlignment = 64;
+
+// BLAS/LAPACK index with 32-bit integers (Debian's OpenBLAS is LP64), so a
+// dimension that does not fit would silently wrap.
+absl::Status BlasIndex(absl::string_view what, absl::string_view field,
+                       int64_t value) {
+  if (value <= std::numeric_limits<blasint>::max()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": ", field, " = ", value,
+                   " exceeds the 32-bit BLAS/LAPACK index range"));
 }
+
+// Product of non-negative sizes, saturating instead of overflowing so that a
+// huge request is reported rather than wrapped into a small one.
+int64_t SatMul(int64_t a, int64_t b) {
+  if (a == 0 || b == 0) return 0;
+  if (a > std::numeric_limits<int64_t>::max() / b) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return a * b;
+}
+
+CBLAS_TRANSPOSE ToCblas(Transpose t) {
+  return t == Transpose::kYes ? CblasTrans : CblasNoTrans;
+}
+
+// Copies the upper triangle of the n x n matrix c onto its lower triangle.
+// ssyrk writes only one triangle; the interface promises the full matrix.
+void MirrorUpperToLower(int64_t n, float* c, int64_t ldc) {
+  for (int64_t i = 1; i < n; ++i) {
+    float* row = c + i * ldc;
+    for (int64_t j = 0; j < i; ++j) row[j] = c[j * ldc + i];
+  }
+}
+
+// Cache-blocked transpose: a naive loop strides through dst by `rows` floats
+// per element, touching a new cache line every store.
+void TransposeBlocked(int64_t rows, int64_t cols, const float* src,
+                      int64_t src_ld, float* dst, int64_t dst_ld) {
+  constexpr int64_t kBlock = 32;
+  for (int64_t i0 = 0; i0 < rows; i0 += kBlock) {
+    const int64_t i1 = std::min(rows, i0 + kBlock);
+    for (int64_t j0 = 0; j0 < cols; j0 += kBlock) {
+      const int64_t j1 = std::min(cols, j0 + kBlock);
+      for (int64_t i = i0; i < i1; ++i) {
+        for (int64_t j = j0; j < j1; ++j) {
+          dst[j * dst_ld + i] = src[i * src_ld + j];
+        }
+      }
+    }
+  }
+}
+
+// Grows `v` to at least `n` elements; never shrinks, so steady-state calls
+// with the same shapes do not allocate.
+template <typename T>
+T* Scratch(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  return v.data();
+}
+
+// Checks a stored row-major matrix argument: its pointer (only when
+// `addressed`, i.e. some matrix of a batch is read) and leading dimension.
+absl::Status MatrixArg(absl::string_view what, absl::string_view name,
+                       absl::string_view ld_name, const void* p,
+                       int64_t stored_rows, int64_t stored_cols, int64_t ld,
+                       bool addressed = true) {
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(
+      what, name, p, addressed ? SatMul(stored_rows, stored_cols) : 0));
+  CANZONA_RETURN_IF_ERROR(checks::LeadingDim(what, ld_name, ld, stored_cols));
+  return BlasIndex(what, ld_name, ld);
+}
+
+// The OpenBLAS + LAPACKE backend. Host memory is its memory space and every
+// call completes before returning, so Synchronize has nothing to wait for.
+//
+// Thread-safety: not thread-safe (as Backend): the scratch buffers used by
+// NewtonSchulz, QrOrthonormalize and ColumnDots are per-object state.
+// Distinct CpuBackend objects may be used concurrently.
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend() = default;
+
+  BackendKind kind() const override { return BackendKind::kCpu; }
+
+  std::string description() const override {
+    const char* config = openblas_get_config();
+    return absl::StrCat("cpu (", config != nullptr ? config : "OpenBLAS", ", ",
+                        openblas_get_num_threads(), " threads)");
+  }
+
+  // ---- Memory -------------------------------------------------------------
+
+  absl::StatusOr<DeviceBuffer> Allocate(int64_t count) override {
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative("Allocate", "count", count));
+    if (count == 0) return DeviceBuffer(this, nullptr, 0);
+    constexpr int64_t kMaxCount = (std::numeric_limits<int64_t>::max() -
+                                   static_cast<int64_t>(kAlignment)) /
+                                  static_cast<int64_t>(sizeof(float));
+    if (count > kMaxCount) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "Allocate: ", count, " floats exceed the addressable size"));
+    }
+    // aligned_alloc requires the size to be a multiple of the alignment.
+    const size_t bytes =
+        (static_cast<size_t>(count) * sizeof(float) + kAlignment - 1) /
+        kAlignment * kAlignment;
+    void* p = std::aligned_alloc(kAlignment, bytes);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "Allocate: cannot allocate ", count, " floats (", bytes, " bytes)"));
+    }
+    std::memset(p, 0, bytes);
+    return DeviceBuffer(this, static_cast<float*>(p), count);
+  }
+
+  absl::Status CopyFromHost(const float* host, int64_t count,
+                            float* dst) override {
+    return CopyImpl("CopyFromHost", "host", "dst", host, count, dst);
+  }
+
+  absl::Status CopyToHost(const float* src, int64_t count,
+                          float* host) override {
+    return CopyImpl("CopyToHost", "src", "host", src, count, host);
+  }
+
+  absl::Status Copy(const float* src, int64_t count, float* dst) override {
+    return CopyImpl("Copy", "src", "dst", src, count, dst);
+  }
+
+  absl::Status Copy2D(int64_t rows, int64_t cols, const float* src,
+                      int64_t src_ld, float* dst, int64_t dst_ld) override {
+    constexpr absl::string_view kWhat = "Copy2D";
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
+    const int64_t count = SatMul(rows, cols);
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "src", src, count));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "dst", dst, count));
+    CANZONA_RETURN_IF_ERROR(checks::LeadingDim(kWhat, "src_ld", src_ld, cols));
+    CANZONA_RETURN_IF_ERROR(checks::LeadingDim(kWhat, "dst_ld", dst_ld, cols));
+    if (count == 0 || src == dst) return absl::OkStatus();
+    if (src_ld == cols && dst_ld == cols) {
+      std::memmove(dst, src, static_cast<size_t>(count) * sizeof(float));
+      return absl::OkStatus();
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      std::memmove(dst + i * dst_ld, src + i * src_ld,
+                   static_cast<size_t>(cols) * sizeof(float));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Fill(float value, int64_t count, float* dst) override {
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative("Fill", "count", count));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer("Fill", "dst", dst, count));
+    std::fill(dst, dst + count, value);
+    return absl::OkStatus();
+  }
+
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  // ---- Dense linear algebra ----------------------------------------------
+
+  absl::Status Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n,
+                    int64_t k, float alpha, const float* a, int64_t lda,
+                    const float* b, int64_t ldb, float beta, float* c,
+                    int64_t ldc) override {
+    CANZONA_RETURN_IF_ERROR(CheckGemm("Gemm", trans_a, trans_b, m, n, k, a, lda,
+                                      b, ldb, c, ldc, true));
+    GemmUnchecked(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                  ldc);
+    return absl::OkStatus();
+  }
+
+  absl::Status GemmStridedBatched(Transpose trans_a, Transpose trans_b,
+                                  int64_t m, int64_t n, int64_t k, float alpha,
+                                  const float* a, int64_t lda, int64_t stride_a,
+                                  const float* b, int64_t ldb, int64_t stride_b,
+                                  float beta, float* c, int64_t ldc,
+                                  int64_t stride_c, int64_t batch) override {
+    constexpr absl::string_view kWhat = "GemmStridedBatched";
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "batch", batch));
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "stride_a", stride_a));
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "stride_b", stride_b));
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "stride_c", stride_c));
+    // With batch == 0 no matrix is addressed, so null pointers are fine.
+    CANZONA_RETURN_IF_ERROR(CheckGemm(kWhat, trans_a, trans_b, m, n, k, a, lda,
+                                      b, ldb, c, ldc, batch > 0));
+    for (int64_t i = 0; i < batch; ++i) {
+      GemmUnchecked(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda,
+                    b + i * stride_b, ldb, beta, c + i * stride_c, ldc);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Syrk(Transpose trans, int64_t n, int64_t k, float alpha,
+                    const float* a, int64_t lda, float beta, float* c,
+                    int64_t ldc) override {
+    constexpr absl::string_view kWhat = "Syrk";
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "k", k));
+    CANZONA_RETURN_IF_ERROR(BlasIndex(kWhat, "n", n));
+    CANZONA_RETURN_IF_ERROR(BlasIndex(kWhat, "k", k));
+    const bool t = trans == Transpose::kYes;
+    CANZONA_RETURN_IF_ERROR(
+        MatrixArg(kWhat, "a", "lda", a, t ? k : n, t ? n : k, lda));
+    CANZONA_RETURN_IF_ERROR(MatrixArg(kWhat, "c", "ldc", c, n, n, ldc));
+    if (n == 0) return absl::OkStatus();
+    SyrkUnchecked(trans, n, k, alpha, a, lda, beta, c, ldc);
+    return absl::OkStatus();
+  }
+
+  absl::Status SymmetricEigen(int64_t n, float* a, float* eigenvalues,
+                              EigenPrecision precision) override {
+    constexpr absl::string_view kWhat = "SymmetricEigen";
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
+    CANZONA_RETURN_IF_ERROR(BlasIndex(kWhat, "n", n));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, SatMul(n, n)));
+    CANZONA_RETURN_IF_ERROR(
+        checks::Pointer(kWhat, "eigenvalues", eigenvalues, n));
+    if (n == 0) return absl::OkStatus();
+    const lapack_int ln = static_cast<lapack_int>(n);
+    if (precision == EigenPrecision::kFloat32) {
+      const lapack_int info =
+          LAPACKE_ssyevd(LAPACK_ROW_MAJOR, 'V', 'U', ln, a, ln, eigenvalues);
+      return LapackStatus("LAPACKE_ssyevd", info);
+    }
+    // Shampoo falls back to double when the float32 solver fails; doing the
+    // whole solve in double (not just refining) is what makes that retry
+    // meaningful.
+    const int64_t nn = n * n;
+    double* da = Scratch(eig_a_, nn);
+    double* dw = Scratch(eig_w_, n);
+    for (int64_t i = 0; i < nn; ++i) da[i] = a[i];
+    const lapack_int info =
+        LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', ln, da, ln, dw);
+    CANZONA_RETURN_IF_ERROR(LapackStatus("LAPACKE_dsyevd", info));
+    for (int64_t i = 0; i < nn; ++i) a[i] = static_cast<float>(da[i]);
+    for (int64_t i = 0; i < n; ++i) eigenvalues[i] = static_cast<float>(dw[i]);
+    return absl::OkStatus();
+  }
+
+  absl::Status QrOrthonormalize(int64_t rows, int64_t cols, float* a) override {
+    constexpr absl::string_view kWhat = "QrOrthonormalize";
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
+    CANZONA_RETURN_IF_ERROR(BlasIndex(kWhat, "rows", rows));
+    if (rows < cols) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kWhat, ": rows must be >= cols for a thin Q, got ", rows,
+                       " x ", cols));
+    }
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, SatMul(rows, cols)));
+    if (rows == 0 || cols == 0) return absl::OkStatus();
+    const lapack_int m = static_cast<lapack_int>(rows);
+    const lapack_int n = static_cast<lapack_int>(cols);
+    float* tau = Scratch(tau_, cols);
+    CANZONA_RETURN_IF_ERROR(LapackStatus(
+        "LAPACKE_sgeqrf", LAPACKE_sgeqrf(LAPACK_ROW_MAJOR, m, n, a, n, tau)));
+    return LapackStatus("LAPACKE_sorgqr",
+                        LAPACKE_sorgqr(LAPACK_ROW_MAJOR, m, n, n, a, n, tau));
+  }
+
+  absl::Status NewtonSchulz(const NewtonSchulzSpec& spec, int64_t batch,
+                            int64_t rows, int64_t cols, const float* input,
+                            float* output) override {
+    constexpr absl::string_view kWhat = "NewtonSchulz";
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "batch", batch));
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
+    CANZONA_RETURN_IF_ERROR(BlasIndex(kWhat, "rows", rows));
+    CANZONA_RETURN_IF_ERROR(BlasIndex(kWhat, "cols", cols));
+    const int64_t per_matrix = SatMul(rows, cols);
+    const int64_t total = SatMul(batch, per_matrix);
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "input", input, total));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "output", output, total));
+    // Checked before the zero-size early return: an unsupported precision is
+    // a configuration error regardless of the shape it is first used with.
+    if (spec.precision != NsPrecision::kFloat32) {
+      return absl::UnimplementedError(
+          "cpu backend: Newton-Schulz supports only float32");
+    }
+    if (total == 0) return absl::OkStatus();
+
+    // Work on the wide orientation (m <= n) so X X^T is the smaller Gram
+    // matrix.
+    const bool transposed = rows > cols;
+    const int64_t m = transposed ? cols : rows;
+    const int64_t n = transposed ? rows : cols;
+    float* x = Scratch(ns_x_, m * n);
+    float* y = Scratch(ns_y_, m * n);
+    float* gram = Scratch(ns_a_, m * m);
+    float* poly = Scratch(ns_b_, m * m);
+    const size_t x_bytes = static_cast<size_t>(m * n) * sizeof(float);
+    const size_t gram_bytes = static_cast<size_t>(m * m) * sizeof(float);
+
+    for (int64_t i = 0; i < batch; ++i) {
+      const float* in = input + i * per_matrix;
+      float* out = output + i * per_matrix;
+      if (transposed) {
+        TransposeBlocked(rows, cols, in, cols, x, n);
+      } else {
+        std::memcpy(x, in, x_bytes);
+      }
+
+      double sum_squares = 0.0;
+      for (int64_t j = 0; j < m * n; ++j) {
+        sum_squares += static_cast<double>(x[j]) * x[j];
+      }
+      // Same float arithmetic as X / (norm_scale * X.norm() + eps) in torch.
+      const float norm = static_cast<float>(std::sqrt(sum_squares));
+      const float denom = spec.norm_scale * norm + spec.norm_eps;
+      for (int64_t j = 0; j < m * n; ++j) x[j] = x[j] / denom;
+
+      for (const std::array<float, 3>& abc : spec.coefficients) {
+        // A = X X^T (ssyrk: half the flops of sgemm), both triangles.
+        SyrkUnchecked(Transpose::kNo, m, n, 1.0f, x, n, 0.0f, gram, m);
+        // B = b A + c A A.
+        std::memcpy(poly, gram, gram_bytes);
+        GemmUnchecked(Transpose::kNo, Transpose::kNo, m, m, m, abc[2], gram, m,
+                      gram, m, abc[1], poly, m);
+        // X = a X + B X, into the second buffer since sgemm's C must not
+        // alias its inputs.
+        std::memcpy(y, x, x_bytes);
+        GemmUnchecked(Transpose::kNo, Transpose::kNo, m, n, m, 1.0f, poly, m, x,
+                      n, abc[0], y, n);
+        std::swap(x, y);
+      }
+
+      if (transposed) {
+        TransposeBlocked(m, n, x, n, out, cols);
+      } else {
+        std::memcpy(out, x, x_bytes);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // ---- Fused elementwise kernels -----------------------------------------
+  // Plain loops in float, evaluated in the same order as PyTorch's CPU
+  // kernels so results match torch as closely as float rounding allows.
+
+  absl::Status Lerp(int64_t n, const float* a, const float* b, float weight,
+                    float* out) override {
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative("Lerp", "n", n));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer("Lerp", "a", a, n));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer("Lerp", "b", b, n));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer("Lerp", "out", out, n));
+    // torch picks the formula that is exact at its nearer endpoint
+    // (weight 0 -> a, weight 1 -> b).
+    if (std::abs(weight) < 0.5f) {
+      for (int64_t i = 0; i < n; ++i) out[i] = a[i] + weight * (b[i] - a[i]);
+    } else {
+      const float one_minus = 1.0f - weight;
+      for (int64_t i = 0; i < n; ++i) {
+        out[i] = b[i] - (b[i] - a[i]) * one_minus;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Axpby(int64_t n, float alpha, const float* x, float beta,
+                     float* y) override {
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative("Axpby", "n", n));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer("Axpby", "x", x, n));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer("Axpby", "y", y, n));
+    for (int64_t i = 0; i < n; ++i) y[i] = alpha * x[i] + beta * y[i];
+    return absl::OkStatus();
+  }
+
+  absl::Status Scale(int64_t n, float alpha, float* x) override {
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative("Scale", "n", n));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer("Scale", "x", x, n));
+    for (int64_t i = 0; i < n; ++i) x[i] = alpha * x[i];
+    return absl::OkStatus();
+  }
+
+  absl::Status EmaSquare(int64_t n, float decay, float weight, const float* g,
+                         float* v) override {
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative("EmaSquare", "n", n));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer("EmaSquare", "g", g, n));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer("EmaSquare", "v", v, n));
+    // v.mul_(decay).addcmul_(g, g, value=weight): (weight * g) * g.
+    for (int64_t i = 0; i < n; ++i) v[i] = v[i] * decay + weight * g[i] * g[i];
+    return absl::OkStatus();
+  }
+
+  absl::Status AdamDirection(int64_t n, const float* m, float m_scale,
+                             const float* v, float v_scale, float eps,
+                             float* out) override {
+    constexpr absl::string_view kWhat = "AdamDirection";
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "m", m, n));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "v", v, n));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "out", out, n));
+    for (int64_t i = 0; i < n; ++i) {
+      out[i] = (m[i] * m_scale) / (std::sqrt(v[i] * v_scale) + eps);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AdamWStep(int64_t n, float lr, float beta1, float beta2,
+                         float eps, float weight_decay, int64_t step,
+                         const float* g, float* p, float* m,
+                         float* v) override {
+    constexpr absl::string_view kWhat = "AdamWStep";
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
+    if (step < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kWhat, ": step must be >= 1, got ", step));
+    }
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "g", g, n));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "p", p, n));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "m", m, n));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "v", v, n));
+    // torch computes the scalars as Python floats (double) and rounds each to
+    // float when it meets a float32 tensor; mirror that exactly.
+    const double lr_d = lr;
+    const double steps = static_cast<double>(step);
+    const float decay = static_cast<float>(1.0 - lr_d * weight_decay);
+    const float m_weight = static_cast<float>(1.0 - static_cast<double>(beta1));
+    const float v_weight = static_cast<float>(1.0 - static_cast<double>(beta2));
+    const double bias_correction1 = 1.0 - std::pow(double{beta1}, steps);
+    const double bias_correction2 = 1.0 - std::pow(double{beta2}, steps);
+    const float neg_step_size = static_cast<float>(-(lr_d / bias_correction1));
+    const float bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+    // exp_avg.lerp_(grad, 1 - beta1) takes the small-weight branch unless
+    // beta1 <= 0.5.
+    const bool small_weight = std::abs(m_weight) < 0.5f;
+    const float m_one_minus = 1.0f - m_weight;
+    for (int64_t i = 0; i < n; ++i) {
+      const float gi = g[i];
+      const float pi = p[i] * decay;
+      const float mi = small_weight ? m[i] + m_weight * (gi - m[i])
+                                    : gi - (gi - m[i]) * m_one_minus;
+      const float vi = v[i] * beta2 + v_weight * gi * gi;
+      const float denom = std::sqrt(vi) / bc2_sqrt + eps;
+      p[i] = pi + neg_step_size * mi / denom;
+      m[i] = mi;
+      v[i] = vi;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<double> SumSquares(int64_t n, const float* x) override {
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative("SumSquares", "n", n));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer("SumSquares", "x", x, n));
+    // Four partial sums break the serial add dependency; float * float is
+    // exact in double, so only the additions round.
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+      for (int j = 0; j < 4; ++j) {
+        const double xi = x[i + j];
+        s[j] += xi * xi;
+      }
+    }
+    for (; i < n; ++i) s[0] += static_cast<double>(x[i]) * x[i];
+    return (s[0] + s[1]) + (s[2] + s[3]);
+  }
+
+  absl::StatusOr<bool> AllFinite(int64_t n, const float* x) override {
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative("AllFinite", "n", n));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer("AllFinite", "x", x, n));
+    // No early exit: a branch-free AND over the array lets the loop
+    // vectorize, and non-finite values are the rare case.
+    bool finite = true;
+    for (int64_t i = 0; i < n; ++i) finite &= std::isfinite(x[i]);
+    return finite;
+  }
+
+  // ---- Matrix helpers ----------------------------------------------------
+
+  absl::Status AddIdentity(int64_t n, float alpha, float* a) override {
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative("AddIdentity", "n", n));
+    CANZONA_RETURN_IF_ERROR(
+        checks::Pointer("AddIdentity", "a", a, SatMul(n, n)));
+    for (int64_t i = 0; i < n; ++i) a[i * n + i] += alpha;
+    return absl::OkStatus();
+  }
+
+  absl::Status ScaleColumns(int64_t rows, int64_t cols, const float* d,
+                            float* a) override {
+    constexpr absl::string_view kWhat = "ScaleColumns";
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
+    CANZONA_RETURN_IF_ERROR(
+        checks::Pointer(kWhat, "d", d, rows == 0 ? 0 : cols));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, SatMul(rows, cols)));
+    for (int64_t i = 0; i < rows; ++i) {
+      float* row = a + i * cols;
+      for (int64_t j = 0; j < cols; ++j) row[j] *= d[j];
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ColumnDots(int64_t rows, int64_t cols, const float* a,
+                          const float* b, float* out) override {
+    constexpr absl::string_view kWhat = "ColumnDots";
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
+    const int64_t count = SatMul(rows, cols);
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, count));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "b", b, count));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "out", out, cols));
+    if (cols == 0) return absl::OkStatus();
+    // Row-wise traversal keeps the reads contiguous; the per-column sums are
+    // kept in double so long columns do not lose precision.
+    double* acc = Scratch(col_acc_, cols);
+    std::fill(acc, acc + cols, 0.0);
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* ar = a + i * cols;
+      const float* br = b + i * cols;
+      for (int64_t j = 0; j < cols; ++j) {
+        acc[j] += static_cast<double>(ar[j]) * br[j];
+      }
+    }
+    for (int64_t j = 0; j < cols; ++j) out[j] = static_cast<float>(acc[j]);
+    return absl::OkStatus();
+  }
+
+  absl::Status GatherColumns(int64_t rows, int64_t cols,
+                             absl::Span<const int64_t> perm, const float* src,
+                             float* dst) override {
+    constexpr absl::string_view kWhat = "GatherColumns";
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
+    CANZONA_RETURN_IF_ERROR(checks::Permutation(kWhat, perm, cols));
+    const int64_t count = SatMul(rows, cols);
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "src", src, count));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "dst", dst, count));
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* s = src + i * cols;
+      float* d = dst + i * cols;
+      for (int64_t j = 0; j < cols; ++j) d[j] = s[perm[j]];
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status GatherRows(int64_t rows, int64_t cols,
+                          absl::Span<const int64_t> perm, const float* src,
+                          float* dst) override {
+    constexpr absl::string_view kWhat = "GatherRows";
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
+    CANZONA_RETURN_IF_ERROR(checks::Permutation(kWhat, perm, rows));
+    const int64_t count = SatMul(rows, cols);
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "src", src, count));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "dst", dst, count));
+    if (count == 0) return absl::OkStatus();
+    for (int64_t i = 0; i < rows; ++i) {
+      std::memcpy(dst + i * cols, src + perm[i] * cols,
+                  static_cast<size_t>(cols) * sizeof(float));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Transpose2D(int64_t rows, int64_t cols, const float* src,
+                           float* dst) override {
+    constexpr absl::string_view kWhat = "Transpose2D";
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
+    const int64_t count = SatMul(rows, cols);
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "src", src, count));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "dst", dst, count));
+    TransposeBlocked(rows, cols, src, cols, dst, rows);
+    return absl::OkStatus();
+  }
+
+ protected:
+  void Free(float* data, int64_t /*size*/) override { std::free(data); }
+
+ private:
+  static absl::Status CopyImpl(absl::string_view what,
+                               absl::string_view src_name,
+                               absl::string_view dst_name, const float* src,
+                               int64_t count, float* dst) {
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(what, "count", count));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(what, src_name, src, count));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(what, dst_name, dst, count));
+    // memmove: callers may pass overlapping ranges (or src == dst).
+    if (count > 0 && src != dst) {
+      std::memmove(dst, src, static_cast<size_t>(count) * sizeof(float));
+    }
+    return absl::OkStatus();
+  }
+
+  static absl::Status CheckGemm(absl::string_view what, Transpose trans_a,
+                                Transpose trans_b, int64_t m, int64_t n,
+                                int64_t k, const float* a, int64_t lda,
+                                const float* b, int64_t ldb, const float* c,
+                                int64_t ldc, bool addressed) {
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(what, "m", m));
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(what, "n", n));
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(what, "k", k));
+    CANZONA_RETURN_IF_ERROR(BlasIndex(what, "m", m));
+    CANZONA_RETURN_IF_ERROR(BlasIndex(what, "n", n));
+    CANZONA_RETURN_IF_ERROR(BlasIndex(what, "k", k));
+    const bool ta = trans_a == Transpose::kYes;
+    const bool tb = trans_b == Transpose::kYes;
+    CANZONA_RETURN_IF_ERROR(
+        MatrixArg(what, "a", "lda", a, ta ? k : m, ta ? m : k, lda, addressed));
+    CANZONA_RETURN_IF_ERROR(
+        MatrixArg(what, "b", "ldb", b, tb ? n : k, tb ? k : n, ldb, addressed));
+    return MatrixArg(what, "c", "ldc", c, m, n, ldc, addressed);
+  }
+
+  // Arguments already validated.
+  static void GemmUnchecked(Transpose trans_a, Transpose trans_b, int64_t m,
+                            int64_t n, int64_t k, float alpha, const float* a,
+                            int64_t lda, const float* b, int64_t ldb,
+                            float beta, float* c, int64_t ldc) {
+    if (m == 0 || n == 0) return;
+    if (k == 0) {
+      // Nothing to multiply: C = beta * C, with BLAS's rule that beta == 0
+      // overwrites C (so garbage/NaN in C does not survive).
+      for (int64_t i = 0; i < m; ++i) {
+        float* row = c + i * ldc;
+        for (int64_t j = 0; j < n; ++j) {
+          row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+        }
+      }
+      return;
+    }
+    cblas_sgemm(CblasRowMajor, ToCblas(trans_a), ToCblas(trans_b),
+                static_cast<blasint>(m), static_cast<blasint>(n),
+                static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
+                static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+  }
+
+  static void SyrkUnchecked(Transpose trans, int64_t n, int64_t k, float alpha,
+                            const float* a, int64_t lda, float beta, float* c,
+                            int64_t ldc) {
+    if (n == 0) return;
+    if (k == 0) {
+      for (int64_t i = 0; i < n; ++i) {
+        float* row = c + i * ldc;
+        for (int64_t j = 0; j < n; ++j) {
+          row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+        }
+      }
+      return;
+    }
+    cblas_ssyrk(CblasRowMajor, CblasUpper, ToCblas(trans),
+                static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+                static_cast<blasint>(lda), beta, c, static_cast<blasint>(ldc));
+    MirrorUpperToLower(n, c, ldc);
+  }
+
+  static absl::Status LapackStatus(absl::string_view routine, lapack_int info) {
+    if (info == 0) return absl::OkStatus();
+    if (info < 0) {
+      // LAPACKE reports a NaN in the input matrix as an invalid argument.
+      return absl::InternalError(absl::StrCat(
+          "cpu backend: ", routine, " failed (info=", info,
+          ": invalid argument ", -info, ", e.g. NaN in the input)"));
+    }
+    return absl::InternalError(absl::StrCat(
+        "cpu backend: ", routine, " failed to converge (info=", info, ")"));
+  }
+
+  // Grow-only scratch (see Scratch): Newton-Schulz X, next X, A = X X^T,
+  // B = b A + c A A.
+  std::vector<float> ns_x_;
+  std::vector<float> ns_y_;
+  std::vector<float> ns_a_;
+  std::vector<float> ns_b_;
+  std::vector<float> tau_;
+  std::vector<double> eig_a_;
+  std::vector<double> eig_w_;
+  std::vector<double> col_acc_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend() {
+  return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
+}
+
 }  // namespace canzona
