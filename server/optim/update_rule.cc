@@ -1,0 +1,235 @@
+#include "server/optim/update_rule.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/base/status_macros.h"
+#include "server/optim/rule_impl.h"
+
+namespace canzona {
+
+using optim_internal::MuonRule;
+using optim_internal::RuleImpl;
+
+const StateTensor* OptimizerState::FindTensor(absl::string_view name) const {
+  for (const StateTensor& tensor : tensors) {
+    if (tensor.name == name) return &tensor;
+  }
+  return nullptr;
+}
+
+int64_t NumElements(absl::Span<const int64_t> shape) {
+  int64_t count = 1;
+  for (int64_t dim : shape) count *= dim;
+  return count;
+}
+
+absl::StatusOr<NewtonSchulzSpec> NewtonSchulzSpecFor(const MuonOptions& options,
+                                                     BackendKind backend_kind) {
+  NewtonSchulzSpec spec;
+  const int64_t steps = options.ns_steps;
+  switch (options.ns_coefficients) {
+    case NsCoefficients::kSimple:
+      spec.coefficients.assign(steps, {3.4445f, -4.7750f, 2.0315f});
+      spec.norm_scale = 1.0f;
+      spec.norm_eps = static_cast<float>(options.eps);
+      break;
+    case NsCoefficients::kQuintic: {
+      static constexpr std::array<std::array<float, 3>, 5> kQuintic = {{
+          {4.0848f, -6.8946f, 2.9270f},
+          {3.9505f, -6.3029f, 2.6377f},
+          {3.7418f, -5.5913f, 2.3037f},
+          {2.8769f, -3.1427f, 1.2046f},
+          {2.8366f, -3.0525f, 1.2012f},
+      }};
+      for (int64_t i = 0; i < steps; ++i) {
+        spec.coefficients.push_back(kQuintic[i % kQuintic.size()]);
+      }
+      spec.norm_scale = 1.0f;
+      spec.norm_eps = static_cast<float>(options.eps);
+      break;
+    }
+    case NsCoefficients::kPolarExpress: {
+      static constexpr std::array<std::array<double, 3>, 5> kPolar = {{
+          {8.156554524902461, -22.48329292557795, 15.878769915207462},
+          {4.042929935166739, -2.808917465908714, 0.5000178451051316},
+          {3.8916678022926607, -2.772484153217685, 0.5060648178503393},
+          {3.285753657755655, -2.3681294933425376, 0.46449024233003106},
+          {2.3465413258596377, -1.7097828382687081, 0.42323551169305323},
+      }};
+      for (int64_t i = 0; i < steps; ++i) {
+        const auto& c = kPolar[std::min<size_t>(i, kPolar.size() - 1)];
+        spec.coefficients.push_back({static_cast<float>(c[0]),
+                                     static_cast<float>(c[1]),
+                                     static_cast<float>(c[2])});
+      }
+      // Polar Express's own safety margin: its first polynomial assumes
+      // the spectral norm is at most 1, which ||X||_F only nearly bounds
+      // after rounding.
+      spec.norm_scale = 1.02f;
+      spec.norm_eps = 1e-6f;
+      break;
+    }
+  }
+  switch (options.ns_precision) {
+    case NsPrecisionOption::kAuto:
+      spec.precision = backend_kind == BackendKind::kCuda
+                           ? NsPrecision::kBfloat16
+                           : NsPrecision::kFloat32;
+      break;
+    case NsPrecisionOption::kFp32:
+      spec.precision = NsPrecision::kFloat32;
+      break;
+    case NsPrecisionOption::kBf16:
+      if (backend_kind != BackendKind::kCuda) {
+        return absl::InvalidArgumentError(
+            "setting ns_precision: bf16 needs the cuda backend (cpu runs "
+            "Newton-Schulz in fp32 only)");
+      }
+      spec.precision = NsPrecision::kBfloat16;
+      break;
+  }
+  return spec;
+}
+
+UpdateRule::UpdateRule(const OptimizerConfig& config,
+                       std::vector<int64_t> shape, Backend* backend,
+                       std::unique_ptr<RuleImpl> impl)
+    : config_(config),
+      shape_(std::move(shape)),
+      backend_(backend),
+      impl_(std::move(impl)) {}
+
+UpdateRule::~UpdateRule() = default;
+
+absl::StatusOr<std::unique_ptr<UpdateRule>> UpdateRule::Create(
+    const OptimizerConfig& config, absl::Span<const int64_t> shape,
+    Backend* backend) {
+  const absl::string_view name = OptimizerKindName(config.kind);
+  if (backend == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": null backend"));
+  }
+  for (int64_t dim : shape) {
+    if (dim < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": shape [",
+                                                     absl::StrJoin(shape, ", "),
+                                                     "] has a dimension < 1"));
+    }
+  }
+  if (config.kind != OptimizerKind::kAdamW && shape.size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " needs a 2-D parameter, got shape [", absl::StrJoin(shape, ", "),
+        "] (use adamw for other shapes)"));
+  }
+  std::unique_ptr<RuleImpl> impl;
+  switch (config.kind) {
+    case OptimizerKind::kMuon: {
+      CANZONA_ASSIGN_OR_RETURN(
+          impl, MuonRule::Create(config.muon, shape[0], shape[1], backend));
+      break;
+    }
+    case OptimizerKind::kAdamW: {
+      CANZONA_ASSIGN_OR_RETURN(
+          impl, optim_internal::CreateAdamWRule(
+                    config.adamw,
+                    std::vector<int64_t>(shape.begin(), shape.end()), backend));
+      break;
+    }
+    case OptimizerKind::kShampoo: {
+      CANZONA_ASSIGN_OR_RETURN(
+          impl, optim_internal::CreateShampooRule(config.shampoo, shape[0],
+                                                  shape[1], backend));
+      break;
+    }
+    case OptimizerKind::kSoap: {
+      CANZONA_ASSIGN_OR_RETURN(
+          impl, optim_internal::CreateSoapRule(config.soap, shape[0], shape[1],
+                                               backend));
+      break;
+    }
+  }
+  return std::unique_ptr<UpdateRule>(
+      new UpdateRule(config, std::vector<int64_t>(shape.begin(), shape.end()),
+                     backend, std::move(impl)));
+}
+
+namespace {
+
+absl::StatusOr<double> EffectiveLr(const OptimizerConfig& config,
+                                   const StepOptions& options) {
+  if (!options.lr.has_value()) return ConfigLearningRate(config);
+  const float lr = *options.lr;
+  if (!(lr >= 0.0f) || !std::isfinite(lr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: lr override must be finite and >= 0, got ", lr));
+  }
+  return lr;
+}
+
+}  // namespace
+
+absl::Status UpdateRule::Step(float* param, const float* grad,
+                              const StepOptions& options) {
+  CANZONA_ASSIGN_OR_RETURN(double lr, EffectiveLr(config_, options));
+  return impl_->Step(param, grad, lr);
+}
+
+absl::StatusOr<OptimizerState> UpdateRule::SaveState() const {
+  return impl_->SaveState();
+}
+
+absl::Status UpdateRule::LoadState(const OptimizerState& state) {
+  return impl_->LoadState(state);
+}
+
+int64_t UpdateRule::state_bytes() const { return impl_->state_bytes(); }
+
+absl::Status StepMuonBatch(absl::Span<UpdateRule* const> rules,
+                           absl::Span<float* const> params,
+                           absl::Span<const float* const> grads,
+                           const StepOptions& options) {
+  if (rules.size() != params.size() || rules.size() != grads.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StepMuonBatch: ", rules.size(), " rules, ", params.size(),
+                     " params, ", grads.size(), " grads"));
+  }
+  if (rules.empty()) return absl::OkStatus();
+  const UpdateRule& first = *rules[0];
+  for (size_t i = 0; i < rules.size(); ++i) {
+    const UpdateRule& rule = *rules[i];
+    if (rule.config_.kind != OptimizerKind::kMuon) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StepMuonBatch: rule ", i, " is ",
+                       OptimizerKindName(rule.config_.kind), ", not muon"));
+    }
+    if (!(rule.config_.muon == first.config_.muon) ||
+        rule.shape_ != first.shape_ || rule.backend_ != first.backend_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StepMuonBatch: rule ", i,
+                       " differs from rule 0 in config, shape or backend"));
+    }
+  }
+  CANZONA_ASSIGN_OR_RETURN(double lr, EffectiveLr(first.config_, options));
+  const int64_t rows = first.shape_[0];
+  const int64_t cols = first.shape_[1];
+  const int64_t numel = rows * cols;
+  const int64_t batch = static_cast<int64_t>(rules.size());
+  auto* leader = static_cast<MuonRule*>(first.impl_.get());
+  CANZONA_ASSIGN_OR_RETURN(float* work, leader->BatchScratch(batch * numel));
+  for (int64_t i = 0; i < batch; ++i) {
+    auto* muon = static_cast<MuonRule*>(rules[i]->impl_.get());
+    CANZONA_RETURN_IF_ERROR(muon->UpdateMomentum(grads[i], work + i * numel));
+  }
+  CANZONA_RETURN_IF_ERROR(first.backend_->NewtonSchulz(leader->spec(), batch,
+                                                       rows, cols, work, work));
+  for (int64_t i = 0; i < batch; ++i) {
+    auto* muon = static_cast<MuonRule*>(rules[i]->impl_.get());
+    CANZONA_RETURN_IF_ERROR(muon->ApplyUpdate(params[i], work + i * numel, lr));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace canzona
