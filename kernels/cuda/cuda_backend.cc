@@ -1,14 +1,912 @@
-// Stand-in for builds without CUDA: no device, ever.
 #include "kernels/cuda/cuda_backend.h"
 
-namespace canzona {
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cusolverDn.h>
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
-  return absl::FailedPreconditionError(
-      "no usable CUDA device: this build has no CUDA support "
-      "(CANZONA_ENABLE_CUDA=OFF)");
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+#include "kernels/backend_checks.h"
+#include "kernels/base/cuda_status.h"
+#include "kernels/base/status_macros.h"
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/newton_schulz.h"
+
+namespace canzona {
+namespace {
+
+namespace checks = backend_checks;
+using cuda_kernels::LaunchConfig;
+
+constexpr absl::string_view kNoDevice = "no usable CUDA device";
+
+// Sizes handed to cuSOLVER's 32-bit legacy API must fit in an int.
+absl::Status FitsInt(absl::string_view what, absl::string_view field,
+                     int64_t value) {
+  if (value <= std::numeric_limits<int>::max()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": ", field, " = ", value, " exceeds the cuSOLVER ",
+                   "limit of ", std::numeric_limits<int>::max()));
 }
 
-int CudaDeviceCount() { return 0; }
+cublasOperation_t ToCublas(Transpose t) {
+  return t == Transpose::kYes ? CUBLAS_OP_T : CUBLAS_OP_N;
+}
+
+// Host-side results of the few methods that return to the host; pinned so
+// the device-to-host copies are true asynchronous DMA on our stream.
+struct PinnedScratch {
+  double sum = 0.0;
+  int flag = 0;
+  int info = 0;
+};
+
+// The cuda Backend. Owns one non-blocking stream with a cuBLAS and a
+// cuSOLVER handle bound to it, a backend-private stream-ordered memory pool
+// for Allocate() (so freeing never waits for the device) and grow-only
+// device workspaces (no allocation per call in steady state).
+//
+// Thread-safety: not thread-safe (see Backend); every method makes the
+// backend's device current on the calling thread first, so the owner thread
+// may differ from the creating one.
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {}
+  ~CudaBackend() override;
+
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  absl::Status Init();
+
+  BackendKind kind() const override { return BackendKind::kCuda; }
+  std::string description() const override { return description_; }
+
+  absl::StatusOr<DeviceBuffer> Allocate(int64_t count) override;
+  absl::Status CopyFromHost(const float* host, int64_t count,
+                            float* dst) override;
+  absl::Status CopyToHost(const float* src, int64_t count,
+                          float* host) override;
+  absl::Status Copy(const float* src, int64_t count, float* dst) override;
+  absl::Status Copy2D(int64_t rows, int64_t cols, const float* src,
+                      int64_t src_ld, float* dst, int64_t dst_ld) override;
+  absl::Status Fill(float value, int64_t count, float* dst) override;
+  absl::Status Synchronize() override;
+
+  absl::Status Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n,
+                    int64_t k, float alpha, const float* a, int64_t lda,
+                    const float* b, int64_t ldb, float beta, float* c,
+                    int64_t ldc) override;
+  absl::Status GemmStridedBatched(Transpose trans_a, Transpose trans_b,
+                                  int64_t m, int64_t n, int64_t k, float alpha,
+                                  const float* a, int64_t lda, int64_t stride_a,
+                                  const float* b, int64_t ldb, int64_t stride_b,
+                                  float beta, float* c, int64_t ldc,
+                                  int64_t stride_c, int64_t batch) override;
+  absl::Status Syrk(Transpose trans, int64_t n, int64_t k, float alpha,
+                    const float* a, int64_t lda, float beta, float* c,
+                    int64_t ldc) override;
+  absl::Status SymmetricEigen(int64_t n, float* a, float* eigenvalues,
+                              EigenPrecision precision) override;
+  absl::Status QrOrthonormalize(int64_t rows, int64_t cols, float* a) override;
+  absl::Status NewtonSchulz(const NewtonSchulzSpec& spec, int64_t batch,
+                            int64_t rows, int64_t cols, const float* input,
+                            float* output) override;
+
+  absl::Status Lerp(int64_t n, const float* a, const float* b, float weight,
+                    float* out) override;
+  absl::Status Axpby(int64_t n, float alpha, const float* x, float beta,
+                     float* y) override;
+  absl::Status Scale(int64_t n, float alpha, float* x) override;
+  absl::Status EmaSquare(int64_t n, float decay, float weight, const float* g,
+                         float* v) override;
+  absl::Status AdamDirection(int64_t n, const float* m, float m_scale,
+                             const float* v, float v_scale, float eps,
+                             float* out) override;
+  absl::Status AdamWStep(int64_t n, float lr, float beta1, float beta2,
+                         float eps, float weight_decay, int64_t step,
+                         const float* g, float* p, float* m, float* v) override;
+  absl::StatusOr<double> SumSquares(int64_t n, const float* x) override;
+  absl::StatusOr<bool> AllFinite(int64_t n, const float* x) override;
+
+  absl::Status AddIdentity(int64_t n, float alpha, float* a) override;
+  absl::Status ScaleColumns(int64_t rows, int64_t cols, const float* d,
+                            float* a) override;
+  absl::Status ColumnDots(int64_t rows, int64_t cols, const float* a,
+                          const float* b, float* out) override;
+  absl::Status GatherColumns(int64_t rows, int64_t cols,
+                             absl::Span<const int64_t> perm, const float* src,
+                             float* dst) override;
+  absl::Status GatherRows(int64_t rows, int64_t cols,
+                          absl::Span<const int64_t> perm, const float* src,
+                          float* dst) override;
+  absl::Status Transpose2D(int64_t rows, int64_t cols, const float* src,
+                           float* dst) override;
+
+ protected:
+  void Free(float* data, int64_t size) override;
+
+ private:
+  // A grow-only device buffer. Growing releases the old block in stream
+  // order, so work already queued on it stays valid.
+  struct Workspace {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+
+  // Makes device_ current on the calling thread (cheap when it already is).
+  absl::Status Activate();
+  absl::StatusOr<void*> DeviceAlloc(size_t bytes);
+  // Releases memory from DeviceAlloc after all work queued so far.
+  void DeviceRelease(void* p);
+  absl::StatusOr<void*> Reserve(Workspace& ws, size_t bytes);
+  // H2D copy of `bytes` from arbitrary host memory. Pageable sources are
+  // staged by the driver before cudaMemcpyAsync returns; pinned sources are
+  // DMA'd later, so we wait for those to honour "the caller may reuse its
+  // buffer when the call returns".
+  absl::Status CopyHostToDevice(const void* host, size_t bytes, void* dst);
+  // Copies `bytes` from device memory to pinned_ and waits.
+  absl::Status FetchToPinned(const void* src, size_t bytes, void* pinned_dst);
+  LaunchConfig Cfg() const { return LaunchConfig{stream_, num_sms_}; }
+
+  const int device_;
+  std::string description_;
+  int num_sms_ = 1;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  cusolverDnHandle_t cusolver_ = nullptr;
+  // Backend-private pool (release threshold: keep everything) so Allocate /
+  // Free are stream-ordered and never sync; nullptr when the device has no
+  // memory-pool support, then plain cudaMalloc / synchronizing cudaFree.
+  cudaMemPool_t pool_ = nullptr;
+  PinnedScratch* pinned_ = nullptr;
+  Workspace ns_ws_;       // Newton-Schulz operands
+  Workspace solver_ws_;   // cuSOLVER work arrays, copies and devInfo
+  Workspace scratch_ws_;  // reductions, flags, permutations
+};
+
+absl::Status CudaBackend::Activate() {
+  int current = -1;
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&current));
+  if (current != device_) CANZONA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Init() {
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  cudaDeviceProp prop;
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
+  num_sms_ = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
+  description_ = absl::StrCat("cuda:", device_, " (", prop.name, ", sm_",
+                              prop.major, prop.minor, ")");
+
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CANZONA_CUDA_RETURN_IF_ERROR(cublasCreate(&cublas_));
+  CANZONA_CUDA_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
+  // CUBLAS_DEFAULT_MATH never lowers float32 GEMMs to TF32 (TF32 has fewer
+  // mantissa bits than requested), keeping fp32 results within 1e-4 of the
+  // cpu backend. bf16 GemmEx calls still use tensor cores.
+  CANZONA_CUDA_RETURN_IF_ERROR(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+  CANZONA_CUDA_RETURN_IF_ERROR(cusolverDnCreate(&cusolver_));
+  CANZONA_CUDA_RETURN_IF_ERROR(cusolverDnSetStream(cusolver_, stream_));
+
+  int pools_supported = 0;
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
+      &pools_supported, cudaDevAttrMemoryPoolsSupported, device_));
+  if (pools_supported != 0) {
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device_;
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaMemPoolCreate(&pool_, &props));
+    // Keep freed memory in the pool across synchronizations: the optimizer
+    // frees and reallocates same-sized temporaries every step.
+    uint64_t threshold = std::numeric_limits<uint64_t>::max();
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(
+        pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
+  }
+  void* pinned = nullptr;
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cudaHostAlloc(&pinned, sizeof(PinnedScratch), cudaHostAllocDefault));
+  pinned_ = new (pinned) PinnedScratch();
+  return absl::OkStatus();
+}
+
+CudaBackend::~CudaBackend() {
+  // Best effort: a destructor cannot report, and the process may be going
+  // down with a broken context already.
+  if (cudaSetDevice(device_) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+  for (Workspace* ws : {&ns_ws_, &solver_ws_, &scratch_ws_}) {
+    if (ws->data != nullptr) DeviceRelease(ws->data);
+    ws->data = nullptr;
+  }
+  if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+  if (pool_ != nullptr) (void)cudaMemPoolDestroy(pool_);
+  if (pinned_ != nullptr) (void)cudaFreeHost(pinned_);
+  if (cusolver_ != nullptr) (void)cusolverDnDestroy(cusolver_);
+  if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  (void)cudaGetLastError();
+}
+
+absl::StatusOr<void*> CudaBackend::DeviceAlloc(size_t bytes) {
+  void* p = nullptr;
+  if (pool_ != nullptr) {
+    CANZONA_CUDA_RETURN_IF_ERROR(
+        cudaMallocFromPoolAsync(&p, bytes, pool_, stream_));
+  } else {
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
+  }
+  return p;
+}
+
+void CudaBackend::DeviceRelease(void* p) {
+  if (p == nullptr) return;
+  if (pool_ != nullptr) {
+    if (cudaFreeAsync(p, stream_) != cudaSuccess) (void)cudaGetLastError();
+    return;
+  }
+  // Plain cudaFree must not race queued kernels still using p.
+  (void)cudaStreamSynchronize(stream_);
+  if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
+absl::StatusOr<void*> CudaBackend::Reserve(Workspace& ws, size_t bytes) {
+  if (bytes <= ws.bytes && ws.data != nullptr) return ws.data;
+  // Round up (2 MiB granules, at least 2 MiB) rather than grow
+  // geometrically: the Newton-Schulz workspace can be gigabytes, and the
+  // set of shapes an optimizer uses is fixed, so it settles after the first
+  // step anyway.
+  constexpr size_t kGranule = size_t{2} << 20;
+  const size_t want = (bytes + kGranule - 1) / kGranule * kGranule +
+                      (bytes == 0 ? kGranule : 0);
+  DeviceRelease(ws.data);
+  ws.data = nullptr;
+  ws.bytes = 0;
+  CANZONA_ASSIGN_OR_RETURN(ws.data, DeviceAlloc(want));
+  ws.bytes = want;
+  return ws.data;
+}
+
+absl::Status CudaBackend::CopyHostToDevice(const void* host, size_t bytes,
+                                           void* dst) {
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+  cudaPointerAttributes attributes;
+  if (cudaPointerGetAttributes(&attributes, host) != cudaSuccess) {
+    (void)cudaGetLastError();
+    attributes.type = cudaMemoryTypeHost;  // unknown: be safe and wait
+  }
+  if (attributes.type != cudaMemoryTypeUnregistered) {
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::FetchToPinned(const void* src, size_t bytes,
+                                        void* pinned_dst) {
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(pinned_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+// ---- Memory ---------------------------------------------------------------
+
+absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(int64_t count) {
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Allocate", "count", count));
+  if (count == 0) return DeviceBuffer();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+  CANZONA_ASSIGN_OR_RETURN(void* p, DeviceAlloc(bytes));
+  // Zero-filled per the interface; ordered before any later use on stream_.
+  cudaError_t err = cudaMemsetAsync(p, 0, bytes, stream_);
+  if (err != cudaSuccess) {
+    absl::Status status = CudaStatus(err, "Allocate: cudaMemsetAsync");
+    DeviceRelease(p);
+    return status;
+  }
+  return DeviceBuffer(this, static_cast<float*>(p), count);
+}
+
+void CudaBackend::Free(float* data, int64_t /*size*/) {
+  if (data == nullptr) return;
+  if (!Activate().ok()) return;
+  DeviceRelease(data);
+}
+
+absl::Status CudaBackend::CopyFromHost(const float* host, int64_t count,
+                                       float* dst) {
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("CopyFromHost", "count", count));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("CopyFromHost", "host", host, count));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("CopyFromHost", "dst", dst, count));
+  if (count == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  return CopyHostToDevice(host, static_cast<size_t>(count) * sizeof(float),
+                          dst);
+}
+
+absl::Status CudaBackend::CopyToHost(const float* src, int64_t count,
+                                     float* host) {
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("CopyToHost", "count", count));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("CopyToHost", "src", src, count));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("CopyToHost", "host", host, count));
+  if (count == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host, src, static_cast<size_t>(count) * sizeof(float),
+                      cudaMemcpyDeviceToHost, stream_));
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Copy(const float* src, int64_t count, float* dst) {
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Copy", "count", count));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("Copy", "src", src, count));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("Copy", "dst", dst, count));
+  if (count == 0 || src == dst) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, src, static_cast<size_t>(count) * sizeof(float),
+                      cudaMemcpyDeviceToDevice, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Copy2D(int64_t rows, int64_t cols, const float* src,
+                                 int64_t src_ld, float* dst, int64_t dst_ld) {
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Copy2D", "rows", rows));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Copy2D", "cols", cols));
+  CANZONA_RETURN_IF_ERROR(checks::LeadingDim("Copy2D", "src_ld", src_ld, cols));
+  CANZONA_RETURN_IF_ERROR(checks::LeadingDim("Copy2D", "dst_ld", dst_ld, cols));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("Copy2D", "src", src, rows * cols));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("Copy2D", "dst", dst, rows * cols));
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+      dst, static_cast<size_t>(dst_ld) * sizeof(float), src,
+      static_cast<size_t>(src_ld) * sizeof(float),
+      static_cast<size_t>(cols) * sizeof(float), static_cast<size_t>(rows),
+      cudaMemcpyDeviceToDevice, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Fill(float value, int64_t count, float* dst) {
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Fill", "count", count));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("Fill", "dst", dst, count));
+  if (count == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::Fill(Cfg(), count, value, dst));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Synchronize() {
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+// ---- Dense linear algebra -------------------------------------------------
+//
+// cuBLAS is column-major. A row-major matrix with leading dimension ld read
+// column-major is its transpose, so the row-major C = op(A) op(B) is the
+// column-major C^T = op(B)^T op(A)^T: swap the operands and m/n, keep the
+// transpose flags.
+
+absl::Status CudaBackend::Gemm(Transpose trans_a, Transpose trans_b, int64_t m,
+                               int64_t n, int64_t k, float alpha,
+                               const float* a, int64_t lda, const float* b,
+                               int64_t ldb, float beta, float* c, int64_t ldc) {
+  constexpr absl::string_view kWhat = "Gemm";
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "m", m));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "k", k));
+  CANZONA_RETURN_IF_ERROR(
+      checks::LeadingDim(kWhat, "lda", lda, trans_a == Transpose::kNo ? k : m));
+  CANZONA_RETURN_IF_ERROR(
+      checks::LeadingDim(kWhat, "ldb", ldb, trans_b == Transpose::kNo ? n : k));
+  CANZONA_RETURN_IF_ERROR(checks::LeadingDim(kWhat, "ldc", ldc, n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, m * k));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "b", b, k * n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "c", c, m * n));
+  if (m == 0 || n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cublasSgemm_64(cublas_, ToCublas(trans_b), ToCublas(trans_a), n, m, k,
+                     &alpha, b, ldb, a, lda, &beta, c, ldc));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::GemmStridedBatched(
+    Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k,
+    float alpha, const float* a, int64_t lda, int64_t stride_a, const float* b,
+    int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
+    int64_t stride_c, int64_t batch) {
+  constexpr absl::string_view kWhat = "GemmStridedBatched";
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "m", m));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "k", k));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "batch", batch));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "stride_a", stride_a));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "stride_b", stride_b));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "stride_c", stride_c));
+  CANZONA_RETURN_IF_ERROR(
+      checks::LeadingDim(kWhat, "lda", lda, trans_a == Transpose::kNo ? k : m));
+  CANZONA_RETURN_IF_ERROR(
+      checks::LeadingDim(kWhat, "ldb", ldb, trans_b == Transpose::kNo ? n : k));
+  CANZONA_RETURN_IF_ERROR(checks::LeadingDim(kWhat, "ldc", ldc, n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, batch * m * k));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "b", b, batch * k * n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "c", c, batch * m * n));
+  if (m == 0 || n == 0 || batch == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(cublasSgemmStridedBatched_64(
+      cublas_, ToCublas(trans_b), ToCublas(trans_a), n, m, k, &alpha, b, ldb,
+      stride_b, a, lda, stride_a, &beta, c, ldc, stride_c, batch));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Syrk(Transpose trans, int64_t n, int64_t k,
+                               float alpha, const float* a, int64_t lda,
+                               float beta, float* c, int64_t ldc) {
+  constexpr absl::string_view kWhat = "Syrk";
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "k", k));
+  CANZONA_RETURN_IF_ERROR(
+      checks::LeadingDim(kWhat, "lda", lda, trans == Transpose::kNo ? k : n));
+  CANZONA_RETURN_IF_ERROR(checks::LeadingDim(kWhat, "ldc", ldc, n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, n * k));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "c", c, n * n));
+  if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  // Row-major A (n x k) is column-major A' = A^T (k x n), so A A^T = A'^T A'
+  // (CUBLAS_OP_T); symmetrically A^T A = A' A'^T (CUBLAS_OP_N). cuBLAS fills
+  // the column-major lower triangle, i.e. the row-major upper one; beta
+  // therefore scales (and reads) only that triangle of C.
+  const cublasOperation_t op =
+      trans == Transpose::kNo ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CANZONA_CUDA_RETURN_IF_ERROR(cublasSsyrk_64(cublas_, CUBLAS_FILL_MODE_LOWER,
+                                              op, n, k, &alpha, a, lda, &beta,
+                                              c, ldc));
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::MirrorUpperToLower(Cfg(), 1, n, c, ldc, 0));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::SymmetricEigen(int64_t n, float* a,
+                                         float* eigenvalues,
+                                         EigenPrecision precision) {
+  constexpr absl::string_view kWhat = "SymmetricEigen";
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, n * n));
+  CANZONA_RETURN_IF_ERROR(
+      checks::Pointer(kWhat, "eigenvalues", eigenvalues, n));
+  CANZONA_RETURN_IF_ERROR(FitsInt(kWhat, "n * n", n * n));
+  if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  const int ni = static_cast<int>(n);
+  const size_t nn = static_cast<size_t>(n) * static_cast<size_t>(n);
+  const LaunchConfig cfg = Cfg();
+  // The input is symmetric, so its row-major and column-major views agree
+  // and syevd reads it as is (lower column-major == upper row-major
+  // triangle). syevd runs on a copy in the workspace: on failure `a` keeps
+  // the input, so the caller can retry with kFloat64.
+  int* info = nullptr;
+  if (precision == EigenPrecision::kFloat32) {
+    int lwork = 0;
+    CANZONA_CUDA_RETURN_IF_ERROR(cusolverDnSsyevd_bufferSize(
+        cusolver_, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, ni, a, ni,
+        eigenvalues, &lwork));
+    const size_t v_off = 0;
+    const size_t w_off = v_off + (nn * sizeof(float) + 255) / 256 * 256;
+    const size_t info_off =
+        w_off + (static_cast<size_t>(lwork) * sizeof(float) + 255) / 256 * 256;
+    CANZONA_ASSIGN_OR_RETURN(void* ws,
+                             Reserve(solver_ws_, info_off + sizeof(int)));
+    char* base = static_cast<char*>(ws);
+    auto* v = reinterpret_cast<float*>(base + v_off);
+    auto* work = reinterpret_cast<float*>(base + w_off);
+    info = reinterpret_cast<int*>(base + info_off);
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        v, a, nn * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    CANZONA_CUDA_RETURN_IF_ERROR(cusolverDnSsyevd(
+        cusolver_, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, ni, v, ni,
+        eigenvalues, work, lwork, info));
+    CANZONA_RETURN_IF_ERROR(FetchToPinned(info, sizeof(int), &pinned_->info));
+    if (pinned_->info != 0) {
+      return absl::InternalError(absl::StrCat(
+          kWhat, ": cusolverDnSsyevd failed (info = ", pinned_->info,
+          pinned_->info > 0 ? ", did not converge)" : ", bad argument)"));
+    }
+    // Column-major eigenvectors-as-columns == row-major eigenvectors-as-rows;
+    // the interface wants them as row-major columns: transpose.
+    CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::Transpose(cfg, 1, n, n, v, a));
+    return absl::OkStatus();
+  }
+
+  // kFloat64: solve in double, round the results to float32.
+  const size_t v_off = 0;
+  const size_t ev_off = v_off + (nn * sizeof(double) + 255) / 256 * 256;
+  const size_t w_off =
+      ev_off + (static_cast<size_t>(n) * sizeof(double) + 255) / 256 * 256;
+  // Query with placeholder pointers: bufferSize reads no data.
+  int lwork = 0;
+  CANZONA_CUDA_RETURN_IF_ERROR(cusolverDnDsyevd_bufferSize(
+      cusolver_, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, ni,
+      reinterpret_cast<const double*>(a), ni,
+      reinterpret_cast<const double*>(eigenvalues), &lwork));
+  const size_t info_off =
+      w_off + (static_cast<size_t>(lwork) * sizeof(double) + 255) / 256 * 256;
+  CANZONA_ASSIGN_OR_RETURN(void* ws,
+                           Reserve(solver_ws_, info_off + sizeof(int)));
+  char* base = static_cast<char*>(ws);
+  auto* v = reinterpret_cast<double*>(base + v_off);
+  auto* w = reinterpret_cast<double*>(base + ev_off);
+  auto* work = reinterpret_cast<double*>(base + w_off);
+  info = reinterpret_cast<int*>(base + info_off);
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::FloatToDouble(cfg, static_cast<int64_t>(nn), a, v));
+  CANZONA_CUDA_RETURN_IF_ERROR(cusolverDnDsyevd(
+      cusolver_, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, ni, v, ni, w,
+      work, lwork, info));
+  CANZONA_RETURN_IF_ERROR(FetchToPinned(info, sizeof(int), &pinned_->info));
+  if (pinned_->info != 0) {
+    return absl::InternalError(absl::StrCat(
+        kWhat, ": cusolverDnDsyevd failed (info = ", pinned_->info,
+        pinned_->info > 0 ? ", did not converge)" : ", bad argument)"));
+  }
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::TransposeDoubleToFloat(cfg, n, n, v, a));
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::DoubleToFloat(cfg, n, w, eigenvalues));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::QrOrthonormalize(int64_t rows, int64_t cols,
+                                           float* a) {
+  constexpr absl::string_view kWhat = "QrOrthonormalize";
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
+  if (rows < cols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWhat, ": rows (", rows, ") must be >= cols (", cols, ")"));
+  }
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, rows * cols));
+  CANZONA_RETURN_IF_ERROR(FitsInt(kWhat, "rows * cols", rows * cols));
+  if (cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  const int m = static_cast<int>(rows);
+  const int k = static_cast<int>(cols);
+  const size_t size = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+  // Query with the caller's buffer as a placeholder for both arrays:
+  // bufferSize reads no data.
+  int lwork_geqrf = 0, lwork_orgqr = 0;
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cusolverDnSgeqrf_bufferSize(cusolver_, m, k, a, m, &lwork_geqrf));
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cusolverDnSorgqr_bufferSize(cusolver_, m, k, k, a, m, a, &lwork_orgqr));
+  const int lwork = lwork_geqrf > lwork_orgqr ? lwork_geqrf : lwork_orgqr;
+  const size_t q_off = 0;
+  const size_t tau_off = q_off + (size * sizeof(float) + 255) / 256 * 256;
+  const size_t w_off =
+      tau_off + (static_cast<size_t>(cols) * sizeof(float) + 255) / 256 * 256;
+  const size_t info_off =
+      w_off + (static_cast<size_t>(lwork) * sizeof(float) + 255) / 256 * 256;
+  CANZONA_ASSIGN_OR_RETURN(void* ws,
+                           Reserve(solver_ws_, info_off + sizeof(int)));
+  char* base = static_cast<char*>(ws);
+  auto* q = reinterpret_cast<float*>(base + q_off);
+  auto* tau = reinterpret_cast<float*>(base + tau_off);
+  auto* work = reinterpret_cast<float*>(base + w_off);
+  auto* info = reinterpret_cast<int*>(base + info_off);
+  const LaunchConfig cfg = Cfg();
+  // Row-major rows x cols -> row-major cols x rows == column-major rows x
+  // cols (ld = rows), which is what LAPACK factors. The same Householder
+  // reflectors as the cpu backend's LAPACKE_sgeqrf result, hence the same
+  // signs.
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::Transpose(cfg, 1, rows, cols, a, q));
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cusolverDnSgeqrf(cusolver_, m, k, q, m, tau, work, lwork, info));
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cusolverDnSorgqr(cusolver_, m, k, k, q, m, tau, work, lwork, info));
+  // devInfo is only ever negative for an illegal argument, which the checks
+  // above rule out; not reading it keeps QR free of host synchronization.
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::Transpose(cfg, 1, cols, rows, q, a));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::NewtonSchulz(const NewtonSchulzSpec& spec,
+                                       int64_t batch, int64_t rows,
+                                       int64_t cols, const float* input,
+                                       float* output) {
+  constexpr absl::string_view kWhat = "NewtonSchulz";
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "batch", batch));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
+  const int64_t count = batch * rows * cols;
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "input", input, count));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "output", output, count));
+  if (count == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  const size_t bytes = cuda_internal::NewtonSchulzWorkspaceBytes(
+      spec.precision, batch, rows, cols);
+  CANZONA_ASSIGN_OR_RETURN(void* ws, Reserve(ns_ws_, bytes));
+  const cuda_internal::NsContext ctx{stream_, cublas_, num_sms_};
+  return cuda_internal::RunNewtonSchulz(ctx, spec, batch, rows, cols, input,
+                                        output, ws);
+}
+
+// ---- Fused elementwise kernels --------------------------------------------
+
+absl::Status CudaBackend::Lerp(int64_t n, const float* a, const float* b,
+                               float weight, float* out) {
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Lerp", "n", n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("Lerp", "a", a, n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("Lerp", "b", b, n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("Lerp", "out", out, n));
+  if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::Lerp(Cfg(), n, a, b, weight, out));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Axpby(int64_t n, float alpha, const float* x,
+                                float beta, float* y) {
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Axpby", "n", n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("Axpby", "x", x, n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("Axpby", "y", y, n));
+  if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::Axpby(Cfg(), n, alpha, x, beta, y));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Scale(int64_t n, float alpha, float* x) {
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Scale", "n", n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("Scale", "x", x, n));
+  if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::Scale(Cfg(), n, alpha, x));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::EmaSquare(int64_t n, float decay, float weight,
+                                    const float* g, float* v) {
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("EmaSquare", "n", n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("EmaSquare", "g", g, n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("EmaSquare", "v", v, n));
+  if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::EmaSquare(Cfg(), n, decay, weight, g, v));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AdamDirection(int64_t n, const float* m,
+                                        float m_scale, const float* v,
+                                        float v_scale, float eps, float* out) {
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("AdamDirection", "n", n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("AdamDirection", "m", m, n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("AdamDirection", "v", v, n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("AdamDirection", "out", out, n));
+  if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::AdamDirection(Cfg(), n, m, m_scale, v, v_scale, eps, out));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AdamWStep(int64_t n, float lr, float beta1,
+                                    float beta2, float eps, float weight_decay,
+                                    int64_t step, const float* g, float* p,
+                                    float* m, float* v) {
+  constexpr absl::string_view kWhat = "AdamWStep";
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
+  if (step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": step must be >= 1, got ", step));
+  }
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "g", g, n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "p", p, n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "m", m, n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "v", v, n));
+  if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  // torch computes these scalars in Python (double) and hands them to the
+  // kernels as float32: do the same.
+  const double bc1 =
+      1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
+  const double bc2 =
+      1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
+  cuda_kernels::AdamWScalars s;
+  s.decay = static_cast<float>(1.0 - static_cast<double>(lr) *
+                                         static_cast<double>(weight_decay));
+  s.lerp_weight = static_cast<float>(1.0 - static_cast<double>(beta1));
+  s.beta2 = beta2;
+  s.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(beta2));
+  s.step_size = static_cast<float>(static_cast<double>(lr) / bc1);
+  s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  s.eps = eps;
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::AdamWStep(Cfg(), n, s, g, p, m, v));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> CudaBackend::SumSquares(int64_t n, const float* x) {
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("SumSquares", "n", n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("SumSquares", "x", x, n));
+  if (n == 0) return 0.0;
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_ASSIGN_OR_RETURN(
+      void* ws, Reserve(scratch_ws_, (cuda_kernels::kMaxReductionBlocks + 1) *
+                                         sizeof(double)));
+  auto* partials = static_cast<double*>(ws);
+  double* result = partials + cuda_kernels::kMaxReductionBlocks;
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::SumSquares(Cfg(), n, x, partials, result));
+  CANZONA_RETURN_IF_ERROR(FetchToPinned(result, sizeof(double), &pinned_->sum));
+  return pinned_->sum;
+}
+
+absl::StatusOr<bool> CudaBackend::AllFinite(int64_t n, const float* x) {
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("AllFinite", "n", n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("AllFinite", "x", x, n));
+  if (n == 0) return true;
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_ASSIGN_OR_RETURN(void* ws, Reserve(scratch_ws_, sizeof(int)));
+  int* flag = static_cast<int*>(ws);
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0, sizeof(int), stream_));
+  CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::FlagNonFinite(Cfg(), n, x, flag));
+  CANZONA_RETURN_IF_ERROR(FetchToPinned(flag, sizeof(int), &pinned_->flag));
+  return pinned_->flag == 0;
+}
+
+// ---- Matrix helpers -------------------------------------------------------
+
+absl::Status CudaBackend::AddIdentity(int64_t n, float alpha, float* a) {
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("AddIdentity", "n", n));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("AddIdentity", "a", a, n * n));
+  if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::AddIdentity(Cfg(), n, alpha, a));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ScaleColumns(int64_t rows, int64_t cols,
+                                       const float* d, float* a) {
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("ScaleColumns", "rows", rows));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("ScaleColumns", "cols", cols));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("ScaleColumns", "d", d, cols));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("ScaleColumns", "a", a, rows * cols));
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::ScaleColumns(Cfg(), rows, cols, d, a));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ColumnDots(int64_t rows, int64_t cols, const float* a,
+                                     const float* b, float* out) {
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("ColumnDots", "rows", rows));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("ColumnDots", "cols", cols));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("ColumnDots", "a", a, rows * cols));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("ColumnDots", "b", b, rows * cols));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer("ColumnDots", "out", out, cols));
+  if (cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::ColumnDots(Cfg(), rows, cols, a, b, out));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::GatherColumns(int64_t rows, int64_t cols,
+                                        absl::Span<const int64_t> perm,
+                                        const float* src, float* dst) {
+  constexpr absl::string_view kWhat = "GatherColumns";
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
+  CANZONA_RETURN_IF_ERROR(checks::Permutation(kWhat, perm, cols));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "src", src, rows * cols));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "dst", dst, rows * cols));
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  const size_t bytes = static_cast<size_t>(cols) * sizeof(int64_t);
+  CANZONA_ASSIGN_OR_RETURN(void* ws, Reserve(scratch_ws_, bytes));
+  CANZONA_RETURN_IF_ERROR(CopyHostToDevice(perm.data(), bytes, ws));
+  CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::GatherColumns(
+      Cfg(), rows, cols, static_cast<const int64_t*>(ws), src, dst));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::GatherRows(int64_t rows, int64_t cols,
+                                     absl::Span<const int64_t> perm,
+                                     const float* src, float* dst) {
+  constexpr absl::string_view kWhat = "GatherRows";
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
+  CANZONA_RETURN_IF_ERROR(checks::Permutation(kWhat, perm, rows));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "src", src, rows * cols));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "dst", dst, rows * cols));
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  const size_t bytes = static_cast<size_t>(rows) * sizeof(int64_t);
+  CANZONA_ASSIGN_OR_RETURN(void* ws, Reserve(scratch_ws_, bytes));
+  CANZONA_RETURN_IF_ERROR(CopyHostToDevice(perm.data(), bytes, ws));
+  CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::GatherRows(
+      Cfg(), rows, cols, static_cast<const int64_t*>(ws), src, dst));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Transpose2D(int64_t rows, int64_t cols,
+                                      const float* src, float* dst) {
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Transpose2D", "rows", rows));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Transpose2D", "cols", cols));
+  CANZONA_RETURN_IF_ERROR(
+      checks::Pointer("Transpose2D", "src", src, rows * cols));
+  CANZONA_RETURN_IF_ERROR(
+      checks::Pointer("Transpose2D", "dst", dst, rows * cols));
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::Transpose(Cfg(), 1, rows, cols, src, dst));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    // CudaStatus already says "no usable CUDA device" for the driver /
+    // no-device codes; any other failure to enumerate means the same here.
+    absl::Status status = CudaStatus(err, "cudaGetDeviceCount");
+    if (status.code() == absl::StatusCode::kFailedPrecondition) return status;
+    return absl::FailedPreconditionError(
+        absl::StrCat(kNoDevice, ": ", status.message()));
+  }
+  if (count <= 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kNoDevice, ": cudaGetDeviceCount found no devices"));
+  }
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda backend: device ", device, " out of range [0, ", count, ")"));
+  }
+  auto backend = std::make_unique<CudaBackend>(device);
+  // On failure the destructor releases whatever Init created.
+  CANZONA_RETURN_IF_ERROR(backend->Init());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
 
 }  // namespace canzona

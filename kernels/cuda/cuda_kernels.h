@@ -1,0 +1,125 @@
+// Launch wrappers for Canzona's own CUDA kernels (elementwise_kernels.cu and
+// newton_schulz_kernels.cu). Internal to kernels/cuda: the backend validates
+// arguments, sizes workspaces and turns the returned cudaError_t into an
+// absl::Status; these wrappers only launch (on cfg.stream) and report the
+// launch error from cudaGetLastError. Every wrapper is a no-op for empty
+// inputs. All matrices are row-major and contiguous unless an ld is given.
+//
+// The header is plain C++ (no device code) so .cc files compiled by the host
+// compiler can include it; bf16 buffers are passed as void*.
+//
+// Thread-safety: stateless functions; concurrent calls on distinct streams
+// are safe.
+#ifndef CANZONA_KERNELS_CUDA_CUDA_KERNELS_H_
+#define CANZONA_KERNELS_CUDA_CUDA_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace canzona::cuda_kernels {
+
+// Where and how wide to launch. num_sms sizes grid-stride grids so that every
+// SM has enough resident blocks to saturate memory bandwidth.
+struct LaunchConfig {
+  cudaStream_t stream = nullptr;
+  int num_sms = 1;
+};
+
+// ---- Elementwise (outputs may alias inputs element for element) ----------
+cudaError_t Fill(const LaunchConfig& cfg, int64_t n, float value, float* dst);
+// torch.lerp: |w| < 0.5 ? a + w (b - a) : b - (b - a) (1 - w).
+cudaError_t Lerp(const LaunchConfig& cfg, int64_t n, const float* a,
+                 const float* b, float weight, float* out);
+cudaError_t Axpby(const LaunchConfig& cfg, int64_t n, float alpha,
+                  const float* x, float beta, float* y);
+cudaError_t Scale(const LaunchConfig& cfg, int64_t n, float alpha, float* x);
+cudaError_t EmaSquare(const LaunchConfig& cfg, int64_t n, float decay,
+                      float weight, const float* g, float* v);
+cudaError_t AdamDirection(const LaunchConfig& cfg, int64_t n, const float* m,
+                          float m_scale, const float* v, float v_scale,
+                          float eps, float* out);
+
+// Scalars of one torch.optim.AdamW step, rounded to float32 exactly where
+// torch rounds them (host Python doubles become float kernel scalars).
+struct AdamWScalars {
+  float decay;            // 1 - lr * weight_decay
+  float lerp_weight;      // 1 - beta1
+  float beta2;            // beta2
+  float one_minus_beta2;  // 1 - beta2
+  float step_size;        // lr / (1 - beta1^step)
+  float bc2_sqrt;         // sqrt(1 - beta2^step)
+  float eps;
+};
+cudaError_t AdamWStep(const LaunchConfig& cfg, int64_t n, const AdamWScalars& s,
+                      const float* g, float* p, float* m, float* v);
+
+cudaError_t FloatToDouble(const LaunchConfig& cfg, int64_t n, const float* src,
+                          double* dst);
+cudaError_t DoubleToFloat(const LaunchConfig& cfg, int64_t n, const double* src,
+                          float* dst);
+
+// ---- Reductions -----------------------------------------------------------
+// Number of doubles `partials` must hold for SumSquares.
+inline constexpr int kMaxReductionBlocks = 1024;
+// *result = sum x[i]^2 in double, deterministic (fixed reduction order).
+// partials: kMaxReductionBlocks doubles; result: one double (both device).
+cudaError_t SumSquares(const LaunchConfig& cfg, int64_t n, const float* x,
+                       double* partials, double* result);
+// Sets *flag = 1 when some x[i] is not finite; *flag must be zeroed first.
+cudaError_t FlagNonFinite(const LaunchConfig& cfg, int64_t n, const float* x,
+                          int* flag);
+
+// ---- Matrix helpers -------------------------------------------------------
+cudaError_t AddIdentity(const LaunchConfig& cfg, int64_t n, float alpha,
+                        float* a);
+cudaError_t ScaleColumns(const LaunchConfig& cfg, int64_t rows, int64_t cols,
+                         const float* d, float* a);
+// out[j] = sum_i a[i, j] b[i, j], accumulated in double.
+cudaError_t ColumnDots(const LaunchConfig& cfg, int64_t rows, int64_t cols,
+                       const float* a, const float* b, float* out);
+// perm is a device array.
+cudaError_t GatherColumns(const LaunchConfig& cfg, int64_t rows, int64_t cols,
+                          const int64_t* perm, const float* src, float* dst);
+cudaError_t GatherRows(const LaunchConfig& cfg, int64_t rows, int64_t cols,
+                       const int64_t* perm, const float* src, float* dst);
+// dst[b] (cols x rows) = src[b]^T (rows x cols) for `batch` contiguous
+// matrices. dst must not alias src.
+cudaError_t Transpose(const LaunchConfig& cfg, int64_t batch, int64_t rows,
+                      int64_t cols, const float* src, float* dst);
+cudaError_t TransposeDoubleToFloat(const LaunchConfig& cfg, int64_t rows,
+                                   int64_t cols, const double* src, float* dst);
+// For each of `batch` n x n matrices c + b * stride (leading dimension ldc):
+// copies the upper triangle onto the strict lower one (c[i][j] = c[j][i] for
+// i > j), completing a SYRK result that cuBLAS wrote to one triangle only.
+cudaError_t MirrorUpperToLower(const LaunchConfig& cfg, int64_t batch,
+                               int64_t n, float* c, int64_t ldc,
+                               int64_t stride);
+
+// ---- Newton-Schulz helpers (newton_schulz_kernels.cu) --------------------
+enum class NsElement { kFloat32, kBfloat16 };
+
+// Blocks per matrix of the per-matrix norm reduction (partials per matrix).
+int NsNormParts(int64_t matrix_size);
+// partials[b * parts + p] = partial sums of squares of matrix b (in double).
+cudaError_t NsSumSquares(const LaunchConfig& cfg, int64_t batch,
+                         int64_t matrix_size, const float* x, int parts,
+                         double* partials);
+// denom[b] = norm_scale * sqrt(sum_p partials[b * parts + p]) + norm_eps.
+cudaError_t NsDenominators(const LaunchConfig& cfg, int64_t batch, int parts,
+                           const double* partials, float norm_scale,
+                           float norm_eps, float* denom);
+// dst[b] = src[b] / denom[b], converted to `elem`; src[b] is rows x cols and
+// dst[b] is rows x cols, or cols x rows when `transpose`.
+cudaError_t NsLoad(const LaunchConfig& cfg, int64_t batch, int64_t rows,
+                   int64_t cols, bool transpose, const float* src,
+                   const float* denom, NsElement elem, void* dst);
+// dst[b] = src[b] converted to float32; src[b] is rows x cols of `elem`, dst[b]
+// is rows x cols, or cols x rows when `transpose`.
+cudaError_t NsStore(const LaunchConfig& cfg, int64_t batch, int64_t rows,
+                    int64_t cols, bool transpose, NsElement elem,
+                    const void* src, float* dst);
+
+}  // namespace canzona::cuda_kernels
+
+#endif  // CANZONA_KERNELS_CUDA_CUDA_KERNELS_H_

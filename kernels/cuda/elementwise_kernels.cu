@@ -1,0 +1,516 @@
+// Canzona's own CUDA kernels for the fused elementwise parts of the update
+// rules, the reductions and the matrix helpers (see cuda_kernels.h).
+//
+// Elementwise kernels are grid-stride loops; when every pointer is 16-byte
+// aligned they move float4s (one 128-bit load/store per operand per
+// iteration), which is what it takes to reach HBM bandwidth on H100.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/device_utils.cuh"
+
+namespace canzona::cuda_kernels {
+namespace {
+
+using internal::Aligned16;
+using internal::BlockSum;
+using internal::CeilDiv;
+using internal::GridFor;
+using internal::kMaxGridYZ;
+using internal::kThreads;
+using internal::kTile;
+using internal::kTileRows;
+
+__device__ inline float4 Load4(const float* p, int64_t i) {
+  return *reinterpret_cast<const float4*>(p + i);
+}
+__device__ inline void Store4(float* p, int64_t i, float4 v) {
+  *reinterpret_cast<float4*>(p + i) = v;
+}
+
+// Runs op.Apply1(i) for every i < n, or op.Apply4(i) for every multiple of 4
+// below n (then Apply1 for the tail) when `vectorized`.
+template <class Op>
+__global__ void ElementwiseKernel(int64_t n, Op op, bool vectorized) {
+  const int64_t stride = int64_t{blockDim.x} * gridDim.x;
+  const int64_t tid = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  int64_t start = 0;
+  if (vectorized) {
+    const int64_t n4 = n / 4;
+    for (int64_t i = tid; i < n4; i += stride) op.Apply4(i * 4);
+    start = n4 * 4;
+  }
+  for (int64_t i = start + tid; i < n; i += stride) op.Apply1(i);
+}
+
+template <class Op>
+cudaError_t LaunchElementwise(const LaunchConfig& cfg, int64_t n, const Op& op,
+                              bool vectorized) {
+  if (n <= 0) return cudaSuccess;
+  const int grid = GridFor(cfg, vectorized ? CeilDiv(n, 4) : n);
+  ElementwiseKernel<Op><<<grid, kThreads, 0, cfg.stream>>>(n, op, vectorized);
+  return cudaGetLastError();
+}
+
+// torch's lerp (aten/src/ATen/native/Lerp.h): the two formulas keep the
+// result exact at weight 0 and weight 1 respectively.
+__device__ inline float LerpValue(float a, float b, float w) {
+  return fabsf(w) < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w);
+}
+
+struct FillOp {
+  float* dst;
+  float value;
+  __device__ void Apply1(int64_t i) const { dst[i] = value; }
+  __device__ void Apply4(int64_t i) const {
+    Store4(dst, i, make_float4(value, value, value, value));
+  }
+};
+
+struct LerpOp {
+  const float* a;
+  const float* b;
+  float* out;
+  float w;
+  __device__ void Apply1(int64_t i) const { out[i] = LerpValue(a[i], b[i], w); }
+  __device__ void Apply4(int64_t i) const {
+    const float4 x = Load4(a, i);
+    const float4 y = Load4(b, i);
+    Store4(out, i,
+           make_float4(LerpValue(x.x, y.x, w), LerpValue(x.y, y.y, w),
+                       LerpValue(x.z, y.z, w), LerpValue(x.w, y.w, w)));
+  }
+};
+
+struct AxpbyOp {
+  const float* x;
+  float* y;
+  float alpha;
+  float beta;
+  // beta == 0 ignores y, as BLAS axpby does, so y may hold garbage/NaN.
+  __device__ float F(float xv, float yv) const {
+    return beta == 0.0f ? alpha * xv : alpha * xv + beta * yv;
+  }
+  __device__ void Apply1(int64_t i) const { y[i] = F(x[i], y[i]); }
+  __device__ void Apply4(int64_t i) const {
+    const float4 a = Load4(x, i);
+    const float4 b = Load4(y, i);
+    Store4(y, i,
+           make_float4(F(a.x, b.x), F(a.y, b.y), F(a.z, b.z), F(a.w, b.w)));
+  }
+};
+
+struct ScaleOp {
+  float* x;
+  float alpha;
+  __device__ void Apply1(int64_t i) const { x[i] = alpha * x[i]; }
+  __device__ void Apply4(int64_t i) const {
+    const float4 a = Load4(x, i);
+    Store4(x, i,
+           make_float4(alpha * a.x, alpha * a.y, alpha * a.z, alpha * a.w));
+  }
+};
+
+struct EmaSquareOp {
+  const float* g;
+  float* v;
+  float decay;
+  float weight;
+  __device__ float F(float gv, float vv) const {
+    return decay * vv + weight * gv * gv;
+  }
+  __device__ void Apply1(int64_t i) const { v[i] = F(g[i], v[i]); }
+  __device__ void Apply4(int64_t i) const {
+    const float4 a = Load4(g, i);
+    const float4 b = Load4(v, i);
+    Store4(v, i,
+           make_float4(F(a.x, b.x), F(a.y, b.y), F(a.z, b.z), F(a.w, b.w)));
+  }
+};
+
+struct AdamDirectionOp {
+  const float* m;
+  const float* v;
+  float* out;
+  float m_scale;
+  float v_scale;
+  float eps;
+  __device__ float F(float mv, float vv) const {
+    return (mv * m_scale) / (sqrtf(vv * v_scale) + eps);
+  }
+  __device__ void Apply1(int64_t i) const { out[i] = F(m[i], v[i]); }
+  __device__ void Apply4(int64_t i) const {
+    const float4 a = Load4(m, i);
+    const float4 b = Load4(v, i);
+    Store4(out, i,
+           make_float4(F(a.x, b.x), F(a.y, b.y), F(a.z, b.z), F(a.w, b.w)));
+  }
+};
+
+struct AdamWOp {
+  const float* g;
+  float* p;
+  float* m;
+  float* v;
+  AdamWScalars s;
+  // Same operation order as torch.optim.AdamW's single-tensor path:
+  //   param.mul_(1 - lr * wd); exp_avg.lerp_(grad, 1 - beta1);
+  //   exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2);
+  //   denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps);
+  //   param.addcdiv_(exp_avg, denom, value=-step_size)
+  __device__ void Step(float gv, float& pv, float& mv, float& vv) const {
+    pv = pv * s.decay;
+    mv = LerpValue(mv, gv, s.lerp_weight);
+    vv = vv * s.beta2;
+    vv = vv + s.one_minus_beta2 * gv * gv;
+    const float denom = sqrtf(vv) / s.bc2_sqrt + s.eps;
+    pv = pv + (-s.step_size) * (mv / denom);
+  }
+  __device__ void Apply1(int64_t i) const {
+    float pv = p[i], mv = m[i], vv = v[i];
+    Step(g[i], pv, mv, vv);
+    p[i] = pv;
+    m[i] = mv;
+    v[i] = vv;
+  }
+  __device__ void Apply4(int64_t i) const {
+    const float4 gv = Load4(g, i);
+    float4 pv = Load4(p, i), mv = Load4(m, i), vv = Load4(v, i);
+    Step(gv.x, pv.x, mv.x, vv.x);
+    Step(gv.y, pv.y, mv.y, vv.y);
+    Step(gv.z, pv.z, mv.z, vv.z);
+    Step(gv.w, pv.w, mv.w, vv.w);
+    Store4(p, i, pv);
+    Store4(m, i, mv);
+    Store4(v, i, vv);
+  }
+};
+
+template <typename TIn, typename TOut>
+__global__ void ConvertKernel(int64_t n, const TIn* src, TOut* dst) {
+  const int64_t stride = int64_t{blockDim.x} * gridDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    dst[i] = static_cast<TOut>(src[i]);
+  }
+}
+
+// ---- Reductions -----------------------------------------------------------
+
+__global__ void SumSquaresPartialKernel(int64_t n, const float* x,
+                                        bool vectorized, double* partials) {
+  const int64_t stride = int64_t{blockDim.x} * gridDim.x;
+  const int64_t tid = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  double sum = 0.0;
+  int64_t start = 0;
+  if (vectorized) {
+    const int64_t n4 = n / 4;
+    for (int64_t i = tid; i < n4; i += stride) {
+      const float4 v = Load4(x, i * 4);
+      sum += double{v.x} * v.x + double{v.y} * v.y + double{v.z} * v.z +
+             double{v.w} * v.w;
+    }
+    start = n4 * 4;
+  }
+  for (int64_t i = start + tid; i < n; i += stride) {
+    sum += double{x[i]} * x[i];
+  }
+  sum = BlockSum(sum);
+  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+// One block: sums `count` partials in a fixed order.
+__global__ void SumPartialsKernel(int count, const double* partials,
+                                  double* result) {
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];
+  sum = BlockSum(sum);
+  if (threadIdx.x == 0) *result = sum;
+}
+
+__global__ void FlagNonFiniteKernel(int64_t n, const float* x, int* flag) {
+  const int64_t stride = int64_t{blockDim.x} * gridDim.x;
+  bool bad = false;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    bad |= !isfinite(x[i]);
+  }
+  // Racing writers all store the same value.
+  if (bad) *flag = 1;
+}
+
+// ---- Matrix helpers -------------------------------------------------------
+
+// 2-D grid-stride loops: x over columns (coalesced), y over rows.
+#define CANZONA_FOR_2D(rows, cols, i, j)                                       \
+  for (int64_t i = int64_t{blockIdx.y} * blockDim.y + threadIdx.y; i < rows;   \
+       i += int64_t{gridDim.y} * blockDim.y)                                   \
+    for (int64_t j = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; j < cols; \
+         j += int64_t{gridDim.x} * blockDim.x)
+
+dim3 Grid2D(const LaunchConfig& cfg, int64_t rows, int64_t cols) {
+  int64_t gx = CeilDiv(cols, 32);
+  if (gx > 1024) gx = 1024;
+  const int64_t budget = int64_t{cfg.num_sms > 0 ? cfg.num_sms : 1} * 8;
+  int64_t gy = CeilDiv(rows, 8);
+  int64_t gy_cap = budget / gx;
+  if (gy_cap < 1) gy_cap = 1;
+  if (gy > gy_cap) gy = gy_cap;
+  if (gy > kMaxGridYZ) gy = kMaxGridYZ;
+  if (gy < 1) gy = 1;
+  return dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy), 1);
+}
+
+__global__ void AddIdentityKernel(int64_t n, float alpha, float* a) {
+  const int64_t stride = int64_t{blockDim.x} * gridDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    a[i * n + i] += alpha;
+  }
+}
+
+__global__ void ScaleColumnsKernel(int64_t rows, int64_t cols, const float* d,
+                                   float* a) {
+  CANZONA_FOR_2D(rows, cols, i, j) { a[i * cols + j] *= d[j]; }
+}
+
+__global__ void GatherColumnsKernel(int64_t rows, int64_t cols,
+                                    const int64_t* perm, const float* src,
+                                    float* dst) {
+  CANZONA_FOR_2D(rows, cols, i, j) {
+    dst[i * cols + j] = src[i * cols + perm[j]];
+  }
+}
+
+__global__ void GatherRowsKernel(int64_t rows, int64_t cols,
+                                 const int64_t* perm, const float* src,
+                                 float* dst) {
+  CANZONA_FOR_2D(rows, cols, i, j) {
+    dst[i * cols + j] = src[perm[i] * cols + j];
+  }
+}
+
+#undef CANZONA_FOR_2D
+
+// Block (32, 8): each block owns 32 adjacent columns (coalesced row reads);
+// the 8 thread rows split the matrix rows and are reduced in shared memory.
+__global__ void ColumnDotsKernel(int64_t rows, int64_t cols, const float* a,
+                                 const float* b, float* out) {
+  __shared__ double sums[8][33];
+  for (int64_t j0 = int64_t{blockIdx.x} * 32; j0 < cols;
+       j0 += int64_t{gridDim.x} * 32) {
+    const int64_t j = j0 + threadIdx.x;
+    double sum = 0.0;
+    if (j < cols) {
+      for (int64_t i = threadIdx.y; i < rows; i += blockDim.y) {
+        sum += double{a[i * cols + j]} * b[i * cols + j];
+      }
+    }
+    sums[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < cols) {
+      double total = 0.0;
+      for (int k = 0; k < 8; ++k) total += sums[k][threadIdx.x];
+      out[j] = static_cast<float>(total);
+    }
+    __syncthreads();
+  }
+}
+
+// Tile pairs (bi, bj) with bi >= bj: row-major tile (bi, bj) of the strict
+// lower triangle receives the transpose of tile (bj, bi). Each block reads
+// only its upper tile and writes only its lower tile (on the diagonal both
+// are the same tile: all reads finish before the barrier), so blocks never
+// race.
+__global__ void MirrorUpperToLowerKernel(int64_t batch, int64_t n, float* c,
+                                         int64_t ldc, int64_t stride) {
+  __shared__ float tile[kTile][kTile + 1];
+  const int64_t tiles = CeilDiv(n, kTile);
+  for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
+    float* m = c + b * stride;
+    for (int64_t bi = blockIdx.y; bi < tiles; bi += gridDim.y) {
+      for (int64_t bj = blockIdx.x; bj <= bi && bj < tiles; bj += gridDim.x) {
+        // Load source tile (rows bj*T.., cols bi*T..) from the upper part.
+        for (int k = threadIdx.y; k < kTile; k += kTileRows) {
+          const int64_t r = bj * kTile + k;
+          const int64_t col = bi * kTile + threadIdx.x;
+          if (r < n && col < n) tile[k][threadIdx.x] = m[r * ldc + col];
+        }
+        __syncthreads();
+        for (int k = threadIdx.y; k < kTile; k += kTileRows) {
+          const int64_t r = bi * kTile + k;
+          const int64_t col = bj * kTile + threadIdx.x;
+          if (r < n && col < n && r > col) {
+            m[r * ldc + col] = tile[threadIdx.x][k];
+          }
+        }
+        __syncthreads();
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// ---- Wrappers -------------------------------------------------------------
+
+cudaError_t Fill(const LaunchConfig& cfg, int64_t n, float value, float* dst) {
+  return LaunchElementwise(cfg, n, FillOp{dst, value}, Aligned16(dst));
+}
+
+cudaError_t Lerp(const LaunchConfig& cfg, int64_t n, const float* a,
+                 const float* b, float weight, float* out) {
+  return LaunchElementwise(cfg, n, LerpOp{a, b, out, weight},
+                           Aligned16(a) && Aligned16(b) && Aligned16(out));
+}
+
+cudaError_t Axpby(const LaunchConfig& cfg, int64_t n, float alpha,
+                  const float* x, float beta, float* y) {
+  return LaunchElementwise(cfg, n, AxpbyOp{x, y, alpha, beta},
+                           Aligned16(x) && Aligned16(y));
+}
+
+cudaError_t Scale(const LaunchConfig& cfg, int64_t n, float alpha, float* x) {
+  return LaunchElementwise(cfg, n, ScaleOp{x, alpha}, Aligned16(x));
+}
+
+cudaError_t EmaSquare(const LaunchConfig& cfg, int64_t n, float decay,
+                      float weight, const float* g, float* v) {
+  return LaunchElementwise(cfg, n, EmaSquareOp{g, v, decay, weight},
+                           Aligned16(g) && Aligned16(v));
+}
+
+cudaError_t AdamDirection(const LaunchConfig& cfg, int64_t n, const float* m,
+                          float m_scale, const float* v, float v_scale,
+                          float eps, float* out) {
+  return LaunchElementwise(cfg, n,
+                           AdamDirectionOp{m, v, out, m_scale, v_scale, eps},
+                           Aligned16(m) && Aligned16(v) && Aligned16(out));
+}
+
+cudaError_t AdamWStep(const LaunchConfig& cfg, int64_t n, const AdamWScalars& s,
+                      const float* g, float* p, float* m, float* v) {
+  return LaunchElementwise(
+      cfg, n, AdamWOp{g, p, m, v, s},
+      Aligned16(g) && Aligned16(p) && Aligned16(m) && Aligned16(v));
+}
+
+cudaError_t FloatToDouble(const LaunchConfig& cfg, int64_t n, const float* src,
+                          double* dst) {
+  if (n <= 0) return cudaSuccess;
+  ConvertKernel<float, double>
+      <<<GridFor(cfg, n), kThreads, 0, cfg.stream>>>(n, src, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t DoubleToFloat(const LaunchConfig& cfg, int64_t n, const double* src,
+                          float* dst) {
+  if (n <= 0) return cudaSuccess;
+  ConvertKernel<double, float>
+      <<<GridFor(cfg, n), kThreads, 0, cfg.stream>>>(n, src, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t SumSquares(const LaunchConfig& cfg, int64_t n, const float* x,
+                       double* partials, double* result) {
+  if (n <= 0) return cudaMemsetAsync(result, 0, sizeof(double), cfg.stream);
+  const bool vectorized = Aligned16(x);
+  int blocks = GridFor(cfg, vectorized ? CeilDiv(n, 4) : n);
+  if (blocks > kMaxReductionBlocks) blocks = kMaxReductionBlocks;
+  SumSquaresPartialKernel<<<blocks, kThreads, 0, cfg.stream>>>(n, x, vectorized,
+                                                               partials);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  SumPartialsKernel<<<1, kThreads, 0, cfg.stream>>>(blocks, partials, result);
+  return cudaGetLastError();
+}
+
+cudaError_t FlagNonFinite(const LaunchConfig& cfg, int64_t n, const float* x,
+                          int* flag) {
+  if (n <= 0) return cudaSuccess;
+  FlagNonFiniteKernel<<<GridFor(cfg, n), kThreads, 0, cfg.stream>>>(n, x, flag);
+  return cudaGetLastError();
+}
+
+cudaError_t AddIdentity(const LaunchConfig& cfg, int64_t n, float alpha,
+                        float* a) {
+  if (n <= 0) return cudaSuccess;
+  AddIdentityKernel<<<GridFor(cfg, n), kThreads, 0, cfg.stream>>>(n, alpha, a);
+  return cudaGetLastError();
+}
+
+cudaError_t ScaleColumns(const LaunchConfig& cfg, int64_t rows, int64_t cols,
+                         const float* d, float* a) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  ScaleColumnsKernel<<<Grid2D(cfg, rows, cols), dim3(32, 8), 0, cfg.stream>>>(
+      rows, cols, d, a);
+  return cudaGetLastError();
+}
+
+cudaError_t ColumnDots(const LaunchConfig& cfg, int64_t rows, int64_t cols,
+                       const float* a, const float* b, float* out) {
+  if (cols <= 0) return cudaSuccess;
+  if (rows <= 0)
+    return cudaMemsetAsync(out, 0, cols * sizeof(float), cfg.stream);
+  int64_t grid = CeilDiv(cols, 32);
+  if (grid > 65535) grid = 65535;
+  ColumnDotsKernel<<<static_cast<unsigned>(grid), dim3(32, 8), 0, cfg.stream>>>(
+      rows, cols, a, b, out);
+  return cudaGetLastError();
+}
+
+cudaError_t GatherColumns(const LaunchConfig& cfg, int64_t rows, int64_t cols,
+                          const int64_t* perm, const float* src, float* dst) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  GatherColumnsKernel<<<Grid2D(cfg, rows, cols), dim3(32, 8), 0, cfg.stream>>>(
+      rows, cols, perm, src, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t GatherRows(const LaunchConfig& cfg, int64_t rows, int64_t cols,
+                       const int64_t* perm, const float* src, float* dst) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  GatherRowsKernel<<<Grid2D(cfg, rows, cols), dim3(32, 8), 0, cfg.stream>>>(
+      rows, cols, perm, src, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t Transpose(const LaunchConfig& cfg, int64_t batch, int64_t rows,
+                      int64_t cols, const float* src, float* dst) {
+  if (batch <= 0 || rows <= 0 || cols <= 0) return cudaSuccess;
+  internal::TransposeKernel<float, float>
+      <<<internal::TransposeGrid(cfg, batch, rows, cols),
+         dim3(kTile, kTileRows), 0, cfg.stream>>>(batch, rows, cols, src,
+                                                  nullptr, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t TransposeDoubleToFloat(const LaunchConfig& cfg, int64_t rows,
+                                   int64_t cols, const double* src,
+                                   float* dst) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  internal::TransposeKernel<double, float>
+      <<<internal::TransposeGrid(cfg, 1, rows, cols), dim3(kTile, kTileRows), 0,
+         cfg.stream>>>(1, rows, cols, src, nullptr, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t MirrorUpperToLower(const LaunchConfig& cfg, int64_t batch,
+                               int64_t n, float* c, int64_t ldc,
+                               int64_t stride) {
+  if (batch <= 0 || n <= 1) return cudaSuccess;
+  int64_t tiles = CeilDiv(n, kTile);
+  if (tiles > kMaxGridYZ) tiles = kMaxGridYZ;
+  int64_t gz = batch > kMaxGridYZ ? kMaxGridYZ : batch;
+  // Blocks above the diagonal (bj > bi) find no work and exit at once.
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(tiles),
+                  static_cast<unsigned>(gz));
+  MirrorUpperToLowerKernel<<<grid, dim3(kTile, kTileRows), 0, cfg.stream>>>(
+      batch, n, c, ldc, stride);
+  return cudaGetLastError();
+}
+
+}  // namespace canzona::cuda_kernels

@@ -1,0 +1,180 @@
+#include "kernels/cuda/newton_schulz.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <library_types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "kernels/base/cuda_status.h"
+#include "kernels/base/status_macros.h"
+#include "kernels/cuda/cuda_kernels.h"
+
+namespace canzona::cuda_internal {
+namespace {
+
+using cuda_kernels::LaunchConfig;
+using cuda_kernels::NsElement;
+
+constexpr size_t kAlign = 256;
+
+size_t RoundUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// Byte offsets of the workspace regions, each 256-byte aligned (cuBLAS
+// prefers aligned operands; the norm kernel reads float4).
+struct Layout {
+  size_t x0 = 0, x1 = 0, a = 0, b = 0, partials = 0, denom = 0, total = 0;
+  int parts = 1;
+};
+
+Layout MakeLayout(NsPrecision precision, int64_t batch, int64_t rows,
+                  int64_t cols) {
+  const size_t elem = precision == NsPrecision::kBfloat16 ? 2 : 4;
+  const int64_t n = rows < cols ? rows : cols;
+  const size_t x_bytes =
+      RoundUp(static_cast<size_t>(batch * rows * cols) * elem);
+  const size_t a_bytes = RoundUp(static_cast<size_t>(batch * n * n) * elem);
+  Layout l;
+  l.parts = cuda_kernels::NsNormParts(rows * cols);
+  size_t off = 0;
+  l.x0 = off;
+  off += x_bytes;
+  l.x1 = off;
+  off += x_bytes;
+  l.a = off;
+  off += a_bytes;
+  l.b = off;
+  off += a_bytes;
+  l.partials = off;
+  off += RoundUp(static_cast<size_t>(batch) * l.parts * sizeof(double));
+  l.denom = off;
+  off += RoundUp(static_cast<size_t>(batch) * sizeof(float));
+  l.total = off;
+  return l;
+}
+
+// Column-major GEMM C = alpha op(A) op(B) + beta C over `batch` strided
+// matrices, in bf16 (tensor cores, float32 accumulate) or float32 (no TF32:
+// the handle is in CUBLAS_DEFAULT_MATH).
+absl::Status BatchedGemm(const NsContext& ctx, bool bf16, cublasOperation_t ta,
+                         cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                         float alpha, const void* a, int64_t lda,
+                         int64_t stride_a, const void* b, int64_t ldb,
+                         int64_t stride_b, float beta, void* c, int64_t ldc,
+                         int64_t stride_c, int64_t batch) {
+  if (bf16) {
+    CANZONA_CUDA_RETURN_IF_ERROR(cublasGemmStridedBatchedEx_64(
+        ctx.cublas, ta, tb, m, n, k, &alpha, a, CUDA_R_16BF, lda, stride_a, b,
+        CUDA_R_16BF, ldb, stride_b, &beta, c, CUDA_R_16BF, ldc, stride_c, batch,
+        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return absl::OkStatus();
+  }
+  CANZONA_CUDA_RETURN_IF_ERROR(cublasSgemmStridedBatched_64(
+      ctx.cublas, ta, tb, m, n, k, &alpha, static_cast<const float*>(a), lda,
+      stride_a, static_cast<const float*>(b), ldb, stride_b, &beta,
+      static_cast<float*>(c), ldc, stride_c, batch));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+size_t NewtonSchulzWorkspaceBytes(NsPrecision precision, int64_t batch,
+                                  int64_t rows, int64_t cols) {
+  return MakeLayout(precision, batch, rows, cols).total;
+}
+
+absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
+                             int64_t batch, int64_t rows, int64_t cols,
+                             const float* input, float* output,
+                             void* workspace) {
+  const bool bf16 = spec.precision == NsPrecision::kBfloat16;
+  const NsElement elem = bf16 ? NsElement::kBfloat16 : NsElement::kFloat32;
+  const size_t elem_bytes = bf16 ? 2 : 4;
+  // Wide orientation: X is n x m with n <= m, so the Gram matrix A is the
+  // small n x n one.
+  const bool transpose = rows > cols;
+  const int64_t n = transpose ? cols : rows;
+  const int64_t m = transpose ? rows : cols;
+  const Layout layout = MakeLayout(spec.precision, batch, rows, cols);
+  char* base = static_cast<char*>(workspace);
+  void* x = base + layout.x0;
+  void* x_next = base + layout.x1;
+  void* a = base + layout.a;
+  void* b = base + layout.b;
+  auto* partials = reinterpret_cast<double*>(base + layout.partials);
+  auto* denom = reinterpret_cast<float*>(base + layout.denom);
+  const LaunchConfig cfg{ctx.stream, ctx.num_sms};
+
+  // X = input / (norm_scale * ||input||_F + eps), per matrix, on the device;
+  // the division is fused into the conversion / transposition pass.
+  CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::NsSumSquares(
+      cfg, batch, rows * cols, input, layout.parts, partials));
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::NsDenominators(cfg, batch, layout.parts, partials,
+                                   spec.norm_scale, spec.norm_eps, denom));
+  CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::NsLoad(
+      cfg, batch, rows, cols, transpose, input, denom, elem, x));
+
+  // Row-major X (n x m) is column-major X' = X^T (m x n, ld m), and a
+  // row-major buffer read column-major is the transpose. In column-major:
+  //   A' = X'^T X' = X X^T             (n x n; its row-major view is A^T)
+  //   B' = c A' A' + b A'              (row-major view: c A A + b A = B)
+  //   X'_next = X' B' + a X'           (row-major view: B X + a X)
+  // so every product is exactly the row-major one; no symmetry is assumed.
+  const int64_t sx = n * m;
+  const int64_t sa = n * n;
+  const size_t x_bytes = static_cast<size_t>(batch * sx) * elem_bytes;
+  const size_t a_bytes = static_cast<size_t>(batch * sa) * elem_bytes;
+  // float32 only: cuBLAS has no batched SYRK, so SYRK (half the flops) pays
+  // off per matrix when the matrices are big or few; otherwise one batched
+  // GEMM launch wins. Untuned threshold (~512^3 multiply-adds).
+  const bool use_syrk =
+      !bf16 && (batch == 1 || n * n * m >= (int64_t{1} << 27));
+  for (const auto& [ca, cb, cc] : spec.coefficients) {
+    if (use_syrk) {
+      const float one = 1.0f, zero = 0.0f;
+      for (int64_t i = 0; i < batch; ++i) {
+        // Lower triangle in column-major == upper triangle row-major.
+        CANZONA_CUDA_RETURN_IF_ERROR(
+            cublasSsyrk_64(ctx.cublas, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_T, n,
+                           m, &one, static_cast<const float*>(x) + i * sx, m,
+                           &zero, static_cast<float*>(a) + i * sa, n));
+      }
+      CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::MirrorUpperToLower(
+          cfg, batch, n, static_cast<float*>(a), n, sa));
+    } else {
+      CANZONA_RETURN_IF_ERROR(BatchedGemm(ctx, bf16, CUBLAS_OP_T, CUBLAS_OP_N,
+                                          n, n, m, 1.0f, x, m, sx, x, m, sx,
+                                          0.0f, a, n, sa, batch));
+    }
+    // cuBLAS forbids C aliasing an input, so "b A" enters as beta * C with C
+    // a copy of A (cheap: n x n next to the n x n x n GEMM). beta == 0 never
+    // reads C, so the copy is skipped then.
+    if (cb != 0.0f) {
+      CANZONA_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(b, a, a_bytes, cudaMemcpyDeviceToDevice, ctx.stream));
+    }
+    CANZONA_RETURN_IF_ERROR(BatchedGemm(ctx, bf16, CUBLAS_OP_N, CUBLAS_OP_N, n,
+                                        n, n, cc, a, n, sa, a, n, sa, cb, b, n,
+                                        sa, batch));
+    // Same trick for "a X": X_next starts as a copy of X (one read + write
+    // of X, against 2 n^2 m flops for the GEMM).
+    if (ca != 0.0f) {
+      CANZONA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+          x_next, x, x_bytes, cudaMemcpyDeviceToDevice, ctx.stream));
+    }
+    CANZONA_RETURN_IF_ERROR(BatchedGemm(ctx, bf16, CUBLAS_OP_N, CUBLAS_OP_N, m,
+                                        n, n, 1.0f, x, m, sx, b, n, sa, ca,
+                                        x_next, m, sx, batch));
+    std::swap(x, x_next);
+  }
+
+  // Back to float32 (and to rows x cols when we transposed).
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::NsStore(cfg, batch, n, m, transpose, elem, x, output));
+  return absl::OkStatus();
+}
+
+}  // namespace canzona::cuda_internal

@@ -1,0 +1,50 @@
+// Batched Newton-Schulz orthogonalization on the GPU (the Muon inner loop),
+// driven from the host with cuBLAS strided-batched GEMMs and the kernels of
+// newton_schulz_kernels.cu. Internal to kernels/cuda; CudaBackend validates
+// arguments and owns the stream, handle and workspace passed in here.
+//
+// Per step (a, b, c), on the wide orientation X (n x m, n <= m), batched over
+// same-shape matrices, with no host synchronization anywhere:
+//   A = X X^T                 one GEMM (float32: SYRK + mirror kernel)
+//   B = b A + c A A           one GEMM, beta = b, C pre-filled with A
+//   X' = a X + B X            one GEMM, beta = a, C pre-filled with X
+// kBfloat16 keeps X, A, B in bf16 with float32 accumulation (tensor cores);
+// kFloat32 keeps everything in float32 with TF32 off.
+//
+// Thread-safety: as the owning CudaBackend (one thread per stream).
+#ifndef CANZONA_KERNELS_CUDA_NEWTON_SCHULZ_H_
+#define CANZONA_KERNELS_CUDA_NEWTON_SCHULZ_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+
+namespace canzona::cuda_internal {
+
+struct NsContext {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;  // bound to `stream`
+  int num_sms = 1;
+};
+
+// Device workspace bytes RunNewtonSchulz needs for this problem.
+size_t NewtonSchulzWorkspaceBytes(NsPrecision precision, int64_t batch,
+                                  int64_t rows, int64_t cols);
+
+// Orthogonalizes `batch` contiguous rows x cols float32 matrices from `input`
+// into `output` (may alias). `workspace` holds NewtonSchulzWorkspaceBytes
+// bytes of device memory that no queued work still uses. Arguments must
+// already be validated and non-empty.
+absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
+                             int64_t batch, int64_t rows, int64_t cols,
+                             const float* input, float* output,
+                             void* workspace);
+
+}  // namespace canzona::cuda_internal
+
+#endif  // CANZONA_KERNELS_CUDA_NEWTON_SCHULZ_H_
