@@ -144,7 +144,8 @@ class Backend {
   // Symmetric rank-k update, half the flops of the equivalent GEMM:
   //   kNo:  C[n x n] = alpha * A A^T + beta * C, A is n x k;
   //   kYes: C[n x n] = alpha * A^T A + beta * C, A is k x n.
-  // Both triangles of C are written (the result is the full matrix).
+  // Both triangles of C are written (the result is the full matrix). With
+  // beta != 0 the old C must be symmetric: only one triangle of it is read.
   virtual absl::Status Syrk(Transpose trans, int64_t n, int64_t k, float alpha,
                             const float* a, int64_t lda, float beta, float* c,
                             int64_t ldc) = 0;
@@ -165,10 +166,12 @@ class Backend {
                                     const float* input, float* output) = 0;
 
   // ---- Fused elementwise kernels (n elements, outputs may alias) ---------
-  // out = a + weight * (b - a)   (torch.lerp)
+  // out = a + weight * (b - a), computed as torch.lerp does (from the b end
+  // when |weight| >= 0.5) so results match PyTorch bit for bit.
   virtual absl::Status Lerp(int64_t n, const float* a, const float* b,
                             float weight, float* out) = 0;
-  // y = alpha * x + beta * y
+  // y = alpha * x + beta * y, literally: with beta == 0 a NaN in y stays NaN
+  // (unlike BLAS), so non-finite values are never silently dropped.
   virtual absl::Status Axpby(int64_t n, float alpha, const float* x,
                              float beta, float* y) = 0;
   // x = alpha * x
