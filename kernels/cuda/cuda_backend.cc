@@ -586,8 +586,9 @@ absl::Status CudaBackend::QrOrthonormalize(int64_t rows, int64_t cols,
   CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
   CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
   if (rows < cols) {
+    // Same message as the cpu backend.
     return absl::InvalidArgumentError(absl::StrCat(
-        kWhat, ": rows (", rows, ") must be >= cols (", cols, ")"));
+        kWhat, ": rows must be >= cols for a thin Q, got ", rows, " x ", cols));
   }
   CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, rows * cols));
   CANZONA_RETURN_IF_ERROR(FitsInt(kWhat, "rows * cols", rows * cols));

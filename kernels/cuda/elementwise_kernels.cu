@@ -90,9 +90,9 @@ struct AxpbyOp {
   float* y;
   float alpha;
   float beta;
-  // beta == 0 ignores y, as BLAS axpby does, so y may hold garbage/NaN.
+  // Plain formula, as the cpu backend: beta == 0 still reads y.
   __device__ float F(float xv, float yv) const {
-    return beta == 0.0f ? alpha * xv : alpha * xv + beta * yv;
+    return alpha * xv + beta * yv;
   }
   __device__ void Apply1(int64_t i) const { y[i] = F(x[i], y[i]); }
   __device__ void Apply4(int64_t i) const {
