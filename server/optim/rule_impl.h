@@ -46,11 +46,11 @@ class RuleImpl {
   virtual std::vector<std::pair<std::string, int64_t>> Counters() const {
     return {};
   }
-  virtual absl::Status ValidateCounter(const std::string& name,
-                                       int64_t value) const {
+  virtual absl::Status ValidateCounter(const std::string& /*name*/,
+                                       int64_t /*value*/) const {
     return absl::OkStatus();
   }
-  virtual void ApplyCounter(const std::string& name, int64_t value) {}
+  virtual void ApplyCounter(const std::string& /*name*/, int64_t /*value*/) {}
 
   const OptimizerKind kind_;
   Backend* const backend_;

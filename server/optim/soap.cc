@@ -114,7 +114,7 @@ class SoapRule : public RuleImpl {
   std::vector<std::pair<std::string, int64_t>> Counters() const override {
     return {{"initialized", initialized_ ? 1 : 0}};
   }
-  absl::Status ValidateCounter(const std::string& name,
+  absl::Status ValidateCounter(const std::string& /*name*/,
                                int64_t value) const override {
     if (value != 0 && value != 1) {
       return absl::InvalidArgumentError(
