@@ -40,7 +40,7 @@ void RunWorkload(benchmark::State& state, KernelWorkload* workload) {
       return;
     }
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(
+  state.counters["Gflop"] = benchmark::Counter(
       workload->flops() / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
