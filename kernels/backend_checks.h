@@ -6,6 +6,7 @@
 #define CANZONA_KERNELS_BACKEND_CHECKS_H_
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -37,6 +38,33 @@ inline absl::Status LeadingDim(absl::string_view what, absl::string_view field,
   if (ld >= (cols > 0 ? cols : 1)) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       what, ": ", field, " = ", ld, " is smaller than the row length ", cols));
+}
+
+// value >= minimum, e.g. AdamW's step count (bias corrections divide by
+// 1 - beta^step, zero at step 0).
+inline absl::Status AtLeast(absl::string_view what, absl::string_view field,
+                            int64_t value, int64_t minimum) {
+  if (value >= minimum) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": ", field, " must be >= ", minimum, ", got ", value));
+}
+
+// A thin QR needs at least as many rows as columns.
+inline absl::Status ThinQrShape(absl::string_view what, int64_t rows,
+                                int64_t cols) {
+  if (rows >= cols) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": rows must be >= cols for a thin Q, got ", rows, " x ", cols));
+}
+
+// BLAS, LAPACK and cuSOLVER's legacy API index with 32-bit integers; a
+// larger size would silently wrap. `library` names the limit's owner.
+inline absl::Status Int32Index(absl::string_view what, absl::string_view field,
+                               int64_t value, absl::string_view library) {
+  if (value <= std::numeric_limits<int32_t>::max()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": ", field, " = ", value, " exceeds the 32-bit ",
+                   library, " index range"));
 }
 
 // `perm` must be a permutation of [0, size).

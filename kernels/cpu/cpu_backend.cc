@@ -33,14 +33,11 @@ namespace checks = backend_checks;
 // line and the widest vector loads (AVX-512) never straddle one.
 constexpr size_t kAlignment = 64;
 
-// BLAS/LAPACK index with 32-bit integers (Debian's OpenBLAS is LP64), so a
-// dimension that does not fit would silently wrap.
+// Debian's OpenBLAS is LP64: BLAS/LAPACK index with 32-bit integers.
+static_assert(sizeof(blasint) == sizeof(int32_t));
 absl::Status BlasIndex(absl::string_view what, absl::string_view field,
                        int64_t value) {
-  if (value <= std::numeric_limits<blasint>::max()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, ": ", field, " = ", value,
-                   " exceeds the 32-bit BLAS/LAPACK index range"));
+  return checks::Int32Index(what, field, value, "BLAS/LAPACK");
 }
 
 // Product of non-negative sizes, saturating instead of overflowing so that a
@@ -278,11 +275,7 @@ class CpuBackend final : public Backend {
     CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
     CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
     CANZONA_RETURN_IF_ERROR(BlasIndex(kWhat, "rows", rows));
-    if (rows < cols) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kWhat, ": rows must be >= cols for a thin Q, got ", rows,
-                       " x ", cols));
-    }
+    CANZONA_RETURN_IF_ERROR(checks::ThinQrShape(kWhat, rows, cols));
     CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, SatMul(rows, cols)));
     if (rows == 0 || cols == 0) return absl::OkStatus();
     const lapack_int m = static_cast<lapack_int>(rows);
@@ -438,10 +431,7 @@ class CpuBackend final : public Backend {
                          float* v) override {
     constexpr absl::string_view kWhat = "AdamWStep";
     CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
-    if (step < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kWhat, ": step must be >= 1, got ", step));
-    }
+    CANZONA_RETURN_IF_ERROR(checks::AtLeast(kWhat, "step", step, 1));
     CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "g", g, n));
     CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "p", p, n));
     CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "m", m, n));

@@ -36,10 +36,7 @@ constexpr absl::string_view kNoDevice = "no usable CUDA device";
 // Sizes handed to cuSOLVER's 32-bit legacy API must fit in an int.
 absl::Status FitsInt(absl::string_view what, absl::string_view field,
                      int64_t value) {
-  if (value <= std::numeric_limits<int>::max()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, ": ", field, " = ", value, " exceeds the cuSOLVER ",
-                   "limit of ", std::numeric_limits<int>::max()));
+  return checks::Int32Index(what, field, value, "cuSOLVER");
 }
 
 cublasOperation_t ToCublas(Transpose t) {
@@ -585,11 +582,7 @@ absl::Status CudaBackend::QrOrthonormalize(int64_t rows, int64_t cols,
   constexpr absl::string_view kWhat = "QrOrthonormalize";
   CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
   CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
-  if (rows < cols) {
-    // Same message as the cpu backend.
-    return absl::InvalidArgumentError(absl::StrCat(
-        kWhat, ": rows must be >= cols for a thin Q, got ", rows, " x ", cols));
-  }
+  CANZONA_RETURN_IF_ERROR(checks::ThinQrShape(kWhat, rows, cols));
   CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, rows * cols));
   CANZONA_RETURN_IF_ERROR(FitsInt(kWhat, "rows * cols", rows * cols));
   if (cols == 0) return absl::OkStatus();
@@ -724,10 +717,7 @@ absl::Status CudaBackend::AdamWStep(int64_t n, float lr, float beta1,
                                     float* m, float* v) {
   constexpr absl::string_view kWhat = "AdamWStep";
   CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
-  if (step < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kWhat, ": step must be >= 1, got ", step));
-  }
+  CANZONA_RETURN_IF_ERROR(checks::AtLeast(kWhat, "step", step, 1));
   CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "g", g, n));
   CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "p", p, n));
   CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "m", m, n));
