@@ -19,9 +19,8 @@ absl::string_view BackendKindName(BackendKind kind) {
 absl::StatusOr<BackendKind> ParseBackendKind(absl::string_view name) {
   if (name == "cpu") return BackendKind::kCpu;
   if (name == "cuda") return BackendKind::kCuda;
-  return absl::InvalidArgumentError(
-      absl::StrCat("backend: unknown value \"", name,
-                   "\" (expected cpu or cuda)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "backend: unknown value \"", name, "\" (expected cpu or cuda)"));
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(BackendKind kind,
@@ -44,9 +43,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackendByName(
   }
   absl::StatusOr<BackendKind> kind = ParseBackendKind(name);
   if (!kind.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("backend: unknown value \"", name,
-                     "\" (expected auto, cpu or cuda)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backend: unknown value \"", name, "\" (expected auto, cpu or cuda)"));
   }
   return CreateBackend(*kind, device);
 }

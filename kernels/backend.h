@@ -36,11 +36,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace canzona {
@@ -172,8 +172,8 @@ class Backend {
                             float weight, float* out) = 0;
   // y = alpha * x + beta * y, literally: with beta == 0 a NaN in y stays NaN
   // (unlike BLAS), so non-finite values are never silently dropped.
-  virtual absl::Status Axpby(int64_t n, float alpha, const float* x,
-                             float beta, float* y) = 0;
+  virtual absl::Status Axpby(int64_t n, float alpha, const float* x, float beta,
+                             float* y) = 0;
   // x = alpha * x
   virtual absl::Status Scale(int64_t n, float alpha, float* x) = 0;
   // v = decay * v + weight * g * g
@@ -200,8 +200,8 @@ class Backend {
   // a[i, i] += alpha for the n x n matrix a.
   virtual absl::Status AddIdentity(int64_t n, float alpha, float* a) = 0;
   // a[i, j] *= d[j]
-  virtual absl::Status ScaleColumns(int64_t rows, int64_t cols,
-                                    const float* d, float* a) = 0;
+  virtual absl::Status ScaleColumns(int64_t rows, int64_t cols, const float* d,
+                                    float* a) = 0;
   // out[j] = sum_i a[i, j] * b[i, j]
   virtual absl::Status ColumnDots(int64_t rows, int64_t cols, const float* a,
                                   const float* b, float* out) = 0;

@@ -62,9 +62,9 @@ inline absl::Status ThinQrShape(absl::string_view what, int64_t rows,
 inline absl::Status Int32Index(absl::string_view what, absl::string_view field,
                                int64_t value, absl::string_view library) {
   if (value <= std::numeric_limits<int32_t>::max()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, ": ", field, " = ", value, " exceeds the 32-bit ",
-                   library, " index range"));
+  return absl::InvalidArgumentError(absl::StrCat(what, ": ", field, " = ",
+                                                 value, " exceeds the 32-bit ",
+                                                 library, " index range"));
 }
 
 // `perm` must be a permutation of [0, size).
@@ -77,8 +77,8 @@ inline absl::Status Permutation(absl::string_view what,
   std::vector<bool> seen(static_cast<size_t>(size), false);
   for (int64_t p : perm) {
     if (p < 0 || p >= size || seen[static_cast<size_t>(p)]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": perm is not a permutation of [0, ", size, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": perm is not a permutation of [0, ", size, ")"));
     }
     seen[static_cast<size_t>(p)] = true;
   }

@@ -19,7 +19,8 @@ absl::StatusOr<DeviceBuffer> RandomBuffer(Backend& backend, int64_t count,
   std::normal_distribution<float> normal(0.0f, scale);
   std::vector<float> host(static_cast<size_t>(count));
   for (float& x : host) x = normal(rng);
-  CANZONA_RETURN_IF_ERROR(backend.CopyFromHost(host.data(), count, buffer.data()));
+  CANZONA_RETURN_IF_ERROR(
+      backend.CopyFromHost(host.data(), count, buffer.data()));
   return buffer;
 }
 
@@ -32,8 +33,8 @@ double NewtonSchulzFlops(int64_t rows, int64_t cols, int64_t steps) {
 }
 
 absl::StatusOr<std::unique_ptr<KernelWorkload>> KernelWorkload::NewtonSchulz(
-    Backend* backend, const NewtonSchulzSpec& spec, int64_t batch,
-    int64_t rows, int64_t cols) {
+    Backend* backend, const NewtonSchulzSpec& spec, int64_t batch, int64_t rows,
+    int64_t cols) {
   const char* precision =
       spec.precision == NsPrecision::kBfloat16 ? "bf16" : "fp32";
   std::unique_ptr<KernelWorkload> w(new KernelWorkload(
@@ -45,7 +46,8 @@ absl::StatusOr<std::unique_ptr<KernelWorkload>> KernelWorkload::NewtonSchulz(
                             static_cast<int64_t>(spec.coefficients.size())),
       0.0));
   const int64_t count = batch * rows * cols;
-  CANZONA_ASSIGN_OR_RETURN(DeviceBuffer input, RandomBuffer(*backend, count, 1));
+  CANZONA_ASSIGN_OR_RETURN(DeviceBuffer input,
+                           RandomBuffer(*backend, count, 1));
   CANZONA_ASSIGN_OR_RETURN(DeviceBuffer output, backend->Allocate(count));
   const float* in = input.data();
   float* out = output.data();
@@ -59,9 +61,9 @@ absl::StatusOr<std::unique_ptr<KernelWorkload>> KernelWorkload::NewtonSchulz(
 
 absl::StatusOr<std::unique_ptr<KernelWorkload>> KernelWorkload::Gemm(
     Backend* backend, int64_t m, int64_t n, int64_t k) {
-  std::unique_ptr<KernelWorkload> w(new KernelWorkload(
-      backend, absl::StrCat("gemm/fp32/", m, "x", n, "x", k),
-      2.0 * static_cast<double>(m) * n * k, 0.0));
+  std::unique_ptr<KernelWorkload> w(
+      new KernelWorkload(backend, absl::StrCat("gemm/fp32/", m, "x", n, "x", k),
+                         2.0 * static_cast<double>(m) * n * k, 0.0));
   CANZONA_ASSIGN_OR_RETURN(DeviceBuffer a, RandomBuffer(*backend, m * k, 2));
   CANZONA_ASSIGN_OR_RETURN(DeviceBuffer b, RandomBuffer(*backend, k * n, 3));
   CANZONA_ASSIGN_OR_RETURN(DeviceBuffer c, backend->Allocate(m * n));
@@ -126,8 +128,8 @@ absl::StatusOr<std::unique_ptr<KernelWorkload>> KernelWorkload::AdamW(
   w->buffers_.push_back(std::move(v));
   auto step = std::make_shared<int64_t>(0);
   w->run_ = [backend, n, pg, pp, pm, pv, step] {
-    return backend->AdamWStep(n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, ++*step,
-                              pg, pp, pm, pv);
+    return backend->AdamWStep(n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, ++*step, pg,
+                              pp, pm, pv);
   };
   return w;
 }

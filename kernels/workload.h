@@ -46,8 +46,8 @@ class KernelWorkload {
       Backend* backend, int64_t n);
   // One AdamW step on n elements (bytes counted: read g, p, m, v; write p,
   // m, v: 28 n).
-  static absl::StatusOr<std::unique_ptr<KernelWorkload>> AdamW(
-      Backend* backend, int64_t n);
+  static absl::StatusOr<std::unique_ptr<KernelWorkload>> AdamW(Backend* backend,
+                                                               int64_t n);
 
   // Issues one invocation (asynchronous on cuda; TimeWorkload synchronizes).
   absl::Status Run() { return run_(); }
@@ -57,9 +57,10 @@ class KernelWorkload {
   Backend& backend() const { return *backend_; }
 
  private:
-  KernelWorkload(Backend* backend, std::string name, double flops,
-                 double bytes)
-      : backend_(backend), name_(std::move(name)), flops_(flops),
+  KernelWorkload(Backend* backend, std::string name, double flops, double bytes)
+      : backend_(backend),
+        name_(std::move(name)),
+        flops_(flops),
         bytes_(bytes) {}
 
   Backend* backend_;

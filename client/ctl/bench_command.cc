@@ -58,9 +58,9 @@ absl::StatusOr<NsPrecision> ResolvePrecision(const std::string& name,
 }
 
 absl::Status RunKernelBench(const BenchOptions& options) {
-  CANZONA_ASSIGN_OR_RETURN(std::vector<MatrixShape> shapes,
-                           DistinctMatrixShapes(options.model,
-                                                options.models_dir));
+  CANZONA_ASSIGN_OR_RETURN(
+      std::vector<MatrixShape> shapes,
+      DistinctMatrixShapes(options.model, options.models_dir));
   if (options.max_shapes > 0 &&
       static_cast<int>(shapes.size()) > options.max_shapes) {
     shapes.resize(static_cast<size_t>(options.max_shapes));
@@ -98,8 +98,8 @@ absl::Status RunKernelBench(const BenchOptions& options) {
   // Eigensolver and AdamW rates for the planner's cost model.
   const int64_t eig_n =
       std::min<int64_t>(1024, std::max<int64_t>(256, shapes.front().rows / 4));
-  CANZONA_ASSIGN_OR_RETURN(auto eig,
-                           KernelWorkload::SymmetricEigen(backend.get(), eig_n));
+  CANZONA_ASSIGN_OR_RETURN(
+      auto eig, KernelWorkload::SymmetricEigen(backend.get(), eig_n));
   CANZONA_ASSIGN_OR_RETURN(WorkloadTiming eig_time,
                            TimeWorkload(*eig, options.min_time));
   CANZONA_ASSIGN_OR_RETURN(auto adamw,
@@ -126,8 +126,7 @@ absl::Status RunKernelBench(const BenchOptions& options) {
   if (options.json) {
     nlohmann::json out = rates;
     out["model"] = options.model;
-    out["ns_precision"] =
-        precision == NsPrecision::kBfloat16 ? "bf16" : "fp32";
+    out["ns_precision"] = precision == NsPrecision::kBfloat16 ? "bf16" : "fp32";
     out["shapes"] = nlohmann::json::array();
     for (const ShapeResult& r : results) {
       out["shapes"].push_back({{"rows", r.rows},
@@ -147,9 +146,8 @@ absl::Status RunKernelBench(const BenchOptions& options) {
                 "GEMM GFLOP/s", "NS/GEMM");
     for (const ShapeResult& r : results) {
       std::printf("%-14s %12.2f %12.1f %12.1f %10.2f\n",
-                  absl::StrCat(r.rows, "x", r.cols).c_str(),
-                  r.ns_seconds * 1e3, r.ns_gflops, r.gemm_gflops,
-                  r.ns_gflops / r.gemm_gflops);
+                  absl::StrCat(r.rows, "x", r.cols).c_str(), r.ns_seconds * 1e3,
+                  r.ns_gflops, r.gemm_gflops, r.ns_gflops / r.gemm_gflops);
     }
     std::printf("eigh %lldx%lld: %.1f GFLOP/s (9 n^3)   adamw: %.1f GB/s\n",
                 static_cast<long long>(eig_n), static_cast<long long>(eig_n),
@@ -175,8 +173,9 @@ void AddBenchCommand(CLI::App& app) {
   auto options = std::make_shared<BenchOptions>();
   CLI::App* kernels = bench->add_subcommand(
       "kernels", "Newton-Schulz vs GEMM rates on a model's matrix shapes");
-  kernels->add_option("--model", options->model,
-                      "model name in the models directory, or a .json path")
+  kernels
+      ->add_option("--model", options->model,
+                   "model name in the models directory, or a .json path")
       ->capture_default_str();
   kernels->add_option("--models-dir", options->models_dir,
                       "directory of model configs (default: "
@@ -184,15 +183,18 @@ void AddBenchCommand(CLI::App& app) {
                       "../shared/models)");
   kernels->add_option("--backend", options->backend, "auto | cpu | cuda")
       ->capture_default_str();
-  kernels->add_option("--precision", options->precision,
-                      "Newton-Schulz precision: auto | fp32 | bf16")
+  kernels
+      ->add_option("--precision", options->precision,
+                   "Newton-Schulz precision: auto | fp32 | bf16")
       ->capture_default_str();
-  kernels->add_option("--min-time", options->min_time,
-                      "seconds to time each kernel")
+  kernels
+      ->add_option("--min-time", options->min_time,
+                   "seconds to time each kernel")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  kernels->add_option("--max-shapes", options->max_shapes,
-                      "time only the N largest distinct shapes (0: all)")
+  kernels
+      ->add_option("--max-shapes", options->max_shapes,
+                   "time only the N largest distinct shapes (0: all)")
       ->check(CLI::NonNegativeNumber);
   kernels->add_option("--ns-steps", options->ns_steps, "Newton-Schulz steps")
       ->capture_default_str()

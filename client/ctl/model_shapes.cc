@@ -30,11 +30,13 @@ absl::StatusOr<std::vector<MatrixShape>> DistinctMatrixShapes(
   CANZONA_ASSIGN_OR_RETURN(
       std::vector<plan::ParamSpec> params,
       plan::BuildModelParameters(config, plan::ModelLayout::kHf,
-                                 plan::OptimizerKind::kMuon, plan::ParallelLayout{}));
+                                 plan::OptimizerKind::kMuon,
+                                 plan::ParallelLayout{}));
   std::set<std::pair<int64_t, int64_t>> seen;
   std::vector<MatrixShape> shapes;
   for (const plan::ParamSpec& p : params) {
-    if (p.optimizer != plan::OptimizerKind::kMuon || p.shape.size() != 2) continue;
+    if (p.optimizer != plan::OptimizerKind::kMuon || p.shape.size() != 2)
+      continue;
     if (seen.insert({p.shape[0], p.shape[1]}).second) {
       shapes.push_back({p.shape[0], p.shape[1]});
     }

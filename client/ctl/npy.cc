@@ -76,7 +76,8 @@ class HeaderParser {
   }
   absl::Status Expect(char c) {
     SkipSpace();
-    if (Peek() != c) return Error(absl::StrCat("expected '", std::string(1, c), "'"));
+    if (Peek() != c)
+      return Error(absl::StrCat("expected '", std::string(1, c), "'"));
     ++pos_;
     return absl::OkStatus();
   }
@@ -139,7 +140,8 @@ class HeaderParser {
 };
 
 absl::Status WithPath(const std::string& path, const absl::Status& status) {
-  return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+  return absl::Status(status.code(),
+                      absl::StrCat(path, ": ", status.message()));
 }
 
 }  // namespace
@@ -180,15 +182,17 @@ absl::StatusOr<NpyArray> ReadNpyAsFloat32(const std::string& path) {
   } else {
     return invalid(absl::StrCat("unsupported format version ", major));
   }
-  if (bytes.size() < header_start + header_len) return invalid("truncated header");
+  if (bytes.size() < header_start + header_len)
+    return invalid("truncated header");
   absl::StatusOr<NpyHeader> header =
       ParseNpyHeader(bytes.substr(header_start, header_len));
   if (!header.ok()) return WithPath(path, header.status());
 
   if (header->fortran_order) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": Fortran-order arrays are not supported (save a C-order "
-              "array, e.g. numpy.ascontiguousarray)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path,
+                     ": Fortran-order arrays are not supported (save a C-order "
+                     "array, e.g. numpy.ascontiguousarray)"));
   }
   size_t item_size = 0;
   if (header->descr == "<f4") {
@@ -211,10 +215,9 @@ absl::StatusOr<NpyArray> ReadNpyAsFloat32(const std::string& path) {
   const size_t data_start = header_start + header_len;
   const size_t expected = static_cast<size_t>(numel) * item_size;
   if (bytes.size() - data_start != expected) {
-    return invalid(absl::StrCat("data is ", bytes.size() - data_start,
-                                " bytes, shape (",
-                                absl::StrJoin(header->shape, ", "),
-                                ") needs ", expected));
+    return invalid(
+        absl::StrCat("data is ", bytes.size() - data_start, " bytes, shape (",
+                     absl::StrJoin(header->shape, ", "), ") needs ", expected));
   }
   NpyArray array;
   array.shape = header->shape;
@@ -242,9 +245,9 @@ absl::Status WriteNpyFloat32(const std::string& path,
     numel *= d;
   }
   if (numel != static_cast<int64_t>(data.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "npy: ", data.size(), " values do not fill shape (",
-        absl::StrJoin(shape, ", "), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("npy: ", data.size(), " values do not fill shape (",
+                     absl::StrJoin(shape, ", "), ")"));
   }
   std::string shape_text = absl::StrJoin(shape, ", ");
   if (shape.size() == 1) shape_text += ",";

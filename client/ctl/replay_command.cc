@@ -59,10 +59,10 @@ absl::StatusOr<ReplayJob> PrepareReplay(const ReplayOptions& options) {
   const std::vector<int64_t>& p_shape = job.param.shape;
   const std::vector<int64_t>& g_shape = job.grads.shape;
   if (kind != OptimizerKind::kAdamW && p_shape.size() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        options.param_path, ": ", OptimizerKindName(kind),
-        " needs a 2-D parameter, got shape (", absl::StrJoin(p_shape, ", "),
-        ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(options.param_path, ": ", OptimizerKindName(kind),
+                     " needs a 2-D parameter, got shape (",
+                     absl::StrJoin(p_shape, ", "), ")"));
   }
   if (job.param.data.empty()) {
     return absl::InvalidArgumentError(
@@ -96,7 +96,8 @@ absl::Status RunReplay(ReplayJob& job, const std::string& out_path) {
     CANZONA_RETURN_IF_ERROR(job.rule->Step(param.data(), grad.data()));
   }
   std::vector<float> result(static_cast<size_t>(numel));
-  CANZONA_RETURN_IF_ERROR(backend.CopyToHost(param.data(), numel, result.data()));
+  CANZONA_RETURN_IF_ERROR(
+      backend.CopyToHost(param.data(), numel, result.data()));
   return WriteNpyFloat32(out_path, job.param.shape, result);
 }
 
@@ -128,7 +129,8 @@ void AddReplayCommand(CLI::App& app) {
     if (!job.ok()) throw CanzonactlExit(2, std::string(job.status().message()));
     absl::Status status = RunReplay(*job, options->out_path);
     if (!status.ok()) {
-      throw CanzonactlExit(1, absl::StrCat("replay failed: ", status.message()));
+      throw CanzonactlExit(1,
+                           absl::StrCat("replay failed: ", status.message()));
     }
   });
 }

@@ -18,9 +18,8 @@
 #include <cusolverDn.h>
 #include <nccl.h>
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace canzona {
 
@@ -48,11 +47,11 @@ inline absl::Status ToStatus(ncclResult_t c, absl::string_view w) {
 
 // Returns from the enclosing function with a Status when a CUDA-family call
 // fails; the message carries the call's text and source location.
-#define CANZONA_CUDA_RETURN_IF_ERROR(call)                                 \
-  do {                                                                     \
-    ::absl::Status canzona_cuda_status_ = ::canzona::ToStatus(             \
+#define CANZONA_CUDA_RETURN_IF_ERROR(call)                                    \
+  do {                                                                        \
+    ::absl::Status canzona_cuda_status_ = ::canzona::ToStatus(                \
         (call), #call " at " __FILE__ ":" CANZONA_CUDA_STRINGIFY_(__LINE__)); \
-    if (!canzona_cuda_status_.ok()) return canzona_cuda_status_;           \
+    if (!canzona_cuda_status_.ok()) return canzona_cuda_status_;              \
   } while (false)
 #define CANZONA_CUDA_STRINGIFY_INNER_(x) #x
 #define CANZONA_CUDA_STRINGIFY_(x) CANZONA_CUDA_STRINGIFY_INNER_(x)

@@ -23,17 +23,17 @@
 
 // Evaluates `expr` (an absl::Status) once; returns it from the enclosing
 // function when it is not OK.
-#define CANZONA_RETURN_IF_ERROR(expr)                        \
-  do {                                                       \
-    ::absl::Status canzona_status_ = (expr);                 \
-    if (!canzona_status_.ok()) return canzona_status_;       \
+#define CANZONA_RETURN_IF_ERROR(expr)                  \
+  do {                                                 \
+    ::absl::Status canzona_status_ = (expr);           \
+    if (!canzona_status_.ok()) return canzona_status_; \
   } while (false)
 
 // Evaluates `rexpr` (an absl::StatusOr<T>) once; on error returns its status,
 // otherwise move-assigns the value to `lhs`, which may be a declaration
 // (`auto x`, `const Foo& y` is not allowed: it would bind to a temporary).
-#define CANZONA_ASSIGN_OR_RETURN(lhs, rexpr)                                 \
-  CANZONA_ASSIGN_OR_RETURN_IMPL_(                                            \
+#define CANZONA_ASSIGN_OR_RETURN(lhs, rexpr) \
+  CANZONA_ASSIGN_OR_RETURN_IMPL_(            \
       CANZONA_STATUS_CONCAT_(canzona_statusor_, __LINE__), lhs, rexpr)
 
 #define CANZONA_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \

@@ -17,8 +17,11 @@
 #define CANZONA_SERVER_CONTROL_KV_STORE_H_
 
 #include <cstdint>
+#include <functional>
+#include <list>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -52,9 +55,32 @@ class KvStore {
   virtual absl::Status DeletePrefix(const std::string& prefix) = 0;
 };
 
-// The store itself, in process memory.
+// The store itself, in process memory. Besides the blocking KvStore calls it
+// offers callback versions of Get and Wait, so the gRPC service can wait for
+// a key without holding a gRPC thread: the callback runs when the key is set
+// (on the setter's thread), at the deadline (on the store's timer thread), or
+// inline when the key is already there. Callbacks run outside the store's
+// lock and may call back into the store; they must not block.
 class InMemoryKvStore : public KvStore {
  public:
+  using GetCallback = std::function<void(absl::StatusOr<std::string>)>;
+  using WaitCallback = std::function<void(absl::Status)>;
+
+  // At most `max_pending_waits` callbacks may wait at once; more get
+  // RESOURCE_EXHAUSTED (a bound on what a misbehaving peer can pin).
+  explicit InMemoryKvStore(int64_t max_pending_waits = 65536);
+  // Fails the callbacks still waiting with CANCELLED.
+  ~InMemoryKvStore() override;
+  InMemoryKvStore(const InMemoryKvStore&) = delete;
+  InMemoryKvStore& operator=(const InMemoryKvStore&) = delete;
+
+  void GetAsync(const std::string& key, absl::Duration timeout,
+                GetCallback done);
+  // Fails every callback still waiting with CANCELLED (server shutdown).
+  void CancelWaits();
+  void WaitAsync(std::vector<std::string> keys, absl::Duration timeout,
+                 WaitCallback done);
+
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key,
                                   absl::Duration timeout) override;
@@ -64,8 +90,24 @@ class InMemoryKvStore : public KvStore {
   absl::Status DeletePrefix(const std::string& prefix) override;
 
  private:
+  struct Waiter {
+    std::string key;
+    absl::Time deadline;
+    GetCallback done;
+  };
+
+  void TimerLoop();
+  // Removes and returns the callbacks waiting for `key`.
+  std::list<Waiter> TakeWaitersLocked(const std::string& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const int64_t max_pending_waits_;
   absl::Mutex mu_;
+  absl::CondVar timer_cv_;
   std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
+  std::list<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread timer_;
 };
 
 }  // namespace canzona

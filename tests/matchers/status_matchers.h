@@ -3,7 +3,8 @@
 //
 //   EXPECT_THAT(backend->Fill(1.0f, n, p), IsOk());
 //   EXPECT_THAT(ParseBackendKind("tpu"),
-//               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tpu")));
+//               StatusIs(absl::StatusCode::kInvalidArgument,
+//               HasSubstr("tpu")));
 //   ASSERT_OK_AND_ASSIGN(auto backend, CreateBackend(BackendKind::kCpu));
 //
 // Thread-safety: matchers hold no shared state.
@@ -52,9 +53,9 @@ MATCHER_P2(StatusIs, code, message_matcher,
 #define ASSERT_OK_AND_ASSIGN(lhs, rexpr)                                     \
   ASSERT_OK_AND_ASSIGN_IMPL_(CANZONA_TEST_CONCAT_(statusor_, __LINE__), lhs, \
                              rexpr)
-#define ASSERT_OK_AND_ASSIGN_IMPL_(statusor, lhs, rexpr)         \
-  auto statusor = (rexpr);                                       \
-  ASSERT_TRUE(statusor.ok()) << statusor.status();               \
+#define ASSERT_OK_AND_ASSIGN_IMPL_(statusor, lhs, rexpr) \
+  auto statusor = (rexpr);                               \
+  ASSERT_TRUE(statusor.ok()) << statusor.status();       \
   lhs = std::move(statusor).value()
 
 #define ASSERT_OK(expr) ASSERT_THAT((expr), ::canzona::testing::IsOk())

@@ -70,8 +70,9 @@ TEST(NpyTest, ReadsFloat64AndVersion2AndOneDimensional) {
   std::vector<double> values = {1.5, -2.25, 3.0e-3};
   std::string data(reinterpret_cast<const char*>(values.data()), 24);
   const std::string path = TempPath("f8.npy");
-  WriteRaw(path, NpyBytes(2, "{'descr': '<f8', 'fortran_order': False, "
-                             "'shape': (3,), }",
+  WriteRaw(path, NpyBytes(2,
+                          "{'descr': '<f8', 'fortran_order': False, "
+                          "'shape': (3,), }",
                           data));
   ASSERT_OK_AND_ASSIGN(NpyArray array, ReadNpyAsFloat32(path));
   EXPECT_THAT(array.shape, ElementsAre(3));
@@ -107,9 +108,10 @@ TEST(NpyTest, RejectsWhatItCannotRead) {
   };
   for (const Case& c : cases) {
     WriteRaw(path, c.bytes);
-    EXPECT_THAT(ReadNpyAsFloat32(path),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         ::testing::AllOf(HasSubstr(path), HasSubstr(c.message))))
+    EXPECT_THAT(
+        ReadNpyAsFloat32(path),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 ::testing::AllOf(HasSubstr(path), HasSubstr(c.message))))
         << c.message;
   }
   std::remove(path.c_str());
@@ -119,8 +121,9 @@ TEST(NpyTest, RejectsWhatItCannotRead) {
 
 TEST(NpyTest, WriteRejectsMismatchedShape) {
   std::vector<float> data(5, 1.0f);
-  EXPECT_THAT(WriteNpyFloat32(TempPath("x.npy"), {2, 3}, data),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("(2, 3)")));
+  EXPECT_THAT(
+      WriteNpyFloat32(TempPath("x.npy"), {2, 3}, data),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("(2, 3)")));
 }
 
 }  // namespace
