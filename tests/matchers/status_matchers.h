@@ -44,6 +44,12 @@ MATCHER_P2(StatusIs, code, message_matcher,
       message_matcher, std::string(status.message()), result_listener);
 }
 
+MATCHER_P(StatusIs, code, "has code " + ::testing::PrintToString(code)) {
+  const absl::Status& status = ::canzona::testing::GetStatus(arg);
+  *result_listener << "status is " << status;
+  return status.code() == code;
+}
+
 }  // namespace canzona::testing
 
 #define CANZONA_TEST_CONCAT_INNER_(a, b) a##b

@@ -1,0 +1,185 @@
+#include "client/shm/shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace canzona {
+namespace {
+
+constexpr absl::string_view kPrefix = "/canzona.";
+constexpr size_t kMaxJobIdLength = 64;
+
+bool AllDigits(absl::string_view s) {
+  if (s.empty() || s.size() > 18) return false;
+  for (char c : s) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+absl::Status ErrnoStatus(absl::string_view what, const std::string& name,
+                         int err) {
+  std::string message = absl::StrCat(what, " ", name, ": ", std::strerror(err));
+  switch (err) {
+    case ENOENT:
+      return absl::NotFoundError(message);
+    case EEXIST:
+      return absl::AlreadyExistsError(message);
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(message);
+    case ENOMEM:
+    case ENOSPC:
+    case EMFILE:
+    case ENFILE:
+      return absl::ResourceExhaustedError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+}  // namespace
+
+std::string ShmName(absl::string_view job_id, int64_t rank, int64_t seq) {
+  return absl::StrCat(kPrefix, job_id, ".", rank, ".", seq);
+}
+
+absl::Status ValidateShmName(absl::string_view name) {
+  auto invalid = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm name \"", name, "\": ", why,
+                     " (expected /canzona.<job>.<rank>.<seq>)"));
+  };
+  if (!absl::StartsWith(name, kPrefix)) return invalid("wrong prefix");
+  std::vector<absl::string_view> parts =
+      absl::StrSplit(name.substr(kPrefix.size()), '.');
+  if (parts.size() != 3) return invalid("wrong number of fields");
+  const absl::string_view job = parts[0];
+  if (job.empty() || job.size() > kMaxJobIdLength) {
+    return invalid("job id must have 1 to 64 characters");
+  }
+  for (char c : job) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') {
+      return invalid("job id may hold only letters, digits, '_' and '-'");
+    }
+  }
+  if (!AllDigits(parts[1]) || !AllDigits(parts[2])) {
+    return invalid("rank and seq must be decimal numbers");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SharedMemory> SharedMemory::Create(const std::string& name,
+                                                  uint64_t bytes) {
+  if (absl::Status s = ValidateShmName(name); !s.ok()) return s;
+  if (bytes == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm ", name, ": size must be > 0"));
+  }
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC,
+                            S_IRUSR | S_IWUSR);
+  if (fd < 0) return ErrnoStatus("shm_open", name, errno);
+  SharedMemory shm;
+  shm.name_ = name;
+  shm.unlink_on_close_ = true;  // from here on, failure unlinks it
+  shm.owner_uid_ = ::geteuid();
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus("ftruncate", name, err);
+  }
+  void* data =
+      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (data == MAP_FAILED) return ErrnoStatus("mmap", name, err);
+  shm.data_ = data;
+  shm.size_ = bytes;
+  return shm;
+}
+
+absl::StatusOr<SharedMemory> SharedMemory::Open(const std::string& name,
+                                                const OpenOptions& options) {
+  if (absl::Status s = ValidateShmName(name); !s.ok()) return s;
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return ErrnoStatus("shm_open", name, errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus("fstat", name, err);
+  }
+  if (options.expected_owner_uid.has_value() &&
+      st.st_uid != *options.expected_owner_uid) {
+    ::close(fd);
+    return absl::PermissionDeniedError(absl::StrCat(
+        "shm ", name, " belongs to uid ", st.st_uid,
+        ", not to the caller (uid ", *options.expected_owner_uid, ")"));
+  }
+  if (st.st_size <= 0) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("shm ", name, " is empty"));
+  }
+  const uint64_t bytes = static_cast<uint64_t>(st.st_size);
+  void* data =
+      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (data == MAP_FAILED) return ErrnoStatus("mmap", name, err);
+  SharedMemory shm;
+  shm.name_ = name;
+  shm.data_ = data;
+  shm.size_ = bytes;
+  shm.owner_uid_ = st.st_uid;
+  return shm;
+}
+
+SharedMemory& SharedMemory::operator=(SharedMemory&& other) noexcept {
+  if (this != &other) {
+    Release();
+    name_ = std::move(other.name_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    owner_uid_ = other.owner_uid_;
+    unlink_on_close_ = std::exchange(other.unlink_on_close_, false);
+  }
+  return *this;
+}
+
+SharedMemory::~SharedMemory() { Release(); }
+
+void SharedMemory::Release() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+  if (unlink_on_close_) ::shm_unlink(name_.c_str());
+  data_ = nullptr;
+  size_ = 0;
+  unlink_on_close_ = false;
+}
+
+absl::StatusOr<float*> SharedMemory::FloatRange(uint64_t offset,
+                                                uint64_t bytes) const {
+  if (offset > size_ || bytes > size_ - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm ", name_, ": range [", offset, ", +", bytes,
+                     ") is outside the object's ", size_, " bytes"));
+  }
+  if (offset % alignof(float) != 0 || bytes % sizeof(float) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm ", name_, ": range [", offset, ", +", bytes,
+                     ") is not a whole, aligned float32 array"));
+  }
+  return reinterpret_cast<float*>(static_cast<char*>(data_) + offset);
+}
+
+}  // namespace canzona
