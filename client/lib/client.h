@@ -1,0 +1,112 @@
+// canzona::Client: what a C++ trainer rank links to talk to the canzonad on
+// its node. Parameters and gradients live in shared buffers the client
+// allocates and the daemon maps, so a step moves no tensor bytes over gRPC.
+//
+//   CANZONA_ASSIGN_OR_RETURN(auto client, canzona::Client::Connect(
+//       "unix:/run/user/1000/canzona/canzonad.sock"));
+//   CANZONA_ASSIGN_OR_RETURN(canzona::SharedTensor w,
+//       client->AllocateTensor("layer0.w", {rows, cols}));
+//   ... fill w.data(), then describe it in a RegisterRequest with
+//   w.buffer_ref() for the parameter (and another tensor for its gradient)
+//   CANZONA_RETURN_IF_ERROR(client->Register(request).status());
+//   for (int64_t k = 1; ; ++k) {
+//     ... backward writes the gradient tensors ...
+//     CANZONA_ASSIGN_OR_RETURN(auto result, client->Step(job, rank, k));
+//   }
+//
+// Thread-safety: a Client is thread-safe (gRPC stubs are); SharedTensors are
+// plain memory owned by the caller.
+#ifndef CANZONA_CLIENT_LIB_CLIENT_H_
+#define CANZONA_CLIENT_LIB_CLIENT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "canzona/v1/optimizer_service.pb.h"
+#include "client/shm/shared_memory.h"
+
+namespace canzona {
+
+// A float32 tensor in shared memory: the trainer reads and writes it in
+// place; the daemon maps the same bytes.
+class SharedTensor {
+ public:
+  SharedTensor(SharedMemory memory, std::vector<int64_t> shape)
+      : memory_(std::move(memory)), shape_(std::move(shape)) {}
+
+  float* data() const { return static_cast<float*>(memory_.data()); }
+  int64_t numel() const {
+    return static_cast<int64_t>(memory_.size() / sizeof(float));
+  }
+  absl::Span<float> span() const {
+    return absl::Span<float>(data(), static_cast<size_t>(numel()));
+  }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  // The reference to put in a RegisterRequest's Parameter.
+  canzona::v1::BufferRef buffer_ref() const;
+
+ private:
+  SharedMemory memory_;
+  std::vector<int64_t> shape_;
+};
+
+class Client {
+ public:
+  struct Options {
+    // The job token, sent with Register and Deregister.
+    std::string job_token;
+    absl::Duration connect_timeout = absl::Seconds(10);
+    // Deadline of Register (which waits for every rank of the job) and of
+    // Step (which waits for every peer of the step).
+    absl::Duration register_timeout = absl::Minutes(10);
+    absl::Duration step_timeout = absl::Minutes(10);
+  };
+
+  // `target`: "unix:/path/to.sock" or "host:port". UNAVAILABLE with
+  // "cannot reach canzonad at <target>" when no daemon answers in time.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const std::string& target, Options options);
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const std::string& target) {
+    return Connect(target, Options());
+  }
+  ~Client();
+
+  // Allocates a zero-filled float32 shared tensor named after the job and
+  // rank (names "/canzona.<job>.<rank>.<seq>", seq counting up).
+  absl::StatusOr<SharedTensor> AllocateTensor(const std::string& job_id,
+                                              int64_t global_rank,
+                                              std::vector<int64_t> shape);
+
+  absl::StatusOr<canzona::v1::RegisterResponse> Register(
+      canzona::v1::RegisterRequest request);
+  absl::StatusOr<canzona::v1::StepResponse> Step(
+      const canzona::v1::StepRequest& request);
+  absl::StatusOr<canzona::v1::GetPlanResponse> GetPlan(
+      const std::string& job_id);
+  absl::Status Deregister(const std::string& job_id,
+                          const canzona::v1::RankCoordinates& rank);
+  absl::StatusOr<canzona::v1::GetStatusResponse> GetStatus();
+
+  const std::string& target() const { return target_; }
+
+ private:
+  class Impl;
+  Client(std::string target, Options options, std::unique_ptr<Impl> impl);
+
+  const std::string target_;
+  const Options options_;
+  std::unique_ptr<Impl> impl_;
+  int64_t next_seq_ = 0;
+};
+
+}  // namespace canzona
+
+#endif  // CANZONA_CLIENT_LIB_CLIENT_H_

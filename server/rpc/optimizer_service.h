@@ -1,0 +1,49 @@
+// The OptimizerService gRPC service (canzona.v1.OptimizerService): a thin
+// callback adapter over the Engine. Handlers validate nothing themselves and
+// never block: Register and Step hand the request to the engine and return;
+// the engine's worker finishes the RPC through the reactor.
+//
+//   OptimizerServiceImpl service(engine.get());
+//   builder.RegisterService(&service);
+//
+// Thread-safety: thread-safe (the Engine is).
+#ifndef CANZONA_SERVER_RPC_OPTIMIZER_SERVICE_H_
+#define CANZONA_SERVER_RPC_OPTIMIZER_SERVICE_H_
+
+#include "canzona/v1/optimizer_service.grpc.pb.h"
+#include "server/engine/engine.h"
+
+namespace canzona {
+
+class OptimizerServiceImpl final
+    : public canzona::v1::OptimizerService::CallbackService {
+ public:
+  explicit OptimizerServiceImpl(Engine* engine) : engine_(engine) {}
+
+  grpc::ServerUnaryReactor* Register(
+      grpc::CallbackServerContext* context,
+      const canzona::v1::RegisterRequest* request,
+      canzona::v1::RegisterResponse* response) override;
+  grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* context,
+                                 const canzona::v1::StepRequest* request,
+                                 canzona::v1::StepResponse* response) override;
+  grpc::ServerUnaryReactor* GetPlan(
+      grpc::CallbackServerContext* context,
+      const canzona::v1::GetPlanRequest* request,
+      canzona::v1::GetPlanResponse* response) override;
+  grpc::ServerUnaryReactor* Deregister(
+      grpc::CallbackServerContext* context,
+      const canzona::v1::DeregisterRequest* request,
+      canzona::v1::DeregisterResponse* response) override;
+  grpc::ServerUnaryReactor* GetStatus(
+      grpc::CallbackServerContext* context,
+      const canzona::v1::GetStatusRequest* request,
+      canzona::v1::GetStatusResponse* response) override;
+
+ private:
+  Engine* engine_;
+};
+
+}  // namespace canzona
+
+#endif  // CANZONA_SERVER_RPC_OPTIMIZER_SERVICE_H_
