@@ -7,6 +7,7 @@ CANZONA_DEBIAN_PACKAGES=(
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev liblapacke-dev
   nlohmann-json3-dev libspdlog-dev libcli11-dev
+  libgloo-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
 )
 
