@@ -1,11 +1,384 @@
+// canzonactl plan: plans a model (from ../shared/models or a .json path) at
+// any PP x DP x TP without running it, with any strategy; --compare puts all
+// strategies side by side, --grid prints the goal table of issue 8.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/ctl/commands.h"
+#include "nlohmann/json.hpp"
+#include "server/plan/cost_model.h"
+#include "server/plan/model_config.h"
+#include "server/plan/plan_json.h"
+#include "server/plan/planner.h"
+
+#ifndef CANZONA_DEFAULT_MODELS_DIR
+#define CANZONA_DEFAULT_MODELS_DIR "../shared/models"
+#endif
 
 namespace canzona::ctl {
+namespace {
+
+using plan::Plan;
+using plan::PlanRequest;
+using plan::Strategy;
+
+struct PlanOptions {
+  std::string model;
+  std::string layout = "megatron";
+  int pp = 1;
+  int dp = 1;
+  int tp = 1;
+  std::string optimizer = "muon";
+  std::string strategy = "cost";
+  double alpha = 1.0;
+  std::string rates;
+  double bucket_size = 4e8;
+  double fuse_space = 400.0 * 1024 * 1024;
+  std::string dtype = "bf16";
+  std::string models_dir;
+  bool json = false;
+  bool compare = false;
+  bool grid = false;
+  bool assignment = false;
+};
+
+[[noreturn]] void Fail(const std::string& message) {
+  throw CanzonactlExit(2, "plan: " + message);
+}
+
+template <typename T>
+T OrFail(absl::StatusOr<T> value) {
+  if (!value.ok()) Fail(std::string(value.status().message()));
+  return *std::move(value);
+}
+
+std::string ModelsDir(const PlanOptions& o) {
+  if (!o.models_dir.empty()) return o.models_dir;
+  if (const char* env = std::getenv("CANZONA_MODELS_DIR"); env && *env) {
+    return env;
+  }
+  if (const char* env = std::getenv("CANZONA_SHARED_DIR"); env && *env) {
+    return absl::StrCat(env, "/models");
+  }
+  return CANZONA_DEFAULT_MODELS_DIR;
+}
+
+int64_t WholeCount(double value, const char* flag) {
+  if (!(value >= 1) || value != std::floor(value) || value > 9e18) {
+    Fail(absl::StrCat(flag, " must be a positive whole number"));
+  }
+  return static_cast<int64_t>(value);
+}
+
+// Common request (parameters, layout, cost model) for one model and layout.
+PlanRequest MakeRequest(const PlanOptions& o, const std::string& model,
+                        const std::string& layout_name, int pp, int dp,
+                        int tp) {
+  if (pp <= 0) Fail("--pp must be positive");
+  if (dp <= 0) Fail("--dp must be positive");
+  if (tp <= 0) Fail("--tp must be positive");
+  const auto layout = OrFail(plan::ParseModelLayout(layout_name));
+  const auto matrix_opt = OrFail(plan::ParseOptimizerKind(o.optimizer));
+  const auto dtype = OrFail(plan::ParseDType(o.dtype));
+  const auto config = OrFail(plan::LoadModelConfig(ModelsDir(o), model));
+  PlanRequest req;
+  req.layout = {pp, dp, tp};
+  req.parameters = OrFail(plan::BuildModelParameters(config, layout, matrix_opt,
+                                                     req.layout, dtype));
+  req.bucket_size = WholeCount(o.bucket_size, "--bucket-size");
+  req.fuse_space = WholeCount(o.fuse_space, "--fuse-space");
+  if (!(o.alpha >= 0 && o.alpha <= 1)) Fail("--alpha must be in [0, 1]");
+  req.alpha = o.alpha;
+  std::optional<plan::Rates> rates;
+  if (!o.rates.empty()) rates = OrFail(plan::LoadRatesFile(o.rates));
+  req.cost_model = plan::CostModel(plan::CostModelOptions{}, rates);
+  return req;
+}
+
+struct Timed {
+  Plan plan;
+  double ms = 0;
+};
+
+Timed RunPlan(PlanRequest req, Strategy strategy) {
+  req.strategy = strategy;
+  const auto start = std::chrono::steady_clock::now();
+  Plan plan = OrFail(plan::BuildPlan(req));
+  const auto end = std::chrono::steady_clock::now();
+  return {std::move(plan),
+          std::chrono::duration<double, std::milli>(end - start).count()};
+}
+
+std::string Human(double v) {
+  const char* units[] = {"", "K", "M", "G", "T", "P", "E"};
+  int u = 0;
+  while (std::fabs(v) >= 1000 && u < 6) {
+    v /= 1000;
+    ++u;
+  }
+  return absl::StrFormat("%.3g%s", v, units[u]);
+}
+
+std::string Bytes(double v) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (std::fabs(v) >= 1024 && u < 5) {
+    v /= 1024;
+    ++u;
+  }
+  return absl::StrFormat("%.3g %s", v, units[u]);
+}
+
+void PrintPlan(const Plan& p, double ms, const std::string& title) {
+  const char* unit = p.calibrated ? "s" : "flop";
+  std::cout << title << "\n";
+  std::cout << absl::StrFormat(
+      "  strategy %s  gpus %d (pp %d x dp %d x tp %d)  objective %s  planned "
+      "in %.1f ms\n",
+      plan::StrategyName(p.strategy), p.per_gpu.size(), p.layout.pp,
+      p.layout.dp, p.layout.tp, p.calibrated ? "seconds (calibrated)" : "flops",
+      ms);
+  if (p.strategy == Strategy::kAlpha) {
+    std::cout << absl::StrFormat("  alpha %.3g: greedy plan %s\n", p.alpha,
+                                 p.alpha_accepted
+                                     ? "accepted"
+                                     : "rejected (start_anchored kept)");
+  }
+  std::cout << absl::StrFormat(
+      "  makespan      %s %s (%.4g s)   mean %s %s\n", Human(p.makespan), unit,
+      p.makespan_seconds, Human(p.mean), unit);
+  std::cout << absl::StrFormat(
+      "  LB            %s %s (binding: %s)   lower_bound %s %s (proven)\n",
+      Human(p.lb), unit, p.lb_binding, Human(p.lower_bound), unit);
+  std::cout << absl::StrFormat(
+      "  makespan/LB   %.4f   makespan/lower_bound %.4f   lower_bound/LB "
+      "%.4f   max/mean %.4f\n",
+      p.makespan_over_lb(), p.makespan_over_lower_bound(),
+      p.lower_bound_over_lb(), p.max_over_mean());
+  std::cout << absl::StrFormat("  state memory  max %s  mean %s per GPU\n",
+                               Bytes(p.memory_max_bytes),
+                               Bytes(p.memory_mean_bytes));
+  std::cout << "  comm per GPU per step (busiest GPU):\n";
+  for (const auto& [kind, c] : p.comm) {
+    if (c.calls == 0) continue;
+    std::cout << absl::StrFormat("    %-15s %6d calls  %s", kind, c.calls,
+                                 Bytes(c.bytes));
+    if (c.padded_bytes != c.bytes) {
+      std::cout << absl::StrFormat("  (padded %s)", Bytes(c.padded_bytes));
+    }
+    std::cout << "\n";
+  }
+  std::cout << absl::StrFormat(
+      "  buckets %d   max slice imbalance (max/mean) %.4f\n", p.buckets.size(),
+      p.max_bucket_slice_imbalance);
+  std::cout << absl::StrFormat(
+      "  micro-groups %d (max %d per TP group)   largest group per-host load "
+      "%s %s   TP pipeline %s %s\n",
+      p.micro_groups.size(), p.max_micro_groups_per_tp_group,
+      Human(p.largest_group_host_load), unit, Human(p.tp_pipeline_makespan),
+      unit);
+  std::cout << "  digest " << p.digest << "\n";
+  // Per-GPU table: all of them when small, else the busiest.
+  std::vector<size_t> order(p.per_gpu.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const bool all = order.size() <= 64;
+  if (!all) {
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return p.per_gpu[a].objective > p.per_gpu[b].objective;
+    });
+    order.resize(8);
+  }
+  std::cout << (all ? "  per GPU:\n" : "  busiest GPUs:\n");
+  std::cout << "    stage   dp   tp        flops     seconds   state\n";
+  for (size_t i : order) {
+    const auto& g = p.per_gpu[i];
+    std::cout << absl::StrFormat("    %5d %4d %4d %12s %11.4g %9s\n", g.stage,
+                                 g.dp, g.tp, Human(g.flops), g.seconds,
+                                 Bytes(g.state_bytes));
+  }
+}
+
+void PrintCompare(const std::vector<Timed>& plans) {
+  std::cout << absl::StrFormat(
+      "%-15s %12s %10s %12s %10s %12s %10s %8s %10s  %s\n", "strategy",
+      "makespan", "ms/LB", "ms/lower_bd", "max/mean", "mem max", "slice imb",
+      "groups", "plan ms", "digest");
+  for (const Timed& t : plans) {
+    const Plan& p = t.plan;
+    std::cout << absl::StrFormat(
+        "%-15s %12s %10.4f %12.4f %10.4f %12s %10.4f %8d %10.1f  %s\n",
+        plan::StrategyName(p.strategy), Human(p.makespan), p.makespan_over_lb(),
+        p.makespan_over_lower_bound(), p.max_over_mean(),
+        Bytes(p.memory_max_bytes), p.max_bucket_slice_imbalance,
+        p.micro_groups.size(), t.ms, p.digest);
+  }
+  if (!plans.empty()) {
+    const Plan& p = plans.front().plan;
+    std::cout << absl::StrFormat(
+        "LB %s (binding: %s), proven lower_bound %s (lower_bound/LB %.4f)\n",
+        Human(p.lb), p.lb_binding, Human(p.lower_bound),
+        p.lower_bound_over_lb());
+  }
+}
+
+void RunGrid(const PlanOptions& o) {
+  const std::vector<std::string> models = {"qwen3-8b", "qwen3-14b",
+                                           "qwen3-32b", "qwen3-30b-a3b"};
+  const std::vector<std::string> layouts = {"megatron", "hf"};
+  const std::vector<std::pair<int, int>> sizes = {
+      {8, 8}, {16, 4}, {32, 8}, {64, 4}, {128, 2}};
+  const auto strategies = plan::AllStrategies();
+  nlohmann::json rows = nlohmann::json::array();
+  if (!o.json) {
+    std::cout << "makespan/LB | makespan/lower_bound | max/mean per strategy\n";
+    std::cout << absl::StrFormat("%-14s %-8s %4s %3s %7s", "model", "layout",
+                                 "dp", "tp", "lb/LB");
+    for (Strategy s : strategies) {
+      std::cout << absl::StrFormat(" | %-22s", plan::StrategyName(s));
+    }
+    std::cout << " | cost ms\n";
+  }
+  for (const auto& model : models) {
+    for (const auto& layout : layouts) {
+      for (auto [dp, tp] : sizes) {
+        PlanRequest req = MakeRequest(o, model, layout, o.pp, dp, tp);
+        nlohmann::json row = {{"model", model}, {"layout", layout},
+                              {"pp", o.pp},     {"dp", dp},
+                              {"tp", tp}};
+        std::string line;
+        double cost_ms = 0;
+        for (Strategy s : strategies) {
+          Timed t = RunPlan(req, s);
+          const Plan& p = t.plan;
+          if (s == Strategy::kCost) cost_ms = t.ms;
+          if (line.empty()) {
+            line = absl::StrFormat("%-14s %-8s %4d %3d %7.4f", model, layout,
+                                   dp, tp, p.lower_bound_over_lb());
+            row["lower_bound_over_lb"] = p.lower_bound_over_lb();
+            row["lb_binding"] = p.lb_binding;
+          }
+          absl::StrAppend(&line,
+                          absl::StrFormat(" | %6.3f %6.3f %7.3f",
+                                          p.makespan_over_lb(),
+                                          p.makespan_over_lower_bound(),
+                                          p.max_over_mean()));
+          row[plan::StrategyName(s)] = {
+              {"makespan_over_lb", p.makespan_over_lb()},
+              {"makespan_over_lower_bound", p.makespan_over_lower_bound()},
+              {"max_over_mean", p.max_over_mean()},
+              {"digest", p.digest},
+              {"planning_ms", t.ms}};
+        }
+        if (o.json) {
+          rows.push_back(std::move(row));
+        } else {
+          std::cout << line << absl::StrFormat(" | %7.1f", cost_ms)
+                    << std::endl;
+        }
+      }
+    }
+  }
+  if (o.json) std::cout << rows.dump(2) << "\n";
+}
+
+void Run(const PlanOptions& o) {
+  if (o.grid) {
+    RunGrid(o);
+    return;
+  }
+  if (o.model.empty()) Fail("--model is required (a name or a .json path)");
+  const Strategy strategy = OrFail(plan::ParseStrategy(o.strategy));
+  PlanRequest req = MakeRequest(o, o.model, o.layout, o.pp, o.dp, o.tp);
+  if (o.compare) {
+    std::vector<Timed> plans;
+    for (Strategy s : plan::AllStrategies()) plans.push_back(RunPlan(req, s));
+    if (o.json) {
+      nlohmann::json out = nlohmann::json::array();
+      for (const Timed& t : plans) {
+        nlohmann::json j = plan::PlanToJson(t.plan, o.assignment);
+        j["model"] = o.model;
+        j["layout_name"] = o.layout;
+        j["planning_ms"] = t.ms;
+        out.push_back(std::move(j));
+      }
+      std::cout << out.dump(2) << "\n";
+    } else {
+      std::cout << absl::StrFormat("%s, layout %s, pp %d dp %d tp %d, %s\n",
+                                   o.model, o.layout, o.pp, o.dp, o.tp,
+                                   o.optimizer);
+      PrintCompare(plans);
+    }
+    return;
+  }
+  Timed t = RunPlan(req, strategy);
+  if (o.json) {
+    nlohmann::json j = plan::PlanToJson(t.plan, o.assignment);
+    j["model"] = o.model;
+    j["layout_name"] = o.layout;
+    j["planning_ms"] = t.ms;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    PrintPlan(t.plan, t.ms,
+              absl::StrFormat("%s, layout %s, %s", o.model, o.layout,
+                              o.optimizer));
+  }
+}
+
+}  // namespace
 
 void AddPlanCommand(CLI::App& app) {
-  app.add_subcommand("plan", "(not yet built)")->callback([] {
-    throw CanzonactlExit(1, "plan: not yet built");
-  });
+  auto opts = std::make_shared<PlanOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Plan a model's optimizer work over PP x DP x TP GPUs");
+  cmd->add_option("--model", opts->model,
+                  "model name in the models directory, or a .json path");
+  cmd->add_option("--layout", opts->layout, "megatron or hf")
+      ->capture_default_str();
+  cmd->add_option("--pp", opts->pp, "pipeline stages")->capture_default_str();
+  cmd->add_option("--dp", opts->dp, "data-parallel size")->capture_default_str();
+  cmd->add_option("--tp", opts->tp, "tensor-parallel size")
+      ->capture_default_str();
+  cmd->add_option("--optimizer", opts->optimizer,
+                  "matrix optimizer: muon, shampoo, soap (adamw: all AdamW)")
+      ->capture_default_str();
+  cmd->add_option("--strategy", opts->strategy,
+                  "sc, layerwise, start_anchored, alpha, cost")
+      ->capture_default_str();
+  cmd->add_option("--alpha", opts->alpha, "alpha strategy: 0 comm .. 1 compute")
+      ->capture_default_str();
+  cmd->add_option("--rates", opts->rates,
+                  "calibrated rates JSON (canzonactl bench kernels)");
+  cmd->add_option("--bucket-size", opts->bucket_size,
+                  "DDP bucket size in elements")
+      ->capture_default_str();
+  cmd->add_option("--fuse-space", opts->fuse_space,
+                  "micro-group fuse space, elements per host slot")
+      ->capture_default_str();
+  cmd->add_option("--dtype", opts->dtype, "parameter dtype: bf16, fp16, fp32")
+      ->capture_default_str();
+  cmd->add_option("--models-dir", opts->models_dir,
+                  "models directory (default $CANZONA_MODELS_DIR, then "
+                  "$CANZONA_SHARED_DIR/models, then the source tree's)");
+  cmd->add_flag("--json", opts->json, "one JSON object (array with --compare)");
+  cmd->add_flag("--compare", opts->compare, "all strategies side by side");
+  cmd->add_flag("--grid", opts->grid,
+                "issue 8 goal table: qwen3 8b/14b/32b/30b-a3b x layouts x "
+                "(dp,tp) grid, all strategies");
+  cmd->add_flag("--assignment", opts->assignment,
+                "with --json: include each parameter's (dp, tp)");
+  cmd->callback([opts] { Run(*opts); });
 }
 
 }  // namespace canzona::ctl

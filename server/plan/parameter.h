@@ -1,0 +1,34 @@
+// The planner's view of one trainer parameter and of the job layout.
+//
+// Thread-safety: plain value types.
+#ifndef CANZONA_SERVER_PLAN_PARAMETER_H_
+#define CANZONA_SERVER_PLAN_PARAMETER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "server/plan/cost_model.h"
+
+namespace canzona::plan {
+
+// One parameter as the trainer registers it, in trainer order.
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;  // global shape ([out, in] for linear weights)
+  DType dtype = DType::kBFloat16;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  int tp_split_dim = -1;  // -1: replicated over TP; 0 or 1: split dim
+  int pp_stage = 0;       // pipeline stage that holds it
+};
+
+// PP x DP x TP sizes of the job.
+struct ParallelLayout {
+  int pp = 1;
+  int dp = 1;
+  int tp = 1;
+};
+
+}  // namespace canzona::plan
+
+#endif  // CANZONA_SERVER_PLAN_PARAMETER_H_
