@@ -168,7 +168,7 @@ double TypeDpBound(const std::vector<double>& desc, double fluid,
     bool overflow = false;
     const size_t limit =
         static_cast<size_t>(kMaxWork / (states * whole.size())) + 1;
-    const auto configs = MaximalConfigs(whole, start * 1.5, limit, &overflow);
+    const auto configs = MaximalConfigs(whole, start * 1.1, limit, &overflow);
     if (!overflow) break;
     states /= whole.back().second + 1;
     whole.pop_back();
