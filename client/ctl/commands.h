@@ -8,10 +8,12 @@
 #ifndef CANZONA_CLIENT_CTL_COMMANDS_H_
 #define CANZONA_CLIENT_CTL_COMMANDS_H_
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "client/lib/client.h"
 
 namespace canzona::ctl {
 
@@ -29,6 +31,12 @@ class CanzonactlExit : public std::runtime_error {
 void AddPlanCommand(CLI::App& app);
 void AddReplayCommand(CLI::App& app);
 void AddBenchCommand(CLI::App& app);
+void AddStatusCommand(CLI::App& app);
+
+// The local daemon's default address (its unix socket), and a connected
+// client or CanzonactlExit(1, "cannot reach canzonad at ...").
+std::string DefaultTarget();
+std::unique_ptr<Client> ConnectOrExit(const std::string& target);
 
 }  // namespace canzona::ctl
 

@@ -1,7 +1,8 @@
 // canzonactl: the operator and user command line of Canzona.
 //   canzonactl plan    --model qwen3-32b --dp 32 --tp 8 ...   (planner)
-//   canzonactl replay  --optimizer muon --param P.npy ...     (offline optimizer)
-//   canzonactl bench   kernels                                (kernel rates)
+//   canzonactl replay  --optimizer muon --param P.npy ...     (offline
+//   optimizer) canzonactl bench   kernels (kernel rates) canzonactl status
+//   [--target ADDR]                        (a daemon's jobs)
 #include <cstdio>
 #include <exception>
 
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
   canzona::ctl::AddPlanCommand(app);
   canzona::ctl::AddReplayCommand(app);
   canzona::ctl::AddBenchCommand(app);
+  canzona::ctl::AddStatusCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
