@@ -1,0 +1,1770 @@
+#include "server/engine/engine_impl.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/shm/shared_memory.h"
+#include "kernels/backend.h"
+#include "kernels/base/status_macros.h"
+#include "server/comm/gloo_communicator.h"
+#include "server/engine/local_communicator.h"
+#include "server/optim/optimizer_config.h"
+#include "server/optim/update_rule.h"
+#include "server/plan/plan_json.h"
+#include "server/plan/planner.h"
+#include "spdlog/spdlog.h"
+
+namespace canzona {
+namespace {
+
+namespace v1 = ::canzona::v1;
+
+constexpr char kVersion[] = "0.1.0";
+// Control-plane waits are sliced so that shutdown and job failure interrupt
+// them promptly instead of after the whole register timeout.
+constexpr absl::Duration kWaitSlice = absl::Milliseconds(100);
+
+std::string JobPrefix(const std::string& job_id) {
+  return absl::StrCat("canzona/job/", job_id, "/");
+}
+
+std::string RankString(const v1::RankCoordinates& r) {
+  return absl::StrCat("(pp ", r.pp_rank(), ", dp ", r.dp_rank(), ", tp ",
+                      r.tp_rank(), ")");
+}
+
+double Seconds(absl::Time from, absl::Time to) {
+  return absl::ToDoubleSeconds(to - from);
+}
+
+// Splits text into lines and reports the first that differs, so that
+// disagreement errors name the field or parameter.
+std::string FirstDifference(const std::string& mine, const std::string& theirs,
+                            absl::string_view what) {
+  std::vector<std::string> a = absl::StrSplit(mine, '\n');
+  std::vector<std::string> b = absl::StrSplit(theirs, '\n');
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    const std::string x = i < a.size() ? a[i] : "<none>";
+    const std::string y = i < b.size() ? b[i] : "<none>";
+    if (x != y) {
+      return absl::StrCat(what, "[", i, "]: '", x, "' (this rank) vs '", y,
+                          "' (the job's other ranks)");
+    }
+  }
+  return std::string(what);
+}
+
+// ---------------------------------------------------------------------------
+// Worker: one thread per local rank (the "device worker"), running queued
+// tasks in order. Tasks not yet started when the worker stops are cancelled
+// (their `cancel` runs on the stopping thread) so every RPC finishes.
+class Worker {
+ public:
+  struct Task {
+    std::function<void()> run;
+    std::function<void()> cancel;
+  };
+
+  Worker() { thread_ = std::thread([this] { Loop(); }); }
+  ~Worker() { StopAndJoin(); }
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // False (and `task` untouched) when the worker is stopping.
+  bool Post(Task& task) {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return false;
+    queue_.push_back(std::move(task));
+    return true;
+  }
+
+  void StopAndJoin() {
+    std::deque<Task> pending;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+      pending.swap(queue_);
+    }
+    for (Task& task : pending) {
+      if (task.cancel) task.cancel();
+    }
+    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) {
+      thread_.join();
+    }
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      Task task;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](Worker* w) { return w->stopping_ || !w->queue_.empty(); },
+            this));
+        if (queue_.empty()) return;  // stopping
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task.run();
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// ---------------------------------------------------------------------------
+// Job-level data.
+
+// One parameter of the job (all stages), in plan order.
+struct ParamMeta {
+  std::string name;
+  std::vector<int64_t> shape;
+  int split = -1;
+  std::string group;
+  int stage = 0;
+  int64_t numel = 0;
+  int64_t local_numel = 0;
+  std::vector<int64_t> local_shape;
+};
+
+// The plan and what every rank derives from it; immutable once built.
+struct JobPlan {
+  plan::Plan plan;
+  std::vector<ParamMeta> params;
+  std::vector<int> stage_first;  // first param index of each stage
+  int64_t total_numel = 0;
+};
+
+enum class Mode { kLocal, kHosted, kRedundant };
+
+// What the worker of one rank owns: backend, communicators, rule state and
+// staging buffers. Touched only by that worker thread (comms also by Abort).
+struct RankRuntime {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Communicator> dp, tp, world;
+
+  std::vector<int> local_params;  // plan indices of my stage, trainer order
+  std::vector<int64_t> offset;    // per plan index: offset in stage buffers
+  std::vector<Mode> mode;         // per plan index
+  std::vector<char> dp_owned;     // my DP rank owns (or sc: everyone)
+  std::vector<char> counted;      // counted once in norms on this rank
+  std::map<int, std::unique_ptr<UpdateRule>> rules;
+
+  struct Bucket {
+    int index = 0;  // into plan.buckets
+    int64_t base = 0;
+    int64_t elements = 0;
+    std::vector<int64_t> counts;  // per DP rank (sliced strategies)
+    int64_t my_start = 0;         // offset of my slice in the bucket
+  };
+  std::vector<Bucket> buckets;
+  bool sliced = false;  // reduce-scatter / all-gather by plan cuts
+  std::vector<const plan::MicroGroup*> groups;  // my (stage, dp) groups
+  std::vector<int> redundant;  // plan indices, redundant mode, dp-owned
+
+  std::vector<float> gstage, pstage, pold, tmp;
+  std::vector<float> send, recv, full_g, full_p;
+  int owned = 0;
+  int64_t state_bytes = 0;
+};
+
+struct LocalRank {
+  v1::RankCoordinates coords;
+  int global = 0;
+  std::vector<SharedMemory> maps;
+  std::vector<float*> param_buf;  // per stage parameter, trainer order
+  std::vector<float*> grad_buf;
+  int64_t mapped_bytes = 0;
+  std::unique_ptr<Worker> worker;
+
+  // Guarded by Job::mu.
+  int64_t next_step = 1;  // next step number Step accepts
+  int64_t steps_done = 0;
+  v1::PhaseTimes last;
+  bool setup_done = false;
+  Callback<v1::RegisterResponse> register_done;
+  v1::RegisterResponse response;
+
+  // Worker-only, except the communicators that Abort() reaches through
+  // comm_mu (another thread aborts on failure / shutdown).
+  std::unique_ptr<RankRuntime> rt;
+  absl::Mutex comm_mu;
+  bool aborted ABSL_GUARDED_BY(comm_mu) = false;
+  std::vector<Communicator*> comms ABSL_GUARDED_BY(comm_mu);
+
+  void AddComm(Communicator* c) {
+    absl::MutexLock lock(&comm_mu);
+    comms.push_back(c);
+    if (aborted) c->Abort();
+  }
+  void AbortComms() {
+    absl::MutexLock lock(&comm_mu);
+    aborted = true;
+    for (Communicator* c : comms) c->Abort();
+  }
+};
+
+enum class JobState { kRegistering, kReady, kFailed };
+
+struct Job {
+  std::string id;
+  std::string token;
+  std::string meta;  // canonical job settings (layout, strategy, groups)
+  plan::Strategy strategy = plan::Strategy::kCost;
+  std::string strategy_name;
+  double alpha = 1.0;
+  int64_t bucket_size = 0;
+  v1::WorldLayout layout;
+  int world = 1;
+  std::map<std::string, OptimizerConfig> configs;
+
+  absl::Mutex mu;
+  absl::CondVar cv;  // arrivals, state changes
+  JobState state ABSL_GUARDED_BY(mu) = JobState::kRegistering;
+  std::string failure ABSL_GUARDED_BY(mu);
+  bool barrier_passed ABSL_GUARDED_BY(mu) = false;
+  std::map<int, std::string> stage_plist ABSL_GUARDED_BY(mu);
+  std::map<int, std::shared_ptr<LocalRank>> ranks ABSL_GUARDED_BY(mu);
+  int setup_done ABSL_GUARDED_BY(mu) = 0;
+  std::map<int64_t, int> arrivals ABSL_GUARDED_BY(mu);
+  std::map<int64_t, int> departures ABSL_GUARDED_BY(mu);
+  int64_t mapped_bytes ABSL_GUARDED_BY(mu) = 0;
+  std::shared_ptr<const JobPlan> plan ABSL_GUARDED_BY(mu);
+
+  // Serializes plan building (it waits on the control plane).
+  absl::Mutex plan_mu;
+
+  bool failed() ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    return state == JobState::kFailed;
+  }
+};
+
+std::string StateString(const Job& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  switch (job.state) {
+    case JobState::kRegistering:
+      return "registering";
+    case JobState::kReady:
+      return "ready";
+    case JobState::kFailed:
+      return absl::StrCat("failed: ", job.failure);
+  }
+  return "unknown";
+}
+
+// A validated Register request, its buffers mapped, before it touches any
+// engine state.
+struct Prepared {
+  std::shared_ptr<LocalRank> rank;
+  std::string meta;
+  std::string plist;  // canonical parameter list of this rank's stage
+  plan::Strategy strategy = plan::Strategy::kCost;
+  std::string strategy_name;
+  double alpha = 1.0;
+  int64_t bucket_size = 0;
+  int world = 1;
+  std::map<std::string, OptimizerConfig> configs;
+};
+
+bool ValidJobId(absl::string_view id) {
+  if (id.empty() || id.size() > 64) return false;
+  for (char c : id) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' ||
+          c == '-')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string CanonicalParam(const v1::Parameter& p) {
+  return absl::StrCat(p.name(), "|", absl::StrJoin(p.shape(), ","), "|",
+                      p.tp_split_dim(), "|", p.group());
+}
+
+absl::StatusOr<ParamMeta> ParseParamLine(absl::string_view line, int stage,
+                                         int tp) {
+  std::vector<std::string> f = absl::StrSplit(line, '|');
+  if (f.size() != 4) {
+    return absl::InternalError(absl::StrCat("bad parameter line '", line, "'"));
+  }
+  ParamMeta m;
+  m.name = f[0];
+  for (absl::string_view d : absl::StrSplit(f[1], ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(d, &v)) {
+      return absl::InternalError(absl::StrCat("bad shape in '", line, "'"));
+    }
+    m.shape.push_back(v);
+  }
+  if (!absl::SimpleAtoi(f[2], &m.split)) {
+    return absl::InternalError(absl::StrCat("bad split in '", line, "'"));
+  }
+  m.group = f[3];
+  m.stage = stage;
+  m.numel = NumElements(m.shape);
+  m.local_shape = m.shape;
+  if (m.split >= 0) m.local_shape[m.split] /= tp;
+  m.local_numel = NumElements(m.local_shape);
+  return m;
+}
+
+plan::OptimizerKind PlanKind(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kMuon:
+      return plan::OptimizerKind::kMuon;
+    case OptimizerKind::kShampoo:
+      return plan::OptimizerKind::kShampoo;
+    case OptimizerKind::kSoap:
+      return plan::OptimizerKind::kSoap;
+    case OptimizerKind::kAdamW:
+      return plan::OptimizerKind::kAdamW;
+  }
+  return plan::OptimizerKind::kAdamW;
+}
+
+bool IsMatrix(OptimizerKind kind) { return kind != OptimizerKind::kAdamW; }
+
+// Copies fragment `j` of a [rows, cols] matrix split over `tp` along `dim`
+// into (to_full) or out of the whole matrix. Dim 0 fragments are row blocks
+// (contiguous); dim 1 fragments are column blocks, so rows interleave.
+void MoveFragment(const ParamMeta& m, int tp, int j, float* frag, float* full,
+                  bool to_full) {
+  if (m.split == 0 || m.shape.size() == 1) {
+    float* at = full + j * m.local_numel;
+    if (to_full) {
+      std::memcpy(at, frag, m.local_numel * sizeof(float));
+    } else {
+      std::memcpy(frag, at, m.local_numel * sizeof(float));
+    }
+    return;
+  }
+  const int64_t rows = m.shape[0], cols = m.shape[1], c = cols / tp;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* at = full + r * cols + j * c;
+    float* f = frag + r * c;
+    if (to_full) {
+      std::memcpy(at, f, c * sizeof(float));
+    } else {
+      std::memcpy(f, at, c * sizeof(float));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+
+class EngineImpl final : public Engine {
+ public:
+  explicit EngineImpl(EngineOptions options) : options_(std::move(options)) {}
+  ~EngineImpl() override { Shutdown(); }
+
+  void Register(const v1::RegisterRequest& request, const PeerInfo& peer,
+                Callback<v1::RegisterResponse> done) override;
+  void Step(const v1::StepRequest& request,
+            Callback<v1::StepResponse> done) override;
+  absl::StatusOr<v1::GetPlanResponse> GetPlan(
+      const v1::GetPlanRequest& request) override;
+  absl::Status Deregister(const v1::DeregisterRequest& request) override;
+  v1::GetStatusResponse GetStatus() override;
+  void Shutdown() override;
+
+ private:
+  absl::StatusOr<Prepared> Prepare(const v1::RegisterRequest& request,
+                                   const PeerInfo& peer);
+  absl::Status Admit(const v1::RegisterRequest& request, Prepared& prepared,
+                     std::shared_ptr<Job>* job_out);
+
+  // Worker tasks.
+  void RunRegister(std::shared_ptr<Job> job, std::shared_ptr<LocalRank> rank,
+                   std::string plist, Callback<v1::RegisterResponse> done);
+  absl::Status CheckControlPlane(Job& job, const LocalRank& rank,
+                                 const std::string& plist);
+  absl::StatusOr<std::shared_ptr<const JobPlan>> EnsurePlan(Job& job);
+  absl::Status CheckDigests(Job& job, const LocalRank& rank,
+                            const std::string& digest);
+  absl::Status SetupRank(Job& job, LocalRank& rank, const JobPlan& jp);
+  void RunStep(std::shared_ptr<Job> job, std::shared_ptr<LocalRank> rank,
+               v1::StepRequest request, Callback<v1::StepResponse> done);
+  absl::Status Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
+                        const v1::StepRequest& request,
+                        v1::StepResponse* response);
+  absl::Status RunMicroGroup(Job& job, LocalRank& rank, const JobPlan& jp,
+                             const plan::MicroGroup& group,
+                             const std::map<std::string, float>& lr, v1::PhaseTimes* t);
+
+  // Waits for a control-plane key in slices; fails early on shutdown or
+  // when the job failed.
+  absl::StatusOr<std::string> WaitGet(Job& job, const std::string& key,
+                                      absl::Time deadline,
+                                      absl::string_view what);
+  // Marks the job failed (first reason wins), aborts its communicators and
+  // fails pending Register callbacks.
+  void FailJob(Job& job, const absl::Status& status);
+  void RemoveRank(const std::shared_ptr<Job>& job,
+                  const std::shared_ptr<LocalRank>& rank);
+  absl::Status Unavailable() const {
+    return absl::UnavailableError("canzonad is shutting down");
+  }
+
+  const EngineOptions options_;
+  std::atomic<bool> shutting_down_{false};
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  // Workers of ranks removed from their own thread (failed registration):
+  // joined at shutdown.
+  std::vector<std::unique_ptr<Worker>> retired_ ABSL_GUARDED_BY(mu_);
+};
+
+
+// ---------------------------------------------------------------------------
+// Register: validation (inline), then the worker's control-plane part.
+
+absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
+                                             const PeerInfo& peer) {
+  Prepared out;
+  if (!ValidJobId(request.job_id())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job_id '", request.job_id(),
+                     "' must match [A-Za-z0-9_-]{1,64}"));
+  }
+  if (!options_.required_token.empty() &&
+      request.job_token() != options_.required_token) {
+    return absl::UnauthenticatedError(
+        "job_token does not match this daemon's token");
+  }
+  const v1::WorldLayout& l = request.layout();
+  if (l.pp() < 1) return absl::InvalidArgumentError("layout.pp must be >= 1");
+  if (l.dp() < 1) return absl::InvalidArgumentError("layout.dp must be >= 1");
+  if (l.tp() < 1) return absl::InvalidArgumentError("layout.tp must be >= 1");
+  const v1::RankCoordinates& r = request.rank();
+  if (r.pp_rank() < 0 || r.pp_rank() >= l.pp()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank.pp_rank ", r.pp_rank(), " outside [0, ", l.pp(), ")"));
+  }
+  if (r.dp_rank() < 0 || r.dp_rank() >= l.dp()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank.dp_rank ", r.dp_rank(), " outside [0, ", l.dp(), ")"));
+  }
+  if (r.tp_rank() < 0 || r.tp_rank() >= l.tp()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank.tp_rank ", r.tp_rank(), " outside [0, ", l.tp(), ")"));
+  }
+  out.world = l.pp() * l.dp() * l.tp();
+  out.strategy_name = request.strategy().empty() ? "cost" : request.strategy();
+  {
+    auto strategy = plan::ParseStrategy(out.strategy_name);
+    if (!strategy.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("strategy: ", strategy.status().message()));
+    }
+    out.strategy = *strategy;
+  }
+  // proto3 cannot tell 0 from unset: 0 means the planner's default (1).
+  out.alpha = request.alpha() == 0 ? 1.0 : request.alpha();
+  if (!(out.alpha >= 0 && out.alpha <= 1)) {
+    return absl::InvalidArgumentError("alpha must be in [0, 1]");
+  }
+  if (request.bucket_size() < 0) {
+    return absl::InvalidArgumentError("bucket_size must be >= 0");
+  }
+  out.bucket_size =
+      request.bucket_size() == 0 ? 400000000 : request.bucket_size();
+
+  // Groups.
+  std::string meta = absl::StrCat("layout=", l.pp(), ",", l.dp(), ",", l.tp(),
+                                  "\nstrategy=", out.strategy_name,
+                                  "\nalpha=", out.alpha,
+                                  "\nbucket_size=", out.bucket_size);
+  if (request.groups().empty()) {
+    return absl::InvalidArgumentError("groups: at least one optimizer group");
+  }
+  for (int g = 0; g < request.groups_size(); ++g) {
+    const v1::OptimizerGroup& group = request.groups(g);
+    const std::string where = absl::StrCat("groups[", g, "] '", group.name(), "'");
+    if (group.name().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": empty name"));
+    }
+    if (out.configs.count(group.name())) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": duplicate name"));
+    }
+    auto kind = ParseOptimizerKind(group.optimizer());
+    if (!kind.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".optimizer: ", kind.status().message()));
+    }
+    std::vector<std::pair<std::string, std::string>> settings;
+    for (const v1::Setting& s : group.settings()) {
+      settings.emplace_back(s.key(), s.value());
+    }
+    auto config = MakeOptimizerConfig(*kind, settings);
+    if (!config.ok()) {
+      return absl::Status(config.status().code(),
+                          absl::StrCat(where, ".settings: ",
+                                       config.status().message()));
+    }
+    std::vector<std::string> kv;
+    for (const auto& [k, v] : ConfigSettings(*config)) {
+      kv.push_back(absl::StrCat(k, "=", v));
+    }
+    absl::StrAppend(&meta, "\ngroup ", group.name(), " ",
+                    OptimizerKindName(*kind), " ", absl::StrJoin(kv, ","));
+    out.configs.emplace(group.name(), *std::move(config));
+  }
+  out.meta = std::move(meta);
+
+  // Parameters and their buffers.
+  if (request.parameters().empty()) {
+    return absl::InvalidArgumentError("parameters: empty list");
+  }
+  if (request.parameters_size() > options_.max_parameters_per_job) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("parameters: ", request.parameters_size(),
+                     " exceed this daemon's limit of ",
+                     options_.max_parameters_per_job, " per job"));
+  }
+  auto rank = std::make_shared<LocalRank>();
+  rank->coords = r;
+  rank->global = (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank();
+  std::map<std::string, int> opened;  // shm name -> index into rank->maps
+  const std::string name_prefix = absl::StrCat("/canzona.", request.job_id(), ".");
+  auto map_buffer = [&](const std::string& where, const v1::BufferRef& ref,
+                        int64_t numel) -> absl::StatusOr<float*> {
+    if (!ref.has_shm()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": the CPU data plane takes POSIX shm buffers only"));
+    }
+    const v1::ShmBufferRef& shm = ref.shm();
+    if (absl::Status s = ValidateShmName(shm.name()); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".shm.name: ", s.message()));
+    }
+    if (shm.name().rfind(name_prefix, 0) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ".shm.name '", shm.name(), "' does not belong to job '",
+          request.job_id(), "' (", name_prefix, "<rank>.<seq>)"));
+    }
+    const uint64_t need = static_cast<uint64_t>(numel) * sizeof(float);
+    if (shm.bytes() < need) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": buffer too small: ", shm.bytes(),
+                       " bytes, the local shard needs ", need));
+    }
+    if (shm.bytes() != need) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": buffer size ", shm.bytes(),
+                       " bytes, the local shard needs exactly ", need));
+    }
+    auto it = opened.find(shm.name());
+    if (it == opened.end()) {
+      SharedMemory::OpenOptions open_options;
+      open_options.expected_owner_uid = peer.uid;
+      auto mapped = SharedMemory::Open(shm.name(), open_options);
+      if (!mapped.ok()) {
+        return absl::Status(mapped.status().code(),
+                            absl::StrCat(where, ".shm: ",
+                                         mapped.status().message()));
+      }
+      rank->mapped_bytes += static_cast<int64_t>(mapped->size());
+      rank->maps.push_back(*std::move(mapped));
+      it = opened.emplace(shm.name(), rank->maps.size() - 1).first;
+    }
+    auto range = rank->maps[it->second].FloatRange(shm.offset(), shm.bytes());
+    if (!range.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".shm: ", range.status().message()));
+    }
+    return *range;
+  };
+
+  std::set<std::string> names;
+  std::string plist;
+  for (int j = 0; j < request.parameters_size(); ++j) {
+    const v1::Parameter& p = request.parameters(j);
+    const std::string where = absl::StrCat("parameters[", j, "] '", p.name(), "'");
+    if (p.name().empty() || p.name().find_first_of("|\n") != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": name must be non-empty without '|' or newlines"));
+    }
+    if (!names.insert(p.name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": duplicate name"));
+    }
+    if (p.shape().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".shape: empty"));
+    }
+    for (int64_t d : p.shape()) {
+      if (d < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ".shape: dimension ", d, " < 1"));
+      }
+    }
+    if (p.dtype() != v1::DTYPE_FLOAT32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ".dtype: ", v1::DType_Name(p.dtype()),
+          " is not supported on the CPU data plane (DTYPE_FLOAT32 only)"));
+    }
+    const int split = p.tp_split_dim();
+    if (split < -1 || split > 1 || split >= p.shape_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ".tp_split_dim: ", split, " must be -1, 0 or 1 and < rank ",
+          p.shape_size()));
+    }
+    if (split >= 0 && p.shape(split) % l.tp() != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".tp_split_dim: tp ", l.tp(),
+                       " does not divide dimension ", split, " (",
+                       p.shape(split), ")"));
+    }
+    auto config = out.configs.find(p.group());
+    if (config == out.configs.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".group: unknown group '", p.group(), "'"));
+    }
+    if (IsMatrix(config->second.kind) && p.shape_size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ".shape: optimizer ", OptimizerKindName(config->second.kind),
+          " needs a 2-D shape"));
+    }
+    std::vector<int64_t> local(p.shape().begin(), p.shape().end());
+    if (split >= 0) local[split] /= l.tp();
+    const int64_t numel = NumElements(local);
+    CANZONA_ASSIGN_OR_RETURN(float* param,
+                             map_buffer(absl::StrCat(where, ".param"), p.param(), numel));
+    CANZONA_ASSIGN_OR_RETURN(float* grad,
+                             map_buffer(absl::StrCat(where, ".grad"), p.grad(), numel));
+    rank->param_buf.push_back(param);
+    rank->grad_buf.push_back(grad);
+    absl::StrAppend(&plist, j ? "\n" : "", CanonicalParam(p));
+  }
+  if (rank->mapped_bytes > options_.max_bytes_per_job) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("parameters: ", rank->mapped_bytes,
+                     " mapped bytes exceed this daemon's limit of ",
+                     options_.max_bytes_per_job, " per job"));
+  }
+  out.plist = std::move(plist);
+  out.rank = std::move(rank);
+  return out;
+}
+
+absl::Status EngineImpl::Admit(const v1::RegisterRequest& request,
+                               Prepared& prepared,
+                               std::shared_ptr<Job>* job_out) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return Unavailable();
+  std::shared_ptr<Job>& slot = jobs_[request.job_id()];
+  const bool created = slot == nullptr;
+  if (created) {
+    if (static_cast<int>(jobs_.size()) > options_.max_jobs) {
+      jobs_.erase(request.job_id());
+      return absl::ResourceExhaustedError(
+          absl::StrCat("job_id '", request.job_id(), "': this daemon serves at most ",
+                       options_.max_jobs, " jobs"));
+    }
+    auto job = std::make_shared<Job>();
+    job->id = request.job_id();
+    job->token = request.job_token();
+    job->meta = prepared.meta;
+    job->strategy = prepared.strategy;
+    job->strategy_name = prepared.strategy_name;
+    job->alpha = prepared.alpha;
+    job->bucket_size = prepared.bucket_size;
+    job->layout = request.layout();
+    job->world = prepared.world;
+    job->configs = prepared.configs;
+    slot = job;
+  }
+  Job& job = *slot;
+  LocalRank& rank = *prepared.rank;
+  const int stage = rank.coords.pp_rank();
+  {
+    absl::MutexLock job_lock(&job.mu);
+    if (!created) {
+      if (request.job_token() != job.token) {
+        return absl::UnauthenticatedError(
+            absl::StrCat("job_token does not match job '", job.id, "'"));
+      }
+      if (job.state == JobState::kFailed) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("job failed: ", job.failure));
+      }
+      if (prepared.meta != job.meta) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "job settings disagree: ",
+            FirstDifference(prepared.meta, job.meta, "settings")));
+      }
+      auto plist = job.stage_plist.find(stage);
+      if (plist != job.stage_plist.end() && plist->second != prepared.plist) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "parameter list disagrees with the job's other ranks: ",
+            FirstDifference(prepared.plist, plist->second, "parameters")));
+      }
+      if (job.ranks.count(rank.global)) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("rank ", RankString(rank.coords), " (global ",
+                         rank.global, ") of job '", job.id,
+                         "' is already registered"));
+      }
+      if (job.barrier_passed) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "job '", job.id, "' is complete: all ", job.world,
+            " ranks registered; rank ", RankString(rank.coords),
+            " is already registered elsewhere"));
+      }
+      if (job.mapped_bytes + rank.mapped_bytes > options_.max_bytes_per_job) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("job '", job.id, "': mapped bytes would exceed ",
+                         options_.max_bytes_per_job));
+      }
+    }
+    job.stage_plist.emplace(stage, prepared.plist);
+    job.mapped_bytes += rank.mapped_bytes;
+    job.ranks[rank.global] = prepared.rank;
+  }
+  rank.worker = std::make_unique<Worker>();
+  *job_out = slot;
+  return absl::OkStatus();
+}
+
+void EngineImpl::Register(const v1::RegisterRequest& request,
+                          const PeerInfo& peer,
+                          Callback<v1::RegisterResponse> done) {
+  if (shutting_down_) return done(Unavailable());
+  absl::StatusOr<Prepared> prepared = Prepare(request, peer);
+  if (!prepared.ok()) {
+    spdlog::warn("register rejected: job={} rank=({},{},{}) peer={}: {}",
+                 request.job_id(), request.rank().pp_rank(),
+                 request.rank().dp_rank(), request.rank().tp_rank(),
+                 peer.address, prepared.status().ToString());
+    return done(prepared.status());
+  }
+  std::shared_ptr<Job> job;
+  if (absl::Status s = Admit(request, *prepared, &job); !s.ok()) {
+    spdlog::warn("register rejected: job={} rank=({},{},{}): {}",
+                 request.job_id(), request.rank().pp_rank(),
+                 request.rank().dp_rank(), request.rank().tp_rank(),
+                 s.ToString());
+    return done(s);
+  }
+  std::shared_ptr<LocalRank> rank = prepared->rank;
+  spdlog::info("rank registering: job={} rank={} global={} daemon={}",
+               job->id, RankString(rank->coords), rank->global,
+               options_.daemon_id);
+  auto shared_done =
+      std::make_shared<Callback<v1::RegisterResponse>>(std::move(done));
+  Worker::Task task;
+  task.run = [this, job, rank, plist = prepared->plist, shared_done]() {
+    RunRegister(job, rank, plist, std::move(*shared_done));
+  };
+  task.cancel = [this, shared_done]() { (*shared_done)(Unavailable()); };
+  if (!rank->worker->Post(task)) task.cancel();
+}
+
+absl::StatusOr<std::string> EngineImpl::WaitGet(Job& job, const std::string& key,
+                                                absl::Time deadline,
+                                                absl::string_view what) {
+  while (true) {
+    if (shutting_down_) return Unavailable();
+    {
+      absl::MutexLock lock(&job.mu);
+      if (job.state == JobState::kFailed) {
+        return absl::AbortedError(absl::StrCat("job failed: ", job.failure));
+      }
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("timed out waiting for ", what, " (key ", key, ")"));
+    }
+    absl::StatusOr<std::string> value =
+        options_.control->Get(key, std::min(kWaitSlice, deadline - now));
+    if (value.ok() || value.status().code() != absl::StatusCode::kDeadlineExceeded) {
+      return value;
+    }
+  }
+}
+
+absl::Status EngineImpl::CheckControlPlane(Job& job, const LocalRank& rank,
+                                           const std::string& plist) {
+  KvStore* kv = options_.control;
+  const std::string prefix = JobPrefix(job.id);
+  const absl::Time deadline = absl::Now() + options_.register_timeout;
+  // The first rank of the job (on any daemon) publishes the job settings
+  // and a hash of the token; every other rank compares.
+  const std::string meta = absl::StrCat(
+      "token=", plan::Fnv1a64Hex(absl::StrCat("canzona-token:", job.token)),
+      "\n", job.meta);
+  CANZONA_ASSIGN_OR_RETURN(int64_t n, kv->Add(prefix + "meta_claim", 1));
+  if (n == 1) {
+    CANZONA_RETURN_IF_ERROR(kv->Set(prefix + "meta", meta));
+  } else {
+    CANZONA_ASSIGN_OR_RETURN(std::string theirs,
+                             WaitGet(job, prefix + "meta", deadline, "job settings"));
+    if (theirs != meta) {
+      if (theirs.substr(0, theirs.find('\n')) != meta.substr(0, meta.find('\n'))) {
+        return absl::UnauthenticatedError(
+            absl::StrCat("job_token does not match job '", job.id, "'"));
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job settings disagree: ", FirstDifference(meta, theirs, "settings")));
+    }
+  }
+  const int stage = rank.coords.pp_rank();
+  const std::string plist_key = absl::StrCat(prefix, "plist/", stage);
+  CANZONA_ASSIGN_OR_RETURN(n, kv->Add(absl::StrCat(prefix, "plist_claim/", stage), 1));
+  if (n == 1) {
+    CANZONA_RETURN_IF_ERROR(kv->Set(plist_key, plist));
+  } else {
+    CANZONA_ASSIGN_OR_RETURN(std::string theirs,
+                             WaitGet(job, plist_key, deadline, "the parameter list"));
+    if (theirs != plist) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "parameter list disagrees with the job's other ranks: ",
+          FirstDifference(plist, theirs, "parameters")));
+    }
+  }
+  const std::string claim = absl::StrCat(prefix, "rank/", rank.global);
+  CANZONA_ASSIGN_OR_RETURN(n, kv->Add(claim, 1));
+  if (n != 1) {
+    (void)kv->Add(claim, -1);
+    return absl::AlreadyExistsError(
+        absl::StrCat("rank ", RankString(rank.coords), " (global ", rank.global,
+                     ") of job '", job.id, "' is already registered"));
+  }
+  return absl::OkStatus();
+}
+
+void EngineImpl::RemoveRank(const std::shared_ptr<Job>& job,
+                            const std::shared_ptr<LocalRank>& rank) {
+  absl::MutexLock lock(&mu_);
+  bool empty = false;
+  {
+    absl::MutexLock job_lock(&job->mu);
+    job->ranks.erase(rank->global);
+    job->mapped_bytes -= rank->mapped_bytes;
+    const int stage = rank->coords.pp_rank();
+    bool stage_left = false;
+    for (const auto& [g, r] : job->ranks) {
+      if (r->coords.pp_rank() == stage) stage_left = true;
+    }
+    if (!stage_left) job->stage_plist.erase(stage);
+    empty = job->ranks.empty();
+  }
+  if (empty) {
+    auto it = jobs_.find(job->id);
+    if (it != jobs_.end() && it->second == job) jobs_.erase(it);
+  }
+  // Called from the rank's own worker: it cannot join itself.
+  if (rank->worker) retired_.push_back(std::move(rank->worker));
+}
+
+void EngineImpl::FailJob(Job& job, const absl::Status& status) {
+  std::vector<Callback<v1::RegisterResponse>> pending;
+  std::vector<std::shared_ptr<LocalRank>> ranks;
+  {
+    absl::MutexLock lock(&job.mu);
+    if (job.state == JobState::kFailed) return;
+    job.state = JobState::kFailed;
+    job.failure = status.ToString();
+    for (auto& [g, r] : job.ranks) {
+      ranks.push_back(r);
+      if (r->register_done) pending.push_back(std::move(r->register_done));
+      r->register_done = nullptr;
+    }
+    job.cv.SignalAll();
+  }
+  spdlog::error("job failed: job={} daemon={}: {}", job.id, options_.daemon_id,
+                status.ToString());
+  // Breaks the groups so that peers blocked with these ranks fail promptly.
+  for (auto& r : ranks) r->AbortComms();
+  for (auto& cb : pending) {
+    cb(absl::Status(status.code(), absl::StrCat("job failed: ", status.message())));
+  }
+}
+
+void EngineImpl::RunRegister(std::shared_ptr<Job> job,
+                             std::shared_ptr<LocalRank> rank, std::string plist,
+                             Callback<v1::RegisterResponse> done) {
+  KvStore* kv = options_.control;
+  const std::string prefix = JobPrefix(job->id);
+  // 1. Agreement checks; a failure here undoes this rank's registration.
+  if (absl::Status s = CheckControlPlane(*job, *rank, plist); !s.ok()) {
+    spdlog::warn("register rejected: job={} rank={}: {}", job->id,
+                 RankString(rank->coords), s.ToString());
+    RemoveRank(job, rank);
+    return done(s);
+  }
+  // 2. Global barrier: every rank of the job, on every daemon.
+  absl::Status status = [&]() -> absl::Status {
+    CANZONA_ASSIGN_OR_RETURN(int64_t n, kv->Add(prefix + "registered", 1));
+    if (n == job->world) CANZONA_RETURN_IF_ERROR(kv->Set(prefix + "ready", "1"));
+    CANZONA_RETURN_IF_ERROR(
+        WaitGet(*job, prefix + "ready", absl::Now() + options_.register_timeout,
+                absl::StrCat("all ", job->world, " ranks to register"))
+            .status());
+    {
+      absl::MutexLock lock(&job->mu);
+      job->barrier_passed = true;
+    }
+    // 3. Plan (once per job on this daemon), digests agreed by every rank.
+    CANZONA_ASSIGN_OR_RETURN(std::shared_ptr<const JobPlan> jp, EnsurePlan(*job));
+    CANZONA_RETURN_IF_ERROR(CheckDigests(*job, *rank, jp->plan.digest));
+    // 4. Communicators, rules, buffers.
+    return SetupRank(*job, *rank, *jp);
+  }();
+  if (!status.ok()) {
+    FailJob(*job, status);
+    return done(status);
+  }
+  // 5. Ready when every local rank is set up: Register returns together, so
+  // no trainer steps into a half-built job.
+  std::vector<std::pair<Callback<v1::RegisterResponse>, v1::RegisterResponse>> fire;
+  absl::Status failed;
+  {
+    absl::MutexLock lock(&job->mu);
+    if (job->state == JobState::kFailed) {
+      failed = absl::AbortedError(absl::StrCat("job failed: ", job->failure));
+    } else {
+      rank->setup_done = true;
+      rank->register_done = std::move(done);
+      ++job->setup_done;
+      if (job->setup_done == static_cast<int>(job->ranks.size())) {
+        job->state = JobState::kReady;
+        for (auto& [g, r] : job->ranks) {
+          fire.emplace_back(std::move(r->register_done), r->response);
+          r->register_done = nullptr;
+        }
+        job->cv.SignalAll();
+      }
+    }
+  }
+  if (!failed.ok()) return done(failed);
+  if (!fire.empty()) {
+    spdlog::info("job ready: job={} daemon={} local_ranks={} digest={}", job->id,
+                 options_.daemon_id, fire.size(), rank->response.plan_digest());
+  }
+  for (auto& [cb, response] : fire) cb(response);
+}
+
+absl::StatusOr<std::shared_ptr<const JobPlan>> EngineImpl::EnsurePlan(Job& job) {
+  absl::MutexLock plan_lock(&job.plan_mu);
+  {
+    absl::MutexLock lock(&job.mu);
+    if (job.plan) return job.plan;
+  }
+  const std::string prefix = JobPrefix(job.id);
+  const absl::Time deadline = absl::Now() + options_.register_timeout;
+  auto jp = std::make_shared<JobPlan>();
+  plan::PlanRequest request;
+  for (int s = 0; s < job.layout.pp(); ++s) {
+    CANZONA_ASSIGN_OR_RETURN(
+        std::string plist,
+        WaitGet(job, absl::StrCat(prefix, "plist/", s), deadline,
+                absl::StrCat("the parameter list of stage ", s)));
+    jp->stage_first.push_back(static_cast<int>(jp->params.size()));
+    for (absl::string_view line : absl::StrSplit(plist, '\n')) {
+      CANZONA_ASSIGN_OR_RETURN(ParamMeta m,
+                               ParseParamLine(line, s, job.layout.tp()));
+      plan::ParamSpec spec;
+      spec.name = m.name;
+      spec.shape = m.shape;
+      spec.dtype = plan::DType::kFloat32;
+      spec.optimizer = PlanKind(job.configs.at(m.group).kind);
+      spec.tp_split_dim = m.split;
+      spec.pp_stage = s;
+      request.parameters.push_back(std::move(spec));
+      jp->total_numel += m.numel;
+      jp->params.push_back(std::move(m));
+    }
+  }
+  request.layout = {job.layout.pp(), job.layout.dp(), job.layout.tp()};
+  request.bucket_size = job.bucket_size;
+  request.strategy = job.strategy;
+  request.alpha = job.alpha;
+  absl::StatusOr<plan::Plan> built = plan::BuildPlan(request);
+  if (!built.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("planner: ", built.status().message()));
+  }
+  jp->plan = *std::move(built);
+  spdlog::info("plan built: job={} daemon={} strategy={} params={} buckets={} "
+               "micro_groups={} makespan/mean={:.3f} digest={}",
+               job.id, options_.daemon_id, job.strategy_name, jp->params.size(),
+               jp->plan.buckets.size(), jp->plan.micro_groups.size(),
+               jp->plan.max_over_mean(), jp->plan.digest);
+  absl::MutexLock lock(&job.mu);
+  job.plan = jp;
+  return std::shared_ptr<const JobPlan>(jp);
+}
+
+absl::Status EngineImpl::CheckDigests(Job& job, const LocalRank& rank,
+                                      const std::string& digest) {
+  KvStore* kv = options_.control;
+  const std::string prefix = JobPrefix(job.id);
+  CANZONA_RETURN_IF_ERROR(
+      kv->Set(absl::StrCat(prefix, "digest/", rank.global), digest));
+  const absl::Time deadline = absl::Now() + options_.register_timeout;
+  for (int g = 0; g < job.world; ++g) {
+    CANZONA_ASSIGN_OR_RETURN(
+        std::string theirs,
+        WaitGet(job, absl::StrCat(prefix, "digest/", g), deadline,
+                absl::StrCat("the plan digest of rank ", g)));
+    if (theirs != digest) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("plan digest mismatch: rank ", g, " planned ", theirs,
+                       ", this daemon ", digest));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank, const JobPlan& jp) {
+  auto rt = std::make_unique<RankRuntime>();
+  const plan::Plan& plan = jp.plan;
+  const int pp = rank.coords.pp_rank(), d = rank.coords.dp_rank(),
+            t = rank.coords.tp_rank();
+  const int DP = job.layout.dp(), TP = job.layout.tp();
+
+  CANZONA_ASSIGN_OR_RETURN(rt->backend, CreateBackendByName(options_.backend));
+  if (rt->backend->kind() != BackendKind::kCpu) {
+    // The shm data plane hands host pointers to the rules; device staging
+    // belongs to the CUDA data plane (its own issue).
+    spdlog::warn("backend {} resolved to {}; the shm data plane uses cpu",
+                 options_.backend, std::string(BackendKindName(rt->backend->kind())));
+    CANZONA_ASSIGN_OR_RETURN(rt->backend, CreateBackend(BackendKind::kCpu));
+  }
+
+  // Communicators: DP (same pp, tp), TP (same pp, dp), world. Every rank
+  // creates them in this order, so the rendezvous cannot deadlock.
+  GlooOptions gloo;
+  gloo.hostname = options_.comm_host;
+  gloo.timeout = options_.step_timeout;
+  const std::string prefix = JobPrefix(job.id);
+  auto make = [&](const std::string& name, int r, int size)
+      -> absl::StatusOr<std::unique_ptr<Communicator>> {
+    if (size == 1) return CreateLocalCommunicator();
+    auto comm = CreateGlooCommunicator(options_.control,
+                                       absl::StrCat(prefix, "comm/", name, "/"),
+                                       r, size, gloo);
+    if (!comm.ok()) {
+      return absl::Status(comm.status().code(),
+                          absl::StrCat("creating the ", name, " group: ",
+                                       comm.status().message()));
+    }
+    return comm;
+  };
+  CANZONA_ASSIGN_OR_RETURN(rt->dp, make(absl::StrCat("dp.", pp, ".", t), d, DP));
+  rank.AddComm(rt->dp.get());
+  CANZONA_ASSIGN_OR_RETURN(rt->tp, make(absl::StrCat("tp.", pp, ".", d), t, TP));
+  rank.AddComm(rt->tp.get());
+  CANZONA_ASSIGN_OR_RETURN(rt->world, make("world", rank.global, job.world));
+  rank.AddComm(rt->world.get());
+
+  // Parameters of my stage and their place in the stage buffers.
+  const int n = static_cast<int>(jp.params.size());
+  const int first = jp.stage_first[pp];
+  const int count = static_cast<int>(rank.param_buf.size());
+  for (int j = 0; j < count; ++j) rt->local_params.push_back(first + j);
+  rt->offset.assign(n, -1);
+  rt->mode.assign(n, Mode::kLocal);
+  rt->dp_owned.assign(n, 0);
+  rt->counted.assign(n, 0);
+  rt->sliced = plan.strategy != plan::Strategy::kSc &&
+               plan.strategy != plan::Strategy::kLayerwise;
+  int64_t base = 0;
+  for (int b = 0; b < static_cast<int>(plan.buckets.size()); ++b) {
+    const plan::BucketPlan& bp = plan.buckets[b];
+    if (bp.stage != pp) continue;
+    RankRuntime::Bucket bucket;
+    bucket.index = b;
+    bucket.base = base;
+    std::vector<int64_t> param_start;
+    for (int i : bp.params) {
+      param_start.push_back(bucket.elements);
+      rt->offset[i] = base + bucket.elements;
+      bucket.elements += jp.params[i].local_numel;
+    }
+    param_start.push_back(bucket.elements);
+    if (rt->sliced) {
+      if (static_cast<int>(bp.cuts.size()) != DP + 1) {
+        return absl::InternalError(
+            absl::StrCat("plan bucket ", b, " has ", bp.cuts.size(),
+                         " cuts, expected ", DP + 1));
+      }
+      for (int r = 0; r < DP; ++r) {
+        bucket.counts.push_back(param_start[bp.cuts[r + 1]] -
+                                param_start[bp.cuts[r]]);
+      }
+      bucket.my_start = param_start[bp.cuts[d]];
+    }
+    base += bucket.elements;
+    rt->buckets.push_back(std::move(bucket));
+  }
+  for (int i : rt->local_params) {
+    if (rt->offset[i] < 0) {
+      return absl::InternalError(absl::StrCat(
+          "plan: parameter '", jp.params[i].name, "' is in no bucket"));
+    }
+  }
+  rt->gstage.assign(base, 0.0f);
+  rt->pstage.assign(base, 0.0f);
+  rt->pold.assign(base, 0.0f);
+
+  // Who updates what, and the rule state only where it is owned.
+  int64_t max_full = 0;
+  for (int i : rt->local_params) {
+    const ParamMeta& m = jp.params[i];
+    const OptimizerConfig& config = job.configs.at(m.group);
+    const int owner = plan.dp_owner[i];
+    const bool split = m.split >= 0 && TP > 1;
+    if (split && IsMatrix(config.kind)) {
+      rt->mode[i] = plan.tp_host[i] >= 0 ? Mode::kHosted : Mode::kRedundant;
+    }
+    rt->dp_owned[i] = owner < 0 || owner == d;
+    rt->counted[i] = (owner < 0 ? d == 0 : owner == d) && (split || t == 0);
+    if (!rt->dp_owned[i]) continue;
+    std::vector<int64_t> shape;
+    switch (rt->mode[i]) {
+      case Mode::kLocal:
+        shape = m.local_shape;
+        break;
+      case Mode::kHosted:
+        if (plan.tp_host[i] == t) shape = m.shape;
+        break;
+      case Mode::kRedundant:
+        shape = m.shape;
+        rt->redundant.push_back(i);
+        break;
+    }
+    if (shape.empty()) continue;
+    max_full = std::max(max_full, NumElements(shape));
+    absl::StatusOr<std::unique_ptr<UpdateRule>> rule =
+        UpdateRule::Create(config, shape, rt->backend.get());
+    if (!rule.ok()) {
+      return absl::Status(rule.status().code(),
+                          absl::StrCat("parameter '", m.name, "': ",
+                                       rule.status().message()));
+    }
+    rt->state_bytes += (*rule)->state_bytes();
+    ++rt->owned;
+    rt->rules.emplace(i, *std::move(rule));
+  }
+  for (const plan::MicroGroup& g : plan.micro_groups) {
+    if (g.stage == pp && g.dp == d) rt->groups.push_back(&g);
+  }
+  rt->full_g.reserve(max_full);
+  rt->full_p.reserve(max_full);
+
+  rank.response.set_plan_digest(plan.digest);
+  rank.response.set_owned_parameters(rt->owned);
+  rank.response.set_state_bytes(rt->state_bytes);
+  spdlog::info("rank ready: job={} rank={} owned={} state_bytes={} "
+               "micro_groups={}",
+               job.id, RankString(rank.coords), rt->owned, rt->state_bytes,
+               rt->groups.size());
+  rank.rt = std::move(rt);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Step.
+
+void EngineImpl::Step(const v1::StepRequest& request,
+                      Callback<v1::StepResponse> done) {
+  if (shutting_down_) return done(Unavailable());
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(request.job_id());
+    if (it == jobs_.end()) {
+      return done(absl::NotFoundError(
+          absl::StrCat("job_id '", request.job_id(), "' is not registered here")));
+    }
+    job = it->second;
+  }
+  std::shared_ptr<LocalRank> rank;
+  absl::Status status = [&]() -> absl::Status {
+    const v1::RankCoordinates& r = request.rank();
+    const v1::WorldLayout& l = job->layout;
+    if (r.pp_rank() < 0 || r.pp_rank() >= l.pp() || r.dp_rank() < 0 ||
+        r.dp_rank() >= l.dp() || r.tp_rank() < 0 || r.tp_rank() >= l.tp()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", RankString(r), " outside the layout"));
+    }
+    if (!(request.grad_scale() >= 0) || !std::isfinite(request.grad_scale())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("grad_scale ", request.grad_scale(),
+                       " must be finite and >= 0"));
+    }
+    for (const auto& [group, lr] : request.lr()) {
+      if (!job->configs.count(group)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("lr['", group, "']: unknown group"));
+      }
+      if (!(lr >= 0) || !std::isfinite(lr)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("lr['", group, "']: ", lr, " must be finite and >= 0"));
+      }
+    }
+    const int global = (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank();
+    absl::MutexLock lock(&job->mu);
+    if (job->state == JobState::kFailed) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job failed: ", job->failure));
+    }
+    if (job->state != JobState::kReady) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job '", job->id, "' is not ready: ranks are still registering"));
+    }
+    auto it = job->ranks.find(global);
+    if (it == job->ranks.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "rank ", RankString(r), " of job '", job->id,
+          "' is not registered with this daemon"));
+    }
+    rank = it->second;
+    if (request.step() != rank->next_step) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("step out of order: expected step ", rank->next_step,
+                       ", got ", request.step()));
+    }
+    ++rank->next_step;
+    ++job->arrivals[request.step()];
+    job->cv.SignalAll();
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) return done(status);
+
+  auto shared_done = std::make_shared<Callback<v1::StepResponse>>(std::move(done));
+  Worker::Task task;
+  task.run = [this, job, rank, request, shared_done]() {
+    RunStep(job, rank, request, std::move(*shared_done));
+  };
+  task.cancel = [this, shared_done]() { (*shared_done)(Unavailable()); };
+  if (!rank->worker->Post(task)) task.cancel();
+}
+
+void EngineImpl::RunStep(std::shared_ptr<Job> job,
+                         std::shared_ptr<LocalRank> rank,
+                         v1::StepRequest request,
+                         Callback<v1::StepResponse> done) {
+  const absl::Time start = absl::Now();
+  const int64_t k = request.step();
+  std::shared_ptr<const JobPlan> jp;
+  // Wait until every local rank of the job has called Step(k).
+  absl::Status status = [&]() -> absl::Status {
+    absl::MutexLock lock(&job->mu);
+    jp = job->plan;
+    const int local = static_cast<int>(job->ranks.size());
+    const absl::Time deadline = start + options_.step_timeout;
+    while (job->arrivals[k] < local && job->state == JobState::kReady &&
+           !shutting_down_) {
+      if (job->cv.WaitWithDeadline(&job->mu, deadline)) break;
+    }
+    const bool all = job->arrivals[k] >= local;
+    if (++job->departures[k] >= local) {
+      job->arrivals.erase(k);
+      job->departures.erase(k);
+    }
+    if (shutting_down_) return Unavailable();
+    if (job->state == JobState::kFailed) {
+      return absl::AbortedError(absl::StrCat("step ", k, " aborted: job failed: ",
+                                             job->failure));
+    }
+    if (!all) {
+      std::vector<std::string> missing;
+      for (const auto& [g, r] : job->ranks) {
+        if (r->next_step <= k) missing.push_back(RankString(r->coords));
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          "step ", k, ": local rank(s) ", absl::StrJoin(missing, ", "),
+          " did not call Step within ",
+          absl::FormatDuration(options_.step_timeout)));
+    }
+    return absl::OkStatus();
+  }();
+  v1::StepResponse response;
+  response.mutable_seconds()->set_wait(Seconds(start, absl::Now()));
+  if (status.ok()) status = Pipeline(*job, *rank, *jp, request, &response);
+  if (!status.ok()) {
+    if (shutting_down_) {
+      status = Unavailable();
+    } else if (job->failed() && status.code() != absl::StatusCode::kDeadlineExceeded &&
+               status.code() != absl::StatusCode::kUnavailable &&
+               status.code() != absl::StatusCode::kAborted) {
+      // A broken group after another rank's failure: report the cause.
+      absl::MutexLock lock(&job->mu);
+      status = absl::AbortedError(
+          absl::StrCat("step ", k, " aborted: job failed: ", job->failure));
+    } else {
+      status = absl::Status(status.code(),
+                            absl::StrCat("step ", k, " on rank ",
+                                         RankString(rank->coords), ": ",
+                                         status.message()));
+      FailJob(*job, status);
+    }
+    spdlog::error("step failed: job={} rank={} step={}: {}", job->id,
+                  RankString(rank->coords), k, status.ToString());
+    return done(status);
+  }
+  response.mutable_seconds()->set_total(Seconds(start, absl::Now()));
+  {
+    absl::MutexLock lock(&job->mu);
+    rank->steps_done = k;
+    rank->last = response.seconds();
+  }
+  done(response);
+}
+
+absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
+                                  const v1::StepRequest& request,
+                                  v1::StepResponse* response) {
+  RankRuntime& rt = *rank.rt;
+  v1::PhaseTimes* times = response->mutable_seconds();
+  const int d = rank.coords.dp_rank();
+  const int DP = job.layout.dp();
+  std::map<std::string, float> lr;
+  for (const auto& [group, value] : request.lr()) lr[group] = static_cast<float>(value);
+  auto options_for = [&](int i) {
+    StepOptions o;
+    auto it = lr.find(jp.params[i].group);
+    if (it != lr.end()) o.lr = it->second;
+    return o;
+  };
+
+  // 1. Gradients into the staging buckets, DP reduction, average.
+  absl::Time t0 = absl::Now();
+  for (size_t j = 0; j < rt.local_params.size(); ++j) {
+    const int i = rt.local_params[j];
+    const int64_t n = jp.params[i].local_numel;
+    std::memcpy(rt.gstage.data() + rt.offset[i], rank.grad_buf[j], n * sizeof(float));
+    std::memcpy(rt.pstage.data() + rt.offset[i], rank.param_buf[j], n * sizeof(float));
+  }
+  const double scale = request.grad_scale() == 0 ? 1.0 : request.grad_scale();
+  const float factor = static_cast<float>(scale / DP);
+  for (const RankRuntime::Bucket& b : rt.buckets) {
+    float* g = rt.gstage.data() + b.base;
+    if (rt.sliced) {
+      rt.tmp.resize(b.counts[d]);
+      CANZONA_RETURN_IF_ERROR(rt.dp->ReduceScatterV(g, b.counts, rt.tmp.data()));
+      float* mine = g + b.my_start;
+      for (int64_t e = 0; e < b.counts[d]; ++e) mine[e] = rt.tmp[e] * factor;
+    } else {
+      CANZONA_RETURN_IF_ERROR(rt.dp->AllReduce(g, b.elements));
+      for (int64_t e = 0; e < b.elements; ++e) g[e] *= factor;
+    }
+  }
+  times->set_reduce_scatter(Seconds(t0, absl::Now()));
+
+  // 2. Non-finite check and the squared gradient norm, one world
+  // all-reduce: [any non-finite, sum of squares counted once].
+  double sumsq = 0;
+  float nonfinite = 0;
+  for (int i : rt.local_params) {
+    if (!rt.dp_owned[i]) continue;
+    const float* g = rt.gstage.data() + rt.offset[i];
+    const int64_t n = jp.params[i].local_numel;
+    double s = 0;
+    for (int64_t e = 0; e < n; ++e) {
+      if (!std::isfinite(g[e])) nonfinite = 1;
+      s += static_cast<double>(g[e]) * g[e];
+    }
+    if (rt.counted[i]) sumsq += s;
+  }
+  float flags[2] = {nonfinite, static_cast<float>(sumsq)};
+  CANZONA_RETURN_IF_ERROR(rt.world->AllReduce(flags, 2));
+  if (flags[0] > 0) {
+    response->set_skipped_nonfinite(true);
+    response->set_grad_norm(std::nan(""));
+    spdlog::warn("step skipped (non-finite gradient): job={} rank={} step={}",
+                 job.id, RankString(rank.coords), request.step());
+    return absl::OkStatus();
+  }
+  response->set_grad_norm(std::sqrt(static_cast<double>(flags[1])));
+  rt.pold = rt.pstage;
+
+  // 3. Local updates of owned, non-hosted parameters.
+  t0 = absl::Now();
+  for (int i : rt.local_params) {
+    if (!rt.dp_owned[i] || rt.mode[i] != Mode::kLocal) continue;
+    CANZONA_RETURN_IF_ERROR(rt.rules.at(i)->Step(
+        rt.pstage.data() + rt.offset[i], rt.gstage.data() + rt.offset[i],
+        options_for(i)));
+  }
+  times->set_local_compute(Seconds(t0, absl::Now()));
+
+  // 4. TP: hosted micro groups (sliced strategies), or every TP rank
+  // gathering whole matrices and updating them redundantly (sc, layerwise).
+  for (const plan::MicroGroup* g : rt.groups) {
+    CANZONA_RETURN_IF_ERROR(RunMicroGroup(job, rank, jp, *g, lr, times));
+  }
+  const int TP = job.layout.tp(), t = rank.coords.tp_rank();
+  for (int i : rt.redundant) {
+    const ParamMeta& m = jp.params[i];
+    const int64_t ln = m.local_numel;
+    absl::Time g0 = absl::Now();
+    rt.send.resize(2 * ln);
+    std::memcpy(rt.send.data(), rt.gstage.data() + rt.offset[i], ln * sizeof(float));
+    std::memcpy(rt.send.data() + ln, rt.pstage.data() + rt.offset[i], ln * sizeof(float));
+    rt.recv.resize(2 * ln * TP);
+    std::vector<int64_t> counts(TP, 2 * ln);
+    CANZONA_RETURN_IF_ERROR(rt.tp->AllGatherV(rt.send.data(), counts, rt.recv.data()));
+    rt.full_g.resize(m.numel);
+    rt.full_p.resize(m.numel);
+    for (int j = 0; j < TP; ++j) {
+      float* frag = rt.recv.data() + 2 * ln * j;
+      MoveFragment(m, TP, j, frag, rt.full_g.data(), true);
+      MoveFragment(m, TP, j, frag + ln, rt.full_p.data(), true);
+    }
+    absl::Time c0 = absl::Now();
+    times->set_tp_gather(times->tp_gather() + Seconds(g0, c0));
+    CANZONA_RETURN_IF_ERROR(
+        rt.rules.at(i)->Step(rt.full_p.data(), rt.full_g.data(), options_for(i)));
+    MoveFragment(m, TP, t, rt.pstage.data() + rt.offset[i], rt.full_p.data(), false);
+    times->set_tp_compute(times->tp_compute() + Seconds(c0, absl::Now()));
+  }
+
+  // 5. Parameters back to every DP rank.
+  t0 = absl::Now();
+  if (rt.sliced) {
+    for (const RankRuntime::Bucket& b : rt.buckets) {
+      float* p = rt.pstage.data() + b.base;
+      CANZONA_RETURN_IF_ERROR(rt.dp->AllGatherV(p + b.my_start, b.counts, p));
+    }
+  } else if (jp.plan.strategy == plan::Strategy::kLayerwise && DP > 1) {
+    // Each rank's owned parameters packed in stage order; one all-gather.
+    std::vector<int64_t> counts(DP, 0);
+    for (int i : rt.local_params) counts[jp.plan.dp_owner[i]] += jp.params[i].local_numel;
+    rt.send.clear();
+    for (int i : rt.local_params) {
+      if (jp.plan.dp_owner[i] != d) continue;
+      const float* p = rt.pstage.data() + rt.offset[i];
+      rt.send.insert(rt.send.end(), p, p + jp.params[i].local_numel);
+    }
+    int64_t total = 0;
+    std::vector<int64_t> at(DP, 0);
+    for (int r = 0; r < DP; ++r) {
+      at[r] = total;
+      total += counts[r];
+    }
+    rt.recv.resize(total);
+    CANZONA_RETURN_IF_ERROR(rt.dp->AllGatherV(rt.send.data(), counts, rt.recv.data()));
+    for (int i : rt.local_params) {
+      const int owner = jp.plan.dp_owner[i];
+      const int64_t n = jp.params[i].local_numel;
+      std::memcpy(rt.pstage.data() + rt.offset[i], rt.recv.data() + at[owner],
+                  n * sizeof(float));
+      at[owner] += n;
+    }
+  }
+  times->set_all_gather(Seconds(t0, absl::Now()));
+
+  // Update RMS over every element once, then publish to the trainer.
+  double usq = 0;
+  for (int i : rt.local_params) {
+    if (!rt.counted[i]) continue;
+    const float* p = rt.pstage.data() + rt.offset[i];
+    const float* o = rt.pold.data() + rt.offset[i];
+    for (int64_t e = 0; e < jp.params[i].local_numel; ++e) {
+      const double diff = static_cast<double>(p[e]) - o[e];
+      usq += diff * diff;
+    }
+  }
+  float u = static_cast<float>(usq);
+  CANZONA_RETURN_IF_ERROR(rt.world->AllReduce(&u, 1));
+  response->set_update_rms(
+      jp.total_numel > 0 ? std::sqrt(static_cast<double>(u) / jp.total_numel) : 0);
+  for (size_t j = 0; j < rt.local_params.size(); ++j) {
+    const int i = rt.local_params[j];
+    std::memcpy(rank.param_buf[j], rt.pstage.data() + rt.offset[i],
+                jp.params[i].local_numel * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EngineImpl::RunMicroGroup(Job& job, LocalRank& rank,
+                                       const JobPlan& jp,
+                                       const plan::MicroGroup& group,
+                                       const std::map<std::string, float>& lr,
+                                       v1::PhaseTimes* times) {
+  RankRuntime& rt = *rank.rt;
+  const int TP = job.layout.tp(), t = rank.coords.tp_rank();
+  const std::vector<int>& ps = group.params;
+  // Gather: [grad, param] of every fragment to its host.
+  absl::Time t0 = absl::Now();
+  std::vector<int64_t> send_counts(TP, 0), recv_counts(TP, 0);
+  int64_t hosted_here = 0;
+  for (int i : ps) {
+    const int h = jp.plan.tp_host[i];
+    send_counts[h] += 2 * jp.params[i].local_numel;
+    if (h == t) hosted_here += jp.params[i].local_numel;
+  }
+  for (int j = 0; j < TP; ++j) recv_counts[j] = 2 * hosted_here;
+  rt.send.clear();
+  for (int h = 0; h < TP; ++h) {
+    for (int i : ps) {
+      if (jp.plan.tp_host[i] != h) continue;
+      const int64_t n = jp.params[i].local_numel;
+      const float* g = rt.gstage.data() + rt.offset[i];
+      const float* p = rt.pstage.data() + rt.offset[i];
+      rt.send.insert(rt.send.end(), g, g + n);
+      rt.send.insert(rt.send.end(), p, p + n);
+    }
+  }
+  rt.recv.resize(2 * hosted_here * TP);
+  CANZONA_RETURN_IF_ERROR(
+      rt.tp->AllToAllV(rt.send.data(), send_counts, rt.recv.data(), recv_counts));
+  absl::Time t1 = absl::Now();
+  times->set_tp_gather(times->tp_gather() + Seconds(t0, t1));
+
+  // Host: whole-matrix updates; the updated fragments packed per rank.
+  std::vector<int64_t> back_send(TP, hosted_here), back_recv(TP, 0);
+  for (int i : ps) back_recv[jp.plan.tp_host[i]] += jp.params[i].local_numel;
+  std::vector<float> back(hosted_here * TP);
+  int64_t at = 0;  // offset of the parameter in each rank's recv slice
+  for (int i : ps) {
+    if (jp.plan.tp_host[i] != t) continue;
+    const ParamMeta& m = jp.params[i];
+    const int64_t n = m.local_numel;
+    rt.full_g.resize(m.numel);
+    rt.full_p.resize(m.numel);
+    for (int j = 0; j < TP; ++j) {
+      float* frag = rt.recv.data() + 2 * hosted_here * j + 2 * at;
+      MoveFragment(m, TP, j, frag, rt.full_g.data(), true);
+      MoveFragment(m, TP, j, frag + n, rt.full_p.data(), true);
+    }
+    StepOptions o;
+    auto it = lr.find(m.group);
+    if (it != lr.end()) o.lr = it->second;
+    CANZONA_RETURN_IF_ERROR(
+        rt.rules.at(i)->Step(rt.full_p.data(), rt.full_g.data(), o));
+    for (int j = 0; j < TP; ++j) {
+      MoveFragment(m, TP, j, back.data() + hosted_here * j + at,
+                   rt.full_p.data(), false);
+    }
+    at += n;
+  }
+  absl::Time t2 = absl::Now();
+  times->set_tp_compute(times->tp_compute() + Seconds(t1, t2));
+
+  // Scatter: updated fragments back to their ranks.
+  int64_t total = 0;
+  for (int64_t c : back_recv) total += c;
+  rt.recv.resize(total);
+  CANZONA_RETURN_IF_ERROR(
+      rt.tp->AllToAllV(back.data(), back_send, rt.recv.data(), back_recv));
+  int64_t pos = 0;
+  for (int h = 0; h < TP; ++h) {
+    for (int i : ps) {
+      if (jp.plan.tp_host[i] != h) continue;
+      const int64_t n = jp.params[i].local_numel;
+      std::memcpy(rt.pstage.data() + rt.offset[i], rt.recv.data() + pos,
+                  n * sizeof(float));
+      pos += n;
+    }
+  }
+  times->set_tp_scatter(times->tp_scatter() + Seconds(t2, absl::Now()));
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Queries and teardown.
+
+absl::StatusOr<v1::GetPlanResponse> EngineImpl::GetPlan(
+    const v1::GetPlanRequest& request) {
+  std::shared_ptr<Job> job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(request.job_id());
+    if (it == jobs_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("job_id '", request.job_id(), "' is not registered here"));
+    }
+    job = it->second;
+  }
+  std::shared_ptr<const JobPlan> jp;
+  {
+    absl::MutexLock lock(&job->mu);
+    jp = job->plan;
+  }
+  if (!jp) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", job->id, "' has no plan yet: ranks are registering"));
+  }
+  v1::GetPlanResponse response;
+  response.set_plan_json(plan::PlanToJson(jp->plan, true).dump());
+  response.set_digest(jp->plan.digest);
+  return response;
+}
+
+absl::Status EngineImpl::Deregister(const v1::DeregisterRequest& request) {
+  if (shutting_down_) return Unavailable();
+  std::shared_ptr<Job> job;
+  std::shared_ptr<LocalRank> rank;
+  Callback<v1::RegisterResponse> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(request.job_id());
+    if (it == jobs_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("job_id '", request.job_id(), "' is not registered here"));
+    }
+    job = it->second;
+    absl::MutexLock job_lock(&job->mu);
+    if (request.job_token() != job->token) {
+      return absl::UnauthenticatedError(
+          absl::StrCat("job_token does not match job '", job->id, "'"));
+    }
+    const v1::RankCoordinates& r = request.rank();
+    const v1::WorldLayout& l = job->layout;
+    const int global = (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank();
+    auto rit = job->ranks.find(global);
+    if (r.pp_rank() < 0 || r.pp_rank() >= l.pp() || r.dp_rank() < 0 ||
+        r.dp_rank() >= l.dp() || r.tp_rank() < 0 || r.tp_rank() >= l.tp() ||
+        rit == job->ranks.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "rank ", RankString(r), " of job '", job->id,
+          "' is not registered with this daemon"));
+    }
+    rank = rit->second;
+    job->ranks.erase(rit);
+    job->mapped_bytes -= rank->mapped_bytes;
+    pending = std::move(rank->register_done);
+    rank->register_done = nullptr;
+    if (job->ranks.empty()) {
+      jobs_.erase(job->id);
+    } else if (job->state != JobState::kFailed) {
+      // The job cannot step without this rank any more.
+      job->state = JobState::kFailed;
+      job->failure = absl::StrCat("rank ", RankString(r), " deregistered");
+      job->cv.SignalAll();
+    }
+  }
+  spdlog::info("rank deregistered: job={} rank={} daemon={}", job->id,
+               RankString(rank->coords), options_.daemon_id);
+  // Unblocks a step still running on the rank, then joins its worker (which
+  // cancels its queued calls) and unmaps its buffers when `rank` goes.
+  rank->AbortComms();
+  if (rank->worker) rank->worker->StopAndJoin();
+  if (pending) pending(absl::AbortedError("rank deregistered"));
+  return absl::OkStatus();
+}
+
+v1::GetStatusResponse EngineImpl::GetStatus() {
+  v1::GetStatusResponse response;
+  response.set_version(kVersion);
+  response.set_backend(options_.backend);
+  response.set_comm("gloo");
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, job] : jobs_) jobs.push_back(job);
+  }
+  for (auto& job : jobs) {
+    absl::MutexLock lock(&job->mu);
+    v1::JobStatus* js = response.add_jobs();
+    js->set_job_id(job->id);
+    *js->mutable_layout() = job->layout;
+    js->set_strategy(job->strategy_name);
+    if (job->plan) js->set_plan_digest(job->plan->plan.digest);
+    js->set_state(StateString(*job));
+    js->set_registered_ranks(job->barrier_passed
+                                 ? job->world
+                                 : static_cast<int>(job->ranks.size()));
+    for (auto& [g, r] : job->ranks) {
+      v1::RankStatus* rs = js->add_local_ranks();
+      *rs->mutable_rank() = r->coords;
+      rs->set_steps_done(r->steps_done);
+      *rs->mutable_last_step_seconds() = r->last;
+    }
+  }
+  return response;
+}
+
+void EngineImpl::Shutdown() {
+  std::vector<std::shared_ptr<Job>> jobs;
+  std::vector<std::unique_ptr<Worker>> retired;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_.exchange(true)) return;
+    for (auto& [id, job] : jobs_) jobs.push_back(job);
+    jobs_.clear();
+    retired.swap(retired_);
+  }
+  spdlog::info("engine shutting down: daemon={} jobs={}", options_.daemon_id,
+               jobs.size());
+  std::vector<std::shared_ptr<LocalRank>> ranks;
+  std::vector<Callback<v1::RegisterResponse>> pending;
+  for (auto& job : jobs) {
+    absl::MutexLock lock(&job->mu);
+    if (job->state != JobState::kFailed) {
+      job->state = JobState::kFailed;
+      job->failure = "canzonad is shutting down";
+    }
+    for (auto& [g, r] : job->ranks) {
+      ranks.push_back(r);
+      if (r->register_done) pending.push_back(std::move(r->register_done));
+      r->register_done = nullptr;
+    }
+    job->cv.SignalAll();
+  }
+  for (auto& r : ranks) r->AbortComms();
+  for (auto& r : ranks) {
+    if (r->worker) r->worker->StopAndJoin();
+  }
+  for (auto& w : retired) w->StopAndJoin();
+  for (auto& cb : pending) cb(Unavailable());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(EngineOptions options) {
+  if (options.control == nullptr) {
+    return absl::InvalidArgumentError("control: a KvStore is required");
+  }
+  if (options.daemon_id.empty()) {
+    return absl::InvalidArgumentError("daemon_id must not be empty");
+  }
+  if (options.backend != "cpu" && options.backend != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backend '", options.backend, "': the shm data plane takes cpu or auto"));
+  }
+  if (options.register_timeout <= absl::ZeroDuration() ||
+      options.step_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("timeouts must be positive");
+  }
+  if (options.max_jobs < 1 || options.max_parameters_per_job < 1 ||
+      options.max_bytes_per_job < 1) {
+    return absl::InvalidArgumentError("limits must be positive");
+  }
+  spdlog::info("engine started: daemon={} backend={} comm_host={}",
+               options.daemon_id, options.backend, options.comm_host);
+  return std::unique_ptr<Engine>(std::make_unique<EngineImpl>(std::move(options)));
+}
+
+}  // namespace canzona

@@ -1,0 +1,65 @@
+// The daemon's Engine on the CPU data plane: jobs registered by trainer
+// ranks over POSIX shared memory, plans agreed through the control-plane
+// KvStore, and the distributed optimizer step (design.md section 4) run by
+// one worker thread per local rank over Gloo communicators.
+//
+//   InMemoryKvStore control;                 // or a GrpcKvStore client
+//   EngineOptions options;
+//   options.control = &control;
+//   options.daemon_id = "node0";
+//   CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+//                            CreateEngine(std::move(options)));
+//   engine->Register(request, peer, [](auto result) { ... });
+//   ...
+//   engine->Shutdown();
+//
+// Control-plane keys live under "canzona/job/<job_id>/"; a job id names one
+// incarnation of a job (reusing an id after the job ended on some daemon is
+// not supported: its old rendezvous keys would be read).
+//
+// Thread-safety: thread-safe (see Engine). `done` callbacks run on worker
+// threads (or inline for validation failures) and must not block for long.
+#ifndef CANZONA_SERVER_ENGINE_ENGINE_IMPL_H_
+#define CANZONA_SERVER_ENGINE_ENGINE_IMPL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/control/kv_store.h"
+#include "server/engine/engine.h"
+
+namespace canzona {
+
+struct EngineOptions {
+  // The job coordinator's store (local or remote); not owned, must outlive
+  // the engine.
+  KvStore* control = nullptr;
+  // Unique per daemon (logs, control-plane keys).
+  std::string daemon_id = "canzonad";
+  // Compute backend of the device workers: "cpu" or "auto".
+  std::string backend = "cpu";
+  // Address Gloo's TCP devices bind to (peers connect to it).
+  std::string comm_host = "127.0.0.1";
+  // Bound on waiting for every rank of a job to register.
+  absl::Duration register_timeout = absl::Seconds(120);
+  // Bound on every collective of a step and on waiting for local peers.
+  absl::Duration step_timeout = absl::Seconds(60);
+  // When non-empty, Register requires job_token == required_token.
+  std::string required_token;
+  // Limits (RESOURCE_EXHAUSTED beyond them).
+  int max_jobs = 64;
+  int max_parameters_per_job = 1 << 20;
+  // Bytes of trainer buffers (parameters + gradients) mapped per job on
+  // this daemon.
+  int64_t max_bytes_per_job = int64_t{1} << 40;
+};
+
+// INVALID_ARGUMENT when options.control is null or a field is out of range.
+absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(EngineOptions options);
+
+}  // namespace canzona
+
+#endif  // CANZONA_SERVER_ENGINE_ENGINE_IMPL_H_

@@ -1,0 +1,430 @@
+#include "tests/unit/engine/engine_test_util.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/backend.h"
+#include "kernels/base/status_macros.h"
+#include "server/engine/engine_impl.h"
+#include "server/optim/optimizer_config.h"
+#include "server/optim/update_rule.h"
+
+namespace canzona::engine_test {
+namespace v1 = ::canzona::v1;
+
+namespace {
+
+uint64_t SplitMix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t NameHash(const std::string& s) {
+  uint64_t h = 1469598103934665603ULL;
+  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+  return h;
+}
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<int64_t> LocalShape(const ModelParam& p, int tp) {
+  std::vector<int64_t> s = p.shape;
+  if (p.split >= 0) s[p.split] /= tp;
+  return s;
+}
+
+// Fragment j of a full tensor split over tp along p.split.
+std::vector<float> Fragment(const ModelParam& p, int tp, int j,
+                            const std::vector<float>& full) {
+  if (p.split < 0) return full;
+  const int64_t ln = Numel(p.shape) / tp;
+  std::vector<float> out(ln);
+  if (p.split == 0 || p.shape.size() == 1) {
+    std::memcpy(out.data(), full.data() + j * ln, ln * sizeof(float));
+    return out;
+  }
+  const int64_t rows = p.shape[0], cols = p.shape[1], c = cols / tp;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(out.data() + r * c, full.data() + r * cols + j * c,
+                c * sizeof(float));
+  }
+  return out;
+}
+
+void PutFragment(const ModelParam& p, int tp, int j,
+                 const std::vector<float>& frag, std::vector<float>* full) {
+  const int64_t ln = Numel(p.shape) / tp;
+  if (p.split == 0 || p.shape.size() == 1) {
+    std::memcpy(full->data() + j * ln, frag.data(), ln * sizeof(float));
+    return;
+  }
+  const int64_t rows = p.shape[0], cols = p.shape[1], c = cols / tp;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(full->data() + r * cols + j * c, frag.data() + r * c,
+                c * sizeof(float));
+  }
+}
+
+std::vector<std::pair<std::string, std::string>> GroupSettings(
+    const std::string& group) {
+  if (group == "soap") return {{"precondition_frequency", "2"}};
+  if (group == "shampoo") return {{"precondition_frequency", "2"}};
+  return {};
+}
+
+OptimizerKind GroupKind(const std::string& group) {
+  return *ParseOptimizerKind(group);
+}
+
+}  // namespace
+
+std::vector<ModelParam> MegatronModel() {
+  std::vector<ModelParam> m;
+  m.push_back({"embedding.word_embeddings.weight", {128, 64}, 0, "adamw"});
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = absl::StrCat("decoder.layers.", l, ".");
+    m.push_back({p + "input_layernorm.weight", {64}, -1, "adamw"});
+    m.push_back({p + "self_attention.linear_qkv.weight", {128, 64}, 0,
+                 l == 0 ? "muon" : "soap"});
+    m.push_back({p + "self_attention.q_layernorm.weight", {16}, -1, "adamw"});
+    m.push_back({p + "self_attention.k_layernorm.weight", {16}, -1, "adamw"});
+    m.push_back({p + "self_attention.linear_proj.weight", {64, 64}, 1,
+                 l == 0 ? "shampoo" : "muon"});
+    m.push_back({p + "pre_mlp_layernorm.weight", {64}, -1, "adamw"});
+    m.push_back({p + "mlp.linear_fc1.weight", {256, 64}, 0, "muon"});
+    m.push_back({p + "mlp.linear_fc2.weight", {64, 128}, 1,
+                 l == 0 ? "muon" : "shampoo"});
+  }
+  m.push_back({"decoder.final_layernorm.weight", {64}, -1, "adamw"});
+  m.push_back({"output_layer.weight", {128, 64}, 0, "muon"});
+  return m;
+}
+
+std::vector<ModelParam> HfModel() {
+  std::vector<ModelParam> m;
+  m.push_back({"model.embed_tokens.weight", {128, 64}, 0, "adamw"});
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    m.push_back({p + "input_layernorm.weight", {64}, -1, "adamw"});
+    m.push_back({p + "self_attn.q_proj.weight", {64, 64}, 0, "muon"});
+    m.push_back({p + "self_attn.k_proj.weight", {32, 64}, 0, "soap"});
+    m.push_back({p + "self_attn.v_proj.weight", {32, 64}, 0, "muon"});
+    m.push_back({p + "self_attn.q_norm.weight", {16}, -1, "adamw"});
+    m.push_back({p + "self_attn.k_norm.weight", {16}, -1, "adamw"});
+    m.push_back({p + "self_attn.o_proj.weight", {64, 64}, 1, "shampoo"});
+    m.push_back({p + "post_attention_layernorm.weight", {64}, -1, "adamw"});
+    m.push_back({p + "mlp.gate_proj.weight", {128, 64}, 0, "muon"});
+    m.push_back({p + "mlp.up_proj.weight", {128, 64}, 0, "soap"});
+    m.push_back({p + "mlp.down_proj.weight", {64, 128}, 1, "muon"});
+  }
+  m.push_back({"model.norm.weight", {64}, -1, "adamw"});
+  m.push_back({"lm_head.weight", {128, 64}, 0, "muon"});
+  return m;
+}
+
+std::string UniqueJobId(const std::string& stem) {
+  static std::atomic<int> counter{0};
+  return absl::StrCat(stem, "-", getpid(), "-", counter++);
+}
+
+Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout) {
+  for (int i = 0; i < 2; ++i) {
+    EngineOptions options;
+    options.control = &kv;
+    options.daemon_id = absl::StrCat("daemon", i);
+    options.step_timeout = step_timeout;
+    options.register_timeout = register_timeout;
+    engines[i] = *CreateEngine(std::move(options));
+  }
+}
+
+Cluster::~Cluster() {
+  for (auto& e : engines) e->Shutdown();
+}
+
+std::vector<float> InitialParam(const JobConfig& config, const ModelParam& p) {
+  std::vector<float> v(Numel(p.shape));
+  const uint64_t base = SplitMix(config.seed ^ NameHash(p.name));
+  for (size_t e = 0; e < v.size(); ++e) {
+    const uint64_t r = SplitMix(base + e);
+    v[e] = (static_cast<float>(r % 2001) - 1000.0f) / 10000.0f;  // [-0.1, 0.1]
+    if (p.shape.size() == 1) v[e] += 1.0f;  // norms start near 1
+  }
+  return v;
+}
+
+std::vector<float> FullGrad(const JobConfig& config, const ModelParam& p,
+                            int step, int dp_rank) {
+  std::vector<float> v(Numel(p.shape));
+  const uint64_t base = SplitMix(SplitMix(config.seed * 7919 + step) ^
+                                 NameHash(p.name) ^ (uint64_t(dp_rank) << 48));
+  for (size_t e = 0; e < v.size(); ++e) {
+    const uint64_t r = SplitMix(base + e);
+    if (config.exact) {
+      // Integers in [-64, 64] times 2^-12: every DP sum is exact.
+      v[e] = std::ldexp(static_cast<float>(static_cast<int>(r % 129) - 64), -12);
+    } else {
+      v[e] = static_cast<float>((static_cast<double>(r >> 11) / 9007199254740992.0 -
+                                 0.5) * 0.02);
+    }
+  }
+  return v;
+}
+
+absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
+                                 const std::set<int>& skip_steps,
+                                 const std::string& fragment_param) {
+  CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+                           CreateBackend(BackendKind::kCpu));
+  Params out;
+  for (const ModelParam& p : config.params) {
+    CANZONA_ASSIGN_OR_RETURN(
+        OptimizerConfig oc,
+        MakeOptimizerConfig(GroupKind(p.group), GroupSettings(p.group)));
+    std::vector<float> param = InitialParam(config, p);
+    const bool fragmented = p.name == fragment_param && p.split >= 0;
+    const int pieces = fragmented ? config.tp : 1;
+    std::vector<std::unique_ptr<UpdateRule>> rules;
+    for (int j = 0; j < pieces; ++j) {
+      CANZONA_ASSIGN_OR_RETURN(
+          auto rule, UpdateRule::Create(oc, fragmented ? LocalShape(p, config.tp)
+                                                       : p.shape,
+                                        backend.get()));
+      rules.push_back(std::move(rule));
+    }
+    const float factor = static_cast<float>(1.0 / config.dp);
+    for (int s = 1; s <= steps; ++s) {
+      if (skip_steps.count(s)) continue;
+      std::vector<float> avg = FullGrad(config, p, s, 0);
+      for (int d = 1; d < config.dp; ++d) {
+        std::vector<float> g = FullGrad(config, p, s, d);
+        for (size_t e = 0; e < avg.size(); ++e) avg[e] += g[e];
+      }
+      for (float& x : avg) x *= factor;
+      if (!fragmented) {
+        CANZONA_RETURN_IF_ERROR(rules[0]->Step(param.data(), avg.data()));
+        continue;
+      }
+      for (int j = 0; j < pieces; ++j) {
+        std::vector<float> pf = Fragment(p, config.tp, j, param);
+        std::vector<float> gf = Fragment(p, config.tp, j, avg);
+        CANZONA_RETURN_IF_ERROR(rules[j]->Step(pf.data(), gf.data()));
+        PutFragment(p, config.tp, j, pf, &param);
+      }
+    }
+    out[p.name] = std::move(param);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+
+TrainerRank::TrainerRank(const JobConfig& config, int global)
+    : config_(config), global_(global) {
+  dp_ = global / config.tp;
+  tp_ = global % config.tp;
+}
+
+int TrainerRank::engine_index() const {
+  return config_.world() == 1 ? 0 : (global_ < config_.world() / 2 ? 0 : 1);
+}
+
+absl::Status TrainerRank::Init() {
+  int64_t total = 0;
+  for (const ModelParam& p : config_.params) {
+    const int64_t n = Numel(LocalShape(p, config_.tp));
+    offsets_.push_back(total);
+    local_numel_.push_back(n);
+    total += 2 * n;
+  }
+  CANZONA_ASSIGN_OR_RETURN(
+      SharedMemory shm,
+      SharedMemory::Create(ShmName(config_.job_id, global_, 0),
+                           static_cast<uint64_t>(total) * sizeof(float)));
+  shm_ = std::make_unique<SharedMemory>(std::move(shm));
+  float* base = static_cast<float*>(shm_->data());
+  for (size_t i = 0; i < config_.params.size(); ++i) {
+    std::vector<float> shard =
+        Shard(config_.params[i], InitialParam(config_, config_.params[i]));
+    std::memcpy(base + offsets_[i], shard.data(), shard.size() * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<float> TrainerRank::Shard(const ModelParam& p,
+                                      const std::vector<float>& full) const {
+  return Fragment(p, config_.tp, tp_, full);
+}
+
+std::vector<float> TrainerRank::ParamBuffer(int index) const {
+  const float* base = static_cast<const float*>(shm_->data()) + offsets_[index];
+  return std::vector<float>(base, base + local_numel_[index]);
+}
+
+void TrainerRank::WriteGrads(int step) {
+  float* base = static_cast<float*>(shm_->data());
+  for (size_t i = 0; i < config_.params.size(); ++i) {
+    std::vector<float> shard =
+        Shard(config_.params[i], FullGrad(config_, config_.params[i], step, dp_));
+    if (step == config_.nan_step && global_ == config_.nan_global_rank && i == 3) {
+      shard[0] = std::nanf("");
+    }
+    std::memcpy(base + offsets_[i] + local_numel_[i], shard.data(),
+                shard.size() * sizeof(float));
+  }
+}
+
+v1::RegisterRequest TrainerRank::MakeRegister() const {
+  v1::RegisterRequest r;
+  r.set_job_id(config_.job_id);
+  r.set_job_token(config_.token);
+  r.mutable_layout()->set_pp(1);
+  r.mutable_layout()->set_dp(config_.dp);
+  r.mutable_layout()->set_tp(config_.tp);
+  r.mutable_rank()->set_pp_rank(0);
+  r.mutable_rank()->set_dp_rank(dp_);
+  r.mutable_rank()->set_tp_rank(tp_);
+  r.set_strategy(config_.strategy);
+  // Small buckets so that the models span several buckets.
+  r.set_bucket_size(20000);
+  for (const char* g : {"muon", "adamw", "shampoo", "soap"}) {
+    v1::OptimizerGroup* group = r.add_groups();
+    group->set_name(g);
+    group->set_optimizer(g);
+    for (const auto& [k, v] : GroupSettings(g)) {
+      v1::Setting* s = group->add_settings();
+      s->set_key(k);
+      s->set_value(v);
+    }
+  }
+  for (size_t i = 0; i < config_.params.size(); ++i) {
+    const ModelParam& p = config_.params[i];
+    v1::Parameter* q = r.add_parameters();
+    q->set_name(p.name);
+    for (int64_t d : p.shape) q->add_shape(d);
+    q->set_dtype(v1::DTYPE_FLOAT32);
+    q->set_tp_split_dim(p.split);
+    q->set_group(p.group);
+    const uint64_t bytes = static_cast<uint64_t>(local_numel_[i]) * sizeof(float);
+    v1::ShmBufferRef* param = q->mutable_param()->mutable_shm();
+    param->set_name(shm_->name());
+    param->set_offset(offsets_[i] * sizeof(float));
+    param->set_bytes(bytes);
+    v1::ShmBufferRef* grad = q->mutable_grad()->mutable_shm();
+    grad->set_name(shm_->name());
+    grad->set_offset((offsets_[i] + local_numel_[i]) * sizeof(float));
+    grad->set_bytes(bytes);
+  }
+  return r;
+}
+
+v1::StepRequest TrainerRank::MakeStep(int64_t step) const {
+  v1::StepRequest s;
+  s.set_job_id(config_.job_id);
+  s.mutable_rank()->set_pp_rank(0);
+  s.mutable_rank()->set_dp_rank(dp_);
+  s.mutable_rank()->set_tp_rank(tp_);
+  s.set_step(step);
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+
+JobRun::JobRun(JobConfig config) : config_(std::move(config)) {}
+
+absl::Status JobRun::Init() {
+  for (int g = 0; g < config_.world(); ++g) {
+    ranks_.push_back(std::make_unique<TrainerRank>(config_, g));
+    CANZONA_RETURN_IF_ERROR(ranks_.back()->Init());
+  }
+  responses.assign(config_.world(), {});
+  registered.assign(config_.world(), {});
+  return absl::OkStatus();
+}
+
+absl::Status JobRun::RunAll(Cluster& cluster, int steps) {
+  std::vector<absl::Status> status(config_.world());
+  std::vector<std::thread> threads;
+  for (int g = 0; g < config_.world(); ++g) {
+    threads.emplace_back([&, g] {
+      TrainerRank& rank = *ranks_[g];
+      Engine& engine = *cluster.engines[rank.engine_index()];
+      Result<v1::RegisterResponse> reg;
+      engine.Register(rank.MakeRegister(), PeerInfo{}, reg.callback());
+      absl::StatusOr<v1::RegisterResponse> r = reg.Get();
+      if (!r.ok()) {
+        status[g] = r.status();
+        return;
+      }
+      registered[g] = *r;
+      for (int s = 1; s <= steps; ++s) {
+        rank.WriteGrads(s);
+        Result<v1::StepResponse> step;
+        engine.Step(rank.MakeStep(s), step.callback());
+        absl::StatusOr<v1::StepResponse> sr = step.Get();
+        if (!sr.ok()) {
+          status[g] = sr.status();
+          return;
+        }
+        responses[g].push_back(*sr);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int g = 0; g < config_.world(); ++g) {
+    if (!status[g].ok()) {
+      return absl::Status(status[g].code(), absl::StrCat("rank ", g, ": ",
+                                                         status[g].message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRun::Compare(const Params& reference, bool bitwise) const {
+  for (const auto& rank : ranks_) {
+    for (size_t i = 0; i < config_.params.size(); ++i) {
+      const ModelParam& p = config_.params[i];
+      const std::vector<float> want = rank->Shard(p, reference.at(p.name));
+      const std::vector<float> got = rank->ParamBuffer(static_cast<int>(i));
+      float scale = 0;
+      for (float w : want) scale = std::max(scale, std::fabs(w));
+      for (size_t e = 0; e < want.size(); ++e) {
+        const bool ok = bitwise ? std::memcmp(&want[e], &got[e], sizeof(float)) == 0
+                                : std::fabs(want[e] - got[e]) <= 1e-6f * scale;
+        if (!ok) {
+          return absl::InternalError(absl::StrCat(
+              "rank ", rank->global(), " parameter '", p.name, "' element ", e,
+              ": got ", got[e], ", reference ", want[e]));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRun::Deregister(Cluster& cluster) {
+  for (const auto& rank : ranks_) {
+    v1::DeregisterRequest r;
+    r.set_job_id(config_.job_id);
+    r.set_job_token(config_.token);
+    r.mutable_rank()->set_dp_rank(rank->dp_rank());
+    r.mutable_rank()->set_tp_rank(rank->tp_rank());
+    CANZONA_RETURN_IF_ERROR(
+        cluster.engines[rank->engine_index()]->Deregister(r));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace canzona::engine_test

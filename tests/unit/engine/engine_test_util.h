@@ -1,0 +1,154 @@
+// Test harness for the Engine: "two daemons" in one process (two Engines
+// sharing one InMemoryKvStore as the control plane), trainer ranks as
+// threads with POSIX shm buffers, a small Qwen3-shaped model, and a
+// single-process reference (update rules on whole matrices with the
+// DP-averaged full gradients).
+//
+//   Cluster cluster;
+//   JobRun run(MakeJobConfig("t1", /*dp=*/2, /*tp=*/2, "cost", MegatronModel()));
+//   ASSERT_OK(run.RunAll(cluster, /*steps=*/5));
+//   ASSERT_OK_AND_ASSIGN(auto ref, Reference(run.config(), 5, {}));
+//   EXPECT_OK(run.Compare(ref, /*bitwise=*/true));
+//
+// Thread-safety: a JobRun is driven by its own rank threads inside RunAll;
+// its other methods are for the test thread.
+#ifndef CANZONA_TESTS_UNIT_ENGINE_ENGINE_TEST_UTIL_H_
+#define CANZONA_TESTS_UNIT_ENGINE_ENGINE_TEST_UTIL_H_
+
+#include <cstdint>
+#include <future>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/shm/shared_memory.h"
+#include "server/control/kv_store.h"
+#include "server/engine/engine.h"
+
+namespace canzona::engine_test {
+
+struct ModelParam {
+  std::string name;
+  std::vector<int64_t> shape;
+  int split = -1;
+  std::string group;
+};
+
+// hidden 64, 2 layers, 4 query heads and 2 kv heads of 16, ffn 128, vocab
+// 128; fused qkv / gate_up (Megatron) or separate projections (HF).
+std::vector<ModelParam> MegatronModel();
+std::vector<ModelParam> HfModel();
+
+struct JobConfig {
+  std::string job_id;
+  int dp = 1;
+  int tp = 1;
+  std::string strategy = "cost";
+  std::vector<ModelParam> params;
+  bool exact = true;  // gradients: small multiples of 2^-12 (exact sums)
+  uint64_t seed = 1;
+  std::string token = "secret";
+  // Step at which (dp, tp) = nan_rank injects a NaN gradient (0: never).
+  int nan_step = 0;
+  int nan_global_rank = 0;
+  int world() const { return dp * tp; }
+};
+
+// A unique job id (pid + counter): shm names never collide across tests.
+std::string UniqueJobId(const std::string& stem);
+
+struct Cluster {
+  explicit Cluster(absl::Duration step_timeout = absl::Seconds(20),
+                   absl::Duration register_timeout = absl::Seconds(20));
+  ~Cluster();
+  InMemoryKvStore kv;
+  std::unique_ptr<Engine> engines[2];
+};
+
+// Every value of the reference: full matrices per parameter, by name.
+using Params = std::map<std::string, std::vector<float>>;
+
+// The initial full parameters and the full gradient of (step, dp rank).
+std::vector<float> InitialParam(const JobConfig& config, const ModelParam& p);
+std::vector<float> FullGrad(const JobConfig& config, const ModelParam& p,
+                            int step, int dp_rank);
+
+// The single-process reference after `steps` (skipping `skip_steps`). With
+// `fragment_param`, that parameter is updated per TP fragment instead of
+// whole (the negative control).
+absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
+                                 const std::set<int>& skip_steps,
+                                 const std::string& fragment_param = "");
+
+template <typename T>
+struct Result {
+  Result() : future(promise->get_future()) {}
+  std::shared_ptr<std::promise<absl::StatusOr<T>>> promise =
+      std::make_shared<std::promise<absl::StatusOr<T>>>();
+  std::future<absl::StatusOr<T>> future;
+  Callback<T> callback() {
+    auto p = promise;
+    return [p](absl::StatusOr<T> r) { p->set_value(std::move(r)); };
+  }
+  absl::StatusOr<T> Get() { return future.get(); }
+};
+
+// One trainer rank: its shm object, register request and step calls.
+class TrainerRank {
+ public:
+  TrainerRank(const JobConfig& config, int global);
+  absl::Status Init();  // creates and fills the shm object
+
+  int global() const { return global_; }
+  int dp_rank() const { return dp_; }
+  int tp_rank() const { return tp_; }
+  // Which of the two engines serves it: the first half of the world on 0.
+  int engine_index() const;
+  canzona::v1::RegisterRequest MakeRegister() const;
+  canzona::v1::StepRequest MakeStep(int64_t step) const;
+  void WriteGrads(int step);
+  // This rank's shard of the parameter / its buffer.
+  std::vector<float> Shard(const ModelParam& p,
+                           const std::vector<float>& full) const;
+  std::vector<float> ParamBuffer(int index) const;
+  const JobConfig& config() const { return config_; }
+
+ private:
+  JobConfig config_;
+  int global_, dp_, tp_;
+  std::vector<int64_t> offsets_;  // per param: param at off, grad at off+n
+  std::vector<int64_t> local_numel_;
+  std::unique_ptr<SharedMemory> shm_;
+};
+
+// A job: its ranks on the two engines, run to completion.
+class JobRun {
+ public:
+  explicit JobRun(JobConfig config);
+  absl::Status Init();
+  // Registers every rank, runs `steps` steps on all, from threads.
+  absl::Status RunAll(Cluster& cluster, int steps);
+  // Compares every rank's parameter buffers with the reference shards;
+  // error names the first mismatching parameter and rank.
+  absl::Status Compare(const Params& reference, bool bitwise) const;
+  absl::Status Deregister(Cluster& cluster);
+
+  const JobConfig& config() const { return config_; }
+  std::vector<std::unique_ptr<TrainerRank>>& ranks() { return ranks_; }
+  // Step responses per rank (global rank) per step.
+  std::vector<std::vector<canzona::v1::StepResponse>> responses;
+  std::vector<canzona::v1::RegisterResponse> registered;
+
+ private:
+  JobConfig config_;
+  std::vector<std::unique_ptr<TrainerRank>> ranks_;
+};
+
+}  // namespace canzona::engine_test
+
+#endif  // CANZONA_TESTS_UNIT_ENGINE_ENGINE_TEST_UTIL_H_
