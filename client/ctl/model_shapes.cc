@@ -5,6 +5,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/base/status_macros.h"
 #include "server/plan/model_config.h"
 
@@ -14,6 +15,9 @@ std::string ResolveModelsDir(const std::string& flag) {
   if (!flag.empty()) return flag;
   if (const char* env = std::getenv("CANZONA_MODELS_DIR"); env && *env) {
     return env;
+  }
+  if (const char* env = std::getenv("CANZONA_SHARED_DIR"); env && *env) {
+    return absl::StrCat(env, "/models");
   }
 #ifdef CANZONA_DEFAULT_MODELS_DIR
   return CANZONA_DEFAULT_MODELS_DIR;

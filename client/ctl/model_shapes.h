@@ -19,7 +19,8 @@ struct MatrixShape {
   int64_t cols = 0;
 };
 
-// `flag` when set, else $CANZONA_MODELS_DIR, else the source tree's
+// `flag` when set, else $CANZONA_MODELS_DIR, else $CANZONA_SHARED_DIR/models,
+// else the source tree's
 // ../shared/models (compiled in as CANZONA_DEFAULT_MODELS_DIR).
 std::string ResolveModelsDir(const std::string& flag);
 

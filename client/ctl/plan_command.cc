@@ -17,15 +17,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/ctl/commands.h"
+#include "client/ctl/model_shapes.h"
 #include "nlohmann/json.hpp"
 #include "server/plan/cost_model.h"
 #include "server/plan/model_config.h"
 #include "server/plan/plan_json.h"
 #include "server/plan/planner.h"
-
-#ifndef CANZONA_DEFAULT_MODELS_DIR
-#define CANZONA_DEFAULT_MODELS_DIR "../shared/models"
-#endif
 
 namespace canzona::ctl {
 namespace {
@@ -52,6 +49,8 @@ struct PlanOptions {
   bool compare = false;
   bool grid = false;
   bool assignment = false;
+  std::string target;  // a daemon: show its live job `job`'s plan
+  std::string job;
 };
 
 [[noreturn]] void Fail(const std::string& message) {
@@ -65,14 +64,7 @@ T OrFail(absl::StatusOr<T> value) {
 }
 
 std::string ModelsDir(const PlanOptions& o) {
-  if (!o.models_dir.empty()) return o.models_dir;
-  if (const char* env = std::getenv("CANZONA_MODELS_DIR"); env && *env) {
-    return env;
-  }
-  if (const char* env = std::getenv("CANZONA_SHARED_DIR"); env && *env) {
-    return absl::StrCat(env, "/models");
-  }
-  return CANZONA_DEFAULT_MODELS_DIR;
+  return ResolveModelsDir(o.models_dir);
 }
 
 int64_t WholeCount(double value, const char* flag) {
@@ -141,72 +133,95 @@ std::string Bytes(double v) {
   return absl::StrFormat("%.3g %s", v, units[u]);
 }
 
-void PrintPlan(const Plan& p, double ms, const std::string& title) {
-  const char* unit = p.calibrated ? "s" : "flop";
+// Prints a plan from its JSON form (plan_json.h), so a plan computed here
+// and a live job's plan fetched from a daemon print the same way.
+void PrintPlan(const nlohmann::json& p, const std::string& title) {
+  const bool calibrated = p.value("calibrated", false);
+  const char* unit = calibrated ? "s" : "flop";
+  const nlohmann::json& layout = p["layout"];
   std::cout << title << "\n";
   std::cout << absl::StrFormat(
-      "  strategy %s  gpus %d (pp %d x dp %d x tp %d)  objective %s  planned "
-      "in %.1f ms\n",
-      plan::StrategyName(p.strategy), p.per_gpu.size(), p.layout.pp,
-      p.layout.dp, p.layout.tp, p.calibrated ? "seconds (calibrated)" : "flops",
-      ms);
-  if (p.strategy == Strategy::kAlpha) {
-    std::cout << absl::StrFormat("  alpha %.3g: greedy plan %s\n", p.alpha,
-                                 p.alpha_accepted
-                                     ? "accepted"
-                                     : "rejected (start_anchored kept)");
+      "  strategy %s  gpus %d (pp %d x dp %d x tp %d)  objective %s",
+      p["strategy"].get<std::string>(), p["gpus"].get<int>(),
+      layout["pp"].get<int>(), layout["dp"].get<int>(), layout["tp"].get<int>(),
+      calibrated ? "seconds (calibrated)" : "flops");
+  if (p.contains("planning_ms")) {
+    std::cout << absl::StrFormat("  planned in %.1f ms",
+                                 p["planning_ms"].get<double>());
   }
-  std::cout << absl::StrFormat(
-      "  makespan      %s %s (%.4g s)   mean %s %s\n", Human(p.makespan), unit,
-      p.makespan_seconds, Human(p.mean), unit);
+  std::cout << "\n";
+  if (p["strategy"] == "alpha") {
+    std::cout << absl::StrFormat(
+        "  alpha %.3g: greedy plan %s\n", p["alpha"].get<double>(),
+        p["alpha_accepted"].get<bool>() ? "accepted"
+                                        : "rejected (start_anchored kept)");
+  }
+  std::cout << absl::StrFormat("  makespan      %s %s (%.4g s)   mean %s %s\n",
+                               Human(p["makespan"].get<double>()), unit,
+                               p["makespan_seconds"].get<double>(),
+                               Human(p["mean"].get<double>()), unit);
   std::cout << absl::StrFormat(
       "  LB            %s %s (binding: %s)   lower_bound %s %s (proven)\n",
-      Human(p.lb), unit, p.lb_binding, Human(p.lower_bound), unit);
+      Human(p["lb"].get<double>()), unit, p["lb_binding"].get<std::string>(),
+      Human(p["lower_bound"].get<double>()), unit);
   std::cout << absl::StrFormat(
       "  makespan/LB   %.4f   makespan/lower_bound %.4f   lower_bound/LB "
       "%.4f   max/mean %.4f\n",
-      p.makespan_over_lb(), p.makespan_over_lower_bound(),
-      p.lower_bound_over_lb(), p.max_over_mean());
+      p["makespan_over_lb"].get<double>(),
+      p["makespan_over_lower_bound"].get<double>(),
+      p["lower_bound_over_lb"].get<double>(), p["max_over_mean"].get<double>());
   std::cout << absl::StrFormat("  state memory  max %s  mean %s per GPU\n",
-                               Bytes(p.memory_max_bytes),
-                               Bytes(p.memory_mean_bytes));
+                               Bytes(p["memory"]["max_bytes"].get<double>()),
+                               Bytes(p["memory"]["mean_bytes"].get<double>()));
   std::cout << "  comm per GPU per step (busiest GPU):\n";
-  for (const auto& [kind, c] : p.comm) {
-    if (c.calls == 0) continue;
-    std::cout << absl::StrFormat("    %-15s %6d calls  %s", kind, c.calls,
-                                 Bytes(c.bytes));
-    if (c.padded_bytes != c.bytes) {
-      std::cout << absl::StrFormat("  (padded %s)", Bytes(c.padded_bytes));
+  const nlohmann::json& comm = p["comm"];
+  for (const auto& [kind, c] : comm.items()) {
+    if (!c.is_object() || !c.contains("calls") ||
+        c["calls"].get<int64_t>() == 0) {
+      continue;
+    }
+    std::cout << absl::StrFormat("    %-15s %6d calls  %s", kind,
+                                 c["calls"].get<int64_t>(),
+                                 Bytes(c["bytes"].get<double>()));
+    if (c["padded_bytes"].get<double>() != c["bytes"].get<double>()) {
+      std::cout << absl::StrFormat("  (padded %s)",
+                                   Bytes(c["padded_bytes"].get<double>()));
     }
     std::cout << "\n";
   }
   std::cout << absl::StrFormat(
-      "  buckets %d   max slice imbalance (max/mean) %.4f\n", p.buckets.size(),
-      p.max_bucket_slice_imbalance);
+      "  buckets %d   max slice imbalance (max/mean) %.4f\n",
+      comm["buckets"].get<int>(),
+      comm["max_bucket_slice_imbalance"].get<double>());
+  const nlohmann::json& groups = p["micro_groups"];
   std::cout << absl::StrFormat(
       "  micro-groups %d (max %d per TP group)   largest group per-host load "
       "%s %s   TP pipeline %s %s\n",
-      p.micro_groups.size(), p.max_micro_groups_per_tp_group,
-      Human(p.largest_group_host_load), unit, Human(p.tp_pipeline_makespan),
-      unit);
-  std::cout << "  digest " << p.digest << "\n";
+      groups["count"].get<int>(), groups["max_per_tp_group"].get<int>(),
+      Human(groups["largest_host_load"].get<double>()), unit,
+      Human(groups["tp_pipeline_makespan"].get<double>()), unit);
+  std::cout << "  digest " << p["digest"].get<std::string>() << "\n";
   // Per-GPU table: all of them when small, else the busiest.
-  std::vector<size_t> order(p.per_gpu.size());
+  const nlohmann::json& per_gpu = p["per_gpu"];
+  const char* objective = calibrated ? "seconds" : "flops";
+  std::vector<size_t> order(per_gpu.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   const bool all = order.size() <= 64;
   if (!all) {
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return p.per_gpu[a].objective > p.per_gpu[b].objective;
+      return per_gpu[a][objective].get<double>() >
+             per_gpu[b][objective].get<double>();
     });
     order.resize(8);
   }
   std::cout << (all ? "  per GPU:\n" : "  busiest GPUs:\n");
   std::cout << "    stage   dp   tp        flops     seconds   state\n";
   for (size_t i : order) {
-    const auto& g = p.per_gpu[i];
-    std::cout << absl::StrFormat("    %5d %4d %4d %12s %11.4g %9s\n", g.stage,
-                                 g.dp, g.tp, Human(g.flops), g.seconds,
-                                 Bytes(g.state_bytes));
+    const nlohmann::json& g = per_gpu[i];
+    std::cout << absl::StrFormat(
+        "    %5d %4d %4d %12s %11.4g %9s\n", g["stage"].get<int>(),
+        g["dp"].get<int>(), g["tp"].get<int>(), Human(g["flops"].get<double>()),
+        g["seconds"].get<double>(), Bytes(g["state_bytes"].get<double>()));
   }
 }
 
@@ -234,8 +249,8 @@ void PrintCompare(const std::vector<Timed>& plans) {
 }
 
 void RunGrid(const PlanOptions& o) {
-  const std::vector<std::string> models = {"qwen3-8b", "qwen3-14b",
-                                           "qwen3-32b", "qwen3-30b-a3b"};
+  const std::vector<std::string> models = {"qwen3-8b", "qwen3-14b", "qwen3-32b",
+                                           "qwen3-30b-a3b"};
   const std::vector<std::string> layouts = {"megatron", "hf"};
   const std::vector<std::pair<int, int>> sizes = {
       {8, 8}, {16, 4}, {32, 8}, {64, 4}, {128, 2}};
@@ -254,8 +269,10 @@ void RunGrid(const PlanOptions& o) {
     for (const auto& layout : layouts) {
       for (auto [dp, tp] : sizes) {
         PlanRequest req = MakeRequest(o, model, layout, o.pp, dp, tp);
-        nlohmann::json row = {{"model", model}, {"layout", layout},
-                              {"pp", o.pp},     {"dp", dp},
+        nlohmann::json row = {{"model", model},
+                              {"layout", layout},
+                              {"pp", o.pp},
+                              {"dp", dp},
                               {"tp", tp}};
         std::string line;
         double cost_ms = 0;
@@ -269,11 +286,10 @@ void RunGrid(const PlanOptions& o) {
             row["lower_bound_over_lb"] = p.lower_bound_over_lb();
             row["lb_binding"] = p.lb_binding;
           }
-          absl::StrAppend(&line,
-                          absl::StrFormat(" | %6.3f %6.3f %7.3f",
-                                          p.makespan_over_lb(),
-                                          p.makespan_over_lower_bound(),
-                                          p.max_over_mean()));
+          absl::StrAppend(&line, absl::StrFormat(" | %6.3f %6.3f %7.3f",
+                                                 p.makespan_over_lb(),
+                                                 p.makespan_over_lower_bound(),
+                                                 p.max_over_mean()));
           row[plan::StrategyName(s)] = {
               {"makespan_over_lb", p.makespan_over_lb()},
               {"makespan_over_lower_bound", p.makespan_over_lower_bound()},
@@ -293,7 +309,34 @@ void RunGrid(const PlanOptions& o) {
   if (o.json) std::cout << rows.dump(2) << "\n";
 }
 
+// A live job's plan, fetched from its daemon (the same JSON the planner
+// emits, computed there from the job's registration).
+void RunLive(const PlanOptions& o) {
+  if (o.job.empty()) Fail("--job is required with --target");
+  std::unique_ptr<Client> client = ConnectOrExit(o.target);
+  absl::StatusOr<canzona::v1::GetPlanResponse> response =
+      client->GetPlan(o.job);
+  if (!response.ok()) {
+    throw CanzonactlExit(
+        response.status().code() == absl::StatusCode::kNotFound ? 2 : 1,
+        absl::StrCat("plan: ", response.status().message()));
+  }
+  nlohmann::json j = nlohmann::json::parse(response->plan_json(), nullptr,
+                                           /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    throw CanzonactlExit(1, "plan: the daemon sent bad JSON");
+  if (o.json) {
+    std::cout << j.dump(2) << "\n";
+  } else {
+    PrintPlan(j, absl::StrCat("job ", o.job, " at ", client->target()));
+  }
+}
+
 void Run(const PlanOptions& o) {
+  if (!o.target.empty() || !o.job.empty()) {
+    RunLive(o);
+    return;
+  }
   if (o.grid) {
     RunGrid(o);
     return;
@@ -323,16 +366,15 @@ void Run(const PlanOptions& o) {
     return;
   }
   Timed t = RunPlan(req, strategy);
+  nlohmann::json j = plan::PlanToJson(t.plan, o.assignment);
+  j["model"] = o.model;
+  j["layout_name"] = o.layout;
+  j["planning_ms"] = t.ms;
   if (o.json) {
-    nlohmann::json j = plan::PlanToJson(t.plan, o.assignment);
-    j["model"] = o.model;
-    j["layout_name"] = o.layout;
-    j["planning_ms"] = t.ms;
     std::cout << j.dump(2) << "\n";
   } else {
-    PrintPlan(t.plan, t.ms,
-              absl::StrFormat("%s, layout %s, %s", o.model, o.layout,
-                              o.optimizer));
+    PrintPlan(j, absl::StrFormat("%s, layout %s, %s", o.model, o.layout,
+                                 o.optimizer));
   }
 }
 
@@ -347,7 +389,8 @@ void AddPlanCommand(CLI::App& app) {
   cmd->add_option("--layout", opts->layout, "megatron or hf")
       ->capture_default_str();
   cmd->add_option("--pp", opts->pp, "pipeline stages")->capture_default_str();
-  cmd->add_option("--dp", opts->dp, "data-parallel size")->capture_default_str();
+  cmd->add_option("--dp", opts->dp, "data-parallel size")
+      ->capture_default_str();
   cmd->add_option("--tp", opts->tp, "tensor-parallel size")
       ->capture_default_str();
   cmd->add_option("--optimizer", opts->optimizer,
@@ -378,6 +421,9 @@ void AddPlanCommand(CLI::App& app) {
                 "(dp,tp) grid, all strategies");
   cmd->add_flag("--assignment", opts->assignment,
                 "with --json: include each parameter's (dp, tp)");
+  cmd->add_option("--target", opts->target,
+                  "a daemon's address: show the live plan of --job there");
+  cmd->add_option("--job", opts->job, "the live job (with --target)");
   cmd->callback([opts] { Run(*opts); });
 }
 
