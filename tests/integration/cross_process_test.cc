@@ -1,0 +1,260 @@
+// Two canzonad processes ("two nodes") on loopback and one trainer process
+// per rank talking to them through the C++ client: after 5 steps every
+// rank's parameters equal the single-process reference (update rules on
+// whole matrices with the DP-averaged gradients), bitwise on exact-sum
+// gradients. A killed trainer makes its peers fail within the timeout while
+// the daemons keep serving.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/lib/client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/matchers/status_matchers.h"
+#include "tests/unit/engine/engine_test_util.h"
+
+namespace canzona {
+namespace {
+
+using engine_test::HfModel;
+using engine_test::JobConfig;
+using engine_test::MegatronModel;
+using engine_test::TrainerRank;
+
+// Child exit codes, so the parent can tell what went wrong.
+enum ChildExit {
+  kOk = 0,
+  kConnect = 10,
+  kRegister,
+  kStep,
+  kMismatch,
+  kExpectFail
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Two daemons: A coordinates (TCP on a free port), B joins it.
+class Daemons {
+ public:
+  explicit Daemons(double step_timeout_s = 20) {
+    dir_ =
+        absl::StrCat(::testing::TempDir(), "/xproc_", getpid(), "_", ++count_);
+    ::mkdir(dir_.c_str(), 0755);
+    a_ = Spawn({"--unix-socket", Socket(0), "--listen", "127.0.0.1:0",
+                "--daemon-id", "a", "--ready-file", dir_ + "/a.ready",
+                "--step-timeout", std::to_string(step_timeout_s),
+                "--register-timeout", "30", "--backend", "cpu"},
+               dir_ + "/a.log");
+    const std::string ready = WaitReady(dir_ + "/a.ready");
+    const size_t at = ready.find("\"tcp_port\": ");
+    port_ = std::stoi(ready.substr(at + 12));
+    b_ = Spawn(
+        {"--unix-socket", Socket(1), "--coordinator",
+         absl::StrCat("127.0.0.1:", port_), "--daemon-id", "b", "--ready-file",
+         dir_ + "/b.ready", "--step-timeout", std::to_string(step_timeout_s),
+         "--register-timeout", "30", "--backend", "cpu"},
+        dir_ + "/b.log");
+    WaitReady(dir_ + "/b.ready");
+  }
+  ~Daemons() {
+    for (pid_t pid : {a_, b_}) {
+      if (pid > 0) ::kill(pid, SIGTERM);
+    }
+    for (pid_t pid : {a_, b_}) {
+      int status = 0;
+      if (pid > 0) ::waitpid(pid, &status, 0);
+      // A clean SIGTERM shutdown exits 0.
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+          << "daemon " << pid << " status " << status << "\n"
+          << ReadFile(dir_ + "/a.log") << ReadFile(dir_ + "/b.log");
+    }
+  }
+  std::string Socket(int i) const {
+    return absl::StrCat(dir_, i == 0 ? "/a.sock" : "/b.sock");
+  }
+  std::string Target(int i) const { return "unix:" + Socket(i); }
+  bool Alive() const { return ::kill(a_, 0) == 0 && ::kill(b_, 0) == 0; }
+
+ private:
+  pid_t Spawn(std::vector<std::string> args, const std::string& log) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      FILE* out = std::freopen(log.c_str(), "w", stderr);
+      (void)out;
+      std::vector<char*> argv;
+      std::string path = CANZONAD_PATH;
+      argv.push_back(path.data());
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::setenv("OPENBLAS_NUM_THREADS", "1", 1);
+      ::execv(path.c_str(), argv.data());
+      ::_exit(127);
+    }
+    return pid;
+  }
+  std::string WaitReady(const std::string& path) {
+    for (int i = 0; i < 200; ++i) {
+      std::string text = ReadFile(path);
+      if (!text.empty()) return text;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    ADD_FAILURE() << "daemon not ready: " << path;
+    return "{\"tcp_port\": 0}";
+  }
+
+  static inline int count_ = 0;
+  std::string dir_;
+  pid_t a_ = -1, b_ = -1;
+  int port_ = 0;
+};
+
+// The trainer process of one rank: registers, runs `steps` steps, and
+// checks its own parameter buffers against the reference.
+enum class Mode { kNormal, kDieAfterRegister, kExpectStepFailure };
+
+[[noreturn]] void RunTrainer(const Daemons& daemons, const JobConfig& config,
+                             int global, int steps, Mode mode) {
+  const bool expect_step_failure = mode == Mode::kExpectStepFailure;
+  TrainerRank rank(config, global);
+  if (!rank.Init().ok()) ::_exit(kConnect);
+  Client::Options options;
+  options.job_token = config.token;
+  options.step_timeout = absl::Seconds(60);
+  auto client = Client::Connect(daemons.Target(rank.engine_index()), options);
+  if (!client.ok()) ::_exit(kConnect);
+  auto registered = (*client)->Register(rank.MakeRegister());
+  if (!registered.ok()) {
+    std::fprintf(stderr, "rank %d register: %s\n", global,
+                 std::string(registered.status().message()).c_str());
+    ::_exit(kRegister);
+  }
+  // A trainer that crashes: no Step, no Deregister, connection gone.
+  if (mode == Mode::kDieAfterRegister) ::_exit(kOk);
+  for (int s = 1; s <= steps; ++s) {
+    rank.WriteGrads(s);
+    auto step = (*client)->Step(rank.MakeStep(s));
+    if (!step.ok()) {
+      std::fprintf(stderr, "rank %d step %d: %s\n", global, s,
+                   std::string(step.status().message()).c_str());
+      ::_exit(expect_step_failure ? kExpectFail : kStep);
+    }
+  }
+  if (expect_step_failure) ::_exit(kStep);
+  auto reference = engine_test::Reference(config, steps, {});
+  if (!reference.ok()) ::_exit(kMismatch);
+  for (size_t i = 0; i < config.params.size(); ++i) {
+    const auto& p = config.params[i];
+    if (rank.ParamBuffer(static_cast<int>(i)) !=
+        rank.Shard(p, reference->at(p.name))) {
+      std::fprintf(stderr, "rank %d: %s differs from the reference\n", global,
+                   p.name.c_str());
+      ::_exit(kMismatch);
+    }
+  }
+  (void)(*client)->Deregister(config.job_id, rank.MakeStep(1).rank());
+  ::_exit(kOk);
+}
+
+std::vector<pid_t> StartTrainers(const Daemons& daemons,
+                                 const JobConfig& config, int steps,
+                                 int killed_rank = -1) {
+  std::vector<pid_t> pids;
+  for (int g = 0; g < config.world(); ++g) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      if (g == killed_rank) {
+        RunTrainer(daemons, config, g, steps, Mode::kDieAfterRegister);
+      }
+      RunTrainer(daemons, config, g, steps,
+                 killed_rank >= 0 ? Mode::kExpectStepFailure : Mode::kNormal);
+    }
+    pids.push_back(pid);
+  }
+  return pids;
+}
+
+int WaitExit(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+using Case =
+    std::tuple<int, int, std::string, std::string>;  // dp tp layout strategy
+
+class CrossProcessTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CrossProcessTest, EveryRankEqualsTheSingleProcessReferenceBitwise) {
+  const auto& [dp, tp, layout, strategy] = GetParam();
+  Daemons daemons;
+  JobConfig config;
+  config.job_id = engine_test::UniqueJobId("xp");
+  config.dp = dp;
+  config.tp = tp;
+  config.strategy = strategy;
+  config.params = layout == "megatron" ? MegatronModel() : HfModel();
+  config.exact = true;
+  std::vector<pid_t> pids = StartTrainers(daemons, config, 5);
+  for (size_t g = 0; g < pids.size(); ++g) {
+    EXPECT_EQ(WaitExit(pids[g]), kOk) << "rank " << g;
+  }
+  EXPECT_TRUE(daemons.Alive());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, CrossProcessTest,
+    ::testing::Values(Case{1, 1, "hf", "cost"}, Case{2, 1, "megatron", "alpha"},
+                      Case{4, 1, "hf", "start_anchored"},
+                      Case{1, 2, "megatron", "cost"}, Case{2, 2, "hf", "cost"},
+                      Case{2, 2, "megatron", "layerwise"},
+                      Case{1, 4, "megatron", "sc"}),
+    [](const auto& info) {
+      return absl::StrCat("dp", std::get<0>(info.param), "tp",
+                          std::get<1>(info.param), "_", std::get<2>(info.param),
+                          "_", std::get<3>(info.param));
+    });
+
+TEST(CrossProcessFailureTest, KilledTrainerFailsItsPeersWithinTheTimeout) {
+  Daemons daemons(/*step_timeout_s=*/3);
+  JobConfig config;
+  config.job_id = engine_test::UniqueJobId("xkill");
+  config.dp = 2;
+  config.tp = 1;
+  config.params = HfModel();
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<pid_t> pids =
+      StartTrainers(daemons, config, 3, /*killed_rank=*/1);
+  EXPECT_EQ(WaitExit(pids[1]), kOk);          // registered, then died
+  EXPECT_EQ(WaitExit(pids[0]), kExpectFail);  // its step failed, no hang
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  EXPECT_LT(seconds, 30.0);
+  // The daemons keep serving: a new job runs to completion.
+  EXPECT_TRUE(daemons.Alive());
+  JobConfig next = config;
+  next.job_id = engine_test::UniqueJobId("xafter");
+  std::vector<pid_t> after = StartTrainers(daemons, next, 3);
+  for (pid_t pid : after) EXPECT_EQ(WaitExit(pid), kOk);
+}
+
+}  // namespace
+}  // namespace canzona
