@@ -186,6 +186,14 @@ struct RankRuntime {
   std::vector<Bucket> buckets;
   bool sliced = false;  // reduce-scatter / all-gather by plan cuts
   std::vector<const plan::MicroGroup*> groups;  // my (stage, dp) groups
+  // Per micro group (the pipeline has two groups in flight besides the one
+  // computing, so each needs its own buffers).
+  struct GroupBuffers {
+    int64_t hosted_here = 0;  // local elements of the params hosted here
+    std::vector<int64_t> send_counts, recv_counts, back_send, back_recv;
+    std::vector<float> send, recv, back, back_in;
+  };
+  std::vector<GroupBuffers> group_buffers;
   std::vector<int> redundant;  // plan indices, redundant mode, dp-owned
 
   std::vector<float> gstage, pstage, pold, tmp;
@@ -414,9 +422,10 @@ class EngineImpl final : public Engine {
   absl::Status Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
                         const v1::StepRequest& request,
                         v1::StepResponse* response);
-  absl::Status RunMicroGroup(Job& job, LocalRank& rank, const JobPlan& jp,
-                             const plan::MicroGroup& group,
-                             const std::map<std::string, float>& lr, v1::PhaseTimes* t);
+  // The TP micro-group pipeline of this rank's (stage, DP rank).
+  absl::Status RunMicroGroups(Job& job, LocalRank& rank, const JobPlan& jp,
+                              const std::map<std::string, float>& lr,
+                              v1::PhaseTimes* times);
 
   // Waits for a control-plane key in slices; fails early on shutdown or
   // when the job failed.
@@ -1177,6 +1186,7 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank, const JobPlan& jp)
   for (const plan::MicroGroup& g : plan.micro_groups) {
     if (g.stage == pp && g.dp == d) rt->groups.push_back(&g);
   }
+  rt->group_buffers.resize(rt->groups.size());
   rt->full_g.reserve(max_full);
   rt->full_p.reserve(max_full);
 
@@ -1429,9 +1439,7 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
 
   // 4. TP: hosted micro groups (sliced strategies), or every TP rank
   // gathering whole matrices and updating them redundantly (sc, layerwise).
-  for (const plan::MicroGroup* g : rt.groups) {
-    CANZONA_RETURN_IF_ERROR(RunMicroGroup(job, rank, jp, *g, lr, times));
-  }
+  CANZONA_RETURN_IF_ERROR(RunMicroGroups(job, rank, jp, lr, times));
   const int TP = job.layout.tp(), t = rank.coords.tp_rank();
   for (int i : rt.redundant) {
     const ParamMeta& m = jp.params[i];
@@ -1516,54 +1524,66 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
   return absl::OkStatus();
 }
 
-absl::Status EngineImpl::RunMicroGroup(Job& job, LocalRank& rank,
-                                       const JobPlan& jp,
-                                       const plan::MicroGroup& group,
-                                       const std::map<std::string, float>& lr,
-                                       v1::PhaseTimes* times) {
-  RankRuntime& rt = *rank.rt;
-  const int TP = job.layout.tp(), t = rank.coords.tp_rank();
+namespace {
+
+// The three parts of one micro group. Gather and Scatter touch only the TP
+// communicator and the group's own buffers and parameter slots (disjoint
+// from every other group's), so they can run on the comm thread while
+// Compute of a neighbouring group runs on the worker.
+
+// Packs [grad, param] of every fragment per host and runs the fused
+// all-to-all that brings each host its matrices' fragments.
+absl::Status GatherGroup(RankRuntime& rt, const JobPlan& jp, int TP, int t,
+                         const plan::MicroGroup& group,
+                         RankRuntime::GroupBuffers& b) {
   const std::vector<int>& ps = group.params;
-  // Gather: [grad, param] of every fragment to its host.
-  absl::Time t0 = absl::Now();
-  std::vector<int64_t> send_counts(TP, 0), recv_counts(TP, 0);
-  int64_t hosted_here = 0;
+  b.send_counts.assign(TP, 0);
+  b.recv_counts.assign(TP, 0);
+  b.back_send.assign(TP, 0);
+  b.back_recv.assign(TP, 0);
+  b.hosted_here = 0;
   for (int i : ps) {
     const int h = jp.plan.tp_host[i];
-    send_counts[h] += 2 * jp.params[i].local_numel;
-    if (h == t) hosted_here += jp.params[i].local_numel;
+    b.send_counts[h] += 2 * jp.params[i].local_numel;
+    b.back_recv[h] += jp.params[i].local_numel;
+    if (h == t) b.hosted_here += jp.params[i].local_numel;
   }
-  for (int j = 0; j < TP; ++j) recv_counts[j] = 2 * hosted_here;
-  rt.send.clear();
+  for (int j = 0; j < TP; ++j) {
+    b.recv_counts[j] = 2 * b.hosted_here;
+    b.back_send[j] = b.hosted_here;
+  }
+  b.send.clear();
   for (int h = 0; h < TP; ++h) {
     for (int i : ps) {
       if (jp.plan.tp_host[i] != h) continue;
       const int64_t n = jp.params[i].local_numel;
       const float* g = rt.gstage.data() + rt.offset[i];
       const float* p = rt.pstage.data() + rt.offset[i];
-      rt.send.insert(rt.send.end(), g, g + n);
-      rt.send.insert(rt.send.end(), p, p + n);
+      b.send.insert(b.send.end(), g, g + n);
+      b.send.insert(b.send.end(), p, p + n);
     }
   }
-  rt.recv.resize(2 * hosted_here * TP);
-  CANZONA_RETURN_IF_ERROR(
-      rt.tp->AllToAllV(rt.send.data(), send_counts, rt.recv.data(), recv_counts));
-  absl::Time t1 = absl::Now();
-  times->set_tp_gather(times->tp_gather() + Seconds(t0, t1));
+  b.recv.resize(2 * b.hosted_here * TP);
+  return rt.tp->AllToAllV(b.send.data(), b.send_counts, b.recv.data(),
+                          b.recv_counts);
+}
 
-  // Host: whole-matrix updates; the updated fragments packed per rank.
-  std::vector<int64_t> back_send(TP, hosted_here), back_recv(TP, 0);
-  for (int i : ps) back_recv[jp.plan.tp_host[i]] += jp.params[i].local_numel;
-  std::vector<float> back(hosted_here * TP);
-  int64_t at = 0;  // offset of the parameter in each rank's recv slice
-  for (int i : ps) {
+// On the host: assembles each whole matrix (dim 1 fragments interleave
+// rows), runs its rule, and packs the updated fragments per rank.
+absl::Status ComputeGroup(RankRuntime& rt, const JobPlan& jp, int TP, int t,
+                          const plan::MicroGroup& group,
+                          const std::map<std::string, float>& lr,
+                          RankRuntime::GroupBuffers& b) {
+  b.back.resize(b.hosted_here * TP);
+  int64_t at = 0;  // offset of the parameter in each rank's slice
+  for (int i : group.params) {
     if (jp.plan.tp_host[i] != t) continue;
     const ParamMeta& m = jp.params[i];
     const int64_t n = m.local_numel;
     rt.full_g.resize(m.numel);
     rt.full_p.resize(m.numel);
     for (int j = 0; j < TP; ++j) {
-      float* frag = rt.recv.data() + 2 * hosted_here * j + 2 * at;
+      float* frag = b.recv.data() + 2 * b.hosted_here * j + 2 * at;
       MoveFragment(m, TP, j, frag, rt.full_g.data(), true);
       MoveFragment(m, TP, j, frag + n, rt.full_p.data(), true);
     }
@@ -1573,32 +1593,133 @@ absl::Status EngineImpl::RunMicroGroup(Job& job, LocalRank& rank,
     CANZONA_RETURN_IF_ERROR(
         rt.rules.at(i)->Step(rt.full_p.data(), rt.full_g.data(), o));
     for (int j = 0; j < TP; ++j) {
-      MoveFragment(m, TP, j, back.data() + hosted_here * j + at,
+      MoveFragment(m, TP, j, b.back.data() + b.hosted_here * j + at,
                    rt.full_p.data(), false);
     }
     at += n;
   }
-  absl::Time t2 = absl::Now();
-  times->set_tp_compute(times->tp_compute() + Seconds(t1, t2));
+  return absl::OkStatus();
+}
 
-  // Scatter: updated fragments back to their ranks.
+// Returns the updated fragments to their ranks and writes them in place.
+absl::Status ScatterGroup(RankRuntime& rt, const JobPlan& jp, int TP,
+                          const plan::MicroGroup& group,
+                          RankRuntime::GroupBuffers& b) {
   int64_t total = 0;
-  for (int64_t c : back_recv) total += c;
-  rt.recv.resize(total);
-  CANZONA_RETURN_IF_ERROR(
-      rt.tp->AllToAllV(back.data(), back_send, rt.recv.data(), back_recv));
+  for (int64_t c : b.back_recv) total += c;
+  b.back_in.resize(total);
+  CANZONA_RETURN_IF_ERROR(rt.tp->AllToAllV(b.back.data(), b.back_send,
+                                           b.back_in.data(), b.back_recv));
   int64_t pos = 0;
   for (int h = 0; h < TP; ++h) {
-    for (int i : ps) {
+    for (int i : group.params) {
       if (jp.plan.tp_host[i] != h) continue;
       const int64_t n = jp.params[i].local_numel;
-      std::memcpy(rt.pstage.data() + rt.offset[i], rt.recv.data() + pos,
+      std::memcpy(rt.pstage.data() + rt.offset[i], b.back_in.data() + pos,
                   n * sizeof(float));
       pos += n;
     }
   }
-  times->set_tp_scatter(times->tp_scatter() + Seconds(t2, absl::Now()));
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EngineImpl::RunMicroGroups(Job& job, LocalRank& rank,
+                                        const JobPlan& jp,
+                                        const std::map<std::string, float>& lr,
+                                        v1::PhaseTimes* times) {
+  RankRuntime& rt = *rank.rt;
+  const int TP = job.layout.tp(), t = rank.coords.tp_rank();
+  const int n = static_cast<int>(rt.groups.size());
+  if (n == 0) return absl::OkStatus();
+  double gather_s = 0, compute_s = 0, scatter_s = 0;
+  auto gather = [&](int i) {
+    const absl::Time t0 = absl::Now();
+    absl::Status s = GatherGroup(rt, jp, TP, t, *rt.groups[i], rt.group_buffers[i]);
+    gather_s += Seconds(t0, absl::Now());
+    return s;
+  };
+  auto scatter = [&](int i) {
+    const absl::Time t0 = absl::Now();
+    absl::Status s = ScatterGroup(rt, jp, TP, *rt.groups[i], rt.group_buffers[i]);
+    scatter_s += Seconds(t0, absl::Now());
+    return s;
+  };
+  auto compute = [&](int i) {
+    const absl::Time t0 = absl::Now();
+    absl::Status s =
+        ComputeGroup(rt, jp, TP, t, *rt.groups[i], lr, rt.group_buffers[i]);
+    compute_s += Seconds(t0, absl::Now());
+    return s;
+  };
+  auto publish = [&]() {
+    times->set_tp_gather(times->tp_gather() + gather_s);
+    times->set_tp_compute(times->tp_compute() + compute_s);
+    times->set_tp_scatter(times->tp_scatter() + scatter_s);
+  };
+  if (n == 1) {
+    CANZONA_RETURN_IF_ERROR(gather(0));
+    CANZONA_RETURN_IF_ERROR(compute(0));
+    CANZONA_RETURN_IF_ERROR(scatter(0));
+    publish();
+    return absl::OkStatus();
+  }
+
+  // Two-deep pipeline: the comm thread issues G0, G1, S0, G2, S1, ...,
+  // G(n-1), S(n-2), S(n-1) on the TP communicator (the same order on every
+  // TP rank, and only this thread touches it meanwhile), so the gather of
+  // group i+1 and the scatter of group i-1 overlap the compute of group i.
+  absl::Mutex mu;
+  absl::CondVar cv;
+  int gathered = 0, computed = 0;
+  absl::Status error;
+  std::thread comm([&] {
+    auto fail = [&](absl::Status s) {
+      absl::MutexLock lock(&mu);
+      if (error.ok()) error = std::move(s);
+      gathered = n;  // releases the worker
+      cv.SignalAll();
+    };
+    auto wait_computed = [&](int k) {
+      absl::MutexLock lock(&mu);
+      while (computed < k && error.ok()) cv.Wait(&mu);
+      return error.ok();
+    };
+    for (int i = 0; i < n; ++i) {
+      if (absl::Status s = gather(i); !s.ok()) return fail(std::move(s));
+      {
+        absl::MutexLock lock(&mu);
+        gathered = i + 1;
+        cv.SignalAll();
+      }
+      if (i >= 1) {
+        if (!wait_computed(i)) return;
+        if (absl::Status s = scatter(i - 1); !s.ok()) return fail(std::move(s));
+      }
+    }
+    if (!wait_computed(n)) return;
+    if (absl::Status s = scatter(n - 1); !s.ok()) return fail(std::move(s));
+  });
+  for (int i = 0; i < n; ++i) {
+    {
+      absl::MutexLock lock(&mu);
+      while (gathered <= i && error.ok()) cv.Wait(&mu);
+      if (!error.ok()) break;
+    }
+    absl::Status s = compute(i);
+    absl::MutexLock lock(&mu);
+    if (!s.ok()) {
+      if (error.ok()) error = std::move(s);
+      cv.SignalAll();
+      break;
+    }
+    computed = i + 1;
+    cv.SignalAll();
+  }
+  comm.join();
+  publish();
+  return error;
 }
 
 // ---------------------------------------------------------------------------
