@@ -13,8 +13,20 @@
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/engine/engine_test_util.h"
 
+// OpenBLAS (the cpu backend) spins its own thread pool per call; with up to
+// eight device workers in this process on a 2-core machine that spinning
+// doubles the test's time, so each worker runs BLAS single-threaded here.
+extern "C" void openblas_set_num_threads(int num_threads);
+
 namespace canzona::engine_test {
 namespace {
+
+class SingleThreadedBlas : public ::testing::Environment {
+ public:
+  void SetUp() override { openblas_set_num_threads(1); }
+};
+const ::testing::Environment* const kBlasEnvironment =
+    ::testing::AddGlobalTestEnvironment(new SingleThreadedBlas);
 
 namespace v1 = ::canzona::v1;
 using ::canzona::testing::IsOk;
