@@ -87,7 +87,9 @@ class Worker {
     std::function<void()> cancel;
   };
 
-  Worker() { thread_ = std::thread([this] { Loop(); }); }
+  Worker() {
+    thread_ = std::thread([this] { Loop(); });
+  }
   ~Worker() { StopAndJoin(); }
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -450,7 +452,6 @@ class EngineImpl final : public Engine {
   std::vector<std::unique_ptr<Worker>> retired_ ABSL_GUARDED_BY(mu_);
 };
 
-
 // ---------------------------------------------------------------------------
 // Register: validation (inline), then the worker's control-plane part.
 
@@ -458,9 +459,8 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
                                              const PeerInfo& peer) {
   Prepared out;
   if (!ValidJobId(request.job_id())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job_id '", request.job_id(),
-                     "' must match [A-Za-z0-9_-]{1,64}"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job_id '", request.job_id(), "' must match [A-Za-z0-9_-]{1,64}"));
   }
   if (!options_.required_token.empty() &&
       request.job_token() != options_.required_token) {
@@ -473,16 +473,16 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
   if (l.tp() < 1) return absl::InvalidArgumentError("layout.tp must be >= 1");
   const v1::RankCoordinates& r = request.rank();
   if (r.pp_rank() < 0 || r.pp_rank() >= l.pp()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank.pp_rank ", r.pp_rank(), " outside [0, ", l.pp(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank.pp_rank ", r.pp_rank(), " outside [0, ", l.pp(), ")"));
   }
   if (r.dp_rank() < 0 || r.dp_rank() >= l.dp()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank.dp_rank ", r.dp_rank(), " outside [0, ", l.dp(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank.dp_rank ", r.dp_rank(), " outside [0, ", l.dp(), ")"));
   }
   if (r.tp_rank() < 0 || r.tp_rank() >= l.tp()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank.tp_rank ", r.tp_rank(), " outside [0, ", l.tp(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank.tp_rank ", r.tp_rank(), " outside [0, ", l.tp(), ")"));
   }
   out.world = l.pp() * l.dp() * l.tp();
   out.strategy_name = request.strategy().empty() ? "cost" : request.strategy();
@@ -506,21 +506,23 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
       request.bucket_size() == 0 ? 400000000 : request.bucket_size();
 
   // Groups.
-  std::string meta = absl::StrCat("layout=", l.pp(), ",", l.dp(), ",", l.tp(),
-                                  "\nstrategy=", out.strategy_name,
-                                  "\nalpha=", out.alpha,
-                                  "\nbucket_size=", out.bucket_size);
+  std::string meta =
+      absl::StrCat("layout=", l.pp(), ",", l.dp(), ",", l.tp(),
+                   "\nstrategy=", out.strategy_name, "\nalpha=", out.alpha,
+                   "\nbucket_size=", out.bucket_size);
   if (request.groups().empty()) {
     return absl::InvalidArgumentError("groups: at least one optimizer group");
   }
   for (int g = 0; g < request.groups_size(); ++g) {
     const v1::OptimizerGroup& group = request.groups(g);
-    const std::string where = absl::StrCat("groups[", g, "] '", group.name(), "'");
+    const std::string where =
+        absl::StrCat("groups[", g, "] '", group.name(), "'");
     if (group.name().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": empty name"));
     }
     if (out.configs.count(group.name())) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": duplicate name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": duplicate name"));
     }
     auto kind = ParseOptimizerKind(group.optimizer());
     if (!kind.ok()) {
@@ -533,9 +535,9 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
     }
     auto config = MakeOptimizerConfig(*kind, settings);
     if (!config.ok()) {
-      return absl::Status(config.status().code(),
-                          absl::StrCat(where, ".settings: ",
-                                       config.status().message()));
+      return absl::Status(
+          config.status().code(),
+          absl::StrCat(where, ".settings: ", config.status().message()));
     }
     std::vector<std::string> kv;
     for (const auto& [k, v] : ConfigSettings(*config)) {
@@ -561,7 +563,8 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
   rank->coords = r;
   rank->global = (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank();
   std::map<std::string, int> opened;  // shm name -> index into rank->maps
-  const std::string name_prefix = absl::StrCat("/canzona.", request.job_id(), ".");
+  const std::string name_prefix =
+      absl::StrCat("/canzona.", request.job_id(), ".");
   auto map_buffer = [&](const std::string& where, const v1::BufferRef& ref,
                         int64_t numel) -> absl::StatusOr<float*> {
     if (!ref.has_shm()) {
@@ -595,9 +598,9 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
       open_options.expected_owner_uid = peer.uid;
       auto mapped = SharedMemory::Open(shm.name(), open_options);
       if (!mapped.ok()) {
-        return absl::Status(mapped.status().code(),
-                            absl::StrCat(where, ".shm: ",
-                                         mapped.status().message()));
+        return absl::Status(
+            mapped.status().code(),
+            absl::StrCat(where, ".shm: ", mapped.status().message()));
       }
       rank->mapped_bytes += static_cast<int64_t>(mapped->size());
       rank->maps.push_back(*std::move(mapped));
@@ -615,13 +618,16 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
   std::string plist;
   for (int j = 0; j < request.parameters_size(); ++j) {
     const v1::Parameter& p = request.parameters(j);
-    const std::string where = absl::StrCat("parameters[", j, "] '", p.name(), "'");
-    if (p.name().empty() || p.name().find_first_of("|\n") != std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": name must be non-empty without '|' or newlines"));
+    const std::string where =
+        absl::StrCat("parameters[", j, "] '", p.name(), "'");
+    if (p.name().empty() ||
+        p.name().find_first_of("|\n") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": name must be non-empty without '|' or newlines"));
     }
     if (!names.insert(p.name()).second) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": duplicate name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": duplicate name"));
     }
     if (p.shape().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ".shape: empty"));
@@ -639,15 +645,14 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
     }
     const int split = p.tp_split_dim();
     if (split < -1 || split > 1 || split >= p.shape_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ".tp_split_dim: ", split, " must be -1, 0 or 1 and < rank ",
-          p.shape_size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".tp_split_dim: ", split,
+                       " must be -1, 0 or 1 and < rank ", p.shape_size()));
     }
     if (split >= 0 && p.shape(split) % l.tp() != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ".tp_split_dim: tp ", l.tp(),
-                       " does not divide dimension ", split, " (",
-                       p.shape(split), ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ".tp_split_dim: tp ", l.tp(), " does not divide dimension ",
+          split, " (", p.shape(split), ")"));
     }
     auto config = out.configs.find(p.group());
     if (config == out.configs.end()) {
@@ -662,10 +667,11 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
     std::vector<int64_t> local(p.shape().begin(), p.shape().end());
     if (split >= 0) local[split] /= l.tp();
     const int64_t numel = NumElements(local);
-    CANZONA_ASSIGN_OR_RETURN(float* param,
-                             map_buffer(absl::StrCat(where, ".param"), p.param(), numel));
-    CANZONA_ASSIGN_OR_RETURN(float* grad,
-                             map_buffer(absl::StrCat(where, ".grad"), p.grad(), numel));
+    CANZONA_ASSIGN_OR_RETURN(
+        float* param,
+        map_buffer(absl::StrCat(where, ".param"), p.param(), numel));
+    CANZONA_ASSIGN_OR_RETURN(
+        float* grad, map_buffer(absl::StrCat(where, ".grad"), p.grad(), numel));
     rank->param_buf.push_back(param);
     rank->grad_buf.push_back(grad);
     absl::StrAppend(&plist, j ? "\n" : "", CanonicalParam(p));
@@ -691,9 +697,9 @@ absl::Status EngineImpl::Admit(const v1::RegisterRequest& request,
   if (created) {
     if (static_cast<int>(jobs_.size()) > options_.max_jobs) {
       jobs_.erase(request.job_id());
-      return absl::ResourceExhaustedError(
-          absl::StrCat("job_id '", request.job_id(), "': this daemon serves at most ",
-                       options_.max_jobs, " jobs"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "job_id '", request.job_id(), "': this daemon serves at most ",
+          options_.max_jobs, " jobs"));
     }
     auto job = std::make_shared<Job>();
     job->id = request.job_id();
@@ -723,9 +729,9 @@ absl::Status EngineImpl::Admit(const v1::RegisterRequest& request,
             absl::StrCat("job failed: ", job.failure));
       }
       if (prepared.meta != job.meta) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "job settings disagree: ",
-            FirstDifference(prepared.meta, job.meta, "settings")));
+        return absl::FailedPreconditionError(
+            absl::StrCat("job settings disagree: ",
+                         FirstDifference(prepared.meta, job.meta, "settings")));
       }
       auto plist = job.stage_plist.find(stage);
       if (plist != job.stage_plist.end() && plist->second != prepared.plist) {
@@ -734,16 +740,15 @@ absl::Status EngineImpl::Admit(const v1::RegisterRequest& request,
             FirstDifference(prepared.plist, plist->second, "parameters")));
       }
       if (job.ranks.count(rank.global)) {
-        return absl::AlreadyExistsError(
-            absl::StrCat("rank ", RankString(rank.coords), " (global ",
-                         rank.global, ") of job '", job.id,
-                         "' is already registered"));
+        return absl::AlreadyExistsError(absl::StrCat(
+            "rank ", RankString(rank.coords), " (global ", rank.global,
+            ") of job '", job.id, "' is already registered"));
       }
       if (job.barrier_passed) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            "job '", job.id, "' is complete: all ", job.world,
-            " ranks registered; rank ", RankString(rank.coords),
-            " is already registered elsewhere"));
+        return absl::AlreadyExistsError(
+            absl::StrCat("job '", job.id, "' is complete: all ", job.world,
+                         " ranks registered; rank ", RankString(rank.coords),
+                         " is already registered elsewhere"));
       }
       if (job.mapped_bytes + rank.mapped_bytes > options_.max_bytes_per_job) {
         return absl::ResourceExhaustedError(
@@ -781,9 +786,8 @@ void EngineImpl::Register(const v1::RegisterRequest& request,
     return done(s);
   }
   std::shared_ptr<LocalRank> rank = prepared->rank;
-  spdlog::info("rank registering: job={} rank={} global={} daemon={}",
-               job->id, RankString(rank->coords), rank->global,
-               options_.daemon_id);
+  spdlog::info("rank registering: job={} rank={} global={} daemon={}", job->id,
+               RankString(rank->coords), rank->global, options_.daemon_id);
   auto shared_done =
       std::make_shared<Callback<v1::RegisterResponse>>(std::move(done));
   Worker::Task task;
@@ -794,7 +798,8 @@ void EngineImpl::Register(const v1::RegisterRequest& request,
   if (!rank->worker->Post(task)) task.cancel();
 }
 
-absl::StatusOr<std::string> EngineImpl::WaitGet(Job& job, const std::string& key,
+absl::StatusOr<std::string> EngineImpl::WaitGet(Job& job,
+                                                const std::string& key,
                                                 absl::Time deadline,
                                                 absl::string_view what) {
   while (true) {
@@ -812,7 +817,8 @@ absl::StatusOr<std::string> EngineImpl::WaitGet(Job& job, const std::string& key
     }
     absl::StatusOr<std::string> value =
         options_.control->Get(key, std::min(kWaitSlice, deadline - now));
-    if (value.ok() || value.status().code() != absl::StatusCode::kDeadlineExceeded) {
+    if (value.ok() ||
+        value.status().code() != absl::StatusCode::kDeadlineExceeded) {
       return value;
     }
   }
@@ -832,29 +838,34 @@ absl::Status EngineImpl::CheckControlPlane(Job& job, const LocalRank& rank,
   if (n == 1) {
     CANZONA_RETURN_IF_ERROR(kv->Set(prefix + "meta", meta));
   } else {
-    CANZONA_ASSIGN_OR_RETURN(std::string theirs,
-                             WaitGet(job, prefix + "meta", deadline, "job settings"));
+    CANZONA_ASSIGN_OR_RETURN(
+        std::string theirs,
+        WaitGet(job, prefix + "meta", deadline, "job settings"));
     if (theirs != meta) {
-      if (theirs.substr(0, theirs.find('\n')) != meta.substr(0, meta.find('\n'))) {
+      if (theirs.substr(0, theirs.find('\n')) !=
+          meta.substr(0, meta.find('\n'))) {
         return absl::UnauthenticatedError(
             absl::StrCat("job_token does not match job '", job.id, "'"));
       }
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job settings disagree: ", FirstDifference(meta, theirs, "settings")));
+      return absl::FailedPreconditionError(
+          absl::StrCat("job settings disagree: ",
+                       FirstDifference(meta, theirs, "settings")));
     }
   }
   const int stage = rank.coords.pp_rank();
   const std::string plist_key = absl::StrCat(prefix, "plist/", stage);
-  CANZONA_ASSIGN_OR_RETURN(n, kv->Add(absl::StrCat(prefix, "plist_claim/", stage), 1));
+  CANZONA_ASSIGN_OR_RETURN(
+      n, kv->Add(absl::StrCat(prefix, "plist_claim/", stage), 1));
   if (n == 1) {
     CANZONA_RETURN_IF_ERROR(kv->Set(plist_key, plist));
   } else {
-    CANZONA_ASSIGN_OR_RETURN(std::string theirs,
-                             WaitGet(job, plist_key, deadline, "the parameter list"));
+    CANZONA_ASSIGN_OR_RETURN(
+        std::string theirs,
+        WaitGet(job, plist_key, deadline, "the parameter list"));
     if (theirs != plist) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "parameter list disagrees with the job's other ranks: ",
-          FirstDifference(plist, theirs, "parameters")));
+      return absl::FailedPreconditionError(
+          absl::StrCat("parameter list disagrees with the job's other ranks: ",
+                       FirstDifference(plist, theirs, "parameters")));
     }
   }
   const std::string claim = absl::StrCat(prefix, "rank/", rank.global);
@@ -912,7 +923,8 @@ void EngineImpl::FailJob(Job& job, const absl::Status& status) {
   // Breaks the groups so that peers blocked with these ranks fail promptly.
   for (auto& r : ranks) r->AbortComms();
   for (auto& cb : pending) {
-    cb(absl::Status(status.code(), absl::StrCat("job failed: ", status.message())));
+    cb(absl::Status(status.code(),
+                    absl::StrCat("job failed: ", status.message())));
   }
 }
 
@@ -931,7 +943,8 @@ void EngineImpl::RunRegister(std::shared_ptr<Job> job,
   // 2. Global barrier: every rank of the job, on every daemon.
   absl::Status status = [&]() -> absl::Status {
     CANZONA_ASSIGN_OR_RETURN(int64_t n, kv->Add(prefix + "registered", 1));
-    if (n == job->world) CANZONA_RETURN_IF_ERROR(kv->Set(prefix + "ready", "1"));
+    if (n == job->world)
+      CANZONA_RETURN_IF_ERROR(kv->Set(prefix + "ready", "1"));
     CANZONA_RETURN_IF_ERROR(
         WaitGet(*job, prefix + "ready", absl::Now() + options_.register_timeout,
                 absl::StrCat("all ", job->world, " ranks to register"))
@@ -941,7 +954,8 @@ void EngineImpl::RunRegister(std::shared_ptr<Job> job,
       job->barrier_passed = true;
     }
     // 3. Plan (once per job on this daemon), digests agreed by every rank.
-    CANZONA_ASSIGN_OR_RETURN(std::shared_ptr<const JobPlan> jp, EnsurePlan(*job));
+    CANZONA_ASSIGN_OR_RETURN(std::shared_ptr<const JobPlan> jp,
+                             EnsurePlan(*job));
     CANZONA_RETURN_IF_ERROR(CheckDigests(*job, *rank, jp->plan.digest));
     // 4. Communicators, rules, buffers.
     return SetupRank(*job, *rank, *jp);
@@ -952,7 +966,8 @@ void EngineImpl::RunRegister(std::shared_ptr<Job> job,
   }
   // 5. Ready when every local rank is set up: Register returns together, so
   // no trainer steps into a half-built job.
-  std::vector<std::pair<Callback<v1::RegisterResponse>, v1::RegisterResponse>> fire;
+  std::vector<std::pair<Callback<v1::RegisterResponse>, v1::RegisterResponse>>
+      fire;
   absl::Status failed;
   {
     absl::MutexLock lock(&job->mu);
@@ -974,13 +989,15 @@ void EngineImpl::RunRegister(std::shared_ptr<Job> job,
   }
   if (!failed.ok()) return done(failed);
   if (!fire.empty()) {
-    spdlog::info("job ready: job={} daemon={} local_ranks={} digest={}", job->id,
-                 options_.daemon_id, fire.size(), rank->response.plan_digest());
+    spdlog::info("job ready: job={} daemon={} local_ranks={} digest={}",
+                 job->id, options_.daemon_id, fire.size(),
+                 rank->response.plan_digest());
   }
   for (auto& [cb, response] : fire) cb(response);
 }
 
-absl::StatusOr<std::shared_ptr<const JobPlan>> EngineImpl::EnsurePlan(Job& job) {
+absl::StatusOr<std::shared_ptr<const JobPlan>> EngineImpl::EnsurePlan(
+    Job& job) {
   absl::MutexLock plan_lock(&job.plan_mu);
   {
     absl::MutexLock lock(&job.mu);
@@ -1021,11 +1038,12 @@ absl::StatusOr<std::shared_ptr<const JobPlan>> EngineImpl::EnsurePlan(Job& job) 
         absl::StrCat("planner: ", built.status().message()));
   }
   jp->plan = *std::move(built);
-  spdlog::info("plan built: job={} daemon={} strategy={} params={} buckets={} "
-               "micro_groups={} makespan/mean={:.3f} digest={}",
-               job.id, options_.daemon_id, job.strategy_name, jp->params.size(),
-               jp->plan.buckets.size(), jp->plan.micro_groups.size(),
-               jp->plan.max_over_mean(), jp->plan.digest);
+  spdlog::info(
+      "plan built: job={} daemon={} strategy={} params={} buckets={} "
+      "micro_groups={} makespan/mean={:.3f} digest={}",
+      job.id, options_.daemon_id, job.strategy_name, jp->params.size(),
+      jp->plan.buckets.size(), jp->plan.micro_groups.size(),
+      jp->plan.max_over_mean(), jp->plan.digest);
   absl::MutexLock lock(&job.mu);
   job.plan = jp;
   return std::shared_ptr<const JobPlan>(jp);
@@ -1052,7 +1070,8 @@ absl::Status EngineImpl::CheckDigests(Job& job, const LocalRank& rank,
   return absl::OkStatus();
 }
 
-absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank, const JobPlan& jp) {
+absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
+                                   const JobPlan& jp) {
   auto rt = std::make_unique<RankRuntime>();
   const plan::Plan& plan = jp.plan;
   const int pp = rank.coords.pp_rank(), d = rank.coords.dp_rank(),
@@ -1064,7 +1083,8 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank, const JobPlan& jp)
     // The shm data plane hands host pointers to the rules; device staging
     // belongs to the CUDA data plane (its own issue).
     spdlog::warn("backend {} resolved to {}; the shm data plane uses cpu",
-                 options_.backend, std::string(BackendKindName(rt->backend->kind())));
+                 options_.backend,
+                 std::string(BackendKindName(rt->backend->kind())));
     CANZONA_ASSIGN_OR_RETURN(rt->backend, CreateBackend(BackendKind::kCpu));
   }
 
@@ -1074,22 +1094,24 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank, const JobPlan& jp)
   gloo.hostname = options_.comm_host;
   gloo.timeout = options_.step_timeout;
   const std::string prefix = JobPrefix(job.id);
-  auto make = [&](const std::string& name, int r, int size)
-      -> absl::StatusOr<std::unique_ptr<Communicator>> {
+  auto make = [&](const std::string& name, int r,
+                  int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
     if (size == 1) return CreateLocalCommunicator();
     auto comm = CreateGlooCommunicator(options_.control,
                                        absl::StrCat(prefix, "comm/", name, "/"),
                                        r, size, gloo);
     if (!comm.ok()) {
       return absl::Status(comm.status().code(),
-                          absl::StrCat("creating the ", name, " group: ",
-                                       comm.status().message()));
+                          absl::StrCat("creating the ", name,
+                                       " group: ", comm.status().message()));
     }
     return comm;
   };
-  CANZONA_ASSIGN_OR_RETURN(rt->dp, make(absl::StrCat("dp.", pp, ".", t), d, DP));
+  CANZONA_ASSIGN_OR_RETURN(rt->dp,
+                           make(absl::StrCat("dp.", pp, ".", t), d, DP));
   rank.AddComm(rt->dp.get());
-  CANZONA_ASSIGN_OR_RETURN(rt->tp, make(absl::StrCat("tp.", pp, ".", d), t, TP));
+  CANZONA_ASSIGN_OR_RETURN(rt->tp,
+                           make(absl::StrCat("tp.", pp, ".", d), t, TP));
   rank.AddComm(rt->tp.get());
   CANZONA_ASSIGN_OR_RETURN(rt->world, make("world", rank.global, job.world));
   rank.AddComm(rt->world.get());
@@ -1121,9 +1143,9 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank, const JobPlan& jp)
     param_start.push_back(bucket.elements);
     if (rt->sliced) {
       if (static_cast<int>(bp.cuts.size()) != DP + 1) {
-        return absl::InternalError(
-            absl::StrCat("plan bucket ", b, " has ", bp.cuts.size(),
-                         " cuts, expected ", DP + 1));
+        return absl::InternalError(absl::StrCat("plan bucket ", b, " has ",
+                                                bp.cuts.size(),
+                                                " cuts, expected ", DP + 1));
       }
       for (int r = 0; r < DP; ++r) {
         bucket.counts.push_back(param_start[bp.cuts[r + 1]] -
@@ -1175,9 +1197,9 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank, const JobPlan& jp)
     absl::StatusOr<std::unique_ptr<UpdateRule>> rule =
         UpdateRule::Create(config, shape, rt->backend.get());
     if (!rule.ok()) {
-      return absl::Status(rule.status().code(),
-                          absl::StrCat("parameter '", m.name, "': ",
-                                       rule.status().message()));
+      return absl::Status(
+          rule.status().code(),
+          absl::StrCat("parameter '", m.name, "': ", rule.status().message()));
     }
     rt->state_bytes += (*rule)->state_bytes();
     ++rt->owned;
@@ -1193,10 +1215,11 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank, const JobPlan& jp)
   rank.response.set_plan_digest(plan.digest);
   rank.response.set_owned_parameters(rt->owned);
   rank.response.set_state_bytes(rt->state_bytes);
-  spdlog::info("rank ready: job={} rank={} owned={} state_bytes={} "
-               "micro_groups={}",
-               job.id, RankString(rank.coords), rt->owned, rt->state_bytes,
-               rt->groups.size());
+  spdlog::info(
+      "rank ready: job={} rank={} owned={} state_bytes={} "
+      "micro_groups={}",
+      job.id, RankString(rank.coords), rt->owned, rt->state_bytes,
+      rt->groups.size());
   rank.rt = std::move(rt);
   return absl::OkStatus();
 }
@@ -1212,8 +1235,8 @@ void EngineImpl::Step(const v1::StepRequest& request,
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(request.job_id());
     if (it == jobs_.end()) {
-      return done(absl::NotFoundError(
-          absl::StrCat("job_id '", request.job_id(), "' is not registered here")));
+      return done(absl::NotFoundError(absl::StrCat(
+          "job_id '", request.job_id(), "' is not registered here")));
     }
     job = it->second;
   }
@@ -1227,9 +1250,8 @@ void EngineImpl::Step(const v1::StepRequest& request,
           absl::StrCat("rank ", RankString(r), " outside the layout"));
     }
     if (!(request.grad_scale() >= 0) || !std::isfinite(request.grad_scale())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("grad_scale ", request.grad_scale(),
-                       " must be finite and >= 0"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "grad_scale ", request.grad_scale(), " must be finite and >= 0"));
     }
     for (const auto& [group, lr] : request.lr()) {
       if (!job->configs.count(group)) {
@@ -1237,25 +1259,26 @@ void EngineImpl::Step(const v1::StepRequest& request,
             absl::StrCat("lr['", group, "']: unknown group"));
       }
       if (!(lr >= 0) || !std::isfinite(lr)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("lr['", group, "']: ", lr, " must be finite and >= 0"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "lr['", group, "']: ", lr, " must be finite and >= 0"));
       }
     }
-    const int global = (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank();
+    const int global =
+        (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank();
     absl::MutexLock lock(&job->mu);
     if (job->state == JobState::kFailed) {
       return absl::FailedPreconditionError(
           absl::StrCat("job failed: ", job->failure));
     }
     if (job->state != JobState::kReady) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job '", job->id, "' is not ready: ranks are still registering"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", job->id, "' is not ready: ranks are still registering"));
     }
     auto it = job->ranks.find(global);
     if (it == job->ranks.end()) {
-      return absl::NotFoundError(absl::StrCat(
-          "rank ", RankString(r), " of job '", job->id,
-          "' is not registered with this daemon"));
+      return absl::NotFoundError(
+          absl::StrCat("rank ", RankString(r), " of job '", job->id,
+                       "' is not registered with this daemon"));
     }
     rank = it->second;
     if (request.step() != rank->next_step) {
@@ -1270,7 +1293,8 @@ void EngineImpl::Step(const v1::StepRequest& request,
   }();
   if (!status.ok()) return done(status);
 
-  auto shared_done = std::make_shared<Callback<v1::StepResponse>>(std::move(done));
+  auto shared_done =
+      std::make_shared<Callback<v1::StepResponse>>(std::move(done));
   Worker::Task task;
   task.run = [this, job, rank, request, shared_done]() {
     RunStep(job, rank, request, std::move(*shared_done));
@@ -1303,8 +1327,8 @@ void EngineImpl::RunStep(std::shared_ptr<Job> job,
     }
     if (shutting_down_) return Unavailable();
     if (job->state == JobState::kFailed) {
-      return absl::AbortedError(absl::StrCat("step ", k, " aborted: job failed: ",
-                                             job->failure));
+      return absl::AbortedError(
+          absl::StrCat("step ", k, " aborted: job failed: ", job->failure));
     }
     if (!all) {
       std::vector<std::string> missing;
@@ -1324,7 +1348,8 @@ void EngineImpl::RunStep(std::shared_ptr<Job> job,
   if (!status.ok()) {
     if (shutting_down_) {
       status = Unavailable();
-    } else if (job->failed() && status.code() != absl::StatusCode::kDeadlineExceeded &&
+    } else if (job->failed() &&
+               status.code() != absl::StatusCode::kDeadlineExceeded &&
                status.code() != absl::StatusCode::kUnavailable &&
                status.code() != absl::StatusCode::kAborted) {
       // A broken group after another rank's failure: report the cause.
@@ -1332,10 +1357,10 @@ void EngineImpl::RunStep(std::shared_ptr<Job> job,
       status = absl::AbortedError(
           absl::StrCat("step ", k, " aborted: job failed: ", job->failure));
     } else {
-      status = absl::Status(status.code(),
-                            absl::StrCat("step ", k, " on rank ",
-                                         RankString(rank->coords), ": ",
-                                         status.message()));
+      status =
+          absl::Status(status.code(), absl::StrCat("step ", k, " on rank ",
+                                                   RankString(rank->coords),
+                                                   ": ", status.message()));
       FailJob(*job, status);
     }
     spdlog::error("step failed: job={} rank={} step={}: {}", job->id,
@@ -1359,7 +1384,8 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
   const int d = rank.coords.dp_rank();
   const int DP = job.layout.dp();
   std::map<std::string, float> lr;
-  for (const auto& [group, value] : request.lr()) lr[group] = static_cast<float>(value);
+  for (const auto& [group, value] : request.lr())
+    lr[group] = static_cast<float>(value);
   auto options_for = [&](int i) {
     StepOptions o;
     auto it = lr.find(jp.params[i].group);
@@ -1372,8 +1398,10 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
   for (size_t j = 0; j < rt.local_params.size(); ++j) {
     const int i = rt.local_params[j];
     const int64_t n = jp.params[i].local_numel;
-    std::memcpy(rt.gstage.data() + rt.offset[i], rank.grad_buf[j], n * sizeof(float));
-    std::memcpy(rt.pstage.data() + rt.offset[i], rank.param_buf[j], n * sizeof(float));
+    std::memcpy(rt.gstage.data() + rt.offset[i], rank.grad_buf[j],
+                n * sizeof(float));
+    std::memcpy(rt.pstage.data() + rt.offset[i], rank.param_buf[j],
+                n * sizeof(float));
   }
   const double scale = request.grad_scale() == 0 ? 1.0 : request.grad_scale();
   const float factor = static_cast<float>(scale / DP);
@@ -1381,7 +1409,8 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
     float* g = rt.gstage.data() + b.base;
     if (rt.sliced) {
       rt.tmp.resize(b.counts[d]);
-      CANZONA_RETURN_IF_ERROR(rt.dp->ReduceScatterV(g, b.counts, rt.tmp.data()));
+      CANZONA_RETURN_IF_ERROR(
+          rt.dp->ReduceScatterV(g, b.counts, rt.tmp.data()));
       float* mine = g + b.my_start;
       for (int64_t e = 0; e < b.counts[d]; ++e) mine[e] = rt.tmp[e] * factor;
     } else {
@@ -1431,9 +1460,9 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
   t0 = absl::Now();
   for (int i : rt.local_params) {
     if (!rt.dp_owned[i] || rt.mode[i] != Mode::kLocal) continue;
-    CANZONA_RETURN_IF_ERROR(rt.rules.at(i)->Step(
-        rt.pstage.data() + rt.offset[i], rt.gstage.data() + rt.offset[i],
-        options_for(i)));
+    CANZONA_RETURN_IF_ERROR(
+        rt.rules.at(i)->Step(rt.pstage.data() + rt.offset[i],
+                             rt.gstage.data() + rt.offset[i], options_for(i)));
   }
   times->set_local_compute(Seconds(t0, absl::Now()));
 
@@ -1446,11 +1475,14 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
     const int64_t ln = m.local_numel;
     absl::Time g0 = absl::Now();
     rt.send.resize(2 * ln);
-    std::memcpy(rt.send.data(), rt.gstage.data() + rt.offset[i], ln * sizeof(float));
-    std::memcpy(rt.send.data() + ln, rt.pstage.data() + rt.offset[i], ln * sizeof(float));
+    std::memcpy(rt.send.data(), rt.gstage.data() + rt.offset[i],
+                ln * sizeof(float));
+    std::memcpy(rt.send.data() + ln, rt.pstage.data() + rt.offset[i],
+                ln * sizeof(float));
     rt.recv.resize(2 * ln * TP);
     std::vector<int64_t> counts(TP, 2 * ln);
-    CANZONA_RETURN_IF_ERROR(rt.tp->AllGatherV(rt.send.data(), counts, rt.recv.data()));
+    CANZONA_RETURN_IF_ERROR(
+        rt.tp->AllGatherV(rt.send.data(), counts, rt.recv.data()));
     rt.full_g.resize(m.numel);
     rt.full_p.resize(m.numel);
     for (int j = 0; j < TP; ++j) {
@@ -1460,9 +1492,10 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
     }
     absl::Time c0 = absl::Now();
     times->set_tp_gather(times->tp_gather() + Seconds(g0, c0));
-    CANZONA_RETURN_IF_ERROR(
-        rt.rules.at(i)->Step(rt.full_p.data(), rt.full_g.data(), options_for(i)));
-    MoveFragment(m, TP, t, rt.pstage.data() + rt.offset[i], rt.full_p.data(), false);
+    CANZONA_RETURN_IF_ERROR(rt.rules.at(i)->Step(
+        rt.full_p.data(), rt.full_g.data(), options_for(i)));
+    MoveFragment(m, TP, t, rt.pstage.data() + rt.offset[i], rt.full_p.data(),
+                 false);
     times->set_tp_compute(times->tp_compute() + Seconds(c0, absl::Now()));
   }
 
@@ -1476,7 +1509,8 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
   } else if (jp.plan.strategy == plan::Strategy::kLayerwise && DP > 1) {
     // Each rank's owned parameters packed in stage order; one all-gather.
     std::vector<int64_t> counts(DP, 0);
-    for (int i : rt.local_params) counts[jp.plan.dp_owner[i]] += jp.params[i].local_numel;
+    for (int i : rt.local_params)
+      counts[jp.plan.dp_owner[i]] += jp.params[i].local_numel;
     rt.send.clear();
     for (int i : rt.local_params) {
       if (jp.plan.dp_owner[i] != d) continue;
@@ -1490,7 +1524,8 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
       total += counts[r];
     }
     rt.recv.resize(total);
-    CANZONA_RETURN_IF_ERROR(rt.dp->AllGatherV(rt.send.data(), counts, rt.recv.data()));
+    CANZONA_RETURN_IF_ERROR(
+        rt.dp->AllGatherV(rt.send.data(), counts, rt.recv.data()));
     for (int i : rt.local_params) {
       const int owner = jp.plan.dp_owner[i];
       const int64_t n = jp.params[i].local_numel;
@@ -1515,7 +1550,8 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
   float u = static_cast<float>(usq);
   CANZONA_RETURN_IF_ERROR(rt.world->AllReduce(&u, 1));
   response->set_update_rms(
-      jp.total_numel > 0 ? std::sqrt(static_cast<double>(u) / jp.total_numel) : 0);
+      jp.total_numel > 0 ? std::sqrt(static_cast<double>(u) / jp.total_numel)
+                         : 0);
   for (size_t j = 0; j < rt.local_params.size(); ++j) {
     const int i = rt.local_params[j];
     std::memcpy(rank.param_buf[j], rt.pstage.data() + rt.offset[i],
@@ -1636,13 +1672,15 @@ absl::Status EngineImpl::RunMicroGroups(Job& job, LocalRank& rank,
   double gather_s = 0, compute_s = 0, scatter_s = 0;
   auto gather = [&](int i) {
     const absl::Time t0 = absl::Now();
-    absl::Status s = GatherGroup(rt, jp, TP, t, *rt.groups[i], rt.group_buffers[i]);
+    absl::Status s =
+        GatherGroup(rt, jp, TP, t, *rt.groups[i], rt.group_buffers[i]);
     gather_s += Seconds(t0, absl::Now());
     return s;
   };
   auto scatter = [&](int i) {
     const absl::Time t0 = absl::Now();
-    absl::Status s = ScatterGroup(rt, jp, TP, *rt.groups[i], rt.group_buffers[i]);
+    absl::Status s =
+        ScatterGroup(rt, jp, TP, *rt.groups[i], rt.group_buffers[i]);
     scatter_s += Seconds(t0, absl::Now());
     return s;
   };
@@ -1732,8 +1770,8 @@ absl::StatusOr<v1::GetPlanResponse> EngineImpl::GetPlan(
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(request.job_id());
     if (it == jobs_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("job_id '", request.job_id(), "' is not registered here"));
+      return absl::NotFoundError(absl::StrCat("job_id '", request.job_id(),
+                                              "' is not registered here"));
     }
     job = it->second;
   }
@@ -1743,8 +1781,8 @@ absl::StatusOr<v1::GetPlanResponse> EngineImpl::GetPlan(
     jp = job->plan;
   }
   if (!jp) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job '", job->id, "' has no plan yet: ranks are registering"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job->id, "' has no plan yet: ranks are registering"));
   }
   v1::GetPlanResponse response;
   response.set_plan_json(plan::PlanToJson(jp->plan, true).dump());
@@ -1761,8 +1799,8 @@ absl::Status EngineImpl::Deregister(const v1::DeregisterRequest& request) {
     absl::MutexLock lock(&mu_);
     auto it = jobs_.find(request.job_id());
     if (it == jobs_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("job_id '", request.job_id(), "' is not registered here"));
+      return absl::NotFoundError(absl::StrCat("job_id '", request.job_id(),
+                                              "' is not registered here"));
     }
     job = it->second;
     absl::MutexLock job_lock(&job->mu);
@@ -1772,24 +1810,25 @@ absl::Status EngineImpl::Deregister(const v1::DeregisterRequest& request) {
     }
     const v1::RankCoordinates& r = request.rank();
     const v1::WorldLayout& l = job->layout;
-    const int global = (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank();
+    const int global =
+        (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank();
     auto rit = job->ranks.find(global);
     if (r.pp_rank() < 0 || r.pp_rank() >= l.pp() || r.dp_rank() < 0 ||
         r.dp_rank() >= l.dp() || r.tp_rank() < 0 || r.tp_rank() >= l.tp() ||
         rit == job->ranks.end()) {
-      return absl::NotFoundError(absl::StrCat(
-          "rank ", RankString(r), " of job '", job->id,
-          "' is not registered with this daemon"));
+      return absl::NotFoundError(
+          absl::StrCat("rank ", RankString(r), " of job '", job->id,
+                       "' is not registered with this daemon"));
     }
     rank = rit->second;
     job->ranks.erase(rit);
     job->mapped_bytes -= rank->mapped_bytes;
     pending = std::move(rank->register_done);
     rank->register_done = nullptr;
-    if (job->ranks.empty()) {
-      jobs_.erase(job->id);
-    } else if (job->state != JobState::kFailed) {
-      // The job cannot step without this rank any more.
+    if (job->ranks.empty()) jobs_.erase(job->id);
+    if (job->state != JobState::kFailed) {
+      // The job cannot step without this rank any more; failing it also
+      // ends a registration still waiting on the control plane.
       job->state = JobState::kFailed;
       job->failure = absl::StrCat("rank ", RankString(r), " deregistered");
       job->cv.SignalAll();
@@ -1823,9 +1862,8 @@ v1::GetStatusResponse EngineImpl::GetStatus() {
     js->set_strategy(job->strategy_name);
     if (job->plan) js->set_plan_digest(job->plan->plan.digest);
     js->set_state(StateString(*job));
-    js->set_registered_ranks(job->barrier_passed
-                                 ? job->world
-                                 : static_cast<int>(job->ranks.size()));
+    js->set_registered_ranks(
+        job->barrier_passed ? job->world : static_cast<int>(job->ranks.size()));
     for (auto& [g, r] : job->ranks) {
       v1::RankStatus* rs = js->add_local_ranks();
       *rs->mutable_rank() = r->coords;
@@ -1881,8 +1919,9 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(EngineOptions options) {
     return absl::InvalidArgumentError("daemon_id must not be empty");
   }
   if (options.backend != "cpu" && options.backend != "auto") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "backend '", options.backend, "': the shm data plane takes cpu or auto"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("backend '", options.backend,
+                     "': the shm data plane takes cpu or auto"));
   }
   if (options.register_timeout <= absl::ZeroDuration() ||
       options.step_timeout <= absl::ZeroDuration()) {
@@ -1894,7 +1933,8 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(EngineOptions options) {
   }
   spdlog::info("engine started: daemon={} backend={} comm_host={}",
                options.daemon_id, options.backend, options.comm_host);
-  return std::unique_ptr<Engine>(std::make_unique<EngineImpl>(std::move(options)));
+  return std::unique_ptr<Engine>(
+      std::make_unique<EngineImpl>(std::move(options)));
 }
 
 }  // namespace canzona

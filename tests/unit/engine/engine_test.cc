@@ -84,7 +84,8 @@ TEST_P(EngineEquivalenceTest, BitwiseEqualToWholeMatrixReference) {
   if (tp > 1) {
     const std::string name = megatron ? "decoder.layers.0.mlp.linear_fc2.weight"
                                       : "model.layers.0.mlp.down_proj.weight";
-    ASSERT_OK_AND_ASSIGN(Params wrong, Reference(run.config(), kSteps, {}, name));
+    ASSERT_OK_AND_ASSIGN(Params wrong,
+                         Reference(run.config(), kSteps, {}, name));
     EXPECT_THAT(run.Compare(wrong, /*bitwise=*/true),
                 StatusIs(absl::StatusCode::kInternal, HasSubstr(name)));
     EXPECT_THAT(run.Compare(wrong, /*bitwise=*/false), Not(IsOk()));
@@ -103,11 +104,11 @@ std::string EquivalenceName(
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, EngineEquivalenceTest,
-    ::testing::Combine(::testing::Values(Layout{1, 1}, Layout{2, 1}, Layout{4, 1},
-                                         Layout{1, 2}, Layout{2, 2}, Layout{1, 4}),
-                       ::testing::Values("sc", "layerwise", "start_anchored",
-                                         "alpha", "cost"),
-                       ::testing::Bool()),
+    ::testing::Combine(
+        ::testing::Values(Layout{1, 1}, Layout{2, 1}, Layout{4, 1},
+                          Layout{1, 2}, Layout{2, 2}, Layout{1, 4}),
+        ::testing::Values("sc", "layerwise", "start_anchored", "alpha", "cost"),
+        ::testing::Bool()),
     EquivalenceName);
 
 class EngineRandomGradTest : public ::testing::TestWithParam<Layout> {};
@@ -182,9 +183,9 @@ absl::Status StepAll(Cluster& cluster, JobRun& run, int step) {
     threads.emplace_back([&, g] {
       TrainerRank& rank = *run.ranks()[g];
       rank.WriteGrads(step);
-      status[g] = StepSync(*cluster.engines[rank.engine_index()],
-                           rank.MakeStep(step))
-                      .status();
+      status[g] =
+          StepSync(*cluster.engines[rank.engine_index()], rank.MakeStep(step))
+              .status();
     });
   }
   for (auto& t : threads) t.join();
@@ -202,16 +203,18 @@ TEST(EngineTest, BadInputIsRejectedWithoutChangingState) {
   Engine& b = *cluster.engines[1];
 
   // Unknown job.
-  EXPECT_THAT(StepSync(a, ranks[0]->MakeStep(1)),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr(run.config().job_id)));
+  EXPECT_THAT(
+      StepSync(a, ranks[0]->MakeStep(1)),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr(run.config().job_id)));
 
   // Register ranks 0 and 2; the job is incomplete.
   Result<v1::RegisterResponse> r0, r1, r2, r3;
   a.Register(ranks[0]->MakeRegister(), PeerInfo{}, r0.callback());
   b.Register(ranks[2]->MakeRegister(), PeerInfo{}, r2.callback());
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  EXPECT_THAT(StepSync(a, ranks[0]->MakeStep(1)),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not ready")));
+  EXPECT_THAT(
+      StepSync(a, ranks[0]->MakeStep(1)),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not ready")));
 
   // Parameter list disagreeing: on the same engine (local check) and on the
   // other engine (control-plane check).
@@ -219,15 +222,16 @@ TEST(EngineTest, BadInputIsRejectedWithoutChangingState) {
     v1::RegisterRequest bad = ranks[1]->MakeRegister();
     bad.mutable_parameters(2)->set_shape(0, 64);  // same numel: buffers fit
     bad.mutable_parameters(2)->set_shape(1, 128);
-    EXPECT_THAT(RegisterSync(a, bad),
-                StatusIs(absl::StatusCode::kFailedPrecondition,
-                         AllOf(HasSubstr("parameters[2]"),
-                               HasSubstr("linear_qkv"))));
+    EXPECT_THAT(
+        RegisterSync(a, bad),
+        StatusIs(absl::StatusCode::kFailedPrecondition,
+                 AllOf(HasSubstr("parameters[2]"), HasSubstr("linear_qkv"))));
     bad = ranks[1]->MakeRegister();
     bad.mutable_parameters(7)->set_name("renamed");
-    EXPECT_THAT(RegisterSync(a, bad),
-                StatusIs(absl::StatusCode::kFailedPrecondition,
-                         AllOf(HasSubstr("parameters[7]"), HasSubstr("renamed"))));
+    EXPECT_THAT(
+        RegisterSync(a, bad),
+        StatusIs(absl::StatusCode::kFailedPrecondition,
+                 AllOf(HasSubstr("parameters[7]"), HasSubstr("renamed"))));
     v1::RegisterRequest swapped = ranks[3]->MakeRegister();
     swapped.mutable_parameters()->SwapElements(3, 4);
     EXPECT_THAT(RegisterSync(b, swapped),
@@ -243,12 +247,14 @@ TEST(EngineTest, BadInputIsRejectedWithoutChangingState) {
   {
     v1::RegisterRequest bad = ranks[1]->MakeRegister();
     bad.set_job_token("wrong");
-    EXPECT_THAT(RegisterSync(a, bad),
-                StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("job_token")));
+    EXPECT_THAT(
+        RegisterSync(a, bad),
+        StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("job_token")));
     v1::RegisterRequest bad3 = ranks[3]->MakeRegister();
     bad3.set_job_token("wrong");
-    EXPECT_THAT(RegisterSync(b, bad3),
-                StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("job_token")));
+    EXPECT_THAT(
+        RegisterSync(b, bad3),
+        StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("job_token")));
   }
   // Buffer too small, bad shm names, dtype, split.
   {
@@ -259,33 +265,41 @@ TEST(EngineTest, BadInputIsRejectedWithoutChangingState) {
                          AllOf(HasSubstr("buffer too small"),
                                HasSubstr("k_layernorm"))));
     bad = ranks[1]->MakeRegister();
-    bad.mutable_parameters(0)->mutable_param()->mutable_shm()->set_name("/etc/passwd");
-    EXPECT_THAT(RegisterSync(a, bad),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         AllOf(HasSubstr("parameters[0]"), HasSubstr("shm.name"))));
+    bad.mutable_parameters(0)->mutable_param()->mutable_shm()->set_name(
+        "/etc/passwd");
+    EXPECT_THAT(
+        RegisterSync(a, bad),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 AllOf(HasSubstr("parameters[0]"), HasSubstr("shm.name"))));
     bad = ranks[1]->MakeRegister();
     bad.mutable_parameters(0)->mutable_param()->mutable_shm()->set_name(
         "/canzona.someone-else.0.0");
-    EXPECT_THAT(RegisterSync(a, bad),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shm.name")));
+    EXPECT_THAT(
+        RegisterSync(a, bad),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shm.name")));
     bad = ranks[1]->MakeRegister();
-    bad.mutable_parameters(1)->mutable_param()->mutable_shm()->set_offset(1 << 30);
-    EXPECT_THAT(RegisterSync(a, bad),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("parameters[1]")));
-    bad = ranks[1]->MakeRegister();
-    bad.mutable_parameters(1)->set_dtype(v1::DTYPE_BFLOAT16);
+    bad.mutable_parameters(1)->mutable_param()->mutable_shm()->set_offset(
+        1 << 30);
     EXPECT_THAT(RegisterSync(a, bad),
                 StatusIs(absl::StatusCode::kInvalidArgument,
-                         AllOf(HasSubstr("parameters[1]"), HasSubstr("dtype"))));
+                         HasSubstr("parameters[1]")));
+    bad = ranks[1]->MakeRegister();
+    bad.mutable_parameters(1)->set_dtype(v1::DTYPE_BFLOAT16);
+    EXPECT_THAT(
+        RegisterSync(a, bad),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 AllOf(HasSubstr("parameters[1]"), HasSubstr("dtype"))));
     bad = ranks[1]->MakeRegister();
     bad.mutable_parameters(1)->set_tp_split_dim(2);
     EXPECT_THAT(RegisterSync(a, bad),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tp_split_dim")));
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("tp_split_dim")));
     bad = ranks[1]->MakeRegister();
     bad.mutable_groups(0)->add_settings()->set_key("no_such_key");
     bad.mutable_groups(0)->mutable_settings(0)->set_value("1");
-    EXPECT_THAT(RegisterSync(a, bad),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("groups[0]")));
+    EXPECT_THAT(
+        RegisterSync(a, bad),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("groups[0]")));
   }
 
   // The good registrations complete the job.
@@ -298,23 +312,28 @@ TEST(EngineTest, BadInputIsRejectedWithoutChangingState) {
   ASSERT_OK(StepAll(cluster, run, 1));
 
   // Duplicate rank, locally and on the other engine.
-  EXPECT_THAT(RegisterSync(a, ranks[0]->MakeRegister()),
-              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("dp 0, tp 0")));
-  EXPECT_THAT(RegisterSync(b, ranks[0]->MakeRegister()),
-              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("dp 0, tp 0")));
+  EXPECT_THAT(
+      RegisterSync(a, ranks[0]->MakeRegister()),
+      StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("dp 0, tp 0")));
+  EXPECT_THAT(
+      RegisterSync(b, ranks[0]->MakeRegister()),
+      StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("dp 0, tp 0")));
   // Step out of order, a rank not on this engine, an unknown group lr.
-  EXPECT_THAT(StepSync(a, ranks[0]->MakeStep(3)),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       AllOf(HasSubstr("expected step 2"), HasSubstr("got 3"))));
-  EXPECT_THAT(StepSync(a, ranks[0]->MakeStep(1)),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("got 1")));
-  EXPECT_THAT(StepSync(a, ranks[2]->MakeStep(2)),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("not registered")));
+  EXPECT_THAT(
+      StepSync(a, ranks[0]->MakeStep(3)),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr("expected step 2"), HasSubstr("got 3"))));
+  EXPECT_THAT(
+      StepSync(a, ranks[0]->MakeStep(1)),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("got 1")));
+  EXPECT_THAT(
+      StepSync(a, ranks[2]->MakeStep(2)),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("not registered")));
   {
     v1::StepRequest bad = ranks[0]->MakeStep(2);
     (*bad.mutable_lr())["nope"] = 0.1;
-    EXPECT_THAT(StepSync(a, bad),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("nope")));
+    EXPECT_THAT(StepSync(a, bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("nope")));
   }
   EXPECT_THAT(a.GetPlan(v1::GetPlanRequest()),
               StatusIs(absl::StatusCode::kNotFound));
@@ -372,9 +391,9 @@ TEST(EngineTest, RankThatNeverStepsFailsPeersWithinTheTimeout) {
     });
   }
   for (auto& t : threads) t.join();
-  const double seconds = std::chrono::duration<double>(
-                             std::chrono::steady_clock::now() - start)
-                             .count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   for (int g = 0; g < 3; ++g) {
     EXPECT_THAT(status[g], AnyOf(StatusIs(absl::StatusCode::kUnavailable),
                                  StatusIs(absl::StatusCode::kDeadlineExceeded),
@@ -383,9 +402,11 @@ TEST(EngineTest, RankThatNeverStepsFailsPeersWithinTheTimeout) {
   }
   EXPECT_LT(seconds, 2 * absl::ToDoubleSeconds(timeout) + 2);
   // The job is failed; later calls say so.
-  EXPECT_THAT(StepSync(*cluster.engines[1], ranks[3]->MakeStep(2)),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("job failed")));
-  EXPECT_THAT(cluster.engines[0]->GetStatus().jobs(0).state(), HasSubstr("failed"));
+  EXPECT_THAT(
+      StepSync(*cluster.engines[1], ranks[3]->MakeStep(2)),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("job failed")));
+  EXPECT_THAT(cluster.engines[0]->GetStatus().jobs(0).state(),
+              HasSubstr("failed"));
 
   // The engines keep serving another job.
   JobRun other(MakeConfig("alive", 2, 1, "layerwise", true, true));
@@ -420,10 +441,12 @@ TEST(EngineTest, LimitsAreResourceExhausted) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> engine, CreateEngine(options));
   JobRun run(MakeConfig("limit", 1, 1, "cost", true, true));
   ASSERT_OK(run.Init());
-  EXPECT_THAT(RegisterSync(*engine, run.ranks()[0]->MakeRegister()),
-              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("parameters")));
-  EXPECT_THAT(CreateEngine(EngineOptions{}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("control")));
+  EXPECT_THAT(
+      RegisterSync(*engine, run.ranks()[0]->MakeRegister()),
+      StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("parameters")));
+  EXPECT_THAT(
+      CreateEngine(EngineOptions{}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("control")));
 }
 
 }  // namespace

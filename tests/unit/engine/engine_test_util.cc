@@ -96,15 +96,21 @@ std::vector<ModelParam> MegatronModel() {
   for (int l = 0; l < 2; ++l) {
     const std::string p = absl::StrCat("decoder.layers.", l, ".");
     m.push_back({p + "input_layernorm.weight", {64}, -1, "adamw"});
-    m.push_back({p + "self_attention.linear_qkv.weight", {128, 64}, 0,
+    m.push_back({p + "self_attention.linear_qkv.weight",
+                 {128, 64},
+                 0,
                  l == 0 ? "muon" : "soap"});
     m.push_back({p + "self_attention.q_layernorm.weight", {16}, -1, "adamw"});
     m.push_back({p + "self_attention.k_layernorm.weight", {16}, -1, "adamw"});
-    m.push_back({p + "self_attention.linear_proj.weight", {64, 64}, 1,
+    m.push_back({p + "self_attention.linear_proj.weight",
+                 {64, 64},
+                 1,
                  l == 0 ? "shampoo" : "muon"});
     m.push_back({p + "pre_mlp_layernorm.weight", {64}, -1, "adamw"});
     m.push_back({p + "mlp.linear_fc1.weight", {256, 64}, 0, "muon"});
-    m.push_back({p + "mlp.linear_fc2.weight", {64, 128}, 1,
+    m.push_back({p + "mlp.linear_fc2.weight",
+                 {64, 128},
+                 1,
                  l == 0 ? "muon" : "shampoo"});
   }
   m.push_back({"decoder.final_layernorm.weight", {64}, -1, "adamw"});
@@ -174,10 +180,11 @@ std::vector<float> FullGrad(const JobConfig& config, const ModelParam& p,
     const uint64_t r = SplitMix(base + e);
     if (config.exact) {
       // Integers in [-64, 64] times 2^-12: every DP sum is exact.
-      v[e] = std::ldexp(static_cast<float>(static_cast<int>(r % 129) - 64), -12);
+      v[e] =
+          std::ldexp(static_cast<float>(static_cast<int>(r % 129) - 64), -12);
     } else {
-      v[e] = static_cast<float>((static_cast<double>(r >> 11) / 9007199254740992.0 -
-                                 0.5) * 0.02);
+      v[e] = static_cast<float>(
+          (static_cast<double>(r >> 11) / 9007199254740992.0 - 0.5) * 0.02);
     }
   }
   return v;
@@ -199,9 +206,9 @@ absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
     std::vector<std::unique_ptr<UpdateRule>> rules;
     for (int j = 0; j < pieces; ++j) {
       CANZONA_ASSIGN_OR_RETURN(
-          auto rule, UpdateRule::Create(oc, fragmented ? LocalShape(p, config.tp)
-                                                       : p.shape,
-                                        backend.get()));
+          auto rule, UpdateRule::Create(
+                         oc, fragmented ? LocalShape(p, config.tp) : p.shape,
+                         backend.get()));
       rules.push_back(std::move(rule));
     }
     const float factor = static_cast<float>(1.0 / config.dp);
@@ -276,9 +283,10 @@ std::vector<float> TrainerRank::ParamBuffer(int index) const {
 void TrainerRank::WriteGrads(int step) {
   float* base = static_cast<float*>(shm_->data());
   for (size_t i = 0; i < config_.params.size(); ++i) {
-    std::vector<float> shard =
-        Shard(config_.params[i], FullGrad(config_, config_.params[i], step, dp_));
-    if (step == config_.nan_step && global_ == config_.nan_global_rank && i == 3) {
+    std::vector<float> shard = Shard(
+        config_.params[i], FullGrad(config_, config_.params[i], step, dp_));
+    if (step == config_.nan_step && global_ == config_.nan_global_rank &&
+        i == 3) {
       shard[0] = std::nanf("");
     }
     std::memcpy(base + offsets_[i] + local_numel_[i], shard.data(),
@@ -317,7 +325,8 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
     q->set_dtype(v1::DTYPE_FLOAT32);
     q->set_tp_split_dim(p.split);
     q->set_group(p.group);
-    const uint64_t bytes = static_cast<uint64_t>(local_numel_[i]) * sizeof(float);
+    const uint64_t bytes =
+        static_cast<uint64_t>(local_numel_[i]) * sizeof(float);
     v1::ShmBufferRef* param = q->mutable_param()->mutable_shm();
     param->set_name(shm_->name());
     param->set_offset(offsets_[i] * sizeof(float));
@@ -385,8 +394,8 @@ absl::Status JobRun::RunAll(Cluster& cluster, int steps) {
   for (auto& t : threads) t.join();
   for (int g = 0; g < config_.world(); ++g) {
     if (!status[g].ok()) {
-      return absl::Status(status[g].code(), absl::StrCat("rank ", g, ": ",
-                                                         status[g].message()));
+      return absl::Status(status[g].code(),
+                          absl::StrCat("rank ", g, ": ", status[g].message()));
     }
   }
   return absl::OkStatus();
@@ -401,8 +410,9 @@ absl::Status JobRun::Compare(const Params& reference, bool bitwise) const {
       float scale = 0;
       for (float w : want) scale = std::max(scale, std::fabs(w));
       for (size_t e = 0; e < want.size(); ++e) {
-        const bool ok = bitwise ? std::memcmp(&want[e], &got[e], sizeof(float)) == 0
-                                : std::fabs(want[e] - got[e]) <= 1e-6f * scale;
+        const bool ok = bitwise
+                            ? std::memcmp(&want[e], &got[e], sizeof(float)) == 0
+                            : std::fabs(want[e] - got[e]) <= 1e-6f * scale;
         if (!ok) {
           return absl::InternalError(absl::StrCat(
               "rank ", rank->global(), " parameter '", p.name, "' element ", e,

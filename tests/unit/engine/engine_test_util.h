@@ -5,8 +5,8 @@
 // DP-averaged full gradients).
 //
 //   Cluster cluster;
-//   JobRun run(MakeJobConfig("t1", /*dp=*/2, /*tp=*/2, "cost", MegatronModel()));
-//   ASSERT_OK(run.RunAll(cluster, /*steps=*/5));
+//   JobRun run(MakeJobConfig("t1", /*dp=*/2, /*tp=*/2, "cost",
+//   MegatronModel())); ASSERT_OK(run.RunAll(cluster, /*steps=*/5));
 //   ASSERT_OK_AND_ASSIGN(auto ref, Reference(run.config(), 5, {}));
 //   EXPECT_OK(run.Compare(ref, /*bitwise=*/true));
 //
