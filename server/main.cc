@@ -29,6 +29,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "kernels/base/status_macros.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "server/control/kv_store.h"
 #include "server/engine/engine_impl.h"
 #include "server/rpc/control_plane_service.h"
@@ -51,6 +52,7 @@ struct DaemonFlags {
   std::string log_level = "info";
   std::string daemon_id;
   std::string ready_file;
+  int cpu_threads = 1;
   double step_timeout_s = 60;
   double register_timeout_s = 120;
 };
@@ -114,6 +116,7 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
         "--comm: unknown value \"", flags.comm, "\" (auto, gloo, nccl)"));
   }
   CANZONA_ASSIGN_OR_RETURN(std::string token, ReadToken(flags));
+  SetCpuBlasThreads(flags.cpu_threads);
   const std::string socket_path =
       flags.unix_socket.empty() ? DefaultSocketPath() : flags.unix_socket;
   CANZONA_RETURN_IF_ERROR(EnsureParentDir(socket_path));
@@ -232,6 +235,11 @@ int main(int argc, char** argv) {
   app.add_option("--daemon-id", flags.daemon_id, "unique name in the job");
   app.add_option("--ready-file", flags.ready_file,
                  "write {unix_socket, tcp_port, pid} here once serving");
+  app.add_option(
+         "--cpu-threads", flags.cpu_threads,
+         "BLAS threads per cpu device worker (one worker per local rank)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--step-timeout", flags.step_timeout_s,
                  "seconds a step waits for its peers")
       ->capture_default_str()

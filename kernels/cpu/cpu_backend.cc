@@ -700,4 +700,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend() {
   return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
 }
 
+void SetCpuBlasThreads(int threads) {
+  openblas_set_num_threads(threads < 1 ? 1 : threads);
+}
+
 }  // namespace canzona

@@ -16,6 +16,11 @@ namespace canzona {
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend();
 
+// Threads OpenBLAS uses inside each call, process-wide. A daemon runs one
+// device worker per local rank, each calling BLAS concurrently: one thread
+// per worker avoids oversubscribing the cores (OpenBLAS threads spin).
+void SetCpuBlasThreads(int threads);
+
 }  // namespace canzona
 
 #endif  // CANZONA_KERNELS_CPU_CPU_BACKEND_H_

@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/base/status_macros.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "server/engine/engine_impl.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/engine/engine_test_util.h"
@@ -16,14 +17,13 @@
 // OpenBLAS (the cpu backend) spins its own thread pool per call; with up to
 // eight device workers in this process on a 2-core machine that spinning
 // doubles the test's time, so each worker runs BLAS single-threaded here.
-extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace canzona::engine_test {
 namespace {
 
 class SingleThreadedBlas : public ::testing::Environment {
  public:
-  void SetUp() override { openblas_set_num_threads(1); }
+  void SetUp() override { SetCpuBlasThreads(1); }
 };
 const ::testing::Environment* const kBlasEnvironment =
     ::testing::AddGlobalTestEnvironment(new SingleThreadedBlas);
