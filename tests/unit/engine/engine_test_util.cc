@@ -305,8 +305,7 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
   r.mutable_rank()->set_dp_rank(dp_);
   r.mutable_rank()->set_tp_rank(tp_);
   r.set_strategy(config_.strategy);
-  // Small buckets so that the models span several buckets.
-  r.set_bucket_size(20000);
+  r.set_bucket_size(config_.bucket_size);
   for (const char* g : {"muon", "adamw", "shampoo", "soap"}) {
     v1::OptimizerGroup* group = r.add_groups();
     group->set_name(g);

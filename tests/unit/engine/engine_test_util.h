@@ -53,6 +53,8 @@ struct JobConfig {
   bool exact = true;  // gradients: small multiples of 2^-12 (exact sums)
   uint64_t seed = 1;
   std::string token = "secret";
+  // Gradient bucket size in elements (small, so the models span buckets).
+  int64_t bucket_size = 20000;
   // Step at which (dp, tp) = nan_rank injects a NaN gradient (0: never).
   int nan_step = 0;
   int nan_global_rank = 0;

@@ -1,0 +1,171 @@
+// The optimizer step of one job under every strategy (sc, layerwise,
+// start_anchored, alpha, cost) in one run: two in-process daemons (Engines
+// sharing a control plane, real Gloo on loopback, real shm), trainer ranks as
+// threads. Reports, per strategy, the median over steps of the slowest
+// rank's time per phase, and each total's speed-up over sc.
+//
+//   canzona_step_bench [--model=qwen3-0.6b] [--layers=2] [--vocab=4096]
+//                      [--layout=megatron] [--dp=2] [--tp=2] [--steps=6]
+//                      [--optimizer=muon] [--bucket-size=N]
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/ctl/model_shapes.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "server/plan/model_config.h"
+#include "tests/unit/engine/engine_test_util.h"
+
+namespace canzona {
+namespace {
+
+struct Flags {
+  std::string model = "qwen3-0.6b";
+  int layers = 2;
+  int vocab = 4096;
+  std::string layout = "megatron";
+  int dp = 2;
+  int tp = 2;
+  int steps = 6;
+  std::string optimizer = "muon";
+  int64_t bucket_size = 4000000;
+};
+
+bool Parse(int argc, char** argv, Flags& f) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](const char* name) -> const char* {
+      const std::string prefix = absl::StrCat("--", name, "=");
+      return a.rfind(prefix, 0) == 0 ? argv[i] + prefix.size() : nullptr;
+    };
+    if (const char* v = value("model"))
+      f.model = v;
+    else if (const char* v = value("layers"))
+      f.layers = std::atoi(v);
+    else if (const char* v = value("vocab"))
+      f.vocab = std::atoi(v);
+    else if (const char* v = value("layout"))
+      f.layout = v;
+    else if (const char* v = value("dp"))
+      f.dp = std::atoi(v);
+    else if (const char* v = value("tp"))
+      f.tp = std::atoi(v);
+    else if (const char* v = value("steps"))
+      f.steps = std::atoi(v);
+    else if (const char* v = value("optimizer"))
+      f.optimizer = v;
+    else if (const char* v = value("bucket-size"))
+      f.bucket_size = std::atoll(v);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", argv[i]);
+      return false;
+    }
+  }
+  return f.layers > 0 && f.vocab > 0 && f.dp > 0 && f.tp > 0 && f.steps > 1;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+constexpr int kPhases = 8;
+const char* kPhaseNames[kPhases] = {
+    "reduce_scatter", "local_compute", "tp_gather", "tp_compute",
+    "tp_scatter",     "all_gather",    "wait",      "total"};
+
+std::vector<double> PhaseValues(const canzona::v1::StepResponse& r) {
+  const auto& s = r.seconds();
+  return {s.reduce_scatter(), s.local_compute(), s.tp_gather(), s.tp_compute(),
+          s.tp_scatter(),     s.all_gather(),    s.wait(),      s.total()};
+}
+
+}  // namespace
+}  // namespace canzona
+
+int main(int argc, char** argv) {
+  using namespace canzona;
+  Flags f;
+  if (!Parse(argc, argv, f)) return 2;
+  SetCpuBlasThreads(1);
+  auto config = plan::LoadModelConfig(ResolveModelsDir(""), f.model);
+  auto layout = plan::ParseModelLayout(f.layout);
+  auto matrix = plan::ParseOptimizerKind(f.optimizer);
+  if (!config.ok() || !layout.ok() || !matrix.ok()) {
+    std::fprintf(stderr, "bad --model/--layout/--optimizer\n");
+    return 2;
+  }
+  // A few layers and a small vocabulary of the real model's shapes: the
+  // whole step fits a small CPU machine.
+  config->num_hidden_layers = f.layers;
+  config->vocab_size = f.vocab;
+  auto params = plan::BuildModelParameters(
+      *config, *layout, *matrix, {1, f.dp, f.tp}, plan::DType::kFloat32);
+  if (!params.ok()) {
+    std::fprintf(stderr, "%s\n",
+                 std::string(params.status().message()).c_str());
+    return 2;
+  }
+  std::vector<engine_test::ModelParam> model;
+  int64_t numel = 0;
+  for (const plan::ParamSpec& p : *params) {
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    numel += n;
+    model.push_back(
+        {p.name, p.shape, p.tp_split_dim,
+         p.optimizer == plan::OptimizerKind::kAdamW ? "adamw" : f.optimizer});
+  }
+  std::printf(
+      "%s (%d layers, vocab %d, %s layout): %zu parameters, %.1f M elements; "
+      "DP%d x TP%d, %s, %d steps (median of steps 2..%d, slowest rank)\n",
+      f.model.c_str(), f.layers, f.vocab, f.layout.c_str(), model.size(),
+      numel / 1e6, f.dp, f.tp, f.optimizer.c_str(), f.steps, f.steps);
+  std::printf("%-15s", "strategy");
+  for (const char* name : kPhaseNames) std::printf(" %11s", name);
+  std::printf(" %9s\n", "vs sc");
+  double sc_total = 0;
+  for (const char* strategy :
+       {"sc", "layerwise", "start_anchored", "alpha", "cost"}) {
+    engine_test::Cluster cluster(absl::Seconds(600), absl::Seconds(600));
+    engine_test::JobConfig job;
+    job.job_id = engine_test::UniqueJobId(absl::StrCat("bench-", strategy));
+    job.dp = f.dp;
+    job.tp = f.tp;
+    job.strategy = strategy;
+    job.params = model;
+    job.bucket_size = f.bucket_size;
+    engine_test::JobRun run(job);
+    absl::Status status = run.Init();
+    if (status.ok()) status = run.RunAll(cluster, f.steps);
+    if (!status.ok()) {
+      std::fprintf(stderr, "%s: %s\n", strategy,
+                   std::string(status.message()).c_str());
+      return 1;
+    }
+    // Per step, the slowest rank's time per phase; then the median over steps
+    // (step 1 warms caches and allocators, so it is left out).
+    std::vector<double> medians(kPhases);
+    for (int phase = 0; phase < kPhases; ++phase) {
+      std::vector<double> per_step;
+      for (int s = 1; s < f.steps; ++s) {
+        double slowest = 0;
+        for (const auto& rank : run.responses) {
+          slowest = std::max(slowest, PhaseValues(rank[s])[phase]);
+        }
+        per_step.push_back(slowest);
+      }
+      medians[phase] = Median(per_step);
+    }
+    if (std::string(strategy) == "sc") sc_total = medians[kPhases - 1];
+    std::printf("%-15s", strategy);
+    for (double m : medians) std::printf(" %9.2fms", 1e3 * m);
+    std::printf(" %8.2fx\n", sc_total / medians[kPhases - 1]);
+    (void)run.Deregister(cluster);
+  }
+  return 0;
+}
