@@ -191,6 +191,17 @@ std::vector<pid_t> StartTrainers(const Daemons& daemons,
   return pids;
 }
 
+// canzonactl's stdout and stderr.
+std::string RunCanzonactl(const std::string& args) {
+  const std::string out =
+      absl::StrCat(::testing::TempDir(), "/canzonactl_", getpid(), ".out");
+  const std::string command =
+      absl::StrCat(CANZONACTL_PATH, " ", args, " >", out, " 2>&1");
+  EXPECT_EQ(std::system(command.c_str()), 0) << command << "\n"
+                                             << ReadFile(out);
+  return ReadFile(out);
+}
+
 int WaitExit(pid_t pid) {
   int status = 0;
   ::waitpid(pid, &status, 0);
@@ -248,8 +259,17 @@ TEST(CrossProcessFailureTest, KilledTrainerFailsItsPeersWithinTheTimeout) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
   EXPECT_LT(seconds, 30.0);
-  // The daemons keep serving: a new job runs to completion.
+  // The daemons keep serving: canzonactl sees the failed job and its plan...
   EXPECT_TRUE(daemons.Alive());
+  const std::string status =
+      RunCanzonactl("status --target " + daemons.Target(0));
+  EXPECT_THAT(status, ::testing::HasSubstr(config.job_id));
+  EXPECT_THAT(status, ::testing::HasSubstr("failed"));
+  const std::string plan = RunCanzonactl(absl::StrCat(
+      "plan --target ", daemons.Target(1), " --job ", config.job_id));
+  EXPECT_THAT(plan, ::testing::HasSubstr("strategy cost"));
+  EXPECT_THAT(plan, ::testing::HasSubstr("digest"));
+  // ... and a new job runs to completion.
   JobConfig next = config;
   next.job_id = engine_test::UniqueJobId("xafter");
   std::vector<pid_t> after = StartTrainers(daemons, next, 3);
