@@ -405,6 +405,8 @@ class EngineImpl final : public Engine {
   void Shutdown() override;
 
  private:
+  // The job registered here under `job_id`, or NOT_FOUND naming it.
+  absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id);
   absl::StatusOr<Prepared> Prepare(const v1::RegisterRequest& request,
                                    const PeerInfo& peer);
   absl::Status Admit(const v1::RegisterRequest& request, Prepared& prepared,
@@ -1224,22 +1226,26 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::shared_ptr<Job>> EngineImpl::FindJob(
+    const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("job_id '", job_id, "' is not registered here"));
+  }
+  return it->second;
+}
+
 // ---------------------------------------------------------------------------
 // Step.
 
 void EngineImpl::Step(const v1::StepRequest& request,
                       Callback<v1::StepResponse> done) {
   if (shutting_down_) return done(Unavailable());
-  std::shared_ptr<Job> job;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(request.job_id());
-    if (it == jobs_.end()) {
-      return done(absl::NotFoundError(absl::StrCat(
-          "job_id '", request.job_id(), "' is not registered here")));
-    }
-    job = it->second;
-  }
+  absl::StatusOr<std::shared_ptr<Job>> found = FindJob(request.job_id());
+  if (!found.ok()) return done(found.status());
+  std::shared_ptr<Job> job = *std::move(found);
   std::shared_ptr<LocalRank> rank;
   absl::Status status = [&]() -> absl::Status {
     const v1::RankCoordinates& r = request.rank();
@@ -1765,16 +1771,8 @@ absl::Status EngineImpl::RunMicroGroups(Job& job, LocalRank& rank,
 
 absl::StatusOr<v1::GetPlanResponse> EngineImpl::GetPlan(
     const v1::GetPlanRequest& request) {
-  std::shared_ptr<Job> job;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(request.job_id());
-    if (it == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("job_id '", request.job_id(),
-                                              "' is not registered here"));
-    }
-    job = it->second;
-  }
+  CANZONA_ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
+                           FindJob(request.job_id()));
   std::shared_ptr<const JobPlan> jp;
   {
     absl::MutexLock lock(&job->mu);
