@@ -4,6 +4,8 @@
 // whole matrices with the DP-averaged gradients), bitwise on exact-sum
 // gradients. A killed trainer makes its peers fail within the timeout while
 // the daemons keep serving.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -12,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -91,6 +94,7 @@ class Daemons {
     return absl::StrCat(dir_, i == 0 ? "/a.sock" : "/b.sock");
   }
   std::string Target(int i) const { return "unix:" + Socket(i); }
+  std::string Tcp() const { return absl::StrCat("127.0.0.1:", port_); }
   bool Alive() const { return ::kill(a_, 0) == 0 && ::kill(b_, 0) == 0; }
 
  private:
@@ -230,18 +234,64 @@ TEST_P(CrossProcessTest, EveryRankEqualsTheSingleProcessReferenceBitwise) {
   EXPECT_TRUE(daemons.Alive());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, CrossProcessTest,
-    ::testing::Values(Case{1, 1, "hf", "cost"}, Case{2, 1, "megatron", "alpha"},
-                      Case{4, 1, "hf", "start_anchored"},
-                      Case{1, 2, "megatron", "cost"}, Case{2, 2, "hf", "cost"},
-                      Case{2, 2, "megatron", "layerwise"},
-                      Case{1, 4, "megatron", "sc"}),
-    [](const auto& info) {
-      return absl::StrCat("dp", std::get<0>(info.param), "tp",
-                          std::get<1>(info.param), "_", std::get<2>(info.param),
-                          "_", std::get<3>(info.param));
-    });
+// Every DP x TP of the issue under every strategy, the two layouts
+// alternating so that each layout meets every layout size and strategy.
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  const std::pair<int, int> sizes[] = {{1, 1}, {2, 1}, {4, 1},
+                                       {1, 2}, {2, 2}, {1, 4}};
+  const char* strategies[] = {"sc", "layerwise", "start_anchored", "alpha",
+                              "cost"};
+  int i = 0;
+  for (const auto& [dp, tp] : sizes) {
+    for (const char* strategy : strategies) {
+      cases.emplace_back(dp, tp, i++ % 2 == 0 ? "megatron" : "hf", strategy);
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, CrossProcessTest,
+                         ::testing::ValuesIn(AllCases()), [](const auto& info) {
+                           return absl::StrCat("dp", std::get<0>(info.param),
+                                               "tp", std::get<1>(info.param),
+                                               "_", std::get<2>(info.param),
+                                               "_", std::get<3>(info.param));
+                         });
+
+// grpc.health.v1.Health/Check on the coordinator's TCP port answers
+// SERVING (what Kubernetes probes ask). Run in a child process: this test
+// process forks trainers and must not hold gRPC state itself.
+TEST(CrossProcessHealthTest, DaemonAnswersTheGrpcHealthCheck) {
+  Daemons daemons;
+  const pid_t child = ::fork();
+  if (child == 0) {
+    auto channel =
+        grpc::CreateChannel(daemons.Tcp(), grpc::InsecureChannelCredentials());
+    grpc::GenericStub stub(channel);
+    // HealthCheckRequest{service: ""} is the empty message.
+    grpc::Slice empty;
+    grpc::ByteBuffer request(&empty, 1);
+    grpc::ByteBuffer response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&context, "/grpc.health.v1.Health/Check",
+                   grpc::StubOptions(), &request, &response,
+                   [&done](grpc::Status status) { done.set_value(status); });
+    grpc::Status status = done.get_future().get();
+    std::vector<grpc::Slice> slices;
+    if (!status.ok() || !response.Dump(&slices).ok()) ::_exit(1);
+    std::string bytes;
+    for (const grpc::Slice& slice : slices) {
+      bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    // HealthCheckResponse{status: SERVING (1)}: field 1, varint 1.
+    ::_exit(bytes == std::string("\x08\x01", 2) ? 0 : 2);
+  }
+  EXPECT_EQ(WaitExit(child), 0);
+}
 
 TEST(CrossProcessFailureTest, KilledTrainerFailsItsPeersWithinTheTimeout) {
   Daemons daemons(/*step_timeout_s=*/3);
