@@ -1,0 +1,58 @@
+#include "server/metrics/canzona_metrics.h"
+
+namespace canzona {
+
+std::vector<double> StepPhaseBuckets() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+          0.1,    0.25,    0.5,    1,     2.5,    5,     10,   30,    60};
+}
+
+CanzonaMetrics CanzonaMetrics::Register(MetricsRegistry* r) {
+  CanzonaMetrics m;
+  m.step_phase_seconds = r->AddHistogram(
+      "canzona_step_phase_seconds",
+      "Seconds per optimizer step phase (reduce_scatter, local_compute, "
+      "tp_gather, tp_compute, tp_scatter, all_gather, wait, total).",
+      {"job", "rank", "phase"}, StepPhaseBuckets());
+  m.steps_total = r->AddCounter("canzona_steps_total",
+                                "Optimizer steps finished (skipped included).",
+                                {"job", "rank"});
+  m.steps_skipped_total = r->AddCounter(
+      "canzona_steps_skipped_total",
+      "Optimizer steps skipped for non-finite gradients.", {"job", "rank"});
+  m.rank_compute_flops = r->AddGauge(
+      "canzona_rank_compute_flops",
+      "The plan's optimizer flops per step on this rank's GPU.",
+      {"job", "rank"});
+  m.plan_max_over_mean = r->AddGauge(
+      "canzona_plan_max_over_mean",
+      "The plan's load imbalance: max over mean per-GPU load.", {"job"});
+  m.plan_makespan_over_lb =
+      r->AddGauge("canzona_plan_makespan_over_lb",
+                  "The plan's makespan over its lower bound.", {"job"});
+  m.comm_sent_bytes_total = r->AddCounter(
+      "canzona_comm_sent_bytes_total",
+      "Bytes sent by this rank by collective kind (reduce_scatter, "
+      "all_gather, all_reduce, tp_all_to_all).",
+      {"job", "rank", "kind"});
+  m.tp_overlap_ratio = r->AddGauge(
+      "canzona_tp_overlap_ratio",
+      "Last step's TP comm time hidden behind compute over TP comm time "
+      "(micro-group pipeline; 0 without TP groups).",
+      {"job", "rank"});
+  m.registered_parameters =
+      r->AddGauge("canzona_registered_parameters",
+                  "Parameters registered by the job.", {"job"});
+  m.optimizer_state_bytes =
+      r->AddGauge("canzona_optimizer_state_bytes",
+                  "Optimizer state bytes held for this rank.", {"job", "rank"});
+  m.rpc_requests_total = r->AddCounter(
+      "canzona_rpc_requests_total",
+      "gRPC requests by method and status code name.", {"method", "code"});
+  m.build_info = r->AddGauge("canzona_build_info",
+                             "Build and configuration (value 1).",
+                             {"version", "backend", "comm"});
+  return m;
+}
+
+}  // namespace canzona
