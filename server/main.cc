@@ -32,6 +32,10 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "server/control/kv_store.h"
 #include "server/engine/engine_impl.h"
+#include "server/metrics/canzona_metrics.h"
+#include "server/metrics/http_server.h"
+#include "server/metrics/process_metrics.h"
+#include "server/metrics/registry.h"
 #include "server/rpc/control_plane_service.h"
 #include "server/rpc/grpc_kv_store.h"
 #include "server/rpc/optimizer_service.h"
@@ -52,6 +56,7 @@ struct DaemonFlags {
   std::string log_level = "info";
   std::string daemon_id;
   std::string ready_file;
+  std::string metrics_address = "127.0.0.1:9464";
   int cpu_threads = 1;
   double step_timeout_s = 60;
   double register_timeout_s = 120;
@@ -89,13 +94,14 @@ absl::StatusOr<std::string> ReadToken(const DaemonFlags& flags) {
 }
 
 absl::Status WriteReadyFile(const std::string& path,
-                            const std::string& unix_socket, int tcp_port) {
+                            const std::string& unix_socket, int tcp_port,
+                            int metrics_port) {
   const std::string temp = absl::StrCat(path, ".tmp");
   {
     std::ofstream out(temp);
     out << "{\"unix_socket\": \"" << unix_socket
         << "\", \"tcp_port\": " << tcp_port << ", \"pid\": " << ::getpid()
-        << "}\n";
+        << ", \"metrics_port\": " << metrics_port << "}\n";
     if (!out) return absl::InternalError("--ready-file: write failed");
   }
   if (std::rename(temp.c_str(), path.c_str()) != 0) {
@@ -144,7 +150,24 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
     control = remote_store.get();
   }
 
+  // Metrics: /metrics on --metrics-address (empty: off); the registry
+  // outlives the engine and the servers.
+  MetricsRegistry metrics;
+  RegisterProcessMetrics(&metrics);
+  CanzonaMetrics::Register(&metrics)
+      .build_info->WithLabels({"0.1.0", flags.backend, "gloo"})
+      ->Set(1);
+  std::unique_ptr<MetricsHttpServer> metrics_server;
+  if (!flags.metrics_address.empty()) {
+    CANZONA_ASSIGN_OR_RETURN(
+        metrics_server,
+        MetricsHttpServer::Start(flags.metrics_address, &metrics));
+  }
+  const int metrics_port =
+      metrics_server != nullptr ? metrics_server->port() : 0;
+
   EngineOptions options;
+  options.metrics = &metrics;
   options.control = control;
   options.daemon_id = flags.daemon_id.empty()
                           ? absl::StrCat(socket_path, "@", ::getpid())
@@ -156,7 +179,7 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
   options.register_timeout = absl::Seconds(flags.register_timeout_s);
   CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                            CreateEngine(options));
-  OptimizerServiceImpl optimizer_service(engine.get());
+  OptimizerServiceImpl optimizer_service(engine.get(), &metrics);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -179,14 +202,15 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
   // Owner and group only: trainers of other users cannot reach the daemon.
   ::chmod(socket_path.c_str(), 0660);
   spdlog::info(
-      "ready: unix:{} tcp:{} coordinator:{} backend:{} comm:gloo", socket_path,
+      "ready: unix:{} tcp:{} coordinator:{} backend:{} comm:gloo metrics:{}",
+      socket_path,
       flags.listen.empty() ? std::string("off")
                            : absl::StrCat(flags.listen, " port ", tcp_port),
       flags.coordinator.empty() ? std::string("self") : flags.coordinator,
-      flags.backend);
+      flags.backend, metrics_port);
   if (!flags.ready_file.empty()) {
     CANZONA_RETURN_IF_ERROR(
-        WriteReadyFile(flags.ready_file, socket_path, tcp_port));
+        WriteReadyFile(flags.ready_file, socket_path, tcp_port, metrics_port));
   }
 
   int signal_number = 0;
@@ -234,7 +258,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   app.add_option("--daemon-id", flags.daemon_id, "unique name in the job");
   app.add_option("--ready-file", flags.ready_file,
-                 "write {unix_socket, tcp_port, pid} here once serving");
+                 "write {unix_socket, tcp_port, pid, metrics_port} here once "
+                 "serving");
+  app.add_option("--metrics-address", flags.metrics_address,
+                 "host:port of the Prometheus /metrics endpoint (port 0: a "
+                 "free one, see --ready-file; empty: off)")
+      ->capture_default_str();
   app.add_option(
          "--cpu-threads", flags.cpu_threads,
          "BLAS threads per cpu device worker (one worker per local rank)")

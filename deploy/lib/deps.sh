@@ -9,6 +9,7 @@ CANZONA_DEBIAN_PACKAGES=(
   nlohmann-json3-dev libspdlog-dev libcli11-dev
   libgloo-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  libcivetweb-dev prometheus
   prometheus
 )
 

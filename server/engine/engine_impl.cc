@@ -30,6 +30,7 @@
 #include "kernels/base/status_macros.h"
 #include "server/comm/gloo_communicator.h"
 #include "server/engine/local_communicator.h"
+#include "server/metrics/canzona_metrics.h"
 #include "server/optim/optimizer_config.h"
 #include "server/optim/update_rule.h"
 #include "server/plan/plan_json.h"
@@ -165,6 +166,8 @@ struct JobPlan {
 
 enum class Mode { kLocal, kHosted, kRedundant };
 
+struct RankMetrics;
+
 // What the worker of one rank owns: backend, communicators, rule state and
 // staging buffers. Touched only by that worker thread (comms also by Abort).
 struct RankRuntime {
@@ -202,6 +205,120 @@ struct RankRuntime {
   std::vector<float> send, recv, full_g, full_p;
   int owned = 0;
   int64_t state_bytes = 0;
+  // The last step's TP comm time of the micro-group pipeline and the part
+  // of it hidden behind compute (canzona_tp_overlap_ratio).
+  double tp_comm_s = 0, tp_hidden_s = 0;
+  std::unique_ptr<RankMetrics> metrics;  // null without a registry
+};
+
+// The metric children of one rank (server/metrics/README.md), cached at
+// setup so that the step records with atomics only.
+struct RankMetrics {
+  static constexpr int kPhases = 8;
+  Histogram* phase[kPhases] = {};  // PhaseTimes order, then total
+  Counter* steps = nullptr;
+  Counter* skipped = nullptr;
+  Gauge* overlap = nullptr;
+
+  RankMetrics(const CanzonaMetrics& m, const std::string& job,
+              const std::string& rank) {
+    static constexpr const char* kNames[kPhases] = {
+        "reduce_scatter", "local_compute", "tp_gather", "tp_compute",
+        "tp_scatter",     "all_gather",    "wait",      "total"};
+    for (int i = 0; i < kPhases; ++i) {
+      phase[i] = m.step_phase_seconds->WithLabels({job, rank, kNames[i]});
+    }
+    steps = m.steps_total->WithLabels({job, rank});
+    skipped = m.steps_skipped_total->WithLabels({job, rank});
+    overlap = m.tp_overlap_ratio->WithLabels({job, rank});
+  }
+  void RecordStep(const v1::StepResponse& response, double tp_comm_s,
+                  double tp_hidden_s) {
+    const v1::PhaseTimes& t = response.seconds();
+    const double values[kPhases] = {
+        t.reduce_scatter(), t.local_compute(), t.tp_gather(), t.tp_compute(),
+        t.tp_scatter(),     t.all_gather(),    t.wait(),      t.total()};
+    for (int i = 0; i < kPhases; ++i) phase[i]->Observe(values[i]);
+    steps->Increment();
+    if (response.skipped_nonfinite()) skipped->Increment();
+    overlap->Set(tp_comm_s > 0 ? tp_hidden_s / tp_comm_s : 0);
+  }
+};
+
+// Counts the bytes this rank sends into canzona_comm_sent_bytes_total
+// (conventions in server/metrics/README.md): the elements it sends to the
+// other ranks for reduce-scatter, all-gather and all-to-all, and a ring's
+// 2 (n-1)/n of the buffer for all-reduce. Broadcast and Barrier (setup
+// only) are not counted.
+class CountingCommunicator final : public Communicator {
+ public:
+  CountingCommunicator(std::unique_ptr<Communicator> inner,
+                       const CanzonaMetrics& m, const std::string& job,
+                       const std::string& rank)
+      : inner_(std::move(inner)),
+        reduce_scatter_(m.comm_sent_bytes_total->WithLabels(
+            {job, rank, "reduce_scatter"})),
+        all_gather_(
+            m.comm_sent_bytes_total->WithLabels({job, rank, "all_gather"})),
+        all_reduce_(
+            m.comm_sent_bytes_total->WithLabels({job, rank, "all_reduce"})),
+        all_to_all_(m.comm_sent_bytes_total->WithLabels(
+            {job, rank, "tp_all_to_all"})) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  absl::Status ReduceScatterV(const float* send,
+                              absl::Span<const int64_t> counts,
+                              float* recv) override {
+    CANZONA_RETURN_IF_ERROR(inner_->ReduceScatterV(send, counts, recv));
+    reduce_scatter_->Increment(Bytes(Others(counts)));
+    return absl::OkStatus();
+  }
+  absl::Status AllGatherV(const float* send, absl::Span<const int64_t> counts,
+                          float* recv) override {
+    CANZONA_RETURN_IF_ERROR(inner_->AllGatherV(send, counts, recv));
+    if (rank() < static_cast<int>(counts.size())) {
+      all_gather_->Increment(Bytes(counts[rank()] * (size() - 1)));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status AllToAllV(const float* send,
+                         absl::Span<const int64_t> send_counts, float* recv,
+                         absl::Span<const int64_t> recv_counts) override {
+    CANZONA_RETURN_IF_ERROR(
+        inner_->AllToAllV(send, send_counts, recv, recv_counts));
+    all_to_all_->Increment(Bytes(Others(send_counts)));
+    return absl::OkStatus();
+  }
+  absl::Status AllReduce(float* data, int64_t count) override {
+    CANZONA_RETURN_IF_ERROR(inner_->AllReduce(data, count));
+    const int n = size();
+    if (n > 1) all_reduce_->Increment(2.0 * (n - 1) / n * Bytes(count));
+    return absl::OkStatus();
+  }
+  absl::Status Broadcast(float* data, int64_t count, int root) override {
+    return inner_->Broadcast(data, count, root);
+  }
+  absl::Status Barrier() override { return inner_->Barrier(); }
+  void Abort() override { inner_->Abort(); }
+
+ private:
+  static double Bytes(int64_t elements) {
+    return static_cast<double>(elements) * sizeof(float);
+  }
+  int64_t Others(absl::Span<const int64_t> counts) const {
+    int64_t total = 0;
+    for (size_t j = 0; j < counts.size(); ++j) {
+      if (static_cast<int>(j) != rank()) total += counts[j];
+    }
+    return total;
+  }
+
+  std::unique_ptr<Communicator> inner_;
+  Counter* reduce_scatter_;
+  Counter* all_gather_;
+  Counter* all_reduce_;
+  Counter* all_to_all_;
 };
 
 struct LocalRank {
@@ -994,6 +1111,20 @@ void EngineImpl::RunRegister(std::shared_ptr<Job> job,
     spdlog::info("job ready: job={} daemon={} local_ranks={} digest={}",
                  job->id, options_.daemon_id, fire.size(),
                  rank->response.plan_digest());
+    std::shared_ptr<const JobPlan> jp;
+    {
+      absl::MutexLock lock(&job->mu);
+      jp = job->plan;
+    }
+    if (options_.metrics != nullptr && jp != nullptr) {
+      const CanzonaMetrics m = CanzonaMetrics::Register(options_.metrics);
+      m.plan_max_over_mean->WithLabels({job->id})->Set(
+          jp->plan.max_over_mean());
+      m.plan_makespan_over_lb->WithLabels({job->id})->Set(
+          jp->plan.makespan_over_lb());
+      m.registered_parameters->WithLabels({job->id})->Set(
+          static_cast<double>(jp->params.size()));
+    }
   }
   for (auto& [cb, response] : fire) cb(response);
 }
@@ -1107,6 +1238,11 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
                           absl::StrCat("creating the ", name,
                                        " group: ", comm.status().message()));
     }
+    if (options_.metrics != nullptr) {
+      return std::unique_ptr<Communicator>(new CountingCommunicator(
+          *std::move(comm), CanzonaMetrics::Register(options_.metrics), job.id,
+          std::to_string(rank.global)));
+    }
     return comm;
   };
   CANZONA_ASSIGN_OR_RETURN(rt->dp,
@@ -1214,6 +1350,18 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
   rt->full_g.reserve(max_full);
   rt->full_p.reserve(max_full);
 
+  if (options_.metrics != nullptr) {
+    const CanzonaMetrics m = CanzonaMetrics::Register(options_.metrics);
+    const std::string g = std::to_string(rank.global);
+    rt->metrics = std::make_unique<RankMetrics>(m, job.id, g);
+    const size_t at = (static_cast<size_t>(pp) * DP + d) * TP + t;
+    if (at < plan.per_gpu.size()) {
+      m.rank_compute_flops->WithLabels({job.id, g})
+          ->Set(plan.per_gpu[at].flops);
+    }
+    m.optimizer_state_bytes->WithLabels({job.id, g})
+        ->Set(static_cast<double>(rt->state_bytes));
+  }
   rank.response.set_plan_digest(plan.digest);
   rank.response.set_owned_parameters(rt->owned);
   rank.response.set_state_bytes(rt->state_bytes);
@@ -1374,6 +1522,10 @@ void EngineImpl::RunStep(std::shared_ptr<Job> job,
     return done(status);
   }
   response.mutable_seconds()->set_total(Seconds(start, absl::Now()));
+  if (rank->rt->metrics != nullptr) {
+    rank->rt->metrics->RecordStep(response, rank->rt->tp_comm_s,
+                                  rank->rt->tp_hidden_s);
+  }
   {
     absl::MutexLock lock(&job->mu);
     rank->steps_done = k;
@@ -1386,6 +1538,7 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
                                   const v1::StepRequest& request,
                                   v1::StepResponse* response) {
   RankRuntime& rt = *rank.rt;
+  rt.tp_comm_s = rt.tp_hidden_s = 0;
   v1::PhaseTimes* times = response->mutable_seconds();
   const int d = rank.coords.dp_rank();
   const int DP = job.layout.dp();
@@ -1697,10 +1850,17 @@ absl::Status EngineImpl::RunMicroGroups(Job& job, LocalRank& rank,
     compute_s += Seconds(t0, absl::Now());
     return s;
   };
+  const absl::Time pipeline_start = absl::Now();
   auto publish = [&]() {
     times->set_tp_gather(times->tp_gather() + gather_s);
     times->set_tp_compute(times->tp_compute() + compute_s);
     times->set_tp_scatter(times->tp_scatter() + scatter_s);
+    // Comm hidden behind compute: what the serial sum exceeds the wall
+    // time by (0 for one group: nothing overlaps).
+    const double wall = Seconds(pipeline_start, absl::Now());
+    rt.tp_comm_s = gather_s + scatter_s;
+    rt.tp_hidden_s = std::clamp(gather_s + scatter_s + compute_s - wall, 0.0,
+                                rt.tp_comm_s);
   };
   if (n == 1) {
     CANZONA_RETURN_IF_ERROR(gather(0));

@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "server/control/kv_store.h"
 #include "server/engine/engine.h"
+#include "server/metrics/registry.h"
 
 namespace canzona {
 
@@ -55,6 +56,10 @@ struct EngineOptions {
   // Bytes of trainer buffers (parameters + gradients) mapped per job on
   // this daemon.
   int64_t max_bytes_per_job = int64_t{1} << 40;
+  // When set, the engine records the canzona_* job, rank, step and comm
+  // metrics of server/metrics/README.md here; not owned, must outlive the
+  // engine.
+  MetricsRegistry* metrics = nullptr;
 };
 
 // INVALID_ARGUMENT when options.control is null or a field is out of range.

@@ -1,13 +1,34 @@
 #include "server/metrics/http_server.h"
 
 #include <civetweb.h>
+#include <dlfcn.h>
+#include <pthread.h>
 
+#include <cerrno>
 #include <cstring>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+
+// Debian's civetweb is built with USE_STACK_SIZE=102400: every server
+// thread asks pthread_attr_setstacksize for 100 KiB. glibc puts the static
+// TLS of all loaded libraries on each thread's stack, and canzonad's
+// (cuBLASLt, OpenBLAS, cuSOLVER, ...) is over 200 KiB, so pthread_create
+// fails with EINVAL ("Cannot create first worker thread"). This
+// interposer raises requested stack sizes below 1 MiB to 1 MiB for every
+// caller outside libc (virtual memory, committed lazily); libc's internal
+// calls are not affected.
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr,
+                                         size_t stacksize) {
+  using Fn = int (*)(pthread_attr_t*, size_t);
+  static const Fn real =
+      reinterpret_cast<Fn>(::dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  constexpr size_t kMinStack = size_t{1} << 20;
+  if (real == nullptr) return EINVAL;
+  return real(attr, stacksize < kMinStack ? kMinStack : stacksize);
+}
 
 namespace canzona {
 namespace {

@@ -2,17 +2,31 @@
 
 #include <utility>
 
+#include "absl/status/status.h"
+#include "server/metrics/canzona_metrics.h"
 #include "server/rpc/status_conversion.h"
 
 namespace canzona {
 namespace {
 
-// A completion that moves the engine's result into the RPC's response and
-// finishes the RPC; runs on whichever thread the engine completes on.
+// Counts one finished RPC: canzona_rpc_requests_total{method, code}.
+void Count(Family<Counter>* requests, const char* method,
+           const absl::Status& status) {
+  if (requests == nullptr) return;
+  requests->WithLabels({method, absl::StatusCodeToString(status.code())})
+      ->Increment();
+}
+
+// A completion that moves the engine's result into the RPC's response,
+// counts it and finishes the RPC; runs on whichever thread the engine
+// completes on.
 template <typename Response>
 Callback<Response> Completion(grpc::ServerUnaryReactor* reactor,
-                              Response* response) {
-  return [reactor, response](absl::StatusOr<Response> result) {
+                              Response* response, Family<Counter>* requests,
+                              const char* method) {
+  return [reactor, response, requests,
+          method](absl::StatusOr<Response> result) {
+    Count(requests, method, result.status());
     if (result.ok()) *response = *std::move(result);
     reactor->Finish(ToGrpcStatus(result.status()));
   };
@@ -26,12 +40,20 @@ PeerInfo PeerOf(const grpc::CallbackServerContext& context) {
 
 }  // namespace
 
+OptimizerServiceImpl::OptimizerServiceImpl(Engine* engine,
+                                           MetricsRegistry* metrics)
+    : engine_(engine) {
+  if (metrics != nullptr) {
+    requests_ = CanzonaMetrics::Register(metrics).rpc_requests_total;
+  }
+}
+
 grpc::ServerUnaryReactor* OptimizerServiceImpl::Register(
     grpc::CallbackServerContext* context,
     const canzona::v1::RegisterRequest* request,
     canzona::v1::RegisterResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  engine_->Register(*request, PeerOf(*context), Completion(reactor, response));
+  engine_->Register(*request, PeerOf(*context), Completion(reactor, response, requests_, "Register"));
   return reactor;
 }
 
@@ -40,7 +62,7 @@ grpc::ServerUnaryReactor* OptimizerServiceImpl::Step(
     const canzona::v1::StepRequest* request,
     canzona::v1::StepResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  engine_->Step(*request, Completion(reactor, response));
+  engine_->Step(*request, Completion(reactor, response, requests_, "Step"));
   return reactor;
 }
 
@@ -49,7 +71,8 @@ grpc::ServerUnaryReactor* OptimizerServiceImpl::GetPlan(
     const canzona::v1::GetPlanRequest* request,
     canzona::v1::GetPlanResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  Completion(reactor, response)(engine_->GetPlan(*request));
+  Completion(reactor, response, requests_, "GetPlan")(
+      engine_->GetPlan(*request));
   return reactor;
 }
 
@@ -58,7 +81,9 @@ grpc::ServerUnaryReactor* OptimizerServiceImpl::Deregister(
     const canzona::v1::DeregisterRequest* request,
     canzona::v1::DeregisterResponse* /*response*/) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(engine_->Deregister(*request)));
+  const absl::Status status = engine_->Deregister(*request);
+  Count(requests_, "Deregister", status);
+  reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 
@@ -68,6 +93,7 @@ grpc::ServerUnaryReactor* OptimizerServiceImpl::GetStatus(
     canzona::v1::GetStatusResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   *response = engine_->GetStatus();
+  Count(requests_, "GetStatus", absl::OkStatus());
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

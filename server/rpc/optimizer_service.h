@@ -3,8 +3,12 @@
 // never block: Register and Step hand the request to the engine and return;
 // the engine's worker finishes the RPC through the reactor.
 //
-//   OptimizerServiceImpl service(engine.get());
+//   OptimizerServiceImpl service(engine.get(), &registry);  // or no registry
 //   builder.RegisterService(&service);
+//
+// With a registry, every RPC is counted at completion in
+// canzona_rpc_requests_total{method, code} (code: the status code name,
+// e.g. OK, INVALID_ARGUMENT).
 //
 // Thread-safety: thread-safe (the Engine is).
 #ifndef CANZONA_SERVER_RPC_OPTIMIZER_SERVICE_H_
@@ -12,13 +16,15 @@
 
 #include "canzona/v1/optimizer_service.grpc.pb.h"
 #include "server/engine/engine.h"
+#include "server/metrics/registry.h"
 
 namespace canzona {
 
 class OptimizerServiceImpl final
     : public canzona::v1::OptimizerService::CallbackService {
  public:
-  explicit OptimizerServiceImpl(Engine* engine) : engine_(engine) {}
+  explicit OptimizerServiceImpl(Engine* engine,
+                                MetricsRegistry* metrics = nullptr);
 
   grpc::ServerUnaryReactor* Register(
       grpc::CallbackServerContext* context,
@@ -42,6 +48,8 @@ class OptimizerServiceImpl final
 
  private:
   Engine* engine_;
+  // canzona_rpc_requests_total{method, code}; null without a registry.
+  Family<Counter>* requests_ = nullptr;
 };
 
 }  // namespace canzona

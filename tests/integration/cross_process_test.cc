@@ -26,6 +26,7 @@
 #include "client/lib/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/integration/daemons.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/engine/engine_test_util.h"
 
@@ -45,89 +46,6 @@ enum ChildExit {
   kStep,
   kMismatch,
   kExpectFail
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Two daemons: A coordinates (TCP on a free port), B joins it.
-class Daemons {
- public:
-  explicit Daemons(double step_timeout_s = 20) {
-    dir_ =
-        absl::StrCat(::testing::TempDir(), "/xproc_", getpid(), "_", ++count_);
-    ::mkdir(dir_.c_str(), 0755);
-    a_ = Spawn({"--unix-socket", Socket(0), "--listen", "127.0.0.1:0",
-                "--daemon-id", "a", "--ready-file", dir_ + "/a.ready",
-                "--step-timeout", std::to_string(step_timeout_s),
-                "--register-timeout", "30", "--backend", "cpu"},
-               dir_ + "/a.log");
-    const std::string ready = WaitReady(dir_ + "/a.ready");
-    const size_t at = ready.find("\"tcp_port\": ");
-    port_ = std::stoi(ready.substr(at + 12));
-    b_ = Spawn(
-        {"--unix-socket", Socket(1), "--coordinator",
-         absl::StrCat("127.0.0.1:", port_), "--daemon-id", "b", "--ready-file",
-         dir_ + "/b.ready", "--step-timeout", std::to_string(step_timeout_s),
-         "--register-timeout", "30", "--backend", "cpu"},
-        dir_ + "/b.log");
-    WaitReady(dir_ + "/b.ready");
-  }
-  ~Daemons() {
-    for (pid_t pid : {a_, b_}) {
-      if (pid > 0) ::kill(pid, SIGTERM);
-    }
-    for (pid_t pid : {a_, b_}) {
-      int status = 0;
-      if (pid > 0) ::waitpid(pid, &status, 0);
-      // A clean SIGTERM shutdown exits 0.
-      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-          << "daemon " << pid << " status " << status << "\n"
-          << ReadFile(dir_ + "/a.log") << ReadFile(dir_ + "/b.log");
-    }
-  }
-  std::string Socket(int i) const {
-    return absl::StrCat(dir_, i == 0 ? "/a.sock" : "/b.sock");
-  }
-  std::string Target(int i) const { return "unix:" + Socket(i); }
-  std::string Tcp() const { return absl::StrCat("127.0.0.1:", port_); }
-  bool Alive() const { return ::kill(a_, 0) == 0 && ::kill(b_, 0) == 0; }
-
- private:
-  pid_t Spawn(std::vector<std::string> args, const std::string& log) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      FILE* out = std::freopen(log.c_str(), "w", stderr);
-      (void)out;
-      std::vector<char*> argv;
-      std::string path = CANZONAD_PATH;
-      argv.push_back(path.data());
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::setenv("OPENBLAS_NUM_THREADS", "1", 1);
-      ::execv(path.c_str(), argv.data());
-      ::_exit(127);
-    }
-    return pid;
-  }
-  std::string WaitReady(const std::string& path) {
-    for (int i = 0; i < 200; ++i) {
-      std::string text = ReadFile(path);
-      if (!text.empty()) return text;
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    ADD_FAILURE() << "daemon not ready: " << path;
-    return "{\"tcp_port\": 0}";
-  }
-
-  static inline int count_ = 0;
-  std::string dir_;
-  pid_t a_ = -1, b_ = -1;
-  int port_ = 0;
 };
 
 // The trainer process of one rank: registers, runs `steps` steps, and
