@@ -10,7 +10,6 @@ CANZONA_DEBIAN_PACKAGES=(
   libgloo-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libcivetweb-dev prometheus
-  prometheus
 )
 
 canzona_install_deps() {
