@@ -20,6 +20,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -31,6 +32,7 @@
 #include "kernels/base/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "server/control/kv_store.h"
+#include "server/control/systemd_notify.h"
 #include "server/engine/engine_impl.h"
 #include "server/metrics/canzona_metrics.h"
 #include "server/metrics/http_server.h"
@@ -212,10 +214,20 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
     CANZONA_RETURN_IF_ERROR(
         WriteReadyFile(flags.ready_file, socket_path, tcp_port, metrics_port));
   }
+  // Under systemd (Type=notify, WatchdogSec=): READY=1 now, WATCHDOG=1 while
+  // serving, STOPPING=1 on shutdown. No-ops without NOTIFY_SOCKET.
+  if (absl::Status notified = NotifyReady(); !notified.ok()) {
+    spdlog::warn("{}", notified.ToString());
+  }
+  std::optional<WatchdogPinger> watchdog;
+  if (std::optional<absl::Duration> interval = WatchdogInterval()) {
+    watchdog.emplace(*interval);
+  }
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   spdlog::info("signal {}: shutting down", signal_number);
+  (void)NotifyStopping();
   engine->Shutdown();
   if (control_service != nullptr) control_service->CancelPendingWaits();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));

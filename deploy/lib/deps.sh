@@ -9,7 +9,8 @@ CANZONA_DEBIAN_PACKAGES=(
   nlohmann-json3-dev libspdlog-dev libcli11-dev
   libgloo-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  libcivetweb-dev prometheus
+  prometheus libcivetweb-dev
+  libsystemd-dev systemd yamllint python3-yaml
 )
 
 canzona_install_deps() {
