@@ -11,8 +11,8 @@
       Starts two canzonad daemons (A coordinator, B joins it) with metrics on
       free loopback ports, a real Prometheus scraping both every second with
       the repository's recording and alert rules loaded, runs a DP2 x TP2
-      training job through the example trainer and one GetPlan for a job that
-      does not exist (so the daemons have counted a non-OK RPC), then
+      training job (300 steps) through the example trainer and one GetPlan
+      for a job that does not exist before and after it (non-OK RPCs), then
       evaluates through Prometheus' HTTP API:
         - every target expr of every dashboard panel, with the Grafana
           variables substituted ($job, $rank, $daemon_job, $instance -> .+,
@@ -394,6 +394,19 @@ def e2e(args, workdir, procs):
     wait_for("both daemons scraped (up == 1)", both_up, 60, procs)
     print("prometheus scrapes both daemons", flush=True)
 
+    # Non-OK RPCs for the RPC errors panel: GetPlan of a job that does not
+    # exist (canzonactl must fail), once before the job and once after it.
+    # The daemon creates a (method, code) series at its first request, so a
+    # single error would only ever be scraped at 1 and rate() would be 0.
+    def failing_rpc():
+        bad = subprocess.run([args.canzonactl, "plan", "--target",
+                              f"unix:{a['unix_socket']}", "--job", "no-such-job"],
+                             capture_output=True, timeout=30)
+        if bad.returncode == 0:
+            fail("canzonactl plan for a job that does not exist succeeded")
+
+    failing_rpc()
+
     # The job, scraped while it runs.
     started = time.monotonic()
     trainer = procs.start("trainer", [
@@ -410,18 +423,14 @@ def e2e(args, workdir, procs):
         fail(f"trainer exited with {trainer.returncode}")
     print(f"trainer: {args.steps} steps in {time.monotonic() - started:.1f}s", flush=True)
 
-    # A non-OK RPC for the RPC errors panel: GetPlan of a job that does not
-    # exist. canzonactl must fail.
-    bad = subprocess.run([args.canzonactl, "plan", "--target", f"unix:{a['unix_socket']}",
-                          "--job", "no-such-job"], capture_output=True, timeout=30)
-    if bad.returncode == 0:
-        fail("canzonactl plan for a job that does not exist succeeded")
+    # The second non-OK RPC (see failing_rpc), seconds after the first.
+    failing_rpc()
 
     # Wait until Prometheus holds every rank's final step count and the
     # recording rules have evaluated on it.
     def settled():
         steps, _ = prom.query(f'canzona_steps_total{{job="dash-e2e"}} == {args.steps}')
-        errors, _ = prom.query('canzona_rpc_requests_total{code!="OK"}')
+        errors, _ = prom.query('canzona_rpc_requests_total{code!="OK"} == 2')
         recorded, _ = prom.query('canzona:step_phase_seconds:p99{job="dash-e2e"}')
         return len(steps) == 4 and errors and recorded
 
@@ -514,7 +523,10 @@ def main():
     parser.add_argument("--trainer")
     parser.add_argument("--canzonactl")
     parser.add_argument("--prometheus", default="/usr/bin/prometheus")
-    parser.add_argument("--steps", type=int, default=60)
+    # 300 steps take a few seconds on a CPU, so the 1 s scrapes see the
+    # counters move (60 steps can finish between two scrapes: every rate 0,
+    # every quantile NaN).
+    parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--trainer-timeout", type=float, default=240)
     args = parser.parse_args()
     args.repo = os.path.abspath(args.repo)
