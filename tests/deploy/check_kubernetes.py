@@ -95,6 +95,10 @@ def check_rendered(name, docs, gpu):
           f"{name}: the ServiceMonitor does not select the Service")
     check(any(e.get("port") == "metrics" for e in sm["spec"]["endpoints"]),
           f"{name}: ServiceMonitor endpoint is not the metrics port")
+    # Our series carry job = the Canzona job id; without honorLabels the
+    # operator renames it exported_job and every per-job panel breaks.
+    check(all(e.get("honorLabels") is True for e in sm["spec"]["endpoints"]),
+          f"{name}: ServiceMonitor endpoints must set honorLabels: true")
     config = kinds["ConfigMap"]["data"]["canzonad.toml"]
     if gpu:
         check('backend = "cuda"' in config, f"{name}: backend is not cuda")
