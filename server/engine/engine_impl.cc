@@ -256,14 +256,15 @@ class CountingCommunicator final : public Communicator {
                        const CanzonaMetrics& m, const std::string& job,
                        const std::string& rank)
       : inner_(std::move(inner)),
-        reduce_scatter_(m.comm_sent_bytes_total->WithLabels(
-            {job, rank, "reduce_scatter"})),
+        reduce_scatter_(
+            m.comm_sent_bytes_total->WithLabels({job, rank, "reduce_scatter"})),
         all_gather_(
             m.comm_sent_bytes_total->WithLabels({job, rank, "all_gather"})),
         all_reduce_(
             m.comm_sent_bytes_total->WithLabels({job, rank, "all_reduce"})),
-        all_to_all_(m.comm_sent_bytes_total->WithLabels(
-            {job, rank, "tp_all_to_all"})) {}
+        all_to_all_(
+            m.comm_sent_bytes_total->WithLabels({job, rank, "tp_all_to_all"})) {
+  }
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -1859,8 +1860,8 @@ absl::Status EngineImpl::RunMicroGroups(Job& job, LocalRank& rank,
     // time by (0 for one group: nothing overlaps).
     const double wall = Seconds(pipeline_start, absl::Now());
     rt.tp_comm_s = gather_s + scatter_s;
-    rt.tp_hidden_s = std::clamp(gather_s + scatter_s + compute_s - wall, 0.0,
-                                rt.tp_comm_s);
+    rt.tp_hidden_s =
+        std::clamp(gather_s + scatter_s + compute_s - wall, 0.0, rt.tp_comm_s);
   };
   if (n == 1) {
     CANZONA_RETURN_IF_ERROR(gather(0));

@@ -20,10 +20,10 @@ CanzonaMetrics CanzonaMetrics::Register(MetricsRegistry* r) {
   m.steps_skipped_total = r->AddCounter(
       "canzona_steps_skipped_total",
       "Optimizer steps skipped for non-finite gradients.", {"job", "rank"});
-  m.rank_compute_flops = r->AddGauge(
-      "canzona_rank_compute_flops",
-      "The plan's optimizer flops per step on this rank's GPU.",
-      {"job", "rank"});
+  m.rank_compute_flops =
+      r->AddGauge("canzona_rank_compute_flops",
+                  "The plan's optimizer flops per step on this rank's GPU.",
+                  {"job", "rank"});
   m.plan_max_over_mean = r->AddGauge(
       "canzona_plan_max_over_mean",
       "The plan's load imbalance: max over mean per-GPU load.", {"job"});
@@ -49,9 +49,9 @@ CanzonaMetrics CanzonaMetrics::Register(MetricsRegistry* r) {
   m.rpc_requests_total = r->AddCounter(
       "canzona_rpc_requests_total",
       "gRPC requests by method and status code name.", {"method", "code"});
-  m.build_info = r->AddGauge("canzona_build_info",
-                             "Build and configuration (value 1).",
-                             {"version", "backend", "comm"});
+  m.build_info =
+      r->AddGauge("canzona_build_info", "Build and configuration (value 1).",
+                  {"version", "backend", "comm"});
   return m;
 }
 

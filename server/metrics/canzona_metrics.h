@@ -21,17 +21,17 @@ namespace canzona {
 struct CanzonaMetrics {
   // {job, rank, phase}; phases as in v1::PhaseTimes.
   Family<Histogram>* step_phase_seconds = nullptr;
-  Family<Counter>* steps_total = nullptr;          // {job, rank}
-  Family<Counter>* steps_skipped_total = nullptr;  // {job, rank}
-  Family<Gauge>* rank_compute_flops = nullptr;     // {job, rank}
-  Family<Gauge>* plan_max_over_mean = nullptr;     // {job}
-  Family<Gauge>* plan_makespan_over_lb = nullptr;  // {job}
+  Family<Counter>* steps_total = nullptr;            // {job, rank}
+  Family<Counter>* steps_skipped_total = nullptr;    // {job, rank}
+  Family<Gauge>* rank_compute_flops = nullptr;       // {job, rank}
+  Family<Gauge>* plan_max_over_mean = nullptr;       // {job}
+  Family<Gauge>* plan_makespan_over_lb = nullptr;    // {job}
   Family<Counter>* comm_sent_bytes_total = nullptr;  // {job, rank, kind}
   Family<Gauge>* tp_overlap_ratio = nullptr;         // {job, rank}
   Family<Gauge>* registered_parameters = nullptr;    // {job}
   Family<Gauge>* optimizer_state_bytes = nullptr;    // {job, rank}
   Family<Counter>* rpc_requests_total = nullptr;     // {method, code}
-  Family<Gauge>* build_info = nullptr;  // {version, backend, comm}
+  Family<Gauge>* build_info = nullptr;               // {version, backend, comm}
 
   static CanzonaMetrics Register(MetricsRegistry* registry);
 };

@@ -49,8 +49,8 @@ int MetricsHttpServer::Handle(::mg_connection* conn, void* self) {
   auto* server = static_cast<MetricsHttpServer*>(self);
   const struct mg_request_info* info = mg_get_request_info(conn);
   const char* uri = info->local_uri != nullptr ? info->local_uri : "";
-  const char* method = info->request_method != nullptr ? info->request_method
-                                                       : "";
+  const char* method =
+      info->request_method != nullptr ? info->request_method : "";
   if (std::strcmp(uri, "/metrics") != 0) {
     Reply(conn, 404, "Not Found", "text/plain; charset=utf-8",
           "404 not found: try /metrics\n");
@@ -74,20 +74,17 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   if (colon == std::string::npos || colon == 0 ||
       !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
       port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "metrics address \"", address, "\" is not host:port"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address \"", address, "\" is not host:port"));
   }
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer(registry));
-  const char* options[] = {"listening_ports", address.c_str(),
-                           "num_threads",     "2",
-                           "request_timeout_ms", "10000",
-                           nullptr};
+  const char* options[] = {
+      "listening_ports",    address.c_str(), "num_threads", "2",
+      "request_timeout_ms", "10000",         nullptr};
   struct mg_callbacks callbacks;
   std::memset(&callbacks, 0, sizeof(callbacks));
   // civetweb prints its own errors to stderr by default; keep them out.
-  callbacks.log_message = [](const ::mg_connection*, const char*) {
-    return 1;
-  };
+  callbacks.log_message = [](const ::mg_connection*, const char*) { return 1; };
   struct mg_init_data init;
   std::memset(&init, 0, sizeof(init));
   init.callbacks = &callbacks;

@@ -98,10 +98,9 @@ void RegisterProcessMetrics(MetricsRegistry* registry) {
                    ->AddGauge("process_resident_memory_bytes",
                               "Resident memory size in bytes.")
                    ->WithLabels({});
-  Gauge* fds = registry
-                   ->AddGauge("process_open_fds",
-                              "Number of open file descriptors.")
-                   ->WithLabels({});
+  Gauge* fds =
+      registry->AddGauge("process_open_fds", "Number of open file descriptors.")
+          ->WithLabels({});
   Gauge* start = registry
                      ->AddGauge("process_start_time_seconds",
                                 "Start time of the process since unix epoch "

@@ -18,10 +18,10 @@
 namespace canzona {
 
 struct ProcessStats {
-  double cpu_seconds = 0;          // utime + stime
+  double cpu_seconds = 0;  // utime + stime
   double resident_memory_bytes = 0;
   double open_fds = 0;
-  double start_time_seconds = 0;   // since the Unix epoch
+  double start_time_seconds = 0;  // since the Unix epoch
 };
 
 // INTERNAL when /proc cannot be read or parsed.

@@ -218,9 +218,8 @@ Family<T>* MetricsRegistry::Add(const std::string& name,
     }
     return static_cast<Family<T>*>(it->second.get());
   }
-  auto family = std::make_unique<Family<T>>(name, help, type,
-                                            std::move(label_names),
-                                            std::move(make));
+  auto family = std::make_unique<Family<T>>(
+      name, help, type, std::move(label_names), std::move(make));
   Family<T>* raw = family.get();
   families_.emplace(name, std::move(family));
   return raw;
@@ -243,11 +242,10 @@ Family<Gauge>* MetricsRegistry::AddGauge(const std::string& name,
 Family<Histogram>* MetricsRegistry::AddHistogram(
     const std::string& name, const std::string& help,
     std::vector<std::string> label_names, std::vector<double> bounds) {
-  return Add<Histogram>(
-      name, help, MetricType::kHistogram, std::move(label_names),
-      [bounds = std::move(bounds)] {
-        return std::make_unique<Histogram>(bounds);
-      });
+  return Add<Histogram>(name, help, MetricType::kHistogram,
+                        std::move(label_names), [bounds = std::move(bounds)] {
+                          return std::make_unique<Histogram>(bounds);
+                        });
 }
 
 void MetricsRegistry::AddCollectHook(std::function<void()> hook) {

@@ -24,12 +24,12 @@ template <typename Response>
 Callback<Response> Completion(grpc::ServerUnaryReactor* reactor,
                               Response* response, Family<Counter>* requests,
                               const char* method) {
-  return [reactor, response, requests,
-          method](absl::StatusOr<Response> result) {
-    Count(requests, method, result.status());
-    if (result.ok()) *response = *std::move(result);
-    reactor->Finish(ToGrpcStatus(result.status()));
-  };
+  return
+      [reactor, response, requests, method](absl::StatusOr<Response> result) {
+        Count(requests, method, result.status());
+        if (result.ok()) *response = *std::move(result);
+        reactor->Finish(ToGrpcStatus(result.status()));
+      };
 }
 
 PeerInfo PeerOf(const grpc::CallbackServerContext& context) {
@@ -53,7 +53,8 @@ grpc::ServerUnaryReactor* OptimizerServiceImpl::Register(
     const canzona::v1::RegisterRequest* request,
     canzona::v1::RegisterResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  engine_->Register(*request, PeerOf(*context), Completion(reactor, response, requests_, "Register"));
+  engine_->Register(*request, PeerOf(*context),
+                    Completion(reactor, response, requests_, "Register"));
   return reactor;
 }
 
@@ -71,8 +72,8 @@ grpc::ServerUnaryReactor* OptimizerServiceImpl::GetPlan(
     const canzona::v1::GetPlanRequest* request,
     canzona::v1::GetPlanResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  Completion(reactor, response, requests_, "GetPlan")(
-      engine_->GetPlan(*request));
+  Completion(reactor, response, requests_,
+             "GetPlan")(engine_->GetPlan(*request));
   return reactor;
 }
 

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <fstream>
 #include <future>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -52,47 +53,56 @@ enum ChildExit {
 // checks its own parameter buffers against the reference.
 enum class Mode { kNormal, kDieAfterRegister, kExpectStepFailure };
 
+// _exit skips destructors: unlink the trainer's shm object first, or a
+// later test process with the same (reused) pid collides with it.
+[[noreturn]] inline void ExitTrainer(
+    std::unique_ptr<engine_test::TrainerRank>& rank, int code) {
+  rank.reset();
+  ::_exit(code);
+}
+
 [[noreturn]] void RunTrainer(const Daemons& daemons, const JobConfig& config,
                              int global, int steps, Mode mode) {
   const bool expect_step_failure = mode == Mode::kExpectStepFailure;
-  TrainerRank rank(config, global);
-  if (!rank.Init().ok()) ::_exit(kConnect);
+  auto owned = std::make_unique<engine_test::TrainerRank>(config, global);
+  engine_test::TrainerRank& rank = *owned;
+  if (!rank.Init().ok()) ExitTrainer(owned, kConnect);
   Client::Options options;
   options.job_token = config.token;
   options.step_timeout = absl::Seconds(60);
   auto client = Client::Connect(daemons.Target(rank.engine_index()), options);
-  if (!client.ok()) ::_exit(kConnect);
+  if (!client.ok()) ExitTrainer(owned, kConnect);
   auto registered = (*client)->Register(rank.MakeRegister());
   if (!registered.ok()) {
     std::fprintf(stderr, "rank %d register: %s\n", global,
                  std::string(registered.status().message()).c_str());
-    ::_exit(kRegister);
+    ExitTrainer(owned, kRegister);
   }
   // A trainer that crashes: no Step, no Deregister, connection gone.
-  if (mode == Mode::kDieAfterRegister) ::_exit(kOk);
+  if (mode == Mode::kDieAfterRegister) ExitTrainer(owned, kOk);
   for (int s = 1; s <= steps; ++s) {
     rank.WriteGrads(s);
     auto step = (*client)->Step(rank.MakeStep(s));
     if (!step.ok()) {
       std::fprintf(stderr, "rank %d step %d: %s\n", global, s,
                    std::string(step.status().message()).c_str());
-      ::_exit(expect_step_failure ? kExpectFail : kStep);
+      ExitTrainer(owned, expect_step_failure ? kExpectFail : kStep);
     }
   }
-  if (expect_step_failure) ::_exit(kStep);
+  if (expect_step_failure) ExitTrainer(owned, kStep);
   auto reference = engine_test::Reference(config, steps, {});
-  if (!reference.ok()) ::_exit(kMismatch);
+  if (!reference.ok()) ExitTrainer(owned, kMismatch);
   for (size_t i = 0; i < config.params.size(); ++i) {
     const auto& p = config.params[i];
     if (rank.ParamBuffer(static_cast<int>(i)) !=
         rank.Shard(p, reference->at(p.name))) {
       std::fprintf(stderr, "rank %d: %s differs from the reference\n", global,
                    p.name.c_str());
-      ::_exit(kMismatch);
+      ExitTrainer(owned, kMismatch);
     }
   }
   (void)(*client)->Deregister(config.job_id, rank.MakeStep(1).rank());
-  ::_exit(kOk);
+  ExitTrainer(owned, kOk);
 }
 
 std::vector<pid_t> StartTrainers(const Daemons& daemons,

@@ -44,17 +44,22 @@ class Daemons {
     dir_ =
         absl::StrCat(::testing::TempDir(), "/xproc_", getpid(), "_", ++count_);
     ::mkdir(dir_.c_str(), 0755);
+    // A reused pid finds an earlier run's files: stale ready files would
+    // name dead daemons' ports.
+    for (const char* name : {"/a.ready", "/b.ready"}) {
+      ::unlink((dir_ + name).c_str());
+    }
     auto with_extra = [&](std::vector<std::string> args) {
       args.insert(args.end(), {"--metrics-address", "127.0.0.1:0"});
       args.insert(args.end(), extra_flags.begin(), extra_flags.end());
       return args;
     };
-    a_ = Spawn(with_extra({"--unix-socket", Socket(0), "--listen",
-                           "127.0.0.1:0", "--daemon-id", "a", "--ready-file",
-                           dir_ + "/a.ready", "--step-timeout",
-                           std::to_string(step_timeout_s),
-                           "--register-timeout", "30", "--backend", "cpu"}),
-               dir_ + "/a.log");
+    a_ =
+        Spawn(with_extra({"--unix-socket", Socket(0), "--listen", "127.0.0.1:0",
+                          "--daemon-id", "a", "--ready-file", dir_ + "/a.ready",
+                          "--step-timeout", std::to_string(step_timeout_s),
+                          "--register-timeout", "30", "--backend", "cpu"}),
+              dir_ + "/a.log");
     const std::string ready = WaitReady(dir_ + "/a.ready");
     port_ = JsonInt(ready, "tcp_port");
     metrics_port_[0] = JsonInt(ready, "metrics_port");

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -74,25 +75,34 @@ std::map<std::string, double> Samples(const std::string& text) {
   return out;
 }
 
+// _exit skips destructors: unlink the trainer's shm object first, or a
+// later test process with the same (reused) pid collides with it.
+[[noreturn]] inline void ExitTrainer(
+    std::unique_ptr<engine_test::TrainerRank>& rank, int code) {
+  rank.reset();
+  ::_exit(code);
+}
+
 // One trainer process: register, `steps` steps, deregister. Exit 0 on
 // success.
 [[noreturn]] void RunTrainer(const Daemons& daemons,
                              const engine_test::JobConfig& config, int global,
                              int steps) {
-  engine_test::TrainerRank rank(config, global);
-  if (!rank.Init().ok()) ::_exit(10);
+  auto owned = std::make_unique<engine_test::TrainerRank>(config, global);
+  engine_test::TrainerRank& rank = *owned;
+  if (!rank.Init().ok()) ExitTrainer(owned, 10);
   Client::Options options;
   options.job_token = config.token;
   options.step_timeout = absl::Seconds(60);
   auto client = Client::Connect(daemons.Target(rank.engine_index()), options);
-  if (!client.ok()) ::_exit(11);
-  if (!(*client)->Register(rank.MakeRegister()).ok()) ::_exit(12);
+  if (!client.ok()) ExitTrainer(owned, 11);
+  if (!(*client)->Register(rank.MakeRegister()).ok()) ExitTrainer(owned, 12);
   for (int s = 1; s <= steps; ++s) {
     rank.WriteGrads(s);
-    if (!(*client)->Step(rank.MakeStep(s)).ok()) ::_exit(13);
+    if (!(*client)->Step(rank.MakeStep(s)).ok()) ExitTrainer(owned, 13);
   }
   (void)(*client)->Deregister(config.job_id, rank.MakeStep(1).rank());
-  ::_exit(0);
+  ExitTrainer(owned, 0);
 }
 
 int WaitExit(pid_t pid) {
@@ -173,16 +183,13 @@ TEST(MetricsIntegrationTest, LiveDaemonExportsTheContractAndPassesPromtool) {
     EXPECT_LE(overlap, 1);
   }
   EXPECT_GE(value(absl::StrCat("canzona_plan_max_over_mean{", job, "}")), 1);
-  EXPECT_GE(value(absl::StrCat("canzona_plan_makespan_over_lb{", job, "}")),
-            1);
+  EXPECT_GE(value(absl::StrCat("canzona_plan_makespan_over_lb{", job, "}")), 1);
   EXPECT_EQ(value(absl::StrCat("canzona_registered_parameters{", job, "}")),
             static_cast<double>(config.params.size()));
+  EXPECT_EQ(value("canzona_rpc_requests_total{method=\"Step\",code=\"OK\"}"),
+            2 * kSteps);
   EXPECT_EQ(
-      value("canzona_rpc_requests_total{method=\"Step\",code=\"OK\"}"),
-      2 * kSteps);
-  EXPECT_EQ(
-      value("canzona_rpc_requests_total{method=\"Register\",code=\"OK\"}"),
-      2);
+      value("canzona_rpc_requests_total{method=\"Register\",code=\"OK\"}"), 2);
   EXPECT_EQ(value("canzona_build_info{version=\"0.1.0\",backend=\"cpu\","
                   "comm=\"gloo\"}"),
             1);
@@ -199,8 +206,8 @@ TEST(MetricsIntegrationTest, LiveDaemonExportsTheContractAndPassesPromtool) {
 
   // promtool (Debian package prometheus, installed by tests/run.sh): the
   // text parses and passes its lint. Missing promtool fails the test.
-  const std::string file = absl::StrCat(::testing::TempDir(), "/metrics_",
-                                        ::getpid(), ".txt");
+  const std::string file =
+      absl::StrCat(::testing::TempDir(), "/metrics_", ::getpid(), ".txt");
   {
     std::ofstream out(file);
     out << text;
@@ -208,10 +215,9 @@ TEST(MetricsIntegrationTest, LiveDaemonExportsTheContractAndPassesPromtool) {
   const std::string log = file + ".promtool";
   const std::string command = absl::StrCat(PROMTOOL_PATH, " check metrics < ",
                                            file, " > ", log, " 2>&1");
-  EXPECT_EQ(std::system(command.c_str()), 0)
-      << command << "\n"
-      << ReadFile(log) << "\n"
-      << text;
+  EXPECT_EQ(std::system(command.c_str()), 0) << command << "\n"
+                                             << ReadFile(log) << "\n"
+                                             << text;
 }
 
 }  // namespace

@@ -14,9 +14,9 @@
 namespace canzona {
 namespace {
 
+using ::canzona::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-using ::canzona::testing::StatusIs;
 
 // A plain HTTP/1.0 request on loopback; the whole response (headers and
 // body), empty when the connection fails.
@@ -30,8 +30,8 @@ std::string HttpRequest(int port, const std::string& method,
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string response;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = method + " " + path +
-                                " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    const std::string request =
+        method + " " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
     if (::send(fd, request.data(), request.size(), 0) ==
         static_cast<ssize_t>(request.size())) {
       char buf[4096];
