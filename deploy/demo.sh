@@ -46,20 +46,32 @@ wait_ready() {  # file
 # Daemon A: coordinator, TCP on a free loopback port. Daemon B joins it.
 export OPENBLAS_NUM_THREADS=1
 "$build/server/canzonad" --unix-socket "$run/a.sock" --listen 127.0.0.1:0 \
+  --metrics-address 127.0.0.1:0 \
   --daemon-id node-a --ready-file "$run/a.ready" >"$run/a.log" 2>&1 &
 pids+=($!)
 wait_ready "$run/a.ready"
 port=$(sed -E 's/.*"tcp_port": ([0-9]+).*/\1/' "$run/a.ready")
 "$build/server/canzonad" --unix-socket "$run/b.sock" --coordinator "127.0.0.1:$port" \
+  --metrics-address 127.0.0.1:0 \
   --daemon-id node-b --ready-file "$run/b.ready" >"$run/b.log" 2>&1 &
 pids+=($!)
 wait_ready "$run/b.ready"
-echo "daemons: node-a (coordinator, 127.0.0.1:$port), node-b"
+metrics_port() { sed -E 's/.*"metrics_port": ([0-9]+).*/\1/' "$1"; }
+echo "daemons: node-a (coordinator, 127.0.0.1:$port), node-b;" \
+  "metrics at http://127.0.0.1:$(metrics_port "$run/a.ready")/metrics and" \
+  "http://127.0.0.1:$(metrics_port "$run/b.ready")/metrics"
 
 "$build/client/examples/tp_mlp_trainer" \
   --targets "unix:$run/a.sock,unix:$run/b.sock" --dp 2 --tp 2 \
   --steps "$steps" --strategy "$strategy" --job demo
 
 echo
-"$build/client/ctl/canzonactl" status --target "unix:$run/a.sock" || true
+echo "node-a's exported step metrics:"
+fetch_metrics() {  # port: plain HTTP/1.0 over bash's /dev/tcp (no curl needed)
+  exec 3<>"/dev/tcp/127.0.0.1/$1"
+  printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+  cat <&3
+  exec 3<&-
+}
+fetch_metrics "$(metrics_port "$run/a.ready")" | grep -E '^canzona_steps_total|^canzona_step_phase_seconds_count\{.*phase="total"' || true
 echo "demo: done"
