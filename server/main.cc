@@ -272,7 +272,7 @@ int main(int argc, char** argv) {
   app.add_option("--ready-file", flags.ready_file,
                  "write {unix_socket, tcp_port, pid, metrics_port} here once "
                  "serving");
-  app.add_option("--metrics-address", flags.metrics_address,
+  app.add_option("--metrics-address,--metrics_address", flags.metrics_address,
                  "host:port of the Prometheus /metrics endpoint (port 0: a "
                  "free one, see --ready-file; empty: off)")
       ->capture_default_str();
