@@ -1,0 +1,50 @@
+#include "server/checkpoint/crc32c.h"
+
+#include <array>
+#include <cstring>
+
+namespace canzona {
+namespace {
+
+constexpr uint32_t kPoly = 0x82F63B78u;  // reflected 0x1EDC6F41
+
+using Tables = std::array<std::array<uint32_t, 256>, 8>;
+
+constexpr Tables MakeTables() {
+  Tables t{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ kPoly : c >> 1;
+    t[0][i] = c;
+  }
+  for (int s = 1; s < 8; ++s) {
+    for (uint32_t i = 0; i < 256; ++i) {
+      t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
+    }
+  }
+  return t;
+}
+
+constexpr Tables kTables = MakeTables();
+
+}  // namespace
+
+uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint32_t c = ~crc;
+  while (size >= 8) {
+    // Byte-wise loads: independent of host endianness and alignment.
+    const uint32_t lo = c ^ (uint32_t{p[0]} | uint32_t{p[1]} << 8 |
+                             uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24);
+    c = kTables[7][lo & 0xFF] ^ kTables[6][(lo >> 8) & 0xFF] ^
+        kTables[5][(lo >> 16) & 0xFF] ^ kTables[4][lo >> 24] ^
+        kTables[3][p[4]] ^ kTables[2][p[5]] ^ kTables[1][p[6]] ^
+        kTables[0][p[7]];
+    p += 8;
+    size -= 8;
+  }
+  while (size-- > 0) c = (c >> 8) ^ kTables[0][(c ^ *p++) & 0xFF];
+  return ~c;
+}
+
+}  // namespace canzona
