@@ -69,14 +69,20 @@ std::string FormatPrometheusFloat(double value) {
   return out;
 }
 
-std::string EscapePrometheusHelp(absl::string_view help) {
+namespace {
+
+// HELP text and label values share one escaping rule; label values also
+// escape the double quote that delimits them.
+std::string EscapePrometheus(absl::string_view text, bool escape_quote) {
   std::string out;
-  out.reserve(help.size());
-  for (char c : help) {
+  out.reserve(text.size());
+  for (char c : text) {
     if (c == '\\') {
       out += "\\\\";
     } else if (c == '\n') {
       out += "\\n";
+    } else if (c == '"' && escape_quote) {
+      out += "\\\"";
     } else {
       out += c;
     }
@@ -84,21 +90,14 @@ std::string EscapePrometheusHelp(absl::string_view help) {
   return out;
 }
 
+}  // namespace
+
+std::string EscapePrometheusHelp(absl::string_view help) {
+  return EscapePrometheus(help, /*escape_quote=*/false);
+}
+
 std::string EscapePrometheusLabelValue(absl::string_view value) {
-  std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '"') {
-      out += "\\\"";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
+  return EscapePrometheus(value, /*escape_quote=*/true);
 }
 
 void Counter::Increment(double amount) {
