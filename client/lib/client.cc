@@ -38,9 +38,28 @@ canzona::v1::BufferRef SharedTensor::buffer_ref() const {
 
 class Client::Impl {
  public:
-  explicit Impl(std::shared_ptr<grpc::Channel> channel)
-      : stub(canzona::v1::OptimizerService::NewStub(channel)) {}
-  std::unique_ptr<canzona::v1::OptimizerService::Stub> stub;
+  using Stub = canzona::v1::OptimizerService::Stub;
+
+  Impl(std::string target, std::shared_ptr<grpc::Channel> channel)
+      : target(std::move(target)),
+        stub(canzona::v1::OptimizerService::NewStub(channel)) {}
+
+  // One unary call with a deadline; every RPC goes through here.
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Call(
+      grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                   Response*),
+      const Request& request, absl::Duration timeout) {
+    grpc::ClientContext context;
+    SetDeadline(context, timeout);
+    Response response;
+    grpc::Status status = (stub.get()->*method)(&context, request, &response);
+    if (!status.ok()) return FromGrpc(status, target);
+    return response;
+  }
+
+  const std::string target;
+  std::unique_ptr<Stub> stub;
 };
 
 Client::Client(std::string target, Options options, std::unique_ptr<Impl> impl)
@@ -59,8 +78,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     return absl::UnavailableError(absl::StrCat(
         "cannot reach canzonad at ", target, " (is the daemon running?)"));
   }
-  return std::unique_ptr<Client>(new Client(
-      target, std::move(options), std::make_unique<Impl>(std::move(channel))));
+  return std::unique_ptr<Client>(
+      new Client(target, std::move(options),
+                 std::make_unique<Impl>(target, std::move(channel))));
 }
 
 absl::StatusOr<SharedTensor> Client::AllocateTensor(
@@ -84,57 +104,72 @@ absl::StatusOr<SharedTensor> Client::AllocateTensor(
 absl::StatusOr<canzona::v1::RegisterResponse> Client::Register(
     canzona::v1::RegisterRequest request) {
   if (request.job_token().empty()) request.set_job_token(options_.job_token);
-  grpc::ClientContext context;
-  SetDeadline(context, options_.register_timeout);
-  canzona::v1::RegisterResponse response;
-  grpc::Status status = impl_->stub->Register(&context, request, &response);
-  if (!status.ok()) return FromGrpc(status, target_);
-  return response;
+  return impl_->Call(&Impl::Stub::Register, request,
+                     options_.register_timeout);
 }
 
 absl::StatusOr<canzona::v1::StepResponse> Client::Step(
     const canzona::v1::StepRequest& request) {
-  grpc::ClientContext context;
-  SetDeadline(context, options_.step_timeout);
-  canzona::v1::StepResponse response;
-  grpc::Status status = impl_->stub->Step(&context, request, &response);
-  if (!status.ok()) return FromGrpc(status, target_);
-  return response;
+  return impl_->Call(&Impl::Stub::Step, request, options_.step_timeout);
 }
 
 absl::StatusOr<canzona::v1::GetPlanResponse> Client::GetPlan(
     const std::string& job_id) {
-  grpc::ClientContext context;
-  SetDeadline(context, absl::Seconds(30));
   canzona::v1::GetPlanRequest request;
   request.set_job_id(job_id);
-  canzona::v1::GetPlanResponse response;
-  grpc::Status status = impl_->stub->GetPlan(&context, request, &response);
-  if (!status.ok()) return FromGrpc(status, target_);
-  return response;
+  return impl_->Call(&Impl::Stub::GetPlan, request, absl::Seconds(30));
 }
 
 absl::Status Client::Deregister(const std::string& job_id,
                                 const canzona::v1::RankCoordinates& rank) {
-  grpc::ClientContext context;
-  SetDeadline(context, absl::Seconds(30));
   canzona::v1::DeregisterRequest request;
   request.set_job_id(job_id);
   request.set_job_token(options_.job_token);
   *request.mutable_rank() = rank;
-  canzona::v1::DeregisterResponse response;
-  return FromGrpc(impl_->stub->Deregister(&context, request, &response),
-                  target_);
+  return impl_->Call(&Impl::Stub::Deregister, request, absl::Seconds(30))
+      .status();
 }
 
 absl::StatusOr<canzona::v1::GetStatusResponse> Client::GetStatus() {
-  grpc::ClientContext context;
-  SetDeadline(context, absl::Seconds(30));
-  canzona::v1::GetStatusResponse response;
-  grpc::Status status = impl_->stub->GetStatus(
-      &context, canzona::v1::GetStatusRequest(), &response);
-  if (!status.ok()) return FromGrpc(status, target_);
-  return response;
+  return impl_->Call(&Impl::Stub::GetStatus, canzona::v1::GetStatusRequest(),
+                     absl::Seconds(30));
+}
+
+absl::StatusOr<canzona::v1::SaveCheckpointResponse> Client::SaveCheckpoint(
+    const std::string& job_id, const canzona::v1::RankCoordinates& rank,
+    const std::string& dir) {
+  canzona::v1::SaveCheckpointRequest request;
+  request.set_job_id(job_id);
+  *request.mutable_rank() = rank;
+  request.set_dir(dir);
+  return impl_->Call(&Impl::Stub::SaveCheckpoint, request,
+                     options_.checkpoint_timeout);
+}
+
+absl::StatusOr<canzona::v1::LoadCheckpointResponse> Client::LoadCheckpoint(
+    const std::string& job_id, const canzona::v1::RankCoordinates& rank,
+    const std::string& dir) {
+  canzona::v1::LoadCheckpointRequest request;
+  request.set_job_id(job_id);
+  *request.mutable_rank() = rank;
+  request.set_dir(dir);
+  return impl_->Call(&Impl::Stub::LoadCheckpoint, request,
+                     options_.checkpoint_timeout);
+}
+
+absl::StatusOr<canzona::v1::ExportStateResponse> Client::ExportState(
+    const std::string& job_id, const canzona::v1::RankCoordinates& rank) {
+  canzona::v1::ExportStateRequest request;
+  request.set_job_id(job_id);
+  *request.mutable_rank() = rank;
+  return impl_->Call(&Impl::Stub::ExportState, request,
+                     options_.checkpoint_timeout);
+}
+
+absl::StatusOr<canzona::v1::ImportStateResponse> Client::ImportState(
+    const canzona::v1::ImportStateRequest& request) {
+  return impl_->Call(&Impl::Stub::ImportState, request,
+                     options_.checkpoint_timeout);
 }
 
 }  // namespace canzona

@@ -67,6 +67,8 @@ class Client {
     // Step (which waits for every peer of the step).
     absl::Duration register_timeout = absl::Minutes(10);
     absl::Duration step_timeout = absl::Minutes(10);
+    // Deadline of checkpoint save / load and state export / import.
+    absl::Duration checkpoint_timeout = absl::Minutes(30);
   };
 
   // `target`: "unix:/path/to.sock" or "host:port". UNAVAILABLE with
@@ -94,6 +96,19 @@ class Client {
   absl::Status Deregister(const std::string& job_id,
                           const canzona::v1::RankCoordinates& rank);
   absl::StatusOr<canzona::v1::GetStatusResponse> GetStatus();
+
+  // Collective over the job: every rank calls it between the same steps.
+  absl::StatusOr<canzona::v1::SaveCheckpointResponse> SaveCheckpoint(
+      const std::string& job_id, const canzona::v1::RankCoordinates& rank,
+      const std::string& dir);
+  absl::StatusOr<canzona::v1::LoadCheckpointResponse> LoadCheckpoint(
+      const std::string& job_id, const canzona::v1::RankCoordinates& rank,
+      const std::string& dir);
+  // This rank's view of the state (state_dict) and its way back.
+  absl::StatusOr<canzona::v1::ExportStateResponse> ExportState(
+      const std::string& job_id, const canzona::v1::RankCoordinates& rank);
+  absl::StatusOr<canzona::v1::ImportStateResponse> ImportState(
+      const canzona::v1::ImportStateRequest& request);
 
   const std::string& target() const { return target_; }
 

@@ -329,22 +329,10 @@ struct ParsedRecord {
   CheckpointRecord record;
 };
 
-// Validates a whole shard file (`path` names it in errors) against the
-// manifest entry and decodes its records.
-absl::StatusOr<std::vector<ParsedRecord>> ParseShard(absl::string_view bytes,
-                                                     const ShardInfo& info,
-                                                     absl::string_view path) {
-  if (bytes.size() != info.bytes) {
-    return absl::DataLossError(absl::StrCat(
-        "shard file ", path, " is ", bytes.size(), " bytes, the manifest says ",
-        info.bytes, " (truncated?)"));
-  }
-  const uint32_t crc = Crc32c(bytes);
-  if (crc != info.crc32c) {
-    return absl::DataLossError(
-        absl::StrCat("checksum mismatch in shard file ", path, ": crc32c ", crc,
-                     ", the manifest says ", info.crc32c));
-  }
+// Decodes a whole shard image (`path` names it in errors): header,
+// records, footer and its checksum.
+absl::StatusOr<std::vector<ParsedRecord>> ParseShardBytes(
+    absl::string_view bytes, absl::string_view path) {
   if (bytes.size() < kHeaderBytes + kFooterBytes ||
       std::memcmp(bytes.data(), kShardMagic, sizeof(kShardMagic)) != 0) {
     return absl::DataLossError(
@@ -400,6 +388,26 @@ absl::StatusOr<std::vector<ParsedRecord>> ParseShard(absl::string_view bytes,
         absl::StrCat("shard file ", path, " holds ", out.size(),
                      " records, its footer says ", count));
   }
+  return out;
+}
+
+// Validates a whole shard file against its manifest entry and decodes it.
+absl::StatusOr<std::vector<ParsedRecord>> ParseShard(absl::string_view bytes,
+                                                     const ShardInfo& info,
+                                                     absl::string_view path) {
+  if (bytes.size() != info.bytes) {
+    return absl::DataLossError(absl::StrCat(
+        "shard file ", path, " is ", bytes.size(), " bytes, the manifest says ",
+        info.bytes, " (truncated?)"));
+  }
+  const uint32_t crc = Crc32c(bytes);
+  if (crc != info.crc32c) {
+    return absl::DataLossError(
+        absl::StrCat("checksum mismatch in shard file ", path, ": crc32c ", crc,
+                     ", the manifest says ", info.crc32c));
+  }
+  CANZONA_ASSIGN_OR_RETURN(std::vector<ParsedRecord> out,
+                           ParseShardBytes(bytes, path));
   std::vector<std::string> names;
   for (const ParsedRecord& parsed : out) names.push_back(parsed.record.name);
   if (names != info.params) {
@@ -408,6 +416,54 @@ absl::StatusOr<std::vector<ParsedRecord>> ParseShard(absl::string_view bytes,
         " does not hold the parameters the manifest lists for it"));
   }
   return out;
+}
+
+std::string ShardHeader() {
+  std::string header(kShardMagic, sizeof(kShardMagic));
+  PutU32(header, kCheckpointFormatVersion);
+  PutU32(header, 0);  // flags
+  return header;
+}
+
+// The footer up to (not including) its crc field.
+std::string ShardFooterHead(uint64_t records) {
+  std::string footer;
+  PutU32(footer, kFooterTag);
+  PutU64(footer, records);
+  return footer;
+}
+
+// Checks one record and encodes it (head + body).
+absl::StatusOr<std::string> EncodeRecord(absl::string_view name,
+                                         const OptimizerConfig& config,
+                                         const OptimizerState& state) {
+  if (name.empty()) {
+    return absl::InvalidArgumentError("empty parameter name");
+  }
+  if (config.kind != state.kind) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter ", name, ": config is ", OptimizerKindName(config.kind),
+        ", state is ", OptimizerKindName(state.kind)));
+  }
+  for (const StateTensor& tensor : state.tensors) {
+    for (int64_t d : tensor.shape) {
+      if (d < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter ", name, " tensor ", tensor.name, ": negative dim"));
+      }
+    }
+    if (static_cast<int64_t>(tensor.data.size()) != NumElements(tensor.shape)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", name, " tensor ", tensor.name, ": ",
+                       tensor.data.size(), " values for its shape"));
+    }
+  }
+  const std::string body = EncodeRecordBody(name, config, state);
+  std::string record;
+  PutU32(record, kRecordTag);
+  PutU64(record, body.size());
+  record += body;
+  return record;
 }
 
 }  // namespace
@@ -441,17 +497,10 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(
   writer->dir_ = std::string(dir);
   writer->final_path_ = JoinPath(dir, ShardFileName(shard_name));
   writer->temp_path_ = writer->final_path_ + ".tmp";
-  if (std::filesystem::exists(writer->final_path_, ec)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard file ", writer->final_path_, " already exists"));
-  }
   writer->fd_ = ::open(writer->temp_path_.c_str(),
                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (writer->fd_ < 0) return OsError("cannot create", writer->temp_path_);
-  std::string header(kShardMagic, sizeof(kShardMagic));
-  PutU32(header, kCheckpointFormatVersion);
-  PutU32(header, 0);  // flags
-  CANZONA_RETURN_IF_ERROR(writer->Write(header));
+  CANZONA_RETURN_IF_ERROR(writer->Write(ShardHeader()));
   return writer;
 }
 
@@ -473,37 +522,13 @@ absl::Status CheckpointWriter::Add(absl::string_view name,
   if (finished_ || fd_ < 0) {
     return absl::FailedPreconditionError("checkpoint shard already finished");
   }
-  if (name.empty()) {
-    return absl::InvalidArgumentError("empty parameter name");
-  }
   if (std::find(params_.begin(), params_.end(), name) != params_.end()) {
     return absl::InvalidArgumentError(
         absl::StrCat("parameter ", name, " added twice"));
   }
-  if (config.kind != state.kind) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parameter ", name, ": config is ", OptimizerKindName(config.kind),
-        ", state is ", OptimizerKindName(state.kind)));
-  }
-  for (const StateTensor& tensor : state.tensors) {
-    for (int64_t d : tensor.shape) {
-      if (d < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "parameter ", name, " tensor ", tensor.name, ": negative dim"));
-      }
-    }
-    if (static_cast<int64_t>(tensor.data.size()) != NumElements(tensor.shape)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameter ", name, " tensor ", tensor.name, ": ",
-                       tensor.data.size(), " values for its shape"));
-    }
-  }
-  const std::string body = EncodeRecordBody(name, config, state);
-  std::string head;
-  PutU32(head, kRecordTag);
-  PutU64(head, body.size());
-  CANZONA_RETURN_IF_ERROR(Write(head));
-  CANZONA_RETURN_IF_ERROR(Write(body));
+  CANZONA_ASSIGN_OR_RETURN(std::string record,
+                           EncodeRecord(name, config, state));
+  CANZONA_RETURN_IF_ERROR(Write(record));
   params_.emplace_back(name);
   return absl::OkStatus();
 }
@@ -512,10 +537,7 @@ absl::StatusOr<ShardInfo> CheckpointWriter::Finish() {
   if (finished_ || fd_ < 0) {
     return absl::FailedPreconditionError("checkpoint shard already finished");
   }
-  std::string footer;
-  PutU32(footer, kFooterTag);
-  PutU64(footer, params_.size());
-  CANZONA_RETURN_IF_ERROR(Write(footer));
+  CANZONA_RETURN_IF_ERROR(Write(ShardFooterHead(params_.size())));
   std::string crc;
   PutU32(crc, crc_);
   CANZONA_RETURN_IF_ERROR(Write(crc));
@@ -536,6 +558,42 @@ absl::StatusOr<ShardInfo> CheckpointWriter::Finish() {
   return info;
 }
 
+// ---- state blobs ----
+
+absl::StatusOr<std::string> EncodeStateBlob(
+    const std::vector<CheckpointRecord>& records) {
+  std::string out = ShardHeader();
+  std::set<absl::string_view> names;
+  for (const CheckpointRecord& r : records) {
+    if (!names.insert(r.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter ", r.name, " added twice"));
+    }
+    CANZONA_ASSIGN_OR_RETURN(std::string record,
+                             EncodeRecord(r.name, r.config, r.state));
+    out += record;
+  }
+  out += ShardFooterHead(records.size());
+  PutU32(out, Crc32c(out));
+  return out;
+}
+
+absl::StatusOr<std::vector<CheckpointRecord>> DecodeStateBlob(
+    absl::string_view bytes) {
+  CANZONA_ASSIGN_OR_RETURN(std::vector<ParsedRecord> parsed,
+                           ParseShardBytes(bytes, "(state blob)"));
+  std::vector<CheckpointRecord> out;
+  std::set<std::string> names;
+  for (ParsedRecord& p : parsed) {
+    if (!names.insert(p.record.name).second) {
+      return absl::DataLossError(absl::StrCat(
+          "state blob holds parameter ", p.record.name, " twice"));
+    }
+    out.push_back(std::move(p.record));
+  }
+  return out;
+}
+
 // ---- manifest ----
 
 std::string ManifestToJson(const CheckpointManifest& manifest) {
@@ -546,6 +604,7 @@ std::string ManifestToJson(const CheckpointManifest& manifest) {
                  {"tp", manifest.layout.tp}};
   j["strategy"] = manifest.strategy;
   j["plan_digest"] = manifest.plan_digest;
+  j["step"] = manifest.step;
   nlohmann::json shards = nlohmann::json::array();
   for (const ShardInfo& shard : manifest.shards) {
     shards.push_back({{"file", shard.file},
@@ -631,6 +690,12 @@ absl::StatusOr<CheckpointManifest> ParseManifest(absl::string_view json) {
     if (it == j.end() || !it->is_string()) return Incomplete(key);
     *field = it->get<std::string>();
   }
+  auto step = j.find("step");
+  if (step == j.end() || !step->is_number_integer() ||
+      step->get<int64_t>() < 0) {
+    return Incomplete("no step");
+  }
+  m.step = step->get<int64_t>();
   auto shards = j.find("shards");
   if (shards == j.end() || !shards->is_array()) return Incomplete("no shards");
   for (const nlohmann::json& s : *shards) {

@@ -69,6 +69,8 @@ struct CheckpointManifest {
   CheckpointLayout layout;
   std::string strategy;
   std::string plan_digest;
+  // Optimizer steps the job had done when it saved (the next is step + 1).
+  int64_t step = 0;
   std::vector<ShardInfo> shards;
   bool operator==(const CheckpointManifest&) const = default;
 };
@@ -137,6 +139,15 @@ absl::Status CommitCheckpoint(absl::string_view dir,
 // FAILED_PRECONDITION naming the version for an unsupported one.
 std::string ManifestToJson(const CheckpointManifest& manifest);
 absl::StatusOr<CheckpointManifest> ParseManifest(absl::string_view json);
+
+// A set of records as one self-checking byte string in the shard file
+// layout (header, records, footer with CRC-32C): what ExportState returns
+// for a PyTorch state_dict. Decode: DATA_LOSS for corrupted or truncated
+// bytes, FAILED_PRECONDITION for another format version.
+absl::StatusOr<std::string> EncodeStateBlob(
+    const std::vector<CheckpointRecord>& records);
+absl::StatusOr<std::vector<CheckpointRecord>> DecodeStateBlob(
+    absl::string_view bytes);
 
 // What `canzonactl checkpoint inspect` shows.
 struct CheckpointSummary {

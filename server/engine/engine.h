@@ -55,6 +55,19 @@ class Engine {
       const canzona::v1::DeregisterRequest& request) = 0;
   virtual canzona::v1::GetStatusResponse GetStatus() = 0;
 
+  // Checkpoints (collective over the job's ranks) and one rank's state
+  // view (not collective); see optimizer_service.proto.
+  virtual void SaveCheckpoint(
+      const canzona::v1::SaveCheckpointRequest& request,
+      Callback<canzona::v1::SaveCheckpointResponse> done) = 0;
+  virtual void LoadCheckpoint(
+      const canzona::v1::LoadCheckpointRequest& request,
+      Callback<canzona::v1::LoadCheckpointResponse> done) = 0;
+  virtual void ExportState(const canzona::v1::ExportStateRequest& request,
+                           Callback<canzona::v1::ExportStateResponse> done) = 0;
+  virtual void ImportState(const canzona::v1::ImportStateRequest& request,
+                           Callback<canzona::v1::ImportStateResponse> done) = 0;
+
   // Fails every in-flight call with UNAVAILABLE and stops the workers
   // (SIGTERM); later calls get UNAVAILABLE.
   virtual void Shutdown() = 0;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -28,6 +30,8 @@
 #include "client/shm/shared_memory.h"
 #include "kernels/backend.h"
 #include "kernels/base/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "server/checkpoint/checkpoint.h"
 #include "server/comm/gloo_communicator.h"
 #include "server/engine/local_communicator.h"
 #include "server/metrics/canzona_metrics.h"
@@ -334,6 +338,11 @@ struct LocalRank {
   // Guarded by Job::mu.
   int64_t next_step = 1;  // next step number Step accepts
   int64_t steps_done = 0;
+  // Work to run on the worker right after step N (guarded by Job::mu).
+  std::map<int64_t, std::vector<Worker::Task>> after_step;
+  // Checkpoint collectives this rank has run (worker-only): names their
+  // control-plane keys, the same on every rank of the job.
+  int64_t collective_seq = 0;
   v1::PhaseTimes last;
   bool setup_done = false;
   Callback<v1::RegisterResponse> register_done;
@@ -393,6 +402,19 @@ struct Job {
     return state == JobState::kFailed;
   }
 };
+
+// Cancels what waited for a later step of a rank that is going away.
+void CancelAfterStep(Job& job, LocalRank& rank) {
+  std::vector<Worker::Task> tasks;
+  {
+    absl::MutexLock lock(&job.mu);
+    for (auto& [k, list] : rank.after_step) {
+      for (Worker::Task& task : list) tasks.push_back(std::move(task));
+    }
+    rank.after_step.clear();
+  }
+  for (Worker::Task& task : tasks) task.cancel();
+}
 
 std::string StateString(const Job& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   switch (job.state) {
@@ -520,9 +542,48 @@ class EngineImpl final : public Engine {
       const v1::GetPlanRequest& request) override;
   absl::Status Deregister(const v1::DeregisterRequest& request) override;
   v1::GetStatusResponse GetStatus() override;
+  void SaveCheckpoint(const v1::SaveCheckpointRequest& request,
+                      Callback<v1::SaveCheckpointResponse> done) override;
+  void LoadCheckpoint(const v1::LoadCheckpointRequest& request,
+                      Callback<v1::LoadCheckpointResponse> done) override;
+  void ExportState(const v1::ExportStateRequest& request,
+                   Callback<v1::ExportStateResponse> done) override;
+  void ImportState(const v1::ImportStateRequest& request,
+                   Callback<v1::ImportStateResponse> done) override;
   void Shutdown() override;
 
  private:
+  // The ready job and this daemon's rank `coords` of it, or the status a
+  // call naming them gets (NOT_FOUND, INVALID_ARGUMENT,
+  // FAILED_PRECONDITION).
+  absl::StatusOr<std::pair<std::shared_ptr<Job>, std::shared_ptr<LocalRank>>>
+  FindReadyRank(const std::string& job_id, const v1::RankCoordinates& coords);
+  // Validates the job and rank, then runs `work` on the rank's worker (in
+  // order with its steps) and hands its result to `done`.
+  // With at_step > 0, `work` runs right after the rank's step at_step.
+  template <typename Response>
+  void RunOnRank(
+      const std::string& job_id, const v1::RankCoordinates& coords,
+      Callback<Response> done,
+      std::function<absl::StatusOr<Response>(Job&, LocalRank&)> work,
+      int64_t at_step = 0);
+  // Runs (or, when the rank is gone, cancels) what waited for step k.
+  void RunAfterStep(Job& job, LocalRank& rank, int64_t k);
+  // INVALID_ARGUMENT / PERMISSION_DENIED for a checkpoint directory the
+  // daemon must not use; the normalized path otherwise.
+  absl::StatusOr<std::string> CheckpointDir(const std::string& dir) const;
+  absl::StatusOr<v1::SaveCheckpointResponse> RunSave(Job& job, LocalRank& rank,
+                                                     const std::string& dir);
+  absl::StatusOr<v1::LoadCheckpointResponse> RunLoad(Job& job, LocalRank& rank,
+                                                     const std::string& dir);
+  // The job's ranks agree through the control plane: every rank publishes
+  // `mine` under the collective `key`; returns every rank's value, by
+  // global rank.
+  absl::StatusOr<std::vector<std::string>> Exchange(Job& job,
+                                                    const LocalRank& rank,
+                                                    const std::string& key,
+                                                    const std::string& mine,
+                                                    absl::Time deadline);
   // The job registered here under `job_id`, or NOT_FOUND naming it.
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id);
   absl::StatusOr<Prepared> Prepare(const v1::RegisterRequest& request,
@@ -1520,7 +1581,9 @@ void EngineImpl::RunStep(std::shared_ptr<Job> job,
     }
     spdlog::error("step failed: job={} rank={} step={}: {}", job->id,
                   RankString(rank->coords), k, status.ToString());
-    return done(status);
+    done(status);
+    RunAfterStep(*job, *rank, -1);
+    return;
   }
   response.mutable_seconds()->set_total(Seconds(start, absl::Now()));
   if (rank->rt->metrics != nullptr) {
@@ -1533,6 +1596,7 @@ void EngineImpl::RunStep(std::shared_ptr<Job> job,
     rank->last = response.seconds();
   }
   done(response);
+  RunAfterStep(*job, *rank, k);
 }
 
 absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
@@ -1999,6 +2063,7 @@ absl::Status EngineImpl::Deregister(const v1::DeregisterRequest& request) {
   // cancels its queued calls) and unmaps its buffers when `rank` goes.
   rank->AbortComms();
   if (rank->worker) rank->worker->StopAndJoin();
+  CancelAfterStep(*job, *rank);
   if (pending) pending(absl::AbortedError("rank deregistered"));
   return absl::OkStatus();
 }
@@ -2033,6 +2098,604 @@ v1::GetStatusResponse EngineImpl::GetStatus() {
   return response;
 }
 
+// ---------------------------------------------------------------------------
+// Checkpoints and state export / import.
+
+namespace {
+
+// How rank `rt` takes part in saving parameter i.
+enum class Holding {
+  kNone,      // no state here
+  kWhole,     // the whole matrix's state (or a TP-replicated copy)
+  kFragment,  // this TP rank's fragment of element-wise state
+};
+
+Holding HoldingOf(const RankRuntime& rt, const JobPlan& jp, int TP, int i) {
+  if (!rt.dp_owned[i] || !rt.rules.count(i)) return Holding::kNone;
+  const ParamMeta& m = jp.params[i];
+  if (rt.mode[i] == Mode::kLocal && m.split >= 0 && TP > 1) {
+    return Holding::kFragment;
+  }
+  return Holding::kWhole;
+}
+
+// Whether this rank writes parameter i's record: one writer per parameter
+// in the whole job (the DP owner, or DP rank 0 when every rank owns it;
+// the TP host, or TP rank 0 for replicated and gathered state).
+bool WritesRecord(const RankRuntime& rt, const plan::Plan& plan, int d, int t,
+                  int i) {
+  if (plan.dp_owner[i] < 0 && d != 0) return false;
+  return rt.mode[i] == Mode::kHosted || t == 0;
+}
+
+// Tensors of `state` that are TP fragments of `m` (shape == local shape,
+// which differs from the whole shape when TP splits it).
+bool IsFragmentTensor(const ParamMeta& m, const StateTensor& tensor) {
+  return tensor.shape == m.local_shape && m.local_shape != m.shape;
+}
+
+// An agreement value through the control plane: "<code>\n<text>".
+std::string AgreementValue(const absl::Status& status,
+                           absl::string_view payload) {
+  return absl::StrCat(static_cast<int>(status.code()), "\n",
+                      status.ok() ? payload : status.message());
+}
+
+absl::Status ParseAgreement(absl::string_view value, std::string* payload) {
+  const size_t nl = value.find('\n');
+  int code = 0;
+  if (nl == absl::string_view::npos ||
+      !absl::SimpleAtoi(value.substr(0, nl), &code)) {
+    return absl::InternalError(absl::StrCat("bad agreement value '", value,
+                                            "' on the control plane"));
+  }
+  if (payload != nullptr) *payload = std::string(value.substr(nl + 1));
+  return absl::Status(static_cast<absl::StatusCode>(code),
+                      value.substr(nl + 1));
+}
+
+// Puts back the states saved before a load that is being undone.
+void Restore(RankRuntime& rt,
+             std::vector<std::pair<int, OptimizerState>>& backups) {
+  for (auto& [i, state] : backups) {
+    absl::Status s = rt.rules.at(i)->LoadState(state);
+    if (!s.ok()) {
+      spdlog::error("restoring the state of parameter {} failed: {}", i,
+                    s.ToString());
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::pair<std::shared_ptr<Job>, std::shared_ptr<LocalRank>>>
+EngineImpl::FindReadyRank(const std::string& job_id,
+                          const v1::RankCoordinates& r) {
+  CANZONA_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
+  const v1::WorldLayout& l = job->layout;
+  if (r.pp_rank() < 0 || r.pp_rank() >= l.pp() || r.dp_rank() < 0 ||
+      r.dp_rank() >= l.dp() || r.tp_rank() < 0 || r.tp_rank() >= l.tp()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", RankString(r), " outside the layout"));
+  }
+  const int global =
+      (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank();
+  absl::MutexLock lock(&job->mu);
+  if (job->state == JobState::kFailed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job failed: ", job->failure));
+  }
+  if (job->state != JobState::kReady) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job->id, "' is not ready: ranks are still registering"));
+  }
+  auto it = job->ranks.find(global);
+  if (it == job->ranks.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("rank ", RankString(r), " of job '", job->id,
+                     "' is not registered with this daemon"));
+  }
+  return std::make_pair(job, it->second);
+}
+
+template <typename Response>
+void EngineImpl::RunOnRank(
+    const std::string& job_id, const v1::RankCoordinates& coords,
+    Callback<Response> done,
+    std::function<absl::StatusOr<Response>(Job&, LocalRank&)> work,
+    int64_t at_step) {
+  if (shutting_down_) return done(Unavailable());
+  auto found = FindReadyRank(job_id, coords);
+  if (!found.ok()) return done(found.status());
+  auto [job, rank] = *std::move(found);
+  auto shared_done = std::make_shared<Callback<Response>>(std::move(done));
+  Worker::Task task;
+  task.run = [this, job = job, rank = rank, work = std::move(work),
+              shared_done]() {
+    absl::StatusOr<Response> result = work(*job, *rank);
+    if (!result.ok() && shutting_down_) result = Unavailable();
+    (*shared_done)(std::move(result));
+  };
+  task.cancel = [this, shared_done]() { (*shared_done)(Unavailable()); };
+  if (at_step > 0) {
+    absl::Status past;
+    {
+      absl::MutexLock lock(&job->mu);
+      if (rank->next_step > at_step + 1) {
+        past = absl::FailedPreconditionError(absl::StrCat(
+            "at_step ", at_step, ": rank ", RankString(rank->coords),
+            " is already past it (step ", rank->next_step - 1, " was called)"));
+      } else if (rank->steps_done < at_step) {
+        rank->after_step[at_step].push_back(std::move(task));
+        return;
+      }
+    }
+    if (!past.ok()) return (*shared_done)(past);
+  }
+  if (!rank->worker->Post(task)) task.cancel();
+}
+
+void EngineImpl::RunAfterStep(Job& job, LocalRank& rank, int64_t k) {
+  std::vector<Worker::Task> tasks;
+  {
+    absl::MutexLock lock(&job.mu);
+    // After a failed step (k < 0) everything waiting runs now and fails on
+    // the failed job instead of waiting forever.
+    auto end = k < 0 ? rank.after_step.end() : rank.after_step.upper_bound(k);
+    for (auto it = rank.after_step.begin(); it != end; ++it) {
+      for (Worker::Task& task : it->second) tasks.push_back(std::move(task));
+    }
+    rank.after_step.erase(rank.after_step.begin(), end);
+  }
+  for (Worker::Task& task : tasks) task.run();
+}
+
+
+absl::StatusOr<std::string> EngineImpl::CheckpointDir(
+    const std::string& dir) const {
+  if (dir.empty() || dir[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dir '", dir, "' must be an absolute path"));
+  }
+  for (const auto& part : std::filesystem::path(dir)) {
+    if (part == "..") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dir '", dir, "' must not contain '..'"));
+    }
+  }
+  std::string normal = std::filesystem::path(dir).lexically_normal().string();
+  while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
+  if (!options_.checkpoint_root.empty()) {
+    std::string root = std::filesystem::path(options_.checkpoint_root)
+                           .lexically_normal()
+                           .string();
+    while (root.size() > 1 && root.back() == '/') root.pop_back();
+    if (normal != root && !absl::StartsWith(normal, root + "/")) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("dir '", dir, "' is outside this daemon's checkpoint "
+                       "root ", root, " (--checkpoint-root)"));
+    }
+  }
+  return normal;
+}
+
+absl::StatusOr<std::vector<std::string>> EngineImpl::Exchange(
+    Job& job, const LocalRank& rank, const std::string& key,
+    const std::string& mine, absl::Time deadline) {
+  CANZONA_RETURN_IF_ERROR(
+      options_.control->Set(absl::StrCat(key, rank.global), mine));
+  std::vector<std::string> all(job.world);
+  for (int g = 0; g < job.world; ++g) {
+    if (g == rank.global) {
+      all[g] = mine;
+      continue;
+    }
+    CANZONA_ASSIGN_OR_RETURN(
+        all[g], WaitGet(job, absl::StrCat(key, g), deadline,
+                        absl::StrCat("rank ", g, " of the checkpoint")));
+  }
+  return all;
+}
+
+void EngineImpl::SaveCheckpoint(const v1::SaveCheckpointRequest& request,
+                                Callback<v1::SaveCheckpointResponse> done) {
+  absl::StatusOr<std::string> dir = CheckpointDir(request.dir());
+  if (!dir.ok()) return done(dir.status());
+  if (request.at_step() < 0) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("at_step ", request.at_step(), " must be >= 0")));
+  }
+  RunOnRank<v1::SaveCheckpointResponse>(
+      request.job_id(), request.rank(), std::move(done),
+      [this, dir = *dir](Job& job, LocalRank& rank) {
+        return RunSave(job, rank, dir);
+      },
+      request.at_step());
+}
+
+void EngineImpl::LoadCheckpoint(const v1::LoadCheckpointRequest& request,
+                                Callback<v1::LoadCheckpointResponse> done) {
+  absl::StatusOr<std::string> dir = CheckpointDir(request.dir());
+  if (!dir.ok()) return done(dir.status());
+  RunOnRank<v1::LoadCheckpointResponse>(
+      request.job_id(), request.rank(), std::move(done),
+      [this, dir = *dir](Job& job, LocalRank& rank) {
+        return RunLoad(job, rank, dir);
+      });
+}
+
+absl::StatusOr<v1::SaveCheckpointResponse> EngineImpl::RunSave(
+    Job& job, LocalRank& rank, const std::string& dir) {
+  if (job.failed()) {
+    absl::MutexLock lock(&job.mu);
+    return absl::AbortedError(absl::StrCat("job failed: ", job.failure));
+  }
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + options_.checkpoint_timeout;
+  RankRuntime& rt = *rank.rt;
+  std::shared_ptr<const JobPlan> jp;
+  int64_t steps = 0;
+  {
+    absl::MutexLock lock(&job.mu);
+    jp = job.plan;
+    steps = rank.steps_done;
+  }
+  const int TP = job.layout.tp(), d = rank.coords.dp_rank(),
+            t = rank.coords.tp_rank();
+  const std::string key = absl::StrCat(JobPrefix(job.id), "ckpt/",
+                                       rank.collective_seq++, "/save/");
+
+  // 1. This rank's shard. TP fragments are gathered even after a local
+  // error so that the TP group's collectives stay matched.
+  absl::Status local;
+  std::unique_ptr<CheckpointWriter> writer;
+  {
+    auto created = CheckpointWriter::Create(dir, std::to_string(rank.global));
+    if (created.ok()) {
+      writer = *std::move(created);
+    } else {
+      local = created.status();
+    }
+  }
+  int records = 0;
+  std::vector<float> gathered, whole;
+  for (int i : rt.local_params) {
+    const Holding holding = HoldingOf(rt, *jp, TP, i);
+    if (holding == Holding::kNone) continue;
+    const ParamMeta& m = jp->params[i];
+    const bool writes = WritesRecord(rt, jp->plan, d, t, i);
+    if (holding == Holding::kWhole && !writes) continue;
+    const UpdateRule& rule = *rt.rules.at(i);
+    absl::StatusOr<OptimizerState> state = rule.SaveState();
+    if (!state.ok()) return state.status();  // a bug: fail loudly
+    if (holding == Holding::kFragment) {
+      const std::vector<int64_t> counts(TP, m.local_numel);
+      for (StateTensor& tensor : state->tensors) {
+        if (!IsFragmentTensor(m, tensor)) continue;
+        gathered.resize(TP * m.local_numel);
+        CANZONA_RETURN_IF_ERROR(
+            rt.tp->AllGatherV(tensor.data.data(), counts, gathered.data()));
+        whole.assign(m.numel, 0.0f);
+        for (int j = 0; j < TP; ++j) {
+          MoveFragment(m, TP, j, gathered.data() + j * m.local_numel,
+                       whole.data(), /*to_full=*/true);
+        }
+        tensor.shape = m.shape;
+        tensor.data = whole;
+      }
+      if (!writes) continue;
+    }
+    if (local.ok()) {
+      local = writer->Add(m.name, rule.config(), *state);
+      ++records;
+    }
+  }
+  ShardInfo shard;
+  if (local.ok()) {
+    absl::StatusOr<ShardInfo> finished = writer->Finish();
+    if (finished.ok()) {
+      shard = *std::move(finished);
+    } else {
+      local = finished.status();
+    }
+  }
+  writer.reset();
+
+  // 2. Every rank's shard reaches global rank 0, which commits the
+  // manifest only if every rank wrote its shard at the same step.
+  nlohmann::json mine = {{"step", steps},
+                         {"file", shard.file},
+                         {"bytes", shard.bytes},
+                         {"crc32c", shard.crc32c},
+                         {"params", shard.params}};
+  const std::string result_key = key + "result";
+  if (rank.global == 0) {
+    CANZONA_ASSIGN_OR_RETURN(
+        std::vector<std::string> all,
+        Exchange(job, rank, key, AgreementValue(local, mine.dump()), deadline));
+    absl::Status decision;
+    CheckpointManifest manifest;
+    manifest.layout = {job.layout.pp(), job.layout.dp(), job.layout.tp()};
+    manifest.strategy = job.strategy_name;
+    manifest.plan_digest = jp->plan.digest;
+    manifest.step = steps;
+    for (int g = 0; g < job.world && decision.ok(); ++g) {
+      std::string payload;
+      absl::Status theirs = ParseAgreement(all[g], &payload);
+      if (!theirs.ok()) {
+        decision = absl::Status(theirs.code(),
+                                absl::StrCat("rank ", g, ": ", theirs.message()));
+        break;
+      }
+      const nlohmann::json j = nlohmann::json::parse(payload, nullptr, false);
+      if (j.is_discarded() || j.value("step", int64_t{-1}) != steps) {
+        decision = absl::FailedPreconditionError(absl::StrCat(
+            "ranks saved at different steps: rank 0 has done ", steps,
+            " steps, rank ", g, " ",
+            j.is_discarded() ? "?" : std::to_string(j.value("step", -1))));
+        break;
+      }
+      ShardInfo info;
+      info.file = j.value("file", "");
+      info.bytes = j.value("bytes", uint64_t{0});
+      info.crc32c = j.value("crc32c", uint32_t{0});
+      info.params = j.value("params", std::vector<std::string>());
+      manifest.shards.push_back(std::move(info));
+    }
+    if (decision.ok()) decision = CommitCheckpoint(dir, manifest);
+    CANZONA_RETURN_IF_ERROR(
+        options_.control->Set(result_key, AgreementValue(decision, "")));
+    if (!local.ok()) return local;
+    CANZONA_RETURN_IF_ERROR(decision);
+  } else {
+    CANZONA_RETURN_IF_ERROR(options_.control->Set(
+        absl::StrCat(key, rank.global), AgreementValue(local, mine.dump())));
+    CANZONA_ASSIGN_OR_RETURN(
+        std::string result,
+        WaitGet(job, result_key, deadline, "the checkpoint commit"));
+    if (!local.ok()) return local;
+    absl::Status decision = ParseAgreement(result, nullptr);
+    if (!decision.ok()) {
+      return absl::Status(decision.code(),
+                          absl::StrCat("checkpoint ", dir, " not committed: ",
+                                       decision.message()));
+    }
+  }
+  spdlog::info("checkpoint saved: job={} rank={} dir={} step={} records={}",
+               job.id, RankString(rank.coords), dir, steps, records);
+  v1::SaveCheckpointResponse response;
+  response.set_step(steps);
+  response.set_records(records);
+  response.set_bytes(static_cast<int64_t>(shard.bytes));
+  response.set_seconds(Seconds(start, absl::Now()));
+  return response;
+}
+
+absl::StatusOr<v1::LoadCheckpointResponse> EngineImpl::RunLoad(
+    Job& job, LocalRank& rank, const std::string& dir) {
+  if (job.failed()) {
+    absl::MutexLock lock(&job.mu);
+    return absl::AbortedError(absl::StrCat("job failed: ", job.failure));
+  }
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + options_.checkpoint_timeout;
+  RankRuntime& rt = *rank.rt;
+  std::shared_ptr<const JobPlan> jp;
+  {
+    absl::MutexLock lock(&job.mu);
+    jp = job.plan;
+  }
+  const int TP = job.layout.tp(), t = rank.coords.tp_rank();
+  const std::string key = absl::StrCat(JobPrefix(job.id), "ckpt/",
+                                       rank.collective_seq++, "/load/");
+
+  // 1. Validate the whole checkpoint and load what this rank owns, keeping
+  // the old state to undo it if any rank fails.
+  std::vector<std::pair<int, OptimizerState>> backups;
+  int64_t step = 0;
+  absl::Status local = [&]() -> absl::Status {
+    CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                             CheckpointReader::Open(dir));
+    step = reader->manifest().step;
+    for (int i : rt.local_params) {
+      if (HoldingOf(rt, *jp, TP, i) == Holding::kNone) continue;
+      const ParamMeta& m = jp->params[i];
+      UpdateRule& rule = *rt.rules.at(i);
+      absl::StatusOr<CheckpointRecord> record = reader->Load(m.name);
+      if (absl::IsNotFound(record.status())) {
+        return absl::NotFoundError(absl::StrCat(
+            "checkpoint ", dir, " has no state for parameter '", m.name, "'"));
+      }
+      CANZONA_RETURN_IF_ERROR(record.status());
+      if (record->config.kind != rule.config().kind) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "parameter '", m.name, "': checkpoint ", dir, " holds ",
+            OptimizerKindName(record->config.kind), " state, this job uses ",
+            OptimizerKindName(rule.config().kind)));
+      }
+      CANZONA_ASSIGN_OR_RETURN(OptimizerState current, rule.SaveState());
+      OptimizerState& next = record->state;
+      for (StateTensor& tensor : next.tensors) {
+        const StateTensor* mine = current.FindTensor(tensor.name);
+        if (mine == nullptr || !IsFragmentTensor(m, *mine) ||
+            tensor.shape != m.shape) {
+          continue;
+        }
+        std::vector<float> fragment(m.local_numel);
+        MoveFragment(m, TP, t, fragment.data(), tensor.data.data(),
+                     /*to_full=*/false);
+        tensor.shape = m.local_shape;
+        tensor.data = std::move(fragment);
+      }
+      absl::Status loaded = rule.LoadState(next);
+      if (!loaded.ok()) {
+        return absl::Status(loaded.code(),
+                            absl::StrCat("parameter '", m.name, "' from ", dir,
+                                         ": ", loaded.message()));
+      }
+      backups.emplace_back(i, std::move(current));
+    }
+    return absl::OkStatus();
+  }();
+
+  // 2. All or nothing across the job.
+  const std::string result_key = key + "result";
+  absl::Status decision;
+  if (rank.global == 0) {
+    absl::StatusOr<std::vector<std::string>> all =
+        Exchange(job, rank, key, AgreementValue(local, ""), deadline);
+    if (!all.ok()) {
+      decision = all.status();
+    } else {
+      for (int g = 0; g < job.world && decision.ok(); ++g) {
+        absl::Status theirs = ParseAgreement((*all)[g], nullptr);
+        if (!theirs.ok()) {
+          decision = absl::Status(
+              theirs.code(), absl::StrCat("rank ", g, ": ", theirs.message()));
+        }
+      }
+    }
+    absl::Status published =
+        options_.control->Set(result_key, AgreementValue(decision, ""));
+    if (decision.ok()) decision = published;
+  } else {
+    decision = options_.control->Set(absl::StrCat(key, rank.global),
+                                     AgreementValue(local, ""));
+    if (decision.ok()) {
+      absl::StatusOr<std::string> result =
+          WaitGet(job, result_key, deadline, "the checkpoint load decision");
+      decision = result.ok() ? ParseAgreement(*result, nullptr)
+                             : result.status();
+    }
+  }
+  if (!local.ok() || !decision.ok()) {
+    Restore(rt, backups);
+    if (!local.ok()) return local;
+    return absl::Status(decision.code(),
+                        absl::StrCat("checkpoint ", dir, " not loaded: ",
+                                     decision.message()));
+  }
+  {
+    absl::MutexLock lock(&job.mu);
+    rank.steps_done = step;
+    rank.next_step = step + 1;
+  }
+  spdlog::info("checkpoint loaded: job={} rank={} dir={} step={} records={}",
+               job.id, RankString(rank.coords), dir, step, backups.size());
+  v1::LoadCheckpointResponse response;
+  response.set_step(step);
+  response.set_records(static_cast<int>(backups.size()));
+  response.set_seconds(Seconds(start, absl::Now()));
+  return response;
+}
+
+void EngineImpl::ExportState(const v1::ExportStateRequest& request,
+                             Callback<v1::ExportStateResponse> done) {
+  RunOnRank<v1::ExportStateResponse>(
+      request.job_id(), request.rank(), std::move(done),
+      [](Job& job, LocalRank& rank) -> absl::StatusOr<v1::ExportStateResponse> {
+        RankRuntime& rt = *rank.rt;
+        std::shared_ptr<const JobPlan> jp;
+        v1::ExportStateResponse response;
+        {
+          absl::MutexLock lock(&job.mu);
+          jp = job.plan;
+          response.set_step(rank.steps_done);
+        }
+        std::vector<CheckpointRecord> records;
+        for (const auto& [i, rule] : rt.rules) {
+          CANZONA_ASSIGN_OR_RETURN(OptimizerState state, rule->SaveState());
+          records.push_back({jp->params[i].name, rule->config(),
+                             std::move(state)});
+        }
+        CANZONA_ASSIGN_OR_RETURN(std::string blob, EncodeStateBlob(records));
+        response.set_state(std::move(blob));
+        response.set_plan_digest(jp->plan.digest);
+        response.set_records(static_cast<int>(records.size()));
+        return response;
+      });
+}
+
+void EngineImpl::ImportState(const v1::ImportStateRequest& request,
+                             Callback<v1::ImportStateResponse> done) {
+  if (request.step() < 0) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("step ", request.step(), " must be >= 0")));
+  }
+  RunOnRank<v1::ImportStateResponse>(
+      request.job_id(), request.rank(), std::move(done),
+      [request](Job& job,
+                LocalRank& rank) -> absl::StatusOr<v1::ImportStateResponse> {
+        RankRuntime& rt = *rank.rt;
+        std::shared_ptr<const JobPlan> jp;
+        {
+          absl::MutexLock lock(&job.mu);
+          jp = job.plan;
+        }
+        if (request.plan_digest() != jp->plan.digest) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "plan_digest: the state was exported under plan ",
+              request.plan_digest(), ", this job's plan is ", jp->plan.digest,
+              " (load a checkpoint to change layout or strategy)"));
+        }
+        CANZONA_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> records,
+                                 DecodeStateBlob(request.state()));
+        std::map<std::string, const CheckpointRecord*> by_name;
+        for (const CheckpointRecord& r : records) by_name[r.name] = &r;
+        std::set<std::string> expected;
+        for (const auto& [i, rule] : rt.rules) {
+          const std::string& name = jp->params[i].name;
+          expected.insert(name);
+          if (!by_name.count(name)) {
+            return absl::NotFoundError(absl::StrCat(
+                "state: no record for parameter '", name,
+                "', which this rank owns"));
+          }
+        }
+        for (const auto& [name, r] : by_name) {
+          if (!expected.count(name)) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "state: parameter '", name, "' is not owned by this rank"));
+          }
+        }
+        std::vector<std::pair<int, OptimizerState>> backups;
+        for (const auto& [i, rule] : rt.rules) {
+          const CheckpointRecord& r = *by_name.at(jp->params[i].name);
+          absl::Status status = [&]() -> absl::Status {
+            if (r.config.kind != rule->config().kind) {
+              return absl::FailedPreconditionError(absl::StrCat(
+                  "state: parameter '", r.name, "' holds ",
+                  OptimizerKindName(r.config.kind), " state, this job uses ",
+                  OptimizerKindName(rule->config().kind)));
+            }
+            CANZONA_ASSIGN_OR_RETURN(OptimizerState current,
+                                     rule->SaveState());
+            absl::Status loaded = rule->LoadState(r.state);
+            if (!loaded.ok()) {
+              return absl::Status(loaded.code(),
+                                  absl::StrCat("state: parameter '", r.name,
+                                               "': ", loaded.message()));
+            }
+            backups.emplace_back(i, std::move(current));
+            return absl::OkStatus();
+          }();
+          if (!status.ok()) {
+            Restore(rt, backups);
+            return status;
+          }
+        }
+        {
+          absl::MutexLock lock(&job.mu);
+          rank.steps_done = request.step();
+          rank.next_step = request.step() + 1;
+        }
+        v1::ImportStateResponse response;
+        response.set_step(request.step());
+        response.set_records(static_cast<int>(backups.size()));
+        return response;
+      });
+}
+
 void EngineImpl::Shutdown() {
   std::vector<std::shared_ptr<Job>> jobs;
   std::vector<std::unique_ptr<Worker>> retired;
@@ -2063,6 +2726,14 @@ void EngineImpl::Shutdown() {
   for (auto& r : ranks) r->AbortComms();
   for (auto& r : ranks) {
     if (r->worker) r->worker->StopAndJoin();
+  }
+  for (auto& job : jobs) {
+    std::vector<std::shared_ptr<LocalRank>> job_ranks;
+    {
+      absl::MutexLock lock(&job->mu);
+      for (auto& [g, r] : job->ranks) job_ranks.push_back(r);
+    }
+    for (auto& r : job_ranks) CancelAfterStep(*job, *r);
   }
   for (auto& w : retired) w->StopAndJoin();
   for (auto& cb : pending) cb(Unavailable());

@@ -48,6 +48,13 @@ struct EngineOptions {
   absl::Duration register_timeout = absl::Seconds(120);
   // Bound on every collective of a step and on waiting for local peers.
   absl::Duration step_timeout = absl::Seconds(60);
+  // Bound on a collective checkpoint save or load waiting for the job's
+  // other ranks (they may be writing gigabytes).
+  absl::Duration checkpoint_timeout = absl::Minutes(10);
+  // When non-empty, checkpoint directories must lie under it
+  // (PERMISSION_DENIED otherwise): trainers cannot make the daemon write or
+  // read elsewhere.
+  std::string checkpoint_root;
   // When non-empty, Register requires job_token == required_token.
   std::string required_token;
   // Limits (RESOURCE_EXHAUSTED beyond them).

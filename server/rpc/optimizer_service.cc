@@ -99,4 +99,44 @@ grpc::ServerUnaryReactor* OptimizerServiceImpl::GetStatus(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* OptimizerServiceImpl::SaveCheckpoint(
+    grpc::CallbackServerContext* context,
+    const canzona::v1::SaveCheckpointRequest* request,
+    canzona::v1::SaveCheckpointResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  engine_->SaveCheckpoint(*request,
+               Completion(reactor, response, requests_, "SaveCheckpoint"));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* OptimizerServiceImpl::LoadCheckpoint(
+    grpc::CallbackServerContext* context,
+    const canzona::v1::LoadCheckpointRequest* request,
+    canzona::v1::LoadCheckpointResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  engine_->LoadCheckpoint(*request,
+               Completion(reactor, response, requests_, "LoadCheckpoint"));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* OptimizerServiceImpl::ExportState(
+    grpc::CallbackServerContext* context,
+    const canzona::v1::ExportStateRequest* request,
+    canzona::v1::ExportStateResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  engine_->ExportState(*request,
+               Completion(reactor, response, requests_, "ExportState"));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* OptimizerServiceImpl::ImportState(
+    grpc::CallbackServerContext* context,
+    const canzona::v1::ImportStateRequest* request,
+    canzona::v1::ImportStateResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  engine_->ImportState(*request,
+               Completion(reactor, response, requests_, "ImportState"));
+  return reactor;
+}
+
 }  // namespace canzona

@@ -45,6 +45,22 @@ class OptimizerServiceImpl final
       grpc::CallbackServerContext* context,
       const canzona::v1::GetStatusRequest* request,
       canzona::v1::GetStatusResponse* response) override;
+  grpc::ServerUnaryReactor* SaveCheckpoint(
+      grpc::CallbackServerContext* context,
+      const canzona::v1::SaveCheckpointRequest* request,
+      canzona::v1::SaveCheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* LoadCheckpoint(
+      grpc::CallbackServerContext* context,
+      const canzona::v1::LoadCheckpointRequest* request,
+      canzona::v1::LoadCheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* ExportState(
+      grpc::CallbackServerContext* context,
+      const canzona::v1::ExportStateRequest* request,
+      canzona::v1::ExportStateResponse* response) override;
+  grpc::ServerUnaryReactor* ImportState(
+      grpc::CallbackServerContext* context,
+      const canzona::v1::ImportStateRequest* request,
+      canzona::v1::ImportStateResponse* response) override;
 
  private:
   Engine* engine_;

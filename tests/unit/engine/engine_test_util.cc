@@ -173,6 +173,17 @@ std::vector<float> InitialParam(const JobConfig& config, const ModelParam& p) {
 
 std::vector<float> FullGrad(const JobConfig& config, const ModelParam& p,
                             int step, int dp_rank) {
+  if (config.layout_free_grads) {
+    // g_d = G + (2d + 1 - dp) H: the DP sum is dp G exactly.
+    JobConfig plain = config;
+    plain.layout_free_grads = false;
+    plain.exact = true;
+    std::vector<float> v = FullGrad(plain, p, step, 0);
+    const std::vector<float> h = FullGrad(plain, p, step, 1);
+    const float k = static_cast<float>(2 * dp_rank + 1 - config.dp);
+    for (size_t e = 0; e < v.size(); ++e) v[e] += k * h[e];
+    return v;
+  }
   std::vector<float> v(Numel(p.shape));
   const uint64_t base = SplitMix(SplitMix(config.seed * 7919 + step) ^
                                  NameHash(p.name) ^ (uint64_t(dp_rank) << 48));
@@ -280,6 +291,16 @@ std::vector<float> TrainerRank::ParamBuffer(int index) const {
   return std::vector<float>(base, base + local_numel_[index]);
 }
 
+void TrainerRank::SetParams(
+    const std::map<std::string, std::vector<float>>& full) {
+  float* base = static_cast<float*>(shm_->data());
+  for (size_t i = 0; i < config_.params.size(); ++i) {
+    const ModelParam& p = config_.params[i];
+    const std::vector<float> shard = Shard(p, full.at(p.name));
+    std::memcpy(base + offsets_[i], shard.data(), shard.size() * sizeof(float));
+  }
+}
+
 void TrainerRank::WriteGrads(int step) {
   float* base = static_cast<float*>(shm_->data());
   for (size_t i = 0; i < config_.params.size(); ++i) {
@@ -362,32 +383,15 @@ absl::Status JobRun::Init() {
   return absl::OkStatus();
 }
 
-absl::Status JobRun::RunAll(Cluster& cluster, int steps) {
+absl::Status JobRun::ForAll(
+    Cluster& cluster,
+    const std::function<absl::Status(TrainerRank&, Engine&)>& call) {
   std::vector<absl::Status> status(config_.world());
   std::vector<std::thread> threads;
   for (int g = 0; g < config_.world(); ++g) {
     threads.emplace_back([&, g] {
       TrainerRank& rank = *ranks_[g];
-      Engine& engine = *cluster.engines[rank.engine_index()];
-      Result<v1::RegisterResponse> reg;
-      engine.Register(rank.MakeRegister(), PeerInfo{}, reg.callback());
-      absl::StatusOr<v1::RegisterResponse> r = reg.Get();
-      if (!r.ok()) {
-        status[g] = r.status();
-        return;
-      }
-      registered[g] = *r;
-      for (int s = 1; s <= steps; ++s) {
-        rank.WriteGrads(s);
-        Result<v1::StepResponse> step;
-        engine.Step(rank.MakeStep(s), step.callback());
-        absl::StatusOr<v1::StepResponse> sr = step.Get();
-        if (!sr.ok()) {
-          status[g] = sr.status();
-          return;
-        }
-        responses[g].push_back(*sr);
-      }
+      status[g] = call(rank, *cluster.engines[rank.engine_index()]);
     });
   }
   for (auto& t : threads) t.join();
@@ -398,6 +402,52 @@ absl::Status JobRun::RunAll(Cluster& cluster, int steps) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status JobRun::RegisterAll(Cluster& cluster) {
+  return ForAll(cluster, [&](TrainerRank& rank, Engine& engine) {
+    Result<v1::RegisterResponse> reg;
+    engine.Register(rank.MakeRegister(), PeerInfo{}, reg.callback());
+    CANZONA_ASSIGN_OR_RETURN(registered[rank.global()], reg.Get());
+    return absl::OkStatus();
+  });
+}
+
+absl::Status JobRun::RunSteps(Cluster& cluster, int first, int last) {
+  return ForAll(cluster, [&](TrainerRank& rank, Engine& engine) {
+    for (int s = first; s <= last; ++s) {
+      rank.WriteGrads(s);
+      Result<v1::StepResponse> step;
+      engine.Step(rank.MakeStep(s), step.callback());
+      CANZONA_ASSIGN_OR_RETURN(v1::StepResponse response, step.Get());
+      responses[rank.global()].push_back(response);
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status JobRun::RunAll(Cluster& cluster, int steps) {
+  CANZONA_RETURN_IF_ERROR(RegisterAll(cluster));
+  return RunSteps(cluster, 1, steps);
+}
+
+Params JobRun::GatherParams() const {
+  Params out;
+  for (size_t i = 0; i < config_.params.size(); ++i) {
+    const ModelParam& p = config_.params[i];
+    std::vector<float> full(Numel(p.shape));
+    for (const auto& rank : ranks_) {
+      if (rank->dp_rank() != 0) continue;
+      if (p.split < 0) {
+        if (rank->tp_rank() == 0) full = rank->ParamBuffer(static_cast<int>(i));
+        continue;
+      }
+      PutFragment(p, config_.tp, rank->tp_rank(),
+                  rank->ParamBuffer(static_cast<int>(i)), &full);
+    }
+    out[p.name] = std::move(full);
+  }
+  return out;
 }
 
 absl::Status JobRun::Compare(const Params& reference, bool bitwise) const {

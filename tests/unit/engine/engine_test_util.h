@@ -16,6 +16,7 @@
 #define CANZONA_TESTS_UNIT_ENGINE_ENGINE_TEST_UTIL_H_
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -58,6 +59,10 @@ struct JobConfig {
   // Step at which (dp, tp) = nan_rank injects a NaN gradient (0: never).
   int nan_step = 0;
   int nan_global_rank = 0;
+  // Gradients whose DP average is the same for every DP size (rank d adds
+  // (2d + 1 - dp) times a second pattern, which sums to zero): runs in
+  // different layouts then share one reference (resharding tests).
+  bool layout_free_grads = false;
   int world() const { return dp * tp; }
 };
 
@@ -118,6 +123,9 @@ class TrainerRank {
   std::vector<float> Shard(const ModelParam& p,
                            const std::vector<float>& full) const;
   std::vector<float> ParamBuffer(int index) const;
+  // Overwrites the parameter buffers with this rank's shards of `full`
+  // (what a trainer does when it restores its model checkpoint).
+  void SetParams(const std::map<std::string, std::vector<float>>& full);
   const JobConfig& config() const { return config_; }
 
  private:
@@ -135,6 +143,16 @@ class JobRun {
   absl::Status Init();
   // Registers every rank, runs `steps` steps on all, from threads.
   absl::Status RunAll(Cluster& cluster, int steps);
+  absl::Status RegisterAll(Cluster& cluster);
+  // Steps first..last on every rank (registered already).
+  absl::Status RunSteps(Cluster& cluster, int first, int last);
+  // Runs `call` for every rank on its own thread (collectives), with the
+  // engine serving it; the first error names its rank.
+  absl::Status ForAll(
+      Cluster& cluster,
+      const std::function<absl::Status(TrainerRank&, Engine&)>& call);
+  // The full parameters as the ranks hold them (TP fragments joined).
+  Params GatherParams() const;
   // Compares every rank's parameter buffers with the reference shards;
   // error names the first mismatching parameter and rank.
   absl::Status Compare(const Params& reference, bool bitwise) const;

@@ -1,0 +1,427 @@
+// Checkpoints through the Engine: save after 10 steps, load into fresh
+// engines (same or another layout and strategy), 10 more steps equal the
+// uninterrupted run bitwise; corrupted or mismatching checkpoints are
+// refused with nothing loaded; a rank's state exported and imported
+// resumes bitwise too.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/base/status_macros.h"
+#include "server/checkpoint/checkpoint.h"
+#include "server/engine/engine_impl.h"
+#include "tests/matchers/status_matchers.h"
+#include "tests/unit/engine/engine_test_util.h"
+
+namespace canzona::engine_test {
+namespace {
+
+namespace v1 = ::canzona::v1;
+using ::canzona::testing::StatusIs;
+using ::testing::HasSubstr;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() /
+                           "canzona-ckpt-test-XXXXXX")
+                              .string();
+    path_ = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string Sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+v1::RankCoordinates Coords(const TrainerRank& rank) {
+  v1::RankCoordinates c;
+  c.set_dp_rank(rank.dp_rank());
+  c.set_tp_rank(rank.tp_rank());
+  return c;
+}
+
+absl::StatusOr<v1::SaveCheckpointResponse> Save(Engine& engine,
+                                                const TrainerRank& rank,
+                                                const std::string& dir) {
+  v1::SaveCheckpointRequest request;
+  request.set_job_id(rank.config().job_id);
+  *request.mutable_rank() = Coords(rank);
+  request.set_dir(dir);
+  Result<v1::SaveCheckpointResponse> result;
+  engine.SaveCheckpoint(request, result.callback());
+  return result.Get();
+}
+
+absl::StatusOr<v1::LoadCheckpointResponse> Load(Engine& engine,
+                                                const TrainerRank& rank,
+                                                const std::string& dir) {
+  v1::LoadCheckpointRequest request;
+  request.set_job_id(rank.config().job_id);
+  *request.mutable_rank() = Coords(rank);
+  request.set_dir(dir);
+  Result<v1::LoadCheckpointResponse> result;
+  engine.LoadCheckpoint(request, result.callback());
+  return result.Get();
+}
+
+absl::Status SaveAll(JobRun& run, Cluster& cluster, const std::string& dir,
+                     int64_t want_step) {
+  return run.ForAll(cluster, [&](TrainerRank& rank, Engine& engine) {
+    CANZONA_ASSIGN_OR_RETURN(v1::SaveCheckpointResponse r,
+                             Save(engine, rank, dir));
+    if (r.step() != want_step) {
+      return absl::InternalError(absl::StrCat("saved step ", r.step()));
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status LoadAll(JobRun& run, Cluster& cluster, const std::string& dir) {
+  return run.ForAll(cluster, [&](TrainerRank& rank, Engine& engine) {
+    return Load(engine, rank, dir).status();
+  });
+}
+
+JobConfig Config(const std::string& stem, int dp, int tp,
+                 const std::string& strategy) {
+  JobConfig config;
+  config.job_id = UniqueJobId(stem);
+  config.dp = dp;
+  config.tp = tp;
+  config.strategy = strategy;
+  config.params = MegatronModel();  // Muon, AdamW, Shampoo and SOAP groups
+  config.layout_free_grads = true;
+  return config;
+}
+
+// 10 steps in `first`, save; fresh engines in each later layout load the
+// previous checkpoint, take the parameters, run 10 more steps and save.
+// Every stage must equal the uninterrupted single-process reference.
+// `load` false is the negative control (fresh optimizer state).
+void ResumeChain(const std::vector<JobConfig>& layouts, bool load = true) {
+  TempDir tmp;
+  Params params;
+  for (size_t k = 0; k < layouts.size(); ++k) {
+    SCOPED_TRACE(absl::StrCat("stage ", k, ": dp ", layouts[k].dp, " tp ",
+                              layouts[k].tp, " ", layouts[k].strategy));
+    Cluster cluster;  // fresh engines and control plane
+    JobRun run(layouts[k]);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    const int first = static_cast<int>(10 * k) + 1;
+    if (k > 0) {
+      if (load) {
+        ASSERT_OK(LoadAll(run, cluster, tmp.Sub(absl::StrCat("ckpt", k - 1))));
+      } else {
+        // Without the state, the step numbers restart too.
+        for (auto& rank : run.ranks()) rank->SetParams(params);
+        ASSERT_OK(run.RunSteps(cluster, 1, 10));
+        ASSERT_OK_AND_ASSIGN(Params reference, Reference(layouts[0], 20, {}));
+        EXPECT_FALSE(run.Compare(reference, /*bitwise=*/false).ok());
+        return;
+      }
+      for (auto& rank : run.ranks()) rank->SetParams(params);
+    }
+    ASSERT_OK(run.RunSteps(cluster, first, first + 9));
+    ASSERT_OK_AND_ASSIGN(Params reference,
+                         Reference(layouts[0], first + 9, {}));
+    ASSERT_OK(run.Compare(reference, /*bitwise=*/true));
+    ASSERT_OK(SaveAll(run, cluster, tmp.Sub(absl::StrCat("ckpt", k)),
+                      first + 9));
+    params = run.GatherParams();
+  }
+}
+
+TEST(CheckpointTest, ResumeIntoFreshEnginesIsBitwise) {
+  const JobConfig config = Config("resume", 2, 2, "cost");
+  JobConfig again = config;
+  again.job_id = UniqueJobId("resume-again");
+  ResumeChain({config, again});
+}
+
+TEST(CheckpointTest, ResumeWithoutTheStateDiffers) {
+  const JobConfig config = Config("control", 2, 2, "cost");
+  JobConfig again = config;
+  again.job_id = UniqueJobId("control-again");
+  ResumeChain({config, again}, /*load=*/false);
+}
+
+TEST(CheckpointTest, SaveAtStepRunsBetweenThatStepAndTheNext) {
+  TempDir tmp;
+  Cluster cluster;
+  JobRun run(Config("at-step", 2, 2, "cost"));
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RunAll(cluster, 10));
+  const std::string dir = tmp.Sub("at12");
+  // Posted while the ranks are at step 10; the trainers go on stepping.
+  std::vector<Result<v1::SaveCheckpointResponse>> saves(run.ranks().size());
+  for (auto& rank : run.ranks()) {
+    v1::SaveCheckpointRequest request;
+    request.set_job_id(rank->config().job_id);
+    *request.mutable_rank() = Coords(*rank);
+    request.set_dir(dir);
+    request.set_at_step(12);
+    cluster.engines[rank->engine_index()]->SaveCheckpoint(
+        request, saves[rank->global()].callback());
+  }
+  ASSERT_OK(run.RunSteps(cluster, 11, 14));
+  for (auto& save : saves) {
+    ASSERT_OK_AND_ASSIGN(v1::SaveCheckpointResponse r, save.Get());
+    EXPECT_EQ(r.step(), 12);
+  }
+  ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(dir));
+  EXPECT_EQ(reader->manifest().step, 12);
+  // Too late for step 5.
+  TrainerRank& r0 = *run.ranks()[0];
+  v1::SaveCheckpointRequest late;
+  late.set_job_id(r0.config().job_id);
+  *late.mutable_rank() = Coords(r0);
+  late.set_dir(tmp.Sub("late"));
+  late.set_at_step(5);
+  Result<v1::SaveCheckpointResponse> result;
+  cluster.engines[r0.engine_index()]->SaveCheckpoint(late, result.callback());
+  EXPECT_THAT(result.Get(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                     HasSubstr("already past")));
+  // A save parked for a step that never comes ends with the engine.
+  late.set_at_step(100);
+  Result<v1::SaveCheckpointResponse> parked;
+  cluster.engines[r0.engine_index()]->SaveCheckpoint(late, parked.callback());
+  cluster.engines[r0.engine_index()]->Shutdown();
+  EXPECT_THAT(parked.Get(), StatusIs(absl::StatusCode::kUnavailable));
+}
+
+TEST(CheckpointTest, ResumeAcrossLayoutsAndStrategiesIsBitwise) {
+  ResumeChain({Config("reshard-a", 2, 2, "cost"),
+               Config("reshard-b", 4, 1, "alpha"),
+               Config("reshard-c", 1, 4, "layerwise")});
+}
+
+TEST(CheckpointTest, ReplicatedStrategyRoundTrips) {
+  ResumeChain({Config("sc-a", 2, 2, "sc"), Config("sc-b", 2, 1, "cost")});
+}
+
+// A job of 10 steps with a committed checkpoint in dir "good".
+class CheckpointErrorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = Config("errors", 2, 2, "cost");
+    run_ = std::make_unique<JobRun>(config_);
+    ASSERT_OK(run_->Init());
+    ASSERT_OK(run_->RunAll(cluster_, 10));
+    good_ = tmp_.Sub("good");
+    ASSERT_OK(SaveAll(*run_, cluster_, good_, 10));
+  }
+
+  // Copies the good checkpoint to `name` for corrupting.
+  std::string Copy(const std::string& name) {
+    const std::string dir = tmp_.Sub(name);
+    std::filesystem::copy(good_, dir);
+    return dir;
+  }
+  std::string ShardPath(const std::string& dir) {
+    return dir + "/" + ShardFileName("0");
+  }
+
+  // Loading must fail on every rank with `code` and change nothing: the
+  // job continues to the same result as the uninterrupted run.
+  void ExpectRefused(const std::string& dir, absl::StatusCode code,
+                     const std::string& message) {
+    EXPECT_THAT(LoadAll(*run_, cluster_, dir), StatusIs(code, HasSubstr(message)));
+    ASSERT_OK(run_->RunSteps(cluster_, 11, 12));
+    ASSERT_OK_AND_ASSIGN(Params reference, Reference(config_, 12, {}));
+    EXPECT_OK(run_->Compare(reference, /*bitwise=*/true));
+  }
+
+  TempDir tmp_;
+  Cluster cluster_;
+  JobConfig config_;
+  std::unique_ptr<JobRun> run_;
+  std::string good_;
+};
+
+TEST_F(CheckpointErrorsTest, FlippedByteIsDataLossNamingTheFile) {
+  const std::string dir = Copy("flipped");
+  std::fstream f(ShardPath(dir),
+                 std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(100);
+  char c = 0;
+  f.read(&c, 1);
+  c ^= 0x10;
+  f.seekp(100);
+  f.write(&c, 1);
+  f.close();
+  ExpectRefused(dir, absl::StatusCode::kDataLoss, ShardFileName("0"));
+}
+
+TEST_F(CheckpointErrorsTest, TruncatedFileIsDataLoss) {
+  const std::string dir = Copy("truncated");
+  std::filesystem::resize_file(ShardPath(dir),
+                               std::filesystem::file_size(ShardPath(dir)) - 7);
+  ExpectRefused(dir, absl::StatusCode::kDataLoss, ShardFileName("0"));
+}
+
+TEST_F(CheckpointErrorsTest, MissingShardIsDataLoss) {
+  const std::string dir = Copy("missing");
+  std::filesystem::remove(ShardPath(dir));
+  ExpectRefused(dir, absl::StatusCode::kDataLoss, ShardFileName("0"));
+}
+
+TEST_F(CheckpointErrorsTest, WrongVersionIsFailedPrecondition) {
+  const std::string dir = Copy("version");
+  const std::string path = dir + "/" + kManifestFileName;
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  in.close();
+  const std::string from = "\"format_version\": 1";
+  ASSERT_NE(text.find(from), std::string::npos);
+  text.replace(text.find(from), from.size(), "\"format_version\": 7");
+  std::ofstream(path) << text;
+  ExpectRefused(dir, absl::StatusCode::kFailedPrecondition, "version 7");
+}
+
+TEST_F(CheckpointErrorsTest, NoManifestIsNotFound) {
+  const std::string dir = Copy("nomanifest");
+  std::filesystem::remove(dir + "/" + kManifestFileName);
+  ExpectRefused(dir, absl::StatusCode::kNotFound, "no complete manifest");
+}
+
+TEST_F(CheckpointErrorsTest, AnotherModelIsNotFoundNamingTheParameter) {
+  // A checkpoint of a job whose model lacks output_layer.weight.
+  JobConfig other = Config("other-model", 2, 2, "cost");
+  other.params.pop_back();
+  Cluster cluster;
+  JobRun run(other);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RunAll(cluster, 2));
+  const std::string dir = tmp_.Sub("other");
+  ASSERT_OK(SaveAll(run, cluster, dir, 2));
+  ExpectRefused(dir, absl::StatusCode::kNotFound, "output_layer.weight");
+}
+
+TEST_F(CheckpointErrorsTest, SaveRefusesCommittedAndRelativeDirs) {
+  EXPECT_THAT(SaveAll(*run_, cluster_, good_, 10),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("already holds a committed checkpoint")));
+  EXPECT_THAT(SaveAll(*run_, cluster_, "relative/dir", 10),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("absolute path")));
+  EXPECT_THAT(LoadAll(*run_, cluster_, tmp_.Sub("nothing-here")),
+              StatusIs(absl::StatusCode::kNotFound));
+  // The job keeps stepping after every refused call.
+  ASSERT_OK(run_->RunSteps(cluster_, 11, 11));
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config_, 11, {}));
+  EXPECT_OK(run_->Compare(reference, /*bitwise=*/true));
+  // A later save works and records the step.
+  ASSERT_OK(SaveAll(*run_, cluster_, tmp_.Sub("later"), 11));
+  ASSERT_OK_AND_ASSIGN(auto reader,
+                       CheckpointReader::Open(tmp_.Sub("later")));
+  EXPECT_EQ(reader->manifest().step, 11);
+  EXPECT_EQ(reader->manifest().layout, (CheckpointLayout{1, 2, 2}));
+  EXPECT_EQ(reader->ParamNames().size(), config_.params.size());
+}
+
+TEST_F(CheckpointErrorsTest, CheckpointRootConfinesDirs) {
+  InMemoryKvStore kv;
+  EngineOptions options;
+  options.control = &kv;
+  options.checkpoint_root = tmp_.Sub("root");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> engine,
+                       CreateEngine(std::move(options)));
+  v1::SaveCheckpointRequest request;
+  request.set_job_id("j");
+  request.set_dir(tmp_.Sub("root/../elsewhere"));
+  Result<v1::SaveCheckpointResponse> result;
+  engine->SaveCheckpoint(request, result.callback());
+  EXPECT_THAT(result.Get(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     HasSubstr("'..'")));
+  request.set_dir("/etc/canzona");
+  Result<v1::SaveCheckpointResponse> outside;
+  engine->SaveCheckpoint(request, outside.callback());
+  EXPECT_THAT(outside.Get(), StatusIs(absl::StatusCode::kPermissionDenied,
+                                      HasSubstr("checkpoint root")));
+}
+
+TEST(StateExportTest, ExportImportResumesBitwise) {
+  JobConfig config = Config("export", 2, 2, "cost");
+  std::vector<v1::ExportStateResponse> exported(config.world());
+  Params params;
+  {
+    Cluster cluster;
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RunAll(cluster, 10));
+    ASSERT_OK(run.ForAll(cluster, [&](TrainerRank& rank, Engine& engine) {
+      v1::ExportStateRequest request;
+      request.set_job_id(config.job_id);
+      *request.mutable_rank() = Coords(rank);
+      Result<v1::ExportStateResponse> result;
+      engine.ExportState(request, result.callback());
+      CANZONA_ASSIGN_OR_RETURN(exported[rank.global()], result.Get());
+      return absl::OkStatus();
+    }));
+    params = run.GatherParams();
+  }
+  int records = 0;
+  for (const auto& e : exported) {
+    EXPECT_EQ(e.step(), 10);
+    records += e.records();
+  }
+  EXPECT_GE(records, static_cast<int>(config.params.size()));
+
+  JobConfig again = config;
+  again.job_id = UniqueJobId("export-again");
+  Cluster cluster;
+  JobRun run(again);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  auto import = [&](TrainerRank& rank, Engine& engine,
+                    const v1::ExportStateResponse& e, const std::string& digest,
+                    const std::string& state) {
+    v1::ImportStateRequest request;
+    request.set_job_id(again.job_id);
+    *request.mutable_rank() = Coords(rank);
+    request.set_state(state);
+    request.set_step(e.step());
+    request.set_plan_digest(digest);
+    Result<v1::ImportStateResponse> result;
+    engine.ImportState(request, result.callback());
+    return result.Get().status();
+  };
+  // Refused: another plan, corrupted bytes, another rank's state.
+  TrainerRank& r0 = *run.ranks()[0];
+  Engine& e0 = *cluster.engines[r0.engine_index()];
+  EXPECT_THAT(import(r0, e0, exported[0], "other-digest", exported[0].state()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("plan_digest")));
+  std::string corrupted = exported[0].state();
+  corrupted[corrupted.size() / 2] ^= 0x01;
+  EXPECT_THAT(import(r0, e0, exported[0], exported[0].plan_digest(), corrupted),
+              StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(import(r0, e0, exported[0], exported[0].plan_digest(),
+                     exported[3].state()),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no record")));
+  // Accepted on every rank; then steps 11..20 continue bitwise.
+  ASSERT_OK(run.ForAll(cluster, [&](TrainerRank& rank, Engine& engine) {
+    const v1::ExportStateResponse& e = exported[rank.global()];
+    return import(rank, engine, e, e.plan_digest(), e.state());
+  }));
+  for (auto& rank : run.ranks()) rank->SetParams(params);
+  ASSERT_OK(run.RunSteps(cluster, 11, 20));
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 20, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+}
+
+}  // namespace
+}  // namespace canzona::engine_test
