@@ -32,6 +32,7 @@ void AddPlanCommand(CLI::App& app);
 void AddReplayCommand(CLI::App& app);
 void AddBenchCommand(CLI::App& app);
 void AddStatusCommand(CLI::App& app);
+void AddCheckpointCommand(CLI::App& app);
 
 // The local daemon's default address (its unix socket), and a connected
 // client or CanzonactlExit(1, "cannot reach canzonad at ...").

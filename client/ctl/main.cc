@@ -1,8 +1,9 @@
 // canzonactl: the operator and user command line of Canzona.
-//   canzonactl plan    --model qwen3-32b --dp 32 --tp 8 ...   (planner)
-//   canzonactl replay  --optimizer muon --param P.npy ...     (offline
-//   optimizer) canzonactl bench   kernels (kernel rates) canzonactl status
-//   [--target ADDR]                        (a daemon's jobs)
+//   canzonactl plan    --model qwen3-32b --dp 32 --tp 8 ...  (planner)
+//   canzonactl replay  --optimizer muon --param P.npy ...    (offline)
+//   canzonactl bench   kernels                               (kernel rates)
+//   canzonactl status  [--target ADDR]                       (a daemon's jobs)
+//   canzonactl checkpoint save|load|inspect ...              (checkpoints)
 #include <cstdio>
 #include <exception>
 
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
   canzona::ctl::AddReplayCommand(app);
   canzona::ctl::AddBenchCommand(app);
   canzona::ctl::AddStatusCommand(app);
+  canzona::ctl::AddCheckpointCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -137,11 +137,12 @@ absl::StatusOr<canzona::v1::GetStatusResponse> Client::GetStatus() {
 
 absl::StatusOr<canzona::v1::SaveCheckpointResponse> Client::SaveCheckpoint(
     const std::string& job_id, const canzona::v1::RankCoordinates& rank,
-    const std::string& dir) {
+    const std::string& dir, int64_t at_step) {
   canzona::v1::SaveCheckpointRequest request;
   request.set_job_id(job_id);
   *request.mutable_rank() = rank;
   request.set_dir(dir);
+  request.set_at_step(at_step);
   return impl_->Call(&Impl::Stub::SaveCheckpoint, request,
                      options_.checkpoint_timeout);
 }

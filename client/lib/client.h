@@ -97,10 +97,11 @@ class Client {
                           const canzona::v1::RankCoordinates& rank);
   absl::StatusOr<canzona::v1::GetStatusResponse> GetStatus();
 
-  // Collective over the job: every rank calls it between the same steps.
+  // Collective over the job: every rank calls it between the same steps
+  // (at_step 0), or right after step at_step (an operator's save).
   absl::StatusOr<canzona::v1::SaveCheckpointResponse> SaveCheckpoint(
       const std::string& job_id, const canzona::v1::RankCoordinates& rank,
-      const std::string& dir);
+      const std::string& dir, int64_t at_step = 0);
   absl::StatusOr<canzona::v1::LoadCheckpointResponse> LoadCheckpoint(
       const std::string& job_id, const canzona::v1::RankCoordinates& rank,
       const std::string& dir);

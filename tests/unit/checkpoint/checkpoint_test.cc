@@ -159,6 +159,7 @@ void WriteTwoShardCheckpoint(const std::string& dir) {
   manifest.layout = {1, 2, 1};
   manifest.strategy = "greedy";
   manifest.plan_digest = "abc123";
+  manifest.step = 42;
   manifest.shards.push_back(WriteShard(dir, "0", {"a.w", "b.w"}));
   manifest.shards.push_back(WriteShard(dir, "1", {"c.w"}));
   ASSERT_OK(CommitCheckpoint(dir, manifest));
@@ -576,6 +577,58 @@ TEST(CheckpointTest, CommitRefusesMissingOrResizedShards) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("shard-9.ckpt")));
   EXPECT_FALSE(fs::exists(fs::path(dir) / kManifestFileName));
+}
+
+TEST(CheckpointTest, ManifestKeepsTheStep) {
+  TempDir tmp;
+  const std::string dir = tmp.Sub("ckpt");
+  WriteTwoShardCheckpoint(dir);
+  ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(dir));
+  EXPECT_EQ(reader->manifest().step, 42);
+}
+
+TEST(CheckpointTest, ShardLeftByACrashedSaveIsReplaced) {
+  TempDir tmp;
+  const std::string dir = tmp.Sub("ckpt");
+  WriteShard(dir, "0", {"stale.w"});  // no manifest: never committed
+  CheckpointManifest manifest;
+  manifest.shards.push_back(WriteShard(dir, "0", {"a.w"}));
+  ASSERT_OK(CommitCheckpoint(dir, manifest));
+  ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(dir));
+  EXPECT_THAT(reader->ParamNames(), ElementsAre("a.w"));
+}
+
+TEST(StateBlobTest, RoundTripsAndDetectsCorruption) {
+  std::vector<CheckpointRecord> records;
+  for (auto [name, kind] : {std::pair{"a", OptimizerKind::kAdamW},
+                            std::pair{"b", OptimizerKind::kMuon}}) {
+    records.push_back({name, DefaultConfig(kind), SmallState(kind, 3.5f)});
+  }
+  ASSERT_OK_AND_ASSIGN(std::string blob, EncodeStateBlob(records));
+  ASSERT_OK_AND_ASSIGN(std::vector<CheckpointRecord> back,
+                       DecodeStateBlob(blob));
+  ASSERT_EQ(back.size(), 2u);
+  for (size_t i = 0; i < back.size(); ++i) {
+    EXPECT_EQ(back[i].name, records[i].name);
+    EXPECT_EQ(back[i].state, records[i].state);
+    EXPECT_EQ(back[i].config.kind, records[i].config.kind);
+  }
+  ASSERT_OK_AND_ASSIGN(std::string empty, EncodeStateBlob({}));
+  ASSERT_OK_AND_ASSIGN(std::vector<CheckpointRecord> none,
+                       DecodeStateBlob(empty));
+  EXPECT_TRUE(none.empty());
+  for (size_t at : {size_t{3}, blob.size() / 2, blob.size() - 1}) {
+    std::string bad = blob;
+    bad[at] ^= 0x04;
+    EXPECT_THAT(DecodeStateBlob(bad), StatusIs(absl::StatusCode::kDataLoss))
+        << at;
+  }
+  EXPECT_THAT(DecodeStateBlob(blob.substr(0, blob.size() - 5)),
+              StatusIs(absl::StatusCode::kDataLoss));
+  records.push_back(records[0]);
+  EXPECT_THAT(EncodeStateBlob(records),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("added twice")));
 }
 
 }  // namespace
