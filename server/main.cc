@@ -62,6 +62,8 @@ struct DaemonFlags {
   int cpu_threads = 1;
   double step_timeout_s = 60;
   double register_timeout_s = 120;
+  double checkpoint_timeout_s = 600;
+  std::string checkpoint_root;
 };
 
 std::string DefaultSocketPath() {
@@ -179,6 +181,8 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
   options.required_token = token;
   options.step_timeout = absl::Seconds(flags.step_timeout_s);
   options.register_timeout = absl::Seconds(flags.register_timeout_s);
+  options.checkpoint_timeout = absl::Seconds(flags.checkpoint_timeout_s);
+  options.checkpoint_root = flags.checkpoint_root;
   CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                            CreateEngine(options));
   OptimizerServiceImpl optimizer_service(engine.get(), &metrics);
@@ -289,6 +293,14 @@ int main(int argc, char** argv) {
                  "seconds registration waits for every rank of a job")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--checkpoint-timeout", flags.checkpoint_timeout_s,
+                 "seconds a checkpoint save or load waits for the job's "
+                 "other ranks")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--checkpoint-root", flags.checkpoint_root,
+                 "when set, checkpoint directories must lie under it")
+      ->check(CLI::ExistingDirectory);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
