@@ -63,14 +63,29 @@ class Daemons {
     const std::string ready = WaitReady(dir_ + "/a.ready");
     port_ = JsonInt(ready, "tcp_port");
     metrics_port_[0] = JsonInt(ready, "metrics_port");
-    b_ = Spawn(with_extra({"--unix-socket", Socket(1), "--coordinator",
-                           absl::StrCat("127.0.0.1:", port_), "--daemon-id",
-                           "b", "--ready-file", dir_ + "/b.ready",
-                           "--step-timeout", std::to_string(step_timeout_s),
-                           "--register-timeout", "30", "--backend", "cpu"}),
-               dir_ + "/b.log");
+    b_args_ = with_extra({"--unix-socket", Socket(1), "--coordinator",
+                          absl::StrCat("127.0.0.1:", port_), "--daemon-id",
+                          "b", "--ready-file", dir_ + "/b.ready",
+                          "--step-timeout", std::to_string(step_timeout_s),
+                          "--register-timeout", "30", "--backend", "cpu"});
+    StartB();
+  }
+
+  // SIGKILL daemon i (0: the coordinator) and reap it: a crash.
+  void Kill(int i) {
+    pid_t& pid = i == 0 ? a_ : b_;
+    if (pid <= 0) return;
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    pid = -1;
+  }
+  // Starts daemon B again (after Kill(1)), joining the same coordinator.
+  void StartB() {
+    ::unlink((dir_ + "/b.ready").c_str());
+    b_ = Spawn(b_args_, dir_ + "/b.log");
     metrics_port_[1] = JsonInt(WaitReady(dir_ + "/b.ready"), "metrics_port");
   }
+  const std::string& dir() const { return dir_; }
   ~Daemons() {
     for (pid_t pid : {a_, b_}) {
       if (pid > 0) ::kill(pid, SIGTERM);
@@ -132,6 +147,7 @@ class Daemons {
   static inline int count_ = 0;
   std::string dir_;
   pid_t a_ = -1, b_ = -1;
+  std::vector<std::string> b_args_;
   int port_ = 0;
   int metrics_port_[2] = {0, 0};
 };
