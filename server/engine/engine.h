@@ -34,6 +34,10 @@ struct PeerInfo {
   // The trainer's uid from SO_PEERCRED on the unix socket; unset on TCP
   // (where the job token authenticates instead).
   std::optional<uid_t> uid;
+  // The trainer's pid (SO_PEERCRED), when on this machine: the engine
+  // watches it and releases the rank when the process exits without
+  // deregistering.
+  std::optional<pid_t> pid;
   std::string address;  // for logs
 };
 
