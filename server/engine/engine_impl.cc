@@ -1,7 +1,13 @@
 #include "server/engine/engine_impl.h"
 
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -9,9 +15,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -327,8 +335,15 @@ class CountingCommunicator final : public Communicator {
 };
 
 struct LocalRank {
+  ~LocalRank() {
+    if (trainer_pidfd >= 0) ::close(trainer_pidfd);
+  }
   v1::RankCoordinates coords;
   int global = 0;
+  // The trainer process (SO_PEERCRED) and a pidfd that becomes readable
+  // when it exits (-1: none, or a kernel without pidfd_open).
+  std::optional<pid_t> trainer_pid;
+  int trainer_pidfd = -1;
   std::vector<SharedMemory> maps;
   std::vector<float*> param_buf;  // per stage parameter, trainer order
   std::vector<float*> grad_buf;
@@ -531,7 +546,9 @@ void MoveFragment(const ParamMeta& m, int tp, int j, float* frag, float* full,
 
 class EngineImpl final : public Engine {
  public:
-  explicit EngineImpl(EngineOptions options) : options_(std::move(options)) {}
+  explicit EngineImpl(EngineOptions options) : options_(std::move(options)) {
+    watcher_ = std::thread([this] { WatchTrainers(); });
+  }
   ~EngineImpl() override { Shutdown(); }
 
   void Register(const v1::RegisterRequest& request, const PeerInfo& peer,
@@ -623,6 +640,14 @@ class EngineImpl final : public Engine {
   absl::Status Unavailable() const {
     return absl::UnavailableError("canzonad is shutting down");
   }
+  // Takes local rank `global` out of `job` (its job fails with `reason`):
+  // unblocks and joins its worker, fails what it had pending, and unmaps
+  // its buffers. False when the rank is not (any more) registered here.
+  bool RemoveLocalRank(const std::shared_ptr<Job>& job, int global,
+                       const std::string& reason);
+  // Watcher thread: releases the ranks whose trainer process exited
+  // without deregistering (a crash, kill -9, OOM kill).
+  void WatchTrainers();
 
   const EngineOptions options_;
   std::atomic<bool> shutting_down_{false};
@@ -631,6 +656,8 @@ class EngineImpl final : public Engine {
   // Workers of ranks removed from their own thread (failed registration):
   // joined at shutdown.
   std::vector<std::unique_ptr<Worker>> retired_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar watcher_cv_;  // with mu_: shutdown wakes the watcher
+  std::thread watcher_;
 };
 
 // ---------------------------------------------------------------------------
@@ -742,6 +769,11 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
   }
   auto rank = std::make_shared<LocalRank>();
   rank->coords = r;
+  if (peer.pid.has_value() && *peer.pid > 0) {
+    rank->trainer_pid = peer.pid;
+    rank->trainer_pidfd =
+        static_cast<int>(::syscall(SYS_pidfd_open, *peer.pid, 0));
+  }
   rank->global = (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank();
   std::map<std::string, int> opened;  // shm name -> index into rank->maps
   const std::string name_prefix =
@@ -2015,57 +2047,105 @@ absl::StatusOr<v1::GetPlanResponse> EngineImpl::GetPlan(
 
 absl::Status EngineImpl::Deregister(const v1::DeregisterRequest& request) {
   if (shutting_down_) return Unavailable();
-  std::shared_ptr<Job> job;
+  CANZONA_ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
+                           FindJob(request.job_id()));
+  const v1::RankCoordinates& r = request.rank();
+  const v1::WorldLayout& l = job->layout;
+  if (request.job_token() != job->token) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("job_token does not match job '", job->id, "'"));
+  }
+  const int global =
+      (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank();
+  const bool inside = r.pp_rank() >= 0 && r.pp_rank() < l.pp() &&
+                      r.dp_rank() >= 0 && r.dp_rank() < l.dp() &&
+                      r.tp_rank() >= 0 && r.tp_rank() < l.tp();
+  if (!inside ||
+      !RemoveLocalRank(job, global,
+                       absl::StrCat("rank ", RankString(r), " deregistered"))) {
+    return absl::NotFoundError(absl::StrCat("rank ", RankString(r), " of job '",
+                                            job->id,
+                                            "' is not registered with this "
+                                            "daemon"));
+  }
+  return absl::OkStatus();
+}
+
+bool EngineImpl::RemoveLocalRank(const std::shared_ptr<Job>& job, int global,
+                                 const std::string& reason) {
   std::shared_ptr<LocalRank> rank;
   Callback<v1::RegisterResponse> pending;
   {
     absl::MutexLock lock(&mu_);
-    auto it = jobs_.find(request.job_id());
-    if (it == jobs_.end()) {
-      return absl::NotFoundError(absl::StrCat("job_id '", request.job_id(),
-                                              "' is not registered here"));
-    }
-    job = it->second;
     absl::MutexLock job_lock(&job->mu);
-    if (request.job_token() != job->token) {
-      return absl::UnauthenticatedError(
-          absl::StrCat("job_token does not match job '", job->id, "'"));
-    }
-    const v1::RankCoordinates& r = request.rank();
-    const v1::WorldLayout& l = job->layout;
-    const int global =
-        (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank();
     auto rit = job->ranks.find(global);
-    if (r.pp_rank() < 0 || r.pp_rank() >= l.pp() || r.dp_rank() < 0 ||
-        r.dp_rank() >= l.dp() || r.tp_rank() < 0 || r.tp_rank() >= l.tp() ||
-        rit == job->ranks.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("rank ", RankString(r), " of job '", job->id,
-                       "' is not registered with this daemon"));
-    }
+    if (rit == job->ranks.end()) return false;
     rank = rit->second;
     job->ranks.erase(rit);
     job->mapped_bytes -= rank->mapped_bytes;
     pending = std::move(rank->register_done);
     rank->register_done = nullptr;
-    if (job->ranks.empty()) jobs_.erase(job->id);
+    auto jit = jobs_.find(job->id);
+    if (job->ranks.empty() && jit != jobs_.end() && jit->second == job) {
+      jobs_.erase(jit);
+    }
     if (job->state != JobState::kFailed) {
       // The job cannot step without this rank any more; failing it also
       // ends a registration still waiting on the control plane.
       job->state = JobState::kFailed;
-      job->failure = absl::StrCat("rank ", RankString(r), " deregistered");
+      job->failure = reason;
       job->cv.SignalAll();
     }
   }
-  spdlog::info("rank deregistered: job={} rank={} daemon={}", job->id,
-               RankString(rank->coords), options_.daemon_id);
+  spdlog::info("rank removed: job={} rank={} daemon={}: {}", job->id,
+               RankString(rank->coords), options_.daemon_id, reason);
   // Unblocks a step still running on the rank, then joins its worker (which
   // cancels its queued calls) and unmaps its buffers when `rank` goes.
   rank->AbortComms();
   if (rank->worker) rank->worker->StopAndJoin();
   CancelAfterStep(*job, *rank);
-  if (pending) pending(absl::AbortedError("rank deregistered"));
-  return absl::OkStatus();
+  if (pending) pending(absl::AbortedError(reason));
+  return true;
+}
+
+void EngineImpl::WatchTrainers() {
+  constexpr absl::Duration kPeriod = absl::Milliseconds(200);
+  while (true) {
+    std::vector<std::tuple<std::shared_ptr<Job>, int, pid_t, int>> watched;
+    {
+      absl::MutexLock lock(&mu_);
+      watcher_cv_.WaitWithTimeout(&mu_, kPeriod);
+      if (shutting_down_) return;
+      for (auto& [id, job] : jobs_) {
+        absl::MutexLock job_lock(&job->mu);
+        for (auto& [g, r] : job->ranks) {
+          if (r->trainer_pid.has_value()) {
+            watched.emplace_back(job, g, *r->trainer_pid, r->trainer_pidfd);
+          }
+        }
+      }
+    }
+    for (auto& [job, global, pid, pidfd] : watched) {
+      bool exited = false;
+      if (pidfd >= 0) {
+        pollfd fd{pidfd, POLLIN, 0};
+        exited = ::poll(&fd, 1, 0) > 0;
+      } else {
+        exited = ::kill(pid, 0) != 0 && errno == ESRCH;
+      }
+      if (!exited) continue;
+      std::string coords;
+      {
+        absl::MutexLock lock(&job->mu);
+        auto it = job->ranks.find(global);
+        if (it == job->ranks.end()) continue;
+        coords = RankString(it->second->coords);
+      }
+      RemoveLocalRank(job, global,
+                      absl::StrCat("the trainer of rank ", coords, " (pid ",
+                                   pid, ") exited without deregistering"));
+    }
+  }
 }
 
 v1::GetStatusResponse EngineImpl::GetStatus() {
@@ -2702,6 +2782,7 @@ void EngineImpl::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_.exchange(true)) return;
+    watcher_cv_.SignalAll();
     for (auto& [id, job] : jobs_) jobs.push_back(job);
     jobs_.clear();
     retired.swap(retired_);
@@ -2737,6 +2818,7 @@ void EngineImpl::Shutdown() {
   }
   for (auto& w : retired) w->StopAndJoin();
   for (auto& cb : pending) cb(Unavailable());
+  if (watcher_.joinable()) watcher_.join();
 }
 
 }  // namespace
