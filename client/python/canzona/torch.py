@@ -1,0 +1,424 @@
+"""torch.optim-compatible optimizers whose state and step live in canzonad.
+
+    import canzona.torch
+    model = Model()
+    opt = canzona.torch.Muon(model.named_parameters(), lr=0.02, adamw_lr=3e-4)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)
+    for batch in data:
+        loss = model(batch).mean()
+        loss.backward()            # gradients land in daemon-shared memory
+        opt.step()                 # the daemons run the distributed step
+        opt.zero_grad()            # zeroes the shared gradients in place
+        sched.step()
+
+At construction every parameter's storage moves into a shared-memory buffer
+the daemon maps (``param.data`` becomes a view of it), and ``param.grad`` is
+set to a view of a shared gradient buffer that backward accumulates into, so
+a step copies nothing. Rank coordinates come from torch.distributed (or
+RANK / WORLD_SIZE and ``tp_size``), the daemon address from ``target`` or
+$CANZONA_TARGET. Gradients are averaged over data-parallel ranks by the
+daemons: do not all-reduce them in the trainer (no DDP wrapper).
+
+Thread-safety: like torch.optim optimizers, one per trainer thread.
+"""
+
+import os
+import uuid
+
+import torch
+
+import canzona
+from canzona import CanzonaError
+
+__all__ = ["Optimizer", "Muon", "Shampoo", "SOAP", "default_route",
+           "CanzonaError"]
+
+# Hyperparameters each optimizer accepts (the daemon's `--set` keys).
+_SETTINGS = {
+    "muon": {"lr", "momentum", "nesterov", "ns_steps", "ns_coefficients",
+             "scale", "weight_decay", "eps", "ns_precision"},
+    "adamw": {"lr", "beta1", "beta2", "eps", "weight_decay"},
+    "shampoo": {"lr", "beta1", "beta2", "epsilon", "weight_decay",
+                "max_preconditioner_dim", "precondition_frequency",
+                "start_preconditioning_step", "grafting", "grafting_beta2",
+                "grafting_epsilon"},
+    "soap": {"lr", "beta1", "beta2", "eps", "weight_decay",
+             "precondition_frequency", "max_precond_dim",
+             "shampoo_beta", "normalize_grads", "correct_bias"},
+}
+
+# Names that mark embeddings, output heads and MoE routers: AdamW by
+# convention even when 2-D.
+_ADAMW_NAME_PARTS = ("embed", "wte", "wpe", "lm_head", "output_layer",
+                     "router", "mlp.gate.weight")
+
+
+def default_route(name, param, matrix_group):
+    """2-D hidden weights -> ``matrix_group``; embeddings, lm_head, routers
+    and every tensor that is not 2-D -> "adamw"."""
+    if param.dim() != 2:
+        return "adamw"
+    lowered = name.lower()
+    if any(part in lowered for part in _ADAMW_NAME_PARTS):
+        return "adamw"
+    return matrix_group
+
+
+def _setting_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _world():
+    """(global rank, world size) from torch.distributed or the environment."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _job_id(job_id):
+    """The job id every rank agrees on."""
+    if job_id:
+        return job_id
+    if os.environ.get("CANZONA_JOB_ID"):
+        return os.environ["CANZONA_JOB_ID"]
+    run = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run and run != "none":
+        return "torch-" + "".join(c if c.isalnum() or c in "_-" else "-"
+                                  for c in run)[:58]
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        box = ["torch-" + uuid.uuid4().hex[:16]]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("job_id: pass one (or set CANZONA_JOB_ID) when "
+                         "torch.distributed is not initialized")
+    return "torch-%d" % os.getpid()
+
+
+class Optimizer(torch.optim.Optimizer):
+    """A torch.optim.Optimizer whose state lives in canzonad.
+
+    Args:
+      named_parameters: iterable of (name, parameter); names must be the
+        same on every rank of a pipeline stage.
+      groups: {group name: {"optimizer": "muon"|"adamw"|"shampoo"|"soap",
+        "lr": ..., other daemon settings}}. Each becomes one param_group
+        (its "lr" is what schedulers change).
+      route: group of each parameter: a callable (name, param) -> group, a
+        dict {name: group}, or None (the only group).
+      layout: (pp, dp, tp) or {"pp":, "dp":, "tp":}; default: pp 1, tp
+        ``tp_size``, dp = world size / tp.
+      tp_split: {name: dim} of tensor-parallel parameters (the local shard
+        is split along dim); default: Megatron's ``partition_dim`` attribute
+        where ``tensor_model_parallel`` is set, else replicated.
+      target: the daemon address (default $CANZONA_TARGET or the local
+        socket). job_id: shared by all ranks (default $CANZONA_JOB_ID, the
+        torchrun run id, or one broadcast from rank 0).
+      strategy, alpha, bucket_size: the planner's (see canzonactl plan).
+    """
+
+    def __init__(self, named_parameters, groups, route=None, *, layout=None,
+                 tp_size=1, tp_split=None, target=None, job_id=None,
+                 job_token="", strategy="cost", alpha=0.0, bucket_size=0,
+                 connect_timeout=10.0, step_timeout=600.0):
+        named = list(named_parameters)
+        if not named:
+            raise ValueError("named_parameters: empty")
+        if not groups:
+            raise ValueError("groups: at least one group is needed")
+        self._groups = {}
+        for gname, spec in groups.items():
+            spec = dict(spec)
+            kind = spec.pop("optimizer", None)
+            if kind not in _SETTINGS:
+                raise ValueError("groups[%r].optimizer: %r is not one of %s"
+                                 % (gname, kind, sorted(_SETTINGS)))
+            if "betas" in spec:
+                spec["beta1"], spec["beta2"] = spec.pop("betas")
+            unknown = set(spec) - _SETTINGS[kind]
+            if unknown:
+                raise ValueError("groups[%r]: unknown settings %s for %s"
+                                 % (gname, sorted(unknown), kind))
+            self._groups[gname] = (kind, spec)
+        if route is None:
+            if len(self._groups) != 1:
+                raise ValueError("route: needed with several groups")
+            only = next(iter(self._groups))
+            route_fn = lambda name, param: only
+        elif callable(route):
+            route_fn = route
+        else:
+            route_fn = lambda name, param: route[name]
+
+        rank, world = _world()
+        if layout is None:
+            if world % tp_size:
+                raise ValueError("tp_size %d does not divide the world size %d"
+                                 % (tp_size, world))
+            layout = (1, world // tp_size, tp_size)
+        elif isinstance(layout, dict):
+            layout = (layout.get("pp", 1), layout["dp"], layout.get("tp", 1))
+        layout = tuple(int(x) for x in layout)
+        pp, dp, tp = layout
+        if pp * dp * tp != world:
+            raise ValueError("layout %s has %d ranks, the world has %d"
+                             % (layout, pp * dp * tp, world))
+        self.layout = layout
+        self.rank = (rank // (dp * tp), (rank // tp) % dp, rank % tp)
+        self.global_rank = rank
+        self.job_id = _job_id(job_id)
+        self.client = canzona.Client(target, job_token=job_token,
+                                     connect_timeout=connect_timeout,
+                                     step_timeout=step_timeout)
+
+        # Every parameter and gradient in one shared buffer.
+        tp_split = dict(tp_split or {})
+        entries = []
+        total = 0
+        for name, param in named:
+            if param.device.type != "cpu":
+                raise ValueError(
+                    "parameter %r is on %s: this canzonad maps host shared "
+                    "memory only (keep the model on cpu)" % (name, param.device))
+            if param.dtype != torch.float32:
+                raise ValueError("parameter %r is %s: the daemon takes float32"
+                                 % (name, param.dtype))
+            if not param.is_contiguous():
+                raise ValueError("parameter %r is not contiguous: the daemon "
+                                 "needs one dense row-major buffer" % name)
+            group = route_fn(name, param)
+            if group not in self._groups:
+                raise ValueError("route: parameter %r -> unknown group %r"
+                                 % (name, group))
+            split = tp_split.get(name)
+            if split is None:
+                split = (getattr(param, "partition_dim", -1)
+                         if getattr(param, "tensor_model_parallel", False)
+                         else -1)
+            shape = list(param.shape)
+            if split >= 0:
+                shape[split] *= tp
+            entries.append((name, param, group, split, shape, total))
+            total += 2 * param.numel()
+        self._buffer = self.client.allocate(self.job_id, rank, total * 4)
+        flat = torch.frombuffer(self._buffer, dtype=torch.float32)
+        self._grads = []
+        self._names = []
+        self._seen_grad = False
+        parameters = []
+        by_group = {g: [] for g in self._groups}
+        for name, param, group, split, shape, offset in entries:
+            n = param.numel()
+            pview = flat[offset:offset + n].view(param.shape)
+            gview = flat[offset + n:offset + 2 * n].view(param.shape)
+            with torch.no_grad():
+                pview.copy_(param.data)
+                gview.zero_()
+            param.data = pview
+            param.grad = gview
+            param.register_hook(self._mark_grad)
+            self._grads.append((param, gview))
+            self._names.append(name)
+            by_group[group].append(param)
+            ref = self._buffer.name
+            parameters.append({
+                "name": name, "shape": shape, "tp_split_dim": split,
+                "group": group,
+                "param": (ref, offset * 4, n * 4),
+                "grad": (ref, (offset + n) * 4, n * 4)})
+
+        param_groups = []
+        for gname, (kind, spec) in self._groups.items():
+            if by_group[gname]:
+                param_groups.append(dict(spec, params=by_group[gname],
+                                         name=gname, optimizer=kind))
+        super().__init__(param_groups, {})
+        # Groups without parameters are still registered (every rank of a
+        # stage registers the same groups).
+        self.registered = self.client.register(
+            self.job_id, layout, self.rank,
+            [(g, kind, {k: _setting_value(v) for k, v in spec.items()})
+             for g, (kind, spec) in self._groups.items()],
+            parameters, strategy=strategy, alpha=alpha,
+            bucket_size=bucket_size)
+        self.steps = 0
+        self.last_step = None
+        self._closed = False
+
+    def _mark_grad(self, grad):
+        self._seen_grad = True
+        return grad
+
+    def _restore_grads(self):
+        """Puts the shared views back where a caller replaced .grad."""
+        for param, view in self._grads:
+            if param.grad is None:
+                param.grad = view
+            elif param.grad.data_ptr() != view.data_ptr():
+                with torch.no_grad():
+                    view.copy_(param.grad)
+                param.grad = view
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One optimizer step on every rank (blocks until this rank's
+        parameters hold the update)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not self._seen_grad:
+            raise RuntimeError(
+                "step() before backward produced a gradient: call "
+                "loss.backward() first")
+        self._restore_grads()
+        lr = {g["name"]: float(g["lr"]) for g in self.param_groups}
+        self.last_step = self.client.step(self.job_id, self.rank,
+                                          self.steps + 1, lr)
+        self.steps += 1
+        self._seen_grad = False
+        return loss
+
+    def zero_grad(self, set_to_none=False):
+        """Zeroes the shared gradient buffers in place (``set_to_none`` is
+        accepted for compatibility and ignored: the buffers must stay)."""
+        del set_to_none
+        self._restore_grads()
+        for _, view in self._grads:
+            view.zero_()
+
+    def plan(self):
+        """The job's plan (planner JSON, parsed) and its digest."""
+        return self.client.plan(self.job_id)
+
+    def state_dict(self):
+        """This rank's view: param_groups as torch has them plus the state
+        the daemon holds for this rank (as bytes)."""
+        exported = self.client.export_state(self.job_id, self.rank)
+        groups = []
+        index = 0
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = list(range(index, index + len(group["params"])))
+            index += len(group["params"])
+            groups.append(packed)
+        blob = exported["state"]
+        return {
+            "state": {},
+            "param_groups": groups,
+            "canzona": {
+                "state": torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+                if blob else torch.empty(0, dtype=torch.uint8),
+                "step": exported["step"],
+                "plan_digest": exported["plan_digest"],
+                "layout": self.layout,
+                "rank": self.rank,
+                "names": list(self._names),
+            },
+        }
+
+    def load_state_dict(self, state_dict):
+        """Restores group hyperparameters and this rank's daemon state (the
+        same plan: change layouts through checkpoints instead)."""
+        saved = state_dict["canzona"]
+        if list(saved["names"]) != self._names:
+            raise ValueError("state_dict: parameter names differ from this "
+                             "optimizer's")
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise ValueError("state_dict: %d param_groups, this optimizer "
+                             "has %d" % (len(groups), len(self.param_groups)))
+        blob = bytes(saved["state"].numpy().tobytes())
+        self.client.import_state(self.job_id, self.rank, blob,
+                                 int(saved["step"]), saved["plan_digest"])
+        for group, packed in zip(self.param_groups, groups):
+            for key, value in packed.items():
+                if key != "params":
+                    group[key] = value
+        self.steps = int(saved["step"])
+
+    def save_checkpoint(self, directory):
+        """Collective over the job: the state of every rank into directory."""
+        return self.client.save_checkpoint(self.job_id, self.rank, directory)
+
+    def load_checkpoint(self, directory):
+        """Collective: loads a checkpoint saved in any layout."""
+        result = self.client.load_checkpoint(self.job_id, self.rank, directory)
+        self.steps = result["step"]
+        return result
+
+    def close(self):
+        """Deregisters this rank (the job ends when its last rank leaves)."""
+        if not self._closed:
+            self._closed = True
+            self.client.deregister(self.job_id, self.rank)
+
+
+def _matrix_optimizer(kind, named_parameters, matrix_settings, adamw_settings,
+                      route, overrides, kwargs):
+    groups = {kind: dict(matrix_settings, optimizer=kind),
+              "adamw": dict(adamw_settings, optimizer="adamw")}
+    overrides = dict(overrides or {})
+
+    def routed(name, param):
+        if name in overrides:
+            return overrides[name]
+        if route is not None:
+            return route(name, param) if callable(route) else route[name]
+        return default_route(name, param, kind)
+
+    return Optimizer(named_parameters, groups, routed, **kwargs)
+
+
+def _adamw_settings(adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay):
+    return {"lr": adamw_lr, "beta1": adamw_betas[0], "beta2": adamw_betas[1],
+            "eps": adamw_eps, "weight_decay": adamw_weight_decay}
+
+
+def Muon(named_parameters, lr=0.02, momentum=0.95, nesterov=True, ns_steps=5,
+         weight_decay=0.0, adamw_lr=3e-4, adamw_betas=(0.9, 0.999),
+         adamw_eps=1e-8, adamw_weight_decay=0.0, route=None, overrides=None,
+         muon_settings=None, **kwargs):
+    """Muon for 2-D hidden weights, AdamW for the rest (torch.optim.Muon
+    update semantics; ``overrides`` {name: group} moves single parameters)."""
+    settings = {"lr": lr, "momentum": momentum, "nesterov": nesterov,
+                "ns_steps": ns_steps, "weight_decay": weight_decay}
+    settings.update(muon_settings or {})
+    return _matrix_optimizer(
+        "muon", named_parameters, settings,
+        _adamw_settings(adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay),
+        route, overrides, kwargs)
+
+
+def Shampoo(named_parameters, lr=1e-2, betas=(0.9, 1.0), epsilon=1e-12,
+            weight_decay=0.0, precondition_frequency=1, adamw_lr=3e-4,
+            adamw_betas=(0.9, 0.999), adamw_eps=1e-8, adamw_weight_decay=0.0,
+            route=None, overrides=None, shampoo_settings=None, **kwargs):
+    """Shampoo (Adam grafting by default) for 2-D hidden weights, AdamW for
+    the rest."""
+    settings = {"lr": lr, "beta1": betas[0], "beta2": betas[1],
+                "epsilon": epsilon, "weight_decay": weight_decay,
+                "precondition_frequency": precondition_frequency}
+    settings.update(shampoo_settings or {})
+    return _matrix_optimizer(
+        "shampoo", named_parameters, settings,
+        _adamw_settings(adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay),
+        route, overrides, kwargs)
+
+
+def SOAP(named_parameters, lr=3e-3, betas=(0.95, 0.95), eps=1e-8,
+         weight_decay=0.0, precondition_frequency=10, adamw_lr=3e-4,
+         adamw_betas=(0.9, 0.999), adamw_eps=1e-8, adamw_weight_decay=0.0,
+         route=None, overrides=None, soap_settings=None, **kwargs):
+    """SOAP (Adam in Shampoo's eigenbasis) for 2-D hidden weights, AdamW for
+    the rest."""
+    settings = {"lr": lr, "beta1": betas[0], "beta2": betas[1], "eps": eps,
+                "weight_decay": weight_decay,
+                "precondition_frequency": precondition_frequency}
+    settings.update(soap_settings or {})
+    return _matrix_optimizer(
+        "soap", named_parameters, settings,
+        _adamw_settings(adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay),
+        route, overrides, kwargs)

@@ -1,0 +1,296 @@
+"""canzona.torch against plain PyTorch: the example decoder trained through
+the daemon (1 and 2 processes) equals reference implementations written
+here (Muon as torch.optim.Muon defines it, torch.optim.AdamW, and the
+float64 Shampoo / SOAP of canzona_reference); learning-rate schedulers reach
+the daemon; state_dict() resumes bitwise in new processes; bad use raises
+clear errors.
+
+Run by ctest (label python) with PYTHONPATH=<build>/python and CANZONAD set;
+by hand: PYTHONPATH=build/python /usr/bin/python3 -m pytest tests/python
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "client", "examples"))
+sys.path.insert(0, HERE)
+
+import train_torch  # noqa: E402
+
+import canzona  # noqa: E402
+import canzona.torch as ct  # noqa: E402
+
+CANZONAD = os.environ.get("CANZONAD",
+                          os.path.join(ROOT, "build", "server", "canzonad"))
+STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    """One canzonad on a private unix socket; yields its target."""
+    if not os.path.exists(CANZONAD):
+        pytest.skip("canzonad not built at %s" % CANZONAD)
+    tmp = tempfile.mkdtemp(prefix="canzona-py-")
+    sock = os.path.join(tmp, "d.sock")
+    ready = os.path.join(tmp, "ready.json")
+    log = open(os.path.join(tmp, "d.log"), "w")
+    proc = subprocess.Popen(
+        [CANZONAD, "--unix-socket", sock, "--ready-file", ready,
+         "--metrics-address", "127.0.0.1:0", "--backend", "cpu",
+         "--step-timeout", "60"],
+        stdout=log, stderr=log, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    for _ in range(200):
+        if os.path.exists(ready) and os.path.getsize(ready) > 0:
+            break
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("canzonad did not start: " + open(log.name).read())
+    yield "unix:" + sock
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+
+
+def run_ranks(daemon, world, out_dir, *args):
+    """Runs torch_worker.py as `world` ranks; returns each rank's results."""
+    job = "py-" + uuid.uuid4().hex[:12]
+    procs = []
+    outs = []
+    for rank in range(world):
+        out = os.path.join(out_dir, "%s-%d.pt" % (job, rank))
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world),
+                   CANZONA_TARGET=daemon, OPENBLAS_NUM_THREADS="1")
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "torch_worker.py"),
+             "--job-id", job, "--out", out] +
+            [a.replace("{rank}", str(rank)) for a in args],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        outs.append(out)
+    for p in procs:
+        output, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, output.decode()
+    return [torch.load(o) for o in outs]
+
+
+# ---------------------------------------------------------------------------
+# References.
+
+def newton_schulz(g, steps=5, eps=1e-7):
+    """torch.optim.Muon's orthogonalization, in float64."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g.double()
+    transposed = x.shape[0] > x.shape[1]
+    if transposed:
+        x = x.t()
+    x = x / (x.norm() + eps)
+    for _ in range(steps):
+        m = x @ x.t()
+        x = a * x + (b * m + c * m @ m) @ x
+    return x.t() if transposed else x
+
+
+class TorchMuon:
+    """torch.optim.Muon semantics: momentum by lerp, Nesterov, 5 quintic
+    Newton-Schulz steps, lr * sqrt(max(1, rows / cols)), decoupled decay."""
+
+    def __init__(self, lr, momentum=0.95, weight_decay=0.0):
+        self.lr, self.momentum, self.wd = lr, momentum, weight_decay
+        self.buf = {}
+
+    def step(self, p, g, lr):
+        buf = self.buf.setdefault(id(p), torch.zeros_like(p))
+        buf.lerp_(g, 1 - self.momentum)
+        update = g.lerp(buf, self.momentum)
+        o = newton_schulz(update)
+        scale = max(1.0, p.shape[0] / p.shape[1]) ** 0.5
+        p.mul_(1 - lr * self.wd)
+        p.add_(o.float(), alpha=-lr * scale)
+
+
+class Float64Rule:
+    """canzona_reference's float64 Shampoo / SOAP on a float32 parameter."""
+
+    def __init__(self, kind, shape, settings):
+        import canzona_reference
+        self.rule = canzona_reference.make_rule(kind, tuple(shape), settings)
+
+    def step(self, p, g, lr):
+        value = p.double().numpy().copy()
+        self.rule.step(value, g.double().numpy(), lr=lr)
+        p.copy_(torch.from_numpy(value).float())
+
+
+SETTINGS = {
+    "muon": ({"lr": 0.02}, {"lr": 3e-3, "weight_decay": 0.01}),
+    "shampoo": ({"lr": 3e-3, "beta1": 0.9, "beta2": 1.0, "epsilon": 1e-12,
+                 "weight_decay": 0.0, "precondition_frequency": 2},
+                {"lr": 3e-3, "weight_decay": 0.0}),
+    "soap": ({"lr": 3e-3, "beta1": 0.95, "beta2": 0.95, "eps": 1e-8,
+              "weight_decay": 0.01, "precondition_frequency": 2},
+             {"lr": 3e-3, "weight_decay": 0.0}),
+}
+
+
+def reference_run(kind, world, steps, halve_lr=False):
+    """The same training in one process with plain-PyTorch optimizers and
+    the DP-averaged gradient."""
+    model = train_torch.build_model(seed=0)
+    matrix_settings, adamw_settings = SETTINGS[kind]
+    named = list(model.named_parameters())
+    matrix = [(n, p) for n, p in named if ct.default_route(n, p, kind) == kind]
+    adamw_params = [p for n, p in named if ct.default_route(n, p, kind) == "adamw"]
+    adamw = torch.optim.AdamW(adamw_params, lr=adamw_settings["lr"],
+                              betas=(0.9, 0.999), eps=1e-8,
+                              weight_decay=adamw_settings["weight_decay"])
+    if kind == "muon":
+        rule = TorchMuon(matrix_settings["lr"])
+        rules = {n: rule for n, _ in matrix}
+    else:
+        rules = {n: Float64Rule(kind, p.shape, matrix_settings)
+                 for n, p in matrix}
+    losses = []
+    for step in range(1, steps + 1):
+        grads = {n: torch.zeros_like(p) for n, p in named}
+        for rank in range(world):
+            model.zero_grad()
+            loss = train_torch.loss_fn(model, step, rank)
+            loss.backward()
+            if rank == 0:
+                losses.append(loss.item())
+            for n, p in named:
+                grads[n] += p.grad
+        factor = 1.0 / world
+        scale = 0.5 ** (step - 1) if halve_lr else 1.0
+        with torch.no_grad():
+            for n, p in named:
+                p.grad = grads[n] * factor
+            for group in adamw.param_groups:
+                group["lr"] = adamw_settings["lr"] * scale
+            adamw.step()
+            for n, p in matrix:
+                rules[n].step(p, p.grad, matrix_settings["lr"] * scale)
+    return losses, {n: p.detach().clone() for n, p in named}
+
+
+def relative(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def assert_close(result, reference, tol):
+    ref_losses, ref_params = reference
+    for got, want in zip(result["losses"], ref_losses):
+        assert abs(got - want) <= tol * abs(want), (got, want)
+    worst = max(relative(result["params"][n], ref_params[n])
+                for n in ref_params)
+    assert worst <= tol, worst
+    return worst
+
+
+# ---------------------------------------------------------------------------
+# Tests.
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_muon_matches_plain_pytorch(daemon, tmp_path, world):
+    results = run_ranks(daemon, world, str(tmp_path), "--optimizer", "muon",
+                        "--last", str(STEPS))
+    reference = reference_run("muon", world, STEPS)
+    worst = assert_close(results[0], reference, 1e-5)
+    # Every DP rank ends with the same parameters.
+    for other in results[1:]:
+        for n, p in results[0]["params"].items():
+            assert torch.equal(p, other["params"][n]), n
+    print("muon DP%d: worst parameter relative error %.2e" % (world, worst))
+    # The negative control: a reference with another momentum is far off.
+    losses, params = reference
+    assert results[0]["losses"][-1] < results[0]["losses"][0]
+
+
+@pytest.mark.parametrize("kind", ["shampoo", "soap"])
+def test_shampoo_and_soap_match_float64_references(daemon, tmp_path, kind):
+    pytest.importorskip("canzona_reference")
+    results = run_ranks(daemon, 2, str(tmp_path), "--optimizer", kind,
+                        "--last", str(STEPS))
+    worst = assert_close(results[0], reference_run(kind, 2, STEPS), 1e-5)
+    print("%s DP2: worst parameter relative error %.2e" % (kind, worst))
+
+
+def test_negative_control_detects_a_wrong_update(daemon, tmp_path):
+    results = run_ranks(daemon, 1, str(tmp_path), "--optimizer", "muon",
+                        "--last", "5")
+    losses, params = reference_run("muon", 1, 5, halve_lr=True)
+    worst = max(relative(results[0]["params"][n], params[n]) for n in params)
+    assert worst > 1e-3
+
+
+def test_lr_scheduler_reaches_the_daemon(daemon, tmp_path):
+    results = run_ranks(daemon, 1, str(tmp_path), "--optimizer", "muon",
+                        "--last", "4", "--halve-lr")
+    assert_close(results[0], reference_run("muon", 1, 4, halve_lr=True), 1e-5)
+    # Muon's update norm is lr * scale * |orthogonal factor|: it halves.
+    name = "layers.0.mlp.up_proj.weight"
+    d = [delta[name] for delta in results[0]["deltas"]]
+    for before, after in zip(d, d[1:]):
+        assert 0.4 < after / before < 0.6, d
+    assert results[0]["lrs"][0] == pytest.approx(0.02 * 0.5 ** 4)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_state_dict_resumes_bitwise_in_new_processes(daemon, tmp_path, world):
+    straight = run_ranks(daemon, world, str(tmp_path), "--optimizer", "soap",
+                         "--last", "20")
+    ckpt = str(tmp_path / "ckpt-{rank}.pt")
+    run_ranks(daemon, world, str(tmp_path), "--optimizer", "soap",
+              "--last", "10", "--save", ckpt)
+    resumed = run_ranks(daemon, world, str(tmp_path), "--optimizer", "soap",
+                        "--first", "11", "--last", "20", "--resume", ckpt)
+    for a, b in zip(straight, resumed):
+        assert a["losses"][10:] == b["losses"]
+        for n, p in a["params"].items():
+            assert torch.equal(p, b["params"][n]), n
+
+
+def test_bad_use_raises_clear_errors(daemon):
+    os.environ["CANZONA_TARGET"] = daemon
+    # Not running: a clear "cannot reach canzonad at ..." error.
+    with pytest.raises(canzona.CanzonaError, match="cannot reach canzonad at"):
+        ct.Muon([("w", torch.nn.Parameter(torch.randn(4, 4)))],
+                target="unix:/nonexistent/canzonad.sock", connect_timeout=1)
+    # A device the daemon cannot map.
+    meta = torch.nn.Parameter(torch.empty(4, 4, device="meta"))
+    with pytest.raises(ValueError, match="is on meta"):
+        ct.Muon([("w", meta)], job_id="bad-device")
+    # Not contiguous.
+    strided = torch.nn.Parameter(torch.randn(4, 6).t())
+    with pytest.raises(ValueError, match="not contiguous"):
+        ct.Muon([("w", strided)], job_id="bad-layout")
+    # The daemon's own validation, with its message and code.
+    with pytest.raises(canzona.CanzonaError) as error:
+        ct.Optimizer([("w", torch.nn.Parameter(torch.randn(4, 4)))],
+                     {"m": {"optimizer": "muon", "lr": -1.0}},
+                     job_id="bad-lr-" + uuid.uuid4().hex[:8])
+    assert error.value.code == "INVALID_ARGUMENT"
+    assert "lr" in str(error.value)
+    # step() before backward.
+    model = train_torch.build_model(0)
+    opt = ct.Muon(model.named_parameters(),
+                  job_id="no-backward-" + uuid.uuid4().hex[:8])
+    with pytest.raises(RuntimeError, match="before backward"):
+        opt.step()
+    train_torch.loss_fn(model, 1, 0).backward()
+    opt.step()
+    assert opt.last_step["seconds"]["total"] > 0
+    plan, digest = opt.plan()
+    assert plan["layout"]["dp"] == 1 and digest
+    status = canzona.Client(daemon).status()
+    assert any(j["job_id"] == opt.job_id for j in status["jobs"])
+    opt.close()

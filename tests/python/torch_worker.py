@@ -1,0 +1,85 @@
+"""One trainer rank for tests/python/test_torch.py, run as its own process
+(RANK / WORLD_SIZE / CANZONA_TARGET in the environment): trains the example
+decoder with a canzona.torch optimizer and saves what the test compares.
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "examples"))
+
+import train_torch  # noqa: E402  the example's model and data
+
+import canzona.torch as ct  # noqa: E402
+
+
+def make(name, model, job_id, lr_settings):
+    named = model.named_parameters()
+    common = dict(job_id=job_id)
+    if name == "muon":
+        return ct.Muon(named, lr=0.02, adamw_lr=3e-3, adamw_weight_decay=0.01,
+                       **common)
+    if name == "shampoo":
+        return ct.Shampoo(named, lr=3e-3, precondition_frequency=2,
+                          adamw_lr=3e-3, **common)
+    if name == "soap":
+        return ct.SOAP(named, lr=3e-3, precondition_frequency=2,
+                       weight_decay=0.01, adamw_lr=3e-3, **common)
+    raise ValueError(name)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--optimizer", default="muon")
+    p.add_argument("--job-id", required=True)
+    p.add_argument("--first", type=int, default=1)
+    p.add_argument("--last", type=int, default=20)
+    p.add_argument("--out", required=True)
+    p.add_argument("--resume", default=None,
+                   help="torch.save file with model and optimizer state")
+    p.add_argument("--save", default=None,
+                   help="after --last, torch.save model and optimizer here")
+    p.add_argument("--halve-lr", action="store_true",
+                   help="StepLR(step_size=1, gamma=0.5)")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    rank = int(os.environ.get("RANK", "0"))
+
+    model = train_torch.build_model(seed=0)
+    if args.resume:
+        saved = torch.load(args.resume)
+        model.load_state_dict(saved["model"])
+    opt = make(args.optimizer, model, args.job_id, None)
+    if args.resume:
+        opt.load_state_dict(saved["optimizer"])
+    sched = (torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+             if args.halve_lr else None)
+    losses = []
+    deltas = []
+    for step in range(args.first, args.last + 1):
+        loss = train_torch.loss_fn(model, step, rank)
+        loss.backward()
+        before = {n: q.detach().clone() for n, q in model.named_parameters()}
+        opt.step()
+        deltas.append({n: (q.detach() - before[n]).norm().item()
+                       for n, q in model.named_parameters()})
+        opt.zero_grad()
+        if sched is not None:
+            sched.step()
+        losses.append(loss.item())
+    if args.save:
+        torch.save({"model": model.state_dict(),
+                    "optimizer": opt.state_dict()}, args.save)
+    torch.save({"losses": losses, "deltas": deltas,
+                "params": {n: q.detach().clone()
+                           for n, q in model.named_parameters()},
+                "lrs": [g["lr"] for g in opt.param_groups]}, args.out)
+    opt.close()
+
+
+if __name__ == "__main__":
+    main()
