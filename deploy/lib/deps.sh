@@ -11,6 +11,9 @@ CANZONA_DEBIAN_PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   prometheus libcivetweb-dev
   libsystemd-dev systemd yamllint python3-yaml
+  # The Python package and its tests: Debian's interpreter, torch (CPU),
+  # numpy, pytest, pybind11.
+  python3-dev pybind11-dev python3-torch python3-numpy python3-pytest
 )
 
 canzona_install_deps() {
