@@ -573,8 +573,12 @@ class EngineImpl final : public Engine {
   // The ready job and this daemon's rank `coords` of it, or the status a
   // call naming them gets (NOT_FOUND, INVALID_ARGUMENT,
   // FAILED_PRECONDITION).
+  // With `after_failure`, a failed job's rank is returned too when its last
+  // accepted step completed (its state is whole): exporting the state of a
+  // job another rank has already left.
   absl::StatusOr<std::pair<std::shared_ptr<Job>, std::shared_ptr<LocalRank>>>
-  FindReadyRank(const std::string& job_id, const v1::RankCoordinates& coords);
+  FindReadyRank(const std::string& job_id, const v1::RankCoordinates& coords,
+                bool after_failure = false);
   // Validates the job and rank, then runs `work` on the rank's worker (in
   // order with its steps) and hands its result to `done`.
   // With at_step > 0, `work` runs right after the rank's step at_step.
@@ -583,7 +587,7 @@ class EngineImpl final : public Engine {
       const std::string& job_id, const v1::RankCoordinates& coords,
       Callback<Response> done,
       std::function<absl::StatusOr<Response>(Job&, LocalRank&)> work,
-      int64_t at_step = 0);
+      int64_t at_step = 0, bool after_failure = false);
   // Runs (or, when the rank is gone, cancels) what waited for step k.
   void RunAfterStep(Job& job, LocalRank& rank, int64_t k);
   // INVALID_ARGUMENT / PERMISSION_DENIED for a checkpoint directory the
@@ -2250,7 +2254,7 @@ void Restore(RankRuntime& rt,
 
 absl::StatusOr<std::pair<std::shared_ptr<Job>, std::shared_ptr<LocalRank>>>
 EngineImpl::FindReadyRank(const std::string& job_id,
-                          const v1::RankCoordinates& r) {
+                          const v1::RankCoordinates& r, bool after_failure) {
   CANZONA_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(job_id));
   const v1::WorldLayout& l = job->layout;
   if (r.pp_rank() < 0 || r.pp_rank() >= l.pp() || r.dp_rank() < 0 ||
@@ -2261,15 +2265,17 @@ EngineImpl::FindReadyRank(const std::string& job_id,
   const int global =
       (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank();
   absl::MutexLock lock(&job->mu);
-  if (job->state == JobState::kFailed) {
+  auto it = job->ranks.find(global);
+  const bool whole = it != job->ranks.end() && it->second->setup_done &&
+                     it->second->steps_done + 1 == it->second->next_step;
+  if (job->state == JobState::kFailed && !(after_failure && whole)) {
     return absl::FailedPreconditionError(
         absl::StrCat("job failed: ", job->failure));
   }
-  if (job->state != JobState::kReady) {
+  if (job->state == JobState::kRegistering) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job '", job->id, "' is not ready: ranks are still registering"));
   }
-  auto it = job->ranks.find(global);
   if (it == job->ranks.end()) {
     return absl::NotFoundError(
         absl::StrCat("rank ", RankString(r), " of job '", job->id,
@@ -2283,9 +2289,9 @@ void EngineImpl::RunOnRank(
     const std::string& job_id, const v1::RankCoordinates& coords,
     Callback<Response> done,
     std::function<absl::StatusOr<Response>(Job&, LocalRank&)> work,
-    int64_t at_step) {
+    int64_t at_step, bool after_failure) {
   if (shutting_down_) return done(Unavailable());
-  auto found = FindReadyRank(job_id, coords);
+  auto found = FindReadyRank(job_id, coords, after_failure);
   if (!found.ok()) return done(found.status());
   auto [job, rank] = *std::move(found);
   auto shared_done = std::make_shared<Callback<Response>>(std::move(done));
@@ -2693,7 +2699,8 @@ void EngineImpl::ExportState(const v1::ExportStateRequest& request,
         response.set_plan_digest(jp->plan.digest);
         response.set_records(static_cast<int>(records.size()));
         return response;
-      });
+      },
+      /*at_step=*/0, /*after_failure=*/true);
 }
 
 void EngineImpl::ImportState(const v1::ImportStateRequest& request,

@@ -17,6 +17,10 @@ import train_torch  # noqa: E402  the example's model and data
 import canzona.torch as ct  # noqa: E402
 
 
+SHAMPOO_EPSILON = float(os.environ.get("TEST_SHAMPOO_EPSILON", "1e-5"))
+SOAP_MAX_PRECOND_DIM = int(os.environ.get("TEST_SOAP_MAX_PRECOND_DIM", "32"))
+
+
 def make(name, model, job_id, lr_settings):
     named = model.named_parameters()
     common = dict(job_id=job_id)
@@ -24,11 +28,18 @@ def make(name, model, job_id, lr_settings):
         return ct.Muon(named, lr=0.02, adamw_lr=3e-3, adamw_weight_decay=0.01,
                        **common)
     if name == "shampoo":
+        # epsilon well above float32 noise in the eigenvalues of a
+        # rank-deficient early factor (tests/python/canzona_reference.py).
         return ct.Shampoo(named, lr=3e-3, precondition_frequency=2,
-                          adamw_lr=3e-3, **common)
+                          epsilon=SHAMPOO_EPSILON, adamw_lr=3e-3, **common)
     if name == "soap":
+        # Sides longer than SOAP_MAX_PRECOND_DIM stay unrotated: a factor
+        # that is singular at SOAP's first eigenbasis (the longer side of a
+        # non-square gradient) makes the basis float32 noise.
         return ct.SOAP(named, lr=3e-3, precondition_frequency=2,
-                       weight_decay=0.01, adamw_lr=3e-3, **common)
+                       weight_decay=0.01, adamw_lr=3e-3,
+                       soap_settings={"max_precond_dim": SOAP_MAX_PRECOND_DIM},
+                       **common)
     raise ValueError(name)
 
 
