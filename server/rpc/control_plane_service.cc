@@ -1,5 +1,7 @@
 #include "server/rpc/control_plane_service.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -21,6 +23,24 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
 }
 
 }  // namespace
+
+absl::Status ControlPlaneService::CheckCaller(
+    const grpc::CallbackServerContext& context) const {
+  const std::string peer = context.peer();
+  if (unix_peers_ == nullptr || !PeerCredentialsRegistry::IsUnixPeer(peer)) {
+    return absl::OkStatus();
+  }
+  const std::optional<PeerCredentials> caller = unix_peers_->Lookup(peer);
+  const uid_t self = ::geteuid();
+  if (caller.has_value() && (caller->uid == self || caller->uid == 0)) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "control plane: on the unix socket only the daemon's user (uid ", self,
+      ") may call it",
+      caller.has_value() ? absl::StrCat(", not uid ", caller->uid)
+                         : std::string(" (caller unknown)")));
+}
 
 absl::Status ControlPlaneService::CheckKey(const std::string& key,
                                            const char* field) const {
@@ -57,6 +77,9 @@ grpc::ServerUnaryReactor* ControlPlaneService::Set(
     grpc::CallbackServerContext* context,
     const canzona::v1::SetRequest* request,
     canzona::v1::SetResponse* /*response*/) {
+  if (absl::Status caller = CheckCaller(*context); !caller.ok()) {
+    return FinishNow(context, caller);
+  }
   absl::Status status = CheckKey(request->key(), "key");
   if (status.ok() &&
       static_cast<int64_t>(request->value().size()) > limits_.max_value_bytes) {
@@ -72,6 +95,9 @@ grpc::ServerUnaryReactor* ControlPlaneService::Get(
     grpc::CallbackServerContext* context,
     const canzona::v1::GetRequest* request,
     canzona::v1::GetResponse* response) {
+  if (absl::Status caller = CheckCaller(*context); !caller.ok()) {
+    return FinishNow(context, caller);
+  }
   absl::Status status = CheckKey(request->key(), "key");
   absl::StatusOr<absl::Duration> timeout =
       WaitTimeout(*context, request->timeout_ms());
@@ -90,6 +116,9 @@ grpc::ServerUnaryReactor* ControlPlaneService::Wait(
     grpc::CallbackServerContext* context,
     const canzona::v1::WaitRequest* request,
     canzona::v1::WaitResponse* /*response*/) {
+  if (absl::Status caller = CheckCaller(*context); !caller.ok()) {
+    return FinishNow(context, caller);
+  }
   absl::Status status;
   if (request->keys_size() > limits_.max_keys_per_wait) {
     status = absl::ResourceExhaustedError(
@@ -116,6 +145,9 @@ grpc::ServerUnaryReactor* ControlPlaneService::Add(
     grpc::CallbackServerContext* context,
     const canzona::v1::AddRequest* request,
     canzona::v1::AddResponse* response) {
+  if (absl::Status caller = CheckCaller(*context); !caller.ok()) {
+    return FinishNow(context, caller);
+  }
   absl::Status status = CheckKey(request->key(), "key");
   if (status.ok()) {
     absl::StatusOr<int64_t> value =
@@ -130,6 +162,9 @@ grpc::ServerUnaryReactor* ControlPlaneService::DeletePrefix(
     grpc::CallbackServerContext* context,
     const canzona::v1::DeletePrefixRequest* request,
     canzona::v1::DeletePrefixResponse* /*response*/) {
+  if (absl::Status caller = CheckCaller(*context); !caller.ok()) {
+    return FinishNow(context, caller);
+  }
   // An empty prefix would wipe every job's keys: refuse it.
   absl::Status status = CheckKey(request->prefix(), "prefix");
   if (status.ok()) status = store_->DeletePrefix(request->prefix());

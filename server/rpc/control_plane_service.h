@@ -10,6 +10,13 @@
 //   ...
 //   service.CancelPendingWaits();  // before server->Shutdown()
 //
+// Callers: on TCP the port's bearer-token check (transport_security.h)
+// authenticates them. With `unix_peers` (the daemon's unix socket), calls
+// arriving on that socket are served only for the daemon's own uid (and
+// root): trainers share the socket but have no business in the control
+// plane, where they could forge other jobs' rendezvous data
+// (PERMISSION_DENIED).
+//
 // Thread-safety: thread-safe; gRPC calls it from its own threads.
 #ifndef CANZONA_SERVER_RPC_CONTROL_PLANE_SERVICE_H_
 #define CANZONA_SERVER_RPC_CONTROL_PLANE_SERVICE_H_
@@ -19,6 +26,7 @@
 #include "absl/time/time.h"
 #include "canzona/v1/control_plane.grpc.pb.h"
 #include "server/control/kv_store.h"
+#include "server/rpc/unix_socket_listener.h"
 
 namespace canzona {
 
@@ -35,8 +43,9 @@ class ControlPlaneService final
 
   explicit ControlPlaneService(InMemoryKvStore* store)
       : ControlPlaneService(store, Limits()) {}
-  ControlPlaneService(InMemoryKvStore* store, Limits limits)
-      : store_(store), limits_(limits) {}
+  ControlPlaneService(InMemoryKvStore* store, Limits limits,
+                      const PeerCredentialsRegistry* unix_peers = nullptr)
+      : store_(store), limits_(limits), unix_peers_(unix_peers) {}
 
   // Fails every pending Get/Wait with CANCELLED so that a server shutdown
   // does not wait for their timeouts.
@@ -60,6 +69,9 @@ class ControlPlaneService final
       canzona::v1::DeletePrefixResponse* response) override;
 
  private:
+  // PERMISSION_DENIED for unix-socket callers other than the daemon's
+  // user (or root).
+  absl::Status CheckCaller(const grpc::CallbackServerContext& context) const;
   absl::Status CheckKey(const std::string& key, const char* field) const;
   // The request's timeout, bounded by the limit and the client's deadline.
   absl::StatusOr<absl::Duration> WaitTimeout(
@@ -67,6 +79,7 @@ class ControlPlaneService final
 
   InMemoryKvStore* store_;
   const Limits limits_;
+  const PeerCredentialsRegistry* const unix_peers_;  // not owned; may be null
 };
 
 }  // namespace canzona

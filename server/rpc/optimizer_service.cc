@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "server/metrics/canzona_metrics.h"
 #include "server/rpc/status_conversion.h"
 
@@ -32,17 +33,36 @@ Callback<Response> Completion(grpc::ServerUnaryReactor* reactor,
       };
 }
 
-PeerInfo PeerOf(const grpc::CallbackServerContext& context) {
+}  // namespace
+
+absl::StatusOr<PeerInfo> PeerOf(absl::string_view grpc_peer,
+                                const PeerCredentialsRegistry* unix_peers) {
   PeerInfo peer;
-  peer.address = context.peer();
+  peer.address = std::string(grpc_peer);
+  if (unix_peers == nullptr ||
+      !PeerCredentialsRegistry::IsUnixPeer(grpc_peer)) {
+    // TCP (the bearer token authenticated the call) or a server without
+    // a daemon-owned unix socket (tests).
+    return peer;
+  }
+  std::optional<PeerCredentials> credentials = unix_peers->Lookup(grpc_peer);
+  if (!credentials.has_value()) {
+    // Fail closed: without a uid the engine would map any object.
+    return absl::PermissionDeniedError(absl::StrCat(
+        "cannot establish the caller's credentials (SO_PEERCRED) for ",
+        grpc_peer, "; reconnect"));
+  }
+  peer.uid = credentials->uid;
+  peer.pid = credentials->pid;
+  absl::StrAppend(&peer.address, " (uid ", credentials->uid, " pid ",
+                  credentials->pid, ")");
   return peer;
 }
 
-}  // namespace
-
-OptimizerServiceImpl::OptimizerServiceImpl(Engine* engine,
-                                           MetricsRegistry* metrics)
-    : engine_(engine) {
+OptimizerServiceImpl::OptimizerServiceImpl(
+    Engine* engine, MetricsRegistry* metrics,
+    const PeerCredentialsRegistry* unix_peers)
+    : engine_(engine), unix_peers_(unix_peers) {
   if (metrics != nullptr) {
     requests_ = CanzonaMetrics::Register(metrics).rpc_requests_total;
   }
@@ -53,8 +73,14 @@ grpc::ServerUnaryReactor* OptimizerServiceImpl::Register(
     const canzona::v1::RegisterRequest* request,
     canzona::v1::RegisterResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  engine_->Register(*request, PeerOf(*context),
-                    Completion(reactor, response, requests_, "Register"));
+  Callback<canzona::v1::RegisterResponse> done =
+      Completion(reactor, response, requests_, "Register");
+  absl::StatusOr<PeerInfo> peer = PeerOf(context->peer(), unix_peers_);
+  if (!peer.ok()) {
+    done(peer.status());
+    return reactor;
+  }
+  engine_->Register(*request, *peer, std::move(done));
   return reactor;
 }
 
@@ -104,8 +130,8 @@ grpc::ServerUnaryReactor* OptimizerServiceImpl::SaveCheckpoint(
     const canzona::v1::SaveCheckpointRequest* request,
     canzona::v1::SaveCheckpointResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  engine_->SaveCheckpoint(*request,
-               Completion(reactor, response, requests_, "SaveCheckpoint"));
+  engine_->SaveCheckpoint(
+      *request, Completion(reactor, response, requests_, "SaveCheckpoint"));
   return reactor;
 }
 
@@ -114,8 +140,8 @@ grpc::ServerUnaryReactor* OptimizerServiceImpl::LoadCheckpoint(
     const canzona::v1::LoadCheckpointRequest* request,
     canzona::v1::LoadCheckpointResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  engine_->LoadCheckpoint(*request,
-               Completion(reactor, response, requests_, "LoadCheckpoint"));
+  engine_->LoadCheckpoint(
+      *request, Completion(reactor, response, requests_, "LoadCheckpoint"));
   return reactor;
 }
 
@@ -125,7 +151,7 @@ grpc::ServerUnaryReactor* OptimizerServiceImpl::ExportState(
     canzona::v1::ExportStateResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   engine_->ExportState(*request,
-               Completion(reactor, response, requests_, "ExportState"));
+                       Completion(reactor, response, requests_, "ExportState"));
   return reactor;
 }
 
@@ -135,7 +161,7 @@ grpc::ServerUnaryReactor* OptimizerServiceImpl::ImportState(
     canzona::v1::ImportStateResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   engine_->ImportState(*request,
-               Completion(reactor, response, requests_, "ImportState"));
+                       Completion(reactor, response, requests_, "ImportState"));
   return reactor;
 }
 

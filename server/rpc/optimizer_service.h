@@ -6,6 +6,13 @@
 //   OptimizerServiceImpl service(engine.get(), &registry);  // or no registry
 //   builder.RegisterService(&service);
 //
+// With `unix_peers` (the daemon's UnixSocketListener::peers()), calls that
+// arrived on the daemon's unix socket carry the caller's SO_PEERCRED uid and
+// pid into the engine (PeerInfo), which then maps only shared memory the
+// caller owns; such a call whose credentials cannot be established fails
+// with PERMISSION_DENIED. TCP calls carry no uid: the bearer token checked
+// by the port's credentials (transport_security.h) authenticates them.
+//
 // With a registry, every RPC is counted at completion in
 // canzona_rpc_requests_total{method, code} (code: the status code name,
 // e.g. OK, INVALID_ARGUMENT).
@@ -14,17 +21,28 @@
 #ifndef CANZONA_SERVER_RPC_OPTIMIZER_SERVICE_H_
 #define CANZONA_SERVER_RPC_OPTIMIZER_SERVICE_H_
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "canzona/v1/optimizer_service.grpc.pb.h"
 #include "server/engine/engine.h"
 #include "server/metrics/registry.h"
+#include "server/rpc/unix_socket_listener.h"
 
 namespace canzona {
+
+// The engine's view of the caller of a call whose ServerContext::peer() is
+// `grpc_peer`: uid and pid from `unix_peers` for unix-socket calls ("fd:<n>"
+// peers; PERMISSION_DENIED when they are not recorded), the address alone
+// otherwise.
+absl::StatusOr<PeerInfo> PeerOf(absl::string_view grpc_peer,
+                                const PeerCredentialsRegistry* unix_peers);
 
 class OptimizerServiceImpl final
     : public canzona::v1::OptimizerService::CallbackService {
  public:
-  explicit OptimizerServiceImpl(Engine* engine,
-                                MetricsRegistry* metrics = nullptr);
+  explicit OptimizerServiceImpl(
+      Engine* engine, MetricsRegistry* metrics = nullptr,
+      const PeerCredentialsRegistry* unix_peers = nullptr);
 
   grpc::ServerUnaryReactor* Register(
       grpc::CallbackServerContext* context,
@@ -64,6 +82,8 @@ class OptimizerServiceImpl final
 
  private:
   Engine* engine_;
+  // Not owned; null: no daemon-owned unix socket.
+  const PeerCredentialsRegistry* unix_peers_ = nullptr;
   // canzona_rpc_requests_total{method, code}; null without a registry.
   Family<Counter>* requests_ = nullptr;
 };
