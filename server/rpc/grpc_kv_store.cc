@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/rpc/status_conversion.h"
+#include "server/rpc/transport_security.h"
 
 namespace canzona {
 namespace {
@@ -21,7 +22,7 @@ int64_t ToMillis(absl::Duration d) {
 absl::StatusOr<std::unique_ptr<GrpcKvStore>> GrpcKvStore::Connect(
     const std::string& target,
     std::shared_ptr<grpc::ChannelCredentials> credentials,
-    absl::Duration connect_timeout) {
+    absl::Duration connect_timeout, std::string bearer_token) {
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateChannel(target, std::move(credentials));
   if (!channel->WaitForConnected(
@@ -31,12 +32,14 @@ absl::StatusOr<std::unique_ptr<GrpcKvStore>> GrpcKvStore::Connect(
                      absl::FormatDuration(connect_timeout)));
   }
   return std::unique_ptr<GrpcKvStore>(
-      new GrpcKvStore(target, canzona::v1::ControlPlane::NewStub(channel)));
+      new GrpcKvStore(target, std::move(bearer_token),
+                      canzona::v1::ControlPlane::NewStub(channel)));
 }
 
-void GrpcKvStore::SetDeadline(grpc::ClientContext& context,
-                              absl::Duration wait) {
+void GrpcKvStore::Prepare(grpc::ClientContext& context,
+                          absl::Duration wait) const {
   context.set_deadline(absl::ToChronoTime(absl::Now() + wait + kRpcSlack));
+  AddBearerToken(context, bearer_token_);
 }
 
 absl::Status GrpcKvStore::Annotate(const grpc::Status& status) const {
@@ -50,7 +53,7 @@ absl::Status GrpcKvStore::Annotate(const grpc::Status& status) const {
 absl::Status GrpcKvStore::Set(const std::string& key,
                               const std::string& value) {
   grpc::ClientContext context;
-  SetDeadline(context, absl::ZeroDuration());
+  Prepare(context, absl::ZeroDuration());
   canzona::v1::SetRequest request;
   request.set_key(key);
   request.set_value(value);
@@ -61,7 +64,7 @@ absl::Status GrpcKvStore::Set(const std::string& key,
 absl::StatusOr<std::string> GrpcKvStore::Get(const std::string& key,
                                              absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(context, timeout);
+  Prepare(context, timeout);
   canzona::v1::GetRequest request;
   request.set_key(key);
   request.set_timeout_ms(ToMillis(timeout));
@@ -74,7 +77,7 @@ absl::StatusOr<std::string> GrpcKvStore::Get(const std::string& key,
 absl::Status GrpcKvStore::Wait(absl::Span<const std::string> keys,
                                absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(context, timeout);
+  Prepare(context, timeout);
   canzona::v1::WaitRequest request;
   for (const std::string& key : keys) request.add_keys(key);
   request.set_timeout_ms(ToMillis(timeout));
@@ -85,7 +88,7 @@ absl::Status GrpcKvStore::Wait(absl::Span<const std::string> keys,
 absl::StatusOr<int64_t> GrpcKvStore::Add(const std::string& key,
                                          int64_t delta) {
   grpc::ClientContext context;
-  SetDeadline(context, absl::ZeroDuration());
+  Prepare(context, absl::ZeroDuration());
   canzona::v1::AddRequest request;
   request.set_key(key);
   request.set_delta(delta);
@@ -97,7 +100,7 @@ absl::StatusOr<int64_t> GrpcKvStore::Add(const std::string& key,
 
 absl::Status GrpcKvStore::DeletePrefix(const std::string& prefix) {
   grpc::ClientContext context;
-  SetDeadline(context, absl::ZeroDuration());
+  Prepare(context, absl::ZeroDuration());
   canzona::v1::DeletePrefixRequest request;
   request.set_prefix(prefix);
   canzona::v1::DeletePrefixResponse response;
