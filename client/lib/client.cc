@@ -3,8 +3,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "canzona/v1/optimizer_service.grpc.pb.h"
 
@@ -25,6 +28,24 @@ void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
 
+bool IsUnixTarget(const std::string& target) {
+  return absl::StartsWith(target, "unix:") ||
+         absl::StartsWith(target, "unix-abstract:");
+}
+
+// Options::tls_ca as PEM text: the text itself, or the file it names.
+absl::StatusOr<std::string> CaPem(const std::string& tls_ca) {
+  if (absl::StrContains(tls_ca, "-----BEGIN ")) return tls_ca;
+  std::ifstream in(tls_ca);
+  std::stringstream text;
+  if (in) text << in.rdbuf();
+  if (!in || !absl::StrContains(text.str(), "-----BEGIN ")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tls_ca: cannot read a PEM certificate from '", tls_ca, "'"));
+  }
+  return text.str();
+}
+
 }  // namespace
 
 canzona::v1::BufferRef SharedTensor::buffer_ref() const {
@@ -40,8 +61,11 @@ class Client::Impl {
  public:
   using Stub = canzona::v1::OptimizerService::Stub;
 
-  Impl(std::string target, std::shared_ptr<grpc::Channel> channel)
+  Impl(std::string target, std::string job_token,
+       std::shared_ptr<grpc::Channel> channel)
       : target(std::move(target)),
+        authorization(job_token.empty() ? std::string()
+                                        : absl::StrCat("Bearer ", job_token)),
         stub(canzona::v1::OptimizerService::NewStub(channel)) {}
 
   // One unary call with a deadline; every RPC goes through here.
@@ -52,6 +76,9 @@ class Client::Impl {
       const Request& request, absl::Duration timeout) {
     grpc::ClientContext context;
     SetDeadline(context, timeout);
+    if (!authorization.empty()) {
+      context.AddMetadata("authorization", authorization);
+    }
     Response response;
     grpc::Status status = (stub.get()->*method)(&context, request, &response);
     if (!status.ok()) return FromGrpc(status, target);
@@ -59,6 +86,8 @@ class Client::Impl {
   }
 
   const std::string target;
+  // "Bearer <job token>", sent with every call; empty: none.
+  const std::string authorization;
   std::unique_ptr<Stub> stub;
 };
 
@@ -71,16 +100,34 @@ Client::~Client() = default;
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     const std::string& target, Options options) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      grpc::InsecureChannelCredentials();
+  const bool tls = !options.tls_ca.empty() && !IsUnixTarget(target);
+  if (tls) {
+    absl::StatusOr<std::string> ca = CaPem(options.tls_ca);
+    if (!ca.ok()) return ca.status();
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = *std::move(ca);
+    credentials = grpc::SslCredentials(ssl);
+  }
+  grpc::ChannelArguments args;
+  // Responses come from the trainer's own daemon (plans, exported state):
+  // no 4 MiB cap on them.
+  args.SetMaxReceiveMessageSize(-1);
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+      grpc::CreateCustomChannel(target, credentials, args);
   if (!channel->WaitForConnected(
           absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
     return absl::UnavailableError(absl::StrCat(
-        "cannot reach canzonad at ", target, " (is the daemon running?)"));
+        "cannot reach canzonad at ", target,
+        tls ? " (is the daemon running, with TLS on that port and a "
+              "certificate for this host signed by tls_ca?)"
+            : " (is the daemon running?)"));
   }
+  auto impl =
+      std::make_unique<Impl>(target, options.job_token, std::move(channel));
   return std::unique_ptr<Client>(
-      new Client(target, std::move(options),
-                 std::make_unique<Impl>(target, std::move(channel))));
+      new Client(target, std::move(options), std::move(impl)));
 }
 
 absl::StatusOr<SharedTensor> Client::AllocateTensor(
@@ -104,8 +151,7 @@ absl::StatusOr<SharedTensor> Client::AllocateTensor(
 absl::StatusOr<canzona::v1::RegisterResponse> Client::Register(
     canzona::v1::RegisterRequest request) {
   if (request.job_token().empty()) request.set_job_token(options_.job_token);
-  return impl_->Call(&Impl::Stub::Register, request,
-                     options_.register_timeout);
+  return impl_->Call(&Impl::Stub::Register, request, options_.register_timeout);
 }
 
 absl::StatusOr<canzona::v1::StepResponse> Client::Step(

@@ -60,8 +60,16 @@ class SharedTensor {
 class Client {
  public:
   struct Options {
-    // The job token, sent with Register and Deregister.
+    // The job token: sent in Register and Deregister, and, when non-empty,
+    // with every call as "authorization: Bearer <token>" metadata (what a
+    // daemon's TCP port requires when it has a token; its unix socket
+    // authenticates by SO_PEERCRED and ignores the metadata).
     std::string job_token;
+    // TLS for TCP targets: the CA certificate(s) that signed the daemon's
+    // --tls-cert, either PEM text (anything containing "-----BEGIN ") or
+    // the path of a PEM file. Empty: plaintext. Not used for "unix:"
+    // targets (the unix socket never uses TLS).
+    std::string tls_ca;
     absl::Duration connect_timeout = absl::Seconds(10);
     // Deadline of Register (which waits for every rank of the job) and of
     // Step (which waits for every peer of the step).
@@ -72,7 +80,10 @@ class Client {
   };
 
   // `target`: "unix:/path/to.sock" or "host:port". UNAVAILABLE with
-  // "cannot reach canzonad at <target>" when no daemon answers in time.
+  // "cannot reach canzonad at <target>" when no daemon answers in time
+  // (which includes a TLS handshake failing: a TLS port without tls_ca, a
+  // certificate tls_ca did not sign or that does not name the host);
+  // INVALID_ARGUMENT "tls_ca: ..." when tls_ca cannot be read.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const std::string& target, Options options);
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
