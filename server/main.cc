@@ -8,6 +8,11 @@
 //
 //   canzonad --listen 127.0.0.1:7070                      # coordinator
 //   canzonad --unix-socket /tmp/b.sock --coordinator 127.0.0.1:7070
+//
+// Security (README "Security"): the unix socket is 0660 (group
+// --socket-group) and every connection's SO_PEERCRED uid must own the
+// shared memory it registers; TCP calls need "authorization: Bearer
+// <job token>" when a token is set, and use TLS with --tls-cert/--tls-key.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
@@ -15,6 +20,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -41,6 +47,8 @@
 #include "server/rpc/control_plane_service.h"
 #include "server/rpc/grpc_kv_store.h"
 #include "server/rpc/optimizer_service.h"
+#include "server/rpc/transport_security.h"
+#include "server/rpc/unix_socket_listener.h"
 #include "spdlog/spdlog.h"
 
 namespace canzona {
@@ -64,6 +72,23 @@ struct DaemonFlags {
   double register_timeout_s = 120;
   double checkpoint_timeout_s = 600;
   std::string checkpoint_root;
+  // Security and limits (README "Security").
+  std::string socket_group;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
+  int max_jobs = 64;
+  int max_parameters_per_job = 1 << 20;
+  int64_t max_bytes_per_job = int64_t{1} << 40;
+  int64_t max_message_bytes = int64_t{64} << 20;
+};
+
+// What the security flags resolve to, checked before anything starts.
+struct Security {
+  std::string token;
+  std::optional<gid_t> socket_group;
+  TcpSecurity tcp;         // --listen: bearer token, --tls-cert/--tls-key
+  std::string tls_ca_pem;  // --tls-ca: to verify the coordinator
 };
 
 std::string DefaultSocketPath() {
@@ -97,6 +122,49 @@ absl::StatusOr<std::string> ReadToken(const DaemonFlags& flags) {
   return std::string(absl::StripAsciiWhitespace(token));
 }
 
+absl::StatusOr<Security> ResolveSecurity(const DaemonFlags& flags) {
+  Security security;
+  CANZONA_ASSIGN_OR_RETURN(security.token, ReadToken(flags));
+  if (!flags.socket_group.empty()) {
+    absl::StatusOr<gid_t> gid = LookupGroup(flags.socket_group);
+    if (!gid.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--socket-group: ", gid.status().message()));
+    }
+    security.socket_group = *gid;
+  }
+  if (flags.tls_cert.empty() != flags.tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert and --tls-key: give both (TLS) or neither");
+  }
+  if (!flags.tls_cert.empty()) {
+    CANZONA_ASSIGN_OR_RETURN(security.tcp.tls_cert_pem,
+                             ReadPemFile("--tls-cert", flags.tls_cert));
+    CANZONA_ASSIGN_OR_RETURN(security.tcp.tls_key_pem,
+                             ReadPemFile("--tls-key", flags.tls_key));
+    if (flags.listen.empty()) {
+      spdlog::warn(
+          "--tls-cert/--tls-key: no --listen, no TCP port to use "
+          "them on");
+    }
+  }
+  if (!flags.tls_ca.empty()) {
+    CANZONA_ASSIGN_OR_RETURN(security.tls_ca_pem,
+                             ReadPemFile("--tls-ca", flags.tls_ca));
+    if (flags.coordinator.empty()) {
+      spdlog::warn("--tls-ca: no --coordinator to verify with it");
+    }
+  }
+  security.tcp.bearer_token = security.token;
+  if (!flags.listen.empty() && security.token.empty()) {
+    spdlog::warn(
+        "--listen {} without --job-token/--job-token-file: any client that "
+        "can reach the port may use the API and the control plane",
+        flags.listen);
+  }
+  return security;
+}
+
 absl::Status WriteReadyFile(const std::string& path,
                             const std::string& unix_socket, int tcp_port,
                             int metrics_port) {
@@ -125,12 +193,11 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--comm: unknown value \"", flags.comm, "\" (auto, gloo, nccl)"));
   }
-  CANZONA_ASSIGN_OR_RETURN(std::string token, ReadToken(flags));
+  CANZONA_ASSIGN_OR_RETURN(const Security security, ResolveSecurity(flags));
   SetCpuBlasThreads(flags.cpu_threads);
   const std::string socket_path =
       flags.unix_socket.empty() ? DefaultSocketPath() : flags.unix_socket;
   CANZONA_RETURN_IF_ERROR(EnsureParentDir(socket_path));
-  ::unlink(socket_path.c_str());  // a stale socket from a crashed daemon
 
   // Block the shutdown signals in every thread; main() waits for them.
   sigset_t signals;
@@ -146,11 +213,19 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
   KvStore* control = nullptr;
   if (flags.coordinator.empty()) {
     local_store = std::make_unique<InMemoryKvStore>();
-    control_service = std::make_unique<ControlPlaneService>(local_store.get());
     control = local_store.get();
   } else {
-    CANZONA_ASSIGN_OR_RETURN(remote_store,
-                             GrpcKvStore::Connect(flags.coordinator));
+    // The coordinator's TCP port: TLS when --tls-ca is given, the job
+    // token on every call when one is set. (A "unix:" coordinator, on this
+    // machine, is never TLS.)
+    const bool unix_coordinator = absl::StartsWith(flags.coordinator, "unix:");
+    CANZONA_ASSIGN_OR_RETURN(
+        remote_store,
+        GrpcKvStore::Connect(flags.coordinator,
+                             unix_coordinator
+                                 ? grpc::InsecureChannelCredentials()
+                                 : TcpChannelCredentials(security.tls_ca_pem),
+                             absl::Seconds(10), security.token));
     control = remote_store.get();
   }
 
@@ -178,40 +253,73 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
                           : flags.daemon_id;
   options.backend = flags.backend;
   options.comm_host = flags.comm_host;
-  options.required_token = token;
+  options.required_token = security.token;
+  options.max_jobs = flags.max_jobs;
+  options.max_parameters_per_job = flags.max_parameters_per_job;
+  options.max_bytes_per_job = flags.max_bytes_per_job;
   options.step_timeout = absl::Seconds(flags.step_timeout_s);
   options.register_timeout = absl::Seconds(flags.register_timeout_s);
   options.checkpoint_timeout = absl::Seconds(flags.checkpoint_timeout_s);
   options.checkpoint_root = flags.checkpoint_root;
   CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                            CreateEngine(options));
-  OptimizerServiceImpl optimizer_service(engine.get(), &metrics);
+
+  // The trainer socket is the daemon's own (not a gRPC port): created 0660
+  // (group --socket-group) with no wider window, and every connection's
+  // SO_PEERCRED recorded before gRPC serves it; the rpc adapter hands the
+  // caller's uid and pid to the engine, which maps only shared memory that
+  // uid owns.
+  UnixSocketListener::Options listener_options;
+  listener_options.path = socket_path;
+  listener_options.group = security.socket_group;
+  absl::StatusOr<std::unique_ptr<UnixSocketListener>> listener =
+      UnixSocketListener::Create(listener_options);
+  if (!listener.ok()) {
+    return absl::Status(listener.status().code(),
+                        absl::StrCat(security.socket_group.has_value()
+                                         ? "--unix-socket / --socket-group: "
+                                         : "--unix-socket: ",
+                                     listener.status().message()));
+  }
+  OptimizerServiceImpl optimizer_service(engine.get(), &metrics,
+                                         &(*listener)->peers());
+  // On the unix socket the control plane serves only this daemon's user;
+  // on TCP the bearer token guards it.
+  if (local_store != nullptr) {
+    control_service = std::make_unique<ControlPlaneService>(
+        local_store.get(), ControlPlaneService::Limits(),
+        &(*listener)->peers());
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat("unix:", socket_path),
-                           grpc::InsecureServerCredentials());
+  // Larger requests fail with RESOURCE_EXHAUSTED before any handler runs
+  // (unix socket and TCP alike).
+  builder.SetMaxReceiveMessageSize(static_cast<int>(flags.max_message_bytes));
   int tcp_port = 0;
   if (!flags.listen.empty()) {
-    builder.AddListeningPort(flags.listen, grpc::InsecureServerCredentials(),
+    // TLS with --tls-cert/--tls-key; the bearer token on every call (but
+    // the health check) when a job token is set.
+    builder.AddListeningPort(flags.listen, TcpServerCredentials(security.tcp),
                              &tcp_port);
   }
   builder.RegisterService(&optimizer_service);
   if (control_service != nullptr)
     builder.RegisterService(control_service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on unix:", socket_path,
-        flags.listen.empty() ? "" : absl::StrCat(" and ", flags.listen)));
+  if (server == nullptr || (!flags.listen.empty() && tcp_port == 0)) {
+    return absl::UnavailableError(
+        absl::StrCat("--listen: cannot listen on ", flags.listen));
   }
-  // Owner and group only: trainers of other users cannot reach the daemon.
-  ::chmod(socket_path.c_str(), 0660);
+  (*listener)->Start(server.get());
   spdlog::info(
       "ready: unix:{} tcp:{} coordinator:{} backend:{} comm:gloo metrics:{}",
       socket_path,
-      flags.listen.empty() ? std::string("off")
-                           : absl::StrCat(flags.listen, " port ", tcp_port),
+      flags.listen.empty()
+          ? std::string("off")
+          : absl::StrCat(flags.listen, " port ", tcp_port,
+                         security.tcp.tls_cert_pem.empty() ? "" : " tls",
+                         security.token.empty() ? "" : " token"),
       flags.coordinator.empty() ? std::string("self") : flags.coordinator,
       flags.backend, metrics_port);
   if (!flags.ready_file.empty()) {
@@ -234,9 +342,9 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
   (void)NotifyStopping();
   engine->Shutdown();
   if (control_service != nullptr) control_service->CancelPendingWaits();
+  (*listener)->Stop();  // no new connections; removes the socket file
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
-  ::unlink(socket_path.c_str());
   spdlog::info("stopped");
   return absl::OkStatus();
 }
@@ -265,7 +373,8 @@ int main(int argc, char** argv) {
                  "address Gloo binds for peer traffic")
       ->capture_default_str();
   app.add_option("--job-token", flags.job_token,
-                 "token every job must present (default: none)");
+                 "token every job must present in Register, and every TCP "
+                 "call as 'authorization: Bearer <token>' (default: none)");
   app.add_option("--job-token-file", flags.job_token_file,
                  "file holding the job token");
   app.add_option("--log-level", flags.log_level,
@@ -298,6 +407,32 @@ int main(int argc, char** argv) {
                  "other ranks")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--socket-group", flags.socket_group,
+                 "group of the unix socket (mode 0660): its members' "
+                 "trainers may connect (default: the daemon's group)");
+  app.add_option("--tls-cert", flags.tls_cert,
+                 "PEM certificate chain: TLS on --listen (with --tls-key)");
+  app.add_option("--tls-key", flags.tls_key, "PEM private key of --tls-cert");
+  app.add_option("--tls-ca", flags.tls_ca,
+                 "PEM CA certificate(s) to verify the --coordinator's TLS "
+                 "certificate (default: plaintext to the coordinator)");
+  app.add_option("--max-jobs", flags.max_jobs,
+                 "jobs this daemon serves at once (RESOURCE_EXHAUSTED beyond)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-parameters-per-job", flags.max_parameters_per_job,
+                 "parameters one rank may register")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-bytes-per-job", flags.max_bytes_per_job,
+                 "bytes of trainer buffers (parameters + gradients) mapped "
+                 "per job on this daemon")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-message-bytes", flags.max_message_bytes,
+                 "largest gRPC request accepted (RESOURCE_EXHAUSTED beyond)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{INT_MAX}));
   app.add_option("--checkpoint-root", flags.checkpoint_root,
                  "when set, checkpoint directories must lie under it")
       ->check(CLI::ExistingDirectory);
