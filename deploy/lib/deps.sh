@@ -9,6 +9,8 @@ CANZONA_DEBIAN_PACKAGES=(
   nlohmann-json3-dev libspdlog-dev libcli11-dev
   libgloo-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  # The TLS tests make a throwaway CA and server certificate with its CLI.
+  openssl
   prometheus libcivetweb-dev
   libsystemd-dev systemd yamllint python3-yaml
   # The Python package and its tests: Debian's interpreter, torch (CPU),
