@@ -1,8 +1,21 @@
 #!/usr/bin/env bash
-# Installs what is missing, configures, builds and runs every test.
+# Installs what is missing, configures, builds and runs every test; then a
+# second stage runs the unit tests, the request fuzzer and a short soak
+# under AddressSanitizer, UndefinedBehaviorSanitizer and LeakSanitizer.
 #   tests/run.sh                 # everything (gpu tests skip without a GPU)
-#   BUILD_DIR=out tests/run.sh   # another build directory
-#   tests/run.sh -L gpu          # extra arguments go to ctest
+#   BUILD_DIR=out tests/run.sh   # another build directory (and out-asan)
+#   tests/run.sh -L gpu          # extra arguments go to ctest in the normal
+#                                # tree; the sanitizer stage is then skipped
+#   CANZONA_SKIP_SANITIZERS=1 tests/run.sh   # no sanitizer stage
+#   CANZONA_SANITIZERS_ONLY=1 tests/run.sh   # only the sanitizer stage
+#
+# The sanitizer stage (only when no ctest arguments are given) configures
+# "$BUILD_DIR-asan" with clang, CANZONA_ENABLE_CUDA=OFF,
+# CANZONA_SANITIZE=address,undefined and CANZONA_FUZZ=ON, builds only the
+# unit-test targets (and canzonactl, which they run), the request fuzzer and
+# the soak bench, and runs ctest -L 'unit|fuzz|soak' there. Any ASan, LSan or
+# UBSan report fails its test. Suppressions (tests/sanitizers/) cover
+# Debian's uninstrumented system libraries only.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 source "$root/deploy/lib/deps.sh"
@@ -11,11 +24,59 @@ canzona_cuda_path
 
 build="${BUILD_DIR:-$root/build}"
 jobs="${CANZONA_JOBS:-$(nproc)}"
-mkdir -p "$build"
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build/configure.log" 2>&1 \
-  || { cat "$build/configure.log"; exit 1; }
-cmake --build "$build" -j "$jobs"
-cd "$build"
 # OpenBLAS threads compete with ctest's parallel jobs on small machines.
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
-ctest --output-on-failure -j "$jobs" --timeout 900 "$@"
+
+if [[ "${CANZONA_SANITIZERS_ONLY:-0}" != 1 ]]; then
+  mkdir -p "$build"
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build/configure.log" 2>&1 \
+    || { cat "$build/configure.log"; exit 1; }
+  cmake --build "$build" -j "$jobs"
+  (cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 900 "$@")
+fi
+
+if [[ "${CANZONA_SKIP_SANITIZERS:-0}" == 1 ]]; then
+  exit 0
+fi
+if (($# > 0)) && [[ "${CANZONA_SANITIZERS_ONLY:-0}" != 1 ]]; then
+  echo "canzona: ctest arguments given; sanitizer stage skipped" >&2
+  exit 0
+fi
+
+# --- Sanitizer stage -------------------------------------------------------
+san_start=$SECONDS
+asan="${build%/}-asan"
+mkdir -p "$asan"
+# -O1 with line tables: symbolized reports at a fraction of -g's build time.
+cmake -S "$root" -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
+  -DCANZONA_ENABLE_CUDA=OFF -DCANZONA_SANITIZE=address,undefined -DCANZONA_FUZZ=ON \
+  >"$asan/configure.log" 2>&1 || { cat "$asan/configure.log"; exit 1; }
+# One gtest binary per tests/unit folder (canzona_add_test), canzonactl (the
+# ctl and plan tests run it), the fuzzer and the soak bench.
+mapfile -t unit_targets < <(sed -n 's/^canzona_add_test(\([A-Za-z0-9_]*\).*/\1/p' \
+  "$root"/tests/unit/*/CMakeLists.txt)
+cmake --build "$asan" -j "$jobs" --target canzonactl "${unit_targets[@]}" \
+  canzona_request_fuzzer canzona_soak_bench
+
+san_dir="$root/tests/sanitizers"
+# The same flags as tests/sanitizers/sanitizer_options.cc compiles in, made
+# visible here; a caller's own *SAN_OPTIONS win.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1:check_initialization_order=1:suppressions=$san_dir/asan.supp}"
+export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$san_dir/lsan.supp}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+# canzona_client_package_consumer installs the whole tree (this stage
+# builds only the targets above) and builds tests/consumer against it
+# without sanitizer flags, so its link would lack the runtimes the installed
+# static libraries need; it tests packaging, not memory safety, and the
+# normal stage runs it. The other exclusions are
+# tests/sanitizers/known_failures.txt (reported bugs, one comment each).
+exclude='^canzona_client_package_consumer$'
+while IFS= read -r line; do
+  [[ -z "$line" || "$line" == \#* ]] || exclude+="|$line"
+done <"$san_dir/known_failures.txt"
+(cd "$asan" && ctest --output-on-failure -j "$jobs" --timeout 900 \
+  -L 'unit|fuzz|soak' -E "$exclude")
+echo "canzona: sanitizer stage passed in $((SECONDS - san_start)) s"
