@@ -173,6 +173,7 @@ void AddCheckpointCommand(CLI::App& app) {
   CLI::App* load = cmd->add_subcommand(
       "load", "Load a checkpoint into a registered job (every rank)");
   for (CLI::App* sub : {save, load}) {
+    AddConnectFlags(sub);
     sub->add_option("--job", args->job, "job id")->required();
     sub->add_option("--dir", args->dir,
                     "checkpoint directory (absolute, reachable by every "

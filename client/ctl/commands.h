@@ -34,6 +34,16 @@ void AddBenchCommand(CLI::App& app);
 void AddStatusCommand(CLI::App& app);
 void AddCheckpointCommand(CLI::App& app);
 
+// How subcommands that talk to a daemon authenticate on TCP targets: the
+// job token (sent as a bearer token) and the CA of a TLS listener.
+struct ConnectFlags {
+  std::string token;
+  std::string tls_ca;
+};
+ConnectFlags& GlobalConnectFlags();
+// Adds --token ($CANZONA_JOB_TOKEN) and --tls-ca ($CANZONA_TLS_CA) to `cmd`.
+void AddConnectFlags(CLI::App* cmd);
+
 // The local daemon's default address (its unix socket), and a connected
 // client or CanzonactlExit(1, "cannot reach canzonad at ...").
 std::string DefaultTarget();

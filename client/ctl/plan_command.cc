@@ -421,6 +421,7 @@ void AddPlanCommand(CLI::App& app) {
                 "(dp,tp) grid, all strategies");
   cmd->add_flag("--assignment", opts->assignment,
                 "with --json: include each parameter's (dp, tp)");
+  AddConnectFlags(cmd);
   cmd->add_option("--target", opts->target,
                   "a daemon's address: show the live plan of --job there");
   cmd->add_option("--job", opts->job, "the live job (with --target)");

@@ -20,9 +20,25 @@ std::string DefaultTarget() {
   return absl::StrCat("unix:/tmp/canzona-", ::getuid(), "/canzonad.sock");
 }
 
+ConnectFlags& GlobalConnectFlags() {
+  static ConnectFlags flags;
+  return flags;
+}
+
+void AddConnectFlags(CLI::App* cmd) {
+  cmd->add_option("--token", GlobalConnectFlags().token,
+                  "job token for TCP targets (sent as a bearer token)")
+      ->envname("CANZONA_JOB_TOKEN");
+  cmd->add_option("--tls-ca", GlobalConnectFlags().tls_ca,
+                  "CA (PEM file) of a TLS target")
+      ->envname("CANZONA_TLS_CA");
+}
+
 std::unique_ptr<Client> ConnectOrExit(const std::string& target) {
   Client::Options options;
   options.connect_timeout = absl::Seconds(3);
+  options.job_token = GlobalConnectFlags().token;
+  options.tls_ca = GlobalConnectFlags().tls_ca;
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect(target.empty() ? DefaultTarget() : target, options);
   if (!client.ok())
@@ -34,6 +50,7 @@ void AddStatusCommand(CLI::App& app) {
   auto target = std::make_shared<std::string>();
   CLI::App* cmd =
       app.add_subcommand("status", "Jobs, ranks and step latency of a daemon");
+  AddConnectFlags(cmd);
   cmd->add_option("--target", *target,
                   "daemon address (default: the local daemon's unix socket)");
   cmd->callback([target] {

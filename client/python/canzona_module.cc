@@ -108,9 +108,11 @@ class PyClient {
  public:
   PyClient(const std::string& target, const std::string& job_token,
            double connect_timeout, double register_timeout,
-           double step_timeout, double checkpoint_timeout) {
+           double step_timeout, double checkpoint_timeout,
+           const std::string& tls_ca) {
     Client::Options options;
     options.job_token = job_token;
+    options.tls_ca = tls_ca;
     options.connect_timeout = absl::Seconds(connect_timeout);
     options.register_timeout = absl::Seconds(register_timeout);
     options.step_timeout = absl::Seconds(step_timeout);
@@ -351,12 +353,12 @@ PYBIND11_MODULE(_canzona, m) {
 
   py::class_<PyClient>(m, "Client")
       .def(py::init<const std::string&, const std::string&, double, double,
-                    double, double>(),
+                    double, double, const std::string&>(),
            py::arg("target"), py::arg("job_token") = "",
            py::arg("connect_timeout") = 10.0,
            py::arg("register_timeout") = 600.0,
            py::arg("step_timeout") = 600.0,
-           py::arg("checkpoint_timeout") = 1800.0)
+           py::arg("checkpoint_timeout") = 1800.0, py::arg("tls_ca") = "")
       .def_property_readonly("target", &PyClient::target)
       .def("allocate", &PyClient::Allocate, py::arg("job_id"),
            py::arg("global_rank"), py::arg("nbytes"))

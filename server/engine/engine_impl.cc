@@ -660,6 +660,9 @@ class EngineImpl final : public Engine {
   // Workers of ranks removed from their own thread (failed registration):
   // joined at shutdown.
   std::vector<std::unique_ptr<Worker>> retired_ ABSL_GUARDED_BY(mu_);
+  // Jobs that failed and lost their last local rank (a dead trainer), kept
+  // so that GetStatus and GetPlan still explain them; the newest 16.
+  std::deque<std::shared_ptr<Job>> failed_jobs_ ABSL_GUARDED_BY(mu_);
   absl::CondVar watcher_cv_;  // with mu_: shutdown wakes the watcher
   std::thread watcher_;
 };
@@ -2032,8 +2035,14 @@ absl::Status EngineImpl::RunMicroGroups(Job& job, LocalRank& rank,
 
 absl::StatusOr<v1::GetPlanResponse> EngineImpl::GetPlan(
     const v1::GetPlanRequest& request) {
-  CANZONA_ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
-                           FindJob(request.job_id()));
+  absl::StatusOr<std::shared_ptr<Job>> found = FindJob(request.job_id());
+  if (!found.ok()) {
+    absl::MutexLock lock(&mu_);
+    for (const auto& failed : failed_jobs_) {
+      if (failed->id == request.job_id()) found = failed;
+    }
+  }
+  CANZONA_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, std::move(found));
   std::shared_ptr<const JobPlan> jp;
   {
     absl::MutexLock lock(&job->mu);
@@ -2089,16 +2098,20 @@ bool EngineImpl::RemoveLocalRank(const std::shared_ptr<Job>& job, int global,
     job->mapped_bytes -= rank->mapped_bytes;
     pending = std::move(rank->register_done);
     rank->register_done = nullptr;
-    auto jit = jobs_.find(job->id);
-    if (job->ranks.empty() && jit != jobs_.end() && jit->second == job) {
-      jobs_.erase(jit);
-    }
     if (job->state != JobState::kFailed) {
       // The job cannot step without this rank any more; failing it also
       // ends a registration still waiting on the control plane.
       job->state = JobState::kFailed;
       job->failure = reason;
       job->cv.SignalAll();
+    }
+    auto jit = jobs_.find(job->id);
+    if (job->ranks.empty() && jit != jobs_.end() && jit->second == job) {
+      jobs_.erase(jit);
+      if (!absl::EndsWith(job->failure, " deregistered")) {
+        failed_jobs_.push_back(job);
+        if (failed_jobs_.size() > 16) failed_jobs_.pop_front();
+      }
     }
   }
   spdlog::info("rank removed: job={} rank={} daemon={}: {}", job->id,
@@ -2161,6 +2174,7 @@ v1::GetStatusResponse EngineImpl::GetStatus() {
   {
     absl::MutexLock lock(&mu_);
     for (auto& [id, job] : jobs_) jobs.push_back(job);
+    for (auto& job : failed_jobs_) jobs.push_back(job);
   }
   for (auto& job : jobs) {
     absl::MutexLock lock(&job->mu);

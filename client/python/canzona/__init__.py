@@ -39,13 +39,19 @@ class Client:
     <target>" when no daemon answers within ``connect_timeout`` seconds.
     """
 
-    def __init__(self, target=None, job_token="", connect_timeout=10.0,
+    def __init__(self, target=None, job_token=None, connect_timeout=10.0,
                  register_timeout=600.0, step_timeout=600.0,
-                 checkpoint_timeout=1800.0):
+                 checkpoint_timeout=1800.0, tls_ca=None):
         self.target = target or default_target()
+        # TCP daemons want the job token (a bearer token) and, with TLS,
+        # the CA: $CANZONA_JOB_TOKEN / $CANZONA_TLS_CA by default.
+        if job_token is None:
+            job_token = os.environ.get("CANZONA_JOB_TOKEN", "")
+        if tls_ca is None:
+            tls_ca = os.environ.get("CANZONA_TLS_CA", "")
         self._client = _canzona.Client(
             self.target, job_token, connect_timeout, register_timeout,
-            step_timeout, checkpoint_timeout)
+            step_timeout, checkpoint_timeout, tls_ca)
 
     def allocate(self, job_id, global_rank, nbytes):
         """A new shared-memory buffer the daemon may map (buffer protocol)."""

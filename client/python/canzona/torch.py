@@ -121,8 +121,8 @@ class Optimizer(torch.optim.Optimizer):
 
     def __init__(self, named_parameters, groups, route=None, *, layout=None,
                  tp_size=1, tp_split=None, target=None, job_id=None,
-                 job_token="", strategy="cost", alpha=0.0, bucket_size=0,
-                 connect_timeout=10.0, step_timeout=600.0):
+                 job_token=None, tls_ca=None, strategy="cost", alpha=0.0,
+                 bucket_size=0, connect_timeout=10.0, step_timeout=600.0):
         named = list(named_parameters)
         if not named:
             raise ValueError("named_parameters: empty")
@@ -171,7 +171,7 @@ class Optimizer(torch.optim.Optimizer):
         self.job_id = _job_id(job_id)
         self.client = canzona.Client(target, job_token=job_token,
                                      connect_timeout=connect_timeout,
-                                     step_timeout=step_timeout)
+                                     step_timeout=step_timeout, tls_ca=tls_ca)
 
         # Every parameter and gradient in one shared buffer.
         tp_split = dict(tp_split or {})

@@ -77,13 +77,21 @@ TEST(TrainerWatchTest, ExitedTrainerIsReleasedAndFailsItsPeers) {
       << status;
   EXPECT_LT(seconds, 5.0);
 
-  // The dead trainer's daemon released the rank: job gone, buffers
-  // unmapped (only the trainer side's mapping of this process remains).
+  // The dead trainer's daemon released the rank: buffers unmapped (only
+  // the trainer side's mapping of this process remains), the job kept as
+  // failed with the reason, its plan still served.
   for (int i = 0; i < 50 && MappingsOf(config.job_id) != 1; ++i) {
     ::usleep(20000);
   }
   EXPECT_EQ(MappingsOf(config.job_id), 1);
-  EXPECT_EQ(cluster.engines[1]->GetStatus().jobs_size(), 0);
+  const v1::GetStatusResponse dead = cluster.engines[1]->GetStatus();
+  ASSERT_EQ(dead.jobs_size(), 1);
+  EXPECT_THAT(dead.jobs(0).state(),
+              HasSubstr("exited without deregistering"));
+  EXPECT_EQ(dead.jobs(0).local_ranks_size(), 0);
+  v1::GetPlanRequest plan;
+  plan.set_job_id(config.job_id);
+  EXPECT_OK(cluster.engines[1]->GetPlan(plan).status());
   const v1::GetStatusResponse survivor_status =
       cluster.engines[0]->GetStatus();
   ASSERT_EQ(survivor_status.jobs_size(), 1);
