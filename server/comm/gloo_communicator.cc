@@ -160,7 +160,10 @@ class GlooCommunicator : public Communicator {
     if (comm_args::Total(counts) == 0) return absl::OkStatus();
     const int64_t mine = counts[rank_];
     if (size_ == 1) {
-      if (recv != send) std::memmove(recv, send, mine * sizeof(float));
+      // memmove/memcpy take no null pointer, even for zero bytes.
+      if (recv != send && mine > 0) {
+        std::memmove(recv, send, mine * sizeof(float));
+      }
       return absl::OkStatus();
     }
     // Slice r of every rank goes to rank r (alltoallv); rank r then sums the
@@ -180,6 +183,7 @@ class GlooCommunicator : public Communicator {
       gloo::alltoallv(opts);
     }));
     // `recv` may alias `send`: everything needed is in scratch_ by now.
+    if (mine == 0) return absl::OkStatus();
     std::memcpy(recv, scratch_.data(), mine * sizeof(float));
     for (int q = 1; q < size_; ++q) {
       const float* slice = scratch_.data() + static_cast<size_t>(q) * mine;
