@@ -118,8 +118,8 @@ std::vector<std::pair<std::string, std::string>> Seeds() {
   return seeds;
 }
 
-// Inputs that reach the engine bugs request_fuzzer.cc's KnownEngineBug(),
-// StepWouldSpin() and StepHitsCommBug() describe.
+// Inputs that reach the engine bugs request_fuzzer.cc's KnownEngineBug()
+// and StepWouldSpin() describe.
 std::vector<std::pair<std::string, std::string>> Repros() {
   std::vector<std::pair<std::string, std::string>> repros;
   const v1::RegisterRequest fixture = FixtureRegister(kPlaceholderJob);

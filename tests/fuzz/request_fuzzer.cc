@@ -19,7 +19,7 @@
 //   canzona_request_fuzzer -runs=20000 corpus/ seeds/
 //
 // Requests that reach known engine bugs (KnownEngineBug(), StepWouldSpin(),
-// StepHitsCommBug(), each naming its bug) are skipped until those are
+// each naming its bug) are skipped until those are
 // fixed; CANZONA_FUZZ_KNOWN_BUGS=1 stops skipping them (make_seeds --repros
 // writes one input per bug). CANZONA_FUZZ_STATS=1 prints the calls per
 // status code at exit, CANZONA_FUZZ_DUMP=1 every Register request.
@@ -309,6 +309,17 @@ void Rewrite(v1::RegisterRequest* r) {
   }
 }
 
+// What the daemon can receive: gRPC parses requests with protobuf, whose
+// proto3 parser rejects string fields that are not valid UTF-8 before the
+// engine sees them. Structured inputs build messages directly, so they are
+// passed through the same parse and dropped when it fails.
+bool Deliverable(const google::protobuf::Message& m) {
+  std::string bytes;
+  if (!m.SerializeToString(&bytes)) return false;
+  std::unique_ptr<google::protobuf::Message> copy(m.New());
+  return copy->ParseFromString(bytes);
+}
+
 // ---------------------------------------------------------------------------
 // Known engine bugs (server/engine/engine_impl.cc, server/optim), reported
 // and not ours to fix here: inputs that reach them are skipped so that the
@@ -378,16 +389,6 @@ bool StepWouldSpin(const v1::RegisterRequest& r) {
     }
   }
   return false;
-}
-
-// GlooCommunicator::ReduceScatterV (server/comm/gloo_communicator.cc:183)
-// memcpy's from / to a null pointer when this rank's count is 0, which the
-// step's DP reduce-scatter does whenever a plan leaves a DP rank no slice
-// of a bucket (its staging vector is then empty). Steps of jobs with DP > 1
-// are not issued until that is fixed.
-bool StepHitsCommBug(const v1::RegisterRequest& r) {
-  if (!skip_known_bugs) return false;
-  return r.layout().dp() > 1;
 }
 
 // Deregister() computes the global rank from the request's coordinates
@@ -790,7 +791,7 @@ class Structured {
       if (Mutate()) c->set_dp_rank(Pick<int>({-1, 0, 1, 5, INT_MAX}));
       if (Mutate()) c->set_tp_rank(Pick<int>({0, 1, -1, 4, INT_MIN}));
       BuildBuffers(&r, i, l->tp());
-      if (KnownEngineBug(r)) return;
+      if (KnownEngineBug(r) || !Deliverable(r)) return;
       requests.push_back(std::move(r));
     }
     std::vector<std::shared_ptr<const Tracker::Slot>> slots;
@@ -806,7 +807,7 @@ class Structured {
     for (size_t i = 0; i < requests.size(); ++i) {
       if (slots[i]->code == Code::kOk) registered.push_back(&requests[i]);
     }
-    const bool can_step = !StepWouldSpin(base) && !StepHitsCommBug(base);
+    const bool can_step = !StepWouldSpin(base);
 
     int64_t next_step = 1;
     const int ops = Count(3, 8);
@@ -825,6 +826,7 @@ class Structured {
             (*step.mutable_lr())[Text("muon", {"adamw", "soap", "nope", ""})] =
                 Number(0.01);
           }
+          if (!Deliverable(step)) break;
           for (const v1::RegisterRequest* r : registered) {
             *step.mutable_rank() = r->rank();
             auto [callback, slot] =
@@ -851,6 +853,7 @@ class Structured {
         case 2: {
           v1::GetPlanRequest plan;
           plan.set_job_id(Text(base.job_id(), {"", "nope"}));
+          if (!Deliverable(plan)) break;
           GetPlanChecked(engine, plan);
           break;
         }
@@ -870,7 +873,9 @@ class Structured {
             request.mutable_rank()->set_dp_rank(Pick<int>({0, 1, -1, 7}));
             request.mutable_rank()->set_pp_rank(Pick<int>({0, INT_MAX}));
           }
-          if (KnownEngineBug(request, base.layout())) break;
+          if (KnownEngineBug(request, base.layout()) || !Deliverable(request)) {
+            break;
+          }
           DeregisterChecked(engine, request);
           break;
         }
