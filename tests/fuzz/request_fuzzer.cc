@@ -27,11 +27,14 @@
 // Thread-safety: libFuzzer calls LLVMFuzzerTestOneInput from one thread;
 // engine callbacks run on the engine's worker threads and only touch the
 // Tracker (synchronized).
+#include <fcntl.h>
 #include <fuzzer/FuzzedDataProvider.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -284,6 +287,27 @@ Fixture* fixture = nullptr;
 void DestroyFixture() {
   delete fixture;  // unlinks the shm objects
   fixture = nullptr;
+}
+
+// A finding kills the process without running atexit handlers, which
+// would leave the fixture's shm objects in /dev/shm. A forked janitor waits
+// for this process to go (its end of a pipe reads EOF) and unlinks them.
+void StartShmJanitor(const std::vector<std::string>& names) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) Die("pipe2");
+  const pid_t janitor = ::fork();
+  if (janitor < 0) Die("fork");
+  if (janitor == 0) {
+    ::close(fds[1]);
+    char byte;
+    while (true) {
+      const ssize_t n = ::read(fds[0], &byte, 1);
+      if (n == 0 || (n < 0 && errno != EINTR)) break;
+    }
+    for (const std::string& name : names) ::shm_unlink(name.c_str());
+    ::_exit(0);
+  }
+  ::close(fds[0]);  // fds[1] stays open until this process is gone
 }
 
 // Rewrites the seeds' placeholder job "fz" and buffers "/canzona.fz.*" to
@@ -921,6 +945,9 @@ extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
     if (!shm.ok()) Die(shm.status().ToString());
     fixture->shm.push_back(*std::move(shm));
   }
+  std::vector<std::string> names;
+  for (const SharedMemory& shm : fixture->shm) names.push_back(shm.name());
+  StartShmJanitor(names);
   const pid_t child = ::fork();
   if (child == 0) ::_exit(0);
   if (child < 0 || ::waitpid(child, nullptr, 0) != child) Die("fork");
