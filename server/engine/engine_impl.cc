@@ -2760,7 +2760,10 @@ void EngineImpl::ImportState(const v1::ImportStateRequest& request,
           }
         }
         std::vector<std::pair<int, OptimizerState>> backups;
-        for (const auto& [i, rule] : rt.rules) {
+        // (No structured bindings here: clang 14 cannot capture them.)
+        for (const auto& entry : rt.rules) {
+          const int i = entry.first;
+          UpdateRule* rule = entry.second.get();
           const CheckpointRecord& r = *by_name.at(jp->params[i].name);
           absl::Status status = [&]() -> absl::Status {
             if (r.config.kind != rule->config().kind) {
