@@ -686,6 +686,12 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
   if (l.pp() < 1) return absl::InvalidArgumentError("layout.pp must be >= 1");
   if (l.dp() < 1) return absl::InvalidArgumentError("layout.dp must be >= 1");
   if (l.tp() < 1) return absl::InvalidArgumentError("layout.tp must be >= 1");
+  constexpr int64_t kMaxWorld = int64_t{1} << 20;
+  if (int64_t{l.pp()} * l.dp() * l.tp() > kMaxWorld) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout: pp x dp x tp = ", int64_t{l.pp()} * l.dp() * l.tp(),
+        " ranks exceeds ", kMaxWorld));
+  }
   const v1::RankCoordinates& r = request.rank();
   if (r.pp_rank() < 0 || r.pp_rank() >= l.pp()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -734,6 +740,12 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
         absl::StrCat("groups[", g, "] '", group.name(), "'");
     if (group.name().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": empty name"));
+    }
+    // Group names go into the canonical parameter list ('|' separated
+    // lines) the ranks compare and the planner parses.
+    if (group.name().find_first_of("|\n") != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": name must not contain '|' or newlines"));
     }
     if (out.configs.count(group.name())) {
       return absl::InvalidArgumentError(
@@ -852,11 +864,19 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
     if (p.shape().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ".shape: empty"));
     }
+    // Bounded so that element and byte counts cannot overflow int64.
+    constexpr int64_t kMaxElements = int64_t{1} << 40;
+    int64_t elements = 1;
     for (int64_t d : p.shape()) {
       if (d < 1) {
         return absl::InvalidArgumentError(
             absl::StrCat(where, ".shape: dimension ", d, " < 1"));
       }
+      if (d > kMaxElements / elements) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ".shape: more than ", kMaxElements, " elements"));
+      }
+      elements *= d;
     }
     if (p.dtype() != v1::DTYPE_FLOAT32) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -2068,11 +2088,12 @@ absl::Status EngineImpl::Deregister(const v1::DeregisterRequest& request) {
     return absl::UnauthenticatedError(
         absl::StrCat("job_token does not match job '", job->id, "'"));
   }
-  const int global =
-      (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank();
   const bool inside = r.pp_rank() >= 0 && r.pp_rank() < l.pp() &&
                       r.dp_rank() >= 0 && r.dp_rank() < l.dp() &&
                       r.tp_rank() >= 0 && r.tp_rank() < l.tp();
+  const int global =
+      inside ? (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank()
+             : -1;
   if (!inside ||
       !RemoveLocalRank(job, global,
                        absl::StrCat("rank ", RankString(r), " deregistered"))) {
@@ -2128,21 +2149,29 @@ bool EngineImpl::RemoveLocalRank(const std::shared_ptr<Job>& job, int global,
 void EngineImpl::WatchTrainers() {
   constexpr absl::Duration kPeriod = absl::Milliseconds(200);
   while (true) {
-    std::vector<std::tuple<std::shared_ptr<Job>, int, pid_t, int>> watched;
+    // The rank pointer keeps its pidfd open while it is polled.
+    std::vector<std::tuple<std::shared_ptr<Job>, int, pid_t, int,
+                           std::shared_ptr<LocalRank>>>
+        watched;
+    std::vector<std::unique_ptr<Worker>> retired;
     {
       absl::MutexLock lock(&mu_);
-      watcher_cv_.WaitWithTimeout(&mu_, kPeriod);
+      if (!shutting_down_) watcher_cv_.WaitWithTimeout(&mu_, kPeriod);
       if (shutting_down_) return;
+      // Workers of rejected registrations stopped themselves; reap them.
+      retired.swap(retired_);
       for (auto& [id, job] : jobs_) {
         absl::MutexLock job_lock(&job->mu);
         for (auto& [g, r] : job->ranks) {
           if (r->trainer_pid.has_value()) {
-            watched.emplace_back(job, g, *r->trainer_pid, r->trainer_pidfd);
+            watched.emplace_back(job, g, *r->trainer_pid, r->trainer_pidfd,
+                                 r);
           }
         }
       }
     }
-    for (auto& [job, global, pid, pidfd] : watched) {
+    for (auto& worker : retired) worker->StopAndJoin();
+    for (auto& [job, global, pid, pidfd, keep] : watched) {
       bool exited = false;
       if (pidfd >= 0) {
         pollfd fd{pidfd, POLLIN, 0};

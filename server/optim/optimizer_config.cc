@@ -167,6 +167,9 @@ bool Positive(double x) { return x > 0; }
 bool UnitInterval(double x) { return x >= 0 && x < 1; }    // [0, 1)
 bool OpenClosedUnit(double x) { return x > 0 && x <= 1; }  // (0, 1]
 bool AtLeastOne(int64_t x) { return x >= 1; }
+// Newton-Schulz iterations: 5 is usual; far more only burns compute (and a
+// huge count would allocate its coefficient table per step).
+bool NsStepsInRange(int64_t x) { return x >= 1 && x <= 100; }
 
 const std::vector<Field>& FieldsOf(OptimizerKind kind) {
   static const auto* const muon = new std::vector<Field>{
@@ -176,7 +179,7 @@ const std::vector<Field>& FieldsOf(OptimizerKind kind) {
                                UnitInterval, "in [0, 1)"),
       BoolField<MuonOptions>("nesterov", Muon, &MuonOptions::nesterov),
       IntField<MuonOptions>("ns_steps", Muon, &MuonOptions::ns_steps,
-                            AtLeastOne, ">= 1"),
+                            NsStepsInRange, "in [1, 100]"),
       EnumField<MuonOptions, NsCoefficients>(
           "ns_coefficients", Muon, &MuonOptions::ns_coefficients,
           {NsCoefficients::kSimple, NsCoefficients::kQuintic,

@@ -11,6 +11,7 @@ by hand: PYTHONPATH=build/python /usr/bin/python3 -m pytest tests/python
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,7 +60,10 @@ def daemon():
         pytest.fail("canzonad did not start: " + open(log.name).read())
     yield "unix:" + sock
     proc.terminate()
-    assert proc.wait(timeout=30) == 0
+    code = proc.wait(timeout=30)
+    log.close()
+    shutil.rmtree(tmp, ignore_errors=True)
+    assert code == 0
 
 
 def run_ranks(daemon, world, out_dir, *args):
