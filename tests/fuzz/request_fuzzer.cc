@@ -19,9 +19,9 @@
 //   canzona_request_fuzzer -runs=20000 corpus/ seeds/
 //
 // Requests that reach known engine bugs (KnownEngineBug(), StepWouldSpin(),
-// each naming its bug) are skipped until those are
-// fixed; CANZONA_FUZZ_KNOWN_BUGS=1 stops skipping them (make_seeds --repros
-// writes one input per bug). CANZONA_FUZZ_STATS=1 prints the calls per
+// each naming its bug) can be skipped with CANZONA_FUZZ_KNOWN_BUGS=0; the
+// bugs listed are fixed, so by default nothing is skipped and the repro
+// inputs (make_seeds --repros) check the fixes. CANZONA_FUZZ_STATS=1 prints the calls per
 // status code at exit, CANZONA_FUZZ_DUMP=1 every Register request.
 //
 // Thread-safety: libFuzzer calls LLVMFuzzerTestOneInput from one thread;
@@ -345,14 +345,13 @@ bool Deliverable(const google::protobuf::Message& m) {
 }
 
 // ---------------------------------------------------------------------------
-// Known engine bugs (server/engine/engine_impl.cc, server/optim), reported
-// and not ours to fix here: inputs that reach them are skipped so that the
-// fuzzer keeps looking for new problems. Remove an entry once its bug is
-// fixed; the fuzzer then checks the fix.
-
-// CANZONA_FUZZ_KNOWN_BUGS=1 turns the skipping off: run the fuzzer on the
-// repro inputs of make_seeds --repros to see a bug, or to check its fix.
-bool skip_known_bugs = true;
+// Known engine bugs (server/engine/engine_impl.cc, server/optim): inputs
+// that reach a reported, unfixed bug are skipped so that the fuzzer keeps
+// looking for new problems. Every bug listed below is fixed now (layout and
+// shape bounds, group names, Deregister coordinates, ns_steps <= 100), so
+// skipping is off and the fuzzer checks the fixes; CANZONA_FUZZ_KNOWN_BUGS=0
+// turns it back on while a new bug awaits its fix.
+bool skip_known_bugs = false;
 
 bool MulOverflows(int64_t a, int64_t b, int64_t* out) {
   return __builtin_mul_overflow(a, b, out);
@@ -958,8 +957,8 @@ extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
     std::atexit(PrintStats);
   }
   if (const char* known = std::getenv("CANZONA_FUZZ_KNOWN_BUGS");
-      known != nullptr && std::string(known) == "1") {
-    skip_known_bugs = false;
+      known != nullptr) {
+    skip_known_bugs = std::string(known) == "0";
   }
   if (const char* dump = std::getenv("CANZONA_FUZZ_DUMP");
       dump != nullptr && std::string(dump) == "1") {
