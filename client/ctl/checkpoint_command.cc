@@ -35,10 +35,12 @@ struct RankCall {
   std::string summary;
 };
 
-// Every local rank of `job` on every target; exits 1 when none is found.
+// Every rank of `job` on the targets; exits 1 unless they are all there
+// (save and load are collective).
 std::vector<RankCall> FindRanks(
     const std::vector<std::unique_ptr<Client>>& clients,
-    const std::string& job, int* world) {
+    const std::string& job) {
+  int world = 0;
   std::vector<RankCall> calls;
   for (const auto& client : clients) {
     auto status = client->GetStatus();
@@ -48,7 +50,7 @@ std::vector<RankCall> FindRanks(
     }
     for (const auto& j : status->jobs()) {
       if (j.job_id() != job) continue;
-      *world = j.layout().pp() * j.layout().dp() * j.layout().tp();
+      world = j.layout().pp() * j.layout().dp() * j.layout().tp();
       for (const auto& r : j.local_ranks()) {
         calls.push_back({client.get(), r.rank(), absl::OkStatus(), ""});
       }
@@ -57,6 +59,11 @@ std::vector<RankCall> FindRanks(
   if (calls.empty()) {
     throw CanzonactlExit(1, absl::StrCat("job '", job,
                                          "' is not registered on any target"));
+  }
+  if (static_cast<int>(calls.size()) != world) {
+    throw CanzonactlExit(
+        1, absl::StrCat("found ", calls.size(), " of the job's ", world,
+                        " ranks: give every daemon of the job as --target"));
   }
   return calls;
 }
@@ -189,13 +196,7 @@ void AddCheckpointCommand(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   save->callback([args] {
     auto clients = Connect(args->targets);
-    int world = 0;
-    std::vector<RankCall> calls = FindRanks(clients, args->job, &world);
-    if (static_cast<int>(calls.size()) != world) {
-      throw CanzonactlExit(
-          1, absl::StrCat("found ", calls.size(), " of the job's ", world,
-                          " ranks: give every daemon of the job as --target"));
-    }
+    std::vector<RankCall> calls = FindRanks(clients, args->job);
     CallAll(calls, [&](RankCall& c) {
       auto r = c.client->SaveCheckpoint(args->job, c.rank, args->dir,
                                         args->step);
@@ -210,13 +211,7 @@ void AddCheckpointCommand(CLI::App& app) {
   });
   load->callback([args] {
     auto clients = Connect(args->targets);
-    int world = 0;
-    std::vector<RankCall> calls = FindRanks(clients, args->job, &world);
-    if (static_cast<int>(calls.size()) != world) {
-      throw CanzonactlExit(
-          1, absl::StrCat("found ", calls.size(), " of the job's ", world,
-                          " ranks: give every daemon of the job as --target"));
-    }
+    std::vector<RankCall> calls = FindRanks(clients, args->job);
     int64_t step = 0;
     CallAll(calls, [&](RankCall& c) {
       auto r = c.client->LoadCheckpoint(args->job, c.rank, args->dir);

@@ -597,14 +597,16 @@ class EngineImpl final : public Engine {
                                                      const std::string& dir);
   absl::StatusOr<v1::LoadCheckpointResponse> RunLoad(Job& job, LocalRank& rank,
                                                      const std::string& dir);
-  // The job's ranks agree through the control plane: every rank publishes
-  // `mine` under the collective `key`; returns every rank's value, by
-  // global rank.
-  absl::StatusOr<std::vector<std::string>> Exchange(Job& job,
-                                                    const LocalRank& rank,
-                                                    const std::string& key,
-                                                    const std::string& mine,
-                                                    absl::Time deadline);
+  // The job's ranks decide together through the control plane: every rank
+  // publishes its `local` status with `payload` under the collective `key`;
+  // global rank 0 takes the first failure ("rank g: ...") or else
+  // decide(every rank's payload), publishes it, and every rank returns it.
+  absl::Status Agree(
+      Job& job, const LocalRank& rank, const std::string& key,
+      const absl::Status& local, const std::string& payload,
+      absl::Time deadline,
+      const std::function<absl::Status(const std::vector<std::string>&)>&
+          decide);
   // The job registered here under `job_id`, or NOT_FOUND naming it.
   absl::StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job_id);
   absl::StatusOr<Prepared> Prepare(const v1::RegisterRequest& request,
@@ -2408,22 +2410,45 @@ absl::StatusOr<std::string> EngineImpl::CheckpointDir(
   return normal;
 }
 
-absl::StatusOr<std::vector<std::string>> EngineImpl::Exchange(
+absl::Status EngineImpl::Agree(
     Job& job, const LocalRank& rank, const std::string& key,
-    const std::string& mine, absl::Time deadline) {
+    const absl::Status& local, const std::string& payload,
+    absl::Time deadline,
+    const std::function<absl::Status(const std::vector<std::string>&)>&
+        decide) {
+  const std::string mine = AgreementValue(local, payload);
+  const std::string result_key = key + "result";
   CANZONA_RETURN_IF_ERROR(
       options_.control->Set(absl::StrCat(key, rank.global), mine));
-  std::vector<std::string> all(job.world);
-  for (int g = 0; g < job.world; ++g) {
-    if (g == rank.global) {
-      all[g] = mine;
-      continue;
-    }
+  if (rank.global != 0) {
     CANZONA_ASSIGN_OR_RETURN(
-        all[g], WaitGet(job, absl::StrCat(key, g), deadline,
-                        absl::StrCat("rank ", g, " of the checkpoint")));
+        std::string result,
+        WaitGet(job, result_key, deadline, "the checkpoint decision"));
+    return ParseAgreement(result, nullptr);
   }
-  return all;
+  absl::Status decision;
+  std::vector<std::string> payloads(job.world);
+  for (int g = 0; g < job.world && decision.ok(); ++g) {
+    absl::StatusOr<std::string> value =
+        g == rank.global
+            ? mine
+            : WaitGet(job, absl::StrCat(key, g), deadline,
+                      absl::StrCat("rank ", g, " of the checkpoint"));
+    if (!value.ok()) {
+      decision = value.status();
+      break;
+    }
+    absl::Status theirs = ParseAgreement(*value, &payloads[g]);
+    if (!theirs.ok()) {
+      decision = absl::Status(theirs.code(),
+                              absl::StrCat("rank ", g, ": ", theirs.message()));
+    }
+  }
+  if (decision.ok()) decision = decide(payloads);
+  // Published even when it failed: the other ranks wait for it.
+  absl::Status published =
+      options_.control->Set(result_key, AgreementValue(decision, ""));
+  return decision.ok() ? published : decision;
 }
 
 void EngineImpl::SaveCheckpoint(const v1::SaveCheckpointRequest& request,
@@ -2537,58 +2562,37 @@ absl::StatusOr<v1::SaveCheckpointResponse> EngineImpl::RunSave(
                          {"bytes", shard.bytes},
                          {"crc32c", shard.crc32c},
                          {"params", shard.params}};
-  const std::string result_key = key + "result";
-  if (rank.global == 0) {
-    CANZONA_ASSIGN_OR_RETURN(
-        std::vector<std::string> all,
-        Exchange(job, rank, key, AgreementValue(local, mine.dump()), deadline));
-    absl::Status decision;
-    CheckpointManifest manifest;
-    manifest.layout = {job.layout.pp(), job.layout.dp(), job.layout.tp()};
-    manifest.strategy = job.strategy_name;
-    manifest.plan_digest = jp->plan.digest;
-    manifest.step = steps;
-    for (int g = 0; g < job.world && decision.ok(); ++g) {
-      std::string payload;
-      absl::Status theirs = ParseAgreement(all[g], &payload);
-      if (!theirs.ok()) {
-        decision = absl::Status(theirs.code(),
-                                absl::StrCat("rank ", g, ": ", theirs.message()));
-        break;
-      }
-      const nlohmann::json j = nlohmann::json::parse(payload, nullptr, false);
-      if (j.is_discarded() || j.value("step", int64_t{-1}) != steps) {
-        decision = absl::FailedPreconditionError(absl::StrCat(
-            "ranks saved at different steps: rank 0 has done ", steps,
-            " steps, rank ", g, " ",
-            j.is_discarded() ? "?" : std::to_string(j.value("step", -1))));
-        break;
-      }
-      ShardInfo info;
-      info.file = j.value("file", "");
-      info.bytes = j.value("bytes", uint64_t{0});
-      info.crc32c = j.value("crc32c", uint32_t{0});
-      info.params = j.value("params", std::vector<std::string>());
-      manifest.shards.push_back(std::move(info));
-    }
-    if (decision.ok()) decision = CommitCheckpoint(dir, manifest);
-    CANZONA_RETURN_IF_ERROR(
-        options_.control->Set(result_key, AgreementValue(decision, "")));
-    if (!local.ok()) return local;
-    CANZONA_RETURN_IF_ERROR(decision);
-  } else {
-    CANZONA_RETURN_IF_ERROR(options_.control->Set(
-        absl::StrCat(key, rank.global), AgreementValue(local, mine.dump())));
-    CANZONA_ASSIGN_OR_RETURN(
-        std::string result,
-        WaitGet(job, result_key, deadline, "the checkpoint commit"));
-    if (!local.ok()) return local;
-    absl::Status decision = ParseAgreement(result, nullptr);
-    if (!decision.ok()) {
-      return absl::Status(decision.code(),
-                          absl::StrCat("checkpoint ", dir, " not committed: ",
-                                       decision.message()));
-    }
+  const absl::Status decision = Agree(
+      job, rank, key, local, mine.dump(), deadline,
+      [&](const std::vector<std::string>& payloads) -> absl::Status {
+        CheckpointManifest manifest;
+        manifest.layout = {job.layout.pp(), job.layout.dp(), job.layout.tp()};
+        manifest.strategy = job.strategy_name;
+        manifest.plan_digest = jp->plan.digest;
+        manifest.step = steps;
+        for (int g = 0; g < job.world; ++g) {
+          const nlohmann::json j =
+              nlohmann::json::parse(payloads[g], nullptr, false);
+          if (j.is_discarded() || j.value("step", int64_t{-1}) != steps) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "ranks saved at different steps: rank 0 has done ", steps,
+                " steps, rank ", g, " ",
+                j.is_discarded() ? "?" : std::to_string(j.value("step", -1))));
+          }
+          ShardInfo info;
+          info.file = j.value("file", "");
+          info.bytes = j.value("bytes", uint64_t{0});
+          info.crc32c = j.value("crc32c", uint32_t{0});
+          info.params = j.value("params", std::vector<std::string>());
+          manifest.shards.push_back(std::move(info));
+        }
+        return CommitCheckpoint(dir, manifest);
+      });
+  if (!local.ok()) return local;
+  if (!decision.ok()) {
+    return absl::Status(decision.code(),
+                        absl::StrCat("checkpoint ", dir, " not committed: ",
+                                     decision.message()));
   }
   spdlog::info("checkpoint saved: job={} rank={} dir={} step={} records={}",
                job.id, RankString(rank.coords), dir, steps, records);
@@ -2668,35 +2672,9 @@ absl::StatusOr<v1::LoadCheckpointResponse> EngineImpl::RunLoad(
   }();
 
   // 2. All or nothing across the job.
-  const std::string result_key = key + "result";
-  absl::Status decision;
-  if (rank.global == 0) {
-    absl::StatusOr<std::vector<std::string>> all =
-        Exchange(job, rank, key, AgreementValue(local, ""), deadline);
-    if (!all.ok()) {
-      decision = all.status();
-    } else {
-      for (int g = 0; g < job.world && decision.ok(); ++g) {
-        absl::Status theirs = ParseAgreement((*all)[g], nullptr);
-        if (!theirs.ok()) {
-          decision = absl::Status(
-              theirs.code(), absl::StrCat("rank ", g, ": ", theirs.message()));
-        }
-      }
-    }
-    absl::Status published =
-        options_.control->Set(result_key, AgreementValue(decision, ""));
-    if (decision.ok()) decision = published;
-  } else {
-    decision = options_.control->Set(absl::StrCat(key, rank.global),
-                                     AgreementValue(local, ""));
-    if (decision.ok()) {
-      absl::StatusOr<std::string> result =
-          WaitGet(job, result_key, deadline, "the checkpoint load decision");
-      decision = result.ok() ? ParseAgreement(*result, nullptr)
-                             : result.status();
-    }
-  }
+  const absl::Status decision =
+      Agree(job, rank, key, local, "", deadline,
+            [](const std::vector<std::string>&) { return absl::OkStatus(); });
   if (!local.ok() || !decision.ok()) {
     Restore(rt, backups);
     if (!local.ok()) return local;
