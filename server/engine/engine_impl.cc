@@ -1626,10 +1626,11 @@ void EngineImpl::RunStep(std::shared_ptr<Job> job,
     if (shutting_down_) {
       status = Unavailable();
     } else if (job->failed() &&
-               status.code() != absl::StatusCode::kDeadlineExceeded &&
                status.code() != absl::StatusCode::kUnavailable &&
                status.code() != absl::StatusCode::kAborted) {
-      // A broken group after another rank's failure: report the cause.
+      // A broken group after another rank's failure, or a collective that
+      // ran into its timeout because Abort cannot wake a Gloo send already
+      // waiting on a dead peer: report the cause.
       absl::MutexLock lock(&job->mu);
       status = absl::AbortedError(
           absl::StrCat("step ", k, " aborted: job failed: ", job->failure));
