@@ -1,6 +1,8 @@
 // canzonactl plan: plans a model (from ../shared/models or a .json path) at
 // any PP x DP x TP without running it, with any strategy; --compare puts all
-// strategies side by side, --grid prints the goal table of issue 8.
+// strategies side by side, --grid prints the goal table of issue 8;
+// --shard-group-size S < dp plans hierarchical sharding and compares it with
+// the flat plan.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -49,6 +51,7 @@ struct PlanOptions {
   bool compare = false;
   bool grid = false;
   bool assignment = false;
+  int shard_group_size = 0;  // 0: flat
   std::string target;  // a daemon: show its live job `job`'s plan
   std::string job;
 };
@@ -96,6 +99,8 @@ PlanRequest MakeRequest(const PlanOptions& o, const std::string& model,
   std::optional<plan::Rates> rates;
   if (!o.rates.empty()) rates = OrFail(plan::LoadRatesFile(o.rates));
   req.cost_model = plan::CostModel(plan::CostModelOptions{}, rates);
+  if (o.shard_group_size < 0) Fail("--shard-group-size must be >= 0");
+  req.shard_group_size = o.shard_group_size;
   return req;
 }
 
@@ -139,17 +144,36 @@ void PrintPlan(const nlohmann::json& p, const std::string& title) {
   const bool calibrated = p.value("calibrated", false);
   const char* unit = calibrated ? "s" : "flop";
   const nlohmann::json& layout = p["layout"];
+  const int dp = layout["dp"].get<int>();
+  const int shard_group = p.value("shard_group_size", dp);
+  const bool hierarchical = shard_group > 0 && shard_group != dp;
   std::cout << title << "\n";
-  std::cout << absl::StrFormat(
-      "  strategy %s  gpus %d (pp %d x dp %d x tp %d)  objective %s",
-      p["strategy"].get<std::string>(), p["gpus"].get<int>(),
-      layout["pp"].get<int>(), layout["dp"].get<int>(), layout["tp"].get<int>(),
-      calibrated ? "seconds (calibrated)" : "flops");
+  if (hierarchical) {
+    std::cout << absl::StrFormat(
+        "  strategy %s  gpus %d per shard group (pp %d x S %d x tp %d; dp %d)"
+        "  objective %s",
+        p["strategy"].get<std::string>(), p["gpus"].get<int>(),
+        layout["pp"].get<int>(), shard_group, layout["tp"].get<int>(), dp,
+        calibrated ? "seconds (calibrated)" : "flops");
+  } else {
+    std::cout << absl::StrFormat(
+        "  strategy %s  gpus %d (pp %d x dp %d x tp %d)  objective %s",
+        p["strategy"].get<std::string>(), p["gpus"].get<int>(),
+        layout["pp"].get<int>(), dp, layout["tp"].get<int>(),
+        calibrated ? "seconds (calibrated)" : "flops");
+  }
   if (p.contains("planning_ms")) {
     std::cout << absl::StrFormat("  planned in %.1f ms",
                                  p["planning_ms"].get<double>());
   }
   std::cout << "\n";
+  if (hierarchical) {
+    std::cout << absl::StrFormat(
+        "  hierarchical sharding: %d shard groups of %d DP ranks (state "
+        "replicated across groups); figures are per GPU of one group, dp = "
+        "position in the group\n",
+        dp / shard_group, shard_group);
+  }
   if (p["strategy"] == "alpha") {
     std::cout << absl::StrFormat(
         "  alpha %.3g: greedy plan %s\n", p["alpha"].get<double>(),
@@ -188,6 +212,12 @@ void PrintPlan(const nlohmann::json& p, const std::string& title) {
                                    Bytes(c["padded_bytes"].get<double>()));
     }
     std::cout << "\n";
+  }
+  if (hierarchical && p.contains("dp_traffic")) {
+    std::cout << absl::StrFormat(
+        "  DP traffic per GPU per step: intra-group %s  inter-group %s\n",
+        Bytes(p["dp_traffic"]["intra_group_bytes"].get<double>()),
+        Bytes(p["dp_traffic"]["inter_group_bytes"].get<double>()));
   }
   std::cout << absl::StrFormat(
       "  buckets %d   max slice imbalance (max/mean) %.4f\n",
@@ -246,6 +276,56 @@ void PrintCompare(const std::vector<Timed>& plans) {
         Human(p.lb), p.lb_binding, Human(p.lower_bound),
         p.lower_bound_over_lb());
   }
+}
+
+// Flat vs hierarchical: the flat plan's tiers use link groups of S ranks,
+// so both count the same links as fast.
+nlohmann::json Comparison(const Plan& flat, const Plan& hier) {
+  auto row = [](double f, double h) {
+    return nlohmann::json{{"flat", f}, {"hierarchical", h}};
+  };
+  return {{"shard_group_size", hier.shard_group_size},
+          {"state_bytes_per_gpu_max",
+           row(flat.memory_max_bytes, hier.memory_max_bytes)},
+          {"intra_group_bytes_per_gpu_step",
+           row(flat.dp_traffic.intra_group_bytes,
+               hier.dp_traffic.intra_group_bytes)},
+          {"inter_group_bytes_per_gpu_step",
+           row(flat.dp_traffic.inter_group_bytes,
+               hier.dp_traffic.inter_group_bytes)},
+          {"makespan", row(flat.makespan, hier.makespan)},
+          {"max_over_mean", row(flat.max_over_mean(), hier.max_over_mean())}};
+}
+
+void PrintComparison(const Plan& flat, const Plan& hier) {
+  const int S = hier.shard_group_size;
+  const char* unit = hier.calibrated ? "s" : "flop";
+  auto ratio = [](double f, double h) {
+    return f > 0 ? absl::StrFormat("%9.3f", h / f) : std::string("        -");
+  };
+  std::cout << absl::StrFormat(
+      "\nflat vs hierarchical (S=%d): %d groups of %d DP ranks; flat tiers "
+      "use link groups of %d\n",
+      S, hier.layout.dp / S, S, S);
+  std::cout << absl::StrFormat("  %-38s %14s %14s %9s\n", "", "flat",
+                               absl::StrCat("hier (S=", S, ")"), "hier/flat");
+  auto bytes_row = [&](const char* name, double f, double h) {
+    std::cout << absl::StrFormat("  %-38s %14s %14s %s\n", name, Bytes(f),
+                                 Bytes(h), ratio(f, h));
+  };
+  bytes_row("optimizer state bytes per GPU (max)", flat.memory_max_bytes,
+            hier.memory_max_bytes);
+  bytes_row("intra-group bytes/GPU/step", flat.dp_traffic.intra_group_bytes,
+            hier.dp_traffic.intra_group_bytes);
+  bytes_row("inter-group bytes/GPU/step", flat.dp_traffic.inter_group_bytes,
+            hier.dp_traffic.inter_group_bytes);
+  std::cout << absl::StrFormat("  %-38s %14s %14s %s\n",
+                               absl::StrCat("makespan (", unit, ")"),
+                               Human(flat.makespan), Human(hier.makespan),
+                               ratio(flat.makespan, hier.makespan));
+  std::cout << absl::StrFormat(
+      "  %-38s %14.4f %14.4f %s\n", "max/mean", flat.max_over_mean(),
+      hier.max_over_mean(), ratio(flat.max_over_mean(), hier.max_over_mean()));
 }
 
 void RunGrid(const PlanOptions& o) {
@@ -334,10 +414,15 @@ void RunLive(const PlanOptions& o) {
 
 void Run(const PlanOptions& o) {
   if (!o.target.empty() || !o.job.empty()) {
+    if (o.shard_group_size != 0) {
+      Fail("--shard-group-size does not apply to a live job's plan");
+    }
     RunLive(o);
     return;
   }
   if (o.grid) {
+    if (o.shard_group_size != 0)
+      Fail("--shard-group-size does not apply to --grid");
     RunGrid(o);
     return;
   }
@@ -346,7 +431,15 @@ void Run(const PlanOptions& o) {
   PlanRequest req = MakeRequest(o, o.model, o.layout, o.pp, o.dp, o.tp);
   if (o.compare) {
     std::vector<Timed> plans;
-    for (Strategy s : plan::AllStrategies()) plans.push_back(RunPlan(req, s));
+    const bool hierarchical =
+        o.shard_group_size != 0 && o.shard_group_size != o.dp;
+    for (Strategy s : plan::AllStrategies()) {
+      // sc and layerwise do not slice buckets: no hierarchical form.
+      if (hierarchical && (s == Strategy::kSc || s == Strategy::kLayerwise)) {
+        continue;
+      }
+      plans.push_back(RunPlan(req, s));
+    }
     if (o.json) {
       nlohmann::json out = nlohmann::json::array();
       for (const Timed& t : plans) {
@@ -370,11 +463,24 @@ void Run(const PlanOptions& o) {
   j["model"] = o.model;
   j["layout_name"] = o.layout;
   j["planning_ms"] = t.ms;
+  // Hierarchical: also the flat plan, with link groups of S for its tiers.
+  std::optional<Timed> flat;
+  if (t.plan.hierarchical()) {
+    PlanRequest flat_req = req;
+    flat_req.shard_group_size = 0;
+    flat_req.link_group_size = t.plan.shard_group_size;
+    flat = RunPlan(flat_req, strategy);
+    nlohmann::json f = plan::PlanToJson(flat->plan, o.assignment);
+    f["planning_ms"] = flat->ms;
+    j["flat"] = std::move(f);
+    j["comparison"] = Comparison(flat->plan, t.plan);
+  }
   if (o.json) {
     std::cout << j.dump(2) << "\n";
   } else {
     PrintPlan(j, absl::StrFormat("%s, layout %s, %s", o.model, o.layout,
                                  o.optimizer));
+    if (flat) PrintComparison(flat->plan, t.plan);
   }
 }
 
@@ -421,6 +527,10 @@ void AddPlanCommand(CLI::App& app) {
                 "(dp,tp) grid, all strategies");
   cmd->add_flag("--assignment", opts->assignment,
                 "with --json: include each parameter's (dp, tp)");
+  cmd->add_option("--shard-group-size", opts->shard_group_size,
+                  "hierarchical sharding: DP ranks per shard group (divides "
+                  "--dp; 0 = flat); S < dp also prints flat vs hierarchical")
+      ->capture_default_str();
   AddConnectFlags(cmd);
   cmd->add_option("--target", opts->target,
                   "a daemon's address: show the live plan of --job there");

@@ -16,6 +16,8 @@ nlohmann::json PlanToJson(const Plan& plan, bool include_assignment) {
                  {"dp", plan.layout.dp},
                  {"tp", plan.layout.tp}};
   j["gpus"] = plan.per_gpu.size();
+  j["shard_group_size"] = plan.shard_group_size;
+  j["link_group_size"] = plan.link_group_size;
   j["makespan"] = plan.makespan;
   j["makespan_flops"] = plan.makespan_flops;
   j["makespan_seconds"] = plan.makespan_seconds;
@@ -49,6 +51,8 @@ nlohmann::json PlanToJson(const Plan& plan, bool include_assignment) {
   comm["bucket_slice_imbalance"] = plan.bucket_slice_imbalance;
   comm["max_bucket_slice_imbalance"] = plan.max_bucket_slice_imbalance;
   j["comm"] = std::move(comm);
+  j["dp_traffic"] = {{"intra_group_bytes", plan.dp_traffic.intra_group_bytes},
+                     {"inter_group_bytes", plan.dp_traffic.inter_group_bytes}};
   j["micro_groups"] = {{"count", plan.micro_groups.size()},
                        {"max_per_tp_group", plan.max_micro_groups_per_tp_group},
                        {"largest_host_load", plan.largest_group_host_load},

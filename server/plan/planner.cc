@@ -39,7 +39,10 @@ struct Item {
 
 struct Context {
   const PlanRequest* req = nullptr;
-  int P = 1, R = 1, T = 1;
+  // R is the shard group size S (= dp when flat): the partitioners balance
+  // one shard group. D is the true DP size, L the link-group size of the
+  // dp_traffic tiers.
+  int P = 1, R = 1, T = 1, D = 1, L = 1;
   std::vector<Item> items;
   std::vector<std::vector<int>> stage_params;   // request order per stage
   std::vector<BucketPlan> buckets;              // structure, no cuts
@@ -75,6 +78,31 @@ absl::Status Validate(const PlanRequest& req) {
   if (req.fuse_space <= 0) return Invalid("fuse_space must be positive");
   if (!(req.alpha >= 0.0 && req.alpha <= 1.0)) {
     return Invalid("alpha must be in [0, 1]");
+  }
+  const int S = req.shard_group_size == 0 ? l.dp : req.shard_group_size;
+  if (req.shard_group_size < 0 || S > l.dp || l.dp % S != 0) {
+    return Invalid(absl::StrCat("shard_group_size ", req.shard_group_size,
+                                " must divide layout.dp ", l.dp,
+                                " and lie in [1, ", l.dp, "] (0 = flat)"));
+  }
+  if (S < l.dp &&
+      (req.strategy == Strategy::kSc || req.strategy == Strategy::kLayerwise)) {
+    return Invalid(absl::StrCat(
+        "shard_group_size ", S, " < layout.dp ", l.dp,
+        " requires a bucket-sliced strategy (start_anchored, alpha, cost), "
+        "not ",
+        StrategyName(req.strategy)));
+  }
+  const int L = req.link_group_size == 0 ? S : req.link_group_size;
+  if (req.link_group_size < 0 || L > l.dp || l.dp % L != 0) {
+    return Invalid(absl::StrCat(
+        "link_group_size ", req.link_group_size, " must divide layout.dp ",
+        l.dp, " and lie in [1, ", l.dp, "] (0 = shard_group_size)"));
+  }
+  if (S < l.dp && L != S) {
+    return Invalid(absl::StrCat("link_group_size ", L,
+                                " must be 0 or shard_group_size ", S,
+                                " when shard_group_size < layout.dp"));
   }
   if (req.parameters.empty()) return Invalid("parameters: empty list");
   std::set<std::string> names;
@@ -122,8 +150,10 @@ Context MakeContext(const PlanRequest& req) {
   Context ctx;
   ctx.req = &req;
   ctx.P = req.layout.pp;
-  ctx.R = req.layout.dp;
+  ctx.D = req.layout.dp;
+  ctx.R = req.shard_group_size == 0 ? ctx.D : req.shard_group_size;
   ctx.T = req.layout.tp;
+  ctx.L = req.link_group_size == 0 ? ctx.R : req.link_group_size;
   const int n = static_cast<int>(req.parameters.size());
   std::vector<int> by_name(n);
   std::iota(by_name.begin(), by_name.end(), 0);
@@ -1111,6 +1141,8 @@ Plan Finalize(const Context& ctx, Strategy strategy, Assignment a) {
     for (size_t b = 0; b < plan.buckets.size(); ++b) plan.buckets[b].cuts = a.cuts[b];
   }
   plan.micro_groups = std::move(a.groups);
+  plan.shard_group_size = ctx.R;
+  plan.link_group_size = ctx.L;
 
   const int P = ctx.P, R = ctx.R, T = ctx.T;
   const size_t gpus = static_cast<size_t>(P) * R * T;
@@ -1278,6 +1310,83 @@ Plan Finalize(const Context& ctx, Strategy strategy, Assignment a) {
   plan.comm["all_reduce"] = ar;
   plan.comm["tp_all_to_all"] = a2a;
   plan.comm["tp_all_gather"] = tpag;
+
+  // DP traffic per link tier (planner.h, TierTraffic). Hierarchical: the
+  // shard group is the link group and each position's shard is ring
+  // all-reduced over the G groups; flat: link groups of L consecutive ranks.
+  const int G = ctx.D / R;
+  const int link = G > 1 ? R : ctx.L;
+  std::vector<double> intra(static_cast<size_t>(P) * R, 0.0),
+      inter(static_cast<size_t>(P) * R, 0.0),
+      cross(static_cast<size_t>(P) * R, 0.0);
+  if (a.comm == Assignment::Comm::kSliced) {
+    std::vector<double> own(R), link_sum(R / link);
+    for (size_t b = 0; b < ctx.buckets.size(); ++b) {
+      const int s = ctx.buckets[b].stage;
+      const int n = static_cast<int>(ctx.buckets[b].params.size());
+      const double total = bucket_bytes(static_cast<int>(b), 0, n);
+      std::fill(link_sum.begin(), link_sum.end(), 0.0);
+      for (int d = 0; d < R; ++d) {
+        own[d] =
+            bucket_bytes(static_cast<int>(b), a.cuts[b][d], a.cuts[b][d + 1]);
+        link_sum[d / link] += own[d];
+      }
+      for (int d = 0; d < R; ++d) {
+        const size_t row = static_cast<size_t>(s) * R + d;
+        intra[row] += 2.0 * (link_sum[d / link] - own[d]);
+        inter[row] += 2.0 * (total - link_sum[d / link]);
+        if (G > 1) cross[row] += 2.0 * (G - 1) / G * own[d];
+      }
+    }
+  } else if (R > 1) {
+    // All-reduce as reduce-scatter + all-gather of equal slices.
+    std::vector<double> stage_total(P, 0.0);
+    for (size_t b = 0; b < ctx.buckets.size(); ++b) {
+      const int n = static_cast<int>(ctx.buckets[b].params.size());
+      stage_total[ctx.buckets[b].stage] +=
+          bucket_bytes(static_cast<int>(b), 0, n);
+    }
+    for (int s = 0; s < P; ++s) {
+      for (int d = 0; d < R; ++d) {
+        const size_t row = static_cast<size_t>(s) * R + d;
+        intra[row] += 2.0 * (link - 1) * stage_total[s] / R;
+        inter[row] += 2.0 * (R - link) * stage_total[s] / R;
+      }
+    }
+    if (a.comm == Assignment::Comm::kLayerwise) {
+      // Each rank all-gathers the parameters its peers own.
+      std::vector<double> owned(static_cast<size_t>(P) * R, 0.0);
+      for (size_t i = 0; i < ctx.items.size(); ++i) {
+        owned[static_cast<size_t>(ctx.items[i].stage) * R + plan.dp_owner[i]] +=
+            static_cast<double>(ctx.items[i].local_numel) *
+            ctx.items[i].elem_bytes;
+      }
+      for (int s = 0; s < P; ++s) {
+        for (int d = 0; d < R; ++d) {
+          for (int e = 0; e < R; ++e) {
+            if (e == d) continue;
+            const double bytes = owned[static_cast<size_t>(s) * R + e];
+            (e / link == d / link ? intra
+                                  : inter)[static_cast<size_t>(s) * R + d] +=
+                bytes;
+          }
+        }
+      }
+    }
+  }
+  for (size_t row = 0; row < intra.size(); ++row) {
+    plan.dp_traffic.intra_group_bytes =
+        std::max(plan.dp_traffic.intra_group_bytes, intra[row]);
+    plan.dp_traffic.inter_group_bytes =
+        std::max(plan.dp_traffic.inter_group_bytes, inter[row] + cross[row]);
+  }
+  if (G > 1) {
+    CommStats xar;
+    xar.calls = max_buckets;
+    xar.bytes = xar.padded_bytes =
+        *std::max_element(cross.begin(), cross.end());
+    plan.comm["cross_group_all_reduce"] = xar;
+  }
   for (double x : plan.bucket_slice_imbalance) {
     plan.max_bucket_slice_imbalance = std::max(plan.max_bucket_slice_imbalance, x);
   }
@@ -1362,18 +1471,25 @@ absl::StatusOr<Plan> BuildPlan(const PlanRequest& request) {
 }
 
 // Canonical serialization (version 1), one line each:
-//   "canzona-plan-v1 pp=<P> dp=<R> tp=<T>"
+//   "canzona-plan-v1 pp=<P> dp=<R> tp=<T>"       flat (S == dp), or
+//   "canzona-plan-v1 pp=<P> dp=<R> tp=<T> shard_group=<S>"  when S < dp
+//   (dp_owner, cuts and micro-group dp below are then positions in [0, S))
 //   "p <name> <dp_owner> <tp_host>"              per parameter, request order
 //   "b <stage> <first param name> <cut_0>,...,<cut_R>"   per bucket with cuts
 //   "g <stage> <dp> <name>,<name>,..."           per micro-group, names in
-//                                                request order, groups in plan order
+//                                                request order, groups in plan
+//                                                order
 // Integers in decimal, lines joined with '\n'. The digest is FNV-1a 64
 // (offset basis 0xcbf29ce484222325, prime 0x100000001b3) over its bytes,
 // printed as 16 lower-case hex digits: identical on every machine.
 std::string CanonicalAssignment(const Plan& plan) {
-  std::string out = absl::StrCat("canzona-plan-v1 pp=", plan.layout.pp,
-                                 " dp=", plan.layout.dp, " tp=", plan.layout.tp,
-                                 "\n");
+  std::string out =
+      absl::StrCat("canzona-plan-v1 pp=", plan.layout.pp,
+                   " dp=", plan.layout.dp, " tp=", plan.layout.tp);
+  if (plan.hierarchical()) {
+    absl::StrAppend(&out, " shard_group=", plan.shard_group_size);
+  }
+  out += "\n";
   for (size_t i = 0; i < plan.param_names.size(); ++i) {
     absl::StrAppend(&out, "p ", plan.param_names[i], " ", plan.dp_owner[i],
                     " ", plan.tp_host[i], "\n");
