@@ -219,4 +219,27 @@ absl::StatusOr<canzona::v1::ImportStateResponse> Client::ImportState(
                      options_.checkpoint_timeout);
 }
 
+absl::Status Client::GradReady(const std::string& job_id,
+                               const canzona::v1::RankCoordinates& rank,
+                               int64_t step, absl::Span<const int> buckets) {
+  canzona::v1::GradReadyRequest request;
+  request.set_job_id(job_id);
+  *request.mutable_rank() = rank;
+  request.set_step(step);
+  for (int b : buckets) request.add_buckets(b);
+  return impl_->Call(&Impl::Stub::GradReady, request, options_.step_timeout)
+      .status();
+}
+
+absl::StatusOr<canzona::v1::WaitParamsResponse> Client::WaitParams(
+    const std::string& job_id, const canzona::v1::RankCoordinates& rank,
+    int64_t step, int bucket) {
+  canzona::v1::WaitParamsRequest request;
+  request.set_job_id(job_id);
+  *request.mutable_rank() = rank;
+  request.set_step(step);
+  request.set_bucket(bucket);
+  return impl_->Call(&Impl::Stub::WaitParams, request, options_.step_timeout);
+}
+
 }  // namespace canzona

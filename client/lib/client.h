@@ -122,6 +122,17 @@ class Client {
   absl::StatusOr<canzona::v1::ImportStateResponse> ImportState(
       const canzona::v1::ImportStateRequest& request);
 
+  // Overlap (optimizer_service.proto): tell the daemon that backward has
+  // finished these buckets of step `step` (RegisterResponse.buckets), and
+  // wait for a bucket's updated parameters (-1: all) after an
+  // async_params Step.
+  absl::Status GradReady(const std::string& job_id,
+                         const canzona::v1::RankCoordinates& rank, int64_t step,
+                         absl::Span<const int> buckets);
+  absl::StatusOr<canzona::v1::WaitParamsResponse> WaitParams(
+      const std::string& job_id, const canzona::v1::RankCoordinates& rank,
+      int64_t step, int bucket);
+
   const std::string& target() const { return target_; }
 
  private:

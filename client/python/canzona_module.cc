@@ -100,6 +100,8 @@ py::dict PhaseDict(const v1::PhaseTimes& t) {
   d["all_gather"] = t.all_gather();
   d["wait"] = t.wait();
   d["total"] = t.total();
+  d["dp_comm"] = t.dp_comm();
+  d["dp_comm_exposed"] = t.dp_comm_exposed();
   return d;
 }
 
@@ -107,9 +109,8 @@ py::dict PhaseDict(const v1::PhaseTimes& t) {
 class PyClient {
  public:
   PyClient(const std::string& target, const std::string& job_token,
-           double connect_timeout, double register_timeout,
-           double step_timeout, double checkpoint_timeout,
-           const std::string& tls_ca) {
+           double connect_timeout, double register_timeout, double step_timeout,
+           double checkpoint_timeout, const std::string& tls_ca) {
     Client::Options options;
     options.job_token = job_token;
     options.tls_ca = tls_ca;
@@ -140,7 +141,7 @@ class PyClient {
                     const std::vector<py::tuple>& groups,
                     const std::vector<py::dict>& parameters,
                     const std::string& strategy, double alpha,
-                    int64_t bucket_size) {
+                    int64_t bucket_size, int shard_group_size) {
     v1::RegisterRequest request;
     request.set_job_id(job_id);
     request.mutable_layout()->set_pp(std::get<0>(layout));
@@ -150,6 +151,7 @@ class PyClient {
     request.set_strategy(strategy);
     request.set_alpha(alpha);
     request.set_bucket_size(bucket_size);
+    request.set_shard_group_size(shard_group_size);
     for (const py::tuple& g : groups) {
       if (g.size() != 3) {
         throw py::value_error("groups: (name, optimizer, settings) expected");
@@ -186,17 +188,49 @@ class PyClient {
     out["plan_digest"] = r.plan_digest();
     out["owned_parameters"] = r.owned_parameters();
     out["state_bytes"] = r.state_bytes();
+    // Per bucket, the indices of its parameters (in `parameters`).
+    py::list buckets;
+    for (const v1::Bucket& b : r.buckets()) {
+      buckets.append(py::cast(
+          std::vector<int>(b.parameters().begin(), b.parameters().end())));
+    }
+    out["buckets"] = buckets;
     return out;
+  }
+
+  void GradReady(const std::string& job_id,
+                 const std::tuple<int, int, int>& rank, int64_t step,
+                 const std::vector<int>& buckets) {
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = client_->GradReady(job_id, Coords(rank), step, buckets);
+    }
+    OkOrThrow(status);
+  }
+
+  double WaitParams(const std::string& job_id,
+                    const std::tuple<int, int, int>& rank, int64_t step,
+                    int bucket) {
+    absl::StatusOr<v1::WaitParamsResponse> response;
+    {
+      py::gil_scoped_release release;
+      response = client_->WaitParams(job_id, Coords(rank), step, bucket);
+    }
+    return ValueOrThrow(std::move(response)).waited_seconds();
   }
 
   py::dict Step(const std::string& job_id,
                 const std::tuple<int, int, int>& rank, int64_t step,
-                const std::map<std::string, double>& lr, double grad_scale) {
+                const std::map<std::string, double>& lr, double grad_scale,
+                bool async_params) {
     v1::StepRequest request;
+    request.set_async_params(async_params);
     request.set_job_id(job_id);
     *request.mutable_rank() = Coords(rank);
     request.set_step(step);
-    for (const auto& [group, value] : lr) (*request.mutable_lr())[group] = value;
+    for (const auto& [group, value] : lr)
+      (*request.mutable_lr())[group] = value;
     request.set_grad_scale(grad_scale);
     absl::StatusOr<v1::StepResponse> response;
     {
@@ -356,8 +390,7 @@ PYBIND11_MODULE(_canzona, m) {
                     double, double, const std::string&>(),
            py::arg("target"), py::arg("job_token") = "",
            py::arg("connect_timeout") = 10.0,
-           py::arg("register_timeout") = 600.0,
-           py::arg("step_timeout") = 600.0,
+           py::arg("register_timeout") = 600.0, py::arg("step_timeout") = 600.0,
            py::arg("checkpoint_timeout") = 1800.0, py::arg("tls_ca") = "")
       .def_property_readonly("target", &PyClient::target)
       .def("allocate", &PyClient::Allocate, py::arg("job_id"),
@@ -365,10 +398,15 @@ PYBIND11_MODULE(_canzona, m) {
       .def("register", &PyClient::Register, py::arg("job_id"),
            py::arg("layout"), py::arg("rank"), py::arg("groups"),
            py::arg("parameters"), py::arg("strategy") = "cost",
-           py::arg("alpha") = 0.0, py::arg("bucket_size") = 0)
+           py::arg("alpha") = 0.0, py::arg("bucket_size") = 0,
+           py::arg("shard_group_size") = 0)
+      .def("grad_ready", &PyClient::GradReady, py::arg("job_id"),
+           py::arg("rank"), py::arg("step"), py::arg("buckets"))
+      .def("wait_params", &PyClient::WaitParams, py::arg("job_id"),
+           py::arg("rank"), py::arg("step"), py::arg("bucket") = -1)
       .def("step", &PyClient::Step, py::arg("job_id"), py::arg("rank"),
            py::arg("step"), py::arg("lr") = std::map<std::string, double>(),
-           py::arg("grad_scale") = 0.0)
+           py::arg("grad_scale") = 0.0, py::arg("async_params") = false)
       .def("get_plan", &PyClient::GetPlan, py::arg("job_id"))
       .def("deregister", &PyClient::Deregister, py::arg("job_id"),
            py::arg("rank"))

@@ -72,6 +72,14 @@ class Engine {
   virtual void ImportState(const canzona::v1::ImportStateRequest& request,
                            Callback<canzona::v1::ImportStateResponse> done) = 0;
 
+  // Overlap with the trainer (optimizer_service.proto): GradReady finishes
+  // once the buckets are queued on the rank's communication thread;
+  // WaitParams once the bucket's parameters hold the step's update.
+  virtual void GradReady(const canzona::v1::GradReadyRequest& request,
+                         Callback<canzona::v1::GradReadyResponse> done) = 0;
+  virtual void WaitParams(const canzona::v1::WaitParamsRequest& request,
+                          Callback<canzona::v1::WaitParamsResponse> done) = 0;
+
   // Fails every in-flight call with UNAVAILABLE and stops the workers
   // (SIGTERM); later calls get UNAVAILABLE.
   virtual void Shutdown() = 0;

@@ -26,11 +26,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -41,6 +41,7 @@
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/checkpoint.h"
 #include "server/comm/gloo_communicator.h"
+#include "server/engine/bucket_pipeline.h"
 #include "server/engine/local_communicator.h"
 #include "server/metrics/canzona_metrics.h"
 #include "server/optim/optimizer_config.h"
@@ -184,7 +185,13 @@ struct RankMetrics;
 // staging buffers. Touched only by that worker thread (comms also by Abort).
 struct RankRuntime {
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<Communicator> dp, tp, world;
+  // dp: the DP ranks of my shard group (all of DP when flat); cross: the
+  // ranks at my position in the other groups (hierarchical sharding).
+  std::unique_ptr<Communicator> dp, tp, world, cross;
+  int shard_size = 1;   // S: DP ranks per shard group
+  int shard_pos = 0;    // my position in the group: the plan's DP index
+  int shard_group = 0;  // which group (0 writes the checkpoint records)
+  int first = 0;        // plan index of my stage's first parameter
 
   std::vector<int> local_params;  // plan indices of my stage, trainer order
   std::vector<int64_t> offset;    // per plan index: offset in stage buffers
@@ -215,6 +222,10 @@ struct RankRuntime {
 
   std::vector<float> gstage, pstage, pold, tmp;
   std::vector<float> send, recv, full_g, full_p;
+  // The communication thread's own scratch, and the order the next
+  // forward needs the buckets in (the last bucket first).
+  std::vector<float> comm_tmp, comm_send, comm_recv;
+  std::vector<int> gather_order;
   int owned = 0;
   int64_t state_bytes = 0;
   // The last step's TP comm time of the micro-group pipeline and the part
@@ -231,6 +242,8 @@ struct RankMetrics {
   Counter* steps = nullptr;
   Counter* skipped = nullptr;
   Gauge* overlap = nullptr;
+  Counter* dp_comm = nullptr;
+  Counter* dp_comm_exposed = nullptr;
 
   RankMetrics(const CanzonaMetrics& m, const std::string& job,
               const std::string& rank) {
@@ -243,6 +256,8 @@ struct RankMetrics {
     steps = m.steps_total->WithLabels({job, rank});
     skipped = m.steps_skipped_total->WithLabels({job, rank});
     overlap = m.tp_overlap_ratio->WithLabels({job, rank});
+    dp_comm = m.dp_comm_seconds_total->WithLabels({job, rank});
+    dp_comm_exposed = m.dp_comm_exposed_seconds_total->WithLabels({job, rank});
   }
   void RecordStep(const v1::StepResponse& response, double tp_comm_s,
                   double tp_hidden_s) {
@@ -254,6 +269,8 @@ struct RankMetrics {
     steps->Increment();
     if (response.skipped_nonfinite()) skipped->Increment();
     overlap->Set(tp_comm_s > 0 ? tp_hidden_s / tp_comm_s : 0);
+    dp_comm->Increment(t.dp_comm());
+    dp_comm_exposed->Increment(t.dp_comm_exposed());
   }
 };
 
@@ -366,6 +383,12 @@ struct LocalRank {
   // Worker-only, except the communicators that Abort() reaches through
   // comm_mu (another thread aborts on failure / shutdown).
   std::unique_ptr<RankRuntime> rt;
+  // The DP bucket communication thread (GradReady, WaitParams); set at
+  // setup (SetPipeline) before the job is ready and kept until the rank is
+  // destroyed, so RPC threads may use it once they saw the job ready; other
+  // threads reach it through FailPipeline. Declared after rt: it is
+  // destroyed (and joined) first.
+  std::unique_ptr<BucketPipeline> pipeline;
   absl::Mutex comm_mu;
   bool aborted ABSL_GUARDED_BY(comm_mu) = false;
   std::vector<Communicator*> comms ABSL_GUARDED_BY(comm_mu);
@@ -380,6 +403,15 @@ struct LocalRank {
     aborted = true;
     for (Communicator* c : comms) c->Abort();
   }
+  void SetPipeline(std::unique_ptr<BucketPipeline> p) {
+    absl::MutexLock lock(&comm_mu);
+    pipeline = std::move(p);
+    if (aborted) pipeline->Fail(absl::AbortedError("the rank was aborted"));
+  }
+  void FailPipeline(const absl::Status& status) {
+    absl::MutexLock lock(&comm_mu);
+    if (pipeline) pipeline->Fail(status);
+  }
 };
 
 enum class JobState { kRegistering, kReady, kFailed };
@@ -392,6 +424,7 @@ struct Job {
   std::string strategy_name;
   double alpha = 1.0;
   int64_t bucket_size = 0;
+  int shard_group_size = 1;  // S (= DP when flat)
   v1::WorldLayout layout;
   int world = 1;
   std::map<std::string, OptimizerConfig> configs;
@@ -453,6 +486,7 @@ struct Prepared {
   std::string strategy_name;
   double alpha = 1.0;
   int64_t bucket_size = 0;
+  int shard_group_size = 1;
   int world = 1;
   std::map<std::string, OptimizerConfig> configs;
 };
@@ -567,6 +601,10 @@ class EngineImpl final : public Engine {
                    Callback<v1::ExportStateResponse> done) override;
   void ImportState(const v1::ImportStateRequest& request,
                    Callback<v1::ImportStateResponse> done) override;
+  void GradReady(const v1::GradReadyRequest& request,
+                 Callback<v1::GradReadyResponse> done) override;
+  void WaitParams(const v1::WaitParamsRequest& request,
+                  Callback<v1::WaitParamsResponse> done) override;
   void Shutdown() override;
 
  private:
@@ -583,11 +621,10 @@ class EngineImpl final : public Engine {
   // order with its steps) and hands its result to `done`.
   // With at_step > 0, `work` runs right after the rank's step at_step.
   template <typename Response>
-  void RunOnRank(
-      const std::string& job_id, const v1::RankCoordinates& coords,
-      Callback<Response> done,
-      std::function<absl::StatusOr<Response>(Job&, LocalRank&)> work,
-      int64_t at_step = 0, bool after_failure = false);
+  void RunOnRank(const std::string& job_id, const v1::RankCoordinates& coords,
+                 Callback<Response> done,
+                 std::function<absl::StatusOr<Response>(Job&, LocalRank&)> work,
+                 int64_t at_step = 0, bool after_failure = false);
   // Runs (or, when the rank is gone, cancels) what waited for step k.
   void RunAfterStep(Job& job, LocalRank& rank, int64_t k);
   // INVALID_ARGUMENT / PERMISSION_DENIED for a checkpoint directory the
@@ -727,12 +764,30 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
   }
   out.bucket_size =
       request.bucket_size() == 0 ? 400000000 : request.bucket_size();
+  {
+    const int S = request.shard_group_size();
+    if (S < 0 || S > l.dp() || (S > 0 && l.dp() % S != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard_group_size ", S, " must divide dp ", l.dp(), " (0: dp)"));
+    }
+    out.shard_group_size = S == 0 ? l.dp() : S;
+    if (out.shard_group_size < l.dp() &&
+        (out.strategy == plan::Strategy::kSc ||
+         out.strategy == plan::Strategy::kLayerwise)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard_group_size ", S,
+                       " < dp needs a bucket-sliced strategy "
+                       "(start_anchored, alpha, cost), not ",
+                       out.strategy_name));
+    }
+  }
 
   // Groups.
   std::string meta =
       absl::StrCat("layout=", l.pp(), ",", l.dp(), ",", l.tp(),
                    "\nstrategy=", out.strategy_name, "\nalpha=", out.alpha,
-                   "\nbucket_size=", out.bucket_size);
+                   "\nbucket_size=", out.bucket_size,
+                   "\nshard_group_size=", out.shard_group_size);
   if (request.groups().empty()) {
     return absl::InvalidArgumentError("groups: at least one optimizer group");
   }
@@ -951,6 +1006,7 @@ absl::Status EngineImpl::Admit(const v1::RegisterRequest& request,
     job->strategy_name = prepared.strategy_name;
     job->alpha = prepared.alpha;
     job->bucket_size = prepared.bucket_size;
+    job->shard_group_size = prepared.shard_group_size;
     job->layout = request.layout();
     job->world = prepared.world;
     job->configs = prepared.configs;
@@ -1164,6 +1220,10 @@ void EngineImpl::FailJob(Job& job, const absl::Status& status) {
                 status.ToString());
   // Breaks the groups so that peers blocked with these ranks fail promptly.
   for (auto& r : ranks) r->AbortComms();
+  for (auto& r : ranks) {
+    r->FailPipeline(
+        absl::AbortedError(absl::StrCat("job failed: ", status.message())));
+  }
   for (auto& cb : pending) {
     cb(absl::Status(status.code(),
                     absl::StrCat("job failed: ", status.message())));
@@ -1286,6 +1346,7 @@ absl::StatusOr<std::shared_ptr<const JobPlan>> EngineImpl::EnsurePlan(
   }
   request.layout = {job.layout.pp(), job.layout.dp(), job.layout.tp()};
   request.bucket_size = job.bucket_size;
+  request.shard_group_size = job.shard_group_size;
   request.strategy = job.strategy;
   request.alpha = job.alpha;
   absl::StatusOr<plan::Plan> built = plan::BuildPlan(request);
@@ -1326,13 +1387,119 @@ absl::Status EngineImpl::CheckDigests(Job& job, const LocalRank& rank,
   return absl::OkStatus();
 }
 
+namespace {
+
+// The DP communication of one bucket, on the rank's communication thread
+// (BucketPipeline). Only that thread touches the dp and cross
+// communicators, the comm_* scratch and, between a step's reductions and
+// its gathers, the bucket's staging slots; the worker reads them only
+// after WaitReduced and writes them only before StartGathers.
+
+// Stages the bucket's gradients and parameters from the trainer's buffers
+// and sums the gradients over DP, unscaled (Step knows grad_scale): my
+// slice when bucket-sliced (reduce-scatter-v in the shard group, then the
+// all-reduce of the slice across groups), else the whole bucket (an even
+// reduce-scatter + all-gather: a ring all-reduce's bandwidth, but every
+// element summed in DP rank order on one rank, so every strategy gets the
+// same bits).
+absl::Status ReduceBucket(LocalRank& rank, const JobPlan& jp, int b) {
+  RankRuntime& rt = *rank.rt;
+  const RankRuntime::Bucket& bucket = rt.buckets[b];
+  for (int i : jp.plan.buckets[bucket.index].params) {
+    const int j = i - rt.first;
+    const int64_t n = jp.params[i].local_numel;
+    std::memcpy(rt.gstage.data() + rt.offset[i], rank.grad_buf[j],
+                n * sizeof(float));
+    std::memcpy(rt.pstage.data() + rt.offset[i], rank.param_buf[j],
+                n * sizeof(float));
+  }
+  float* g = rt.gstage.data() + bucket.base;
+  const int d = rt.shard_pos;
+  if (rt.sliced) {
+    const int64_t mine = bucket.counts[d];
+    rt.comm_tmp.resize(mine);
+    CANZONA_RETURN_IF_ERROR(
+        rt.dp->ReduceScatterV(g, bucket.counts, rt.comm_tmp.data()));
+    std::memcpy(g + bucket.my_start, rt.comm_tmp.data(), mine * sizeof(float));
+    if (rt.cross->size() > 1 && mine > 0) {
+      CANZONA_RETURN_IF_ERROR(rt.cross->AllReduce(g + bucket.my_start, mine));
+    }
+    return absl::OkStatus();
+  }
+  const int DP = rt.dp->size();
+  if (DP == 1) return absl::OkStatus();
+  std::vector<int64_t> counts(DP, bucket.elements / DP);
+  for (int r = 0; r < bucket.elements % DP; ++r) ++counts[r];
+  int64_t start = 0;
+  for (int r = 0; r < d; ++r) start += counts[r];
+  rt.comm_tmp.resize(counts[d]);
+  CANZONA_RETURN_IF_ERROR(rt.dp->ReduceScatterV(g, counts, rt.comm_tmp.data()));
+  std::memcpy(g + start, rt.comm_tmp.data(), counts[d] * sizeof(float));
+  return rt.dp->AllGatherV(g + start, counts, g);
+}
+
+// Brings the bucket's updated parameters to every DP rank of the shard
+// group and publishes them into the trainer's buffers. Layerwise plans
+// ignore buckets: the first gather moves every owned parameter at once.
+absl::Status GatherBucket(LocalRank& rank, const JobPlan& jp, int b) {
+  RankRuntime& rt = *rank.rt;
+  const RankRuntime::Bucket& bucket = rt.buckets[b];
+  const int DP = rt.dp->size(), d = rt.shard_pos;
+  if (rt.sliced) {
+    float* p = rt.pstage.data() + bucket.base;
+    CANZONA_RETURN_IF_ERROR(
+        rt.dp->AllGatherV(p + bucket.my_start, bucket.counts, p));
+  } else if (jp.plan.strategy == plan::Strategy::kLayerwise && DP > 1 &&
+             b == rt.gather_order.front()) {
+    // Each rank's owned parameters packed in stage order; one all-gather.
+    std::vector<int64_t> counts(DP, 0);
+    for (int i : rt.local_params)
+      counts[jp.plan.dp_owner[i]] += jp.params[i].local_numel;
+    rt.comm_send.clear();
+    for (int i : rt.local_params) {
+      if (jp.plan.dp_owner[i] != d) continue;
+      const float* p = rt.pstage.data() + rt.offset[i];
+      rt.comm_send.insert(rt.comm_send.end(), p, p + jp.params[i].local_numel);
+    }
+    int64_t total = 0;
+    std::vector<int64_t> at(DP, 0);
+    for (int r = 0; r < DP; ++r) {
+      at[r] = total;
+      total += counts[r];
+    }
+    rt.comm_recv.resize(total);
+    CANZONA_RETURN_IF_ERROR(
+        rt.dp->AllGatherV(rt.comm_send.data(), counts, rt.comm_recv.data()));
+    for (int i : rt.local_params) {
+      const int owner = jp.plan.dp_owner[i];
+      const int64_t n = jp.params[i].local_numel;
+      std::memcpy(rt.pstage.data() + rt.offset[i],
+                  rt.comm_recv.data() + at[owner], n * sizeof(float));
+      at[owner] += n;
+    }
+  }
+  for (int i : jp.plan.buckets[bucket.index].params) {
+    std::memcpy(rank.param_buf[i - rt.first], rt.pstage.data() + rt.offset[i],
+                jp.params[i].local_numel * sizeof(float));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
                                    const JobPlan& jp) {
   auto rt = std::make_unique<RankRuntime>();
   const plan::Plan& plan = jp.plan;
-  const int pp = rank.coords.pp_rank(), d = rank.coords.dp_rank(),
-            t = rank.coords.tp_rank();
+  const int pp = rank.coords.pp_rank(), t = rank.coords.tp_rank();
   const int DP = job.layout.dp(), TP = job.layout.tp();
+  // Hierarchical sharding: the plan is one shard group's (its DP indices
+  // are positions in the group); the groups hold replicas of it.
+  const int S = job.shard_group_size;
+  rt->shard_size = S;
+  rt->shard_pos = rank.coords.dp_rank() % S;
+  rt->shard_group = rank.coords.dp_rank() / S;
+  const int d = rt->shard_pos;
 
   CANZONA_ASSIGN_OR_RETURN(rt->backend, CreateBackendByName(options_.backend));
   if (rt->backend->kind() != BackendKind::kCpu) {
@@ -1368,19 +1535,26 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
     }
     return comm;
   };
-  CANZONA_ASSIGN_OR_RETURN(rt->dp,
-                           make(absl::StrCat("dp.", pp, ".", t), d, DP));
+  const std::string dp_name =
+      S == DP ? absl::StrCat("dp.", pp, ".", t)
+              : absl::StrCat("dp.", pp, ".", t, ".g", rt->shard_group);
+  CANZONA_ASSIGN_OR_RETURN(rt->dp, make(dp_name, d, S));
   rank.AddComm(rt->dp.get());
-  CANZONA_ASSIGN_OR_RETURN(rt->tp,
-                           make(absl::StrCat("tp.", pp, ".", d), t, TP));
+  CANZONA_ASSIGN_OR_RETURN(
+      rt->tp, make(absl::StrCat("tp.", pp, ".", rank.coords.dp_rank()), t, TP));
   rank.AddComm(rt->tp.get());
   CANZONA_ASSIGN_OR_RETURN(rt->world, make("world", rank.global, job.world));
   rank.AddComm(rt->world.get());
+  CANZONA_ASSIGN_OR_RETURN(
+      rt->cross,
+      make(absl::StrCat("xdp.", pp, ".", t, ".p", d), rt->shard_group, DP / S));
+  rank.AddComm(rt->cross.get());
 
   // Parameters of my stage and their place in the stage buffers.
   const int n = static_cast<int>(jp.params.size());
   const int first = jp.stage_first[pp];
   const int count = static_cast<int>(rank.param_buf.size());
+  rt->first = first;
   for (int j = 0; j < count; ++j) rt->local_params.push_back(first + j);
   rt->offset.assign(n, -1);
   rt->mode.assign(n, Mode::kLocal);
@@ -1403,12 +1577,12 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
     }
     param_start.push_back(bucket.elements);
     if (rt->sliced) {
-      if (static_cast<int>(bp.cuts.size()) != DP + 1) {
+      if (static_cast<int>(bp.cuts.size()) != S + 1) {
         return absl::InternalError(absl::StrCat("plan bucket ", b, " has ",
                                                 bp.cuts.size(),
-                                                " cuts, expected ", DP + 1));
+                                                " cuts, expected ", S + 1));
       }
-      for (int r = 0; r < DP; ++r) {
+      for (int r = 0; r < S; ++r) {
         bucket.counts.push_back(param_start[bp.cuts[r + 1]] -
                                 param_start[bp.cuts[r]]);
       }
@@ -1438,7 +1612,8 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
       rt->mode[i] = plan.tp_host[i] >= 0 ? Mode::kHosted : Mode::kRedundant;
     }
     rt->dp_owned[i] = owner < 0 || owner == d;
-    rt->counted[i] = (owner < 0 ? d == 0 : owner == d) && (split || t == 0);
+    rt->counted[i] = (owner < 0 ? d == 0 : owner == d) &&
+                     rt->shard_group == 0 && (split || t == 0);
     if (!rt->dp_owned[i]) continue;
     std::vector<int64_t> shape;
     switch (rt->mode[i]) {
@@ -1477,7 +1652,7 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
     const CanzonaMetrics m = CanzonaMetrics::Register(options_.metrics);
     const std::string g = std::to_string(rank.global);
     rt->metrics = std::make_unique<RankMetrics>(m, job.id, g);
-    const size_t at = (static_cast<size_t>(pp) * DP + d) * TP + t;
+    const size_t at = (static_cast<size_t>(pp) * S + d) * TP + t;
     if (at < plan.per_gpu.size()) {
       m.rank_compute_flops->WithLabels({job.id, g})
           ->Set(plan.per_gpu[at].flops);
@@ -1485,6 +1660,27 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
     m.optimizer_state_bytes->WithLabels({job.id, g})
         ->Set(static_cast<double>(rt->state_bytes));
   }
+  // The trainer's view of the buckets, and the DP communication thread.
+  for (const RankRuntime::Bucket& b : rt->buckets) {
+    v1::Bucket* out = rank.response.add_buckets();
+    for (int i : plan.buckets[b.index].params) out->add_parameters(i - first);
+    out->set_elements(b.elements);
+  }
+  for (int b = static_cast<int>(rt->buckets.size()) - 1; b >= 0; --b) {
+    rt->gather_order.push_back(b);
+  }
+  std::shared_ptr<const JobPlan> plan_ref;
+  {
+    absl::MutexLock lock(&job.mu);
+    plan_ref = job.plan;
+  }
+  LocalRank* r = &rank;
+  rank.SetPipeline(std::make_unique<BucketPipeline>(
+      static_cast<int>(rt->buckets.size()),
+      [r, plan_ref](int64_t, int b) { return ReduceBucket(*r, *plan_ref, b); },
+      [r, plan_ref](int64_t, int b) {
+        return GatherBucket(*r, *plan_ref, b);
+      }));
   rank.response.set_plan_digest(plan.digest);
   rank.response.set_owned_parameters(rt->owned);
   rank.response.set_state_bytes(rt->state_bytes);
@@ -1566,6 +1762,10 @@ void EngineImpl::Step(const v1::StepRequest& request,
     ++rank->next_step;
     ++job->arrivals[request.step()];
     job->cv.SignalAll();
+    // Every gradient is final now: reduce what GradReady did not start.
+    // Under job->mu, so that a GradReady of the next step (accepted once
+    // next_step moved) can never reach the pipeline first.
+    rank->pipeline->MarkAllReady(request.step());
     return absl::OkStatus();
   }();
   if (!status.ok()) return done(status);
@@ -1648,6 +1848,12 @@ void EngineImpl::RunStep(std::shared_ptr<Job> job,
     return;
   }
   response.mutable_seconds()->set_total(Seconds(start, absl::Now()));
+  {
+    double comm = 0, exposed = 0;
+    rank->pipeline->TakeTimes(&comm, &exposed);
+    response.mutable_seconds()->set_dp_comm(comm);
+    response.mutable_seconds()->set_dp_comm_exposed(exposed);
+  }
   if (rank->rt->metrics != nullptr) {
     rank->rt->metrics->RecordStep(response, rank->rt->tp_comm_s,
                                   rank->rt->tp_hidden_s);
@@ -1667,7 +1873,7 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
   RankRuntime& rt = *rank.rt;
   rt.tp_comm_s = rt.tp_hidden_s = 0;
   v1::PhaseTimes* times = response->mutable_seconds();
-  const int d = rank.coords.dp_rank();
+  const int d = rt.shard_pos;
   const int DP = job.layout.dp();
   std::map<std::string, float> lr;
   for (const auto& [group, value] : request.lr())
@@ -1679,41 +1885,23 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
     return o;
   };
 
-  // 1. Gradients into the staging buckets, DP reduction, average.
+  // 1. The DP gradient sums (ReduceBucket on the communication thread,
+  // started by GradReady or by Step), then the average: my slice, or the
+  // whole bucket when every rank holds every sum.
+  const int64_t k = request.step();
+  double waited = 0;
+  CANZONA_RETURN_IF_ERROR(rank.pipeline->WaitReduced(
+      k, absl::Now() + options_.step_timeout, &waited));
   absl::Time t0 = absl::Now();
-  for (size_t j = 0; j < rt.local_params.size(); ++j) {
-    const int i = rt.local_params[j];
-    const int64_t n = jp.params[i].local_numel;
-    std::memcpy(rt.gstage.data() + rt.offset[i], rank.grad_buf[j],
-                n * sizeof(float));
-    std::memcpy(rt.pstage.data() + rt.offset[i], rank.param_buf[j],
-                n * sizeof(float));
-  }
   const double scale = request.grad_scale() == 0 ? 1.0 : request.grad_scale();
   const float factor = static_cast<float>(scale / DP);
   for (const RankRuntime::Bucket& b : rt.buckets) {
     float* g = rt.gstage.data() + b.base;
-    if (rt.sliced) {
-      rt.tmp.resize(b.counts[d]);
-      CANZONA_RETURN_IF_ERROR(
-          rt.dp->ReduceScatterV(g, b.counts, rt.tmp.data()));
-      float* mine = g + b.my_start;
-      for (int64_t e = 0; e < b.counts[d]; ++e) mine[e] = rt.tmp[e] * factor;
-    } else {
-      // All-reduce as reduce-scatter + all-gather over even slices: the
-      // same bandwidth as a ring all-reduce, but every element is summed in
-      // DP rank order, so all strategies produce the same bits.
-      std::vector<int64_t> counts(DP, b.elements / DP);
-      for (int r = 0; r < b.elements % DP; ++r) ++counts[r];
-      int64_t start = 0;
-      for (int r = 0; r < d; ++r) start += counts[r];
-      rt.tmp.resize(counts[d]);
-      CANZONA_RETURN_IF_ERROR(rt.dp->ReduceScatterV(g, counts, rt.tmp.data()));
-      for (int64_t e = 0; e < counts[d]; ++e) g[start + e] = rt.tmp[e] * factor;
-      CANZONA_RETURN_IF_ERROR(rt.dp->AllGatherV(g + start, counts, g));
-    }
+    const int64_t begin = rt.sliced ? b.my_start : 0;
+    const int64_t end = rt.sliced ? b.my_start + b.counts[d] : b.elements;
+    for (int64_t e = begin; e < end; ++e) g[e] *= factor;
   }
-  times->set_reduce_scatter(Seconds(t0, absl::Now()));
+  times->set_reduce_scatter(waited + Seconds(t0, absl::Now()));
 
   // 2. Non-finite check and the squared gradient norm, one world
   // all-reduce: [any non-finite, sum of squares counted once].
@@ -1733,6 +1921,8 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
   float flags[2] = {nonfinite, static_cast<float>(sumsq)};
   CANZONA_RETURN_IF_ERROR(rt.world->AllReduce(flags, 2));
   if (flags[0] > 0) {
+    // Nothing changed: the trainer's parameters stay as they are.
+    rank.pipeline->StartGathers(k, rt.gather_order, false);
     response->set_skipped_nonfinite(true);
     response->set_grad_norm(std::nan(""));
     spdlog::warn("step skipped (non-finite gradient): job={} rank={} step={}",
@@ -1785,44 +1975,8 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
     times->set_tp_compute(times->tp_compute() + Seconds(c0, absl::Now()));
   }
 
-  // 5. Parameters back to every DP rank.
-  t0 = absl::Now();
-  if (rt.sliced) {
-    for (const RankRuntime::Bucket& b : rt.buckets) {
-      float* p = rt.pstage.data() + b.base;
-      CANZONA_RETURN_IF_ERROR(rt.dp->AllGatherV(p + b.my_start, b.counts, p));
-    }
-  } else if (jp.plan.strategy == plan::Strategy::kLayerwise && DP > 1) {
-    // Each rank's owned parameters packed in stage order; one all-gather.
-    std::vector<int64_t> counts(DP, 0);
-    for (int i : rt.local_params)
-      counts[jp.plan.dp_owner[i]] += jp.params[i].local_numel;
-    rt.send.clear();
-    for (int i : rt.local_params) {
-      if (jp.plan.dp_owner[i] != d) continue;
-      const float* p = rt.pstage.data() + rt.offset[i];
-      rt.send.insert(rt.send.end(), p, p + jp.params[i].local_numel);
-    }
-    int64_t total = 0;
-    std::vector<int64_t> at(DP, 0);
-    for (int r = 0; r < DP; ++r) {
-      at[r] = total;
-      total += counts[r];
-    }
-    rt.recv.resize(total);
-    CANZONA_RETURN_IF_ERROR(
-        rt.dp->AllGatherV(rt.send.data(), counts, rt.recv.data()));
-    for (int i : rt.local_params) {
-      const int owner = jp.plan.dp_owner[i];
-      const int64_t n = jp.params[i].local_numel;
-      std::memcpy(rt.pstage.data() + rt.offset[i], rt.recv.data() + at[owner],
-                  n * sizeof(float));
-      at[owner] += n;
-    }
-  }
-  times->set_all_gather(Seconds(t0, absl::Now()));
-
-  // Update RMS over every element once, then publish to the trainer.
+  // 5. Update RMS over every element once: the owners' slots are final
+  // now, so it does not wait for the all-gathers.
   double usq = 0;
   for (int i : rt.local_params) {
     if (!rt.counted[i]) continue;
@@ -1838,10 +1992,16 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
   response->set_update_rms(
       jp.total_numel > 0 ? std::sqrt(static_cast<double>(u) / jp.total_numel)
                          : 0);
-  for (size_t j = 0; j < rt.local_params.size(); ++j) {
-    const int i = rt.local_params[j];
-    std::memcpy(rank.param_buf[j], rt.pstage.data() + rt.offset[i],
-                jp.params[i].local_numel * sizeof(float));
+
+  // 6. Parameters back to every DP rank and into the trainer's buffers
+  // (GatherBucket on the communication thread, the last bucket first, as
+  // the next forward needs them). With async_params the trainer waits per
+  // bucket (WaitParams) instead.
+  rank.pipeline->StartGathers(k, rt.gather_order, true);
+  if (!request.async_params()) {
+    CANZONA_RETURN_IF_ERROR(rank.pipeline->WaitGathered(
+        k, absl::Now() + options_.step_timeout, &waited));
+    times->set_all_gather(waited);
   }
   return absl::OkStatus();
 }
@@ -2054,6 +2214,69 @@ absl::Status EngineImpl::RunMicroGroups(Job& job, LocalRank& rank,
 }
 
 // ---------------------------------------------------------------------------
+// Overlap with the trainer: bucket events.
+
+void EngineImpl::GradReady(const v1::GradReadyRequest& request,
+                           Callback<v1::GradReadyResponse> done) {
+  if (shutting_down_) return done(Unavailable());
+  auto found = FindReadyRank(request.job_id(), request.rank());
+  if (!found.ok()) return done(found.status());
+  auto [job, rank] = *std::move(found);
+  const int buckets = rank->pipeline->buckets();
+  for (int j = 0; j < request.buckets_size(); ++j) {
+    const int b = request.buckets(j);
+    if (b < 0 || b >= buckets) {
+      return done(absl::InvalidArgumentError(absl::StrCat(
+          "buckets[", j, "] = ", b, " outside [0, ", buckets, ")")));
+    }
+  }
+  {
+    absl::MutexLock lock(&job->mu);
+    if (request.step() != rank->next_step) {
+      return done(absl::FailedPreconditionError(absl::StrCat(
+          "step ", request.step(), ": GradReady must name the next step, ",
+          rank->next_step, ", before its Step call")));
+    }
+    // Under job->mu: ordered with Step's MarkAllReady of the step before.
+    rank->pipeline->MarkReady(request.step(), request.buckets());
+  }
+  done(v1::GradReadyResponse());
+}
+
+void EngineImpl::WaitParams(const v1::WaitParamsRequest& request,
+                            Callback<v1::WaitParamsResponse> done) {
+  if (shutting_down_) return done(Unavailable());
+  auto found = FindReadyRank(request.job_id(), request.rank());
+  if (!found.ok()) return done(found.status());
+  auto [job, rank] = *std::move(found);
+  const int buckets = rank->pipeline->buckets();
+  if (request.bucket() < -1 || request.bucket() >= buckets) {
+    return done(absl::InvalidArgumentError(absl::StrCat(
+        "bucket ", request.bucket(), " outside [-1, ", buckets, ")")));
+  }
+  {
+    absl::MutexLock lock(&job->mu);
+    if (request.step() < 1 || request.step() >= rank->next_step) {
+      return done(absl::FailedPreconditionError(
+          absl::StrCat("step ", request.step(),
+                       ": WaitParams needs a step Step was called "
+                       "for (the last is ",
+                       rank->next_step - 1, ")")));
+    }
+  }
+  // The pipeline calls back from its thread (or at once); nothing here
+  // holds the rank, so the last reference never dies on that thread.
+  rank->pipeline->WhenGathered(
+      request.step(), request.bucket(),
+      [done = std::move(done)](absl::Status status, double waited) {
+        if (!status.ok()) return done(status);
+        v1::WaitParamsResponse response;
+        response.set_waited_seconds(waited);
+        done(response);
+      });
+}
+
+// ---------------------------------------------------------------------------
 // Queries and teardown.
 
 absl::StatusOr<v1::GetPlanResponse> EngineImpl::GetPlan(
@@ -2083,8 +2306,7 @@ absl::StatusOr<v1::GetPlanResponse> EngineImpl::GetPlan(
 
 absl::Status EngineImpl::Deregister(const v1::DeregisterRequest& request) {
   if (shutting_down_) return Unavailable();
-  CANZONA_ASSIGN_OR_RETURN(std::shared_ptr<Job> job,
-                           FindJob(request.job_id()));
+  CANZONA_ASSIGN_OR_RETURN(std::shared_ptr<Job> job, FindJob(request.job_id()));
   const v1::RankCoordinates& r = request.rank();
   const v1::WorldLayout& l = job->layout;
   if (request.job_token() != job->token) {
@@ -2095,8 +2317,7 @@ absl::Status EngineImpl::Deregister(const v1::DeregisterRequest& request) {
                       r.dp_rank() >= 0 && r.dp_rank() < l.dp() &&
                       r.tp_rank() >= 0 && r.tp_rank() < l.tp();
   const int global =
-      inside ? (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank()
-             : -1;
+      inside ? (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank() : -1;
   if (!inside ||
       !RemoveLocalRank(job, global,
                        absl::StrCat("rank ", RankString(r), " deregistered"))) {
@@ -2143,6 +2364,7 @@ bool EngineImpl::RemoveLocalRank(const std::shared_ptr<Job>& job, int global,
   // Unblocks a step still running on the rank, then joins its worker (which
   // cancels its queued calls) and unmaps its buffers when `rank` goes.
   rank->AbortComms();
+  rank->FailPipeline(absl::AbortedError(reason));
   if (rank->worker) rank->worker->StopAndJoin();
   CancelAfterStep(*job, *rank);
   if (pending) pending(absl::AbortedError(reason));
@@ -2167,8 +2389,7 @@ void EngineImpl::WatchTrainers() {
         absl::MutexLock job_lock(&job->mu);
         for (auto& [g, r] : job->ranks) {
           if (r->trainer_pid.has_value()) {
-            watched.emplace_back(job, g, *r->trainer_pid, r->trainer_pidfd,
-                                 r);
+            watched.emplace_back(job, g, *r->trainer_pid, r->trainer_pidfd, r);
           }
         }
       }
@@ -2255,6 +2476,8 @@ Holding HoldingOf(const RankRuntime& rt, const JobPlan& jp, int TP, int i) {
 bool WritesRecord(const RankRuntime& rt, const plan::Plan& plan, int d, int t,
                   int i) {
   if (plan.dp_owner[i] < 0 && d != 0) return false;
+  // Hierarchical sharding: the other shard groups hold replicas.
+  if (rt.shard_group != 0) return false;
   return rt.mode[i] == Mode::kHosted || t == 0;
 }
 
@@ -2276,8 +2499,8 @@ absl::Status ParseAgreement(absl::string_view value, std::string* payload) {
   int code = 0;
   if (nl == absl::string_view::npos ||
       !absl::SimpleAtoi(value.substr(0, nl), &code)) {
-    return absl::InternalError(absl::StrCat("bad agreement value '", value,
-                                            "' on the control plane"));
+    return absl::InternalError(
+        absl::StrCat("bad agreement value '", value, "' on the control plane"));
   }
   if (payload != nullptr) *payload = std::string(value.substr(nl + 1));
   return absl::Status(static_cast<absl::StatusCode>(code),
@@ -2344,6 +2567,9 @@ void EngineImpl::RunOnRank(
   Worker::Task task;
   task.run = [this, job = job, rank = rank, work = std::move(work),
               shared_done]() {
+    // The last step's background all-gathers finish first: checkpoints
+    // and imports must not race the communication thread.
+    rank->pipeline->WaitIdle();
     absl::StatusOr<Response> result = work(*job, *rank);
     if (!result.ok() && shutting_down_) result = Unavailable();
     (*shared_done)(std::move(result));
@@ -2382,7 +2608,6 @@ void EngineImpl::RunAfterStep(Job& job, LocalRank& rank, int64_t k) {
   for (Worker::Task& task : tasks) task.run();
 }
 
-
 absl::StatusOr<std::string> EngineImpl::CheckpointDir(
     const std::string& dir) const {
   if (dir.empty() || dir[0] != '/') {
@@ -2404,8 +2629,10 @@ absl::StatusOr<std::string> EngineImpl::CheckpointDir(
     while (root.size() > 1 && root.back() == '/') root.pop_back();
     if (normal != root && !absl::StartsWith(normal, root + "/")) {
       return absl::PermissionDeniedError(
-          absl::StrCat("dir '", dir, "' is outside this daemon's checkpoint "
-                       "root ", root, " (--checkpoint-root)"));
+          absl::StrCat("dir '", dir,
+                       "' is outside this daemon's checkpoint "
+                       "root ",
+                       root, " (--checkpoint-root)"));
     }
   }
   return normal;
@@ -2413,8 +2640,7 @@ absl::StatusOr<std::string> EngineImpl::CheckpointDir(
 
 absl::Status EngineImpl::Agree(
     Job& job, const LocalRank& rank, const std::string& key,
-    const absl::Status& local, const std::string& payload,
-    absl::Time deadline,
+    const absl::Status& local, const std::string& payload, absl::Time deadline,
     const std::function<absl::Status(const std::vector<std::string>&)>&
         decide) {
   const std::string mine = AgreementValue(local, payload);
@@ -2497,8 +2723,8 @@ absl::StatusOr<v1::SaveCheckpointResponse> EngineImpl::RunSave(
   }
   const int TP = job.layout.tp(), d = rank.coords.dp_rank(),
             t = rank.coords.tp_rank();
-  const std::string key = absl::StrCat(JobPrefix(job.id), "ckpt/",
-                                       rank.collective_seq++, "/save/");
+  const std::string key =
+      absl::StrCat(JobPrefix(job.id), "ckpt/", rank.collective_seq++, "/save/");
 
   // 1. This rank's shard. TP fragments are gathered even after a local
   // error so that the TP group's collectives stay matched.
@@ -2592,8 +2818,8 @@ absl::StatusOr<v1::SaveCheckpointResponse> EngineImpl::RunSave(
   if (!local.ok()) return local;
   if (!decision.ok()) {
     return absl::Status(decision.code(),
-                        absl::StrCat("checkpoint ", dir, " not committed: ",
-                                     decision.message()));
+                        absl::StrCat("checkpoint ", dir,
+                                     " not committed: ", decision.message()));
   }
   spdlog::info("checkpoint saved: job={} rank={} dir={} step={} records={}",
                job.id, RankString(rank.coords), dir, steps, records);
@@ -2620,8 +2846,8 @@ absl::StatusOr<v1::LoadCheckpointResponse> EngineImpl::RunLoad(
     jp = job.plan;
   }
   const int TP = job.layout.tp(), t = rank.coords.tp_rank();
-  const std::string key = absl::StrCat(JobPrefix(job.id), "ckpt/",
-                                       rank.collective_seq++, "/load/");
+  const std::string key =
+      absl::StrCat(JobPrefix(job.id), "ckpt/", rank.collective_seq++, "/load/");
 
   // 1. Validate the whole checkpoint and load what this rank owns, keeping
   // the old state to undo it if any rank fails.
@@ -2679,14 +2905,15 @@ absl::StatusOr<v1::LoadCheckpointResponse> EngineImpl::RunLoad(
   if (!local.ok() || !decision.ok()) {
     Restore(rt, backups);
     if (!local.ok()) return local;
-    return absl::Status(decision.code(),
-                        absl::StrCat("checkpoint ", dir, " not loaded: ",
-                                     decision.message()));
+    return absl::Status(
+        decision.code(),
+        absl::StrCat("checkpoint ", dir, " not loaded: ", decision.message()));
   }
   {
     absl::MutexLock lock(&job.mu);
     rank.steps_done = step;
     rank.next_step = step + 1;
+    rank.pipeline->Reset(step);
   }
   spdlog::info("checkpoint loaded: job={} rank={} dir={} step={} records={}",
                job.id, RankString(rank.coords), dir, step, backups.size());
@@ -2713,8 +2940,8 @@ void EngineImpl::ExportState(const v1::ExportStateRequest& request,
         std::vector<CheckpointRecord> records;
         for (const auto& [i, rule] : rt.rules) {
           CANZONA_ASSIGN_OR_RETURN(OptimizerState state, rule->SaveState());
-          records.push_back({jp->params[i].name, rule->config(),
-                             std::move(state)});
+          records.push_back(
+              {jp->params[i].name, rule->config(), std::move(state)});
         }
         CANZONA_ASSIGN_OR_RETURN(std::string blob, EncodeStateBlob(records));
         response.set_state(std::move(blob));
@@ -2756,9 +2983,9 @@ void EngineImpl::ImportState(const v1::ImportStateRequest& request,
           const std::string& name = jp->params[i].name;
           expected.insert(name);
           if (!by_name.count(name)) {
-            return absl::NotFoundError(absl::StrCat(
-                "state: no record for parameter '", name,
-                "', which this rank owns"));
+            return absl::NotFoundError(
+                absl::StrCat("state: no record for parameter '", name,
+                             "', which this rank owns"));
           }
         }
         for (const auto& [name, r] : by_name) {
@@ -2780,8 +3007,7 @@ void EngineImpl::ImportState(const v1::ImportStateRequest& request,
                   OptimizerKindName(r.config.kind), " state, this job uses ",
                   OptimizerKindName(rule->config().kind)));
             }
-            CANZONA_ASSIGN_OR_RETURN(OptimizerState current,
-                                     rule->SaveState());
+            CANZONA_ASSIGN_OR_RETURN(OptimizerState current, rule->SaveState());
             absl::Status loaded = rule->LoadState(r.state);
             if (!loaded.ok()) {
               return absl::Status(loaded.code(),
@@ -2800,6 +3026,7 @@ void EngineImpl::ImportState(const v1::ImportStateRequest& request,
           absl::MutexLock lock(&job.mu);
           rank.steps_done = request.step();
           rank.next_step = request.step() + 1;
+          rank.pipeline->Reset(request.step());
         }
         v1::ImportStateResponse response;
         response.set_step(request.step());
@@ -2837,6 +3064,7 @@ void EngineImpl::Shutdown() {
     job->cv.SignalAll();
   }
   for (auto& r : ranks) r->AbortComms();
+  for (auto& r : ranks) r->FailPipeline(Unavailable());
   for (auto& r : ranks) {
     if (r->worker) r->worker->StopAndJoin();
   }

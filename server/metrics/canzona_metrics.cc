@@ -40,6 +40,17 @@ CanzonaMetrics CanzonaMetrics::Register(MetricsRegistry* r) {
       "Last step's TP comm time hidden behind compute over TP comm time "
       "(micro-group pipeline; 0 without TP groups).",
       {"job", "rank"});
+  m.dp_comm_seconds_total = r->AddCounter(
+      "canzona_dp_comm_seconds_total",
+      "Time the rank's communication thread spent in DP gradient and "
+      "parameter collectives (reduce-scatter, cross-group all-reduce, "
+      "all-gather).",
+      {"job", "rank"});
+  m.dp_comm_exposed_seconds_total = r->AddCounter(
+      "canzona_dp_comm_exposed_seconds_total",
+      "Part of the DP communication time the trainer waited for (in Step or "
+      "WaitParams); the rest was hidden behind backward and forward.",
+      {"job", "rank"});
   m.registered_parameters =
       r->AddGauge("canzona_registered_parameters",
                   "Parameters registered by the job.", {"job"});

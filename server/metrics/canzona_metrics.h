@@ -28,10 +28,12 @@ struct CanzonaMetrics {
   Family<Gauge>* plan_makespan_over_lb = nullptr;    // {job}
   Family<Counter>* comm_sent_bytes_total = nullptr;  // {job, rank, kind}
   Family<Gauge>* tp_overlap_ratio = nullptr;         // {job, rank}
-  Family<Gauge>* registered_parameters = nullptr;    // {job}
-  Family<Gauge>* optimizer_state_bytes = nullptr;    // {job, rank}
-  Family<Counter>* rpc_requests_total = nullptr;     // {method, code}
-  Family<Gauge>* build_info = nullptr;               // {version, backend, comm}
+  Family<Counter>* dp_comm_seconds_total = nullptr;  // {job, rank}
+  Family<Counter>* dp_comm_exposed_seconds_total = nullptr;  // {job, rank}
+  Family<Gauge>* registered_parameters = nullptr;            // {job}
+  Family<Gauge>* optimizer_state_bytes = nullptr;            // {job, rank}
+  Family<Counter>* rpc_requests_total = nullptr;             // {method, code}
+  Family<Gauge>* build_info = nullptr;  // {version, backend, comm}
 
   static CanzonaMetrics Register(MetricsRegistry* registry);
 };

@@ -165,4 +165,24 @@ grpc::ServerUnaryReactor* OptimizerServiceImpl::ImportState(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* OptimizerServiceImpl::GradReady(
+    grpc::CallbackServerContext* context,
+    const canzona::v1::GradReadyRequest* request,
+    canzona::v1::GradReadyResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  engine_->GradReady(*request,
+                     Completion(reactor, response, requests_, "GradReady"));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* OptimizerServiceImpl::WaitParams(
+    grpc::CallbackServerContext* context,
+    const canzona::v1::WaitParamsRequest* request,
+    canzona::v1::WaitParamsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  engine_->WaitParams(*request,
+                      Completion(reactor, response, requests_, "WaitParams"));
+  return reactor;
+}
+
 }  // namespace canzona

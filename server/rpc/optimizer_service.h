@@ -79,6 +79,14 @@ class OptimizerServiceImpl final
       grpc::CallbackServerContext* context,
       const canzona::v1::ImportStateRequest* request,
       canzona::v1::ImportStateResponse* response) override;
+  grpc::ServerUnaryReactor* GradReady(
+      grpc::CallbackServerContext* context,
+      const canzona::v1::GradReadyRequest* request,
+      canzona::v1::GradReadyResponse* response) override;
+  grpc::ServerUnaryReactor* WaitParams(
+      grpc::CallbackServerContext* context,
+      const canzona::v1::WaitParamsRequest* request,
+      canzona::v1::WaitParamsResponse* response) override;
 
  private:
   Engine* engine_;

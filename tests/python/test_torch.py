@@ -69,6 +69,7 @@ def daemon():
 def run_ranks(daemon, world, out_dir, *args):
     """Runs torch_worker.py as `world` ranks; returns each rank's results."""
     job = "py-" + uuid.uuid4().hex[:12]
+    os.makedirs(out_dir, exist_ok=True)
     procs = []
     outs = []
     for rank in range(world):
@@ -273,6 +274,34 @@ def test_state_dict_resumes_bitwise_in_new_processes(daemon, tmp_path, world):
         assert a["losses"][10:] == b["losses"]
         for n, p in a["params"].items():
             assert torch.equal(p, b["params"][n]), n
+
+
+@pytest.mark.parametrize("kind", ["muon", "soap"])
+def test_overlap_and_hierarchical_sharding_are_bitwise(daemon, tmp_path, kind):
+    """module= (GradReady from backward hooks, async step, WaitParams in
+    forward pre-hooks) and shard_group_size=1 (every DP rank a group of its
+    own: replicated state, all-reduced gradients) give the plain step's
+    bits; small buckets so that the model spans several."""
+    common = ("--optimizer", kind, "--last", "6", "--bucket-size", "20000")
+    plain = run_ranks(daemon, 2, str(tmp_path / "plain"), *common)
+    overlap = run_ranks(daemon, 2, str(tmp_path / "overlap"), *common,
+                        "--overlap")
+    hier = run_ranks(daemon, 2, str(tmp_path / "hier"), *common, "--overlap",
+                     "--shard-group-size", "1")
+    assert plain[0]["buckets"] > 2, plain[0]["buckets"]
+    for other in (overlap, hier):
+        for a, b in zip(plain, other):
+            assert a["losses"] == b["losses"]
+            for n, p in a["params"].items():
+                assert torch.equal(p, b["params"][n]), n
+    for r in overlap:
+        total, exposed = r["comm"]
+        assert 0 <= exposed and 0 <= total
+        # Every bucket reported from backward hooks and waited for by a
+        # forward pre-hook (the last step's by synchronize()).
+        assert r["events"]["grad_ready"] == 6 * r["buckets"], r["events"]
+        assert r["events"]["wait_params"] >= 5 * r["buckets"], r["events"]
+    assert plain[0]["events"] == {"grad_ready": 0, "wait_params": 0}
 
 
 def test_bad_use_raises_clear_errors(daemon):

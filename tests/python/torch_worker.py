@@ -21,9 +21,9 @@ SHAMPOO_EPSILON = float(os.environ.get("TEST_SHAMPOO_EPSILON", "1e-5"))
 SOAP_MAX_PRECOND_DIM = int(os.environ.get("TEST_SOAP_MAX_PRECOND_DIM", "32"))
 
 
-def make(name, model, job_id, lr_settings):
+def make(name, model, job_id, lr_settings, **extra):
     named = model.named_parameters()
-    common = dict(job_id=job_id)
+    common = dict(job_id=job_id, **extra)
     if name == "muon":
         return ct.Muon(named, lr=0.02, adamw_lr=3e-3, adamw_weight_decay=0.01,
                        **common)
@@ -56,6 +56,11 @@ def main():
                    help="after --last, torch.save model and optimizer here")
     p.add_argument("--halve-lr", action="store_true",
                    help="StepLR(step_size=1, gamma=0.5)")
+    p.add_argument("--overlap", action="store_true",
+                   help="module=model: GradReady hooks, async step, "
+                        "WaitParams pre-hooks")
+    p.add_argument("--bucket-size", type=int, default=0)
+    p.add_argument("--shard-group-size", type=int, default=0)
     args = p.parse_args()
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
@@ -64,7 +69,21 @@ def main():
     if args.resume:
         saved = torch.load(args.resume)
         model.load_state_dict(saved["model"])
-    opt = make(args.optimizer, model, args.job_id, None)
+    extra = dict(bucket_size=args.bucket_size,
+                 shard_group_size=args.shard_group_size)
+    if args.overlap:
+        extra["module"] = model
+    opt = make(args.optimizer, model, args.job_id, None, **extra)
+    # Counts the bucket events the hooks send (the test asserts overlap
+    # really happened).
+    events = {"grad_ready": 0, "wait_params": 0}
+    for name in events:
+        real = getattr(opt.client, name)
+
+        def counted(*a, _real=real, _name=name, **k):
+            events[_name] += 1
+            return _real(*a, **k)
+        setattr(opt.client, name, counted)
     if args.resume:
         opt.load_state_dict(saved["optimizer"])
     sched = (torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
@@ -82,13 +101,19 @@ def main():
         if sched is not None:
             sched.step()
         losses.append(loss.item())
+    opt.synchronize()
     if args.save:
         torch.save({"model": model.state_dict(),
                     "optimizer": opt.state_dict()}, args.save)
     torch.save({"losses": losses, "deltas": deltas,
                 "params": {n: q.detach().clone()
                            for n, q in model.named_parameters()},
-                "lrs": [g["lr"] for g in opt.param_groups]}, args.out)
+                "lrs": [g["lr"] for g in opt.param_groups],
+                "buckets": len(opt.registered["buckets"]),
+                "events": events,
+                "comm": [opt.last_step["seconds"]["dp_comm"],
+                         opt.last_step["seconds"]["dp_comm_exposed"]]},
+               args.out)
     opt.close()
 
 

@@ -58,21 +58,39 @@ class Client:
         return self._client.allocate(job_id, global_rank, nbytes)
 
     def register(self, job_id, layout, rank, groups, parameters,
-                 strategy="cost", alpha=0.0, bucket_size=0):
+                 strategy="cost", alpha=0.0, bucket_size=0,
+                 shard_group_size=0):
         """Registers one rank; returns when every rank of the job has.
 
         layout and rank are (pp, dp, tp); groups are (name, optimizer,
         settings dict); parameters are dicts with name, shape (global),
         tp_split_dim, group, param and grad ((shm name, offset, nbytes)).
+        shard_group_size: hierarchical sharding (0: flat). The result's
+        "buckets" lists each gradient bucket's parameter indices, in the
+        order backward fills them.
         """
         return self._client.register(job_id, tuple(layout), tuple(rank),
                                      [tuple(g) for g in groups], parameters,
-                                     strategy, alpha, bucket_size)
+                                     strategy, alpha, bucket_size,
+                                     shard_group_size)
 
-    def step(self, job_id, rank, step, lr=None, grad_scale=0.0):
-        """Runs optimizer step ``step``; returns its statistics."""
+    def step(self, job_id, rank, step, lr=None, grad_scale=0.0,
+             async_params=False):
+        """Runs optimizer step ``step``; returns its statistics. With
+        async_params it returns after the update and the parameters arrive
+        per bucket (wait_params)."""
         return self._client.step(job_id, tuple(rank), step, lr or {},
-                                 grad_scale)
+                                 grad_scale, async_params)
+
+    def grad_ready(self, job_id, rank, step, buckets):
+        """Backward finished these buckets of ``step``: the daemon starts
+        their reduction now (before step())."""
+        self._client.grad_ready(job_id, tuple(rank), step, list(buckets))
+
+    def wait_params(self, job_id, rank, step, bucket=-1):
+        """Blocks until ``bucket`` (-1: all) holds step ``step``'s update;
+        returns the seconds it waited."""
+        return self._client.wait_params(job_id, tuple(rank), step, bucket)
 
     def plan(self, job_id):
         """The job's plan (the planner's JSON, parsed) and its digest."""

@@ -19,9 +19,21 @@ RANK / WORLD_SIZE and ``tp_size``), the daemon address from ``target`` or
 $CANZONA_TARGET. Gradients are averaged over data-parallel ranks by the
 daemons: do not all-reduce them in the trainer (no DDP wrapper).
 
+Overlap (AsyncHZP): pass the model as ``module=`` and the optimizer hooks
+it. As backward finishes a gradient bucket (every parameter's gradient
+accumulated), a hook tells the daemon (GradReady) and its communication
+thread starts that bucket's reduce-scatter while backward goes on; step()
+then waits only for what is left, and returns before the parameter
+all-gathers end. Forward pre-hooks wait (WaitParams) for just the buckets
+each module needs. Results are bitwise those of the plain step. Use
+``with opt.no_sync():`` around the backward of every micro-batch but the
+last when accumulating gradients, and ``opt.synchronize()`` before reading
+parameters outside a forward.
+
 Thread-safety: like torch.optim optimizers, one per trainer thread.
 """
 
+import contextlib
 import os
 import uuid
 
@@ -117,12 +129,17 @@ class Optimizer(torch.optim.Optimizer):
         socket). job_id: shared by all ranks (default $CANZONA_JOB_ID, the
         torchrun run id, or one broadcast from rank 0).
       strategy, alpha, bucket_size: the planner's (see canzonactl plan).
+      shard_group_size: hierarchical sharding: optimizer state sharded over
+        groups of this many DP ranks and replicated across groups (0: flat).
+      module: the model (an nn.Module holding the parameters) to overlap
+        communication with its backward and forward (see above).
     """
 
     def __init__(self, named_parameters, groups, route=None, *, layout=None,
                  tp_size=1, tp_split=None, target=None, job_id=None,
                  job_token=None, tls_ca=None, strategy="cost", alpha=0.0,
-                 bucket_size=0, connect_timeout=10.0, step_timeout=600.0):
+                 bucket_size=0, connect_timeout=10.0, step_timeout=600.0,
+                 shard_group_size=0, module=None):
         named = list(named_parameters)
         if not named:
             raise ValueError("named_parameters: empty")
@@ -242,10 +259,93 @@ class Optimizer(torch.optim.Optimizer):
             [(g, kind, {k: _setting_value(v) for k, v in spec.items()})
              for g, (kind, spec) in self._groups.items()],
             parameters, strategy=strategy, alpha=alpha,
-            bucket_size=bucket_size)
+            bucket_size=bucket_size, shard_group_size=shard_group_size)
         self.steps = 0
         self.last_step = None
         self._closed = False
+        self._module = module
+        self._sync = True
+        self._hooks = []
+        if module is not None:
+            self._hook_module(module)
+
+    # -- overlap ------------------------------------------------------------
+
+    def _hook_module(self, module):
+        buckets = self.registered["buckets"]
+        self._bucket_of = {}
+        for b, members in enumerate(buckets):
+            for j in members:
+                self._bucket_of[j] = b
+        # Frozen parameters never get a gradient: their buckets are left to
+        # step() (which reports whatever backward did not).
+        self._bucket_size = [0] * len(buckets)
+        self._left = []
+        self._reported = set()
+        # Buckets of the last async step not yet waited for.
+        self._unsynced = set()
+        # Hooks on the AccumulateGrad nodes run once a parameter's gradient
+        # is fully accumulated for this backward (torch >= 1.13; the
+        # Megatron DDP technique). The nodes must stay referenced.
+        self._accumulators = []
+        for j, (param, _) in enumerate(self._grads):
+            if param.requires_grad:
+                self._bucket_size[self._bucket_of[j]] += 1
+        self._left = list(self._bucket_size)
+        for j, (param, _) in enumerate(self._grads):
+            if not param.requires_grad:
+                continue
+            acc = param.expand_as(param).grad_fn.next_functions[0][0]
+            self._hooks.append(acc.register_hook(self._accumulated(j)))
+            self._accumulators.append(acc)
+        index = {id(p): j for j, (p, _) in enumerate(self._grads)}
+        for sub in module.modules():
+            mine = sorted({self._bucket_of[index[id(p)]]
+                           for p in sub.parameters(recurse=False)
+                           if id(p) in index})
+            if mine:
+                self._hooks.append(
+                    sub.register_forward_pre_hook(self._before_forward(mine)))
+
+    def _accumulated(self, j):
+        def hook(*unused):
+            del unused
+            self._seen_grad = True
+            if not self._sync:
+                return
+            b = self._bucket_of[j]
+            self._left[b] -= 1
+            if self._left[b] == 0 and b not in self._reported:
+                self._reported.add(b)
+                self.client.grad_ready(self.job_id, self.rank, self.steps + 1,
+                                       [b])
+        return hook
+
+    def _before_forward(self, buckets):
+        def hook(*unused):
+            del unused
+            for b in buckets:
+                if b in self._unsynced:
+                    self.client.wait_params(self.job_id, self.rank,
+                                            self.steps, b)
+                    self._unsynced.discard(b)
+        return hook
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward inside does not report buckets (gradient accumulation:
+        every micro-batch but the last)."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def synchronize(self):
+        """Blocks until the last step's parameters are all in place."""
+        if self._module is not None and self._unsynced:
+            self.client.wait_params(self.job_id, self.rank, self.steps, -1)
+            self._unsynced.clear()
 
     def _mark_grad(self, grad):
         self._seen_grad = True
@@ -275,10 +375,19 @@ class Optimizer(torch.optim.Optimizer):
                 "loss.backward() first")
         self._restore_grads()
         lr = {g["name"]: float(g["lr"]) for g in self.param_groups}
+        overlap = self._module is not None
+        # The previous step's parameters must be in place before this
+        # step reads them (a step without a forward in between).
+        self.synchronize()
         self.last_step = self.client.step(self.job_id, self.rank,
-                                          self.steps + 1, lr)
+                                          self.steps + 1, lr,
+                                          async_params=overlap)
         self.steps += 1
         self._seen_grad = False
+        if overlap:
+            self._left = list(self._bucket_size)
+            self._reported = set()
+            self._unsynced = set(range(len(self._bucket_size)))
         return loss
 
     def zero_grad(self, set_to_none=False):
@@ -296,6 +405,7 @@ class Optimizer(torch.optim.Optimizer):
     def state_dict(self):
         """This rank's view: param_groups as torch has them plus the state
         the daemon holds for this rank (as bytes)."""
+        self.synchronize()
         exported = self.client.export_state(self.job_id, self.rank)
         groups = []
         index = 0
@@ -353,6 +463,9 @@ class Optimizer(torch.optim.Optimizer):
         """Deregisters this rank (the job ends when its last rank leaves)."""
         if not self._closed:
             self._closed = True
+            for handle in self._hooks:
+                handle.remove()
+            self._hooks = []
             self.client.deregister(self.job_id, self.rank)
 
 

@@ -3,6 +3,8 @@
 // uninterrupted run bitwise; corrupted or mismatching checkpoints are
 // refused with nothing loaded; a rank's state exported and imported
 // resumes bitwise too.
+#include "server/checkpoint/checkpoint.h"
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -15,7 +17,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/base/status_macros.h"
-#include "server/checkpoint/checkpoint.h"
 #include "server/engine/engine_impl.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/engine/engine_test_util.h"
@@ -30,9 +31,9 @@ using ::testing::HasSubstr;
 class TempDir {
  public:
   TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() /
-                           "canzona-ckpt-test-XXXXXX")
-                              .string();
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "canzona-ckpt-test-XXXXXX")
+            .string();
     path_ = ::mkdtemp(pattern.data());
   }
   ~TempDir() {
@@ -138,8 +139,8 @@ void ResumeChain(const std::vector<JobConfig>& layouts, bool load = true) {
     ASSERT_OK_AND_ASSIGN(Params reference,
                          Reference(layouts[0], first + 9, {}));
     ASSERT_OK(run.Compare(reference, /*bitwise=*/true));
-    ASSERT_OK(SaveAll(run, cluster, tmp.Sub(absl::StrCat("ckpt", k)),
-                      first + 9));
+    ASSERT_OK(
+        SaveAll(run, cluster, tmp.Sub(absl::StrCat("ckpt", k)), first + 9));
     params = run.GatherParams();
   }
 }
@@ -208,6 +209,17 @@ TEST(CheckpointTest, ResumeAcrossLayoutsAndStrategiesIsBitwise) {
                Config("reshard-c", 1, 4, "layerwise")});
 }
 
+// Hierarchical sharding: shard group 0 writes the records; every group
+// loads its replica (S = 1: every DP rank holds all state).
+TEST(CheckpointTest, HierarchicalShardingResumesAcrossGroupSizes) {
+  JobConfig a = Config("hier-a", 4, 1, "cost");
+  a.shard_group_size = 2;
+  JobConfig b = Config("hier-b", 2, 2, "cost");
+  JobConfig c = Config("hier-c", 4, 1, "alpha");
+  c.shard_group_size = 1;
+  ResumeChain({a, b, c});
+}
+
 TEST(CheckpointTest, ReplicatedStrategyRoundTrips) {
   ResumeChain({Config("sc-a", 2, 2, "sc"), Config("sc-b", 2, 1, "cost")});
 }
@@ -238,7 +250,8 @@ class CheckpointErrorsTest : public ::testing::Test {
   // job continues to the same result as the uninterrupted run.
   void ExpectRefused(const std::string& dir, absl::StatusCode code,
                      const std::string& message) {
-    EXPECT_THAT(LoadAll(*run_, cluster_, dir), StatusIs(code, HasSubstr(message)));
+    EXPECT_THAT(LoadAll(*run_, cluster_, dir),
+                StatusIs(code, HasSubstr(message)));
     ASSERT_OK(run_->RunSteps(cluster_, 11, 12));
     ASSERT_OK_AND_ASSIGN(Params reference, Reference(config_, 12, {}));
     EXPECT_OK(run_->Compare(reference, /*bitwise=*/true));
@@ -314,9 +327,9 @@ TEST_F(CheckpointErrorsTest, SaveRefusesCommittedAndRelativeDirs) {
   EXPECT_THAT(SaveAll(*run_, cluster_, good_, 10),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("already holds a committed checkpoint")));
-  EXPECT_THAT(SaveAll(*run_, cluster_, "relative/dir", 10),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("absolute path")));
+  EXPECT_THAT(
+      SaveAll(*run_, cluster_, "relative/dir", 10),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("absolute path")));
   EXPECT_THAT(LoadAll(*run_, cluster_, tmp_.Sub("nothing-here")),
               StatusIs(absl::StatusCode::kNotFound));
   // The job keeps stepping after every refused call.
@@ -325,8 +338,7 @@ TEST_F(CheckpointErrorsTest, SaveRefusesCommittedAndRelativeDirs) {
   EXPECT_OK(run_->Compare(reference, /*bitwise=*/true));
   // A later save works and records the step.
   ASSERT_OK(SaveAll(*run_, cluster_, tmp_.Sub("later"), 11));
-  ASSERT_OK_AND_ASSIGN(auto reader,
-                       CheckpointReader::Open(tmp_.Sub("later")));
+  ASSERT_OK_AND_ASSIGN(auto reader, CheckpointReader::Open(tmp_.Sub("later")));
   EXPECT_EQ(reader->manifest().step, 11);
   EXPECT_EQ(reader->manifest().layout, (CheckpointLayout{1, 2, 2}));
   EXPECT_EQ(reader->ParamNames().size(), config_.params.size());
@@ -344,8 +356,8 @@ TEST_F(CheckpointErrorsTest, CheckpointRootConfinesDirs) {
   request.set_dir(tmp_.Sub("root/../elsewhere"));
   Result<v1::SaveCheckpointResponse> result;
   engine->SaveCheckpoint(request, result.callback());
-  EXPECT_THAT(result.Get(), StatusIs(absl::StatusCode::kInvalidArgument,
-                                     HasSubstr("'..'")));
+  EXPECT_THAT(result.Get(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'..'")));
   request.set_dir("/etc/canzona");
   Result<v1::SaveCheckpointResponse> outside;
   engine->SaveCheckpoint(request, outside.callback());

@@ -2,9 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -302,8 +305,14 @@ void TrainerRank::SetParams(
 }
 
 void TrainerRank::WriteGrads(int step) {
+  std::vector<int> all(config_.params.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+  WriteGrads(step, all);
+}
+
+void TrainerRank::WriteGrads(int step, const std::vector<int>& params) {
   float* base = static_cast<float*>(shm_->data());
-  for (size_t i = 0; i < config_.params.size(); ++i) {
+  for (int i : params) {
     std::vector<float> shard = Shard(
         config_.params[i], FullGrad(config_, config_.params[i], step, dp_));
     if (step == config_.nan_step && global_ == config_.nan_global_rank &&
@@ -327,6 +336,7 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
   r.mutable_rank()->set_tp_rank(tp_);
   r.set_strategy(config_.strategy);
   r.set_bucket_size(config_.bucket_size);
+  r.set_shard_group_size(config_.shard_group_size);
   for (const char* g : {"muon", "adamw", "shampoo", "soap"}) {
     v1::OptimizerGroup* group = r.add_groups();
     group->set_name(g);
@@ -421,6 +431,77 @@ absl::Status JobRun::RunSteps(Cluster& cluster, int first, int last) {
       engine.Step(rank.MakeStep(s), step.callback());
       CANZONA_ASSIGN_OR_RETURN(v1::StepResponse response, step.Get());
       responses[rank.global()].push_back(response);
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status JobRun::RunStepsOverlapped(Cluster& cluster, int first, int last,
+                                        bool shuffled, uint64_t seed) {
+  return ForAll(cluster, [&](TrainerRank& rank, Engine& engine) {
+    std::mt19937_64 rng(seed * 1000003 + rank.global());
+    const v1::RegisterResponse& reg = registered[rank.global()];
+    const int buckets = reg.buckets_size();
+    auto pause = [&] {
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
+    };
+    auto grad_ready = [&](int64_t s, std::vector<int> list) {
+      v1::GradReadyRequest request;
+      request.set_job_id(config_.job_id);
+      *request.mutable_rank() = rank.MakeStep(s).rank();
+      request.set_step(s);
+      for (int b : list) request.add_buckets(b);
+      Result<v1::GradReadyResponse> done;
+      engine.GradReady(request, done.callback());
+      return done.Get().status();
+    };
+    auto wait_params = [&](int64_t s, int b) {
+      v1::WaitParamsRequest request;
+      request.set_job_id(config_.job_id);
+      *request.mutable_rank() = rank.MakeStep(s).rank();
+      request.set_step(s);
+      request.set_bucket(b);
+      Result<v1::WaitParamsResponse> done;
+      engine.WaitParams(request, done.callback());
+      return done.Get().status();
+    };
+    for (int s = first; s <= last; ++s) {
+      if (shuffled) {
+        rank.WriteGrads(s);
+        std::vector<int> order(buckets);
+        for (int b = 0; b < buckets; ++b) order[b] = b;
+        std::shuffle(order.begin(), order.end(), rng);
+        order.resize(buckets - static_cast<int>(rng() % 2));  // leave one
+        for (size_t j = 0; j < order.size(); j += 2) {
+          std::vector<int> two(order.begin() + j,
+                               order.begin() + std::min(j + 2, order.size()));
+          two.push_back(two.front());  // repeats are ignored
+          CANZONA_RETURN_IF_ERROR(grad_ready(s, two));
+          pause();
+        }
+      } else {
+        for (int b = 0; b < buckets; ++b) {
+          const v1::Bucket& bucket = reg.buckets(b);
+          rank.WriteGrads(s, std::vector<int>(bucket.parameters().begin(),
+                                              bucket.parameters().end()));
+          CANZONA_RETURN_IF_ERROR(grad_ready(s, {b}));
+          pause();
+        }
+      }
+      v1::StepRequest step = rank.MakeStep(s);
+      step.set_async_params(true);
+      Result<v1::StepResponse> done;
+      engine.Step(step, done.callback());
+      CANZONA_ASSIGN_OR_RETURN(v1::StepResponse response, done.Get());
+      responses[rank.global()].push_back(response);
+      if (s % 2 == 0) {
+        CANZONA_RETURN_IF_ERROR(wait_params(s, -1));
+      } else {
+        for (int b = buckets - 1; b >= 0; --b) {
+          CANZONA_RETURN_IF_ERROR(wait_params(s, b));
+          pause();
+        }
+      }
     }
     return absl::OkStatus();
   });

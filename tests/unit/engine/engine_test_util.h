@@ -63,6 +63,8 @@ struct JobConfig {
   // (2d + 1 - dp) times a second pattern, which sums to zero): runs in
   // different layouts then share one reference (resharding tests).
   bool layout_free_grads = false;
+  // Hierarchical sharding (RegisterRequest.shard_group_size; 0 = flat).
+  int shard_group_size = 0;
   int world() const { return dp * tp; }
 };
 
@@ -119,6 +121,9 @@ class TrainerRank {
   canzona::v1::RegisterRequest MakeRegister() const;
   canzona::v1::StepRequest MakeStep(int64_t step) const;
   void WriteGrads(int step);
+  // Only the gradients of these parameters (indices into config().params):
+  // what backward has produced when a bucket completes.
+  void WriteGrads(int step, const std::vector<int>& params);
   // This rank's shard of the parameter / its buffer.
   std::vector<float> Shard(const ModelParam& p,
                            const std::vector<float>& full) const;
@@ -146,6 +151,14 @@ class JobRun {
   absl::Status RegisterAll(Cluster& cluster);
   // Steps first..last on every rank (registered already).
   absl::Status RunSteps(Cluster& cluster, int first, int last);
+  // The same steps the way an overlapping trainer drives them: per bucket
+  // in backward order it writes the bucket's gradients and reports it with
+  // GradReady (in `shuffled` mode every rank writes all first and reports
+  // the buckets in its own random order, leaving some to Step); Step with
+  // async_params; then WaitParams per bucket in forward order (or -1).
+  // `seed` varies the orders and the sleeps between events.
+  absl::Status RunStepsOverlapped(Cluster& cluster, int first, int last,
+                                  bool shuffled, uint64_t seed);
   // Runs `call` for every rank on its own thread (collectives), with the
   // engine serving it; the first error names its rank.
   absl::Status ForAll(
