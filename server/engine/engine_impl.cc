@@ -1408,6 +1408,7 @@ absl::Status ReduceBucket(LocalRank& rank, const JobPlan& jp, int b) {
   for (int i : jp.plan.buckets[bucket.index].params) {
     const int j = i - rt.first;
     const int64_t n = jp.params[i].local_numel;
+    if (n == 0) continue;
     std::memcpy(rt.gstage.data() + rt.offset[i], rank.grad_buf[j],
                 n * sizeof(float));
     std::memcpy(rt.pstage.data() + rt.offset[i], rank.param_buf[j],
@@ -1420,8 +1421,9 @@ absl::Status ReduceBucket(LocalRank& rank, const JobPlan& jp, int b) {
     rt.comm_tmp.resize(mine);
     CANZONA_RETURN_IF_ERROR(
         rt.dp->ReduceScatterV(g, bucket.counts, rt.comm_tmp.data()));
+    if (mine == 0) return absl::OkStatus();  // (an empty vector's data())
     std::memcpy(g + bucket.my_start, rt.comm_tmp.data(), mine * sizeof(float));
-    if (rt.cross->size() > 1 && mine > 0) {
+    if (rt.cross->size() > 1) {
       CANZONA_RETURN_IF_ERROR(rt.cross->AllReduce(g + bucket.my_start, mine));
     }
     return absl::OkStatus();
@@ -1434,7 +1436,9 @@ absl::Status ReduceBucket(LocalRank& rank, const JobPlan& jp, int b) {
   for (int r = 0; r < d; ++r) start += counts[r];
   rt.comm_tmp.resize(counts[d]);
   CANZONA_RETURN_IF_ERROR(rt.dp->ReduceScatterV(g, counts, rt.comm_tmp.data()));
-  std::memcpy(g + start, rt.comm_tmp.data(), counts[d] * sizeof(float));
+  if (counts[d] > 0) {
+    std::memcpy(g + start, rt.comm_tmp.data(), counts[d] * sizeof(float));
+  }
   return rt.dp->AllGatherV(g + start, counts, g);
 }
 
@@ -1473,14 +1477,17 @@ absl::Status GatherBucket(LocalRank& rank, const JobPlan& jp, int b) {
     for (int i : rt.local_params) {
       const int owner = jp.plan.dp_owner[i];
       const int64_t n = jp.params[i].local_numel;
+      if (n == 0) continue;
       std::memcpy(rt.pstage.data() + rt.offset[i],
                   rt.comm_recv.data() + at[owner], n * sizeof(float));
       at[owner] += n;
     }
   }
   for (int i : jp.plan.buckets[bucket.index].params) {
+    const int64_t n = jp.params[i].local_numel;
+    if (n == 0) continue;
     std::memcpy(rank.param_buf[i - rt.first], rt.pstage.data() + rt.offset[i],
-                jp.params[i].local_numel * sizeof(float));
+                n * sizeof(float));
   }
   return absl::OkStatus();
 }

@@ -21,8 +21,8 @@
 // Requests that reach known engine bugs (KnownEngineBug(), StepWouldSpin(),
 // each naming its bug) can be skipped with CANZONA_FUZZ_KNOWN_BUGS=0; the
 // bugs listed are fixed, so by default nothing is skipped and the repro
-// inputs (make_seeds --repros) check the fixes. CANZONA_FUZZ_STATS=1 prints the calls per
-// status code at exit, CANZONA_FUZZ_DUMP=1 every Register request.
+// inputs (make_seeds --repros) check the fixes. CANZONA_FUZZ_STATS=1 prints the
+// calls per status code at exit, CANZONA_FUZZ_DUMP=1 every Register request.
 //
 // Thread-safety: libFuzzer calls LLVMFuzzerTestOneInput from one thread;
 // engine callbacks run on the engine's worker threads and only touch the
@@ -88,7 +88,14 @@ constexpr int64_t kMaxBytesPerJob = 3 * kShmBytes;
   std::abort();
 }
 
-enum class Call { kRegister, kStep, kGetPlan, kDeregister };
+enum class Call {
+  kRegister,
+  kStep,
+  kGetPlan,
+  kDeregister,
+  kGradReady,
+  kWaitParams
+};
 
 const char* CallName(Call call) {
   switch (call) {
@@ -100,6 +107,10 @@ const char* CallName(Call call) {
       return "GetPlan";
     case Call::kDeregister:
       return "Deregister";
+    case Call::kGradReady:
+      return "GradReady";
+    case Call::kWaitParams:
+      return "WaitParams";
   }
   return "?";
 }
@@ -147,6 +158,17 @@ bool ExpectedCode(Call call, Code code) {
     case Call::kDeregister:
       return code == Code::kOk || code == Code::kNotFound ||
              code == Code::kUnauthenticated || code == Code::kUnavailable;
+    case Call::kGradReady:
+      return code == Code::kOk || code == Code::kInvalidArgument ||
+             code == Code::kNotFound || code == Code::kFailedPrecondition ||
+             code == Code::kUnavailable;
+    case Call::kWaitParams:
+      // Besides bad input: the step's job failed (ABORTED), its
+      // collectives timed out or the daemon went away.
+      return code == Code::kOk || code == Code::kInvalidArgument ||
+             code == Code::kNotFound || code == Code::kFailedPrecondition ||
+             code == Code::kAborted || code == Code::kDeadlineExceeded ||
+             code == Code::kUnavailable;
   }
   return false;
 }
@@ -154,7 +176,7 @@ bool ExpectedCode(Call call, Code code) {
 // Calls per (call, code) over the run, printed at exit when
 // CANZONA_FUZZ_STATS=1: shows how deep the inputs get (how many register
 // and step OK) next to libFuzzer's coverage numbers.
-constexpr int kCalls = 4;
+constexpr int kCalls = 6;
 constexpr int kCodes = 17;
 std::atomic<int64_t> call_stats[kCalls][kCodes];
 
@@ -263,6 +285,13 @@ class Tracker {
   }
   static void CheckResponse(const v1::StepResponse& r) {
     if (!(r.seconds().total() >= 0)) Die("Step OK with a negative total time");
+    if (!(r.seconds().dp_comm() >= 0 && r.seconds().dp_comm_exposed() >= 0)) {
+      Die("Step OK with a negative DP communication time");
+    }
+  }
+  static void CheckResponse(const v1::GradReadyResponse&) {}
+  static void CheckResponse(const v1::WaitParamsResponse& r) {
+    if (!(r.waited_seconds() >= 0)) Die("WaitParams OK with a negative wait");
   }
 
   absl::Mutex mu_;
@@ -778,6 +807,11 @@ class Structured {
     base.set_bucket_size(Mutate()
                              ? Pick<int64_t>({-5, int64_t{1} << 40, INT64_MAX})
                              : Pick<int64_t>({0, 64, 1, 16, 1000}));
+    // Hierarchical sharding, derived from choices already made so that the
+    // bytes of existing seeds keep their meaning: valid S = 2 for DP 4 with
+    // bucket size 16, an invalid S for DP 3 with bucket size 64.
+    if (l->dp() == 4 && base.bucket_size() == 16) base.set_shard_group_size(2);
+    if (l->dp() == 3 && base.bucket_size() == 64) base.set_shard_group_size(2);
     BuildGroups(&base);
     BuildParameters(&base);
 
@@ -850,11 +884,42 @@ class Structured {
                 Number(0.01);
           }
           if (!Deliverable(step)) break;
+          // Even steps overlap (no extra bytes consumed): GradReady of a
+          // valid and an out-of-range bucket, an async Step, WaitParams.
+          const bool overlap = next_step % 2 == 0;
+          step.set_async_params(overlap);
+          for (const v1::RegisterRequest* r : registered) {
+            if (!overlap) continue;
+            v1::GradReadyRequest ready;
+            ready.set_job_id(step.job_id());
+            *ready.mutable_rank() = r->rank();
+            ready.set_step(step.step());
+            ready.add_buckets(0);
+            auto [callback, slot] =
+                tracker.Track<v1::GradReadyResponse>(Call::kGradReady);
+            engine.GradReady(ready, std::move(callback));
+            ready.add_buckets(1 << 20);
+            auto [bad, bad_slot] =
+                tracker.Track<v1::GradReadyResponse>(Call::kGradReady);
+            engine.GradReady(ready, std::move(bad));
+          }
           for (const v1::RegisterRequest* r : registered) {
             *step.mutable_rank() = r->rank();
             auto [callback, slot] =
                 tracker.Track<v1::StepResponse>(Call::kStep);
             engine.Step(step, std::move(callback));
+          }
+          tracker.WaitAll();
+          for (const v1::RegisterRequest* r : registered) {
+            if (!overlap) continue;
+            v1::WaitParamsRequest wait;
+            wait.set_job_id(step.job_id());
+            *wait.mutable_rank() = r->rank();
+            wait.set_step(step.step());
+            wait.set_bucket(-1);
+            auto [callback, slot] =
+                tracker.Track<v1::WaitParamsResponse>(Call::kWaitParams);
+            engine.WaitParams(wait, std::move(callback));
           }
           tracker.WaitAll();
           ++next_step;
