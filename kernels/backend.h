@@ -253,6 +253,15 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(BackendKind kind,
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackendByName(
     absl::string_view name, int device = 0);
 
+// Memory allocations every backend in this process has made so far:
+// Allocate() calls (host memory on cpu) and the cuda backend's device
+// allocations (its pool and grow-only workspaces). A steady-state
+// optimizer step must not change it; tests count it. Thread-safe.
+int64_t BackendAllocationCount();
+namespace backend_internal {
+void CountAllocation();
+}  // namespace backend_internal
+
 }  // namespace canzona
 
 #endif  // CANZONA_KERNELS_BACKEND_H_

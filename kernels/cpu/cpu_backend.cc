@@ -141,6 +141,7 @@ class CpuBackend final : public Backend {
           "Allocate: cannot allocate ", count, " floats (", bytes, " bytes)"));
     }
     std::memset(p, 0, bytes);
+    backend_internal::CountAllocation();
     return DeviceBuffer(this, static_cast<float*>(p), count);
   }
 

@@ -253,6 +253,7 @@ absl::StatusOr<void*> CudaBackend::DeviceAlloc(size_t bytes) {
   } else {
     CANZONA_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
   }
+  backend_internal::CountAllocation();
   return p;
 }
 

@@ -38,6 +38,7 @@
 #include "client/shm/shared_memory.h"
 #include "kernels/backend.h"
 #include "kernels/base/status_macros.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/checkpoint.h"
 #include "server/comm/gloo_communicator.h"
@@ -185,6 +186,11 @@ struct RankMetrics;
 // staging buffers. Touched only by that worker thread (comms also by Abort).
 struct RankRuntime {
   std::unique_ptr<Backend> backend;
+  // cuda compute with host (Gloo) communication: each update stages its
+  // parameter and gradient through these device buffers, sized at setup
+  // for the largest rule (no allocation in a step).
+  bool on_device = false;
+  DeviceBuffer device_param, device_grad;
   // dp: the DP ranks of my shard group (all of DP when flat); cross: the
   // ranks at my position in the other groups (hierarchical sharding).
   std::unique_ptr<Communicator> dp, tp, world, cross;
@@ -1389,6 +1395,23 @@ absl::Status EngineImpl::CheckDigests(Job& job, const LocalRank& rank,
 
 namespace {
 
+// Parameter i's update on host `param` / `grad` (the staging buffers the
+// communicators fill): in place on cpu; on cuda through the rank's device
+// buffers (the copies to the host synchronize, so `param` is final on
+// return).
+absl::Status StepRule(RankRuntime& rt, int i, float* param, const float* grad,
+                      const StepOptions& options) {
+  UpdateRule& rule = *rt.rules.at(i);
+  if (!rt.on_device) return rule.Step(param, grad, options);
+  const int64_t n = NumElements(rule.shape());
+  float* p = rt.device_param.data();
+  float* g = rt.device_grad.data();
+  CANZONA_RETURN_IF_ERROR(rt.backend->CopyFromHost(grad, n, g));
+  CANZONA_RETURN_IF_ERROR(rt.backend->CopyFromHost(param, n, p));
+  CANZONA_RETURN_IF_ERROR(rule.Step(p, g, options));
+  return rt.backend->CopyToHost(p, n, param);
+}
+
 // The DP communication of one bucket, on the rank's communication thread
 // (BucketPipeline). Only that thread touches the dp and cross
 // communicators, the comm_* scratch and, between a step's reductions and
@@ -1508,15 +1531,15 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
   rt->shard_group = rank.coords.dp_rank() / S;
   const int d = rt->shard_pos;
 
-  CANZONA_ASSIGN_OR_RETURN(rt->backend, CreateBackendByName(options_.backend));
-  if (rt->backend->kind() != BackendKind::kCpu) {
-    // The shm data plane hands host pointers to the rules; device staging
-    // belongs to the CUDA data plane (its own issue).
-    spdlog::warn("backend {} resolved to {}; the shm data plane uses cpu",
-                 options_.backend,
-                 std::string(BackendKindName(rt->backend->kind())));
-    CANZONA_ASSIGN_OR_RETURN(rt->backend, CreateBackend(BackendKind::kCpu));
-  }
+  // cuda: the rank's GPU is its global rank modulo the devices present (a
+  // node's trainers are its consecutive global ranks); the updates run
+  // there and the Gloo data plane stays on host staging buffers.
+  const int devices = CudaDeviceCount();
+  CANZONA_ASSIGN_OR_RETURN(
+      rt->backend,
+      CreateBackendByName(options_.backend,
+                          devices > 0 ? rank.global % devices : 0));
+  rt->on_device = rt->backend->kind() == BackendKind::kCuda;
 
   // Communicators: DP (same pp, tp), TP (same pp, dp), world. Every rank
   // creates them in this order, so the rendezvous cannot deadlock.
@@ -1654,6 +1677,12 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
   rt->group_buffers.resize(rt->groups.size());
   rt->full_g.reserve(max_full);
   rt->full_p.reserve(max_full);
+  if (rt->on_device) {
+    CANZONA_ASSIGN_OR_RETURN(rt->device_param, rt->backend->Allocate(max_full));
+    CANZONA_ASSIGN_OR_RETURN(rt->device_grad, rt->backend->Allocate(max_full));
+    spdlog::info("rank {} updates on {}", RankString(rank.coords),
+                 rt->backend->description());
+  }
 
   if (options_.metrics != nullptr) {
     const CanzonaMetrics m = CanzonaMetrics::Register(options_.metrics);
@@ -1943,9 +1972,9 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
   t0 = absl::Now();
   for (int i : rt.local_params) {
     if (!rt.dp_owned[i] || rt.mode[i] != Mode::kLocal) continue;
-    CANZONA_RETURN_IF_ERROR(
-        rt.rules.at(i)->Step(rt.pstage.data() + rt.offset[i],
-                             rt.gstage.data() + rt.offset[i], options_for(i)));
+    CANZONA_RETURN_IF_ERROR(StepRule(rt, i, rt.pstage.data() + rt.offset[i],
+                                     rt.gstage.data() + rt.offset[i],
+                                     options_for(i)));
   }
   times->set_local_compute(Seconds(t0, absl::Now()));
 
@@ -1975,8 +2004,8 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
     }
     absl::Time c0 = absl::Now();
     times->set_tp_gather(times->tp_gather() + Seconds(g0, c0));
-    CANZONA_RETURN_IF_ERROR(rt.rules.at(i)->Step(
-        rt.full_p.data(), rt.full_g.data(), options_for(i)));
+    CANZONA_RETURN_IF_ERROR(
+        StepRule(rt, i, rt.full_p.data(), rt.full_g.data(), options_for(i)));
     MoveFragment(m, TP, t, rt.pstage.data() + rt.offset[i], rt.full_p.data(),
                  false);
     times->set_tp_compute(times->tp_compute() + Seconds(c0, absl::Now()));
@@ -2080,7 +2109,7 @@ absl::Status ComputeGroup(RankRuntime& rt, const JobPlan& jp, int TP, int t,
     auto it = lr.find(m.group);
     if (it != lr.end()) o.lr = it->second;
     CANZONA_RETURN_IF_ERROR(
-        rt.rules.at(i)->Step(rt.full_p.data(), rt.full_g.data(), o));
+        StepRule(rt, i, rt.full_p.data(), rt.full_g.data(), o));
     for (int j = 0; j < TP; ++j) {
       MoveFragment(m, TP, j, b.back.data() + b.hosted_here * j + at,
                    rt.full_p.data(), false);
@@ -3097,10 +3126,10 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(EngineOptions options) {
   if (options.daemon_id.empty()) {
     return absl::InvalidArgumentError("daemon_id must not be empty");
   }
-  if (options.backend != "cpu" && options.backend != "auto") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("backend '", options.backend,
-                     "': the shm data plane takes cpu or auto"));
+  if (options.backend != "cpu" && options.backend != "auto" &&
+      options.backend != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backend '", options.backend, "': expected auto, cpu or cuda"));
   }
   if (options.register_timeout <= absl::ZeroDuration() ||
       options.step_timeout <= absl::ZeroDuration()) {

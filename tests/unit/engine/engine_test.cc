@@ -433,6 +433,22 @@ TEST(EngineTest, ShutdownFailsPendingCallsWithUnavailable) {
               StatusIs(absl::StatusCode::kUnavailable));
 }
 
+// State and scratch are allocated at registration and on the first
+// steps (lazily sized workspaces); after that a step allocates nothing
+// from the backend. Muon, AdamW, Shampoo and SOAP with preconditioner
+// refreshes (every 2 steps) inside the counted window; DP2 x TP2 so the
+// micro groups and the bucket pipeline run too.
+TEST(EngineTest, SteadyStateStepsAllocateNothing) {
+  Cluster cluster;
+  JobRun run(MakeConfig("alloc", 2, 2, "cost", true, true));
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RunAll(cluster, 3));
+  const int64_t before = BackendAllocationCount();
+  ASSERT_OK(run.RunStepsOverlapped(cluster, 4, 6, false, 5));
+  ASSERT_OK(run.RunSteps(cluster, 7, 9));
+  EXPECT_EQ(BackendAllocationCount(), before);
+}
+
 TEST(EngineTest, LimitsAreResourceExhausted) {
   InMemoryKvStore kv;
   EngineOptions options;

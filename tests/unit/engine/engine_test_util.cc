@@ -148,9 +148,11 @@ std::string UniqueJobId(const std::string& stem) {
   return absl::StrCat(stem, "-", getpid(), "-", counter++);
 }
 
-Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout) {
+Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
+                 const std::string& backend) {
   for (int i = 0; i < 2; ++i) {
     EngineOptions options;
+    options.backend = backend;
     options.control = &kv;
     options.daemon_id = absl::StrCat("daemon", i);
     options.step_timeout = step_timeout;
@@ -346,6 +348,11 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
       s->set_key(k);
       s->set_value(v);
     }
+    if (std::string(g) == "muon" && !config_.muon_ns_precision.empty()) {
+      v1::Setting* s = group->add_settings();
+      s->set_key("ns_precision");
+      s->set_value(config_.muon_ns_precision);
+    }
   }
   for (size_t i = 0; i < config_.params.size(); ++i) {
     const ModelParam& p = config_.params[i];
@@ -531,7 +538,8 @@ Params JobRun::GatherParams() const {
   return out;
 }
 
-absl::Status JobRun::Compare(const Params& reference, bool bitwise) const {
+absl::Status JobRun::Compare(const Params& reference, bool bitwise,
+                             float tolerance) const {
   for (const auto& rank : ranks_) {
     for (size_t i = 0; i < config_.params.size(); ++i) {
       const ModelParam& p = config_.params[i];
@@ -542,7 +550,7 @@ absl::Status JobRun::Compare(const Params& reference, bool bitwise) const {
       for (size_t e = 0; e < want.size(); ++e) {
         const bool ok = bitwise
                             ? std::memcmp(&want[e], &got[e], sizeof(float)) == 0
-                            : std::fabs(want[e] - got[e]) <= 1e-6f * scale;
+                            : std::fabs(want[e] - got[e]) <= tolerance * scale;
         if (!ok) {
           return absl::InternalError(absl::StrCat(
               "rank ", rank->global(), " parameter '", p.name, "' element ", e,

@@ -65,6 +65,9 @@ struct JobConfig {
   bool layout_free_grads = false;
   // Hierarchical sharding (RegisterRequest.shard_group_size; 0 = flat).
   int shard_group_size = 0;
+  // Muon's ns_precision setting sent to the engine (empty: the default;
+  // the reference always runs fp32 on cpu).
+  std::string muon_ns_precision;
   int world() const { return dp * tp; }
 };
 
@@ -72,8 +75,11 @@ struct JobConfig {
 std::string UniqueJobId(const std::string& stem);
 
 struct Cluster {
+  // `backend`: the engines' compute backend (cpu: the bitwise tests must
+  // not move to a GPU where one exists).
   explicit Cluster(absl::Duration step_timeout = absl::Seconds(20),
-                   absl::Duration register_timeout = absl::Seconds(20));
+                   absl::Duration register_timeout = absl::Seconds(20),
+                   const std::string& backend = "cpu");
   ~Cluster();
   InMemoryKvStore kv;
   std::unique_ptr<Engine> engines[2];
@@ -166,9 +172,11 @@ class JobRun {
       const std::function<absl::Status(TrainerRank&, Engine&)>& call);
   // The full parameters as the ranks hold them (TP fragments joined).
   Params GatherParams() const;
-  // Compares every rank's parameter buffers with the reference shards;
-  // error names the first mismatching parameter and rank.
-  absl::Status Compare(const Params& reference, bool bitwise) const;
+  // Compares every rank's parameter buffers with the reference shards
+  // (bitwise, or within `tolerance` times the parameter's largest
+  // magnitude); error names the first mismatching parameter and rank.
+  absl::Status Compare(const Params& reference, bool bitwise,
+                       float tolerance = 1e-6f) const;
   absl::Status Deregister(Cluster& cluster);
 
   const JobConfig& config() const { return config_; }
