@@ -1534,7 +1534,7 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
   // cuda: the rank's GPU is its global rank modulo the devices present (a
   // node's trainers are its consecutive global ranks); the updates run
   // there and the Gloo data plane stays on host staging buffers.
-  const int devices = CudaDeviceCount();
+  const int devices = options_.backend == "cpu" ? 0 : CudaDeviceCount();
   CANZONA_ASSIGN_OR_RETURN(
       rt->backend,
       CreateBackendByName(options_.backend,
