@@ -136,4 +136,14 @@ absl::Status NcclStatus(ncclResult_t code, absl::string_view what) {
   }
 }
 
+absl::Status NcclCommStatus(ncclResult_t code, absl::string_view what,
+                            ncclComm_t comm) {
+  absl::Status status = NcclStatus(code, what);
+  if (status.ok()) return status;
+  const char* detail = ncclGetLastError(comm);
+  if (detail == nullptr || *detail == '\0') return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(status.message(), ": ", detail));
+}
+
 }  // namespace canzona

@@ -28,6 +28,10 @@ absl::Status CudaStatus(cudaError_t code, absl::string_view what);
 absl::Status CublasStatus(cublasStatus_t code, absl::string_view what);
 absl::Status CusolverStatus(cusolverStatus_t code, absl::string_view what);
 absl::Status NcclStatus(ncclResult_t code, absl::string_view what);
+// NcclStatus plus NCCL's detail for `comm` (ncclGetLastError), e.g. which
+// peer or transport failed; `comm` may be null.
+absl::Status NcclCommStatus(ncclResult_t code, absl::string_view what,
+                            ncclComm_t comm);
 
 // Overloads so one macro serves every library.
 inline absl::Status ToStatus(cudaError_t c, absl::string_view w) {

@@ -1,0 +1,43 @@
+// The parts of nccl_api.h that need no CUDA (every build).
+#include "server/comm/nccl_api.h"
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+
+namespace canzona {
+
+std::string NcclUniqueId::ToHex() const {
+  return absl::BytesToHexString(absl::string_view(bytes.data(), bytes.size()));
+}
+
+absl::StatusOr<NcclUniqueId> NcclUniqueId::FromHex(const std::string& hex) {
+  NcclUniqueId id;
+  if (hex.size() != 2 * id.bytes.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NCCL unique id: expected ", 2 * id.bytes.size(),
+                     " hex digits, got ", hex.size()));
+  }
+  for (char c : hex) {
+    if (!absl::ascii_isxdigit(static_cast<unsigned char>(c))) {
+      return absl::InvalidArgumentError("NCCL unique id: not a hex string");
+    }
+  }
+  std::string raw = absl::HexStringToBytes(hex);
+  for (size_t i = 0; i < id.bytes.size(); ++i) id.bytes[i] = raw[i];
+  return id;
+}
+
+const char* NcclDataTypeName(NcclDataType dtype) {
+  switch (dtype) {
+    case NcclDataType::kFloat32:
+      return "float32";
+  }
+  return "unknown";
+}
+
+}  // namespace canzona

@@ -1,0 +1,179 @@
+// RealNcclApi: nccl_api.h over libnccl and the CUDA runtime (CUDA builds).
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/base/cuda_status.h"
+#include "server/comm/nccl_api.h"
+
+namespace canzona {
+namespace {
+
+static_assert(std::is_same_v<NcclStream, cudaStream_t>);
+static_assert(std::is_same_v<NcclEvent, cudaEvent_t>);
+static_assert(std::is_same_v<NcclComm, ncclComm_t>);
+static_assert(sizeof(NcclUniqueId::bytes) == sizeof(ncclUniqueId));
+
+ncclDataType_t ToNccl(NcclDataType dtype) {
+  switch (dtype) {
+    case NcclDataType::kFloat32:
+      return ncclFloat32;
+  }
+  return ncclFloat32;
+}
+
+size_t Count(int64_t count) { return static_cast<size_t>(count); }
+
+class RealApi : public NcclApi {
+ public:
+  absl::StatusOr<NcclUniqueId> GetUniqueId() override {
+    ncclUniqueId raw;
+    CANZONA_CUDA_RETURN_IF_ERROR(ncclGetUniqueId(&raw));
+    NcclUniqueId id;
+    std::memcpy(id.bytes.data(), raw.internal, sizeof(raw.internal));
+    return id;
+  }
+
+  absl::StatusOr<NcclComm> CommInitRank(int nranks, const NcclUniqueId& id,
+                                        int rank) override {
+    ncclUniqueId raw;
+    std::memcpy(raw.internal, id.bytes.data(), sizeof(raw.internal));
+    ncclComm_t comm = nullptr;
+    ncclResult_t r = ncclCommInitRank(&comm, nranks, raw, rank);
+    if (r != ncclSuccess) return NcclCommStatus(r, "ncclCommInitRank", comm);
+    return comm;
+  }
+
+  absl::Status GroupStart() override {
+    return NcclStatus(ncclGroupStart(), "ncclGroupStart");
+  }
+  absl::Status GroupEnd() override {
+    return NcclStatus(ncclGroupEnd(), "ncclGroupEnd");
+  }
+
+  absl::Status Reduce(const void* send, void* recv, int64_t count,
+                      NcclDataType dtype, int root, NcclComm comm,
+                      NcclStream stream) override {
+    return NcclCommStatus(ncclReduce(send, recv, Count(count), ToNccl(dtype),
+                                     ncclSum, root, comm, stream),
+                          "ncclReduce", comm);
+  }
+  absl::Status Broadcast(const void* send, void* recv, int64_t count,
+                         NcclDataType dtype, int root, NcclComm comm,
+                         NcclStream stream) override {
+    return NcclCommStatus(ncclBroadcast(send, recv, Count(count), ToNccl(dtype),
+                                        root, comm, stream),
+                          "ncclBroadcast", comm);
+  }
+  absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count,
+                             NcclDataType dtype, NcclComm comm,
+                             NcclStream stream) override {
+    return NcclCommStatus(
+        ncclReduceScatter(send, recv, Count(recv_count), ToNccl(dtype), ncclSum,
+                          comm, stream),
+        "ncclReduceScatter", comm);
+  }
+  absl::Status AllGather(const void* send, void* recv, int64_t send_count,
+                         NcclDataType dtype, NcclComm comm,
+                         NcclStream stream) override {
+    return NcclCommStatus(ncclAllGather(send, recv, Count(send_count),
+                                        ToNccl(dtype), comm, stream),
+                          "ncclAllGather", comm);
+  }
+  absl::Status AllReduce(const void* send, void* recv, int64_t count,
+                         NcclDataType dtype, NcclComm comm,
+                         NcclStream stream) override {
+    return NcclCommStatus(ncclAllReduce(send, recv, Count(count), ToNccl(dtype),
+                                        ncclSum, comm, stream),
+                          "ncclAllReduce", comm);
+  }
+  absl::Status Send(const void* send, int64_t count, NcclDataType dtype,
+                    int peer, NcclComm comm, NcclStream stream) override {
+    return NcclCommStatus(
+        ncclSend(send, Count(count), ToNccl(dtype), peer, comm, stream),
+        "ncclSend", comm);
+  }
+  absl::Status Recv(void* recv, int64_t count, NcclDataType dtype, int peer,
+                    NcclComm comm, NcclStream stream) override {
+    return NcclCommStatus(
+        ncclRecv(recv, Count(count), ToNccl(dtype), peer, comm, stream),
+        "ncclRecv", comm);
+  }
+
+  absl::Status CommGetAsyncError(NcclComm comm) override {
+    ncclResult_t async = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(comm, &async);
+    if (r != ncclSuccess) {
+      return NcclCommStatus(r, "ncclCommGetAsyncError", comm);
+    }
+    if (async == ncclSuccess || async == ncclInProgress) {
+      return absl::OkStatus();
+    }
+    return NcclCommStatus(async, "ncclCommGetAsyncError", comm);
+  }
+  absl::Status CommAbort(NcclComm comm) override {
+    return NcclStatus(ncclCommAbort(comm), "ncclCommAbort");
+  }
+  absl::Status CommDestroy(NcclComm comm) override {
+    return NcclStatus(ncclCommDestroy(comm), "ncclCommDestroy");
+  }
+
+  absl::Status SetDevice(int device) override {
+    return CudaStatus(cudaSetDevice(device), "cudaSetDevice");
+  }
+  absl::StatusOr<NcclEvent> EventCreate() override {
+    cudaEvent_t event = nullptr;
+    CANZONA_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    return event;
+  }
+  absl::Status EventDestroy(NcclEvent event) override {
+    return CudaStatus(cudaEventDestroy(event), "cudaEventDestroy");
+  }
+  absl::Status EventRecord(NcclEvent event, NcclStream stream) override {
+    return CudaStatus(cudaEventRecord(event, stream), "cudaEventRecord");
+  }
+  absl::StatusOr<bool> EventQuery(NcclEvent event) override {
+    cudaError_t r = cudaEventQuery(event);
+    if (r == cudaSuccess) return true;
+    if (r == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not an error; keep the sticky slot clean
+      return false;
+    }
+    return CudaStatus(r, "cudaEventQuery");
+  }
+  absl::StatusOr<void*> Malloc(int64_t bytes) override {
+    void* ptr = nullptr;
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr, static_cast<size_t>(bytes)));
+    return ptr;
+  }
+  absl::Status Free(void* ptr) override {
+    return CudaStatus(cudaFree(ptr), "cudaFree");
+  }
+  absl::Status MemcpyAsync(void* dst, const void* src, int64_t bytes,
+                           NcclStream stream) override {
+    return CudaStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes),
+                                      cudaMemcpyDeviceToDevice, stream),
+                      "cudaMemcpyAsync");
+  }
+  absl::Status MemsetAsync(void* dst, int value, int64_t bytes,
+                           NcclStream stream) override {
+    return CudaStatus(
+        cudaMemsetAsync(dst, value, static_cast<size_t>(bytes), stream),
+        "cudaMemsetAsync");
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<NcclApi*> RealNcclApi() {
+  static RealApi* const api = new RealApi();
+  return api;
+}
+
+}  // namespace canzona

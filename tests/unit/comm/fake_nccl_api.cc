@@ -1,0 +1,637 @@
+#include "tests/unit/comm/fake_nccl_api.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace canzona::testing {
+namespace {
+
+template <typename T>
+T FakeHandle(int64_t n) {
+  return reinterpret_cast<T>(static_cast<uintptr_t>(0x10000 + 64 * n));
+}
+
+const char* KindName(int kind) {
+  static const char* const kNames[] = {
+      "ncclReduce",    "ncclBroadcast", "ncclReduceScatter", "ncclAllGather",
+      "ncclAllReduce", "ncclSend",      "ncclRecv"};
+  return kNames[kind];
+}
+
+bool IsNcclOp(const std::string& op) {
+  return absl::StartsWith(op, "nccl") && op != "ncclGetUniqueId" &&
+         op != "ncclCommInitRank" && op != "ncclCommAbort" &&
+         op != "ncclCommDestroy";
+}
+
+}  // namespace
+
+FakeNcclApi::FakeNcclApi(Options options) : options_(options) {}
+
+FakeNcclApi::~FakeNcclApi() {
+  absl::MutexLock lock(&mu_);
+  for (void* p : allocations_) std::free(p);
+}
+
+NcclStream FakeNcclApi::Stream(int n) { return FakeHandle<NcclStream>(n + 1); }
+
+std::vector<FakeNcclCall> FakeNcclApi::calls() const {
+  absl::MutexLock lock(&mu_);
+  return calls_;
+}
+
+std::vector<FakeNcclCall> FakeNcclApi::nccl_calls() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<FakeNcclCall> out;
+  for (const FakeNcclCall& c : calls_) {
+    if (IsNcclOp(c.op)) out.push_back(c);
+  }
+  return out;
+}
+
+std::vector<FakeNcclCall> FakeNcclApi::calls_named(
+    const std::string& op) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<FakeNcclCall> out;
+  for (const FakeNcclCall& c : calls_) {
+    if (c.op == op) out.push_back(c);
+  }
+  return out;
+}
+
+std::vector<std::string> FakeNcclApi::nccl_ops() const {
+  std::vector<std::string> out;
+  for (const FakeNcclCall& c : nccl_calls()) out.push_back(c.op);
+  return out;
+}
+
+void FakeNcclApi::ClearCalls() {
+  absl::MutexLock lock(&mu_);
+  calls_.clear();
+}
+
+int64_t FakeNcclApi::poll_count() const {
+  absl::MutexLock lock(&mu_);
+  return polls_;
+}
+
+int64_t FakeNcclApi::live_allocations() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(allocations_.size());
+}
+
+void FakeNcclApi::SetHang(bool hang) {
+  absl::MutexLock lock(&mu_);
+  hang_ = hang;
+}
+
+void FakeNcclApi::SetAsyncError(absl::Status error) {
+  absl::MutexLock lock(&mu_);
+  async_error_ = std::move(error);
+}
+
+void FakeNcclApi::FailNext(const std::string& op, absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  fail_next_[op] = std::move(status);
+}
+
+FakeNcclApi::ThreadState& FakeNcclApi::ThreadLocked() {
+  return threads_[std::this_thread::get_id()];
+}
+
+absl::Status FakeNcclApi::RecordLocked(FakeNcclCall call) {
+  ThreadState& t = ThreadLocked();
+  call.group_depth = t.depth;
+  call.group = t.depth > 0 ? t.group : 0;
+  const std::string op = call.op;
+  calls_.push_back(std::move(call));
+  auto it = fail_next_.find(op);
+  if (it == fail_next_.end()) return absl::OkStatus();
+  absl::Status status = std::move(it->second);
+  fail_next_.erase(it);
+  return status;
+}
+
+absl::StatusOr<FakeNcclApi::Comm*> FakeNcclApi::CommLocked(NcclComm comm,
+                                                           const char* op) {
+  for (const auto& c : comms_) {
+    if (reinterpret_cast<NcclComm>(c.get()) == comm) {
+      if (c->destroyed || c->aborted) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(op, ": communicator already destroyed or aborted"));
+      }
+      return c.get();
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": not a communicator of this fake"));
+}
+
+absl::StatusOr<NcclUniqueId> FakeNcclApi::GetUniqueId() {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "ncclGetUniqueId";
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  NcclUniqueId id;
+  std::string text = absl::StrCat("fake-nccl-id-", ++next_id_, "-",
+                                  reinterpret_cast<uintptr_t>(this));
+  std::memcpy(id.bytes.data(), text.data(),
+              std::min(text.size(), id.bytes.size()));
+  return id;
+}
+
+absl::StatusOr<NcclComm> FakeNcclApi::CommInitRank(int nranks,
+                                                   const NcclUniqueId& id,
+                                                   int rank) {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "ncclCommInitRank";
+  call.count = nranks;
+  call.root = rank;
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  std::unique_ptr<World>& world = worlds_[id.ToHex()];
+  if (world == nullptr) {
+    world = std::make_unique<World>();
+    world->nranks = nranks;
+  }
+  if (world->nranks != nranks || rank < 0 || rank >= nranks ||
+      !world->joined.insert(rank).second) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ncclCommInitRank: bad rank ", rank, " of ", nranks,
+                     " (group of ", world->nranks, ")"));
+  }
+  auto comm = std::make_unique<Comm>();
+  comm->world = world.get();
+  comm->rank = rank;
+  NcclComm handle = reinterpret_cast<NcclComm>(comm.get());
+  comms_.push_back(std::move(comm));
+  return handle;
+}
+
+absl::Status FakeNcclApi::GroupStart() {
+  absl::MutexLock lock(&mu_);
+  ThreadState& t = ThreadLocked();
+  if (t.depth == 0) t.group = ++next_group_;
+  FakeNcclCall call;
+  call.op = "ncclGroupStart";
+  call.group_depth = t.depth;
+  call.group = t.group;
+  calls_.push_back(call);
+  ++t.depth;
+  return absl::OkStatus();
+}
+
+absl::Status FakeNcclApi::GroupEnd() {
+  absl::MutexLock lock(&mu_);
+  ThreadState& t = ThreadLocked();
+  if (t.depth == 0) {
+    return absl::InvalidArgumentError("ncclGroupEnd without ncclGroupStart");
+  }
+  --t.depth;
+  FakeNcclCall call;
+  call.op = "ncclGroupEnd";
+  call.group_depth = t.depth;
+  call.group = t.group;
+  calls_.push_back(call);
+  if (t.depth > 0) return absl::OkStatus();
+  // One unit per stream, in call order.
+  std::vector<std::pair<NcclStream, std::unique_ptr<Entry>>> units;
+  for (auto& [stream, op] : t.pending) {
+    Entry* entry = nullptr;
+    for (auto& unit : units) {
+      if (unit.first == stream) entry = unit.second.get();
+    }
+    if (entry == nullptr) {
+      units.emplace_back(stream, std::make_unique<Entry>());
+      entry = units.back().second.get();
+    }
+    op->entry = entry;
+    entry->ops.push_back(std::move(op));
+  }
+  t.pending.clear();
+  for (auto& unit : units) PushLocked(unit.first, std::move(unit.second));
+  ProgressLocked();
+  return absl::OkStatus();
+}
+
+absl::Status FakeNcclApi::DataCall(const char* name, Kind kind,
+                                   const void* send, void* recv, int64_t count,
+                                   NcclDataType dtype, int root, NcclComm comm,
+                                   NcclStream stream) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Comm*> c = CommLocked(comm, name);
+  FakeNcclCall call;
+  call.op = name;
+  call.comm_rank = c.ok() ? (*c)->rank : -1;
+  call.count = count;
+  call.dtype = NcclDataTypeName(dtype);
+  call.root = root;
+  call.send = send;
+  call.recv = recv;
+  call.stream = stream;
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  if (!c.ok()) return c.status();
+  if (count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": negative count"));
+  }
+  auto op = std::make_unique<Op>();
+  op->kind = kind;
+  op->comm = *c;
+  op->send = static_cast<const float*>(send);
+  op->recv = static_cast<float*>(recv);
+  op->count = count;
+  op->root = root;
+  World* world = (*c)->world;
+  const int me = (*c)->rank;
+  if (kind == Kind::kSend) {
+    auto key = std::make_tuple(me, root, (*c)->next_send[root]++);
+    world->p2p[key].first = op.get();
+  } else if (kind == Kind::kRecv) {
+    auto key = std::make_tuple(root, me, (*c)->next_recv[root]++);
+    world->p2p[key].second = op.get();
+  } else {
+    std::vector<Op*>& slot = world->collectives[(*c)->next_collective++];
+    slot.resize(world->nranks, nullptr);
+    slot[me] = op.get();
+  }
+  ThreadState& t = ThreadLocked();
+  if (t.depth > 0) {
+    t.pending.emplace_back(stream, std::move(op));
+    return absl::OkStatus();
+  }
+  auto entry = std::make_unique<Entry>();
+  op->entry = entry.get();
+  entry->ops.push_back(std::move(op));
+  PushLocked(stream, std::move(entry));
+  ProgressLocked();
+  return absl::OkStatus();
+}
+
+absl::Status FakeNcclApi::Reduce(const void* send, void* recv, int64_t count,
+                                 NcclDataType dtype, int root, NcclComm comm,
+                                 NcclStream stream) {
+  return DataCall("ncclReduce", Kind::kReduce, send, recv, count, dtype, root,
+                  comm, stream);
+}
+
+absl::Status FakeNcclApi::Broadcast(const void* send, void* recv, int64_t count,
+                                    NcclDataType dtype, int root, NcclComm comm,
+                                    NcclStream stream) {
+  return DataCall("ncclBroadcast", Kind::kBroadcast, send, recv, count, dtype,
+                  root, comm, stream);
+}
+
+absl::Status FakeNcclApi::ReduceScatter(const void* send, void* recv,
+                                        int64_t recv_count, NcclDataType dtype,
+                                        NcclComm comm, NcclStream stream) {
+  return DataCall("ncclReduceScatter", Kind::kReduceScatter, send, recv,
+                  recv_count, dtype, -1, comm, stream);
+}
+
+absl::Status FakeNcclApi::AllGather(const void* send, void* recv,
+                                    int64_t send_count, NcclDataType dtype,
+                                    NcclComm comm, NcclStream stream) {
+  return DataCall("ncclAllGather", Kind::kAllGather, send, recv, send_count,
+                  dtype, -1, comm, stream);
+}
+
+absl::Status FakeNcclApi::AllReduce(const void* send, void* recv, int64_t count,
+                                    NcclDataType dtype, NcclComm comm,
+                                    NcclStream stream) {
+  return DataCall("ncclAllReduce", Kind::kAllReduce, send, recv, count, dtype,
+                  -1, comm, stream);
+}
+
+absl::Status FakeNcclApi::Send(const void* send, int64_t count,
+                               NcclDataType dtype, int peer, NcclComm comm,
+                               NcclStream stream) {
+  return DataCall("ncclSend", Kind::kSend, send, nullptr, count, dtype, peer,
+                  comm, stream);
+}
+
+absl::Status FakeNcclApi::Recv(void* recv, int64_t count, NcclDataType dtype,
+                               int peer, NcclComm comm, NcclStream stream) {
+  return DataCall("ncclRecv", Kind::kRecv, nullptr, recv, count, dtype, peer,
+                  comm, stream);
+}
+
+absl::Status FakeNcclApi::CommGetAsyncError(NcclComm comm) {
+  absl::MutexLock lock(&mu_);
+  ++polls_;
+  absl::StatusOr<Comm*> c = CommLocked(comm, "ncclCommGetAsyncError");
+  if (!c.ok()) return c.status();
+  if (!async_error_.ok()) return async_error_;
+  return (*c)->world->error;
+}
+
+absl::Status FakeNcclApi::CommAbort(NcclComm comm) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Comm*> c = CommLocked(comm, "ncclCommAbort");
+  FakeNcclCall call;
+  call.op = "ncclCommAbort";
+  call.comm_rank = c.ok() ? (*c)->rank : -1;
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  if (!c.ok()) return c.status();
+  (*c)->aborted = true;
+  return absl::OkStatus();
+}
+
+absl::Status FakeNcclApi::CommDestroy(NcclComm comm) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Comm*> c = CommLocked(comm, "ncclCommDestroy");
+  FakeNcclCall call;
+  call.op = "ncclCommDestroy";
+  call.comm_rank = c.ok() ? (*c)->rank : -1;
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  if (!c.ok()) return c.status();
+  (*c)->destroyed = true;
+  return absl::OkStatus();
+}
+
+absl::Status FakeNcclApi::SetDevice(int device) {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "cudaSetDevice";
+  call.root = device;
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  ThreadLocked().device = device;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<NcclEvent> FakeNcclApi::EventCreate() {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "cudaEventCreate";
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  NcclEvent event = FakeHandle<NcclEvent>(++next_event_);
+  events_[event] = EventState{};
+  return event;
+}
+
+absl::Status FakeNcclApi::EventDestroy(NcclEvent event) {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "cudaEventDestroy";
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  if (events_.erase(event) == 0) {
+    return absl::InvalidArgumentError("cudaEventDestroy: unknown event");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FakeNcclApi::EventRecord(NcclEvent event, NcclStream stream) {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "cudaEventRecord";
+  call.stream = stream;
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  auto it = events_.find(event);
+  if (it == events_.end()) {
+    return absl::InvalidArgumentError("cudaEventRecord: unknown event");
+  }
+  it->second.stream = stream;
+  it->second.target = streams_[stream].enqueued;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> FakeNcclApi::EventQuery(NcclEvent event) {
+  absl::MutexLock lock(&mu_);
+  ++polls_;
+  auto it = events_.find(event);
+  if (it == events_.end()) {
+    return absl::InvalidArgumentError("cudaEventQuery: unknown event");
+  }
+  ProgressLocked();
+  return streams_[it->second.stream].completed >= it->second.target;
+}
+
+absl::StatusOr<void*> FakeNcclApi::Malloc(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "cudaMalloc";
+  call.count = bytes;
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  const size_t size = static_cast<size_t>((bytes + 255) / 256 * 256 + 256);
+  void* p = std::aligned_alloc(256, size);
+  if (p == nullptr) return absl::ResourceExhaustedError("cudaMalloc");
+  std::memset(p, 0xff, size);  // NaN floats: unwritten lanes show up
+  allocations_.insert(p);
+  return p;
+}
+
+absl::Status FakeNcclApi::Free(void* ptr) {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "cudaFree";
+  call.recv = ptr;
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  if (ptr == nullptr) return absl::OkStatus();
+  if (allocations_.erase(ptr) == 0) {
+    return absl::InvalidArgumentError("cudaFree: not an allocation");
+  }
+  std::free(ptr);
+  return absl::OkStatus();
+}
+
+absl::Status FakeNcclApi::MemcpyAsync(void* dst, const void* src, int64_t bytes,
+                                      NcclStream stream) {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "cudaMemcpyAsync";
+  call.count = bytes;
+  call.send = src;
+  call.recv = dst;
+  call.stream = stream;
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  auto entry = std::make_unique<Entry>();
+  entry->local = [dst, src, bytes]() {
+    if (bytes > 0) std::memmove(dst, src, static_cast<size_t>(bytes));
+  };
+  PushLocked(stream, std::move(entry));
+  ProgressLocked();
+  return absl::OkStatus();
+}
+
+absl::Status FakeNcclApi::MemsetAsync(void* dst, int value, int64_t bytes,
+                                      NcclStream stream) {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "cudaMemsetAsync";
+  call.count = bytes;
+  call.recv = dst;
+  call.stream = stream;
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  auto entry = std::make_unique<Entry>();
+  entry->local = [dst, value, bytes]() {
+    if (bytes > 0) std::memset(dst, value, static_cast<size_t>(bytes));
+  };
+  PushLocked(stream, std::move(entry));
+  ProgressLocked();
+  return absl::OkStatus();
+}
+
+void FakeNcclApi::PushLocked(NcclStream stream, std::unique_ptr<Entry> entry) {
+  entry->hang = hang_;
+  StreamState& s = streams_[stream];
+  s.queue.push_back(std::move(entry));
+  ++s.enqueued;
+}
+
+bool FakeNcclApi::Armed(const Op* op) {
+  return op != nullptr && op->entry != nullptr && op->entry->armed;
+}
+
+void FakeNcclApi::ProgressLocked() {
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    for (auto& [stream, s] : streams_) {
+      while (!s.queue.empty()) {
+        Entry* head = s.queue.front().get();
+        if (head->hang) break;
+        bool complete = true;
+        if (head->local) {
+          if (options_.simulate_data) head->local();
+        } else if (options_.simulate_data) {
+          head->armed = true;
+          for (auto& op : head->ops) {
+            if (!op->done && !TryRunLocked(op.get())) complete = false;
+          }
+        }
+        if (!complete) break;
+        s.queue.pop_front();
+        ++s.completed;
+        changed = true;
+      }
+    }
+  }
+}
+
+bool FakeNcclApi::TryRunLocked(Op* op) {
+  World* world = op->comm->world;
+  if (op->comm->aborted || !world->error.ok()) return false;
+  const int me = op->comm->rank;
+  if (op->kind == Kind::kSend || op->kind == Kind::kRecv) {
+    // Find this op's pair.
+    for (auto it = world->p2p.begin(); it != world->p2p.end(); ++it) {
+      auto& [send, recv] = it->second;
+      if (send != op && recv != op) continue;
+      if (!Armed(send) || !Armed(recv)) return false;
+      if (send->count != recv->count) {
+        world->error = absl::InternalError(absl::StrCat(
+            "fake NCCL: rank ", std::get<0>(it->first), " sends ", send->count,
+            " elements to rank ", std::get<1>(it->first), ", which receives ",
+            recv->count));
+        return false;
+      }
+      if (send->count > 0) {
+        std::memmove(recv->recv, send->send,
+                     static_cast<size_t>(send->count) * sizeof(float));
+      }
+      send->done = recv->done = true;
+      world->p2p.erase(it);
+      return true;
+    }
+    return false;
+  }
+  for (auto it = world->collectives.begin(); it != world->collectives.end();
+       ++it) {
+    std::vector<Op*>& ops = it->second;
+    if (ops[me] != op) continue;
+    for (Op* o : ops) {
+      if (!Armed(o)) return false;
+    }
+    for (Op* o : ops) {
+      if (o->kind != op->kind || o->count != op->count || o->root != op->root) {
+        world->error = absl::InternalError(absl::StrCat(
+            "fake NCCL: collective #", it->first,
+            " differs across ranks: ", KindName(static_cast<int>(op->kind)),
+            "(count ", op->count, ", root ", op->root, ") on rank ", me, " vs ",
+            KindName(static_cast<int>(o->kind)), "(count ", o->count, ", root ",
+            o->root, ") on rank ", o->comm->rank));
+        return false;
+      }
+    }
+    RunCollective(ops);
+    for (Op* o : ops) o->done = true;
+    world->collectives.erase(it);
+    return true;
+  }
+  return false;
+}
+
+void FakeNcclApi::RunCollective(const std::vector<Op*>& ops) {
+  const int n = static_cast<int>(ops.size());
+  const Op& first = *ops[0];
+  const int64_t count = first.count;
+  auto sum_at = [&](int64_t offset) {
+    std::vector<float> out(static_cast<size_t>(count), 0.0f);
+    for (const Op* o : ops) {
+      for (int64_t i = 0; i < count; ++i) out[i] += o->send[offset + i];
+    }
+    return out;
+  };
+  auto write = [&](float* dst, const std::vector<float>& v) {
+    if (!v.empty()) std::memmove(dst, v.data(), v.size() * sizeof(float));
+  };
+  switch (first.kind) {
+    case Kind::kAllReduce: {
+      std::vector<float> sum = sum_at(0);
+      for (const Op* o : ops) write(o->recv, sum);
+      break;
+    }
+    case Kind::kReduce: {
+      std::vector<float> sum = sum_at(0);
+      write(ops[first.root]->recv, sum);
+      break;
+    }
+    case Kind::kBroadcast: {
+      const float* src = ops[first.root]->send;
+      std::vector<float> v(src, src + count);
+      for (const Op* o : ops) write(o->recv, v);
+      break;
+    }
+    case Kind::kReduceScatter: {
+      std::vector<std::vector<float>> parts;
+      for (int r = 0; r < n; ++r) parts.push_back(sum_at(r * count));
+      for (int r = 0; r < n; ++r) write(ops[r]->recv, parts[r]);
+      break;
+    }
+    case Kind::kAllGather: {
+      std::vector<float> all;
+      for (const Op* o : ops) all.insert(all.end(), o->send, o->send + count);
+      for (const Op* o : ops) write(o->recv, all);
+      break;
+    }
+    case Kind::kSend:
+    case Kind::kRecv:
+      break;
+  }
+}
+
+}  // namespace canzona::testing

@@ -1,0 +1,246 @@
+// A fake NcclApi for tests without a GPU: it records every call (operation,
+// communicator rank, counts, datatype, root or peer, pointers, group
+// nesting) and completes work without a device.
+//
+//   FakeNcclApi api;                                  // record only
+//   ... drive an NcclCommunicator over &api ...
+//   EXPECT_EQ(api.nccl_calls()[1].op, "ncclReduce");
+//
+//   FakeNcclApi sim({.simulate_data = true});         // host memory as device
+//
+// Record-only mode (default): NCCL operations and copies complete as soon
+// as they are enqueued and touch no memory, so a single rank of a nominal
+// group of any size can run alone; the call record is what tests check.
+//
+// Data mode: "device" pointers are host memory (Malloc returns host memory
+// filled with NaN bytes). Work is queued per stream in order; a copy runs
+// when it reaches its stream's head; an NCCL operation runs when every rank
+// of its communicator has the matching operation (collectives: k-th
+// collective of each rank; send/recv: k-th send from i to j with the k-th
+// receive on j from i) at the head of its stream, summing in float32 in
+// rank order. Operations inside one ncclGroupStart/End form one unit of
+// their stream. Ranks run on their own threads; progress happens whenever
+// some thread enqueues or queries an event. Mismatched collectives (kind,
+// count, root) or send/recv counts set an asynchronous error on the
+// communicators of that group instead of running.
+//
+// Failure injection: SetHang makes work enqueued from then on never
+// complete; SetAsyncError makes CommGetAsyncError fail; FailNext makes the
+// next call of one operation return a status.
+//
+// Not recorded: the polls EventQuery and CommGetAsyncError (counted by
+// poll_count()).
+//
+// Thread-safety: thread-safe; group nesting and the current device are per
+// calling thread, as in NCCL and CUDA.
+#ifndef CANZONA_TESTS_UNIT_COMM_FAKE_NCCL_API_H_
+#define CANZONA_TESTS_UNIT_COMM_FAKE_NCCL_API_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/comm/nccl_api.h"
+
+namespace canzona::testing {
+
+struct FakeNcclCall {
+  // The C name: "ncclReduce", "ncclGroupStart", "cudaMemcpyAsync", ...
+  std::string op;
+  int comm_rank = -1;  // rank of the communicator used (-1: none)
+  // Elements for NCCL data calls (recv_count / send_count for
+  // ReduceScatter / AllGather, nranks for CommInitRank), bytes for
+  // Malloc / MemcpyAsync / MemsetAsync.
+  int64_t count = 0;
+  std::string dtype;  // "float32" for NCCL data calls, else empty
+  int root = -1;      // root (Reduce, Broadcast), peer (Send, Recv), rank
+                      // (CommInitRank), device (SetDevice)
+  const void* send = nullptr;  // source (memcpy src)
+  const void* recv = nullptr;  // destination (memcpy / memset dst)
+  NcclStream stream = nullptr;
+  // Group nesting of the calling thread around the call: 0 outside any
+  // group; ncclGroupStart / End carry the depth outside themselves.
+  int group_depth = 0;
+  // Id (1, 2, ...) of the outermost enclosing group, 0 outside.
+  int64_t group = 0;
+};
+
+class FakeNcclApi : public NcclApi {
+ public:
+  struct Options {
+    bool simulate_data = false;
+  };
+
+  FakeNcclApi() : FakeNcclApi(Options{}) {}
+  explicit FakeNcclApi(Options options);
+  ~FakeNcclApi() override;
+  FakeNcclApi(const FakeNcclApi&) = delete;
+  FakeNcclApi& operator=(const FakeNcclApi&) = delete;
+
+  // A distinct stream handle for tests (never dereferenced).
+  static NcclStream Stream(int n);
+
+  std::vector<FakeNcclCall> calls() const;
+  // Only NCCL operations (data calls and group brackets, no init/teardown).
+  std::vector<FakeNcclCall> nccl_calls() const;
+  std::vector<FakeNcclCall> calls_named(const std::string& op) const;
+  // The op names of nccl_calls(), in order.
+  std::vector<std::string> nccl_ops() const;
+  void ClearCalls();
+  int64_t poll_count() const;
+  int64_t live_allocations() const;
+
+  void SetHang(bool hang);
+  void SetAsyncError(absl::Status error);
+  void FailNext(const std::string& op, absl::Status status);
+
+  // NcclApi.
+  absl::StatusOr<NcclUniqueId> GetUniqueId() override;
+  absl::StatusOr<NcclComm> CommInitRank(int nranks, const NcclUniqueId& id,
+                                        int rank) override;
+  absl::Status GroupStart() override;
+  absl::Status GroupEnd() override;
+  absl::Status Reduce(const void* send, void* recv, int64_t count,
+                      NcclDataType dtype, int root, NcclComm comm,
+                      NcclStream stream) override;
+  absl::Status Broadcast(const void* send, void* recv, int64_t count,
+                         NcclDataType dtype, int root, NcclComm comm,
+                         NcclStream stream) override;
+  absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count,
+                             NcclDataType dtype, NcclComm comm,
+                             NcclStream stream) override;
+  absl::Status AllGather(const void* send, void* recv, int64_t send_count,
+                         NcclDataType dtype, NcclComm comm,
+                         NcclStream stream) override;
+  absl::Status AllReduce(const void* send, void* recv, int64_t count,
+                         NcclDataType dtype, NcclComm comm,
+                         NcclStream stream) override;
+  absl::Status Send(const void* send, int64_t count, NcclDataType dtype,
+                    int peer, NcclComm comm, NcclStream stream) override;
+  absl::Status Recv(void* recv, int64_t count, NcclDataType dtype, int peer,
+                    NcclComm comm, NcclStream stream) override;
+  absl::Status CommGetAsyncError(NcclComm comm) override;
+  absl::Status CommAbort(NcclComm comm) override;
+  absl::Status CommDestroy(NcclComm comm) override;
+  absl::Status SetDevice(int device) override;
+  absl::StatusOr<NcclEvent> EventCreate() override;
+  absl::Status EventDestroy(NcclEvent event) override;
+  absl::Status EventRecord(NcclEvent event, NcclStream stream) override;
+  absl::StatusOr<bool> EventQuery(NcclEvent event) override;
+  absl::StatusOr<void*> Malloc(int64_t bytes) override;
+  absl::Status Free(void* ptr) override;
+  absl::Status MemcpyAsync(void* dst, const void* src, int64_t bytes,
+                           NcclStream stream) override;
+  absl::Status MemsetAsync(void* dst, int value, int64_t bytes,
+                           NcclStream stream) override;
+
+ private:
+  enum class Kind {
+    kReduce,
+    kBroadcast,
+    kReduceScatter,
+    kAllGather,
+    kAllReduce,
+    kSend,
+    kRecv
+  };
+  struct World;
+  struct Comm {
+    World* world = nullptr;
+    int rank = 0;
+    bool aborted = false;
+    bool destroyed = false;
+    int64_t next_collective = 0;
+    std::map<int, int64_t> next_send;  // by peer
+    std::map<int, int64_t> next_recv;  // by peer
+  };
+  struct Entry;
+  struct Op {
+    Kind kind;
+    Comm* comm = nullptr;
+    const float* send = nullptr;
+    float* recv = nullptr;
+    int64_t count = 0;
+    int root = -1;  // root or peer
+    Entry* entry = nullptr;
+    bool done = false;
+  };
+  struct Entry {
+    std::function<void()> local;  // set for copies
+    std::vector<std::unique_ptr<Op>> ops;
+    bool hang = false;
+    bool armed = false;
+  };
+  struct World {
+    int nranks = 0;
+    std::set<int> joined;
+    std::map<int64_t, std::vector<Op*>> collectives;
+    // (src, dst, seq) -> {send, recv}
+    std::map<std::tuple<int, int, int64_t>, std::pair<Op*, Op*>> p2p;
+    absl::Status error;
+  };
+  struct StreamState {
+    std::deque<std::unique_ptr<Entry>> queue;
+    int64_t enqueued = 0;
+    int64_t completed = 0;
+  };
+  struct ThreadState {
+    int depth = 0;
+    int64_t group = 0;
+    int device = 0;
+    std::vector<std::pair<NcclStream, std::unique_ptr<Op>>> pending;
+  };
+  struct EventState {
+    NcclStream stream = nullptr;
+    int64_t target = 0;
+  };
+
+  ThreadState& ThreadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the call (filling group fields) and returns the injected
+  // failure for `call.op`, if any.
+  absl::Status RecordLocked(FakeNcclCall call)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Comm*> CommLocked(NcclComm comm, const char* op)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DataCall(const char* name, Kind kind, const void* send,
+                        void* recv, int64_t count, NcclDataType dtype, int root,
+                        NcclComm comm, NcclStream stream);
+  void PushLocked(NcclStream stream, std::unique_ptr<Entry> entry)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool TryRunLocked(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static bool Armed(const Op* op);
+  static void RunCollective(const std::vector<Op*>& ops);
+
+  const Options options_;
+  mutable absl::Mutex mu_;
+  std::vector<FakeNcclCall> calls_ ABSL_GUARDED_BY(mu_);
+  int64_t polls_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_group_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_event_ ABSL_GUARDED_BY(mu_) = 0;
+  bool hang_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status async_error_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Status> fail_next_ ABSL_GUARDED_BY(mu_);
+  std::map<std::thread::id, ThreadState> threads_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<World>> worlds_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Comm>> comms_ ABSL_GUARDED_BY(mu_);
+  std::map<NcclStream, StreamState> streams_ ABSL_GUARDED_BY(mu_);
+  std::map<NcclEvent, EventState> events_ ABSL_GUARDED_BY(mu_);
+  std::set<void*> allocations_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace canzona::testing
+
+#endif  // CANZONA_TESTS_UNIT_COMM_FAKE_NCCL_API_H_
