@@ -1,6 +1,8 @@
 // canzonactl bench kernels: Newton-Schulz throughput on a model's matrix
 // shapes next to the same backend's plain GEMM rate, plus the eigensolver
 // and AdamW rates; optionally writes the planner's calibrated rates file.
+// (canzonactl bench step, overlap and hierarchical sharding against running
+// daemons, lives in step_bench_command.cc.)
 //
 //   canzonactl bench kernels --model qwen3-0.6b [--backend auto|cpu|cuda]
 //       [--precision auto|fp32|bf16] [--min-time 1] [--max-shapes N]
@@ -213,6 +215,7 @@ void AddBenchCommand(CLI::App& app) {
           absl::StrCat("bench kernels: ", status.message()));
     }
   });
+  AddBenchStepCommand(bench);
 }
 
 }  // namespace canzona::ctl

@@ -31,6 +31,8 @@ class CanzonactlExit : public std::runtime_error {
 void AddPlanCommand(CLI::App& app);
 void AddReplayCommand(CLI::App& app);
 void AddBenchCommand(CLI::App& app);
+// `canzonactl bench step` (step_bench_command.cc), under `bench`.
+void AddBenchStepCommand(CLI::App* bench);
 void AddStatusCommand(CLI::App& app);
 void AddCheckpointCommand(CLI::App& app);
 
