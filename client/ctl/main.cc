@@ -2,6 +2,7 @@
 //   canzonactl plan    --model qwen3-32b --dp 32 --tp 8 ...  (planner)
 //   canzonactl replay  --optimizer muon --param P.npy ...    (offline)
 //   canzonactl bench   kernels                               (kernel rates)
+//   canzonactl bench   step --overlap --shard-group-size S   (step vs daemons)
 //   canzonactl status  [--target ADDR]                       (a daemon's jobs)
 //   canzonactl checkpoint save|load|inspect ...              (checkpoints)
 #include <cstdio>
