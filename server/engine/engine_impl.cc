@@ -692,8 +692,16 @@ class EngineImpl final : public Engine {
   // Takes local rank `global` out of `job` (its job fails with `reason`):
   // unblocks and joins its worker, fails what it had pending, and unmaps
   // its buffers. False when the rank is not (any more) registered here.
+  //
+  // `graceful` (Deregister between steps): the rank's communicators and
+  // communication thread stay up for a while (the "linger", reaped by the
+  // watcher) instead of being aborted, because peers may still be receiving
+  // the last collective's data from them: a fast rank that leaves right
+  // after its last all-gather must not cut off a slower peer's (closing
+  // a Gloo pair drops what that peer has not read yet). Its optimizer
+  // state is freed at once.
   bool RemoveLocalRank(const std::shared_ptr<Job>& job, int global,
-                       const std::string& reason);
+                       const std::string& reason, bool graceful = false);
   // Watcher thread: releases the ranks whose trainer process exited
   // without deregistering (a crash, kill -9, OOM kill).
   void WatchTrainers();
@@ -705,6 +713,10 @@ class EngineImpl final : public Engine {
   // Workers of ranks removed from their own thread (failed registration):
   // joined at shutdown.
   std::vector<std::unique_ptr<Worker>> retired_ ABSL_GUARDED_BY(mu_);
+  // Ranks that left gracefully, kept (communicators open) until the time
+  // given; the watcher then aborts and destroys them.
+  std::vector<std::pair<absl::Time, std::shared_ptr<LocalRank>>> lingering_
+      ABSL_GUARDED_BY(mu_);
   // Jobs that failed and lost their last local rank (a dead trainer), kept
   // so that GetStatus and GetPlan still explain them; the newest 16.
   std::deque<std::shared_ptr<Job>> failed_jobs_ ABSL_GUARDED_BY(mu_);
@@ -2356,7 +2368,8 @@ absl::Status EngineImpl::Deregister(const v1::DeregisterRequest& request) {
       inside ? (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank() : -1;
   if (!inside ||
       !RemoveLocalRank(job, global,
-                       absl::StrCat("rank ", RankString(r), " deregistered"))) {
+                       absl::StrCat("rank ", RankString(r), " deregistered"),
+                       /*graceful=*/true)) {
     return absl::NotFoundError(absl::StrCat("rank ", RankString(r), " of job '",
                                             job->id,
                                             "' is not registered with this "
@@ -2366,7 +2379,7 @@ absl::Status EngineImpl::Deregister(const v1::DeregisterRequest& request) {
 }
 
 bool EngineImpl::RemoveLocalRank(const std::shared_ptr<Job>& job, int global,
-                                 const std::string& reason) {
+                                 const std::string& reason, bool graceful) {
   std::shared_ptr<LocalRank> rank;
   Callback<v1::RegisterResponse> pending;
   {
@@ -2375,6 +2388,9 @@ bool EngineImpl::RemoveLocalRank(const std::shared_ptr<Job>& job, int global,
     auto rit = job->ranks.find(global);
     if (rit == job->ranks.end()) return false;
     rank = rit->second;
+    // Only between steps, on a set-up rank: a step in flight fails now.
+    graceful = graceful && rank->setup_done && rank->rt != nullptr &&
+               rank->steps_done + 1 == rank->next_step;
     job->ranks.erase(rit);
     job->mapped_bytes -= rank->mapped_bytes;
     pending = std::move(rank->register_done);
@@ -2397,6 +2413,22 @@ bool EngineImpl::RemoveLocalRank(const std::shared_ptr<Job>& job, int global,
   }
   spdlog::info("rank removed: job={} rank={} daemon={}: {}", job->id,
                RankString(rank->coords), options_.daemon_id, reason);
+  if (graceful) {
+    // The worker is idle between steps; the communication thread finishes
+    // what it has queued (the last all-gathers) while the rank lingers.
+    if (rank->worker) rank->worker->StopAndJoin();
+    CancelAfterStep(*job, *rank);
+    rank->rt->rules.clear();
+    if (pending) pending(absl::AbortedError(reason));
+    // Long enough for peers to drain what was already sent to them (at
+    // most a few socket buffers) and for the queued all-gathers; short
+    // enough that peers stepping on without this rank fail soon.
+    const absl::Duration linger =
+        std::min(options_.step_timeout, absl::Seconds(5));
+    absl::MutexLock lock(&mu_);
+    lingering_.emplace_back(absl::Now() + linger, std::move(rank));
+    return true;
+  }
   // Unblocks a step still running on the rank, then joins its worker (which
   // cancels its queued calls) and unmaps its buffers when `rank` goes.
   rank->AbortComms();
@@ -2415,12 +2447,23 @@ void EngineImpl::WatchTrainers() {
                            std::shared_ptr<LocalRank>>>
         watched;
     std::vector<std::unique_ptr<Worker>> retired;
+    std::vector<std::shared_ptr<LocalRank>> expired;
     {
       absl::MutexLock lock(&mu_);
       if (!shutting_down_) watcher_cv_.WaitWithTimeout(&mu_, kPeriod);
       if (shutting_down_) return;
       // Workers of rejected registrations stopped themselves; reap them.
       retired.swap(retired_);
+      const absl::Time now = absl::Now();
+      for (size_t i = 0; i < lingering_.size();) {
+        if (lingering_[i].first <= now) {
+          expired.push_back(std::move(lingering_[i].second));
+          lingering_[i] = std::move(lingering_.back());
+          lingering_.pop_back();
+        } else {
+          ++i;
+        }
+      }
       for (auto& [id, job] : jobs_) {
         absl::MutexLock job_lock(&job->mu);
         for (auto& [g, r] : job->ranks) {
@@ -2431,6 +2474,11 @@ void EngineImpl::WatchTrainers() {
       }
     }
     for (auto& worker : retired) worker->StopAndJoin();
+    for (auto& rank : expired) {
+      rank->AbortComms();
+      rank->FailPipeline(absl::AbortedError("the rank left"));
+    }
+    expired.clear();  // joins their communication threads, unmaps buffers
     for (auto& [job, global, pid, pidfd, keep] : watched) {
       bool exited = false;
       if (pidfd >= 0) {
@@ -3074,6 +3122,7 @@ void EngineImpl::ImportState(const v1::ImportStateRequest& request,
 void EngineImpl::Shutdown() {
   std::vector<std::shared_ptr<Job>> jobs;
   std::vector<std::unique_ptr<Worker>> retired;
+  std::vector<std::shared_ptr<LocalRank>> lingered;
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_.exchange(true)) return;
@@ -3081,6 +3130,8 @@ void EngineImpl::Shutdown() {
     for (auto& [id, job] : jobs_) jobs.push_back(job);
     jobs_.clear();
     retired.swap(retired_);
+    for (auto& [when, rank] : lingering_) lingered.push_back(std::move(rank));
+    lingering_.clear();
   }
   spdlog::info("engine shutting down: daemon={} jobs={}", options_.daemon_id,
                jobs.size());
@@ -3099,6 +3150,7 @@ void EngineImpl::Shutdown() {
     }
     job->cv.SignalAll();
   }
+  for (auto& r : lingered) ranks.push_back(r);
   for (auto& r : ranks) r->AbortComms();
   for (auto& r : ranks) r->FailPipeline(Unavailable());
   for (auto& r : ranks) {

@@ -241,6 +241,61 @@ TEST(OverlapErrorsTest, BadShardGroupSizeIsInvalidArgument) {
   EXPECT_EQ(cluster.engines[0]->GetStatus().jobs_size(), 0);
 }
 
+// A rank that leaves right after its last step (here: while its own
+// all-gathers are still queued) must not cut off its peers' last
+// collective: Deregister lets the rank's communicators linger, so the
+// peer's parameters still arrive, equal to the reference.
+TEST(OverlapErrorsTest, PeersFinishTheLastStepWhenARankLeavesAtOnce) {
+  const JobConfig config = Config("overlap-leave", 2, 1, "cost", 0);
+  Cluster cluster;
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RunAll(cluster, 2));
+  for (int round = 0; round < 3; ++round) {
+    const int k = 3 + round;
+    std::vector<Result<v1::StepResponse>> steps(2);
+    for (auto& rank : run.ranks()) {
+      rank->WriteGrads(k);
+      v1::StepRequest step = rank->MakeStep(k);
+      step.set_async_params(true);
+      cluster.engines[rank->engine_index()]->Step(
+          step, steps[rank->global()].callback());
+    }
+    for (auto& s : steps) ASSERT_OK(s.Get().status());
+    if (round < 2) {
+      for (auto& rank : run.ranks()) {
+        Result<v1::WaitParamsResponse> waited;
+        cluster.engines[rank->engine_index()]->WaitParams(
+            WaitParams(*rank, k, -1), waited.callback());
+        ASSERT_OK(waited.Get().status());
+      }
+      continue;
+    }
+    // Last step: rank 1 leaves at once, rank 0 waits for its parameters.
+    TrainerRank& r1 = *run.ranks()[1];
+    v1::DeregisterRequest leave;
+    leave.set_job_id(config.job_id);
+    leave.set_job_token(config.token);
+    *leave.mutable_rank() = r1.MakeStep(k).rank();
+    ASSERT_OK(cluster.engines[r1.engine_index()]->Deregister(leave));
+    TrainerRank& r0 = *run.ranks()[0];
+    Result<v1::WaitParamsResponse> waited;
+    cluster.engines[r0.engine_index()]->WaitParams(WaitParams(r0, k, -1),
+                                                   waited.callback());
+    ASSERT_OK(waited.Get().status());
+  }
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 5, {}));
+  const std::vector<float> want = run.ranks()[0]->Shard(
+      config.params[0], reference.at(config.params[0].name));
+  EXPECT_EQ(run.ranks()[0]->ParamBuffer(0), want);
+  for (size_t i = 0; i < config.params.size(); ++i) {
+    EXPECT_EQ(run.ranks()[0]->ParamBuffer(static_cast<int>(i)),
+              run.ranks()[0]->Shard(config.params[i],
+                                    reference.at(config.params[i].name)))
+        << config.params[i].name;
+  }
+}
+
 // A failed job wakes a WaitParams that waits on it.
 TEST(OverlapErrorsTest, WaitParamsEndsWhenTheJobFails) {
   Cluster cluster(absl::Seconds(2));
