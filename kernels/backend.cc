@@ -1,7 +1,5 @@
 #include "kernels/backend.h"
 
-#include <atomic>
-
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -50,15 +48,5 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackendByName(
   }
   return CreateBackend(*kind, device);
 }
-
-namespace {
-std::atomic<int64_t> allocation_count{0};
-}  // namespace
-
-int64_t BackendAllocationCount() { return allocation_count.load(); }
-
-namespace backend_internal {
-void CountAllocation() { allocation_count.fetch_add(1); }
-}  // namespace backend_internal
 
 }  // namespace canzona

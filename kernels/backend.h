@@ -33,6 +33,7 @@
 #define CANZONA_KERNELS_BACKEND_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -257,10 +258,17 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackendByName(
 // Allocate() calls (host memory on cpu) and the cuda backend's device
 // allocations (its pool and grow-only workspaces). A steady-state
 // optimizer step must not change it; tests count it. Thread-safe.
-int64_t BackendAllocationCount();
+// (Inline, so that every backend library counts into one variable without
+// linking the factory.)
 namespace backend_internal {
-void CountAllocation();
+inline std::atomic<int64_t> allocation_count{0};
+inline void CountAllocation() {
+  allocation_count.fetch_add(1, std::memory_order_relaxed);
+}
 }  // namespace backend_internal
+inline int64_t BackendAllocationCount() {
+  return backend_internal::allocation_count.load();
+}
 
 }  // namespace canzona
 

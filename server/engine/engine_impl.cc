@@ -43,6 +43,7 @@
 #include "server/checkpoint/checkpoint.h"
 #include "server/comm/gloo_communicator.h"
 #include "server/engine/bucket_pipeline.h"
+#include "server/engine/cuda_ipc_registry.h"
 #include "server/engine/local_communicator.h"
 #include "server/metrics/canzona_metrics.h"
 #include "server/optim/optimizer_config.h"
@@ -360,6 +361,7 @@ class CountingCommunicator final : public Communicator {
 struct LocalRank {
   ~LocalRank() {
     if (trainer_pidfd >= 0) ::close(trainer_pidfd);
+    if (grad_event != nullptr) ipc->CloseEvent(grad_event, buffer_device);
   }
   v1::RankCoordinates coords;
   int global = 0;
@@ -368,6 +370,14 @@ struct LocalRank {
   std::optional<pid_t> trainer_pid;
   int trainer_pidfd = -1;
   std::vector<SharedMemory> maps;
+  // GPU trainers: CUDA IPC buffers (device memory of `buffer_device`),
+  // copied to and from host staging through `ipc`, and the event the
+  // trainer records after writing gradients (null: none).
+  std::vector<CudaIpcRegistry::Mapping> ipc_maps;
+  bool device_buffers = false;
+  int buffer_device = 0;
+  CudaIpcOpener* ipc = nullptr;
+  void* grad_event = nullptr;
   std::vector<float*> param_buf;  // per stage parameter, trainer order
   std::vector<float*> grad_buf;
   int64_t mapped_bytes = 0;
@@ -586,7 +596,11 @@ void MoveFragment(const ParamMeta& m, int tp, int j, float* frag, float* full,
 
 class EngineImpl final : public Engine {
  public:
-  explicit EngineImpl(EngineOptions options) : options_(std::move(options)) {
+  explicit EngineImpl(EngineOptions options)
+      : options_(std::move(options)),
+        cuda_ipc_(options_.cuda_ipc != nullptr ? options_.cuda_ipc
+                                               : RealCudaIpcOpener()),
+        ipc_registry_(std::make_unique<CudaIpcRegistry>(cuda_ipc_)) {
     watcher_ = std::thread([this] { WatchTrainers(); });
   }
   ~EngineImpl() override { Shutdown(); }
@@ -707,6 +721,9 @@ class EngineImpl final : public Engine {
   void WatchTrainers();
 
   const EngineOptions options_;
+  // CUDA IPC buffers of GPU trainers (opened once per allocation).
+  CudaIpcOpener* const cuda_ipc_;
+  const std::unique_ptr<CudaIpcRegistry> ipc_registry_;
   std::atomic<bool> shutting_down_{false};
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
@@ -874,9 +891,45 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
       absl::StrCat("/canzona.", request.job_id(), ".");
   auto map_buffer = [&](const std::string& where, const v1::BufferRef& ref,
                         int64_t numel) -> absl::StatusOr<float*> {
-    if (!ref.has_shm()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": the CPU data plane takes POSIX shm buffers only"));
+    const bool ipc = ref.has_cuda_ipc();
+    if (!ipc && !ref.has_shm()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": no buffer (shm or cuda_ipc)"));
+    }
+    if (!rank->param_buf.empty() || !rank->grad_buf.empty() ||
+        !rank->ipc_maps.empty()) {
+      if (ipc != rank->device_buffers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where,
+                         ": every buffer of a rank must be shm, or every one "
+                         "cuda_ipc"));
+      }
+    }
+    if (ipc) {
+      // Asked only here: a daemon without GPU trainers never starts CUDA.
+      const int devices = options_.cuda_devices >= 0 ? options_.cuda_devices
+                                                     : CudaDeviceCount();
+      if (devices == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            where, ".cuda_ipc: this daemon has no usable CUDA device"));
+      }
+      const v1::CudaIpcBufferRef& r = ref.cuda_ipc();
+      if (!rank->ipc_maps.empty() && r.device() != rank->buffer_device) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ".cuda_ipc.device: ", r.device(), ", the rank's other ",
+            "buffers are on device ", rank->buffer_device));
+      }
+      CANZONA_ASSIGN_OR_RETURN(
+          CudaIpcRegistry::Mapping m,
+          ipc_registry_->Map(
+              where, r, static_cast<uint64_t>(numel) * sizeof(float), devices));
+      rank->device_buffers = true;
+      rank->buffer_device = r.device();
+      rank->ipc = cuda_ipc_;
+      rank->mapped_bytes += static_cast<int64_t>(r.bytes());
+      float* data = m.data();
+      rank->ipc_maps.push_back(std::move(m));
+      return data;
     }
     const v1::ShmBufferRef& shm = ref.shm();
     if (absl::Status s = ValidateShmName(shm.name()); !s.ok()) {
@@ -923,6 +976,7 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
 
   std::set<std::string> names;
   std::string plist;
+  std::string grad_event_handle;
   for (int j = 0; j < request.parameters_size(); ++j) {
     const v1::Parameter& p = request.parameters(j);
     const std::string where =
@@ -989,6 +1043,29 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
         float* grad, map_buffer(absl::StrCat(where, ".grad"), p.grad(), numel));
     rank->param_buf.push_back(param);
     rank->grad_buf.push_back(grad);
+    // The trainer's "gradients written" event: one per rank (every grad
+    // buffer names the same one, or none).
+    const std::string& event =
+        p.grad().has_cuda_ipc() ? p.grad().cuda_ipc().event_handle() : "";
+    if (!event.empty()) {
+      if (grad_event_handle.empty()) {
+        absl::StatusOr<void*> opened =
+            cuda_ipc_->OpenEvent(event, rank->buffer_device);
+        if (!opened.ok()) {
+          return absl::Status(
+              opened.status().code(),
+              absl::StrCat(where, ".grad.cuda_ipc.event_handle: ",
+                           opened.status().message()));
+        }
+        rank->grad_event = *opened;
+        grad_event_handle = event;
+      } else if (event != grad_event_handle) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where,
+                         ".grad.cuda_ipc.event_handle: differs from the rank's "
+                         "other gradients' (one event per rank)"));
+      }
+    }
     absl::StrAppend(&plist, j ? "\n" : "", CanonicalParam(p));
   }
   if (rank->mapped_bytes > options_.max_bytes_per_job) {
@@ -1437,17 +1514,44 @@ absl::Status StepRule(RankRuntime& rt, int i, float* param, const float* grad,
 // reduce-scatter + all-gather: a ring all-reduce's bandwidth, but every
 // element summed in DP rank order on one rank, so every strategy gets the
 // same bits).
+// n floats between a trainer buffer (shm, or CUDA IPC device memory) and
+// host staging.
+absl::Status FromTrainer(const LocalRank& rank, const float* src, int64_t n,
+                         float* dst) {
+  if (!rank.device_buffers) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return absl::OkStatus();
+  }
+  return rank.ipc->CopyToHost(rank.buffer_device, src, n * sizeof(float), dst);
+}
+
+absl::Status ToTrainer(const LocalRank& rank, const float* src, int64_t n,
+                       float* dst) {
+  if (!rank.device_buffers) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return absl::OkStatus();
+  }
+  return rank.ipc->CopyFromHost(rank.buffer_device, src, n * sizeof(float),
+                                dst);
+}
+
 absl::Status ReduceBucket(LocalRank& rank, const JobPlan& jp, int b) {
   RankRuntime& rt = *rank.rt;
   const RankRuntime::Bucket& bucket = rt.buckets[b];
+  // A GPU trainer's gradients are final once its event completed (it
+  // records the event after backward wrote them, before GradReady/Step).
+  if (rank.grad_event != nullptr) {
+    CANZONA_RETURN_IF_ERROR(
+        rank.ipc->WaitEvent(rank.grad_event, rank.buffer_device));
+  }
   for (int i : jp.plan.buckets[bucket.index].params) {
     const int j = i - rt.first;
     const int64_t n = jp.params[i].local_numel;
     if (n == 0) continue;
-    std::memcpy(rt.gstage.data() + rt.offset[i], rank.grad_buf[j],
-                n * sizeof(float));
-    std::memcpy(rt.pstage.data() + rt.offset[i], rank.param_buf[j],
-                n * sizeof(float));
+    CANZONA_RETURN_IF_ERROR(FromTrainer(rank, rank.grad_buf[j], n,
+                                        rt.gstage.data() + rt.offset[i]));
+    CANZONA_RETURN_IF_ERROR(FromTrainer(rank, rank.param_buf[j], n,
+                                        rt.pstage.data() + rt.offset[i]));
   }
   float* g = rt.gstage.data() + bucket.base;
   const int d = rt.shard_pos;
@@ -1521,8 +1625,8 @@ absl::Status GatherBucket(LocalRank& rank, const JobPlan& jp, int b) {
   for (int i : jp.plan.buckets[bucket.index].params) {
     const int64_t n = jp.params[i].local_numel;
     if (n == 0) continue;
-    std::memcpy(rank.param_buf[i - rt.first], rt.pstage.data() + rt.offset[i],
-                n * sizeof(float));
+    CANZONA_RETURN_IF_ERROR(ToTrainer(rank, rt.pstage.data() + rt.offset[i], n,
+                                      rank.param_buf[i - rt.first]));
   }
   return absl::OkStatus();
 }
@@ -2294,7 +2398,11 @@ void EngineImpl::GradReady(const v1::GradReadyRequest& request,
 void EngineImpl::WaitParams(const v1::WaitParamsRequest& request,
                             Callback<v1::WaitParamsResponse> done) {
   if (shutting_down_) return done(Unavailable());
-  auto found = FindReadyRank(request.job_id(), request.rank());
+  // Also once the job failed: a peer that finished and deregistered fails
+  // the job, but this rank's last all-gathers still complete (the peer
+  // lingers) or fail, and the pipeline reports which.
+  auto found = FindReadyRank(request.job_id(), request.rank(),
+                             /*after_failure=*/true);
   if (!found.ok()) return done(found.status());
   auto [job, rank] = *std::move(found);
   const int buckets = rank->pipeline->buckets();

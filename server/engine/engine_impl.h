@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kernels/cuda/cuda_ipc.h"
 #include "server/control/kv_store.h"
 #include "server/engine/engine.h"
 #include "server/metrics/registry.h"
@@ -40,7 +41,8 @@ struct EngineOptions {
   KvStore* control = nullptr;
   // Unique per daemon (logs, control-plane keys).
   std::string daemon_id = "canzonad";
-  // Compute backend of the device workers: "cpu" or "auto".
+  // Compute backend of the device workers: "cpu", "cuda" or "auto" (cuda
+  // when a device is present).
   std::string backend = "cpu";
   // Address Gloo's TCP devices bind to (peers connect to it).
   std::string comm_host = "127.0.0.1";
@@ -67,6 +69,11 @@ struct EngineOptions {
   // metrics of server/metrics/README.md here; not owned, must outlive the
   // engine.
   MetricsRegistry* metrics = nullptr;
+  // CUDA IPC buffers: how the daemon opens and copies them (null: real
+  // CUDA) and how many devices it has (-1: CudaDeviceCount()). Tests pass
+  // a fake over host memory to run the IPC path without a GPU.
+  CudaIpcOpener* cuda_ipc = nullptr;
+  int cuda_devices = -1;
 };
 
 // INVALID_ARGUMENT when options.control is null or a field is out of range.

@@ -149,10 +149,14 @@ std::string UniqueJobId(const std::string& stem) {
 }
 
 Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
-                 const std::string& backend) {
+                 const std::string& backend, CudaIpcOpener* cuda_ipc) {
   for (int i = 0; i < 2; ++i) {
     EngineOptions options;
     options.backend = backend;
+    if (cuda_ipc != nullptr) {
+      options.cuda_ipc = cuda_ipc;
+      options.cuda_devices = 1;
+    }
     options.control = &kv;
     options.daemon_id = absl::StrCat("daemon", i);
     options.step_timeout = step_timeout;
@@ -364,6 +368,21 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
     q->set_group(p.group);
     const uint64_t bytes =
         static_cast<uint64_t>(local_numel_[i]) * sizeof(float);
+    if (config_.cuda_ipc) {
+      // The fake IPC "allocation" is this rank's whole shm object.
+      const std::string handle =
+          FakeCudaIpc::Handle(shm_->data(), shm_->size());
+      v1::CudaIpcBufferRef* p_ref = q->mutable_param()->mutable_cuda_ipc();
+      p_ref->set_mem_handle(handle);
+      p_ref->set_offset(offsets_[i] * sizeof(float));
+      p_ref->set_bytes(bytes);
+      v1::CudaIpcBufferRef* g_ref = q->mutable_grad()->mutable_cuda_ipc();
+      g_ref->set_mem_handle(handle);
+      g_ref->set_offset((offsets_[i] + local_numel_[i]) * sizeof(float));
+      g_ref->set_bytes(bytes);
+      g_ref->set_event_handle(FakeCudaIpc::EventHandle(global_));
+      continue;
+    }
     v1::ShmBufferRef* param = q->mutable_param()->mutable_shm();
     param->set_name(shm_->name());
     param->set_offset(offsets_[i] * sizeof(float));
@@ -441,6 +460,65 @@ absl::Status JobRun::RunSteps(Cluster& cluster, int first, int last) {
     }
     return absl::OkStatus();
   });
+}
+
+// ---------------------------------------------------------------------------
+
+std::string FakeCudaIpc::Handle(void* base, uint64_t size) {
+  std::string h(kCudaIpcHandleBytes, '\0');
+  std::memcpy(h.data(), &base, sizeof(base));
+  std::memcpy(h.data() + sizeof(base), &size, sizeof(size));
+  return h;
+}
+
+std::string FakeCudaIpc::EventHandle(int id) {
+  std::string h(kCudaIpcHandleBytes, 'e');
+  std::memcpy(h.data(), &id, sizeof(id));
+  return h;
+}
+
+absl::StatusOr<CudaIpcOpened> FakeCudaIpc::Open(const std::string& handle,
+                                                int device) {
+  if (handle.size() != kCudaIpcHandleBytes || device != 0) {
+    return absl::InvalidArgumentError("fake: bad handle or device");
+  }
+  CudaIpcOpened opened;
+  std::memcpy(&opened.base, handle.data(), sizeof(opened.base));
+  std::memcpy(&opened.size, handle.data() + sizeof(opened.base),
+              sizeof(opened.size));
+  ++opens;
+  return opened;
+}
+
+void FakeCudaIpc::Close(const CudaIpcOpened&, int) { ++closes; }
+
+absl::StatusOr<void*> FakeCudaIpc::OpenEvent(const std::string& handle, int) {
+  if (handle.size() != kCudaIpcHandleBytes) {
+    return absl::InvalidArgumentError("fake: bad event handle");
+  }
+  ++events_open;
+  return static_cast<void*>(this);
+}
+
+absl::Status FakeCudaIpc::WaitEvent(void*, int) {
+  ++event_waits;
+  return absl::OkStatus();
+}
+
+void FakeCudaIpc::CloseEvent(void*, int) { --events_open; }
+
+absl::Status FakeCudaIpc::CopyToHost(int, const void* src, size_t bytes,
+                                     void* dst) {
+  std::memcpy(dst, src, bytes);
+  copied_bytes += static_cast<int64_t>(bytes);
+  return absl::OkStatus();
+}
+
+absl::Status FakeCudaIpc::CopyFromHost(int, const void* src, size_t bytes,
+                                       void* dst) {
+  std::memcpy(dst, src, bytes);
+  copied_bytes += static_cast<int64_t>(bytes);
+  return absl::OkStatus();
 }
 
 absl::Status JobRun::RunStepsOverlapped(Cluster& cluster, int first, int last,

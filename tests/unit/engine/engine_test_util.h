@@ -15,6 +15,7 @@
 #ifndef CANZONA_TESTS_UNIT_ENGINE_ENGINE_TEST_UTIL_H_
 #define CANZONA_TESTS_UNIT_ENGINE_ENGINE_TEST_UTIL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <future>
@@ -28,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/shm/shared_memory.h"
+#include "kernels/cuda/cuda_ipc.h"
 #include "server/control/kv_store.h"
 #include "server/engine/engine.h"
 
@@ -68,7 +70,33 @@ struct JobConfig {
   // Muon's ns_precision setting sent to the engine (empty: the default;
   // the reference always runs fp32 on cpu).
   std::string muon_ns_precision;
+  // Buffers described as CUDA IPC (the rank's shm object standing in for
+  // the device allocation; needs a Cluster with a FakeCudaIpc).
+  bool cuda_ipc = false;
   int world() const { return dp * tp; }
+};
+
+// CUDA IPC over host memory: a "handle" carries a pointer and size in this
+// process, copies are memcpy. Counts what the engine does with it.
+// Thread-safety: counters are atomic.
+class FakeCudaIpc final : public CudaIpcOpener {
+ public:
+  static std::string Handle(void* base, uint64_t size);
+  static std::string EventHandle(int id);
+  absl::StatusOr<CudaIpcOpened> Open(const std::string& handle,
+                                     int device) override;
+  void Close(const CudaIpcOpened& opened, int device) override;
+  absl::StatusOr<void*> OpenEvent(const std::string& handle,
+                                  int device) override;
+  absl::Status WaitEvent(void* event, int device) override;
+  void CloseEvent(void* event, int device) override;
+  absl::Status CopyToHost(int device, const void* src, size_t bytes,
+                          void* dst) override;
+  absl::Status CopyFromHost(int device, const void* src, size_t bytes,
+                            void* dst) override;
+
+  std::atomic<int> opens{0}, closes{0}, events_open{0}, event_waits{0};
+  std::atomic<int64_t> copied_bytes{0};
 };
 
 // A unique job id (pid + counter): shm names never collide across tests.
@@ -77,9 +105,11 @@ std::string UniqueJobId(const std::string& stem);
 struct Cluster {
   // `backend`: the engines' compute backend (cpu: the bitwise tests must
   // not move to a GPU where one exists).
+  // `cuda_ipc`: a fake IPC layer for jobs with JobConfig::cuda_ipc.
   explicit Cluster(absl::Duration step_timeout = absl::Seconds(20),
                    absl::Duration register_timeout = absl::Seconds(20),
-                   const std::string& backend = "cpu");
+                   const std::string& backend = "cpu",
+                   CudaIpcOpener* cuda_ipc = nullptr);
   ~Cluster();
   InMemoryKvStore kv;
   std::unique_ptr<Engine> engines[2];

@@ -246,14 +246,16 @@ TEST(OverlapErrorsTest, BadShardGroupSizeIsInvalidArgument) {
 // collective: Deregister lets the rank's communicators linger, so the
 // peer's parameters still arrive, equal to the reference.
 TEST(OverlapErrorsTest, PeersFinishTheLastStepWhenARankLeavesAtOnce) {
-  const JobConfig config = Config("overlap-leave", 2, 1, "cost", 0);
+  // DP4: ranks 0 and 1 share engine 0, so rank 1's leaving also fails
+  // the job on the daemon rank 0 asks.
+  const JobConfig config = Config("overlap-leave", 4, 1, "cost", 0);
   Cluster cluster;
   JobRun run(config);
   ASSERT_OK(run.Init());
   ASSERT_OK(run.RunAll(cluster, 2));
   for (int round = 0; round < 3; ++round) {
     const int k = 3 + round;
-    std::vector<Result<v1::StepResponse>> steps(2);
+    std::vector<Result<v1::StepResponse>> steps(config.world());
     for (auto& rank : run.ranks()) {
       rank->WriteGrads(k);
       v1::StepRequest step = rank->MakeStep(k);
@@ -272,6 +274,7 @@ TEST(OverlapErrorsTest, PeersFinishTheLastStepWhenARankLeavesAtOnce) {
       continue;
     }
     // Last step: rank 1 leaves at once, rank 0 waits for its parameters.
+    ASSERT_EQ(run.ranks()[1]->engine_index(), run.ranks()[0]->engine_index());
     TrainerRank& r1 = *run.ranks()[1];
     v1::DeregisterRequest leave;
     leave.set_job_id(config.job_id);

@@ -1,0 +1,204 @@
+#include "kernels/cuda/cuda_ipc.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/cuda_status.h"
+#include "kernels/base/status_macros.h"
+
+namespace canzona {
+namespace {
+
+// cuMemGetAddressRange through the runtime's driver entry point, so that
+// nothing links libcuda (absent on machines without a driver).
+using GetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+absl::StatusOr<GetAddressRange> AddressRangeFn() {
+  static std::once_flag once;
+  static GetAddressRange fn = nullptr;
+  static cudaError_t error = cudaSuccess;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSuccess;
+    error = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000,
+                                             cudaEnableDefault, &found);
+    if (error == cudaSuccess && found == cudaDriverEntryPointSuccess) {
+      fn = reinterpret_cast<GetAddressRange>(p);
+    }
+  });
+  if (fn == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no usable CUDA device: cuMemGetAddressRange unavailable (",
+        cudaGetErrorString(error), ")"));
+  }
+  return fn;
+}
+
+absl::StatusOr<CudaIpcOpened> AllocationOf(const void* ptr) {
+  CANZONA_ASSIGN_OR_RETURN(GetAddressRange fn, AddressRangeFn());
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  const CUresult r =
+      fn(&base, &size, reinterpret_cast<CUdeviceptr>(const_cast<void*>(ptr)));
+  if (r != CUDA_SUCCESS) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuMemGetAddressRange failed (", static_cast<int>(r),
+                     "): not device memory of this process"));
+  }
+  return CudaIpcOpened{reinterpret_cast<void*>(base),
+                       static_cast<uint64_t>(size)};
+}
+
+class RealEvent final : public CudaIpcEvent {
+ public:
+  RealEvent(cudaEvent_t event, int device, std::string handle)
+      : event_(event), device_(device), handle_(std::move(handle)) {}
+  ~RealEvent() override {
+    if (cudaSetDevice(device_) == cudaSuccess) (void)cudaEventDestroy(event_);
+  }
+  void* event() const override { return event_; }
+  const std::string& handle() const override { return handle_; }
+
+ private:
+  cudaEvent_t event_;
+  int device_;
+  std::string handle_;
+};
+
+class RealOpener final : public CudaIpcOpener {
+ public:
+  absl::StatusOr<CudaIpcOpened> Open(const std::string& mem_handle,
+                                     int device) override {
+    if (mem_handle.size() != sizeof(cudaIpcMemHandle_t)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mem_handle has ", mem_handle.size(), " bytes, not ",
+                       sizeof(cudaIpcMemHandle_t)));
+    }
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    cudaIpcMemHandle_t handle;
+    std::memcpy(&handle, mem_handle.data(), sizeof(handle));
+    void* base = nullptr;
+    CANZONA_CUDA_RETURN_IF_ERROR(
+        cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess));
+    absl::StatusOr<CudaIpcOpened> opened = AllocationOf(base);
+    if (!opened.ok()) {
+      (void)cudaIpcCloseMemHandle(base);
+      return opened.status();
+    }
+    return CudaIpcOpened{base, opened->size};
+  }
+  void Close(const CudaIpcOpened& opened, int device) override {
+    if (cudaSetDevice(device) != cudaSuccess) return;
+    if (cudaIpcCloseMemHandle(opened.base) != cudaSuccess) {
+      (void)cudaGetLastError();
+    }
+  }
+  absl::StatusOr<void*> OpenEvent(const std::string& handle,
+                                  int device) override {
+    if (handle.size() != sizeof(cudaIpcEventHandle_t)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("event_handle has ", handle.size(), " bytes, not ",
+                       sizeof(cudaIpcEventHandle_t)));
+    }
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    cudaIpcEventHandle_t h;
+    std::memcpy(&h, handle.data(), sizeof(h));
+    cudaEvent_t event = nullptr;
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaIpcOpenEventHandle(&event, h));
+    return static_cast<void*>(event);
+  }
+  absl::Status WaitEvent(void* event, int device) override {
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    CANZONA_CUDA_RETURN_IF_ERROR(
+        cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+    return absl::OkStatus();
+  }
+  void CloseEvent(void* event, int device) override {
+    if (cudaSetDevice(device) != cudaSuccess) return;
+    (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  }
+  absl::Status CopyToHost(int device, const void* src, size_t bytes,
+                          void* dst) override {
+    return CudaCopyToHost(device, src, bytes, dst);
+  }
+  absl::Status CopyFromHost(int device, const void* src, size_t bytes,
+                            void* dst) override {
+    return CudaCopyFromHost(device, src, bytes, dst);
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<CudaIpcExport> ExportCudaIpc(const void* ptr, uint64_t bytes) {
+  if (ptr == nullptr) return absl::InvalidArgumentError("ptr is null");
+  cudaPointerAttributes attributes;
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attributes, ptr));
+  if (attributes.type != cudaMemoryTypeDevice) {
+    return absl::InvalidArgumentError(
+        "ptr is not device memory (cudaMalloc / a caching allocator's "
+        "block)");
+  }
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaSetDevice(attributes.device));
+  CANZONA_ASSIGN_OR_RETURN(CudaIpcOpened allocation, AllocationOf(ptr));
+  const uint64_t offset =
+      static_cast<uint64_t>(static_cast<const char*>(ptr) -
+                            static_cast<const char*>(allocation.base));
+  if (offset > allocation.size || bytes > allocation.size - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("[ptr, ptr + ", bytes, ") leaves its allocation of ",
+                     allocation.size, " bytes at offset ", offset));
+  }
+  cudaIpcMemHandle_t handle;
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, allocation.base));
+  CudaIpcExport out;
+  out.mem_handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  out.offset = offset;
+  out.bytes = bytes;
+  out.device = attributes.device;
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<CudaIpcEvent>> CreateCudaIpcEvent(int device) {
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  cudaEvent_t event = nullptr;
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(
+      &event, cudaEventInterprocess | cudaEventDisableTiming));
+  cudaIpcEventHandle_t handle;
+  const cudaError_t err = cudaIpcGetEventHandle(&handle, event);
+  if (err != cudaSuccess) {
+    (void)cudaEventDestroy(event);
+    return CudaStatus(err, "cudaIpcGetEventHandle");
+  }
+  return std::unique_ptr<CudaIpcEvent>(new RealEvent(
+      event, device,
+      std::string(reinterpret_cast<const char*>(&handle), sizeof(handle))));
+}
+
+CudaIpcOpener* RealCudaIpcOpener() {
+  static RealOpener* opener = new RealOpener;
+  return opener;
+}
+
+absl::Status CudaCopyToHost(int device, const void* src, size_t bytes,
+                            void* dst) {
+  if (bytes == 0) return absl::OkStatus();
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  return absl::OkStatus();
+}
+
+absl::Status CudaCopyFromHost(int device, const void* src, size_t bytes,
+                              void* dst) {
+  if (bytes == 0) return absl::OkStatus();
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  return absl::OkStatus();
+}
+
+}  // namespace canzona

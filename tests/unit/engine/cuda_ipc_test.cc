@@ -1,0 +1,162 @@
+// GPU trainers' CUDA IPC buffers without a GPU: the registry's refcounting
+// and validation, and the engine's IPC path end to end over FakeCudaIpc
+// (host memory standing in for device allocations): every step bitwise
+// equal to the reference, the trainer's event waited on, allocations
+// opened once per rank and closed after it leaves.
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/base/status_macros.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "server/engine/cuda_ipc_registry.h"
+#include "tests/matchers/status_matchers.h"
+#include "tests/unit/engine/engine_test_util.h"
+
+namespace canzona::engine_test {
+namespace {
+
+namespace v1 = ::canzona::v1;
+using ::canzona::testing::StatusIs;
+using ::testing::HasSubstr;
+
+v1::CudaIpcBufferRef Ref(const std::string& handle, uint64_t offset,
+                         uint64_t bytes, int device = 0) {
+  v1::CudaIpcBufferRef r;
+  r.set_mem_handle(handle);
+  r.set_offset(offset);
+  r.set_bytes(bytes);
+  r.set_device(device);
+  return r;
+}
+
+TEST(CudaIpcRegistryTest, OpensEachAllocationOnceAndClosesAfterTheLast) {
+  FakeCudaIpc fake;
+  std::vector<float> memory(1024);
+  const std::string handle = FakeCudaIpc::Handle(memory.data(), 4096);
+  CudaIpcRegistry registry(&fake);
+  ASSERT_OK_AND_ASSIGN(CudaIpcRegistry::Mapping a,
+                       registry.Map("a", Ref(handle, 0, 64), 64, 1));
+  ASSERT_OK_AND_ASSIGN(CudaIpcRegistry::Mapping b,
+                       registry.Map("b", Ref(handle, 256, 128), 128, 1));
+  EXPECT_EQ(a.data(), memory.data());
+  EXPECT_EQ(b.data(), memory.data() + 64);
+  EXPECT_EQ(fake.opens.load(), 1);
+  EXPECT_EQ(registry.open_allocations(), 1);
+  a.Reset();
+  EXPECT_EQ(fake.closes.load(), 0);
+  CudaIpcRegistry::Mapping moved = std::move(b);
+  moved.Reset();
+  EXPECT_EQ(fake.closes.load(), 1);
+  EXPECT_EQ(registry.open_allocations(), 0);
+}
+
+TEST(CudaIpcRegistryTest, BadReferencesNameTheFieldAndLeaveNothingOpen) {
+  FakeCudaIpc fake;
+  std::vector<float> memory(1024);
+  const std::string handle = FakeCudaIpc::Handle(memory.data(), 4096);
+  CudaIpcRegistry registry(&fake);
+  EXPECT_THAT(registry.Map("p.grad", Ref("short", 0, 64), 64, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("p.grad.cuda_ipc.mem_handle")));
+  EXPECT_THAT(registry.Map("p.grad", Ref(handle, 0, 64, 2), 64, 2 - 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("cuda_ipc.device: 2 outside [0, 1)")));
+  EXPECT_THAT(registry.Map("p.grad", Ref(handle, 2, 64), 64, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not 4-byte aligned")));
+  EXPECT_THAT(registry.Map("p.grad", Ref(handle, 0, 60), 64, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("cuda_ipc.bytes: 60")));
+  EXPECT_THAT(registry.Map("p.grad", Ref(handle, 4064, 64), 64, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("leaves the exported allocation of 4096")));
+  EXPECT_EQ(registry.open_allocations(), 0);
+  EXPECT_EQ(fake.opens.load(), fake.closes.load());
+}
+
+JobConfig IpcConfig(const std::string& stem, int dp, int tp) {
+  JobConfig c;
+  c.job_id = UniqueJobId(stem);
+  c.dp = dp;
+  c.tp = tp;
+  c.strategy = "cost";
+  c.params = MegatronModel();
+  c.cuda_ipc = true;
+  return c;
+}
+
+TEST(CudaIpcEngineTest, StepsOnIpcBuffersAreBitwiseAndReleaseTheirMemory) {
+  SetCpuBlasThreads(1);
+  FakeCudaIpc fake;
+  {
+    Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &fake);
+    const JobConfig config = IpcConfig("ipc", 2, 2);
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    EXPECT_EQ(fake.opens.load(), config.world());  // one object per rank
+    EXPECT_EQ(fake.events_open.load(), config.world());
+    ASSERT_OK(run.RunSteps(cluster, 1, 3));
+    ASSERT_OK(run.RunStepsOverlapped(cluster, 4, 6, true, 9));
+    ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 6, {}));
+    EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+    EXPECT_GT(fake.event_waits.load(), 0);
+    EXPECT_GT(fake.copied_bytes.load(), 0);
+    ASSERT_OK(run.Deregister(cluster));
+    // Closed once the ranks stopped lingering (at most 5 s).
+    const absl::Time deadline = absl::Now() + absl::Seconds(15);
+    while (fake.closes.load() < fake.opens.load() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_EQ(fake.closes.load(), fake.opens.load());
+    EXPECT_EQ(fake.events_open.load(), 0);
+  }
+}
+
+TEST(CudaIpcEngineTest, MixedOrUnservableBuffersAreRejected) {
+  FakeCudaIpc fake;
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &fake);
+  JobRun run(IpcConfig("ipc-mixed", 1, 1));
+  ASSERT_OK(run.Init());
+  v1::RegisterRequest request = run.ranks()[0]->MakeRegister();
+  // One shm buffer among IPC ones.
+  v1::RegisterRequest mixed = request;
+  mixed.mutable_parameters(1)->mutable_grad()->mutable_shm()->set_name("/x");
+  Result<v1::RegisterResponse> done;
+  cluster.engines[0]->Register(mixed, PeerInfo{}, done.callback());
+  EXPECT_THAT(done.Get(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("parameters[1]")));
+  // Different event handles on one rank.
+  v1::RegisterRequest events = request;
+  events.mutable_parameters(2)
+      ->mutable_grad()
+      ->mutable_cuda_ipc()
+      ->set_event_handle(FakeCudaIpc::EventHandle(77));
+  Result<v1::RegisterResponse> done2;
+  cluster.engines[0]->Register(events, PeerInfo{}, done2.callback());
+  EXPECT_THAT(done2.Get(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    HasSubstr("one event per rank")));
+  EXPECT_EQ(fake.opens.load(), fake.closes.load());
+  EXPECT_EQ(fake.events_open.load(), 0);
+  EXPECT_EQ(cluster.engines[0]->GetStatus().jobs_size(), 0);
+}
+
+TEST(CudaIpcEngineTest, DaemonWithoutDevicesRefusesIpcBuffers) {
+  if (CudaDeviceCount() > 0) GTEST_SKIP() << "this machine has a GPU";
+  Cluster cluster;  // the real CUDA layer: no device here
+  JobRun run(IpcConfig("ipc-nodev", 1, 1));
+  ASSERT_OK(run.Init());
+  Result<v1::RegisterResponse> done;
+  cluster.engines[0]->Register(run.ranks()[0]->MakeRegister(), PeerInfo{},
+                               done.callback());
+  EXPECT_THAT(done.Get(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("cuda_ipc: this daemon has no usable CUDA")));
+}
+
+}  // namespace
+}  // namespace canzona::engine_test
