@@ -66,7 +66,7 @@ absl::StatusOr<CudaIpcRegistry::Mapping> CudaIpcRegistry::Map(
     }
     it = open_.emplace(key, Entry{*opened, 0}).first;
   }
-  const CudaIpcOpened& a = it->second.opened;
+  const CudaIpcOpened a = it->second.opened;  // a copy: `it` may go
   if (ref.offset() > a.size || ref.bytes() > a.size - ref.offset()) {
     if (it->second.refs == 0) {
       opener_->Close(a, ref.device());
