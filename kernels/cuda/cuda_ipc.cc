@@ -53,22 +53,6 @@ absl::StatusOr<CudaIpcOpened> AllocationOf(const void* ptr) {
                        static_cast<uint64_t>(size)};
 }
 
-class RealEvent final : public CudaIpcEvent {
- public:
-  RealEvent(cudaEvent_t event, int device, std::string handle)
-      : event_(event), device_(device), handle_(std::move(handle)) {}
-  ~RealEvent() override {
-    if (cudaSetDevice(device_) == cudaSuccess) (void)cudaEventDestroy(event_);
-  }
-  void* event() const override { return event_; }
-  const std::string& handle() const override { return handle_; }
-
- private:
-  cudaEvent_t event_;
-  int device_;
-  std::string handle_;
-};
-
 class RealOpener final : public CudaIpcOpener {
  public:
   absl::StatusOr<CudaIpcOpened> Open(const std::string& mem_handle,
@@ -132,51 +116,6 @@ class RealOpener final : public CudaIpcOpener {
 };
 
 }  // namespace
-
-absl::StatusOr<CudaIpcExport> ExportCudaIpc(const void* ptr, uint64_t bytes) {
-  if (ptr == nullptr) return absl::InvalidArgumentError("ptr is null");
-  cudaPointerAttributes attributes;
-  CANZONA_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attributes, ptr));
-  if (attributes.type != cudaMemoryTypeDevice) {
-    return absl::InvalidArgumentError(
-        "ptr is not device memory (cudaMalloc / a caching allocator's "
-        "block)");
-  }
-  CANZONA_CUDA_RETURN_IF_ERROR(cudaSetDevice(attributes.device));
-  CANZONA_ASSIGN_OR_RETURN(CudaIpcOpened allocation, AllocationOf(ptr));
-  const uint64_t offset =
-      static_cast<uint64_t>(static_cast<const char*>(ptr) -
-                            static_cast<const char*>(allocation.base));
-  if (offset > allocation.size || bytes > allocation.size - offset) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("[ptr, ptr + ", bytes, ") leaves its allocation of ",
-                     allocation.size, " bytes at offset ", offset));
-  }
-  cudaIpcMemHandle_t handle;
-  CANZONA_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, allocation.base));
-  CudaIpcExport out;
-  out.mem_handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
-  out.offset = offset;
-  out.bytes = bytes;
-  out.device = attributes.device;
-  return out;
-}
-
-absl::StatusOr<std::unique_ptr<CudaIpcEvent>> CreateCudaIpcEvent(int device) {
-  CANZONA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-  cudaEvent_t event = nullptr;
-  CANZONA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(
-      &event, cudaEventInterprocess | cudaEventDisableTiming));
-  cudaIpcEventHandle_t handle;
-  const cudaError_t err = cudaIpcGetEventHandle(&handle, event);
-  if (err != cudaSuccess) {
-    (void)cudaEventDestroy(event);
-    return CudaStatus(err, "cudaIpcGetEventHandle");
-  }
-  return std::unique_ptr<CudaIpcEvent>(new RealEvent(
-      event, device,
-      std::string(reinterpret_cast<const char*>(&handle), sizeof(handle))));
-}
 
 CudaIpcOpener* RealCudaIpcOpener() {
   static RealOpener* opener = new RealOpener;

@@ -2,12 +2,8 @@
 // daemon (another process on the same node) without copies, and the events
 // that order the daemon's reads after the trainer's backward.
 //
-// Trainer side:
-//   CANZONA_ASSIGN_OR_RETURN(CudaIpcExport grad, ExportCudaIpc(ptr, bytes));
-//   // grad.mem_handle names the whole allocation holding ptr (a caching
-//   // allocator's block); grad.offset is ptr's place in it.
-//   CANZONA_ASSIGN_OR_RETURN(CudaIpcEvent done, CreateCudaIpcEvent(device));
-//   ... record done.event on the backward stream, then call GradReady/Step.
+// The trainer side (export a device pointer, create the event) is in the
+// client library, client/lib/cuda_export.h.
 //
 // Daemon side: CudaIpcOpener opens an allocation once (cudaIpcOpenMemHandle
 // on the exporting device) and reports its size for the bounds check; the
@@ -34,29 +30,6 @@ namespace canzona {
 
 // Bytes of cudaIpcMemHandle_t and cudaIpcEventHandle_t.
 inline constexpr size_t kCudaIpcHandleBytes = 64;
-
-struct CudaIpcExport {
-  std::string mem_handle;  // kCudaIpcHandleBytes
-  uint64_t offset = 0;     // of the pointer in its allocation
-  uint64_t bytes = 0;
-  int device = 0;
-};
-
-// The IPC handle of the device allocation holding [ptr, ptr + bytes).
-// INVALID_ARGUMENT when ptr is not device memory or the range leaves its
-// allocation.
-absl::StatusOr<CudaIpcExport> ExportCudaIpc(const void* ptr, uint64_t bytes);
-
-// An interprocess event (timing disabled) on `device` and its handle; the
-// trainer records it after writing gradients. Destroys the event when the
-// object goes.
-class CudaIpcEvent {
- public:
-  virtual ~CudaIpcEvent() = default;
-  virtual void* event() const = 0;  // a cudaEvent_t
-  virtual const std::string& handle() const = 0;
-};
-absl::StatusOr<std::unique_ptr<CudaIpcEvent>> CreateCudaIpcEvent(int device);
 
 // An allocation another process exported, opened in this one.
 struct CudaIpcOpened {

@@ -31,14 +31,6 @@ class NoOpener final : public CudaIpcOpener {
 
 }  // namespace
 
-absl::StatusOr<CudaIpcExport> ExportCudaIpc(const void*, uint64_t) {
-  return NoCuda();
-}
-
-absl::StatusOr<std::unique_ptr<CudaIpcEvent>> CreateCudaIpcEvent(int) {
-  return NoCuda();
-}
-
 CudaIpcOpener* RealCudaIpcOpener() {
   static NoOpener* opener = new NoOpener;
   return opener;

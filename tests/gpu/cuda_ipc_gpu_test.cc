@@ -1,6 +1,7 @@
 // CUDA IPC between two processes on a real GPU: a child "trainer" (this
 // binary re-run with CANZONA_IPC_CHILD=1) allocates device memory, fills it
-// and exports a pointer inside the allocation with ExportCudaIpc; the
+// and exports a pointer inside the allocation with the client library's
+// CudaBufferRef (client/lib/cuda_export.h); the
 // parent (the "daemon") opens it with the real CudaIpcOpener, checks the
 // offset, the size bound and the contents, writes an update back, and the
 // child verifies it on its side. Skips without a CUDA device.
@@ -17,6 +18,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "client/lib/cuda_export.h"
 #include "gtest/gtest.h"
 #include "kernels/base/status_macros.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -27,6 +29,8 @@ extern char** environ;
 
 namespace canzona {
 namespace {
+
+namespace v1 = ::canzona::v1;
 
 constexpr int kFloats = 4096;
 constexpr int kOffsetFloats = 1000;  // the exported tensor starts here
@@ -45,12 +49,13 @@ TEST(CudaIpcChild, Exporter) {
   ASSERT_OK((*backend)->Synchronize());
   const int n = kFloats - kOffsetFloats;
   ASSERT_OK_AND_ASSIGN(
-      CudaIpcExport out,
-      ExportCudaIpc(buffer.data() + kOffsetFloats, n * sizeof(float)));
+      v1::BufferRef ref,
+      CudaBufferRef(buffer.data() + kOffsetFloats, n * sizeof(float)));
+  const v1::CudaIpcBufferRef& out = ref.cuda_ipc();
   std::printf("%s %llu %llu %d\n",
-              absl::BytesToHexString(out.mem_handle).c_str(),
-              static_cast<unsigned long long>(out.offset),
-              static_cast<unsigned long long>(out.bytes), out.device);
+              absl::BytesToHexString(out.mem_handle()).c_str(),
+              static_cast<unsigned long long>(out.offset()),
+              static_cast<unsigned long long>(out.bytes()), out.device());
   std::fflush(stdout);
   // The parent writes -1 over the exported range, then closes our stdin.
   char c;
