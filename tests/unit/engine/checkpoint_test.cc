@@ -209,6 +209,52 @@ TEST(CheckpointTest, ResumeAcrossLayoutsAndStrategiesIsBitwise) {
                Config("reshard-c", 1, 4, "layerwise")});
 }
 
+// A save parked for step 6 of an overlapped job (GradReady, async Step,
+// WaitParams) runs while that step's all-gathers may still be in flight
+// (the worker drains the communication thread first); the next steps of
+// the job and a resume from the checkpoint both equal the reference.
+TEST(CheckpointTest, SaveAtStepOfAnOverlappedJobResumesBitwise) {
+  TempDir tmp;
+  const std::string dir = tmp.Sub("overlapped");
+  const JobConfig config = Config("ckpt-overlap", 2, 2, "cost");
+  {
+    Cluster cluster;
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    std::vector<Result<v1::SaveCheckpointResponse>> saves(run.ranks().size());
+    for (auto& rank : run.ranks()) {
+      v1::SaveCheckpointRequest request;
+      request.set_job_id(config.job_id);
+      *request.mutable_rank() = Coords(*rank);
+      request.set_dir(dir);
+      request.set_at_step(6);
+      cluster.engines[rank->engine_index()]->SaveCheckpoint(
+          request, saves[rank->global()].callback());
+    }
+    ASSERT_OK(run.RunStepsOverlapped(cluster, 1, 8, /*shuffled=*/true, 4));
+    for (auto& save : saves) {
+      ASSERT_OK_AND_ASSIGN(v1::SaveCheckpointResponse r, save.Get());
+      EXPECT_EQ(r.step(), 6);
+    }
+    ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 8, {}));
+    EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+  }
+  // Fresh engines: load step 6, take the step-6 parameters, overlap on.
+  ASSERT_OK_AND_ASSIGN(Params at6, Reference(config, 6, {}));
+  Cluster cluster;
+  JobConfig again = config;
+  again.job_id = UniqueJobId("ckpt-overlap-again");
+  JobRun run(again);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  ASSERT_OK(LoadAll(run, cluster, dir));
+  for (auto& rank : run.ranks()) rank->SetParams(at6);
+  ASSERT_OK(run.RunStepsOverlapped(cluster, 7, 9, /*shuffled=*/false, 5));
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 9, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+}
+
 // Hierarchical sharding: shard group 0 writes the records; every group
 // loads its replica (S = 1: every DP rank holds all state).
 TEST(CheckpointTest, HierarchicalShardingResumesAcrossGroupSizes) {
