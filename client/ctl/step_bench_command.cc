@@ -178,19 +178,9 @@ absl::Status RunIterations(const StepBenchOptions& o, const Mode& mode,
     request.set_job_id(job_id);
     *request.mutable_rank() = rank;
     request.set_step(k);
-    if (!mode.overlap || buckets == 0) {
+    const bool overlap = mode.overlap && buckets > 0;
+    if (!overlap) {
       Compute(o.backward_ms, o.busy);
-      const absl::Time step_start = absl::Now();
-      absl::StatusOr<v1::StepResponse> response = client.Step(request);
-      if (!response.ok()) {
-        return absl::Status(
-            response.status().code(),
-            absl::StrCat("step ", k, ": ", response.status().message()));
-      }
-      s.step = Seconds(step_start);
-      s.dp_comm = response->seconds().dp_comm();
-      s.dp_comm_exposed = response->seconds().dp_comm_exposed();
-      Compute(o.forward_ms, o.busy);
     } else {
       // Backward fills the buckets in order; each is handed over as soon
       // as it is done.
@@ -204,17 +194,21 @@ absl::Status RunIterations(const StepBenchOptions& o, const Mode& mode,
                                            ": ", ready.message()));
         }
       }
-      request.set_async_params(true);
-      const absl::Time step_start = absl::Now();
-      absl::StatusOr<v1::StepResponse> response = client.Step(request);
-      if (!response.ok()) {
-        return absl::Status(
-            response.status().code(),
-            absl::StrCat("step ", k, ": ", response.status().message()));
-      }
-      s.step = Seconds(step_start);
-      s.dp_comm = response->seconds().dp_comm();
-      s.dp_comm_exposed = response->seconds().dp_comm_exposed();
+    }
+    request.set_async_params(overlap);
+    const absl::Time step_start = absl::Now();
+    absl::StatusOr<v1::StepResponse> response = client.Step(request);
+    if (!response.ok()) {
+      return absl::Status(
+          response.status().code(),
+          absl::StrCat("step ", k, ": ", response.status().message()));
+    }
+    s.step = Seconds(step_start);
+    s.dp_comm = response->seconds().dp_comm();
+    s.dp_comm_exposed = response->seconds().dp_comm_exposed();
+    if (!overlap) {
+      Compute(o.forward_ms, o.busy);
+    } else {
       // Forward needs the last bucket's parameters first.
       for (int b = buckets - 1; b >= 0; --b) {
         const absl::Time wait_start = absl::Now();

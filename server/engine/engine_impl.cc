@@ -700,6 +700,11 @@ class EngineImpl final : public Engine {
   void FailJob(Job& job, const absl::Status& status);
   void RemoveRank(const std::shared_ptr<Job>& job,
                   const std::shared_ptr<LocalRank>& rank);
+  // The node's CUDA devices (EngineOptions::cuda_devices overrides).
+  int CudaDevices() const {
+    return options_.cuda_devices >= 0 ? options_.cuda_devices
+                                      : CudaDeviceCount();
+  }
   absl::Status Unavailable() const {
     return absl::UnavailableError("canzonad is shutting down");
   }
@@ -906,9 +911,8 @@ absl::StatusOr<Prepared> EngineImpl::Prepare(const v1::RegisterRequest& request,
       }
     }
     if (ipc) {
-      // Asked only here: a daemon without GPU trainers never starts CUDA.
-      const int devices = options_.cuda_devices >= 0 ? options_.cuda_devices
-                                                     : CudaDeviceCount();
+      // Asked on demand: a cpu daemon without GPU trainers never starts CUDA.
+      const int devices = CudaDevices();
       if (devices == 0) {
         return absl::FailedPreconditionError(absl::StrCat(
             where, ".cuda_ipc: this daemon has no usable CUDA device"));
@@ -1650,7 +1654,7 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
   // cuda: the rank's GPU is its global rank modulo the devices present (a
   // node's trainers are its consecutive global ranks); the updates run
   // there and the Gloo data plane stays on host staging buffers.
-  const int devices = options_.backend == "cpu" ? 0 : CudaDeviceCount();
+  const int devices = options_.backend == "cpu" ? 0 : CudaDevices();
   CANZONA_ASSIGN_OR_RETURN(
       rt->backend,
       CreateBackendByName(options_.backend,
