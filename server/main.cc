@@ -185,11 +185,7 @@ absl::Status WriteReadyFile(const std::string& path,
 absl::Status RunDaemon(const DaemonFlags& flags) {
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ canzonad %v");
   spdlog::set_level(spdlog::level::from_str(flags.log_level));
-  if (flags.comm == "nccl") {
-    return absl::UnimplementedError(
-        "--comm nccl: the NCCL data plane is not built yet; use gloo");
-  }
-  if (flags.comm != "auto" && flags.comm != "gloo") {
+  if (flags.comm != "auto" && flags.comm != "gloo" && flags.comm != "nccl") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--comm: unknown value \"", flags.comm, "\" (auto, gloo, nccl)"));
   }
@@ -252,6 +248,9 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
                           ? absl::StrCat(socket_path, "@", ::getpid())
                           : flags.daemon_id;
   options.backend = flags.backend;
+  // auto is gloo: NCCL needs a GPU per local rank, which only the operator
+  // knows the node's jobs to have.
+  options.comm = flags.comm == "nccl" ? "nccl" : "gloo";
   options.comm_host = flags.comm_host;
   options.required_token = security.token;
   options.max_jobs = flags.max_jobs;
@@ -367,7 +366,9 @@ int main(int argc, char** argv) {
                  "daemon hosts the control plane)");
   app.add_option("--backend", flags.backend, "auto | cpu | cuda")
       ->capture_default_str();
-  app.add_option("--comm", flags.comm, "auto | gloo | nccl")
+  app.add_option("--comm", flags.comm,
+                 "auto | gloo | nccl (auto: gloo; nccl keeps the step in GPU "
+                 "memory and needs a GPU per local rank)")
       ->capture_default_str();
   app.add_option("--comm-host", flags.comm_host,
                  "address Gloo binds for peer traffic")

@@ -110,7 +110,16 @@ class NcclApi {
   // cudaMalloc / cudaFree of device memory on the current device.
   virtual absl::StatusOr<void*> Malloc(int64_t bytes) = 0;
   virtual absl::Status Free(void* ptr) = 0;
-  // cudaMemcpyAsync(cudaMemcpyDeviceToDevice) / cudaMemsetAsync.
+  // cudaStreamCreateWithFlags(cudaStreamNonBlocking) on the current
+  // device / cudaStreamDestroy.
+  virtual absl::StatusOr<NcclStream> StreamCreate() = 0;
+  virtual absl::Status StreamDestroy(NcclStream stream) = 0;
+  // cudaStreamWaitEvent: work enqueued on `stream` later waits for `event`
+  // (which may be another process's, opened with cudaIpcOpenEventHandle)
+  // on the device, without blocking the host.
+  virtual absl::Status StreamWaitEvent(NcclStream stream, NcclEvent event) = 0;
+  // cudaMemcpyAsync(cudaMemcpyDefault): device or host memory on either
+  // side (unified addressing) / cudaMemsetAsync.
   virtual absl::Status MemcpyAsync(void* dst, const void* src, int64_t bytes,
                                    NcclStream stream) = 0;
   virtual absl::Status MemsetAsync(void* dst, int value, int64_t bytes,

@@ -155,10 +155,23 @@ class RealApi : public NcclApi {
   absl::Status Free(void* ptr) override {
     return CudaStatus(cudaFree(ptr), "cudaFree");
   }
+  absl::StatusOr<NcclStream> StreamCreate() override {
+    cudaStream_t stream = nullptr;
+    CANZONA_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    return stream;
+  }
+  absl::Status StreamDestroy(NcclStream stream) override {
+    return CudaStatus(cudaStreamDestroy(stream), "cudaStreamDestroy");
+  }
+  absl::Status StreamWaitEvent(NcclStream stream, NcclEvent event) override {
+    return CudaStatus(cudaStreamWaitEvent(stream, event, 0),
+                      "cudaStreamWaitEvent");
+  }
   absl::Status MemcpyAsync(void* dst, const void* src, int64_t bytes,
                            NcclStream stream) override {
     return CudaStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes),
-                                      cudaMemcpyDeviceToDevice, stream),
+                                      cudaMemcpyDefault, stream),
                       "cudaMemcpyAsync");
   }
   absl::Status MemsetAsync(void* dst, int value, int64_t bytes,

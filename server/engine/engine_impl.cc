@@ -42,9 +42,11 @@
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/checkpoint.h"
 #include "server/comm/gloo_communicator.h"
+#include "server/comm/nccl_communicator.h"
 #include "server/engine/bucket_pipeline.h"
 #include "server/engine/cuda_ipc_registry.h"
 #include "server/engine/local_communicator.h"
+#include "server/engine/stage_copier.h"
 #include "server/metrics/canzona_metrics.h"
 #include "server/optim/optimizer_config.h"
 #include "server/optim/update_rule.h"
@@ -184,14 +186,34 @@ enum class Mode { kLocal, kHosted, kRedundant };
 struct RankMetrics;
 
 // What the worker of one rank owns: backend, communicators, rule state and
-// staging buffers. Touched only by that worker thread (comms also by Abort).
+// staging buffers. Touched only by that worker thread (comms also by Abort;
+// the DP communicators, dp_copier and the comm_* buffers by the
+// communication thread; tp and tp_copier by one thread at a time).
+//
+// Staging is where the communicators read and write. The Gloo data plane
+// stages in host memory (`staging` is a cpu backend); the NCCL data plane
+// (`resident`) stages in the rank's GPU memory (`staging` is the compute
+// backend itself), so trainer buffers, collectives and updates never pass
+// through the host. The step code is the same for both: the worker moves
+// staging data through `staging` (Backend calls), the other threads
+// through their StageCopier, and every collective on a copier's stream.
+// Handoffs between threads: a communicator's call returns with its work
+// done, a copier's Finish() drains its stream, and the worker
+// Synchronize()s `staging` before another thread reads what it wrote.
 struct RankRuntime {
   std::unique_ptr<Backend> backend;
-  // cuda compute with host (Gloo) communication: each update stages its
+  std::unique_ptr<Backend> host_backend;  // cpu, when `backend` is not
+  Backend* host = nullptr;                // a cpu backend (worker only)
+  Backend* staging = nullptr;             // host, or backend when resident
+  bool resident = false;
+  // cuda compute with host (Gloo) staging: each update copies its
   // parameter and gradient through these device buffers, sized at setup
   // for the largest rule (no allocation in a step).
-  bool on_device = false;
   DeviceBuffer device_param, device_grad;
+  // The copiers, i.e. streams, of the communication thread (dp, cross),
+  // the TP micro-group pipeline (tp) and the worker's world reductions.
+  // Declared before the communicators, which are destroyed first.
+  std::unique_ptr<StageCopier> dp_copier, tp_copier, world_copier;
   // dp: the DP ranks of my shard group (all of DP when flat); cross: the
   // ranks at my position in the other groups (hierarchical sharding).
   std::unique_ptr<Communicator> dp, tp, world, cross;
@@ -213,25 +235,32 @@ struct RankRuntime {
     int64_t elements = 0;
     std::vector<int64_t> counts;  // per DP rank (sliced strategies)
     int64_t my_start = 0;         // offset of my slice in the bucket
+    // Unsliced: the even split of the bucket's all-reduce, my offset in it.
+    std::vector<int64_t> even_counts;
+    int64_t even_start = 0;
   };
   std::vector<Bucket> buckets;
   bool sliced = false;  // reduce-scatter / all-gather by plan cuts
   std::vector<const plan::MicroGroup*> groups;  // my (stage, dp) groups
   // Per micro group (the pipeline has two groups in flight besides the one
-  // computing, so each needs its own buffers).
+  // computing, so each needs its own buffers), sized at setup.
   struct GroupBuffers {
     int64_t hosted_here = 0;  // local elements of the params hosted here
     std::vector<int64_t> send_counts, recv_counts, back_send, back_recv;
-    std::vector<float> send, recv, back, back_in;
+    DeviceBuffer send, recv, back, back_in;
   };
   std::vector<GroupBuffers> group_buffers;
   std::vector<int> redundant;  // plan indices, redundant mode, dp-owned
 
-  std::vector<float> gstage, pstage, pold, tmp;
-  std::vector<float> send, recv, full_g, full_p;
-  // The communication thread's own scratch, and the order the next
-  // forward needs the buckets in (the last bucket first).
-  std::vector<float> comm_tmp, comm_send, comm_recv;
+  // All in staging memory, allocated at setup.
+  DeviceBuffer gstage, pstage, pold;
+  DeviceBuffer send, recv, full_g, full_p;  // redundant TP updates, groups
+  DeviceBuffer scalars;                     // the world reductions' values
+  // The communication thread's own scratch (layerwise: the packed owned
+  // parameters and the gathered ones), and the order the next forward
+  // needs the buckets in (the last bucket first).
+  DeviceBuffer comm_tmp, comm_send, comm_recv;
+  std::vector<int64_t> layerwise_counts;  // per DP rank, elements
   std::vector<int> gather_order;
   int owned = 0;
   int64_t state_bytes = 0;
@@ -567,29 +596,20 @@ plan::OptimizerKind PlanKind(OptimizerKind kind) {
 bool IsMatrix(OptimizerKind kind) { return kind != OptimizerKind::kAdamW; }
 
 // Copies fragment `j` of a [rows, cols] matrix split over `tp` along `dim`
-// into (to_full) or out of the whole matrix. Dim 0 fragments are row blocks
-// (contiguous); dim 1 fragments are column blocks, so rows interleave.
-void MoveFragment(const ParamMeta& m, int tp, int j, float* frag, float* full,
-                  bool to_full) {
+// into (to_full) or out of the whole matrix, both in `b`'s memory. Dim 0
+// fragments are row blocks (contiguous); dim 1 fragments are column blocks,
+// so rows interleave (one strided copy).
+absl::Status MoveFragment(Backend& b, const ParamMeta& m, int tp, int j,
+                          float* frag, float* full, bool to_full) {
   if (m.split == 0 || m.shape.size() == 1) {
     float* at = full + j * m.local_numel;
-    if (to_full) {
-      std::memcpy(at, frag, m.local_numel * sizeof(float));
-    } else {
-      std::memcpy(frag, at, m.local_numel * sizeof(float));
-    }
-    return;
+    return to_full ? b.Copy(frag, m.local_numel, at)
+                   : b.Copy(at, m.local_numel, frag);
   }
   const int64_t rows = m.shape[0], cols = m.shape[1], c = cols / tp;
-  for (int64_t r = 0; r < rows; ++r) {
-    float* at = full + r * cols + j * c;
-    float* f = frag + r * c;
-    if (to_full) {
-      std::memcpy(at, f, c * sizeof(float));
-    } else {
-      std::memcpy(f, at, c * sizeof(float));
-    }
-  }
+  float* at = full + j * c;
+  return to_full ? b.Copy2D(rows, c, frag, c, at, cols)
+                 : b.Copy2D(rows, c, at, cols, frag, c);
 }
 
 // ---------------------------------------------------------------------------
@@ -1228,9 +1248,11 @@ absl::Status EngineImpl::CheckControlPlane(Job& job, const LocalRank& rank,
   const absl::Time deadline = absl::Now() + options_.register_timeout;
   // The first rank of the job (on any daemon) publishes the job settings
   // and a hash of the token; every other rank compares.
+  // The data plane is the daemons' setting, but all must agree: Gloo and
+  // NCCL ranks cannot form a group.
   const std::string meta = absl::StrCat(
       "token=", plan::Fnv1a64Hex(absl::StrCat("canzona-token:", job.token)),
-      "\n", job.meta);
+      "\n", job.meta, "\ncomm=", options_.comm);
   CANZONA_ASSIGN_OR_RETURN(int64_t n, kv->Add(prefix + "meta_claim", 1));
   if (n == 1) {
     CANZONA_RETURN_IF_ERROR(kv->Set(prefix + "meta", meta));
@@ -1488,14 +1510,14 @@ absl::Status EngineImpl::CheckDigests(Job& job, const LocalRank& rank,
 
 namespace {
 
-// Parameter i's update on host `param` / `grad` (the staging buffers the
-// communicators fill): in place on cpu; on cuda through the rank's device
-// buffers (the copies to the host synchronize, so `param` is final on
-// return).
+// Parameter i's update on `param` / `grad` in staging memory: in place
+// when staging is the compute backend's memory (cpu, or the NCCL data
+// plane); else (cuda compute, host staging) through the rank's device
+// buffers (the copy back synchronizes, so `param` is final on return).
 absl::Status StepRule(RankRuntime& rt, int i, float* param, const float* grad,
                       const StepOptions& options) {
   UpdateRule& rule = *rt.rules.at(i);
-  if (!rt.on_device) return rule.Step(param, grad, options);
+  if (rt.staging == rt.backend.get()) return rule.Step(param, grad, options);
   const int64_t n = NumElements(rule.shape());
   float* p = rt.device_param.data();
   float* g = rt.device_grad.data();
@@ -1507,9 +1529,30 @@ absl::Status StepRule(RankRuntime& rt, int i, float* param, const float* grad,
 
 // The DP communication of one bucket, on the rank's communication thread
 // (BucketPipeline). Only that thread touches the dp and cross
-// communicators, the comm_* scratch and, between a step's reductions and
-// its gathers, the bucket's staging slots; the worker reads them only
-// after WaitReduced and writes them only before StartGathers.
+// communicators, dp_copier, the comm_* scratch and, between a step's
+// reductions and its gathers, the bucket's staging slots; the worker reads
+// them only after WaitReduced and writes them only before StartGathers
+// (after synchronizing its staging backend).
+
+// n floats between a trainer buffer (shm, or CUDA IPC device memory) and
+// staging. Device staging copies either kind on the copier's stream; host
+// staging copies a device buffer through the IPC layer.
+absl::Status FromTrainer(const LocalRank& rank, const float* src, int64_t n,
+                         float* dst) {
+  if (rank.rt->resident || !rank.device_buffers) {
+    return rank.rt->dp_copier->Copy(dst, src, n * sizeof(float));
+  }
+  return rank.ipc->CopyToHost(rank.buffer_device, src, n * sizeof(float), dst);
+}
+
+absl::Status ToTrainer(const LocalRank& rank, const float* src, int64_t n,
+                       float* dst) {
+  if (rank.rt->resident || !rank.device_buffers) {
+    return rank.rt->dp_copier->Copy(dst, src, n * sizeof(float));
+  }
+  return rank.ipc->CopyFromHost(rank.buffer_device, src, n * sizeof(float),
+                                dst);
+}
 
 // Stages the bucket's gradients and parameters from the trainer's buffers
 // and sums the gradients over DP, unscaled (Step knows grad_scale): my
@@ -1518,35 +1561,22 @@ absl::Status StepRule(RankRuntime& rt, int i, float* param, const float* grad,
 // reduce-scatter + all-gather: a ring all-reduce's bandwidth, but every
 // element summed in DP rank order on one rank, so every strategy gets the
 // same bits).
-// n floats between a trainer buffer (shm, or CUDA IPC device memory) and
-// host staging.
-absl::Status FromTrainer(const LocalRank& rank, const float* src, int64_t n,
-                         float* dst) {
-  if (!rank.device_buffers) {
-    std::memcpy(dst, src, n * sizeof(float));
-    return absl::OkStatus();
-  }
-  return rank.ipc->CopyToHost(rank.buffer_device, src, n * sizeof(float), dst);
-}
-
-absl::Status ToTrainer(const LocalRank& rank, const float* src, int64_t n,
-                       float* dst) {
-  if (!rank.device_buffers) {
-    std::memcpy(dst, src, n * sizeof(float));
-    return absl::OkStatus();
-  }
-  return rank.ipc->CopyFromHost(rank.buffer_device, src, n * sizeof(float),
-                                dst);
-}
-
 absl::Status ReduceBucket(LocalRank& rank, const JobPlan& jp, int b) {
   RankRuntime& rt = *rank.rt;
+  StageCopier& copier = *rt.dp_copier;
   const RankRuntime::Bucket& bucket = rt.buckets[b];
   // A GPU trainer's gradients are final once its event completed (it
-  // records the event after backward wrote them, before GradReady/Step).
+  // records the event after backward wrote them, before GradReady/Step):
+  // on the device the copies wait for it on the stream, on the host path
+  // the thread waits.
   if (rank.grad_event != nullptr) {
-    CANZONA_RETURN_IF_ERROR(
-        rank.ipc->WaitEvent(rank.grad_event, rank.buffer_device));
+    if (rt.resident) {
+      CANZONA_RETURN_IF_ERROR(
+          copier.WaitEvent(static_cast<NcclEvent>(rank.grad_event)));
+    } else {
+      CANZONA_RETURN_IF_ERROR(
+          rank.ipc->WaitEvent(rank.grad_event, rank.buffer_device));
+    }
   }
   for (int i : jp.plan.buckets[bucket.index].params) {
     const int j = i - rt.first;
@@ -1559,30 +1589,24 @@ absl::Status ReduceBucket(LocalRank& rank, const JobPlan& jp, int b) {
   }
   float* g = rt.gstage.data() + bucket.base;
   const int d = rt.shard_pos;
+  float* tmp = rt.comm_tmp.data();
   if (rt.sliced) {
     const int64_t mine = bucket.counts[d];
-    rt.comm_tmp.resize(mine);
+    CANZONA_RETURN_IF_ERROR(rt.dp->ReduceScatterV(g, bucket.counts, tmp));
     CANZONA_RETURN_IF_ERROR(
-        rt.dp->ReduceScatterV(g, bucket.counts, rt.comm_tmp.data()));
-    if (mine == 0) return absl::OkStatus();  // (an empty vector's data())
-    std::memcpy(g + bucket.my_start, rt.comm_tmp.data(), mine * sizeof(float));
-    if (rt.cross->size() > 1) {
+        copier.Copy(g + bucket.my_start, tmp, mine * sizeof(float)));
+    if (rt.cross->size() > 1 && mine > 0) {
       CANZONA_RETURN_IF_ERROR(rt.cross->AllReduce(g + bucket.my_start, mine));
     }
-    return absl::OkStatus();
+  } else if (rt.dp->size() > 1) {
+    const std::vector<int64_t>& counts = bucket.even_counts;
+    CANZONA_RETURN_IF_ERROR(rt.dp->ReduceScatterV(g, counts, tmp));
+    CANZONA_RETURN_IF_ERROR(
+        copier.Copy(g + bucket.even_start, tmp, counts[d] * sizeof(float)));
+    CANZONA_RETURN_IF_ERROR(
+        rt.dp->AllGatherV(g + bucket.even_start, counts, g));
   }
-  const int DP = rt.dp->size();
-  if (DP == 1) return absl::OkStatus();
-  std::vector<int64_t> counts(DP, bucket.elements / DP);
-  for (int r = 0; r < bucket.elements % DP; ++r) ++counts[r];
-  int64_t start = 0;
-  for (int r = 0; r < d; ++r) start += counts[r];
-  rt.comm_tmp.resize(counts[d]);
-  CANZONA_RETURN_IF_ERROR(rt.dp->ReduceScatterV(g, counts, rt.comm_tmp.data()));
-  if (counts[d] > 0) {
-    std::memcpy(g + start, rt.comm_tmp.data(), counts[d] * sizeof(float));
-  }
-  return rt.dp->AllGatherV(g + start, counts, g);
+  return copier.Finish();
 }
 
 // Brings the bucket's updated parameters to every DP rank of the shard
@@ -1590,6 +1614,7 @@ absl::Status ReduceBucket(LocalRank& rank, const JobPlan& jp, int b) {
 // ignore buckets: the first gather moves every owned parameter at once.
 absl::Status GatherBucket(LocalRank& rank, const JobPlan& jp, int b) {
   RankRuntime& rt = *rank.rt;
+  StageCopier& copier = *rt.dp_copier;
   const RankRuntime::Bucket& bucket = rt.buckets[b];
   const int DP = rt.dp->size(), d = rt.shard_pos;
   if (rt.sliced) {
@@ -1599,30 +1624,26 @@ absl::Status GatherBucket(LocalRank& rank, const JobPlan& jp, int b) {
   } else if (jp.plan.strategy == plan::Strategy::kLayerwise && DP > 1 &&
              b == rt.gather_order.front()) {
     // Each rank's owned parameters packed in stage order; one all-gather.
-    std::vector<int64_t> counts(DP, 0);
-    for (int i : rt.local_params)
-      counts[jp.plan.dp_owner[i]] += jp.params[i].local_numel;
-    rt.comm_send.clear();
+    const std::vector<int64_t>& counts = rt.layerwise_counts;
+    float* packed = rt.comm_send.data();
+    int64_t pos = 0;
     for (int i : rt.local_params) {
       if (jp.plan.dp_owner[i] != d) continue;
-      const float* p = rt.pstage.data() + rt.offset[i];
-      rt.comm_send.insert(rt.comm_send.end(), p, p + jp.params[i].local_numel);
+      const int64_t n = jp.params[i].local_numel;
+      CANZONA_RETURN_IF_ERROR(copier.Copy(
+          packed + pos, rt.pstage.data() + rt.offset[i], n * sizeof(float)));
+      pos += n;
     }
-    int64_t total = 0;
     std::vector<int64_t> at(DP, 0);
-    for (int r = 0; r < DP; ++r) {
-      at[r] = total;
-      total += counts[r];
-    }
-    rt.comm_recv.resize(total);
+    for (int r = 1; r < DP; ++r) at[r] = at[r - 1] + counts[r - 1];
     CANZONA_RETURN_IF_ERROR(
-        rt.dp->AllGatherV(rt.comm_send.data(), counts, rt.comm_recv.data()));
+        rt.dp->AllGatherV(packed, counts, rt.comm_recv.data()));
     for (int i : rt.local_params) {
       const int owner = jp.plan.dp_owner[i];
       const int64_t n = jp.params[i].local_numel;
-      if (n == 0) continue;
-      std::memcpy(rt.pstage.data() + rt.offset[i],
-                  rt.comm_recv.data() + at[owner], n * sizeof(float));
+      CANZONA_RETURN_IF_ERROR(copier.Copy(rt.pstage.data() + rt.offset[i],
+                                          rt.comm_recv.data() + at[owner],
+                                          n * sizeof(float)));
       at[owner] += n;
     }
   }
@@ -1632,7 +1653,17 @@ absl::Status GatherBucket(LocalRank& rank, const JobPlan& jp, int b) {
     CANZONA_RETURN_IF_ERROR(ToTrainer(rank, rt.pstage.data() + rt.offset[i], n,
                                       rank.param_buf[i - rt.first]));
   }
-  return absl::OkStatus();
+  return copier.Finish();
+}
+
+// Sums `n` host floats over the job's ranks (the world communicator works
+// on staging memory: device memory on the NCCL data plane).
+absl::Status WorldSum(RankRuntime& rt, float* values, int n) {
+  float* staged = rt.scalars.data();
+  CANZONA_RETURN_IF_ERROR(rt.staging->CopyFromHost(values, n, staged));
+  CANZONA_RETURN_IF_ERROR(rt.staging->Synchronize());
+  CANZONA_RETURN_IF_ERROR(rt.world->AllReduce(staged, n));
+  return rt.staging->CopyToHost(staged, n, values);
 }
 
 }  // namespace
@@ -1652,33 +1683,80 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
   const int d = rt->shard_pos;
 
   // cuda: the rank's GPU is its global rank modulo the devices present (a
-  // node's trainers are its consecutive global ranks); the updates run
-  // there and the Gloo data plane stays on host staging buffers.
+  // node's trainers are its consecutive global ranks). With Gloo the
+  // updates run there and the data plane stages in host memory; with NCCL
+  // everything stays on it.
+  const bool nccl = options_.comm == "nccl";
   const int devices = options_.backend == "cpu" ? 0 : CudaDevices();
-  CANZONA_ASSIGN_OR_RETURN(
-      rt->backend,
-      CreateBackendByName(options_.backend,
-                          devices > 0 ? rank.global % devices : 0));
-  rt->on_device = rt->backend->kind() == BackendKind::kCuda;
+  const int device = devices > 0 ? rank.global % devices : 0;
+  CANZONA_ASSIGN_OR_RETURN(rt->backend,
+                           CreateBackendByName(options_.backend, device));
+  if (rt->backend->kind() == BackendKind::kCpu) {
+    rt->host = rt->backend.get();
+  } else {
+    CANZONA_ASSIGN_OR_RETURN(rt->host_backend,
+                             CreateBackend(BackendKind::kCpu));
+    rt->host = rt->host_backend.get();
+  }
+  rt->resident = nccl;
+  rt->staging = nccl ? rt->backend.get() : rt->host;
+  NcclApi* nccl_api = nullptr;
+  if (nccl) {
+    if (options_.nccl_api != nullptr) {
+      nccl_api = options_.nccl_api;
+    } else {
+      CANZONA_ASSIGN_OR_RETURN(nccl_api, RealNcclApi());
+      absl::MutexLock lock(&job.mu);
+      // NCCL runs one rank of a communicator per GPU.
+      if (static_cast<int>(job.ranks.size()) > devices) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "comm 'nccl' needs a GPU per local rank: job '", job.id, "' has ",
+            job.ranks.size(), " ranks on this daemon and ", devices,
+            " GPU(s); run the daemon with --comm=gloo to share GPUs"));
+      }
+    }
+    for (auto* copier : {&rt->dp_copier, &rt->tp_copier, &rt->world_copier}) {
+      CANZONA_ASSIGN_OR_RETURN(
+          *copier,
+          CreateDeviceStageCopier(nccl_api, device, options_.step_timeout));
+    }
+  } else {
+    rt->dp_copier = CreateHostStageCopier();
+    rt->tp_copier = CreateHostStageCopier();
+    rt->world_copier = CreateHostStageCopier();
+  }
 
   // Communicators: DP (same pp, tp), TP (same pp, dp), world. Every rank
-  // creates them in this order, so the rendezvous cannot deadlock.
+  // creates them in this order, so the rendezvous cannot deadlock. NCCL
+  // groups of one rank are NCCL communicators too (device memory), each on
+  // the stream of the thread that drives it.
   GlooOptions gloo;
   gloo.hostname = options_.comm_host;
   gloo.timeout = options_.step_timeout;
+  NcclOptions nccl_options;
+  nccl_options.timeout = options_.step_timeout;
   const std::string prefix = JobPrefix(job.id);
-  auto make = [&](const std::string& name, int r,
-                  int size) -> absl::StatusOr<std::unique_ptr<Communicator>> {
-    if (size == 1) return CreateLocalCommunicator();
-    auto comm = CreateGlooCommunicator(options_.control,
-                                       absl::StrCat(prefix, "comm/", name, "/"),
-                                       r, size, gloo);
+  auto make = [&](const std::string& name, int r, int size,
+                  const StageCopier& copier)
+      -> absl::StatusOr<std::unique_ptr<Communicator>> {
+    absl::StatusOr<std::unique_ptr<Communicator>> comm;
+    if (nccl) {
+      comm = CreateNcclCommunicator(
+          options_.control, absl::StrCat(prefix, "nccl/", name), nccl_api,
+          NcclLocalRank{r, device, copier.stream()}, size, nccl_options);
+    } else if (size == 1) {
+      return CreateLocalCommunicator();
+    } else {
+      comm = CreateGlooCommunicator(options_.control,
+                                    absl::StrCat(prefix, "comm/", name, "/"),
+                                    r, size, gloo);
+    }
     if (!comm.ok()) {
       return absl::Status(comm.status().code(),
                           absl::StrCat("creating the ", name,
                                        " group: ", comm.status().message()));
     }
-    if (options_.metrics != nullptr) {
+    if (options_.metrics != nullptr && size > 1) {
       return std::unique_ptr<Communicator>(new CountingCommunicator(
           *std::move(comm), CanzonaMetrics::Register(options_.metrics), job.id,
           std::to_string(rank.global)));
@@ -1688,16 +1766,18 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
   const std::string dp_name =
       S == DP ? absl::StrCat("dp.", pp, ".", t)
               : absl::StrCat("dp.", pp, ".", t, ".g", rt->shard_group);
-  CANZONA_ASSIGN_OR_RETURN(rt->dp, make(dp_name, d, S));
+  CANZONA_ASSIGN_OR_RETURN(rt->dp, make(dp_name, d, S, *rt->dp_copier));
   rank.AddComm(rt->dp.get());
   CANZONA_ASSIGN_OR_RETURN(
-      rt->tp, make(absl::StrCat("tp.", pp, ".", rank.coords.dp_rank()), t, TP));
+      rt->tp, make(absl::StrCat("tp.", pp, ".", rank.coords.dp_rank()), t, TP,
+                   *rt->tp_copier));
   rank.AddComm(rt->tp.get());
-  CANZONA_ASSIGN_OR_RETURN(rt->world, make("world", rank.global, job.world));
+  CANZONA_ASSIGN_OR_RETURN(
+      rt->world, make("world", rank.global, job.world, *rt->world_copier));
   rank.AddComm(rt->world.get());
   CANZONA_ASSIGN_OR_RETURN(
-      rt->cross,
-      make(absl::StrCat("xdp.", pp, ".", t, ".p", d), rt->shard_group, DP / S));
+      rt->cross, make(absl::StrCat("xdp.", pp, ".", t, ".p", d),
+                      rt->shard_group, DP / S, *rt->dp_copier));
   rank.AddComm(rt->cross.get());
 
   // Parameters of my stage and their place in the stage buffers.
@@ -1738,6 +1818,11 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
       }
       bucket.my_start = param_start[bp.cuts[d]];
     }
+    for (int r = 0; r < S; ++r) {
+      bucket.even_counts.push_back(bucket.elements / S +
+                                   (r < bucket.elements % S ? 1 : 0));
+      if (r < d) bucket.even_start += bucket.even_counts.back();
+    }
     base += bucket.elements;
     rt->buckets.push_back(std::move(bucket));
   }
@@ -1747,9 +1832,27 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
           "plan: parameter '", jp.params[i].name, "' is in no bucket"));
     }
   }
-  rt->gstage.assign(base, 0.0f);
-  rt->pstage.assign(base, 0.0f);
-  rt->pold.assign(base, 0.0f);
+  Backend& staging = *rt->staging;
+  CANZONA_ASSIGN_OR_RETURN(rt->gstage, staging.Allocate(base));
+  CANZONA_ASSIGN_OR_RETURN(rt->pstage, staging.Allocate(base));
+  CANZONA_ASSIGN_OR_RETURN(rt->pold, staging.Allocate(base));
+  CANZONA_ASSIGN_OR_RETURN(rt->scalars, staging.Allocate(2));
+  int64_t max_slice = 0;
+  for (const RankRuntime::Bucket& b : rt->buckets) {
+    max_slice = std::max(max_slice, rt->sliced ? b.counts[d] : b.even_counts[d]);
+  }
+  CANZONA_ASSIGN_OR_RETURN(rt->comm_tmp, staging.Allocate(max_slice));
+  if (plan.strategy == plan::Strategy::kLayerwise && S > 1) {
+    rt->layerwise_counts.assign(S, 0);
+    int64_t total = 0;
+    for (int i : rt->local_params) {
+      rt->layerwise_counts[plan.dp_owner[i]] += jp.params[i].local_numel;
+      total += jp.params[i].local_numel;
+    }
+    CANZONA_ASSIGN_OR_RETURN(rt->comm_send,
+                             staging.Allocate(rt->layerwise_counts[d]));
+    CANZONA_ASSIGN_OR_RETURN(rt->comm_recv, staging.Allocate(total));
+  }
 
   // Who updates what, and the rule state only where it is owned.
   int64_t max_full = 0;
@@ -1794,10 +1897,40 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
   for (const plan::MicroGroup& g : plan.micro_groups) {
     if (g.stage == pp && g.dp == d) rt->groups.push_back(&g);
   }
+  // The micro groups' exchange counts and buffers, and the redundant
+  // updates' all-gather buffers (the largest parameter).
   rt->group_buffers.resize(rt->groups.size());
-  rt->full_g.reserve(max_full);
-  rt->full_p.reserve(max_full);
-  if (rt->on_device) {
+  for (size_t k = 0; k < rt->groups.size(); ++k) {
+    RankRuntime::GroupBuffers& b = rt->group_buffers[k];
+    b.send_counts.assign(TP, 0);
+    b.recv_counts.assign(TP, 0);
+    b.back_send.assign(TP, 0);
+    b.back_recv.assign(TP, 0);
+    int64_t local = 0;
+    for (int i : rt->groups[k]->params) {
+      const int h = plan.tp_host[i];
+      b.send_counts[h] += 2 * jp.params[i].local_numel;
+      b.back_recv[h] += jp.params[i].local_numel;
+      local += jp.params[i].local_numel;
+      if (h == t) b.hosted_here += jp.params[i].local_numel;
+    }
+    b.recv_counts.assign(TP, 2 * b.hosted_here);
+    b.back_send.assign(TP, b.hosted_here);
+    CANZONA_ASSIGN_OR_RETURN(b.send, staging.Allocate(2 * local));
+    CANZONA_ASSIGN_OR_RETURN(b.recv, staging.Allocate(2 * b.hosted_here * TP));
+    CANZONA_ASSIGN_OR_RETURN(b.back, staging.Allocate(b.hosted_here * TP));
+    CANZONA_ASSIGN_OR_RETURN(b.back_in, staging.Allocate(local));
+  }
+  int64_t max_redundant = 0;
+  for (int i : rt->redundant) {
+    max_redundant = std::max(max_redundant, jp.params[i].local_numel);
+  }
+  CANZONA_ASSIGN_OR_RETURN(rt->send, staging.Allocate(2 * max_redundant));
+  CANZONA_ASSIGN_OR_RETURN(rt->recv,
+                           staging.Allocate(2 * max_redundant * TP));
+  CANZONA_ASSIGN_OR_RETURN(rt->full_g, staging.Allocate(max_full));
+  CANZONA_ASSIGN_OR_RETURN(rt->full_p, staging.Allocate(max_full));
+  if (rt->staging != rt->backend.get()) {
     CANZONA_ASSIGN_OR_RETURN(rt->device_param, rt->backend->Allocate(max_full));
     CANZONA_ASSIGN_OR_RETURN(rt->device_grad, rt->backend->Allocate(max_full));
     spdlog::info("rank {} updates on {}", RankString(rank.coords),
@@ -2049,13 +2182,14 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
   CANZONA_RETURN_IF_ERROR(rank.pipeline->WaitReduced(
       k, absl::Now() + options_.step_timeout, &waited));
   absl::Time t0 = absl::Now();
+  Backend& staging = *rt.staging;
   const double scale = request.grad_scale() == 0 ? 1.0 : request.grad_scale();
   const float factor = static_cast<float>(scale / DP);
   for (const RankRuntime::Bucket& b : rt.buckets) {
-    float* g = rt.gstage.data() + b.base;
     const int64_t begin = rt.sliced ? b.my_start : 0;
     const int64_t end = rt.sliced ? b.my_start + b.counts[d] : b.elements;
-    for (int64_t e = begin; e < end; ++e) g[e] *= factor;
+    CANZONA_RETURN_IF_ERROR(
+        staging.Scale(end - begin, factor, rt.gstage.data() + b.base + begin));
   }
   times->set_reduce_scatter(waited + Seconds(t0, absl::Now()));
 
@@ -2067,15 +2201,15 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
     if (!rt.dp_owned[i]) continue;
     const float* g = rt.gstage.data() + rt.offset[i];
     const int64_t n = jp.params[i].local_numel;
-    double s = 0;
-    for (int64_t e = 0; e < n; ++e) {
-      if (!std::isfinite(g[e])) nonfinite = 1;
-      s += static_cast<double>(g[e]) * g[e];
+    CANZONA_ASSIGN_OR_RETURN(bool finite, staging.AllFinite(n, g));
+    if (!finite) nonfinite = 1;
+    if (rt.counted[i]) {
+      CANZONA_ASSIGN_OR_RETURN(double s, staging.SumSquares(n, g));
+      sumsq += s;
     }
-    if (rt.counted[i]) sumsq += s;
   }
   float flags[2] = {nonfinite, static_cast<float>(sumsq)};
-  CANZONA_RETURN_IF_ERROR(rt.world->AllReduce(flags, 2));
+  CANZONA_RETURN_IF_ERROR(WorldSum(rt, flags, 2));
   if (flags[0] > 0) {
     // Nothing changed: the trainer's parameters stay as they are.
     rank.pipeline->StartGathers(k, rt.gather_order, false);
@@ -2086,7 +2220,8 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
     return absl::OkStatus();
   }
   response->set_grad_norm(std::sqrt(static_cast<double>(flags[1])));
-  rt.pold = rt.pstage;
+  CANZONA_RETURN_IF_ERROR(
+      staging.Copy(rt.pstage.data(), rt.pstage.size(), rt.pold.data()));
 
   // 3. Local updates of owned, non-hosted parameters.
   t0 = absl::Now();
@@ -2106,48 +2241,52 @@ absl::Status EngineImpl::Pipeline(Job& job, LocalRank& rank, const JobPlan& jp,
     const ParamMeta& m = jp.params[i];
     const int64_t ln = m.local_numel;
     absl::Time g0 = absl::Now();
-    rt.send.resize(2 * ln);
-    std::memcpy(rt.send.data(), rt.gstage.data() + rt.offset[i],
-                ln * sizeof(float));
-    std::memcpy(rt.send.data() + ln, rt.pstage.data() + rt.offset[i],
-                ln * sizeof(float));
-    rt.recv.resize(2 * ln * TP);
-    std::vector<int64_t> counts(TP, 2 * ln);
+    float* send = rt.send.data();
+    float* recv = rt.recv.data();
     CANZONA_RETURN_IF_ERROR(
-        rt.tp->AllGatherV(rt.send.data(), counts, rt.recv.data()));
-    rt.full_g.resize(m.numel);
-    rt.full_p.resize(m.numel);
+        staging.Copy(rt.gstage.data() + rt.offset[i], ln, send));
+    CANZONA_RETURN_IF_ERROR(
+        staging.Copy(rt.pstage.data() + rt.offset[i], ln, send + ln));
+    CANZONA_RETURN_IF_ERROR(staging.Synchronize());  // tp reads it
+    const std::vector<int64_t> counts(TP, 2 * ln);
+    CANZONA_RETURN_IF_ERROR(rt.tp->AllGatherV(send, counts, recv));
     for (int j = 0; j < TP; ++j) {
-      float* frag = rt.recv.data() + 2 * ln * j;
-      MoveFragment(m, TP, j, frag, rt.full_g.data(), true);
-      MoveFragment(m, TP, j, frag + ln, rt.full_p.data(), true);
+      float* frag = recv + 2 * ln * j;
+      CANZONA_RETURN_IF_ERROR(
+          MoveFragment(staging, m, TP, j, frag, rt.full_g.data(), true));
+      CANZONA_RETURN_IF_ERROR(
+          MoveFragment(staging, m, TP, j, frag + ln, rt.full_p.data(), true));
     }
     absl::Time c0 = absl::Now();
     times->set_tp_gather(times->tp_gather() + Seconds(g0, c0));
     CANZONA_RETURN_IF_ERROR(
         StepRule(rt, i, rt.full_p.data(), rt.full_g.data(), options_for(i)));
-    MoveFragment(m, TP, t, rt.pstage.data() + rt.offset[i], rt.full_p.data(),
-                 false);
+    CANZONA_RETURN_IF_ERROR(MoveFragment(staging, m, TP, t,
+                                         rt.pstage.data() + rt.offset[i],
+                                         rt.full_p.data(), false));
     times->set_tp_compute(times->tp_compute() + Seconds(c0, absl::Now()));
   }
 
   // 5. Update RMS over every element once: the owners' slots are final
-  // now, so it does not wait for the all-gathers.
+  // now, so it does not wait for the all-gathers. (pold becomes the
+  // difference: it is rewritten from pstage at the next step.)
   double usq = 0;
   for (int i : rt.local_params) {
     if (!rt.counted[i]) continue;
-    const float* p = rt.pstage.data() + rt.offset[i];
-    const float* o = rt.pold.data() + rt.offset[i];
-    for (int64_t e = 0; e < jp.params[i].local_numel; ++e) {
-      const double diff = static_cast<double>(p[e]) - o[e];
-      usq += diff * diff;
-    }
+    const int64_t n = jp.params[i].local_numel;
+    float* diff = rt.pold.data() + rt.offset[i];
+    CANZONA_RETURN_IF_ERROR(
+        staging.Axpby(n, 1.0f, rt.pstage.data() + rt.offset[i], -1.0f, diff));
+    CANZONA_ASSIGN_OR_RETURN(double s, staging.SumSquares(n, diff));
+    usq += s;
   }
   float u = static_cast<float>(usq);
-  CANZONA_RETURN_IF_ERROR(rt.world->AllReduce(&u, 1));
+  CANZONA_RETURN_IF_ERROR(WorldSum(rt, &u, 1));
   response->set_update_rms(
       jp.total_numel > 0 ? std::sqrt(static_cast<double>(u) / jp.total_numel)
                          : 0);
+  // The communication thread reads pstage from here on.
+  CANZONA_RETURN_IF_ERROR(staging.Synchronize());
 
   // 6. Parameters back to every DP rank and into the trainer's buffers
   // (GatherBucket on the communication thread, the last bucket first, as
@@ -2171,59 +2310,44 @@ namespace {
 
 // Packs [grad, param] of every fragment per host and runs the fused
 // all-to-all that brings each host its matrices' fragments.
-absl::Status GatherGroup(RankRuntime& rt, const JobPlan& jp, int TP, int t,
+absl::Status GatherGroup(RankRuntime& rt, const JobPlan& jp, int TP,
                          const plan::MicroGroup& group,
                          RankRuntime::GroupBuffers& b) {
-  const std::vector<int>& ps = group.params;
-  b.send_counts.assign(TP, 0);
-  b.recv_counts.assign(TP, 0);
-  b.back_send.assign(TP, 0);
-  b.back_recv.assign(TP, 0);
-  b.hosted_here = 0;
-  for (int i : ps) {
-    const int h = jp.plan.tp_host[i];
-    b.send_counts[h] += 2 * jp.params[i].local_numel;
-    b.back_recv[h] += jp.params[i].local_numel;
-    if (h == t) b.hosted_here += jp.params[i].local_numel;
-  }
-  for (int j = 0; j < TP; ++j) {
-    b.recv_counts[j] = 2 * b.hosted_here;
-    b.back_send[j] = b.hosted_here;
-  }
-  b.send.clear();
+  StageCopier& copier = *rt.tp_copier;
+  float* send = b.send.data();
   for (int h = 0; h < TP; ++h) {
-    for (int i : ps) {
+    for (int i : group.params) {
       if (jp.plan.tp_host[i] != h) continue;
       const int64_t n = jp.params[i].local_numel;
-      const float* g = rt.gstage.data() + rt.offset[i];
-      const float* p = rt.pstage.data() + rt.offset[i];
-      b.send.insert(b.send.end(), g, g + n);
-      b.send.insert(b.send.end(), p, p + n);
+      CANZONA_RETURN_IF_ERROR(copier.Copy(
+          send, rt.gstage.data() + rt.offset[i], n * sizeof(float)));
+      CANZONA_RETURN_IF_ERROR(copier.Copy(
+          send + n, rt.pstage.data() + rt.offset[i], n * sizeof(float)));
+      send += 2 * n;
     }
   }
-  b.recv.resize(2 * b.hosted_here * TP);
   return rt.tp->AllToAllV(b.send.data(), b.send_counts, b.recv.data(),
                           b.recv_counts);
 }
 
-// On the host: assembles each whole matrix (dim 1 fragments interleave
+// On the host rank: assembles each whole matrix (dim 1 fragments interleave
 // rows), runs its rule, and packs the updated fragments per rank.
 absl::Status ComputeGroup(RankRuntime& rt, const JobPlan& jp, int TP, int t,
                           const plan::MicroGroup& group,
                           const std::map<std::string, float>& lr,
                           RankRuntime::GroupBuffers& b) {
-  b.back.resize(b.hosted_here * TP);
+  Backend& staging = *rt.staging;
   int64_t at = 0;  // offset of the parameter in each rank's slice
   for (int i : group.params) {
     if (jp.plan.tp_host[i] != t) continue;
     const ParamMeta& m = jp.params[i];
     const int64_t n = m.local_numel;
-    rt.full_g.resize(m.numel);
-    rt.full_p.resize(m.numel);
     for (int j = 0; j < TP; ++j) {
       float* frag = b.recv.data() + 2 * b.hosted_here * j + 2 * at;
-      MoveFragment(m, TP, j, frag, rt.full_g.data(), true);
-      MoveFragment(m, TP, j, frag + n, rt.full_p.data(), true);
+      CANZONA_RETURN_IF_ERROR(
+          MoveFragment(staging, m, TP, j, frag, rt.full_g.data(), true));
+      CANZONA_RETURN_IF_ERROR(
+          MoveFragment(staging, m, TP, j, frag + n, rt.full_p.data(), true));
     }
     StepOptions o;
     auto it = lr.find(m.group);
@@ -2231,34 +2355,34 @@ absl::Status ComputeGroup(RankRuntime& rt, const JobPlan& jp, int TP, int t,
     CANZONA_RETURN_IF_ERROR(
         StepRule(rt, i, rt.full_p.data(), rt.full_g.data(), o));
     for (int j = 0; j < TP; ++j) {
-      MoveFragment(m, TP, j, b.back.data() + b.hosted_here * j + at,
-                   rt.full_p.data(), false);
+      CANZONA_RETURN_IF_ERROR(MoveFragment(
+          staging, m, TP, j, b.back.data() + b.hosted_here * j + at,
+          rt.full_p.data(), false));
     }
     at += n;
   }
-  return absl::OkStatus();
+  // The scatter (another thread, another stream) reads b.back.
+  return staging.Synchronize();
 }
 
 // Returns the updated fragments to their ranks and writes them in place.
 absl::Status ScatterGroup(RankRuntime& rt, const JobPlan& jp, int TP,
                           const plan::MicroGroup& group,
                           RankRuntime::GroupBuffers& b) {
-  int64_t total = 0;
-  for (int64_t c : b.back_recv) total += c;
-  b.back_in.resize(total);
+  StageCopier& copier = *rt.tp_copier;
   CANZONA_RETURN_IF_ERROR(rt.tp->AllToAllV(b.back.data(), b.back_send,
                                            b.back_in.data(), b.back_recv));
-  int64_t pos = 0;
+  const float* in = b.back_in.data();
   for (int h = 0; h < TP; ++h) {
     for (int i : group.params) {
       if (jp.plan.tp_host[i] != h) continue;
       const int64_t n = jp.params[i].local_numel;
-      std::memcpy(rt.pstage.data() + rt.offset[i], b.back_in.data() + pos,
-                  n * sizeof(float));
-      pos += n;
+      CANZONA_RETURN_IF_ERROR(copier.Copy(rt.pstage.data() + rt.offset[i], in,
+                                          n * sizeof(float)));
+      in += n;
     }
   }
-  return absl::OkStatus();
+  return copier.Finish();
 }
 
 }  // namespace
@@ -2271,11 +2395,13 @@ absl::Status EngineImpl::RunMicroGroups(Job& job, LocalRank& rank,
   const int TP = job.layout.tp(), t = rank.coords.tp_rank();
   const int n = static_cast<int>(rt.groups.size());
   if (n == 0) return absl::OkStatus();
+  // The gathers read what the worker's local updates wrote.
+  CANZONA_RETURN_IF_ERROR(rt.staging->Synchronize());
   double gather_s = 0, compute_s = 0, scatter_s = 0;
   auto gather = [&](int i) {
     const absl::Time t0 = absl::Now();
     absl::Status s =
-        GatherGroup(rt, jp, TP, t, *rt.groups[i], rt.group_buffers[i]);
+        GatherGroup(rt, jp, TP, *rt.groups[i], rt.group_buffers[i]);
     gather_s += Seconds(t0, absl::Now());
     return s;
   };
@@ -2618,7 +2744,7 @@ v1::GetStatusResponse EngineImpl::GetStatus() {
   v1::GetStatusResponse response;
   response.set_version(kVersion);
   response.set_backend(options_.backend);
-  response.set_comm("gloo");
+  response.set_comm(options_.comm);
   std::vector<std::shared_ptr<Job>> jobs;
   {
     absl::MutexLock lock(&mu_);
@@ -2701,6 +2827,23 @@ absl::Status ParseAgreement(absl::string_view value, std::string* payload) {
   if (payload != nullptr) *payload = std::string(value.substr(nl + 1));
   return absl::Status(static_cast<absl::StatusCode>(code),
                       value.substr(nl + 1));
+}
+
+// The TP all-gather of host data (checkpoints, not the step): through
+// staging buffers allocated for the call when staging is device memory.
+absl::Status HostAllGather(RankRuntime& rt, const float* send,
+                           absl::Span<const int64_t> counts, float* recv) {
+  if (!rt.resident) return rt.tp->AllGatherV(send, counts, recv);
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  const int64_t mine = counts[rt.tp->rank()];
+  Backend& staging = *rt.staging;
+  CANZONA_ASSIGN_OR_RETURN(DeviceBuffer in, staging.Allocate(mine));
+  CANZONA_ASSIGN_OR_RETURN(DeviceBuffer out, staging.Allocate(total));
+  CANZONA_RETURN_IF_ERROR(staging.CopyFromHost(send, mine, in.data()));
+  CANZONA_RETURN_IF_ERROR(staging.Synchronize());
+  CANZONA_RETURN_IF_ERROR(rt.tp->AllGatherV(in.data(), counts, out.data()));
+  return staging.CopyToHost(out.data(), total, recv);
 }
 
 // Puts back the states saved before a load that is being undone.
@@ -2951,11 +3094,13 @@ absl::StatusOr<v1::SaveCheckpointResponse> EngineImpl::RunSave(
         if (!IsFragmentTensor(m, tensor)) continue;
         gathered.resize(TP * m.local_numel);
         CANZONA_RETURN_IF_ERROR(
-            rt.tp->AllGatherV(tensor.data.data(), counts, gathered.data()));
+            HostAllGather(rt, tensor.data.data(), counts, gathered.data()));
         whole.assign(m.numel, 0.0f);
         for (int j = 0; j < TP; ++j) {
-          MoveFragment(m, TP, j, gathered.data() + j * m.local_numel,
-                       whole.data(), /*to_full=*/true);
+          CANZONA_RETURN_IF_ERROR(
+              MoveFragment(*rt.host, m, TP, j,
+                           gathered.data() + j * m.local_numel, whole.data(),
+                           /*to_full=*/true));
         }
         tensor.shape = m.shape;
         tensor.data = whole;
@@ -3078,8 +3223,10 @@ absl::StatusOr<v1::LoadCheckpointResponse> EngineImpl::RunLoad(
           continue;
         }
         std::vector<float> fragment(m.local_numel);
-        MoveFragment(m, TP, t, fragment.data(), tensor.data.data(),
-                     /*to_full=*/false);
+        CANZONA_RETURN_IF_ERROR(MoveFragment(*rt.host, m, TP, t,
+                                             fragment.data(),
+                                             tensor.data.data(),
+                                             /*to_full=*/false));
         tensor.shape = m.local_shape;
         tensor.data = std::move(fragment);
       }
@@ -3295,6 +3442,24 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(EngineOptions options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "backend '", options.backend, "': expected auto, cpu or cuda"));
   }
+  if (options.comm != "gloo" && options.comm != "nccl") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("comm '", options.comm, "': expected gloo or nccl"));
+  }
+  if (options.comm == "nccl" && options.nccl_api == nullptr) {
+    if (absl::StatusOr<NcclApi*> api = RealNcclApi(); !api.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("comm 'nccl': ", api.status().message()));
+    }
+    const int devices = options.cuda_devices >= 0 ? options.cuda_devices
+                                                  : CudaDeviceCount();
+    if (options.backend == "cpu" || devices == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "comm 'nccl' keeps the step in GPU memory: it needs backend cuda "
+          "(backend is '",
+          options.backend, "', ", devices, " GPU(s) present)"));
+    }
+  }
   if (options.register_timeout <= absl::ZeroDuration() ||
       options.step_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("timeouts must be positive");
@@ -3303,8 +3468,9 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(EngineOptions options) {
       options.max_bytes_per_job < 1) {
     return absl::InvalidArgumentError("limits must be positive");
   }
-  spdlog::info("engine started: daemon={} backend={} comm_host={}",
-               options.daemon_id, options.backend, options.comm_host);
+  spdlog::info("engine started: daemon={} backend={} comm={} comm_host={}",
+               options.daemon_id, options.backend, options.comm,
+               options.comm_host);
   return std::unique_ptr<Engine>(
       std::make_unique<EngineImpl>(std::move(options)));
 }

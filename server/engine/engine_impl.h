@@ -1,7 +1,8 @@
-// The daemon's Engine on the CPU data plane: jobs registered by trainer
-// ranks over POSIX shared memory, plans agreed through the control-plane
-// KvStore, and the distributed optimizer step (design.md section 4) run by
-// one worker thread per local rank over Gloo communicators.
+// The daemon's Engine: jobs registered by trainer ranks over POSIX shared
+// memory or CUDA IPC, plans agreed through the control-plane KvStore, and
+// the distributed optimizer step (design.md section 4) run by one worker
+// thread per local rank over Gloo (host staging) or NCCL (GPU-resident)
+// communicators.
 //
 //   InMemoryKvStore control;                 // or a GrpcKvStore client
 //   EngineOptions options;
@@ -29,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "kernels/cuda/cuda_ipc.h"
+#include "server/comm/nccl_api.h"
 #include "server/control/kv_store.h"
 #include "server/engine/engine.h"
 #include "server/metrics/registry.h"
@@ -69,6 +71,15 @@ struct EngineOptions {
   // metrics of server/metrics/README.md here; not owned, must outlive the
   // engine.
   MetricsRegistry* metrics = nullptr;
+  // Data plane between the daemons' ranks: "gloo" (host staging, TCP; the
+  // default, and how several ranks share one GPU) or "nccl" (staging in
+  // each rank's GPU memory, NCCL communicators; one GPU per local rank,
+  // backend cuda). Every daemon of a job must use the same.
+  std::string comm = "gloo";
+  // The NCCL library (null: the real one). Tests pass a fake that treats
+  // host memory as device memory, which also lets comm "nccl" run with
+  // the cpu backend.
+  NcclApi* nccl_api = nullptr;
   // CUDA IPC buffers: how the daemon opens and copies them (null: real
   // CUDA) and how many devices it has (-1: CudaDeviceCount()). Tests pass
   // a fake over host memory to run the IPC path without a GPU.

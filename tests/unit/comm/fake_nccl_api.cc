@@ -456,6 +456,33 @@ absl::Status FakeNcclApi::Free(void* ptr) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<NcclStream> FakeNcclApi::StreamCreate() {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "cudaStreamCreate";
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  // Far from the handles Stream(n) gives tests.
+  return FakeHandle<NcclStream>((int64_t{1} << 24) + ++next_stream_);
+}
+
+absl::Status FakeNcclApi::StreamDestroy(NcclStream stream) {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "cudaStreamDestroy";
+  call.stream = stream;
+  return RecordLocked(std::move(call));
+}
+
+absl::Status FakeNcclApi::StreamWaitEvent(NcclStream stream, NcclEvent event) {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "cudaStreamWaitEvent";
+  call.stream = stream;
+  call.send = event;
+  return RecordLocked(std::move(call));
+}
+
 absl::Status FakeNcclApi::MemcpyAsync(void* dst, const void* src, int64_t bytes,
                                       NcclStream stream) {
   absl::MutexLock lock(&mu_);

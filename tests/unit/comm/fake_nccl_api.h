@@ -140,6 +140,12 @@ class FakeNcclApi : public NcclApi {
   absl::StatusOr<bool> EventQuery(NcclEvent event) override;
   absl::StatusOr<void*> Malloc(int64_t bytes) override;
   absl::Status Free(void* ptr) override;
+  // A new handle per call. StreamWaitEvent is recorded only: the fake's
+  // events are its own, and the engine tests' trainer events complete
+  // before they are waited for.
+  absl::StatusOr<NcclStream> StreamCreate() override;
+  absl::Status StreamDestroy(NcclStream stream) override;
+  absl::Status StreamWaitEvent(NcclStream stream, NcclEvent event) override;
   absl::Status MemcpyAsync(void* dst, const void* src, int64_t bytes,
                            NcclStream stream) override;
   absl::Status MemsetAsync(void* dst, int value, int64_t bytes,
@@ -230,6 +236,7 @@ class FakeNcclApi : public NcclApi {
   int64_t next_group_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_event_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_stream_ ABSL_GUARDED_BY(mu_) = 0;
   bool hang_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status async_error_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Status> fail_next_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,100 @@
+#include "server/engine/stage_copier.h"
+
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/status_macros.h"
+
+namespace canzona {
+namespace {
+
+class HostStageCopier final : public StageCopier {
+ public:
+  absl::Status Copy(void* dst, const void* src, int64_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+    return absl::OkStatus();
+  }
+  absl::Status WaitEvent(NcclEvent) override {
+    return absl::InternalError("a host stage copier cannot wait for events");
+  }
+  absl::Status Finish() override { return absl::OkStatus(); }
+  NcclStream stream() const override { return nullptr; }
+};
+
+class DeviceStageCopier final : public StageCopier {
+ public:
+  DeviceStageCopier(NcclApi* api, int device, absl::Duration timeout,
+                    NcclStream stream, NcclEvent done)
+      : api_(api),
+        device_(device),
+        timeout_(timeout),
+        stream_(stream),
+        done_(done) {}
+  ~DeviceStageCopier() override {
+    (void)api_->SetDevice(device_);
+    (void)api_->EventDestroy(done_);
+    (void)api_->StreamDestroy(stream_);
+  }
+
+  absl::Status Copy(void* dst, const void* src, int64_t bytes) override {
+    if (bytes <= 0) return absl::OkStatus();
+    CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
+    return api_->MemcpyAsync(dst, src, bytes, stream_);
+  }
+  absl::Status WaitEvent(NcclEvent event) override {
+    CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
+    return api_->StreamWaitEvent(stream_, event);
+  }
+  absl::Status Finish() override {
+    CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
+    CANZONA_RETURN_IF_ERROR(api_->EventRecord(done_, stream_));
+    // Spin briefly (copies of a bucket take microseconds), then sleep.
+    const absl::Time deadline = absl::Now() + timeout_;
+    for (int polls = 0;; ++polls) {
+      CANZONA_ASSIGN_OR_RETURN(bool done, api_->EventQuery(done_));
+      if (done) return absl::OkStatus();
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("staging copies on device ", device_,
+                         " did not complete within ",
+                         absl::FormatDuration(timeout_)));
+      }
+      if (polls > 1000) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+  NcclStream stream() const override { return stream_; }
+
+ private:
+  NcclApi* const api_;
+  const int device_;
+  const absl::Duration timeout_;
+  const NcclStream stream_;
+  const NcclEvent done_;
+};
+
+}  // namespace
+
+std::unique_ptr<StageCopier> CreateHostStageCopier() {
+  return std::make_unique<HostStageCopier>();
+}
+
+absl::StatusOr<std::unique_ptr<StageCopier>> CreateDeviceStageCopier(
+    NcclApi* api, int device, absl::Duration timeout) {
+  if (api == nullptr) return absl::InvalidArgumentError("api is null");
+  CANZONA_RETURN_IF_ERROR(api->SetDevice(device));
+  CANZONA_ASSIGN_OR_RETURN(NcclStream stream, api->StreamCreate());
+  absl::StatusOr<NcclEvent> done = api->EventCreate();
+  if (!done.ok()) {
+    (void)api->StreamDestroy(stream);
+    return done.status();
+  }
+  return std::unique_ptr<StageCopier>(
+      new DeviceStageCopier(api, device, timeout, stream, *done));
+}
+
+}  // namespace canzona

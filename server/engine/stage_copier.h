@@ -1,0 +1,57 @@
+// How one thread of a rank moves bytes into, out of and within its staging
+// buffers, in order with the communicators that thread drives.
+//
+// Two data planes share the engine's step code through this interface:
+//  - host (Gloo): staging is host memory; Copy is a memcpy, done on return.
+//  - device (NCCL): staging is the rank's GPU memory; Copy enqueues a
+//    cudaMemcpyAsync (cudaMemcpyDefault: a trainer's CUDA IPC buffer or
+//    shared memory on the other side) on the copier's stream, the stream
+//    the thread's NCCL communicators run on, so a copy and the collective
+//    after it need no host wait between them.
+//
+//   std::unique_ptr<StageCopier> c = ...;
+//   CANZONA_RETURN_IF_ERROR(c->WaitEvent(trainer_backward_done));
+//   CANZONA_RETURN_IF_ERROR(c->Copy(staging, trainer_grads, bytes));
+//   CANZONA_RETURN_IF_ERROR(dp->ReduceScatterV(staging, counts, mine));
+//   CANZONA_RETURN_IF_ERROR(c->Finish());   // before another thread reads
+//
+// Thread-safety: one thread at a time (like the communicators it serves).
+#ifndef CANZONA_SERVER_ENGINE_STAGE_COPIER_H_
+#define CANZONA_SERVER_ENGINE_STAGE_COPIER_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/comm/nccl_api.h"
+
+namespace canzona {
+
+class StageCopier {
+ public:
+  virtual ~StageCopier() = default;
+
+  // Copies (host) or enqueues the copy of (device) `bytes`; zero is a no-op.
+  virtual absl::Status Copy(void* dst, const void* src, int64_t bytes) = 0;
+  // Work enqueued later waits on the device for `event` (a cudaEvent_t the
+  // trainer recorded after backward). Device copiers only.
+  virtual absl::Status WaitEvent(NcclEvent event) = 0;
+  // Returns once everything enqueued so far (copies and the collectives on
+  // the same stream) is complete: DEADLINE_EXCEEDED past the timeout.
+  virtual absl::Status Finish() = 0;
+  // The stream to create this thread's NCCL communicators on (null: host).
+  virtual NcclStream stream() const = 0;
+};
+
+std::unique_ptr<StageCopier> CreateHostStageCopier();
+
+// A copier with its own non-blocking stream on `device`; `api` must
+// outlive it.
+absl::StatusOr<std::unique_ptr<StageCopier>> CreateDeviceStageCopier(
+    NcclApi* api, int device, absl::Duration timeout);
+
+}  // namespace canzona
+
+#endif  // CANZONA_SERVER_ENGINE_STAGE_COPIER_H_
