@@ -4,6 +4,11 @@
 // numerics tolerances (fp32 Newton-Schulz: 1e-4 of the parameter's
 // magnitude; the default bf16 Newton-Schulz: 2e-2), and steady-state steps
 // must allocate no device memory. Skips without a CUDA device.
+//
+// And the NCCL data plane (comm "nccl": staging, collectives and updates in
+// GPU memory, no host round trip) at world size 1 on the real NCCL: its
+// groups of one are NCCL communicators, so every collective of the step
+// runs through NCCL on device pointers.
 #include <string>
 #include <tuple>
 
@@ -13,6 +18,7 @@
 #include "kernels/base/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "server/comm/nccl_api.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/engine/engine_test_util.h"
 
@@ -63,6 +69,41 @@ INSTANTIATE_TEST_SUITE_P(
                           std::get<1>(info.param), "_",
                           std::get<2>(info.param));
     });
+
+class EngineNcclGpuTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+    SetCpuBlasThreads(1);
+  }
+};
+
+TEST_P(EngineNcclGpuTest, DeviceResidentStepMatchesTheCpuReference) {
+  const std::string precision = GetParam();
+  ASSERT_OK_AND_ASSIGN(NcclApi * nccl, RealNcclApi());
+  JobConfig config;
+  config.job_id = UniqueJobId("gpu-nccl");
+  config.strategy = "cost";
+  config.params = MegatronModel();
+  config.muon_ns_precision = precision;
+  config.seed = 13;
+  Cluster cluster(absl::Seconds(60), absl::Seconds(60), "cuda", nullptr, nccl);
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RunAll(cluster, 3));
+  const int64_t allocations = BackendAllocationCount();
+  ASSERT_OK(run.RunSteps(cluster, 4, 5));
+  ASSERT_OK(run.RunStepsOverlapped(cluster, 6, 7, /*shuffled=*/true, 3));
+  EXPECT_EQ(BackendAllocationCount(), allocations)
+      << "device allocations during steady-state steps";
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 7, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/false,
+                        precision == "fp32" ? 1e-4f : 2e-2f));
+  EXPECT_OK(run.Deregister(cluster));
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizeOne, EngineNcclGpuTest,
+                         ::testing::Values("fp32", "bf16"));
 
 }  // namespace
 }  // namespace canzona::engine_test

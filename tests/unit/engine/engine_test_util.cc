@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "kernels/backend.h"
 #include "kernels/base/status_macros.h"
 #include "server/engine/engine_impl.h"
@@ -144,15 +145,24 @@ std::vector<ModelParam> HfModel() {
 }
 
 std::string UniqueJobId(const std::string& stem) {
+  // pid and counter alone collide with the leftovers (in /dev/shm) of an
+  // earlier process with the same pid that was killed mid-test.
   static std::atomic<int> counter{0};
-  return absl::StrCat(stem, "-", getpid(), "-", counter++);
+  static const uint64_t salt =
+      absl::ToUnixNanos(absl::Now()) & 0xffffff;  // per process
+  return absl::StrCat(stem, "-", getpid(), absl::Hex(salt), "-", counter++);
 }
 
 Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
-                 const std::string& backend, CudaIpcOpener* cuda_ipc) {
+                 const std::string& backend, CudaIpcOpener* cuda_ipc,
+                 NcclApi* nccl) {
   for (int i = 0; i < 2; ++i) {
     EngineOptions options;
     options.backend = backend;
+    if (nccl != nullptr) {
+      options.comm = "nccl";
+      options.nccl_api = nccl;
+    }
     if (cuda_ipc != nullptr) {
       options.cuda_ipc = cuda_ipc;
       options.cuda_devices = 1;

@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "client/shm/shared_memory.h"
 #include "kernels/cuda/cuda_ipc.h"
+#include "server/comm/nccl_api.h"
 #include "server/control/kv_store.h"
 #include "server/engine/engine.h"
 
@@ -106,10 +107,13 @@ struct Cluster {
   // `backend`: the engines' compute backend (cpu: the bitwise tests must
   // not move to a GPU where one exists).
   // `cuda_ipc`: a fake IPC layer for jobs with JobConfig::cuda_ipc.
+  // `nccl`: the engines run comm "nccl" over this NcclApi (a FakeNcclApi
+  // in data mode: host memory as device memory).
   explicit Cluster(absl::Duration step_timeout = absl::Seconds(20),
                    absl::Duration register_timeout = absl::Seconds(20),
                    const std::string& backend = "cpu",
-                   CudaIpcOpener* cuda_ipc = nullptr);
+                   CudaIpcOpener* cuda_ipc = nullptr,
+                   NcclApi* nccl = nullptr);
   ~Cluster();
   InMemoryKvStore kv;
   std::unique_ptr<Engine> engines[2];

@@ -1,0 +1,289 @@
+// The NCCL data plane (EngineOptions::comm "nccl") without a GPU: the
+// engine's device-resident step runs over FakeNcclApi in data mode (host
+// memory standing in for device memory, collectives summed in rank order)
+// with the cpu backend as the "device". Checked: every strategy's steps are
+// bitwise equal to the single-process reference; the translation of the
+// plan into NCCL calls (one reduce-scatter-v per bucket in bucket order,
+// one all-gather-v per bucket in reverse order, their element counts, the
+// same sequence on every rank, two world all-reduces); no allocation in
+// steady-state steps; CUDA IPC buffers copied on the stream after a
+// stream wait on the trainer's event, never through the host; settings
+// validated.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "server/engine/engine_impl.h"
+#include "tests/matchers/status_matchers.h"
+#include "tests/unit/comm/fake_nccl_api.h"
+#include "tests/unit/engine/engine_test_util.h"
+
+namespace canzona::engine_test {
+namespace {
+
+namespace v1 = ::canzona::v1;
+using ::canzona::testing::FakeNcclApi;
+using ::canzona::testing::FakeNcclCall;
+using ::canzona::testing::StatusIs;
+using ::testing::HasSubstr;
+
+FakeNcclApi::Options DataMode() {
+  FakeNcclApi::Options o;
+  o.simulate_data = true;
+  return o;
+}
+
+JobConfig Config(const std::string& stem, int dp, int tp,
+                 const std::string& strategy, int shard_group_size = 0) {
+  JobConfig c;
+  c.job_id = UniqueJobId(stem);
+  c.dp = dp;
+  c.tp = tp;
+  c.strategy = strategy;
+  c.params = MegatronModel();
+  c.shard_group_size = shard_group_size;
+  return c;
+}
+
+struct Layout {
+  std::string name;
+  int dp, tp;
+  std::string strategy;
+  int shard_group_size;
+};
+
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
+
+class NcclEngineLayoutTest : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(NcclEngineLayoutTest, StepsAreBitwiseEqualToTheReference) {
+  SetCpuBlasThreads(1);
+  const Layout& l = GetParam();
+  FakeNcclApi nccl(DataMode());
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr, &nccl);
+  const JobConfig config =
+      Config("nccl-" + l.name, l.dp, l.tp, l.strategy, l.shard_group_size);
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  // dp, tp, world and cross communicators of every rank, groups of one
+  // included (device memory needs NCCL there too).
+  EXPECT_EQ(nccl.calls_named("ncclCommInitRank").size(), 4u * config.world());
+  ASSERT_OK(run.RunSteps(cluster, 1, 3));
+  ASSERT_OK(run.RunStepsOverlapped(cluster, 4, 5, /*shuffled=*/true, 11));
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 5, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+  for (const auto& per_rank : run.responses) {
+    for (const v1::StepResponse& r : per_rank) {
+      EXPECT_GT(r.grad_norm(), 0);
+      EXPECT_GT(r.update_rms(), 0);
+    }
+  }
+  ASSERT_OK(run.Deregister(cluster));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, NcclEngineLayoutTest,
+    ::testing::Values(Layout{"one_rank", 1, 1, "cost", 0},
+                      Layout{"cost_dp2_tp2", 2, 2, "cost", 0},
+                      Layout{"sc_dp2_tp2", 2, 2, "sc", 0},
+                      Layout{"layerwise_dp2_tp2", 2, 2, "layerwise", 0},
+                      Layout{"cost_dp4_hierarchical", 4, 1, "cost", 2}),
+    [](const ::testing::TestParamInfo<Layout>& info) {
+      return info.param.name;
+    });
+
+// One NCCL operation or one ncclGroupStart/End of them, as the DP
+// communicator issued it.
+struct Unit {
+  bool reduce = false;  // ncclReduce / ncclReduceScatter, else a gather
+  bool even = false;    // one ncclReduceScatter / ncclAllGather
+  int64_t elements = 0;  // moved per rank (padded: nranks * max slice)
+  std::vector<std::tuple<std::string, int64_t, int>> ops;  // op, count, root
+};
+
+// The DP units of communicator rank `rank` (every NCCL data call but the
+// world's all-reduces, which are the only all-reduces in a flat DP-only
+// job), in order.
+std::vector<Unit> DpUnits(const std::vector<FakeNcclCall>& calls, int rank,
+                          int nranks) {
+  std::vector<Unit> units;
+  int64_t open_group = -1;
+  for (const FakeNcclCall& c : calls) {
+    if (c.comm_rank != rank || c.op == "ncclAllReduce" ||
+        c.op == "ncclGroupStart" || c.op == "ncclGroupEnd") {
+      continue;
+    }
+    if (c.group == 0 || c.group != open_group) {
+      units.emplace_back();
+      open_group = c.group == 0 ? -1 : c.group;
+    }
+    Unit& u = units.back();
+    u.ops.emplace_back(c.op, c.count, c.root);
+    u.reduce = c.op == "ncclReduce" || c.op == "ncclReduceScatter";
+    if (c.op == "ncclReduceScatter" || c.op == "ncclAllGather") {
+      u.even = true;
+      u.elements += c.count * nranks;
+    } else {
+      u.elements += c.count;
+    }
+  }
+  return units;
+}
+
+TEST(NcclEngineTest, PlanBecomesOneCollectivePerBucketInPipelineOrder) {
+  SetCpuBlasThreads(1);
+  FakeNcclApi nccl(DataMode());
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr, &nccl);
+  const JobConfig config = Config("nccl-calls", 2, 1, "cost");
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  nccl.ClearCalls();
+  ASSERT_OK(run.RunSteps(cluster, 1, 1));
+  const std::vector<FakeNcclCall> calls = nccl.nccl_calls();
+
+  // The world's two reductions per rank: [non-finite flag, sum of squares]
+  // and the update's sum of squares.
+  std::map<int64_t, int> all_reduces;
+  for (const FakeNcclCall& c : calls) {
+    if (c.op == "ncclAllReduce") ++all_reduces[c.count];
+  }
+  EXPECT_EQ(all_reduces, (std::map<int64_t, int>{{1, 2}, {2, 2}}));
+
+  const v1::RegisterResponse& reg = run.registered[0];
+  const int buckets = reg.buckets_size();
+  ASSERT_GE(buckets, 2) << "the model should span several buckets";
+  std::vector<Unit> per_rank[2] = {DpUnits(calls, 0, 2), DpUnits(calls, 1, 2)};
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(absl::StrCat("dp rank ", r));
+    ASSERT_EQ(per_rank[r].size(), 2u * buckets);
+    for (int b = 0; b < buckets; ++b) {
+      // Reductions in bucket (backward) order, then the gathers from the
+      // last bucket, the order the next forward needs.
+      const Unit& red = per_rank[r][b];
+      const Unit& gat = per_rank[r][buckets + (buckets - 1 - b)];
+      const int64_t elements = reg.buckets(b).elements();
+      EXPECT_TRUE(red.reduce) << "bucket " << b;
+      EXPECT_FALSE(gat.reduce) << "bucket " << b;
+      for (const Unit* u : {&red, &gat}) {
+        if (u->even) {  // even or padded: nranks slices of the largest
+          EXPECT_GE(u->elements, elements) << "bucket " << b;
+          EXPECT_LT(u->elements, 2 * elements) << "bucket " << b;
+        } else {  // one ncclReduce / ncclBroadcast per root, in root order
+          EXPECT_EQ(u->elements, elements) << "bucket " << b;
+          for (size_t k = 1; k < u->ops.size(); ++k) {
+            EXPECT_LT(std::get<2>(u->ops[k - 1]), std::get<2>(u->ops[k]));
+          }
+        }
+      }
+    }
+  }
+  // NCCL needs every rank to issue the same sequence.
+  for (size_t k = 0; k < per_rank[0].size(); ++k) {
+    EXPECT_EQ(per_rank[0][k].ops, per_rank[1][k].ops) << "unit " << k;
+  }
+  ASSERT_OK(run.Deregister(cluster));
+}
+
+TEST(NcclEngineTest, SteadyStateStepsAllocateNothing) {
+  SetCpuBlasThreads(1);
+  FakeNcclApi nccl(DataMode());
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr, &nccl);
+  const JobConfig config = Config("nccl-alloc", 2, 2, "cost");
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  ASSERT_OK(run.RunSteps(cluster, 1, 2));  // communicators size scratch
+  const size_t mallocs = nccl.calls_named("cudaMalloc").size();
+  const int64_t allocations = BackendAllocationCount();
+  ASSERT_OK(run.RunSteps(cluster, 3, 5));
+  ASSERT_OK(run.RunStepsOverlapped(cluster, 6, 7, /*shuffled=*/false, 3));
+  EXPECT_EQ(nccl.calls_named("cudaMalloc").size(), mallocs);
+  EXPECT_EQ(BackendAllocationCount(), allocations);
+  // And the work really went through the streams.
+  EXPECT_GT(nccl.calls_named("cudaMemcpyAsync").size(), 0u);
+  ASSERT_OK(run.Deregister(cluster));
+}
+
+TEST(NcclEngineTest, IpcBuffersMoveOnTheStreamAfterWaitingForTheEvent) {
+  SetCpuBlasThreads(1);
+  FakeCudaIpc ipc;
+  FakeNcclApi nccl(DataMode());
+  {
+    Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
+    JobConfig config = Config("nccl-ipc", 2, 2, "cost");
+    config.cuda_ipc = true;
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    ASSERT_OK(run.RunSteps(cluster, 1, 2));
+    ASSERT_OK(run.RunStepsOverlapped(cluster, 3, 4, /*shuffled=*/true, 5));
+    ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 4, {}));
+    EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+    // The daemon's streams wait for the trainer's event on the device; no
+    // host wait, no copy through host memory.
+    EXPECT_GT(nccl.calls_named("cudaStreamWaitEvent").size(), 0u);
+    EXPECT_EQ(ipc.event_waits.load(), 0);
+    EXPECT_EQ(ipc.copied_bytes.load(), 0);
+    ASSERT_OK(run.Deregister(cluster));
+  }
+}
+
+TEST(NcclEngineTest, SettingsAreValidated) {
+  InMemoryKvStore kv;
+  EngineOptions bad;
+  bad.control = &kv;
+  bad.comm = "mpi";
+  EXPECT_THAT(CreateEngine(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("comm 'mpi'")));
+  if (CudaDeviceCount() == 0) {
+    EngineOptions nccl;
+    nccl.control = &kv;
+    nccl.comm = "nccl";
+    nccl.backend = "auto";
+    absl::StatusOr<std::unique_ptr<Engine>> engine = CreateEngine(nccl);
+    ASSERT_FALSE(engine.ok());
+    EXPECT_THAT(engine.status().message(), HasSubstr("comm 'nccl'"));
+  }
+}
+
+TEST(NcclEngineTest, DaemonsWithDifferentDataPlanesCannotShareAJob) {
+  FakeNcclApi nccl(DataMode());
+  Cluster cluster(absl::Seconds(20), absl::Seconds(3), "cpu", nullptr, &nccl);
+  // Daemon 1 on Gloo instead.
+  cluster.engines[1]->Shutdown();
+  EngineOptions gloo;
+  gloo.control = &cluster.kv;
+  gloo.daemon_id = "daemon1-gloo";
+  gloo.register_timeout = absl::Seconds(3);
+  ASSERT_OK_AND_ASSIGN(cluster.engines[1], CreateEngine(gloo));
+  JobRun run(Config("nccl-mixed", 2, 1, "cost"));
+  ASSERT_OK(run.Init());
+  Result<v1::RegisterResponse> done[2];
+  for (int r = 0; r < 2; ++r) {
+    TrainerRank& rank = *run.ranks()[r];
+    cluster.engines[rank.engine_index()]->Register(
+        rank.MakeRegister(), PeerInfo{}, done[r].callback());
+  }
+  int disagreements = 0;
+  for (auto& d : done) {
+    absl::StatusOr<v1::RegisterResponse> result = d.Get();
+    EXPECT_FALSE(result.ok());
+    if (result.status().code() == absl::StatusCode::kFailedPrecondition &&
+        absl::StrContains(result.status().message(), "comm=")) {
+      ++disagreements;
+    }
+  }
+  EXPECT_EQ(disagreements, 1);
+}
+
+}  // namespace
+}  // namespace canzona::engine_test
