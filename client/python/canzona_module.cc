@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "client/lib/client.h"
+#include "client/lib/cuda_export.h"
 #include "client/shm/shared_memory.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -78,9 +79,21 @@ v1::RankCoordinates Coords(const std::tuple<int, int, int>& rank) {
   return c;
 }
 
-v1::BufferRef ShmRef(const py::tuple& ref, const std::string& where) {
+// (shm name, offset, nbytes), or ("cuda", device pointer, nbytes[, event
+// handle]) for a GPU tensor exported with CUDA IPC.
+v1::BufferRef BufferRefOf(const py::tuple& ref, const std::string& where) {
+  if ((ref.size() == 3 || ref.size() == 4) &&
+      py::isinstance<py::str>(ref[0]) && ref[0].cast<std::string>() == "cuda") {
+    const std::string event =
+        ref.size() == 4 ? ref[3].cast<std::string>() : std::string();
+    return ValueOrThrow(CudaBufferRef(
+        reinterpret_cast<const void*>(ref[1].cast<uintptr_t>()),
+        ref[2].cast<uint64_t>(), event));
+  }
   if (ref.size() != 3) {
-    throw py::value_error(where + " must be (shm name, offset, nbytes)");
+    throw py::value_error(where +
+                          " must be (shm name, offset, nbytes) or "
+                          "(\"cuda\", device pointer, nbytes[, event handle])");
   }
   v1::BufferRef out;
   v1::ShmBufferRef* shm = out.mutable_shm();
@@ -174,9 +187,9 @@ class PyClient {
       q->set_tp_split_dim(p["tp_split_dim"].cast<int>());
       q->set_group(p["group"].cast<std::string>());
       *q->mutable_param() =
-          ShmRef(p["param"].cast<py::tuple>(), "parameter " + name + " param");
+          BufferRefOf(p["param"].cast<py::tuple>(), "parameter " + name + " param");
       *q->mutable_grad() =
-          ShmRef(p["grad"].cast<py::tuple>(), "parameter " + name + " grad");
+          BufferRefOf(p["grad"].cast<py::tuple>(), "parameter " + name + " grad");
     }
     absl::StatusOr<v1::RegisterResponse> response;
     {
@@ -355,8 +368,11 @@ class PyClient {
 }  // namespace canzona
 
 PYBIND11_MODULE(_canzona, m) {
+  using canzona::CudaExportEvent;
+  using canzona::OkOrThrow;
   using canzona::PyClient;
   using canzona::SharedBuffer;
+  using canzona::ValueOrThrow;
   m.doc() = "Binding of the Canzona C++ client (use the canzona package)";
 
   static py::exception<canzona::StatusError> error(m, "CanzonaError",
@@ -384,6 +400,24 @@ PYBIND11_MODULE(_canzona, m) {
                                {static_cast<py::ssize_t>(b.nbytes())}, {1},
                                /*readonly=*/false);
       });
+
+  // The interprocess event a GPU trainer records after backward wrote its
+  // gradients (the daemon's streams wait for it).
+  py::class_<CudaExportEvent>(m, "CudaEvent")
+      .def(py::init([](int device) {
+             return ValueOrThrow(CudaExportEvent::Create(device));
+           }),
+           py::arg("device"))
+      .def_property_readonly("handle",
+                             [](const CudaExportEvent& e) {
+                               return py::bytes(e.handle());
+                             })
+      .def(
+          "record",
+          [](CudaExportEvent& e, uintptr_t stream) {
+            OkOrThrow(e.Record(reinterpret_cast<void*>(stream)));
+          },
+          py::arg("stream") = 0);
 
   py::class_<PyClient>(m, "Client")
       .def(py::init<const std::string&, const std::string&, double, double,

@@ -314,6 +314,11 @@ def test_bad_use_raises_clear_errors(daemon):
     meta = torch.nn.Parameter(torch.empty(4, 4, device="meta"))
     with pytest.raises(ValueError, match="is on meta"):
         ct.Muon([("w", meta)], job_id="bad-device")
+    # A GPU trainer's export without a usable CUDA runtime or device.
+    if not torch.cuda.is_available():
+        with pytest.raises(canzona.CanzonaError) as error:
+            canzona.CudaEvent(0)
+        assert error.value.code == "FAILED_PRECONDITION"
     # Not contiguous.
     strided = torch.nn.Parameter(torch.randn(4, 6).t())
     with pytest.raises(ValueError, match="not contiguous"):

@@ -15,10 +15,11 @@ gRPC status name ("INVALID_ARGUMENT", "UNAVAILABLE", ...).
 import json
 import os
 
-from canzona._canzona import CanzonaError, SharedBuffer
+from canzona._canzona import CanzonaError, CudaEvent, SharedBuffer
 from canzona import _canzona
 
-__all__ = ["Client", "CanzonaError", "SharedBuffer", "default_target"]
+__all__ = ["Client", "CanzonaError", "CudaEvent", "SharedBuffer",
+           "default_target"]
 
 
 def default_target():

@@ -30,6 +30,13 @@ each module needs. Results are bitwise those of the plain step. Use
 last when accumulating gradients, and ``opt.synchronize()`` before reading
 parameters outside a forward.
 
+GPU models: parameters on one CUDA device move into one device buffer
+instead, exported to the daemon with CUDA IPC (the daemon must run on the
+same node with ``--backend cuda``; with ``--comm nccl`` the whole step stays
+in GPU memory). Before each GradReady / Step the optimizer records an
+interprocess event on the current stream; the daemon's streams wait for it,
+so no host synchronization is needed after backward.
+
 Thread-safety: like torch.optim optimizers, one per trainer thread.
 """
 
@@ -190,15 +197,22 @@ class Optimizer(torch.optim.Optimizer):
                                      connect_timeout=connect_timeout,
                                      step_timeout=step_timeout, tls_ca=tls_ca)
 
-        # Every parameter and gradient in one shared buffer.
+        # Every parameter and gradient in one buffer: host shared memory,
+        # or device memory exported with CUDA IPC for a model on a GPU.
         tp_split = dict(tp_split or {})
         entries = []
         total = 0
         for name, param in named:
-            if param.device.type != "cpu":
+            if param.device.type not in ("cpu", "cuda"):
                 raise ValueError(
-                    "parameter %r is on %s: this canzonad maps host shared "
-                    "memory only (keep the model on cpu)" % (name, param.device))
+                    "parameter %r is on %s: the daemon maps host shared "
+                    "memory or CUDA IPC device memory" % (name, param.device))
+        devices = {p.device for _, p in named} or {torch.device("cpu")}
+        if len(devices) != 1:
+            raise ValueError("parameters are on %s: one device per optimizer"
+                             % sorted(str(d) for d in devices))
+        self.device = devices.pop()
+        for name, param in named:
             if param.dtype != torch.float32:
                 raise ValueError("parameter %r is %s: the daemon takes float32"
                                  % (name, param.dtype))
@@ -219,8 +233,18 @@ class Optimizer(torch.optim.Optimizer):
                 shape[split] *= tp
             entries.append((name, param, group, split, shape, total))
             total += 2 * param.numel()
-        self._buffer = self.client.allocate(self.job_id, rank, total * 4)
-        flat = torch.frombuffer(self._buffer, dtype=torch.float32)
+        self._event = None
+        if self.device.type == "cuda":
+            index = self.device.index
+            if index is None:
+                index = torch.cuda.current_device()
+            self._event = canzona.CudaEvent(index)
+            self._buffer = torch.empty(total, dtype=torch.float32,
+                                       device=torch.device("cuda", index))
+            flat = self._buffer
+        else:
+            self._buffer = self.client.allocate(self.job_id, rank, total * 4)
+            flat = torch.frombuffer(self._buffer, dtype=torch.float32)
         self._grads = []
         self._names = []
         self._seen_grad = False
@@ -239,12 +263,18 @@ class Optimizer(torch.optim.Optimizer):
             self._grads.append((param, gview))
             self._names.append(name)
             by_group[group].append(param)
-            ref = self._buffer.name
+            if self._event is not None:
+                base = flat.data_ptr()
+                param_ref = ("cuda", base + offset * 4, n * 4)
+                grad_ref = ("cuda", base + (offset + n) * 4, n * 4,
+                            self._event.handle)
+            else:
+                ref = self._buffer.name
+                param_ref = (ref, offset * 4, n * 4)
+                grad_ref = (ref, (offset + n) * 4, n * 4)
             parameters.append({
                 "name": name, "shape": shape, "tp_split_dim": split,
-                "group": group,
-                "param": (ref, offset * 4, n * 4),
-                "grad": (ref, (offset + n) * 4, n * 4)})
+                "group": group, "param": param_ref, "grad": grad_ref})
 
         param_groups = []
         for gname, (kind, spec) in self._groups.items():
@@ -317,6 +347,7 @@ class Optimizer(torch.optim.Optimizer):
             self._left[b] -= 1
             if self._left[b] == 0 and b not in self._reported:
                 self._reported.add(b)
+                self._record_grads()
                 self.client.grad_ready(self.job_id, self.rank, self.steps + 1,
                                        [b])
         return hook
@@ -346,6 +377,13 @@ class Optimizer(torch.optim.Optimizer):
         if self._module is not None and self._unsynced:
             self.client.wait_params(self.job_id, self.rank, self.steps, -1)
             self._unsynced.clear()
+
+    def _record_grads(self):
+        """GPU: marks on the current stream where the gradients are final;
+        the daemon's copies wait for this event on the device."""
+        if self._event is not None:
+            self._event.record(
+                torch.cuda.current_stream(self.device).cuda_stream)
 
     def _mark_grad(self, grad):
         self._seen_grad = True
@@ -379,6 +417,7 @@ class Optimizer(torch.optim.Optimizer):
         # The previous step's parameters must be in place before this
         # step reads them (a step without a forward in between).
         self.synchronize()
+        self._record_grads()
         self.last_step = self.client.step(self.job_id, self.rank,
                                           self.steps + 1, lr,
                                           async_params=overlap)

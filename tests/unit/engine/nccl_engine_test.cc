@@ -11,6 +11,7 @@
 // validated.
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
