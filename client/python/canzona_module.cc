@@ -82,13 +82,13 @@ v1::RankCoordinates Coords(const std::tuple<int, int, int>& rank) {
 // (shm name, offset, nbytes), or ("cuda", device pointer, nbytes[, event
 // handle]) for a GPU tensor exported with CUDA IPC.
 v1::BufferRef BufferRefOf(const py::tuple& ref, const std::string& where) {
-  if ((ref.size() == 3 || ref.size() == 4) &&
-      py::isinstance<py::str>(ref[0]) && ref[0].cast<std::string>() == "cuda") {
+  if ((ref.size() == 3 || ref.size() == 4) && py::isinstance<py::str>(ref[0]) &&
+      ref[0].cast<std::string>() == "cuda") {
     const std::string event =
         ref.size() == 4 ? ref[3].cast<std::string>() : std::string();
-    return ValueOrThrow(CudaBufferRef(
-        reinterpret_cast<const void*>(ref[1].cast<uintptr_t>()),
-        ref[2].cast<uint64_t>(), event));
+    return ValueOrThrow(
+        CudaBufferRef(reinterpret_cast<const void*>(ref[1].cast<uintptr_t>()),
+                      ref[2].cast<uint64_t>(), event));
   }
   if (ref.size() != 3) {
     throw py::value_error(where +
@@ -186,10 +186,10 @@ class PyClient {
       q->set_dtype(v1::DTYPE_FLOAT32);
       q->set_tp_split_dim(p["tp_split_dim"].cast<int>());
       q->set_group(p["group"].cast<std::string>());
-      *q->mutable_param() =
-          BufferRefOf(p["param"].cast<py::tuple>(), "parameter " + name + " param");
-      *q->mutable_grad() =
-          BufferRefOf(p["grad"].cast<py::tuple>(), "parameter " + name + " grad");
+      *q->mutable_param() = BufferRefOf(p["param"].cast<py::tuple>(),
+                                        "parameter " + name + " param");
+      *q->mutable_grad() = BufferRefOf(p["grad"].cast<py::tuple>(),
+                                       "parameter " + name + " grad");
     }
     absl::StatusOr<v1::RegisterResponse> response;
     {
@@ -408,10 +408,9 @@ PYBIND11_MODULE(_canzona, m) {
              return ValueOrThrow(CudaExportEvent::Create(device));
            }),
            py::arg("device"))
-      .def_property_readonly("handle",
-                             [](const CudaExportEvent& e) {
-                               return py::bytes(e.handle());
-                             })
+      .def_property_readonly(
+          "handle",
+          [](const CudaExportEvent& e) { return py::bytes(e.handle()); })
       .def(
           "record",
           [](CudaExportEvent& e, uintptr_t stream) {

@@ -112,8 +112,14 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   CANZONA_RETURN_IF_ERROR(
       Prefixed(api->SetDevice(local.device), "NcclCommunicator"));
   CANZONA_ASSIGN_OR_RETURN(NcclEvent event, api->EventCreate());
-  return std::unique_ptr<NcclCommunicator>(
+  std::unique_ptr<NcclCommunicator> communicator(
       new NcclCommunicator(api, comm, event, local, size, options));
+  if (options.scratch_floats > 0) {
+    absl::MutexLock lock(&communicator->mu_);
+    CANZONA_RETURN_IF_ERROR(
+        communicator->ScratchLocked(options.scratch_floats).status());
+  }
+  return communicator;
 }
 
 NcclCommunicator::NcclCommunicator(NcclApi* api, NcclComm comm, NcclEvent event,

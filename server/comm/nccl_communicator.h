@@ -128,6 +128,9 @@ struct NcclOptions {
   NcclCostModel cost;
   // Empty: ChooseUneven(counts, cost).
   NcclUnevenChooser chooser;
+  // Scratch allocated at creation (floats): the largest padded collective
+  // (size * max slice) the owner will run, so that no step allocates.
+  int64_t scratch_floats = 0;
 };
 
 // One rank of the group hosted by this process.

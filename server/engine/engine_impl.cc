@@ -261,6 +261,23 @@ struct RankRuntime {
   // needs the buckets in (the last bucket first).
   DeviceBuffer comm_tmp, comm_send, comm_recv;
   std::vector<int64_t> layerwise_counts;  // per DP rank, elements
+  // NCCL, bucket-sliced: how the dp communicator runs each bucket's uneven
+  // reduce-scatter-v and all-gather-v (per-root collectives or padding),
+  // chosen by measurement. Round 0 (the first step) uses the cost model
+  // and warms up; round 1 runs every bucket per-root, round 2 padded,
+  // timing both; then the DP group sums the times (one all-reduce, so all
+  // ranks choose alike) and each bucket keeps its faster way. A round ends
+  // with a step's last gather. Communication thread only.
+  struct UnevenCalibration {
+    bool enabled = false;
+    int round = 0;
+    std::vector<double> seconds[2];  // per NcclUneven, per bucket
+    std::vector<NcclUneven> chosen;  // per bucket, from round 3
+    DeviceBuffer sums;               // the all-reduce's staging
+  } uneven;
+  // What the dp communicator's chooser answers for the current call
+  // (empty: the cost model).
+  std::optional<NcclUneven> dp_uneven;
   std::vector<int> gather_order;
   int owned = 0;
   int64_t state_bytes = 0;
@@ -1554,6 +1571,74 @@ absl::Status ToTrainer(const LocalRank& rank, const float* src, int64_t n,
                                 dst);
 }
 
+// Bucket b's uneven strategy in the current calibration round (see
+// RankRuntime::UnevenCalibration); empty: the cost model.
+std::optional<NcclUneven> UnevenFor(const RankRuntime& rt, int b) {
+  const RankRuntime::UnevenCalibration& u = rt.uneven;
+  if (!u.enabled || u.round == 0) return std::nullopt;
+  if (u.round == 1) return NcclUneven::kPerRoot;
+  if (u.round == 2) return NcclUneven::kPadded;
+  return u.chosen[b];
+}
+
+// Runs one of the dp communicator's uneven collectives for bucket b under
+// the round's strategy, timing it for the calibration.
+template <typename Collective>
+absl::Status TimedDp(RankRuntime& rt, int b, Collective&& collective) {
+  rt.dp_uneven = UnevenFor(rt, b);
+  const absl::Time start = absl::Now();
+  absl::Status status = collective();
+  if (rt.uneven.enabled && (rt.uneven.round == 1 || rt.uneven.round == 2)) {
+    rt.uneven.seconds[rt.uneven.round - 1][b] += Seconds(start, absl::Now());
+  }
+  return status;
+}
+
+// Ends a calibration round after a step's last gather; after round 2 the
+// DP group agrees on every bucket's faster strategy.
+absl::Status EndUnevenRound(LocalRank& rank) {
+  RankRuntime& rt = *rank.rt;
+  RankRuntime::UnevenCalibration& u = rt.uneven;
+  if (!u.enabled || u.round >= 3) return absl::OkStatus();
+  if (++u.round < 3) return absl::OkStatus();
+  const int buckets = static_cast<int>(rt.buckets.size());
+  std::vector<float> sums(2 * buckets);
+  for (int b = 0; b < buckets; ++b) {
+    sums[2 * b] = static_cast<float>(u.seconds[0][b]);
+    sums[2 * b + 1] = static_cast<float>(u.seconds[1][b]);
+  }
+  StageCopier& copier = *rt.dp_copier;
+  float* staged = u.sums.data();
+  CANZONA_RETURN_IF_ERROR(
+      copier.Copy(staged, sums.data(), sums.size() * sizeof(float)));
+  CANZONA_RETURN_IF_ERROR(rt.dp->AllReduce(staged, 2 * buckets));
+  CANZONA_RETURN_IF_ERROR(
+      copier.Copy(sums.data(), staged, sums.size() * sizeof(float)));
+  CANZONA_RETURN_IF_ERROR(copier.Finish());
+  int padded = 0;
+  u.chosen.resize(buckets);
+  for (int b = 0; b < buckets; ++b) {
+    u.chosen[b] = sums[2 * b + 1] < sums[2 * b] ? NcclUneven::kPadded
+                                                : NcclUneven::kPerRoot;
+    padded += u.chosen[b] == NcclUneven::kPadded;
+  }
+  spdlog::info(
+      "uneven collectives measured: rank={} buckets={} padded={} "
+      "per_root={} (DP-summed seconds per-root {:.6f}, padded {:.6f})",
+      RankString(rank.coords), buckets, padded, buckets - padded,
+      [&] {
+        double t = 0;
+        for (int b = 0; b < buckets; ++b) t += sums[2 * b];
+        return t;
+      }(),
+      [&] {
+        double t = 0;
+        for (int b = 0; b < buckets; ++b) t += sums[2 * b + 1];
+        return t;
+      }());
+  return absl::OkStatus();
+}
+
 // Stages the bucket's gradients and parameters from the trainer's buffers
 // and sums the gradients over DP, unscaled (Step knows grad_scale): my
 // slice when bucket-sliced (reduce-scatter-v in the shard group, then the
@@ -1592,7 +1677,8 @@ absl::Status ReduceBucket(LocalRank& rank, const JobPlan& jp, int b) {
   float* tmp = rt.comm_tmp.data();
   if (rt.sliced) {
     const int64_t mine = bucket.counts[d];
-    CANZONA_RETURN_IF_ERROR(rt.dp->ReduceScatterV(g, bucket.counts, tmp));
+    CANZONA_RETURN_IF_ERROR(TimedDp(
+        rt, b, [&] { return rt.dp->ReduceScatterV(g, bucket.counts, tmp); }));
     CANZONA_RETURN_IF_ERROR(
         copier.Copy(g + bucket.my_start, tmp, mine * sizeof(float)));
     if (rt.cross->size() > 1 && mine > 0) {
@@ -1619,8 +1705,9 @@ absl::Status GatherBucket(LocalRank& rank, const JobPlan& jp, int b) {
   const int DP = rt.dp->size(), d = rt.shard_pos;
   if (rt.sliced) {
     float* p = rt.pstage.data() + bucket.base;
-    CANZONA_RETURN_IF_ERROR(
-        rt.dp->AllGatherV(p + bucket.my_start, bucket.counts, p));
+    CANZONA_RETURN_IF_ERROR(TimedDp(rt, b, [&] {
+      return rt.dp->AllGatherV(p + bucket.my_start, bucket.counts, p);
+    }));
   } else if (jp.plan.strategy == plan::Strategy::kLayerwise && DP > 1 &&
              b == rt.gather_order.front()) {
     // Each rank's owned parameters packed in stage order; one all-gather.
@@ -1653,7 +1740,8 @@ absl::Status GatherBucket(LocalRank& rank, const JobPlan& jp, int b) {
     CANZONA_RETURN_IF_ERROR(ToTrainer(rank, rt.pstage.data() + rt.offset[i], n,
                                       rank.param_buf[i - rt.first]));
   }
-  return copier.Finish();
+  CANZONA_RETURN_IF_ERROR(copier.Finish());
+  return b == rt.gather_order.back() ? EndUnevenRound(rank) : absl::OkStatus();
 }
 
 // Sums `n` host floats over the job's ranks (the world communicator works
@@ -1726,60 +1814,6 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
     rt->world_copier = CreateHostStageCopier();
   }
 
-  // Communicators: DP (same pp, tp), TP (same pp, dp), world. Every rank
-  // creates them in this order, so the rendezvous cannot deadlock. NCCL
-  // groups of one rank are NCCL communicators too (device memory), each on
-  // the stream of the thread that drives it.
-  GlooOptions gloo;
-  gloo.hostname = options_.comm_host;
-  gloo.timeout = options_.step_timeout;
-  NcclOptions nccl_options;
-  nccl_options.timeout = options_.step_timeout;
-  const std::string prefix = JobPrefix(job.id);
-  auto make = [&](const std::string& name, int r, int size,
-                  const StageCopier& copier)
-      -> absl::StatusOr<std::unique_ptr<Communicator>> {
-    absl::StatusOr<std::unique_ptr<Communicator>> comm;
-    if (nccl) {
-      comm = CreateNcclCommunicator(
-          options_.control, absl::StrCat(prefix, "nccl/", name), nccl_api,
-          NcclLocalRank{r, device, copier.stream()}, size, nccl_options);
-    } else if (size == 1) {
-      return CreateLocalCommunicator();
-    } else {
-      comm = CreateGlooCommunicator(options_.control,
-                                    absl::StrCat(prefix, "comm/", name, "/"),
-                                    r, size, gloo);
-    }
-    if (!comm.ok()) {
-      return absl::Status(comm.status().code(),
-                          absl::StrCat("creating the ", name,
-                                       " group: ", comm.status().message()));
-    }
-    if (options_.metrics != nullptr && size > 1) {
-      return std::unique_ptr<Communicator>(new CountingCommunicator(
-          *std::move(comm), CanzonaMetrics::Register(options_.metrics), job.id,
-          std::to_string(rank.global)));
-    }
-    return comm;
-  };
-  const std::string dp_name =
-      S == DP ? absl::StrCat("dp.", pp, ".", t)
-              : absl::StrCat("dp.", pp, ".", t, ".g", rt->shard_group);
-  CANZONA_ASSIGN_OR_RETURN(rt->dp, make(dp_name, d, S, *rt->dp_copier));
-  rank.AddComm(rt->dp.get());
-  CANZONA_ASSIGN_OR_RETURN(
-      rt->tp, make(absl::StrCat("tp.", pp, ".", rank.coords.dp_rank()), t, TP,
-                   *rt->tp_copier));
-  rank.AddComm(rt->tp.get());
-  CANZONA_ASSIGN_OR_RETURN(
-      rt->world, make("world", rank.global, job.world, *rt->world_copier));
-  rank.AddComm(rt->world.get());
-  CANZONA_ASSIGN_OR_RETURN(
-      rt->cross, make(absl::StrCat("xdp.", pp, ".", t, ".p", d),
-                      rt->shard_group, DP / S, *rt->dp_copier));
-  rank.AddComm(rt->cross.get());
-
   // Parameters of my stage and their place in the stage buffers.
   const int n = static_cast<int>(jp.params.size());
   const int first = jp.stage_first[pp];
@@ -1832,6 +1866,90 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
           "plan: parameter '", jp.params[i].name, "' is in no bucket"));
     }
   }
+  // The largest padded collective of the dp communicator (NCCL's scratch,
+  // allocated with it): every bucket's slices, or the layerwise gather.
+  int64_t dp_scratch = 0;
+  for (const RankRuntime::Bucket& b : rt->buckets) {
+    for (int64_t c : rt->sliced ? b.counts : b.even_counts) {
+      dp_scratch = std::max(dp_scratch, S * c);
+    }
+  }
+  if (plan.strategy == plan::Strategy::kLayerwise) {
+    std::vector<int64_t> owned(S, 0);
+    for (int i : rt->local_params) {
+      owned[plan.dp_owner[i]] += jp.params[i].local_numel;
+    }
+    for (int64_t c : owned) dp_scratch = std::max(dp_scratch, S * c);
+  }
+
+  // Communicators: DP (same pp, tp), TP (same pp, dp), world. Every rank
+  // creates them in this order, so the rendezvous cannot deadlock. NCCL
+  // groups of one rank are NCCL communicators too (device memory), each on
+  // the stream of the thread that drives it.
+  GlooOptions gloo;
+  gloo.hostname = options_.comm_host;
+  gloo.timeout = options_.step_timeout;
+  NcclOptions nccl_options;
+  nccl_options.timeout = options_.step_timeout;
+  const std::string prefix = JobPrefix(job.id);
+  auto make = [&](const std::string& name, int r, int size,
+                  const StageCopier& copier,
+                  NcclUnevenChooser chooser = nullptr,
+                  int64_t scratch_floats =
+                      0) -> absl::StatusOr<std::unique_ptr<Communicator>> {
+    absl::StatusOr<std::unique_ptr<Communicator>> comm;
+    if (nccl) {
+      NcclOptions o = nccl_options;
+      o.chooser = std::move(chooser);
+      o.scratch_floats = scratch_floats;
+      comm = CreateNcclCommunicator(
+          options_.control, absl::StrCat(prefix, "nccl/", name), nccl_api,
+          NcclLocalRank{r, device, copier.stream()}, size, o);
+    } else if (size == 1) {
+      return CreateLocalCommunicator();
+    } else {
+      comm = CreateGlooCommunicator(options_.control,
+                                    absl::StrCat(prefix, "comm/", name, "/"), r,
+                                    size, gloo);
+    }
+    if (!comm.ok()) {
+      return absl::Status(comm.status().code(),
+                          absl::StrCat("creating the ", name,
+                                       " group: ", comm.status().message()));
+    }
+    if (options_.metrics != nullptr && size > 1) {
+      return std::unique_ptr<Communicator>(new CountingCommunicator(
+          *std::move(comm), CanzonaMetrics::Register(options_.metrics), job.id,
+          std::to_string(rank.global)));
+    }
+    return comm;
+  };
+  const std::string dp_name =
+      S == DP ? absl::StrCat("dp.", pp, ".", t)
+              : absl::StrCat("dp.", pp, ".", t, ".g", rt->shard_group);
+  RankRuntime* runtime = rt.get();
+  const NcclCostModel cost = nccl_options.cost;
+  CANZONA_ASSIGN_OR_RETURN(
+      rt->dp,
+      make(
+          dp_name, d, S, *rt->dp_copier,
+          [runtime, cost](absl::Span<const int64_t> counts) {
+            return runtime->dp_uneven.value_or(ChooseUneven(counts, cost));
+          },
+          dp_scratch));
+  rank.AddComm(rt->dp.get());
+  CANZONA_ASSIGN_OR_RETURN(
+      rt->tp, make(absl::StrCat("tp.", pp, ".", rank.coords.dp_rank()), t, TP,
+                   *rt->tp_copier));
+  rank.AddComm(rt->tp.get());
+  CANZONA_ASSIGN_OR_RETURN(
+      rt->world, make("world", rank.global, job.world, *rt->world_copier));
+  rank.AddComm(rt->world.get());
+  CANZONA_ASSIGN_OR_RETURN(rt->cross,
+                           make(absl::StrCat("xdp.", pp, ".", t, ".p", d),
+                                rt->shard_group, DP / S, *rt->dp_copier));
+  rank.AddComm(rt->cross.get());
+
   Backend& staging = *rt->staging;
   CANZONA_ASSIGN_OR_RETURN(rt->gstage, staging.Allocate(base));
   CANZONA_ASSIGN_OR_RETURN(rt->pstage, staging.Allocate(base));
@@ -1839,9 +1957,17 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
   CANZONA_ASSIGN_OR_RETURN(rt->scalars, staging.Allocate(2));
   int64_t max_slice = 0;
   for (const RankRuntime::Bucket& b : rt->buckets) {
-    max_slice = std::max(max_slice, rt->sliced ? b.counts[d] : b.even_counts[d]);
+    max_slice =
+        std::max(max_slice, rt->sliced ? b.counts[d] : b.even_counts[d]);
   }
   CANZONA_ASSIGN_OR_RETURN(rt->comm_tmp, staging.Allocate(max_slice));
+  if (rt->resident && rt->sliced && S > 1) {
+    const size_t buckets = rt->buckets.size();
+    rt->uneven.enabled = true;
+    rt->uneven.seconds[0].assign(buckets, 0.0);
+    rt->uneven.seconds[1].assign(buckets, 0.0);
+    CANZONA_ASSIGN_OR_RETURN(rt->uneven.sums, staging.Allocate(2 * buckets));
+  }
   if (plan.strategy == plan::Strategy::kLayerwise && S > 1) {
     rt->layerwise_counts.assign(S, 0);
     int64_t total = 0;
@@ -1926,8 +2052,7 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
     max_redundant = std::max(max_redundant, jp.params[i].local_numel);
   }
   CANZONA_ASSIGN_OR_RETURN(rt->send, staging.Allocate(2 * max_redundant));
-  CANZONA_ASSIGN_OR_RETURN(rt->recv,
-                           staging.Allocate(2 * max_redundant * TP));
+  CANZONA_ASSIGN_OR_RETURN(rt->recv, staging.Allocate(2 * max_redundant * TP));
   CANZONA_ASSIGN_OR_RETURN(rt->full_g, staging.Allocate(max_full));
   CANZONA_ASSIGN_OR_RETURN(rt->full_p, staging.Allocate(max_full));
   if (rt->staging != rt->backend.get()) {
@@ -2319,8 +2444,8 @@ absl::Status GatherGroup(RankRuntime& rt, const JobPlan& jp, int TP,
     for (int i : group.params) {
       if (jp.plan.tp_host[i] != h) continue;
       const int64_t n = jp.params[i].local_numel;
-      CANZONA_RETURN_IF_ERROR(copier.Copy(
-          send, rt.gstage.data() + rt.offset[i], n * sizeof(float)));
+      CANZONA_RETURN_IF_ERROR(copier.Copy(send, rt.gstage.data() + rt.offset[i],
+                                          n * sizeof(float)));
       CANZONA_RETURN_IF_ERROR(copier.Copy(
           send + n, rt.pstage.data() + rt.offset[i], n * sizeof(float)));
       send += 2 * n;
@@ -2377,8 +2502,8 @@ absl::Status ScatterGroup(RankRuntime& rt, const JobPlan& jp, int TP,
     for (int i : group.params) {
       if (jp.plan.tp_host[i] != h) continue;
       const int64_t n = jp.params[i].local_numel;
-      CANZONA_RETURN_IF_ERROR(copier.Copy(rt.pstage.data() + rt.offset[i], in,
-                                          n * sizeof(float)));
+      CANZONA_RETURN_IF_ERROR(
+          copier.Copy(rt.pstage.data() + rt.offset[i], in, n * sizeof(float)));
       in += n;
     }
   }
@@ -3223,10 +3348,9 @@ absl::StatusOr<v1::LoadCheckpointResponse> EngineImpl::RunLoad(
           continue;
         }
         std::vector<float> fragment(m.local_numel);
-        CANZONA_RETURN_IF_ERROR(MoveFragment(*rt.host, m, TP, t,
-                                             fragment.data(),
-                                             tensor.data.data(),
-                                             /*to_full=*/false));
+        CANZONA_RETURN_IF_ERROR(MoveFragment(
+            *rt.host, m, TP, t, fragment.data(), tensor.data.data(),
+            /*to_full=*/false));
         tensor.shape = m.local_shape;
         tensor.data = std::move(fragment);
       }
@@ -3451,8 +3575,8 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(EngineOptions options) {
       return absl::FailedPreconditionError(
           absl::StrCat("comm 'nccl': ", api.status().message()));
     }
-    const int devices = options.cuda_devices >= 0 ? options.cuda_devices
-                                                  : CudaDeviceCount();
+    const int devices =
+        options.cuda_devices >= 0 ? options.cuda_devices : CudaDeviceCount();
     if (options.backend == "cpu" || devices == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "comm 'nccl' keeps the step in GPU memory: it needs backend cuda "

@@ -55,10 +55,9 @@ class DeviceStageCopier final : public StageCopier {
       CANZONA_ASSIGN_OR_RETURN(bool done, api_->EventQuery(done_));
       if (done) return absl::OkStatus();
       if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("staging copies on device ", device_,
-                         " did not complete within ",
-                         absl::FormatDuration(timeout_)));
+        return absl::DeadlineExceededError(absl::StrCat(
+            "staging copies on device ", device_, " did not complete within ",
+            absl::FormatDuration(timeout_)));
       }
       if (polls > 1000) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));

@@ -218,6 +218,33 @@ TEST(NcclCommunicatorTest, NearlyEvenCountsWithDearLaunchesArePadded) {
   EXPECT_EQ(ag[0].count, 1001);
 }
 
+TEST(NcclCommunicatorTest, ScratchReservedAtCreationServesEveryPaddedCall) {
+  FakeNcclApi api;
+  NcclOptions options = Options();
+  options.chooser = [](absl::Span<const int64_t>) {
+    return NcclUneven::kPadded;
+  };
+  options.scratch_floats = 3 * 1001;
+  absl::StatusOr<NcclUniqueId> id = api.GetUniqueId();
+  ASSERT_OK(id);
+  absl::StatusOr<NcclComm> raw = api.CommInitRank(3, *id, 0);
+  ASSERT_OK(raw);
+  ASSERT_OK_AND_ASSIGN(
+      auto comm, NcclCommunicator::Create(
+                     &api, *raw,
+                     {.rank = 0, .device = 0, .stream = FakeNcclApi::Stream(0)},
+                     3, options));
+  EXPECT_THAT(api.calls_named("cudaMalloc"), SizeIs(1));
+  EXPECT_GE(comm->scratch_bytes(), 3 * 1001 * 4);
+  api.ClearCalls();
+  const std::vector<int64_t> counts = {1000, 1001, 999};
+  std::vector<float> send(3000), recv(1001), gathered(3000);
+  ASSERT_OK(comm->ReduceScatterV(send.data(), counts, recv.data()));
+  ASSERT_OK(comm->AllGatherV(recv.data(), counts, gathered.data()));
+  EXPECT_THAT(api.calls_named("ncclReduceScatter"), SizeIs(1));
+  EXPECT_THAT(api.calls_named("cudaMalloc"), IsEmpty());
+}
+
 TEST(NcclCommunicatorTest, UnevenAllGatherPerRootIsGroupedBroadcasts) {
   FakeNcclApi api;
   auto comm = Solo(api, 2, 3, Forced(NcclUneven::kPerRoot));

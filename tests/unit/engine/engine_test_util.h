@@ -112,8 +112,7 @@ struct Cluster {
   explicit Cluster(absl::Duration step_timeout = absl::Seconds(20),
                    absl::Duration register_timeout = absl::Seconds(20),
                    const std::string& backend = "cpu",
-                   CudaIpcOpener* cuda_ipc = nullptr,
-                   NcclApi* nccl = nullptr);
+                   CudaIpcOpener* cuda_ipc = nullptr, NcclApi* nccl = nullptr);
   ~Cluster();
   InMemoryKvStore kv;
   std::unique_ptr<Engine> engines[2];

@@ -5,7 +5,9 @@
 // bitwise equal to the single-process reference; the translation of the
 // plan into NCCL calls (one reduce-scatter-v per bucket in bucket order,
 // one all-gather-v per bucket in reverse order, their element counts, the
-// same sequence on every rank, two world all-reduces); no allocation in
+// same sequence on every rank, two world all-reduces); uneven buckets timed
+// per-root and padded, then run the way the DP group measured faster; no
+// allocation in
 // steady-state steps; CUDA IPC buffers copied on the stream after a
 // stream wait on the trainer's event, never through the host; settings
 // validated.
@@ -104,8 +106,8 @@ INSTANTIATE_TEST_SUITE_P(
 // One NCCL operation or one ncclGroupStart/End of them, as the DP
 // communicator issued it.
 struct Unit {
-  bool reduce = false;  // ncclReduce / ncclReduceScatter, else a gather
-  bool even = false;    // one ncclReduceScatter / ncclAllGather
+  bool reduce = false;   // ncclReduce / ncclReduceScatter, else a gather
+  bool even = false;     // one ncclReduceScatter / ncclAllGather
   int64_t elements = 0;  // moved per rank (padded: nranks * max slice)
   std::vector<std::tuple<std::string, int64_t, int>> ops;  // op, count, root
 };
@@ -194,6 +196,57 @@ TEST(NcclEngineTest, PlanBecomesOneCollectivePerBucketInPipelineOrder) {
   ASSERT_OK(run.Deregister(cluster));
 }
 
+TEST(NcclEngineTest, UnevenBucketsAreTimedBothWaysThenRunTheFasterOne) {
+  SetCpuBlasThreads(1);
+  FakeNcclApi nccl(DataMode());
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr, &nccl);
+  const JobConfig config = Config("nccl-calibrate", 2, 1, "cost");
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  const int buckets = run.registered[0].buckets_size();
+  // Per step, rank 0's DP units and the calibration all-reduces.
+  std::vector<std::vector<Unit>> units(6);
+  std::vector<int> sums(6, 0);
+  for (int k = 1; k <= 5; ++k) {
+    nccl.ClearCalls();
+    ASSERT_OK(run.RunSteps(cluster, k, k));
+    const std::vector<FakeNcclCall> calls = nccl.nccl_calls();
+    units[k] = DpUnits(calls, 0, 2);
+    ASSERT_EQ(units[k].size(), 2u * buckets) << "step " << k;
+    const std::vector<Unit> other = DpUnits(calls, 1, 2);
+    for (size_t j = 0; j < other.size(); ++j) {
+      EXPECT_EQ(units[k][j].ops, other[j].ops) << "step " << k;
+    }
+    for (const FakeNcclCall& c : calls) {
+      sums[k] += c.op == "ncclAllReduce" && c.count == 2 * buckets;
+    }
+  }
+  // Step 2 runs every bucket per-root: the uneven ones show up as
+  // ncclReduce groups (even buckets are one ncclReduceScatter regardless).
+  std::vector<int> uneven;
+  for (int b = 0; b < buckets; ++b) {
+    if (!units[2][b].even) uneven.push_back(b);
+  }
+  ASSERT_FALSE(uneven.empty()) << "the plan should cut some bucket unevenly";
+  for (int b : uneven) {
+    SCOPED_TRACE(absl::StrCat("bucket ", b));
+    // Step 3 pads them: one ncclReduceScatter / ncclAllGather of the
+    // largest slice.
+    EXPECT_TRUE(units[3][b].even);
+    EXPECT_TRUE(units[3][2 * buckets - 1 - b].even);
+    EXPECT_FALSE(units[2][2 * buckets - 1 - b].even);
+    // From step 4 the choice is made and stays.
+    EXPECT_EQ(units[4][b].even, units[5][b].even);
+    EXPECT_EQ(units[4][b].ops, units[5][b].ops);
+  }
+  // The DP group summed the times once, after step 3 (both ranks).
+  EXPECT_EQ(sums, (std::vector<int>{0, 0, 0, 2, 0, 0}));
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 5, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+  ASSERT_OK(run.Deregister(cluster));
+}
+
 TEST(NcclEngineTest, SteadyStateStepsAllocateNothing) {
   SetCpuBlasThreads(1);
   FakeNcclApi nccl(DataMode());
@@ -202,8 +255,10 @@ TEST(NcclEngineTest, SteadyStateStepsAllocateNothing) {
   JobRun run(config);
   ASSERT_OK(run.Init());
   ASSERT_OK(run.RegisterAll(cluster));
-  ASSERT_OK(run.RunSteps(cluster, 1, 2));  // communicators size scratch
+  // NCCL's scratch too is sized at registration (for the largest padded
+  // collective), so not even the first step allocates device memory.
   const size_t mallocs = nccl.calls_named("cudaMalloc").size();
+  ASSERT_OK(run.RunSteps(cluster, 1, 2));
   const int64_t allocations = BackendAllocationCount();
   ASSERT_OK(run.RunSteps(cluster, 3, 5));
   ASSERT_OK(run.RunStepsOverlapped(cluster, 6, 7, /*shuffled=*/false, 3));
