@@ -114,6 +114,10 @@ class Backend {
   // Human-readable description, e.g. "cpu (OpenBLAS 0.3.21, 2 threads)" or
   // "cuda:0 (NVIDIA H100 80GB HBM3, sm_90)".
   virtual std::string description() const = 0;
+  // The stream the backend's work runs on (a cudaStream_t), for callers
+  // that order other streams after it with events; null for backends that
+  // finish every call before returning (cpu).
+  virtual void* native_stream() const { return nullptr; }
 
   // ---- Memory -------------------------------------------------------------
   // Zero-filled float32 array of `count` elements (count >= 0).

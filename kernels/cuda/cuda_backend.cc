@@ -71,6 +71,7 @@ class CudaBackend final : public Backend {
 
   BackendKind kind() const override { return BackendKind::kCuda; }
   std::string description() const override { return description_; }
+  void* native_stream() const override { return stream_; }
 
   absl::StatusOr<DeviceBuffer> Allocate(int64_t count) override;
   absl::Status CopyFromHost(const float* host, int64_t count,

@@ -454,6 +454,33 @@ absl::Status NcclCommunicator::AllToAllV(
   });
 }
 
+absl::Status NcclCommunicator::EnqueueAllToAll(
+    const float* send, absl::Span<const int64_t> send_counts, float* recv,
+    absl::Span<const int64_t> recv_counts) {
+  CANZONA_RETURN_IF_ERROR(comm_args::CheckAllToAllV(
+      rank(), size(), send, send_counts, recv, recv_counts));
+  absl::MutexLock lock(&mu_);
+  CANZONA_RETURN_IF_ERROR(BeginLocked("AllToAllV"));
+  if (comm_args::Total(send_counts) == 0 &&
+      comm_args::Total(recv_counts) == 0) {
+    return absl::OkStatus();
+  }
+  absl::Status status = EnqueueAllToAllV(send, send_counts, recv, recv_counts);
+  if (!status.ok()) {
+    status = Prefixed(status, "AllToAllV");
+    broken_ = absl::FailedPreconditionError(
+        absl::StrCat("the NCCL communicator is unusable after an earlier "
+                     "failure (",
+                     status.message(), "); create a new one"));
+    BreakLocked();
+  }
+  return status;
+}
+
+absl::Status NcclCommunicator::Flush() {
+  return Run("Flush", []() { return absl::OkStatus(); });
+}
+
 absl::Status NcclCommunicator::EnqueueAllToAllV(
     const float* send, absl::Span<const int64_t> send_counts, float* recv,
     absl::Span<const int64_t> recv_counts) {

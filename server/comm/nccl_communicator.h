@@ -172,6 +172,20 @@ class NcclCommunicator : public Communicator {
   absl::Status Barrier() override;
   void Abort() override;
 
+  // The asynchronous form for callers that order work on the stream with
+  // events (the engine's micro-group pipeline): validates and enqueues the
+  // all-to-all and returns without waiting; its completion and errors
+  // arrive with the next waiting call or Flush(). A failed enqueue breaks
+  // the communicator as above.
+  absl::Status EnqueueAllToAll(const float* send,
+                               absl::Span<const int64_t> send_counts,
+                               float* recv,
+                               absl::Span<const int64_t> recv_counts);
+  // Waits (deadline, asynchronous errors) for everything enqueued on the
+  // stream so far, this communicator's operations and others'.
+  absl::Status Flush();
+  NcclStream stream() const { return local_.stream; }
+
   // Bytes of the staging / scratch buffer now (for tests and metrics).
   int64_t scratch_bytes() const;
 

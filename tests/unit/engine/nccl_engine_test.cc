@@ -247,6 +247,37 @@ TEST(NcclEngineTest, UnevenBucketsAreTimedBothWaysThenRunTheFasterOne) {
   ASSERT_OK(run.Deregister(cluster));
 }
 
+TEST(NcclEngineTest, MicroGroupPipelineIsOrderedByEventsOnTwoStreams) {
+  SetCpuBlasThreads(1);
+  FakeNcclApi nccl(DataMode());
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr, &nccl);
+  const JobConfig config = Config("nccl-events", 1, 2, "cost");
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  nccl.ClearCalls();
+  ASSERT_OK(run.RunSteps(cluster, 1, 1));
+  // Per TP rank: the tp stream waits for the local updates once and for
+  // each micro group's compute before its scatter; the all-to-alls (send /
+  // recv pairs) run on that stream, which no other communicator uses.
+  std::map<NcclStream, int> stream_waits;
+  for (const FakeNcclCall& c : nccl.calls_named("cudaStreamWaitEvent")) {
+    ++stream_waits[c.stream];
+  }
+  std::map<NcclStream, int> sends;
+  for (const FakeNcclCall& c : nccl.calls_named("ncclSend")) ++sends[c.stream];
+  ASSERT_EQ(sends.size(), 2u) << "one tp stream per rank";
+  for (const auto& [stream, count] : sends) {
+    // Each group: one send to the peer for the gather, one for the scatter.
+    const int groups = count / 2;
+    EXPECT_GE(groups, 1);
+    EXPECT_EQ(stream_waits[stream], groups + 1);
+  }
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 1, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+  ASSERT_OK(run.Deregister(cluster));
+}
+
 TEST(NcclEngineTest, SteadyStateStepsAllocateNothing) {
   SetCpuBlasThreads(1);
   FakeNcclApi nccl(DataMode());
