@@ -19,12 +19,14 @@
 #include "kernels/base/status_macros.h"
 #include "server/engine/engine_impl.h"
 #include "tests/matchers/status_matchers.h"
+#include "tests/unit/comm/fake_nccl_api.h"
 #include "tests/unit/engine/engine_test_util.h"
 
 namespace canzona::engine_test {
 namespace {
 
 namespace v1 = ::canzona::v1;
+using ::canzona::testing::FakeNcclApi;
 using ::canzona::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -110,14 +112,18 @@ JobConfig Config(const std::string& stem, int dp, int tp,
 // 10 steps in `first`, save; fresh engines in each later layout load the
 // previous checkpoint, take the parameters, run 10 more steps and save.
 // Every stage must equal the uninterrupted single-process reference.
-// `load` false is the negative control (fresh optimizer state).
-void ResumeChain(const std::vector<JobConfig>& layouts, bool load = true) {
+// `load` false is the negative control (fresh optimizer state). Stage k
+// runs on the NCCL data plane over nccl[k] when given (else Gloo).
+void ResumeChain(const std::vector<JobConfig>& layouts, bool load = true,
+                 const std::vector<NcclApi*>& nccl = {}) {
   TempDir tmp;
   Params params;
   for (size_t k = 0; k < layouts.size(); ++k) {
     SCOPED_TRACE(absl::StrCat("stage ", k, ": dp ", layouts[k].dp, " tp ",
                               layouts[k].tp, " ", layouts[k].strategy));
-    Cluster cluster;  // fresh engines and control plane
+    // Fresh engines and control plane.
+    Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr,
+                    k < nccl.size() ? nccl[k] : nullptr);
     JobRun run(layouts[k]);
     ASSERT_OK(run.Init());
     ASSERT_OK(run.RegisterAll(cluster));
@@ -150,6 +156,16 @@ TEST(CheckpointTest, ResumeIntoFreshEnginesIsBitwise) {
   JobConfig again = config;
   again.job_id = UniqueJobId("resume-again");
   ResumeChain({config, again});
+}
+
+TEST(CheckpointTest, CheckpointsMoveBetweenTheNcclAndGlooDataPlanes) {
+  // TP fragments of element-wise state are gathered through device staging
+  // on the NCCL plane when saving.
+  FakeNcclApi first({.simulate_data = true}), third({.simulate_data = true});
+  JobConfig config = Config("planes", 2, 2, "cost");
+  JobConfig gloo = Config("planes-gloo", 1, 2, "sc");
+  JobConfig back = Config("planes-nccl", 2, 1, "cost");
+  ResumeChain({config, gloo, back}, /*load=*/true, {&first, nullptr, &third});
 }
 
 TEST(CheckpointTest, ResumeWithoutTheStateDiffers) {
