@@ -7,12 +7,16 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <map>
 #include <memory>
 #include <new>
+#include <set>
 #include <string>
 #include <utility>
 
+#include "absl/base/casts.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -171,7 +175,19 @@ class CudaBackend final : public Backend {
   // memory-pool support, then plain cudaMalloc / synchronizing cudaFree.
   cudaMemPool_t pool_ = nullptr;
   PinnedScratch* pinned_ = nullptr;
-  Workspace ns_ws_;       // Newton-Schulz operands
+  Workspace ns_ws_;  // Newton-Schulz operands
+  // CUDA graphs of Newton-Schulz. An optimizer runs the same iteration on
+  // the same buffers every step: 3 + 5 launches per coefficient step,
+  // captured once per (spec, shape, input, output) and then replayed as one
+  // graph launch. Graphs bake in addresses, so they are dropped whenever
+  // the workspace moves; a key whose capture fails runs eagerly for good.
+  // CANZONA_CUDA_GRAPHS=0 turns them off.
+  bool ns_graphs_enabled_ = true;
+  void* ns_graphs_workspace_ = nullptr;  // the workspace they were made with
+  std::map<std::string, cudaGraphExec_t> ns_graphs_;
+  std::set<std::string> ns_eager_;
+  void* cublas_workspace_ = nullptr;  // fixed, so captures never allocate
+  void DropNsGraphs();
   Workspace solver_ws_;   // cuSOLVER work arrays, copies and devInfo
   Workspace scratch_ws_;  // reductions, flags, permutations
 };
@@ -218,6 +234,16 @@ absl::Status CudaBackend::Init() {
     CANZONA_CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(
         pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
   }
+  // cuBLAS gets its workspace up front (32 MiB, what it asks for on
+  // Hopper): without one it may allocate on first use, which is illegal
+  // inside a graph capture.
+  constexpr size_t kCublasWorkspace = size_t{32} << 20;
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cudaMalloc(&cublas_workspace_, kCublasWorkspace));
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace));
+  const char* graphs = std::getenv("CANZONA_CUDA_GRAPHS");
+  ns_graphs_enabled_ = graphs == nullptr || std::string(graphs) != "0";
   void* pinned = nullptr;
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaHostAlloc(&pinned, sizeof(PinnedScratch), cudaHostAllocDefault));
@@ -233,6 +259,7 @@ CudaBackend::~CudaBackend() {
     return;
   }
   if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+  DropNsGraphs();
   for (Workspace* ws : {&ns_ws_, &solver_ws_, &scratch_ws_}) {
     if (ws->data != nullptr) DeviceRelease(ws->data);
     ws->data = nullptr;
@@ -242,6 +269,7 @@ CudaBackend::~CudaBackend() {
   if (pinned_ != nullptr) (void)cudaFreeHost(pinned_);
   if (cusolver_ != nullptr) (void)cusolverDnDestroy(cusolver_);
   if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+  if (cublas_workspace_ != nullptr) (void)cudaFree(cublas_workspace_);
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
   (void)cudaGetLastError();
 }
@@ -648,8 +676,62 @@ absl::Status CudaBackend::NewtonSchulz(const NewtonSchulzSpec& spec,
       spec.precision, batch, rows, cols);
   CANZONA_ASSIGN_OR_RETURN(void* ws, Reserve(ns_ws_, bytes));
   const cuda_internal::NsContext ctx{stream_, cublas_, num_sms_};
-  return cuda_internal::RunNewtonSchulz(ctx, spec, batch, rows, cols, input,
-                                        output, ws);
+  auto run = [&] {
+    return cuda_internal::RunNewtonSchulz(ctx, spec, batch, rows, cols, input,
+                                          output, ws);
+  };
+  if (!ns_graphs_enabled_) return run();
+  if (ws != ns_graphs_workspace_) {
+    DropNsGraphs();
+    ns_graphs_workspace_ = ws;
+  }
+  // Everything the captured launches depend on.
+  std::string key =
+      absl::StrCat(static_cast<int>(spec.precision), ":", batch, ":", rows, ":",
+                   cols, ":", reinterpret_cast<uintptr_t>(input), ":",
+                   reinterpret_cast<uintptr_t>(output), ":",
+                   absl::bit_cast<uint32_t>(spec.norm_scale), ":",
+                   absl::bit_cast<uint32_t>(spec.norm_eps));
+  for (const auto& c : spec.coefficients) {
+    absl::StrAppend(&key, ":", absl::bit_cast<uint32_t>(c[0]), ",",
+                    absl::bit_cast<uint32_t>(c[1]), ",",
+                    absl::bit_cast<uint32_t>(c[2]));
+  }
+  if (auto it = ns_graphs_.find(key); it != ns_graphs_.end()) {
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
+    return absl::OkStatus();
+  }
+  // Bounded: a caller cycling through fresh buffers gains nothing.
+  constexpr size_t kMaxGraphs = 4096;
+  if (ns_eager_.count(key) > 0 || ns_graphs_.size() >= kMaxGraphs) {
+    return run();
+  }
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  const absl::Status captured = run();
+  cudaGraph_t graph = nullptr;
+  cudaError_t result = cudaStreamEndCapture(stream_, &graph);
+  cudaGraphExec_t exec = nullptr;
+  if (captured.ok() && result == cudaSuccess && graph != nullptr) {
+    result = cudaGraphInstantiateWithFlags(&exec, graph, 0);
+  }
+  if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  if (!captured.ok() || result != cudaSuccess || exec == nullptr) {
+    // Capture errors invalidate only the capture; run this one eagerly.
+    (void)cudaGetLastError();
+    if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
+    ns_eager_.insert(std::move(key));
+    return run();
+  }
+  ns_graphs_.emplace(std::move(key), exec);
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream_));
+  return absl::OkStatus();
+}
+
+void CudaBackend::DropNsGraphs() {
+  for (auto& [key, exec] : ns_graphs_) (void)cudaGraphExecDestroy(exec);
+  ns_graphs_.clear();
+  ns_eager_.clear();
 }
 
 // ---- Fused elementwise kernels --------------------------------------------

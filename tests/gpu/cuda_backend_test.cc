@@ -8,6 +8,8 @@
 // Every test skips when no CUDA device is usable.
 #include "kernels/cuda/cuda_backend.h"
 
+#include <stdlib.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -550,6 +552,44 @@ TEST_P(CudaNewtonSchulzTest, InPlaceEqualsOutOfPlace) {
     // Same computation; only the input buffer's alignment may change the
     // norm's summation order (float4 or scalar loads).
     EXPECT_LE(RelativeError(out_of_place[1], in_place[0]), 1e-6);
+  }
+}
+
+// CUDA graphs: later calls on the same buffers replay the graph captured by
+// the first; each must compute on the buffers' current contents, equal to
+// a backend without graphs (CANZONA_CUDA_GRAPHS=0) and to the cpu backend.
+TEST_F(CudaBackendTest, NewtonSchulzGraphReplaysSeeFreshData) {
+  ::setenv("CANZONA_CUDA_GRAPHS", "0", 1);
+  absl::StatusOr<std::unique_ptr<Backend>> eager =
+      CreateBackend(BackendKind::kCuda, 0);
+  ::unsetenv("CANZONA_CUDA_GRAPHS");
+  ASSERT_OK(eager);
+  const int64_t rows = 96, cols = 160, n = rows * cols;
+  for (NsPrecision precision :
+       {NsPrecision::kFloat32, NsPrecision::kBfloat16}) {
+    const NewtonSchulzSpec spec = DefaultSpec(precision);
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer x, cuda_->Allocate(n));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer y, (*eager)->Allocate(n));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer c, cpu_->Allocate(n));
+    for (int round = 0; round < 3; ++round) {
+      SCOPED_TRACE(::testing::Message() << "round " << round);
+      const std::vector<float> data = RandomNormal(n, 200 + round);
+      ASSERT_OK(cuda_->CopyFromHost(data.data(), n, x.data()));
+      ASSERT_OK(cuda_->NewtonSchulz(spec, 1, rows, cols, x.data(), x.data()));
+      ASSERT_OK((*eager)->CopyFromHost(data.data(), n, y.data()));
+      ASSERT_OK(
+          (*eager)->NewtonSchulz(spec, 1, rows, cols, y.data(), y.data()));
+      NewtonSchulzSpec fp32 = spec;
+      fp32.precision = NsPrecision::kFloat32;
+      ASSERT_OK(cpu_->CopyFromHost(data.data(), n, c.data()));
+      ASSERT_OK(cpu_->NewtonSchulz(fp32, 1, rows, cols, c.data(), c.data()));
+      ASSERT_OK_AND_ASSIGN(std::vector<float> got, Download(*cuda_, x));
+      ASSERT_OK_AND_ASSIGN(std::vector<float> want, Download(**eager, y));
+      ASSERT_OK_AND_ASSIGN(std::vector<float> ref, Download(*cpu_, c));
+      EXPECT_LE(RelativeError(want, got), 1e-6);
+      EXPECT_LE(RelativeError(ref, got),
+                precision == NsPrecision::kFloat32 ? kFp32Tol : kBf16NsTol);
+    }
   }
 }
 
