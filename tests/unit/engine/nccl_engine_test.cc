@@ -324,6 +324,35 @@ TEST(NcclEngineTest, IpcBuffersMoveOnTheStreamAfterWaitingForTheEvent) {
   }
 }
 
+TEST(NcclEngineTest, MissingPeerGivesAStatusAndAbortsNotAHang) {
+  SetCpuBlasThreads(1);
+  FakeNcclApi nccl(DataMode());
+  const absl::Duration timeout = absl::Seconds(2);
+  Cluster cluster(timeout, absl::Seconds(20), "cpu", nullptr, &nccl);
+  JobRun run(Config("nccl-dead", 2, 1, "cost"));
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RunAll(cluster, 1));
+  // Rank 0 steps, rank 1 (the other daemon) never does: rank 0's first
+  // NCCL collective cannot complete.
+  TrainerRank& alive = *run.ranks()[0];
+  alive.WriteGrads(2);
+  const absl::Time start = absl::Now();
+  Result<v1::StepResponse> step;
+  cluster.engines[alive.engine_index()]->Step(alive.MakeStep(2),
+                                              step.callback());
+  const absl::StatusOr<v1::StepResponse> result = step.Get();
+  EXPECT_THAT(result, StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_LT(absl::Now() - start, 2 * timeout + absl::Seconds(2));
+  EXPECT_FALSE(nccl.calls_named("ncclCommAbort").empty());
+  // The daemons keep serving another job on the NCCL plane.
+  JobRun other(Config("nccl-after", 2, 1, "sc"));
+  ASSERT_OK(other.Init());
+  ASSERT_OK(other.RunAll(cluster, 2));
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(other.config(), 2, {}));
+  EXPECT_OK(other.Compare(reference, /*bitwise=*/true));
+  EXPECT_OK(other.Deregister(cluster));
+}
+
 TEST(NcclEngineTest, SettingsAreValidated) {
   InMemoryKvStore kv;
   EngineOptions bad;
