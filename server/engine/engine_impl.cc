@@ -463,8 +463,9 @@ struct LocalRank {
   int trainer_pidfd = -1;
   std::vector<SharedMemory> maps;
   // GPU trainers: CUDA IPC buffers (device memory of `buffer_device`),
-  // copied to and from host staging through `ipc`, and the event the
-  // trainer records after writing gradients (null: none).
+  // copied to and from host staging through `ipc` (Gloo) or on the
+  // communication stream (NCCL), and the event the trainer records after
+  // writing gradients (null: none).
   std::vector<CudaIpcRegistry::Mapping> ipc_maps;
   bool device_buffers = false;
   int buffer_device = 0;
