@@ -161,6 +161,18 @@ void NcclCommunicator::Abort() {
   }
 }
 
+absl::Status NcclCommunicator::FailEnqueueLocked(const char* op,
+                                                 const absl::Status& status) {
+  // Work may be half enqueued: the transport state cannot be trusted.
+  absl::Status failure = Prefixed(status, op);
+  broken_ = absl::FailedPreconditionError(
+      absl::StrCat("the NCCL communicator is unusable after an earlier "
+                   "failure (",
+                   failure.message(), "); create a new one"));
+  BreakLocked();
+  return failure;
+}
+
 void NcclCommunicator::BreakLocked() {
   if (comm_ != nullptr) {
     (void)api_->CommAbort(comm_);
@@ -226,16 +238,7 @@ absl::Status NcclCommunicator::Run(
     CANZONA_RETURN_IF_ERROR(BeginLocked(op));
     absl::Status status = enqueue();
     if (status.ok()) status = api_->EventRecord(event_, local_.stream);
-    if (!status.ok()) {
-      // Work may be half enqueued: the transport state cannot be trusted.
-      status = Prefixed(status, op);
-      broken_ = absl::FailedPreconditionError(
-          absl::StrCat("the NCCL communicator is unusable after an earlier "
-                       "failure (",
-                       status.message(), "); create a new one"));
-      BreakLocked();
-      return status;
-    }
+    if (!status.ok()) return FailEnqueueLocked(op, status);
   }
   absl::Duration backoff = absl::Microseconds(10);
   const absl::Time spin_until = absl::Now() + absl::Microseconds(50);
@@ -466,15 +469,7 @@ absl::Status NcclCommunicator::EnqueueAllToAll(
     return absl::OkStatus();
   }
   absl::Status status = EnqueueAllToAllV(send, send_counts, recv, recv_counts);
-  if (!status.ok()) {
-    status = Prefixed(status, "AllToAllV");
-    broken_ = absl::FailedPreconditionError(
-        absl::StrCat("the NCCL communicator is unusable after an earlier "
-                     "failure (",
-                     status.message(), "); create a new one"));
-    BreakLocked();
-  }
-  return status;
+  return status.ok() ? status : FailEnqueueLocked("AllToAllV", status);
 }
 
 absl::Status NcclCommunicator::Flush() {

@@ -209,6 +209,10 @@ class NcclCommunicator : public Communicator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the communicator broken and aborts the NCCL communicator.
   void BreakLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a failed enqueue of `op`: breaks the communicator and returns
+  // `status` naming the operation.
+  absl::Status FailEnqueueLocked(const char* op, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Scratch of at least `floats` elements (grown, never shrunk).
   absl::StatusOr<float*> ScratchLocked(int64_t floats)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
