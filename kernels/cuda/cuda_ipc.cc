@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "kernels/base/cuda_status.h"
 #include "kernels/base/status_macros.h"
 
@@ -53,18 +54,28 @@ absl::StatusOr<CudaIpcOpened> AllocationOf(const void* ptr) {
                        static_cast<uint64_t>(size)};
 }
 
+// `bytes` as a CUDA IPC handle of type Handle; INVALID_ARGUMENT naming
+// `field` when the size is not the handle's.
+template <typename Handle>
+absl::StatusOr<Handle> HandleFromBytes(const std::string& bytes,
+                                       absl::string_view field) {
+  if (bytes.size() != sizeof(Handle)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, " has ", bytes.size(), " bytes, not ", sizeof(Handle)));
+  }
+  Handle handle;
+  std::memcpy(&handle, bytes.data(), sizeof(handle));
+  return handle;
+}
+
 class RealOpener final : public CudaIpcOpener {
  public:
   absl::StatusOr<CudaIpcOpened> Open(const std::string& mem_handle,
                                      int device) override {
-    if (mem_handle.size() != sizeof(cudaIpcMemHandle_t)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("mem_handle has ", mem_handle.size(), " bytes, not ",
-                       sizeof(cudaIpcMemHandle_t)));
-    }
+    CANZONA_ASSIGN_OR_RETURN(
+        cudaIpcMemHandle_t handle,
+        HandleFromBytes<cudaIpcMemHandle_t>(mem_handle, "mem_handle"));
     CANZONA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-    cudaIpcMemHandle_t handle;
-    std::memcpy(&handle, mem_handle.data(), sizeof(handle));
     void* base = nullptr;
     CANZONA_CUDA_RETURN_IF_ERROR(
         cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess));
@@ -83,14 +94,10 @@ class RealOpener final : public CudaIpcOpener {
   }
   absl::StatusOr<void*> OpenEvent(const std::string& handle,
                                   int device) override {
-    if (handle.size() != sizeof(cudaIpcEventHandle_t)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("event_handle has ", handle.size(), " bytes, not ",
-                       sizeof(cudaIpcEventHandle_t)));
-    }
+    CANZONA_ASSIGN_OR_RETURN(
+        cudaIpcEventHandle_t h,
+        HandleFromBytes<cudaIpcEventHandle_t>(handle, "event_handle"));
     CANZONA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-    cudaIpcEventHandle_t h;
-    std::memcpy(&h, handle.data(), sizeof(h));
     cudaEvent_t event = nullptr;
     CANZONA_CUDA_RETURN_IF_ERROR(cudaIpcOpenEventHandle(&event, h));
     return static_cast<void*>(event);

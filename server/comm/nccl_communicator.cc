@@ -161,23 +161,16 @@ void NcclCommunicator::Abort() {
   }
 }
 
-absl::Status NcclCommunicator::FailEnqueueLocked(const char* op,
-                                                 const absl::Status& status) {
-  // Work may be half enqueued: the transport state cannot be trusted.
-  absl::Status failure = Prefixed(status, op);
+absl::Status NcclCommunicator::BreakLocked(absl::Status failure) {
   broken_ = absl::FailedPreconditionError(
       absl::StrCat("the NCCL communicator is unusable after an earlier "
                    "failure (",
                    failure.message(), "); create a new one"));
-  BreakLocked();
-  return failure;
-}
-
-void NcclCommunicator::BreakLocked() {
   if (comm_ != nullptr) {
     (void)api_->CommAbort(comm_);
     comm_ = nullptr;
   }
+  return failure;
 }
 
 absl::Status NcclCommunicator::UsableLocked(const char* op) const {
@@ -238,7 +231,8 @@ absl::Status NcclCommunicator::Run(
     CANZONA_RETURN_IF_ERROR(BeginLocked(op));
     absl::Status status = enqueue();
     if (status.ok()) status = api_->EventRecord(event_, local_.stream);
-    if (!status.ok()) return FailEnqueueLocked(op, status);
+    // Work may be half enqueued: the transport state cannot be trusted.
+    if (!status.ok()) return BreakLocked(Prefixed(status, op));
   }
   absl::Duration backoff = absl::Microseconds(10);
   const absl::Time spin_until = absl::Now() + absl::Microseconds(50);
@@ -280,12 +274,7 @@ absl::Status NcclCommunicator::WaitLocked(const char* op, absl::Time deadline,
   } else {
     return absl::OkStatus();  // not done yet
   }
-  broken_ = absl::FailedPreconditionError(
-      absl::StrCat("the NCCL communicator is unusable after an earlier "
-                   "failure (",
-                   failure.message(), "); create a new one"));
-  BreakLocked();
-  return failure;
+  return BreakLocked(std::move(failure));
 }
 
 // --- Operations -------------------------------------------------------------
@@ -469,7 +458,7 @@ absl::Status NcclCommunicator::EnqueueAllToAll(
     return absl::OkStatus();
   }
   absl::Status status = EnqueueAllToAllV(send, send_counts, recv, recv_counts);
-  return status.ok() ? status : FailEnqueueLocked("AllToAllV", status);
+  return status.ok() ? status : BreakLocked(Prefixed(status, "AllToAllV"));
 }
 
 absl::Status NcclCommunicator::Flush() {

@@ -207,11 +207,10 @@ class NcclCommunicator : public Communicator {
                    const std::function<absl::Status()>& enqueue);
   absl::Status WaitLocked(const char* op, absl::Time deadline, bool* done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Marks the communicator broken and aborts the NCCL communicator.
-  void BreakLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After a failed enqueue of `op`: breaks the communicator and returns
-  // `status` naming the operation.
-  absl::Status FailEnqueueLocked(const char* op, const absl::Status& status)
+  // Marks the communicator broken by `failure` (every later call returns
+  // FAILED_PRECONDITION quoting it), aborts the NCCL communicator and
+  // returns `failure`.
+  absl::Status BreakLocked(absl::Status failure)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Scratch of at least `floats` elements (grown, never shrunk).
   absl::StatusOr<float*> ScratchLocked(int64_t floats)

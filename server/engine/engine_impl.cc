@@ -236,7 +236,6 @@ struct RankRuntime {
   std::unique_ptr<Backend> host_backend;  // cpu, when `backend` is not
   Backend* host = nullptr;                // a cpu backend (worker only)
   Backend* staging = nullptr;             // host, or backend when resident
-  bool resident = false;
   // cuda compute with host (Gloo) staging: each update copies its
   // parameter and gradient through these device buffers, sized at setup
   // for the largest rule (no allocation in a step).
@@ -256,7 +255,7 @@ struct RankRuntime {
   // the local updates finished.
   NcclCommunicator* tp_nccl = nullptr;
   CountingCommunicator* tp_counting = nullptr;
-  NcclApi* nccl_api = nullptr;
+  NcclApi* nccl_api = nullptr;  // set exactly on the NCCL data plane
   int device = 0;
   NcclEvents events;    // 2 per micro group, then local_done
   int shard_size = 1;   // S: DP ranks per shard group
@@ -320,6 +319,9 @@ struct RankRuntime {
   // What the dp communicator's chooser answers for the current call
   // (empty: the cost model).
   std::optional<NcclUneven> dp_uneven;
+
+  // The NCCL data plane: staging is device memory.
+  bool resident() const { return nccl_api != nullptr; }
   std::vector<int> gather_order;
   int owned = 0;
   int64_t state_bytes = 0;
@@ -676,6 +678,11 @@ absl::Status MoveFragment(Backend& b, const ParamMeta& m, int tp, int j,
                  : b.Copy2D(rows, c, at, cols, frag, c);
 }
 
+// The node's CUDA devices (EngineOptions::cuda_devices overrides).
+int NodeCudaDevices(const EngineOptions& options) {
+  return options.cuda_devices >= 0 ? options.cuda_devices : CudaDeviceCount();
+}
+
 // ---------------------------------------------------------------------------
 
 class EngineImpl final : public Engine {
@@ -784,11 +791,7 @@ class EngineImpl final : public Engine {
   void FailJob(Job& job, const absl::Status& status);
   void RemoveRank(const std::shared_ptr<Job>& job,
                   const std::shared_ptr<LocalRank>& rank);
-  // The node's CUDA devices (EngineOptions::cuda_devices overrides).
-  int CudaDevices() const {
-    return options_.cuda_devices >= 0 ? options_.cuda_devices
-                                      : CudaDeviceCount();
-  }
+  int CudaDevices() const { return NodeCudaDevices(options_); }
   absl::Status Unavailable() const {
     return absl::UnavailableError("canzonad is shutting down");
   }
@@ -1603,7 +1606,7 @@ absl::Status StepRule(RankRuntime& rt, int i, float* param, const float* grad,
 // staging copies a device buffer through the IPC layer.
 absl::Status FromTrainer(const LocalRank& rank, const float* src, int64_t n,
                          float* dst) {
-  if (rank.rt->resident || !rank.device_buffers) {
+  if (rank.rt->resident() || !rank.device_buffers) {
     return rank.rt->dp_copier->Copy(dst, src, n * sizeof(float));
   }
   return rank.ipc->CopyToHost(rank.buffer_device, src, n * sizeof(float), dst);
@@ -1611,7 +1614,7 @@ absl::Status FromTrainer(const LocalRank& rank, const float* src, int64_t n,
 
 absl::Status ToTrainer(const LocalRank& rank, const float* src, int64_t n,
                        float* dst) {
-  if (rank.rt->resident || !rank.device_buffers) {
+  if (rank.rt->resident() || !rank.device_buffers) {
     return rank.rt->dp_copier->Copy(dst, src, n * sizeof(float));
   }
   return rank.ipc->CopyFromHost(rank.buffer_device, src, n * sizeof(float),
@@ -1663,8 +1666,11 @@ absl::Status EndUnevenRound(LocalRank& rank) {
       copier.Copy(sums.data(), staged, sums.size() * sizeof(float)));
   CANZONA_RETURN_IF_ERROR(copier.Finish());
   int padded = 0;
+  double per_root_s = 0, padded_s = 0;
   u.chosen.resize(buckets);
   for (int b = 0; b < buckets; ++b) {
+    per_root_s += sums[2 * b];
+    padded_s += sums[2 * b + 1];
     u.chosen[b] = sums[2 * b + 1] < sums[2 * b] ? NcclUneven::kPadded
                                                 : NcclUneven::kPerRoot;
     padded += u.chosen[b] == NcclUneven::kPadded;
@@ -1672,17 +1678,8 @@ absl::Status EndUnevenRound(LocalRank& rank) {
   spdlog::info(
       "uneven collectives measured: rank={} buckets={} padded={} "
       "per_root={} (DP-summed seconds per-root {:.6f}, padded {:.6f})",
-      RankString(rank.coords), buckets, padded, buckets - padded,
-      [&] {
-        double t = 0;
-        for (int b = 0; b < buckets; ++b) t += sums[2 * b];
-        return t;
-      }(),
-      [&] {
-        double t = 0;
-        for (int b = 0; b < buckets; ++b) t += sums[2 * b + 1];
-        return t;
-      }());
+      RankString(rank.coords), buckets, padded, buckets - padded, per_root_s,
+      padded_s);
   return absl::OkStatus();
 }
 
@@ -1702,7 +1699,7 @@ absl::Status ReduceBucket(LocalRank& rank, const JobPlan& jp, int b) {
   // on the device the copies wait for it on the stream, on the host path
   // the thread waits.
   if (rank.grad_event != nullptr) {
-    if (rt.resident) {
+    if (rt.resident()) {
       CANZONA_RETURN_IF_ERROR(
           copier.WaitEvent(static_cast<NcclEvent>(rank.grad_event)));
     } else {
@@ -1833,7 +1830,6 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
                              CreateBackend(BackendKind::kCpu));
     rt->host = rt->host_backend.get();
   }
-  rt->resident = nccl;
   rt->staging = nccl ? rt->backend.get() : rt->host;
   rt->device = device;
   NcclApi* nccl_api = nullptr;
@@ -1915,20 +1911,24 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
           "plan: parameter '", jp.params[i].name, "' is in no bucket"));
     }
   }
-  // The largest padded collective of the dp communicator (NCCL's scratch,
-  // allocated with it): every bucket's slices, or the layerwise gather.
-  int64_t dp_scratch = 0;
+  // My largest bucket slice (comm_tmp), the layerwise gather's slices,
+  // and the largest padded collective of the dp communicator (NCCL's
+  // scratch, allocated with it).
+  int64_t max_slice = 0, dp_scratch = 0, layerwise_total = 0;
   for (const RankRuntime::Bucket& b : rt->buckets) {
-    for (int64_t c : rt->sliced ? b.counts : b.even_counts) {
+    const std::vector<int64_t>& counts = rt->sliced ? b.counts : b.even_counts;
+    max_slice = std::max(max_slice, counts[d]);
+    for (int64_t c : counts) dp_scratch = std::max(dp_scratch, S * c);
+  }
+  if (plan.strategy == plan::Strategy::kLayerwise && S > 1) {
+    rt->layerwise_counts.assign(S, 0);
+    for (int i : rt->local_params) {
+      rt->layerwise_counts[plan.dp_owner[i]] += jp.params[i].local_numel;
+      layerwise_total += jp.params[i].local_numel;
+    }
+    for (int64_t c : rt->layerwise_counts) {
       dp_scratch = std::max(dp_scratch, S * c);
     }
-  }
-  if (plan.strategy == plan::Strategy::kLayerwise) {
-    std::vector<int64_t> owned(S, 0);
-    for (int i : rt->local_params) {
-      owned[plan.dp_owner[i]] += jp.params[i].local_numel;
-    }
-    for (int64_t c : owned) dp_scratch = std::max(dp_scratch, S * c);
   }
 
   // Communicators: DP (same pp, tp), TP (same pp, dp), world. Every rank
@@ -2016,29 +2016,18 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
   CANZONA_ASSIGN_OR_RETURN(rt->pstage, staging.Allocate(base));
   CANZONA_ASSIGN_OR_RETURN(rt->pold, staging.Allocate(base));
   CANZONA_ASSIGN_OR_RETURN(rt->scalars, staging.Allocate(2));
-  int64_t max_slice = 0;
-  for (const RankRuntime::Bucket& b : rt->buckets) {
-    max_slice =
-        std::max(max_slice, rt->sliced ? b.counts[d] : b.even_counts[d]);
-  }
   CANZONA_ASSIGN_OR_RETURN(rt->comm_tmp, staging.Allocate(max_slice));
-  if (rt->resident && rt->sliced && S > 1) {
+  if (rt->resident() && rt->sliced && S > 1) {
     const size_t buckets = rt->buckets.size();
     rt->uneven.enabled = true;
     rt->uneven.seconds[0].assign(buckets, 0.0);
     rt->uneven.seconds[1].assign(buckets, 0.0);
     CANZONA_ASSIGN_OR_RETURN(rt->uneven.sums, staging.Allocate(2 * buckets));
   }
-  if (plan.strategy == plan::Strategy::kLayerwise && S > 1) {
-    rt->layerwise_counts.assign(S, 0);
-    int64_t total = 0;
-    for (int i : rt->local_params) {
-      rt->layerwise_counts[plan.dp_owner[i]] += jp.params[i].local_numel;
-      total += jp.params[i].local_numel;
-    }
+  if (!rt->layerwise_counts.empty()) {
     CANZONA_ASSIGN_OR_RETURN(rt->comm_send,
                              staging.Allocate(rt->layerwise_counts[d]));
-    CANZONA_ASSIGN_OR_RETURN(rt->comm_recv, staging.Allocate(total));
+    CANZONA_ASSIGN_OR_RETURN(rt->comm_recv, staging.Allocate(layerwise_total));
   }
 
   // Who updates what, and the rule state only where it is owned.
@@ -2090,8 +2079,6 @@ absl::Status EngineImpl::SetupRank(Job& job, LocalRank& rank,
   for (size_t k = 0; k < rt->groups.size(); ++k) {
     RankRuntime::GroupBuffers& b = rt->group_buffers[k];
     b.send_counts.assign(TP, 0);
-    b.recv_counts.assign(TP, 0);
-    b.back_send.assign(TP, 0);
     b.back_recv.assign(TP, 0);
     int64_t local = 0;
     for (int i : rt->groups[k]->params) {
@@ -3135,7 +3122,7 @@ absl::Status ParseAgreement(absl::string_view value, std::string* payload) {
 // staging buffers allocated for the call when staging is device memory.
 absl::Status HostAllGather(RankRuntime& rt, const float* send,
                            absl::Span<const int64_t> counts, float* recv) {
-  if (!rt.resident) return rt.tp->AllGatherV(send, counts, recv);
+  if (!rt.resident()) return rt.tp->AllGatherV(send, counts, recv);
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   const int64_t mine = counts[rt.tp->rank()];
@@ -3752,8 +3739,7 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(EngineOptions options) {
       return absl::FailedPreconditionError(
           absl::StrCat("comm 'nccl': ", api.status().message()));
     }
-    const int devices =
-        options.cuda_devices >= 0 ? options.cuda_devices : CudaDeviceCount();
+    const int devices = NodeCudaDevices(options);
     if (options.backend == "cpu" || devices == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "comm 'nccl' keeps the step in GPU memory: it needs backend cuda "
