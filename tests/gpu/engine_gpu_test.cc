@@ -25,6 +25,29 @@
 namespace canzona::engine_test {
 namespace {
 
+// Steps 1-3, then up to `last` (the last two as an overlapping trainer
+// drives them when `overlap_tail`) with the backend allocations counted;
+// every parameter within the precision's tolerance of the cpu reference.
+void ExpectMatchesCpuReference(Cluster& cluster, const JobConfig& config,
+                               int last, bool overlap_tail) {
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RunAll(cluster, 3));
+  const int64_t allocations = BackendAllocationCount();
+  const int plain_last = overlap_tail ? last - 2 : last;
+  ASSERT_OK(run.RunSteps(cluster, 4, plain_last));
+  if (overlap_tail) {
+    ASSERT_OK(run.RunStepsOverlapped(cluster, plain_last + 1, last,
+                                     /*shuffled=*/true, 3));
+  }
+  EXPECT_EQ(BackendAllocationCount(), allocations)
+      << "device allocations during steady-state steps";
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, last, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/false,
+                        config.muon_ns_precision == "fp32" ? 1e-4f : 2e-2f));
+  EXPECT_OK(run.Deregister(cluster));
+}
+
 class EngineGpuTest
     : public ::testing::TestWithParam<std::tuple<int, int, std::string>> {
  protected:
@@ -36,26 +59,11 @@ class EngineGpuTest
 
 TEST_P(EngineGpuTest, CudaComputeWithGlooMatchesTheCpuReference) {
   const auto& [dp, tp, precision] = GetParam();
-  JobConfig config;
-  config.job_id = UniqueJobId("gpu");
-  config.dp = dp;
-  config.tp = tp;
-  config.strategy = "cost";
-  config.params = MegatronModel();
+  JobConfig config = MakeJobConfig("gpu", dp, tp, "cost");
   config.muon_ns_precision = precision;
   config.seed = 11;
   Cluster cluster(absl::Seconds(60), absl::Seconds(60), "cuda");
-  JobRun run(config);
-  ASSERT_OK(run.Init());
-  ASSERT_OK(run.RunAll(cluster, 3));
-  const int64_t allocations = BackendAllocationCount();
-  ASSERT_OK(run.RunSteps(cluster, 4, 6));
-  EXPECT_EQ(BackendAllocationCount(), allocations)
-      << "device allocations during steady-state steps";
-  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 6, {}));
-  EXPECT_OK(run.Compare(reference, /*bitwise=*/false,
-                        precision == "fp32" ? 1e-4f : 2e-2f));
-  EXPECT_OK(run.Deregister(cluster));
+  ExpectMatchesCpuReference(cluster, config, 6, /*overlap_tail=*/false);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -81,25 +89,11 @@ class EngineNcclGpuTest : public ::testing::TestWithParam<std::string> {
 TEST_P(EngineNcclGpuTest, DeviceResidentStepMatchesTheCpuReference) {
   const std::string precision = GetParam();
   ASSERT_OK_AND_ASSIGN(NcclApi * nccl, RealNcclApi());
-  JobConfig config;
-  config.job_id = UniqueJobId("gpu-nccl");
-  config.strategy = "cost";
-  config.params = MegatronModel();
+  JobConfig config = MakeJobConfig("gpu-nccl", 1, 1, "cost");
   config.muon_ns_precision = precision;
   config.seed = 13;
   Cluster cluster(absl::Seconds(60), absl::Seconds(60), "cuda", nullptr, nccl);
-  JobRun run(config);
-  ASSERT_OK(run.Init());
-  ASSERT_OK(run.RunAll(cluster, 3));
-  const int64_t allocations = BackendAllocationCount();
-  ASSERT_OK(run.RunSteps(cluster, 4, 5));
-  ASSERT_OK(run.RunStepsOverlapped(cluster, 6, 7, /*shuffled=*/true, 3));
-  EXPECT_EQ(BackendAllocationCount(), allocations)
-      << "device allocations during steady-state steps";
-  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 7, {}));
-  EXPECT_OK(run.Compare(reference, /*bitwise=*/false,
-                        precision == "fp32" ? 1e-4f : 2e-2f));
-  EXPECT_OK(run.Deregister(cluster));
+  ExpectMatchesCpuReference(cluster, config, 7, /*overlap_tail=*/true);
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizeOne, EngineNcclGpuTest,

@@ -99,12 +99,8 @@ absl::Status LoadAll(JobRun& run, Cluster& cluster, const std::string& dir) {
 
 JobConfig Config(const std::string& stem, int dp, int tp,
                  const std::string& strategy) {
-  JobConfig config;
-  config.job_id = UniqueJobId(stem);
-  config.dp = dp;
-  config.tp = tp;
-  config.strategy = strategy;
-  config.params = MegatronModel();  // Muon, AdamW, Shampoo and SOAP groups
+  // MegatronModel: Muon, AdamW, Shampoo and SOAP groups.
+  JobConfig config = MakeJobConfig(stem, dp, tp, strategy);
   config.layout_free_grads = true;
   return config;
 }

@@ -79,12 +79,7 @@ TEST(CudaIpcRegistryTest, BadReferencesNameTheFieldAndLeaveNothingOpen) {
 }
 
 JobConfig IpcConfig(const std::string& stem, int dp, int tp) {
-  JobConfig c;
-  c.job_id = UniqueJobId(stem);
-  c.dp = dp;
-  c.tp = tp;
-  c.strategy = "cost";
-  c.params = MegatronModel();
+  JobConfig c = MakeJobConfig(stem, dp, tp, "cost");
   c.cuda_ipc = true;
   return c;
 }

@@ -39,12 +39,8 @@ constexpr int kSteps = 5;
 
 JobConfig MakeConfig(const std::string& stem, int dp, int tp,
                      const std::string& strategy, bool megatron, bool exact) {
-  JobConfig c;
-  c.job_id = UniqueJobId(stem);
-  c.dp = dp;
-  c.tp = tp;
-  c.strategy = strategy;
-  c.params = megatron ? MegatronModel() : HfModel();
+  JobConfig c = MakeJobConfig(stem, dp, tp, strategy,
+                              megatron ? MegatronModel() : HfModel());
   c.exact = exact;
   c.seed = static_cast<uint64_t>(dp * 100 + tp * 10 + (megatron ? 1 : 2));
   return c;

@@ -153,6 +153,18 @@ std::string UniqueJobId(const std::string& stem) {
   return absl::StrCat(stem, "-", getpid(), absl::Hex(salt), "-", counter++);
 }
 
+JobConfig MakeJobConfig(const std::string& stem, int dp, int tp,
+                        const std::string& strategy,
+                        std::vector<ModelParam> params) {
+  JobConfig c;
+  c.job_id = UniqueJobId(stem);
+  c.dp = dp;
+  c.tp = tp;
+  c.strategy = strategy;
+  c.params = std::move(params);
+  return c;
+}
+
 Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
                  const std::string& backend, CudaIpcOpener* cuda_ipc,
                  NcclApi* nccl) {

@@ -5,8 +5,8 @@
 // DP-averaged full gradients).
 //
 //   Cluster cluster;
-//   JobRun run(MakeJobConfig("t1", /*dp=*/2, /*tp=*/2, "cost",
-//   MegatronModel())); ASSERT_OK(run.RunAll(cluster, /*steps=*/5));
+//   JobRun run(MakeJobConfig("t1", /*dp=*/2, /*tp=*/2, "cost"));
+//   ASSERT_OK(run.RunAll(cluster, /*steps=*/5));
 //   ASSERT_OK_AND_ASSIGN(auto ref, Reference(run.config(), 5, {}));
 //   EXPECT_OK(run.Compare(ref, /*bitwise=*/true));
 //
@@ -102,6 +102,12 @@ class FakeCudaIpc final : public CudaIpcOpener {
 
 // A unique job id (pid + counter): shm names never collide across tests.
 std::string UniqueJobId(const std::string& stem);
+
+// A job of the given layout and strategy under a unique id (the other
+// settings at their defaults).
+JobConfig MakeJobConfig(const std::string& stem, int dp, int tp,
+                        const std::string& strategy,
+                        std::vector<ModelParam> params = MegatronModel());
 
 struct Cluster {
   // `backend`: the engines' compute backend (cpu: the bitwise tests must

@@ -12,6 +12,7 @@
 // stream wait on the trainer's event, never through the host; settings
 // validated.
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/base/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "server/engine/engine_impl.h"
@@ -43,18 +45,6 @@ FakeNcclApi::Options DataMode() {
   return o;
 }
 
-JobConfig Config(const std::string& stem, int dp, int tp,
-                 const std::string& strategy, int shard_group_size = 0) {
-  JobConfig c;
-  c.job_id = UniqueJobId(stem);
-  c.dp = dp;
-  c.tp = tp;
-  c.strategy = strategy;
-  c.params = MegatronModel();
-  c.shard_group_size = shard_group_size;
-  return c;
-}
-
 struct Layout {
   std::string name;
   int dp, tp;
@@ -64,23 +54,37 @@ struct Layout {
 
 void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
 
-class NcclEngineLayoutTest : public ::testing::TestWithParam<Layout> {};
+// One job on two engines whose data plane is NCCL over a data-mode fake.
+class NcclJobTest : public ::testing::Test {
+ protected:
+  void SetUp() override { SetCpuBlasThreads(1); }
+  // Creates the job's buffers and registers all its ranks.
+  absl::Status Register(const JobConfig& config) {
+    run_ = std::make_unique<JobRun>(config);
+    CANZONA_RETURN_IF_ERROR(run_->Init());
+    return run_->RegisterAll(cluster_);
+  }
+
+  FakeNcclApi nccl_{DataMode()};
+  Cluster cluster_{absl::Seconds(20), absl::Seconds(20), "cpu", nullptr,
+                   &nccl_};
+  std::unique_ptr<JobRun> run_;
+};
+
+class NcclEngineLayoutTest : public NcclJobTest,
+                             public ::testing::WithParamInterface<Layout> {};
 
 TEST_P(NcclEngineLayoutTest, StepsAreBitwiseEqualToTheReference) {
-  SetCpuBlasThreads(1);
   const Layout& l = GetParam();
-  FakeNcclApi nccl(DataMode());
-  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr, &nccl);
-  const JobConfig config =
-      Config("nccl-" + l.name, l.dp, l.tp, l.strategy, l.shard_group_size);
-  JobRun run(config);
-  ASSERT_OK(run.Init());
-  ASSERT_OK(run.RegisterAll(cluster));
+  JobConfig config = MakeJobConfig("nccl-" + l.name, l.dp, l.tp, l.strategy);
+  config.shard_group_size = l.shard_group_size;
+  ASSERT_OK(Register(config));
+  JobRun& run = *run_;
   // dp, tp, world and cross communicators of every rank, groups of one
   // included (device memory needs NCCL there too).
-  EXPECT_EQ(nccl.calls_named("ncclCommInitRank").size(), 4u * config.world());
-  ASSERT_OK(run.RunSteps(cluster, 1, 3));
-  ASSERT_OK(run.RunStepsOverlapped(cluster, 4, 5, /*shuffled=*/true, 11));
+  EXPECT_EQ(nccl_.calls_named("ncclCommInitRank").size(), 4u * config.world());
+  ASSERT_OK(run.RunSteps(cluster_, 1, 3));
+  ASSERT_OK(run.RunStepsOverlapped(cluster_, 4, 5, /*shuffled=*/true, 11));
   ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 5, {}));
   EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
   for (const auto& per_rank : run.responses) {
@@ -89,7 +93,7 @@ TEST_P(NcclEngineLayoutTest, StepsAreBitwiseEqualToTheReference) {
       EXPECT_GT(r.update_rms(), 0);
     }
   }
-  ASSERT_OK(run.Deregister(cluster));
+  ASSERT_OK(run.Deregister(cluster_));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -141,17 +145,13 @@ std::vector<Unit> DpUnits(const std::vector<FakeNcclCall>& calls, int rank,
   return units;
 }
 
-TEST(NcclEngineTest, PlanBecomesOneCollectivePerBucketInPipelineOrder) {
-  SetCpuBlasThreads(1);
-  FakeNcclApi nccl(DataMode());
-  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr, &nccl);
-  const JobConfig config = Config("nccl-calls", 2, 1, "cost");
-  JobRun run(config);
-  ASSERT_OK(run.Init());
-  ASSERT_OK(run.RegisterAll(cluster));
-  nccl.ClearCalls();
-  ASSERT_OK(run.RunSteps(cluster, 1, 1));
-  const std::vector<FakeNcclCall> calls = nccl.nccl_calls();
+TEST_F(NcclJobTest, PlanBecomesOneCollectivePerBucketInPipelineOrder) {
+  const JobConfig config = MakeJobConfig("nccl-calls", 2, 1, "cost");
+  ASSERT_OK(Register(config));
+  JobRun& run = *run_;
+  nccl_.ClearCalls();
+  ASSERT_OK(run.RunSteps(cluster_, 1, 1));
+  const std::vector<FakeNcclCall> calls = nccl_.nccl_calls();
 
   // The world's two reductions per rank: [non-finite flag, sum of squares]
   // and the update's sum of squares.
@@ -193,25 +193,21 @@ TEST(NcclEngineTest, PlanBecomesOneCollectivePerBucketInPipelineOrder) {
   for (size_t k = 0; k < per_rank[0].size(); ++k) {
     EXPECT_EQ(per_rank[0][k].ops, per_rank[1][k].ops) << "unit " << k;
   }
-  ASSERT_OK(run.Deregister(cluster));
+  ASSERT_OK(run.Deregister(cluster_));
 }
 
-TEST(NcclEngineTest, UnevenBucketsAreTimedBothWaysThenRunTheFasterOne) {
-  SetCpuBlasThreads(1);
-  FakeNcclApi nccl(DataMode());
-  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr, &nccl);
-  const JobConfig config = Config("nccl-calibrate", 2, 1, "cost");
-  JobRun run(config);
-  ASSERT_OK(run.Init());
-  ASSERT_OK(run.RegisterAll(cluster));
+TEST_F(NcclJobTest, UnevenBucketsAreTimedBothWaysThenRunTheFasterOne) {
+  const JobConfig config = MakeJobConfig("nccl-calibrate", 2, 1, "cost");
+  ASSERT_OK(Register(config));
+  JobRun& run = *run_;
   const int buckets = run.registered[0].buckets_size();
   // Per step, rank 0's DP units and the calibration all-reduces.
   std::vector<std::vector<Unit>> units(6);
   std::vector<int> sums(6, 0);
   for (int k = 1; k <= 5; ++k) {
-    nccl.ClearCalls();
-    ASSERT_OK(run.RunSteps(cluster, k, k));
-    const std::vector<FakeNcclCall> calls = nccl.nccl_calls();
+    nccl_.ClearCalls();
+    ASSERT_OK(run.RunSteps(cluster_, k, k));
+    const std::vector<FakeNcclCall> calls = nccl_.nccl_calls();
     units[k] = DpUnits(calls, 0, 2);
     ASSERT_EQ(units[k].size(), 2u * buckets) << "step " << k;
     const std::vector<Unit> other = DpUnits(calls, 1, 2);
@@ -244,28 +240,24 @@ TEST(NcclEngineTest, UnevenBucketsAreTimedBothWaysThenRunTheFasterOne) {
   EXPECT_EQ(sums, (std::vector<int>{0, 0, 0, 2, 0, 0}));
   ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 5, {}));
   EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
-  ASSERT_OK(run.Deregister(cluster));
+  ASSERT_OK(run.Deregister(cluster_));
 }
 
-TEST(NcclEngineTest, MicroGroupPipelineIsOrderedByEventsOnTwoStreams) {
-  SetCpuBlasThreads(1);
-  FakeNcclApi nccl(DataMode());
-  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr, &nccl);
-  const JobConfig config = Config("nccl-events", 1, 2, "cost");
-  JobRun run(config);
-  ASSERT_OK(run.Init());
-  ASSERT_OK(run.RegisterAll(cluster));
-  nccl.ClearCalls();
-  ASSERT_OK(run.RunSteps(cluster, 1, 1));
+TEST_F(NcclJobTest, MicroGroupPipelineIsOrderedByEventsOnTwoStreams) {
+  const JobConfig config = MakeJobConfig("nccl-events", 1, 2, "cost");
+  ASSERT_OK(Register(config));
+  JobRun& run = *run_;
+  nccl_.ClearCalls();
+  ASSERT_OK(run.RunSteps(cluster_, 1, 1));
   // Per TP rank: the tp stream waits for the local updates once and for
   // each micro group's compute before its scatter; the all-to-alls (send /
   // recv pairs) run on that stream, which no other communicator uses.
   std::map<NcclStream, int> stream_waits;
-  for (const FakeNcclCall& c : nccl.calls_named("cudaStreamWaitEvent")) {
+  for (const FakeNcclCall& c : nccl_.calls_named("cudaStreamWaitEvent")) {
     ++stream_waits[c.stream];
   }
   std::map<NcclStream, int> sends;
-  for (const FakeNcclCall& c : nccl.calls_named("ncclSend")) ++sends[c.stream];
+  for (const FakeNcclCall& c : nccl_.calls_named("ncclSend")) ++sends[c.stream];
   ASSERT_EQ(sends.size(), 2u) << "one tp stream per rank";
   for (const auto& [stream, count] : sends) {
     // Each group: one send to the peer for the gather, one for the scatter.
@@ -275,29 +267,25 @@ TEST(NcclEngineTest, MicroGroupPipelineIsOrderedByEventsOnTwoStreams) {
   }
   ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 1, {}));
   EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
-  ASSERT_OK(run.Deregister(cluster));
+  ASSERT_OK(run.Deregister(cluster_));
 }
 
-TEST(NcclEngineTest, SteadyStateStepsAllocateNothing) {
-  SetCpuBlasThreads(1);
-  FakeNcclApi nccl(DataMode());
-  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr, &nccl);
-  const JobConfig config = Config("nccl-alloc", 2, 2, "cost");
-  JobRun run(config);
-  ASSERT_OK(run.Init());
-  ASSERT_OK(run.RegisterAll(cluster));
+TEST_F(NcclJobTest, SteadyStateStepsAllocateNothing) {
+  const JobConfig config = MakeJobConfig("nccl-alloc", 2, 2, "cost");
+  ASSERT_OK(Register(config));
+  JobRun& run = *run_;
   // NCCL's scratch too is sized at registration (for the largest padded
   // collective), so not even the first step allocates device memory.
-  const size_t mallocs = nccl.calls_named("cudaMalloc").size();
-  ASSERT_OK(run.RunSteps(cluster, 1, 2));
+  const size_t mallocs = nccl_.calls_named("cudaMalloc").size();
+  ASSERT_OK(run.RunSteps(cluster_, 1, 2));
   const int64_t allocations = BackendAllocationCount();
-  ASSERT_OK(run.RunSteps(cluster, 3, 5));
-  ASSERT_OK(run.RunStepsOverlapped(cluster, 6, 7, /*shuffled=*/false, 3));
-  EXPECT_EQ(nccl.calls_named("cudaMalloc").size(), mallocs);
+  ASSERT_OK(run.RunSteps(cluster_, 3, 5));
+  ASSERT_OK(run.RunStepsOverlapped(cluster_, 6, 7, /*shuffled=*/false, 3));
+  EXPECT_EQ(nccl_.calls_named("cudaMalloc").size(), mallocs);
   EXPECT_EQ(BackendAllocationCount(), allocations);
   // And the work really went through the streams.
-  EXPECT_GT(nccl.calls_named("cudaMemcpyAsync").size(), 0u);
-  ASSERT_OK(run.Deregister(cluster));
+  EXPECT_GT(nccl_.calls_named("cudaMemcpyAsync").size(), 0u);
+  ASSERT_OK(run.Deregister(cluster_));
 }
 
 TEST(NcclEngineTest, IpcBuffersMoveOnTheStreamAfterWaitingForTheEvent) {
@@ -306,7 +294,7 @@ TEST(NcclEngineTest, IpcBuffersMoveOnTheStreamAfterWaitingForTheEvent) {
   FakeNcclApi nccl(DataMode());
   {
     Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
-    JobConfig config = Config("nccl-ipc", 2, 2, "cost");
+    JobConfig config = MakeJobConfig("nccl-ipc", 2, 2, "cost");
     config.cuda_ipc = true;
     JobRun run(config);
     ASSERT_OK(run.Init());
@@ -329,7 +317,7 @@ TEST(NcclEngineTest, MissingPeerGivesAStatusAndAbortsNotAHang) {
   FakeNcclApi nccl(DataMode());
   const absl::Duration timeout = absl::Seconds(2);
   Cluster cluster(timeout, absl::Seconds(20), "cpu", nullptr, &nccl);
-  JobRun run(Config("nccl-dead", 2, 1, "cost"));
+  JobRun run(MakeJobConfig("nccl-dead", 2, 1, "cost"));
   ASSERT_OK(run.Init());
   ASSERT_OK(run.RunAll(cluster, 1));
   // Rank 0 steps, rank 1 (the other daemon) never does: rank 0's first
@@ -345,7 +333,7 @@ TEST(NcclEngineTest, MissingPeerGivesAStatusAndAbortsNotAHang) {
   EXPECT_LT(absl::Now() - start, 2 * timeout + absl::Seconds(2));
   EXPECT_FALSE(nccl.calls_named("ncclCommAbort").empty());
   // The daemons keep serving another job on the NCCL plane.
-  JobRun other(Config("nccl-after", 2, 1, "sc"));
+  JobRun other(MakeJobConfig("nccl-after", 2, 1, "sc"));
   ASSERT_OK(other.Init());
   ASSERT_OK(other.RunAll(cluster, 2));
   ASSERT_OK_AND_ASSIGN(Params reference, Reference(other.config(), 2, {}));
@@ -381,7 +369,7 @@ TEST(NcclEngineTest, DaemonsWithDifferentDataPlanesCannotShareAJob) {
   gloo.daemon_id = "daemon1-gloo";
   gloo.register_timeout = absl::Seconds(3);
   ASSERT_OK_AND_ASSIGN(cluster.engines[1], CreateEngine(gloo));
-  JobRun run(Config("nccl-mixed", 2, 1, "cost"));
+  JobRun run(MakeJobConfig("nccl-mixed", 2, 1, "cost"));
   ASSERT_OK(run.Init());
   Result<v1::RegisterResponse> done[2];
   for (int r = 0; r < 2; ++r) {

@@ -32,12 +32,7 @@ constexpr int kSteps = 4;
 
 JobConfig Config(const std::string& stem, int dp, int tp,
                  const std::string& strategy, int shard_group_size) {
-  JobConfig c;
-  c.job_id = UniqueJobId(stem);
-  c.dp = dp;
-  c.tp = tp;
-  c.strategy = strategy;
-  c.params = MegatronModel();
+  JobConfig c = MakeJobConfig(stem, dp, tp, strategy);
   c.shard_group_size = shard_group_size;
   c.seed = static_cast<uint64_t>(dp * 100 + tp * 10 + shard_group_size);
   return c;

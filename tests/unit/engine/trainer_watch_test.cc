@@ -69,11 +69,11 @@ TEST(TrainerWatchTest, ExitedTrainerIsReleasedAndFailsItsPeers) {
   cluster.engines[survivor.engine_index()]->Step(survivor.MakeStep(3),
                                                  step.callback());
   absl::Status status = step.Get().status();
-  const double seconds = std::chrono::duration<double>(
-                             std::chrono::steady_clock::now() - start)
-                             .count();
-  EXPECT_THAT(status.code(), AnyOf(absl::StatusCode::kUnavailable,
-                                   absl::StatusCode::kAborted))
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  EXPECT_THAT(status.code(),
+              AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kAborted))
       << status;
   EXPECT_LT(seconds, 5.0);
 
@@ -86,14 +86,12 @@ TEST(TrainerWatchTest, ExitedTrainerIsReleasedAndFailsItsPeers) {
   EXPECT_EQ(MappingsOf(config.job_id), 1);
   const v1::GetStatusResponse dead = cluster.engines[1]->GetStatus();
   ASSERT_EQ(dead.jobs_size(), 1);
-  EXPECT_THAT(dead.jobs(0).state(),
-              HasSubstr("exited without deregistering"));
+  EXPECT_THAT(dead.jobs(0).state(), HasSubstr("exited without deregistering"));
   EXPECT_EQ(dead.jobs(0).local_ranks_size(), 0);
   v1::GetPlanRequest plan;
   plan.set_job_id(config.job_id);
   EXPECT_OK(cluster.engines[1]->GetPlan(plan).status());
-  const v1::GetStatusResponse survivor_status =
-      cluster.engines[0]->GetStatus();
+  const v1::GetStatusResponse survivor_status = cluster.engines[0]->GetStatus();
   ASSERT_EQ(survivor_status.jobs_size(), 1);
   EXPECT_THAT(survivor_status.jobs(0).state(), HasSubstr("failed"));
 }
