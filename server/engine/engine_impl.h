@@ -87,6 +87,9 @@ struct EngineOptions {
   int cuda_devices = -1;
 };
 
+// The node's CUDA devices (EngineOptions::cuda_devices overrides).
+int NodeCudaDevices(const EngineOptions& options);
+
 // INVALID_ARGUMENT when options.control is null or a field is out of range.
 absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(EngineOptions options);
 

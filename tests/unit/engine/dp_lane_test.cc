@@ -1,7 +1,7 @@
-// BucketPipeline on its own: the order its thread runs reductions and
+// DpLane on its own: the order its thread runs reductions and
 // gathers in (the same on every rank whatever order buckets are reported
 // in), the waits, and failure.
-#include "server/engine/bucket_pipeline.h"
+#include "server/engine/dp_lane.h"
 
 #include <atomic>
 #include <string>
@@ -23,7 +23,7 @@ using ::testing::ElementsAre;
 // Records "r<step>.<bucket>" / "g<step>.<bucket>" in the order run.
 class Recorder {
  public:
-  BucketPipeline::BucketFn Fn(char kind) {
+  DpLane::BucketFn Fn(char kind) {
     return [this, kind](int64_t step, int bucket) {
       absl::MutexLock lock(&mu_);
       events_.push_back(absl::StrCat(std::string(1, kind), step, ".", bucket));
@@ -48,9 +48,9 @@ class Recorder {
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
 
-TEST(BucketPipelineTest, ReducesInBucketOrderWhateverTheReportOrder) {
+TEST(DpLaneTest, ReducesInBucketOrderWhateverTheReportOrder) {
   Recorder rec;
-  BucketPipeline p(3, rec.Fn('r'), rec.Fn('g'));
+  DpLane p(3, rec.Fn('r'), rec.Fn('g'));
   p.MarkReady(1, {2});  // waits for 0 and 1
   p.MarkReady(1, {1, 1});
   absl::SleepFor(absl::Milliseconds(20));
@@ -60,9 +60,9 @@ TEST(BucketPipelineTest, ReducesInBucketOrderWhateverTheReportOrder) {
   EXPECT_THAT(rec.events(), ElementsAre("r1.0", "r1.1", "r1.2"));
 }
 
-TEST(BucketPipelineTest, NextStepReducesOnlyAfterThisStepsGathersAreQueued) {
+TEST(DpLaneTest, NextStepReducesOnlyAfterThisStepsGathersAreQueued) {
   Recorder rec;
-  BucketPipeline p(2, rec.Fn('r'), rec.Fn('g'));
+  DpLane p(2, rec.Fn('r'), rec.Fn('g'));
   p.MarkAllReady(1);
   ASSERT_OK(p.WaitReduced(1, Soon(), nullptr));
   p.MarkAllReady(2);  // early: the worker still uses step 1's staging
@@ -75,9 +75,9 @@ TEST(BucketPipelineTest, NextStepReducesOnlyAfterThisStepsGathersAreQueued) {
   EXPECT_EQ(p.gathers_started(), 1);
 }
 
-TEST(BucketPipelineTest, WhenGatheredCallsBackPerBucket) {
+TEST(DpLaneTest, WhenGatheredCallsBackPerBucket) {
   Recorder rec;
-  BucketPipeline p(2, rec.Fn('r'), rec.Fn('g'));
+  DpLane p(2, rec.Fn('r'), rec.Fn('g'));
   std::atomic<int> calls{0};
   absl::Notification all;
   p.WhenGathered(1, 0, [&](absl::Status s, double waited) {
@@ -105,9 +105,9 @@ TEST(BucketPipelineTest, WhenGatheredCallsBackPerBucket) {
   EXPECT_GE(exposed, 0);
 }
 
-TEST(BucketPipelineTest, SkippedStepMarksWithoutGathering) {
+TEST(DpLaneTest, SkippedStepMarksWithoutGathering) {
   Recorder rec;
-  BucketPipeline p(2, rec.Fn('r'), rec.Fn('g'));
+  DpLane p(2, rec.Fn('r'), rec.Fn('g'));
   p.MarkAllReady(1);
   ASSERT_OK(p.WaitReduced(1, Soon(), nullptr));
   p.StartGathers(1, {1, 0}, false);
@@ -115,10 +115,10 @@ TEST(BucketPipelineTest, SkippedStepMarksWithoutGathering) {
   EXPECT_THAT(rec.events(), ElementsAre("r1.0", "r1.1"));
 }
 
-TEST(BucketPipelineTest, FailureIsStickyAndReachesEveryWaiter) {
+TEST(DpLaneTest, FailureIsStickyAndReachesEveryWaiter) {
   Recorder rec;
   rec.FailAt("r1.1");
-  BucketPipeline p(3, rec.Fn('r'), rec.Fn('g'));
+  DpLane p(3, rec.Fn('r'), rec.Fn('g'));
   absl::Status waiter;
   absl::Notification called;
   p.WhenGathered(1, 2, [&](absl::Status s, double) {
@@ -137,9 +137,9 @@ TEST(BucketPipelineTest, FailureIsStickyAndReachesEveryWaiter) {
   p.WaitIdle();
 }
 
-TEST(BucketPipelineTest, WaitTimesOutAndResetMovesTheStep) {
+TEST(DpLaneTest, WaitTimesOutAndResetMovesTheStep) {
   Recorder rec;
-  BucketPipeline p(2, rec.Fn('r'), rec.Fn('g'));
+  DpLane p(2, rec.Fn('r'), rec.Fn('g'));
   p.MarkReady(1, {1});  // bucket 0 never comes
   EXPECT_THAT(p.WaitReduced(1, absl::Now() + absl::Milliseconds(30), nullptr),
               StatusIs(absl::StatusCode::kDeadlineExceeded));
@@ -151,11 +151,11 @@ TEST(BucketPipelineTest, WaitTimesOutAndResetMovesTheStep) {
   EXPECT_THAT(rec.events(), ElementsAre("r8.0", "r8.1"));
 }
 
-TEST(BucketPipelineTest, DestructionFailsPendingCallbacks) {
+TEST(DpLaneTest, DestructionFailsPendingCallbacks) {
   Recorder rec;
   absl::Status status;
   {
-    BucketPipeline p(1, rec.Fn('r'), rec.Fn('g'));
+    DpLane p(1, rec.Fn('r'), rec.Fn('g'));
     p.WhenGathered(1, 0, [&](absl::Status s, double) { status = s; });
   }
   EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnavailable));

@@ -1,4 +1,4 @@
-#include "server/engine/bucket_pipeline.h"
+#include "server/engine/dp_lane.h"
 
 #include <utility>
 
@@ -13,8 +13,8 @@ double Seconds(absl::Time from, absl::Time to) {
 
 }  // namespace
 
-BucketPipeline::BucketPipeline(int buckets, BucketFn reduce, BucketFn gather,
-                               int64_t first_step)
+DpLane::DpLane(int buckets, BucketFn reduce, BucketFn gather,
+               int64_t first_step)
     : buckets_(buckets),
       reduce_(std::move(reduce)),
       gather_(std::move(gather)),
@@ -25,7 +25,7 @@ BucketPipeline::BucketPipeline(int buckets, BucketFn reduce, BucketFn gather,
   thread_ = std::thread([this] { Loop(); });
 }
 
-BucketPipeline::~BucketPipeline() {
+DpLane::~DpLane() {
   Fail(absl::UnavailableError("the rank's communication thread stopped"));
   {
     absl::MutexLock lock(&mu_);
@@ -40,7 +40,7 @@ BucketPipeline::~BucketPipeline() {
   }
 }
 
-void BucketPipeline::MarkReady(int64_t k, absl::Span<const int> buckets) {
+void DpLane::MarkReady(int64_t k, absl::Span<const int> buckets) {
   absl::MutexLock lock(&mu_);
   if (k < posting_step_ || !error_.ok()) return;
   std::vector<char>& ready = ready_[k];
@@ -51,14 +51,14 @@ void BucketPipeline::MarkReady(int64_t k, absl::Span<const int> buckets) {
   PostReadyLocked();
 }
 
-void BucketPipeline::MarkAllReady(int64_t k) {
+void DpLane::MarkAllReady(int64_t k) {
   absl::MutexLock lock(&mu_);
   if (k < posting_step_ || !error_.ok()) return;
   ready_[k].assign(buckets_, 1);
   PostReadyLocked();
 }
 
-void BucketPipeline::PostReadyLocked() {
+void DpLane::PostReadyLocked() {
   // Wakes the thread for whatever the caller queued too.
   cv_.SignalAll();
   while (error_.ok() && gathers_started_ >= posting_step_ - 1) {
@@ -77,8 +77,8 @@ void BucketPipeline::PostReadyLocked() {
   }
 }
 
-absl::Status BucketPipeline::WaitReduced(int64_t k, absl::Time deadline,
-                                         double* waited_s) {
+absl::Status DpLane::WaitReduced(int64_t k, absl::Time deadline,
+                                 double* waited_s) {
   const absl::Time start = absl::Now();
   absl::MutexLock lock(&mu_);
   while (reduced_through_ < k && error_.ok()) {
@@ -96,8 +96,7 @@ absl::Status BucketPipeline::WaitReduced(int64_t k, absl::Time deadline,
   return absl::OkStatus();
 }
 
-void BucketPipeline::StartGathers(int64_t k, std::vector<int> order,
-                                  bool communicate) {
+void DpLane::StartGathers(int64_t k, std::vector<int> order, bool communicate) {
   absl::MutexLock lock(&mu_);
   if (!error_.ok() || k <= gathers_started_) return;
   gathers_started_ = k;
@@ -105,7 +104,7 @@ void BucketPipeline::StartGathers(int64_t k, std::vector<int> order,
   PostReadyLocked();
 }
 
-bool BucketPipeline::GatheredLocked(int64_t k, int bucket) const {
+bool DpLane::GatheredLocked(int64_t k, int bucket) const {
   if (bucket >= 0) return gathered_[bucket] >= k;
   for (int64_t g : gathered_) {
     if (g < k) return false;
@@ -113,8 +112,8 @@ bool BucketPipeline::GatheredLocked(int64_t k, int bucket) const {
   return true;
 }
 
-absl::Status BucketPipeline::WaitGathered(int64_t k, absl::Time deadline,
-                                          double* waited_s) {
+absl::Status DpLane::WaitGathered(int64_t k, absl::Time deadline,
+                                  double* waited_s) {
   const absl::Time start = absl::Now();
   absl::MutexLock lock(&mu_);
   while (!GatheredLocked(k, -1) && error_.ok()) {
@@ -131,7 +130,7 @@ absl::Status BucketPipeline::WaitGathered(int64_t k, absl::Time deadline,
   return absl::OkStatus();
 }
 
-void BucketPipeline::WhenGathered(int64_t k, int bucket, Done done) {
+void DpLane::WhenGathered(int64_t k, int bucket, Done done) {
   absl::Status status;
   {
     absl::MutexLock lock(&mu_);
@@ -144,17 +143,17 @@ void BucketPipeline::WhenGathered(int64_t k, int bucket, Done done) {
   done(std::move(status), 0.0);
 }
 
-int64_t BucketPipeline::gathers_started() const {
+int64_t DpLane::gathers_started() const {
   absl::MutexLock lock(&mu_);
   return gathers_started_;
 }
 
-void BucketPipeline::WaitIdle() {
+void DpLane::WaitIdle() {
   absl::MutexLock lock(&mu_);
   while (!queue_.empty() || running_) cv_.Wait(&mu_);
 }
 
-void BucketPipeline::Reset(int64_t last_step) {
+void DpLane::Reset(int64_t last_step) {
   std::vector<std::pair<Waiter, absl::Status>> finished;
   {
     absl::MutexLock lock(&mu_);
@@ -170,7 +169,7 @@ void BucketPipeline::Reset(int64_t last_step) {
   Finish(std::move(finished));
 }
 
-void BucketPipeline::Fail(absl::Status status) {
+void DpLane::Fail(absl::Status status) {
   std::vector<std::pair<Waiter, absl::Status>> finished;
   {
     absl::MutexLock lock(&mu_);
@@ -183,15 +182,15 @@ void BucketPipeline::Fail(absl::Status status) {
   Finish(std::move(finished));
 }
 
-void BucketPipeline::TakeTimes(double* comm_s, double* exposed_s) {
+void DpLane::TakeTimes(double* comm_s, double* exposed_s) {
   absl::MutexLock lock(&mu_);
   *comm_s = comm_s_;
   *exposed_s = exposed_s_;
   comm_s_ = exposed_s_ = 0;
 }
 
-std::vector<std::pair<BucketPipeline::Waiter, absl::Status>>
-BucketPipeline::TakeFinishedLocked() {
+std::vector<std::pair<DpLane::Waiter, absl::Status>>
+DpLane::TakeFinishedLocked() {
   std::vector<std::pair<Waiter, absl::Status>> finished;
   const absl::Time now = absl::Now();
   for (size_t i = 0; i < waiters_.size();) {
@@ -207,15 +206,14 @@ BucketPipeline::TakeFinishedLocked() {
   return finished;
 }
 
-void BucketPipeline::Finish(
-    std::vector<std::pair<Waiter, absl::Status>> finished) {
+void DpLane::Finish(std::vector<std::pair<Waiter, absl::Status>> finished) {
   const absl::Time now = absl::Now();
   for (auto& [waiter, status] : finished) {
     waiter.done(std::move(status), Seconds(waiter.since, now));
   }
 }
 
-void BucketPipeline::Loop() {
+void DpLane::Loop() {
   while (true) {
     Task task;
     {

@@ -1,6 +1,8 @@
-// BucketPipeline: one rank's DP gradient and parameter communication on a
+// DpLane: one rank's DP gradient and parameter communication on a
 // dedicated thread, so it overlaps the trainer's backward and forward
-// (AsyncHZP, arXiv 2510.20111).
+// (AsyncHZP, arXiv 2510.20111). The lane owns that thread and the order of
+// the work; what a bucket's reduce and gather do is given as functions
+// (BucketCollectives in the engine, fakes in tests).
 //
 // Per step k the thread runs, strictly in this order:
 //   reduce(k, 0), reduce(k, 1), ..., reduce(k, B-1)   as buckets get ready
@@ -11,20 +13,20 @@
 // worker is then done with the staging buffers), so collectives on the DP
 // communicators always match across ranks.
 //
-//   pipeline.MarkReady(k, {2});          // GradReady: nothing before 0..1
-//   pipeline.MarkAllReady(k);            // Step(k)
-//   pipeline.WaitReduced(k, deadline);   // worker: then norm, update
-//   pipeline.StartGathers(k, {2, 1, 0}, true);
-//   pipeline.WhenGathered(k, 0, done);   // WaitParams, never blocks
+//   lane.MarkReady(k, {2});          // GradReady: nothing before 0..1
+//   lane.MarkAllReady(k);            // Step(k)
+//   lane.WaitReduced(k, deadline);   // worker: then norm, update
+//   lane.StartGathers(k, {2, 1, 0}, true);
+//   lane.WhenGathered(k, 0, done);   // WaitParams, never blocks
 //
 // Failure is sticky: the first error of a reduce or gather (or Fail()) is
 // returned by every later wait and given to every pending callback.
 //
 // Thread-safety: every method is thread-safe; `reduce` and `gather` run on
-// the pipeline's own thread, one at a time. Callbacks run on that thread or
-// on the caller's, never under the pipeline's lock.
-#ifndef CANZONA_SERVER_ENGINE_BUCKET_PIPELINE_H_
-#define CANZONA_SERVER_ENGINE_BUCKET_PIPELINE_H_
+// the lane's own thread, one at a time. Callbacks run on that thread or
+// on the caller's, never under the lane's lock.
+#ifndef CANZONA_SERVER_ENGINE_DP_LANE_H_
+#define CANZONA_SERVER_ENGINE_DP_LANE_H_
 
 #include <cstdint>
 #include <deque>
@@ -41,17 +43,16 @@
 
 namespace canzona {
 
-class BucketPipeline {
+class DpLane {
  public:
   using BucketFn = std::function<absl::Status(int64_t step, int bucket)>;
   using Done = std::function<void(absl::Status status, double waited_s)>;
 
   // `first_step`: the first step it will see (later: Reset).
-  BucketPipeline(int buckets, BucketFn reduce, BucketFn gather,
-                 int64_t first_step = 1);
-  ~BucketPipeline();
-  BucketPipeline(const BucketPipeline&) = delete;
-  BucketPipeline& operator=(const BucketPipeline&) = delete;
+  DpLane(int buckets, BucketFn reduce, BucketFn gather, int64_t first_step = 1);
+  ~DpLane();
+  DpLane(const DpLane&) = delete;
+  DpLane& operator=(const DpLane&) = delete;
 
   int buckets() const { return buckets_; }
 
@@ -88,7 +89,7 @@ class BucketPipeline {
   // Call only when idle.
   void Reset(int64_t last_step);
 
-  // Makes the pipeline fail with `status` (first error wins): pending and
+  // Makes the lane fail with `status` (first error wins): pending and
   // later waits and callbacks get it; queued work is dropped.
   void Fail(absl::Status status);
 
@@ -146,4 +147,4 @@ class BucketPipeline {
 
 }  // namespace canzona
 
-#endif  // CANZONA_SERVER_ENGINE_BUCKET_PIPELINE_H_
+#endif  // CANZONA_SERVER_ENGINE_DP_LANE_H_

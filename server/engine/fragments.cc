@@ -1,0 +1,18 @@
+#include "server/engine/fragments.h"
+
+namespace canzona {
+
+absl::Status MoveFragment(Backend& b, const ParamMeta& m, int tp, int j,
+                          float* fragment, float* whole, bool to_whole) {
+  if (m.split == 0 || m.shape.size() == 1) {
+    float* at = whole + j * m.local_numel;
+    return to_whole ? b.Copy(fragment, m.local_numel, at)
+                    : b.Copy(at, m.local_numel, fragment);
+  }
+  const int64_t rows = m.shape[0], cols = m.shape[1], c = cols / tp;
+  float* at = whole + j * c;
+  return to_whole ? b.Copy2D(rows, c, fragment, c, at, cols)
+                  : b.Copy2D(rows, c, at, cols, fragment, c);
+}
+
+}  // namespace canzona

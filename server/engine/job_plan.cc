@@ -1,0 +1,106 @@
+#include "server/engine/job_plan.h"
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "kernels/base/status_macros.h"
+#include "server/optim/update_rule.h"
+
+namespace canzona {
+namespace {
+
+plan::OptimizerKind PlanKind(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kMuon:
+      return plan::OptimizerKind::kMuon;
+    case OptimizerKind::kShampoo:
+      return plan::OptimizerKind::kShampoo;
+    case OptimizerKind::kSoap:
+      return plan::OptimizerKind::kSoap;
+    case OptimizerKind::kAdamW:
+      return plan::OptimizerKind::kAdamW;
+  }
+  return plan::OptimizerKind::kAdamW;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const JobPlan>> BuildJobPlan(
+    const JobSettings& settings, const std::vector<std::string>& stage_plists) {
+  auto jp = std::make_shared<JobPlan>();
+  plan::PlanRequest request;
+  const v1::WorldLayout& layout = settings.layout;
+  for (int s = 0; s < static_cast<int>(stage_plists.size()); ++s) {
+    jp->stage_first.push_back(static_cast<int>(jp->params.size()));
+    for (absl::string_view line : absl::StrSplit(stage_plists[s], '\n')) {
+      CANZONA_ASSIGN_OR_RETURN(ParamMeta m,
+                               ParseParamLine(line, s, layout.tp()));
+      auto config = settings.configs.find(m.group);
+      if (config == settings.configs.end()) {
+        return absl::InternalError(absl::StrCat(
+            "parameter '", m.name, "' names unknown group '", m.group, "'"));
+      }
+      plan::ParamSpec spec;
+      spec.name = m.name;
+      spec.shape = m.shape;
+      spec.dtype = plan::DType::kFloat32;
+      spec.optimizer = PlanKind(config->second.kind);
+      spec.tp_split_dim = m.split;
+      spec.pp_stage = s;
+      request.parameters.push_back(std::move(spec));
+      jp->total_numel += m.numel;
+      jp->params.push_back(std::move(m));
+    }
+  }
+  request.layout = {layout.pp(), layout.dp(), layout.tp()};
+  request.bucket_size = settings.bucket_size;
+  request.shard_group_size = settings.shard_group_size;
+  request.strategy = settings.strategy;
+  request.alpha = settings.alpha;
+  absl::StatusOr<plan::Plan> built = plan::BuildPlan(request);
+  if (!built.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("planner: ", built.status().message()));
+  }
+  jp->plan = *std::move(built);
+  return std::shared_ptr<const JobPlan>(std::move(jp));
+}
+
+std::string CanonicalParam(const v1::Parameter& p) {
+  return absl::StrCat(p.name(), "|", absl::StrJoin(p.shape(), ","), "|",
+                      p.tp_split_dim(), "|", p.group());
+}
+
+absl::StatusOr<ParamMeta> ParseParamLine(absl::string_view line, int stage,
+                                         int tp) {
+  std::vector<std::string> f = absl::StrSplit(line, '|');
+  if (f.size() != 4) {
+    return absl::InternalError(absl::StrCat("bad parameter line '", line, "'"));
+  }
+  ParamMeta m;
+  m.name = f[0];
+  for (absl::string_view d : absl::StrSplit(f[1], ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(d, &v)) {
+      return absl::InternalError(absl::StrCat("bad shape in '", line, "'"));
+    }
+    m.shape.push_back(v);
+  }
+  if (!absl::SimpleAtoi(f[2], &m.split)) {
+    return absl::InternalError(absl::StrCat("bad split in '", line, "'"));
+  }
+  m.group = f[3];
+  m.stage = stage;
+  m.numel = NumElements(m.shape);
+  m.local_shape = m.shape;
+  if (m.split >= 0) m.local_shape[m.split] /= tp;
+  m.local_numel = NumElements(m.local_shape);
+  return m;
+}
+
+bool IsMatrix(OptimizerKind kind) { return kind != OptimizerKind::kAdamW; }
+
+}  // namespace canzona

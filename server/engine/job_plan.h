@@ -1,0 +1,67 @@
+// JobPlan: the job's plan (server/plan) and the parameter metadata every
+// rank derives from it, built from the stages' canonical parameter lists
+// and the job settings. Every daemon builds the same JobPlan from the same
+// inputs (the ranks then compare the plan digests).
+//
+// The canonical parameter line ("name|d0,d1|tp_split_dim|group") is how a
+// rank states its stage's parameters on the control plane; CanonicalParam
+// writes it and ParseParamLine reads it back.
+//
+//   CANZONA_ASSIGN_OR_RETURN(std::shared_ptr<const JobPlan> jp,
+//                            BuildJobPlan(settings, stage_plists));
+//
+// Thread-safety: pure functions; a JobPlan is immutable once built and
+// shared read-only by the job's ranks.
+#ifndef CANZONA_SERVER_ENGINE_JOB_PLAN_H_
+#define CANZONA_SERVER_ENGINE_JOB_PLAN_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "canzona/v1/optimizer_service.pb.h"
+#include "server/engine/job_settings.h"
+#include "server/optim/optimizer_config.h"
+#include "server/plan/planner.h"
+
+namespace canzona {
+
+// One parameter of the job (all stages), in plan order.
+struct ParamMeta {
+  std::string name;
+  std::vector<int64_t> shape;  // global
+  int split = -1;              // TP split dimension, -1: replicated
+  std::string group;
+  int stage = 0;
+  int64_t numel = 0;
+  int64_t local_numel = 0;  // of one TP fragment
+  std::vector<int64_t> local_shape;
+};
+
+struct JobPlan {
+  plan::Plan plan;
+  std::vector<ParamMeta> params;
+  std::vector<int> stage_first;  // first param index of each stage
+  int64_t total_numel = 0;
+};
+
+// `stage_plists[s]`: the canonical parameter list of stage s. INTERNAL for
+// a malformed line (the ranks' own output), INVALID_ARGUMENT "planner: ..."
+// when the planner rejects the job.
+absl::StatusOr<std::shared_ptr<const JobPlan>> BuildJobPlan(
+    const JobSettings& settings, const std::vector<std::string>& stage_plists);
+
+std::string CanonicalParam(const canzona::v1::Parameter& p);
+absl::StatusOr<ParamMeta> ParseParamLine(absl::string_view line, int stage,
+                                         int tp);
+
+// Whether the optimizer updates whole matrices (Muon, Shampoo, SOAP), which
+// TP fragments must be rebuilt for.
+bool IsMatrix(OptimizerKind kind);
+
+}  // namespace canzona
+
+#endif  // CANZONA_SERVER_ENGINE_JOB_PLAN_H_

@@ -1,0 +1,431 @@
+#include "server/engine/rank_checkpoint.h"
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "kernels/base/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "server/checkpoint/checkpoint.h"
+#include "server/engine/fragments.h"
+#include "server/engine/register_request.h"
+#include "spdlog/spdlog.h"
+
+namespace canzona {
+namespace {
+
+namespace v1 = ::canzona::v1;
+
+double Seconds(absl::Time from, absl::Time to) {
+  return absl::ToDoubleSeconds(to - from);
+}
+
+// How a rank takes part in saving parameter i.
+enum class Holding {
+  kNone,      // no state here
+  kWhole,     // the whole matrix's state (or a TP-replicated copy)
+  kFragment,  // this TP rank's fragment of element-wise state
+};
+
+Holding HoldingOf(const RankRuntime& rt, const JobPlan& jp, int i) {
+  const RankLayout& layout = rt.layout;
+  if (!layout.dp_owned[i] || !rt.rules.count(i)) return Holding::kNone;
+  const ParamMeta& m = jp.params[i];
+  if (layout.mode[i] == UpdateMode::kLocal && m.split >= 0 &&
+      layout.tp_size > 1) {
+    return Holding::kFragment;
+  }
+  return Holding::kWhole;
+}
+
+// Whether this rank writes parameter i's record: one writer per parameter
+// in the whole job (the DP owner, or DP rank 0 when every rank owns it;
+// the TP host, or TP rank 0 for replicated and gathered state).
+bool WritesRecord(const RankRuntime& rt, const plan::Plan& plan,
+                  const v1::RankCoordinates& coords, int i) {
+  if (plan.dp_owner[i] < 0 && coords.dp_rank() != 0) return false;
+  // Hierarchical sharding: the other shard groups hold replicas.
+  if (rt.layout.shard_group != 0) return false;
+  return rt.layout.mode[i] == UpdateMode::kHosted || coords.tp_rank() == 0;
+}
+
+// Tensors of `state` that are TP fragments of `m` (shape == local shape,
+// which differs from the whole shape when TP splits it).
+bool IsFragmentTensor(const ParamMeta& m, const StateTensor& tensor) {
+  return tensor.shape == m.local_shape && m.local_shape != m.shape;
+}
+
+// The TP all-gather of host data (checkpoints, not the step): through
+// staging buffers allocated for the call when staging is device memory.
+absl::Status HostAllGather(RankRuntime& rt, const float* send,
+                           absl::Span<const int64_t> counts, float* recv) {
+  Communicator& tp = rt.tp->communicator();
+  if (!rt.resident()) return tp.AllGatherV(send, counts, recv);
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  const int64_t mine = counts[tp.rank()];
+  Backend& staging = *rt.staging;
+  CANZONA_ASSIGN_OR_RETURN(DeviceBuffer in, staging.Allocate(mine));
+  CANZONA_ASSIGN_OR_RETURN(DeviceBuffer out, staging.Allocate(total));
+  CANZONA_RETURN_IF_ERROR(staging.CopyFromHost(send, mine, in.data()));
+  CANZONA_RETURN_IF_ERROR(staging.Synchronize());
+  CANZONA_RETURN_IF_ERROR(tp.AllGatherV(in.data(), counts, out.data()));
+  return staging.CopyToHost(out.data(), total, recv);
+}
+
+// Replaces each fragment tensor of `state` by the whole tensor, gathered
+// over the TP group (collective: every TP rank calls it for i).
+absl::Status GatherFragments(RankRuntime& rt, const ParamMeta& m,
+                             OptimizerState& state) {
+  const int TP = rt.layout.tp_size;
+  const std::vector<int64_t> counts(TP, m.local_numel);
+  std::vector<float> gathered, whole;
+  for (StateTensor& tensor : state.tensors) {
+    if (!IsFragmentTensor(m, tensor)) continue;
+    gathered.resize(TP * m.local_numel);
+    CANZONA_RETURN_IF_ERROR(
+        HostAllGather(rt, tensor.data.data(), counts, gathered.data()));
+    whole.assign(m.numel, 0.0f);
+    for (int j = 0; j < TP; ++j) {
+      CANZONA_RETURN_IF_ERROR(MoveFragment(*rt.host, m, TP, j,
+                                           gathered.data() + j * m.local_numel,
+                                           whole.data(), /*to_whole=*/true));
+    }
+    tensor.shape = m.shape;
+    tensor.data = whole;
+  }
+  return absl::OkStatus();
+}
+
+// Puts back the states saved before a load that is being undone.
+void Restore(RankRuntime& rt,
+             std::vector<std::pair<int, OptimizerState>>& backups) {
+  for (auto& [i, state] : backups) {
+    absl::Status s = rt.rules.at(i)->LoadState(state);
+    if (!s.ok()) {
+      spdlog::error("restoring the state of parameter {} failed: {}", i,
+                    s.ToString());
+    }
+  }
+}
+
+// After a load or import moved the job to step `step`.
+void MoveToStep(Job& job, LocalRank& rank, int64_t step) {
+  absl::MutexLock lock(&job.mu);
+  RankProgress& progress = job.progress(rank);
+  progress.steps_done = step;
+  progress.next_step = step + 1;
+  rank.lane().Reset(step);
+}
+
+// Global rank 0's decision on a save: the manifest, if every rank saved at
+// the same step.
+absl::Status CommitManifest(const Job& job, const JobPlan& jp, int64_t steps,
+                            const std::string& dir,
+                            const std::vector<std::string>& payloads) {
+  const v1::WorldLayout& l = job.settings.layout;
+  CheckpointManifest manifest;
+  manifest.layout = {l.pp(), l.dp(), l.tp()};
+  manifest.strategy = job.settings.strategy_name;
+  manifest.plan_digest = jp.plan.digest;
+  manifest.step = steps;
+  for (int g = 0; g < job.settings.world; ++g) {
+    const nlohmann::json j = nlohmann::json::parse(payloads[g], nullptr, false);
+    if (j.is_discarded() || j.value("step", int64_t{-1}) != steps) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ranks saved at different steps: rank 0 has done ", steps,
+          " steps, rank ", g, " ",
+          j.is_discarded() ? "?" : std::to_string(j.value("step", -1))));
+    }
+    ShardInfo info;
+    info.file = j.value("file", "");
+    info.bytes = j.value("bytes", uint64_t{0});
+    info.crc32c = j.value("crc32c", uint32_t{0});
+    info.params = j.value("params", std::vector<std::string>());
+    manifest.shards.push_back(std::move(info));
+  }
+  return CommitCheckpoint(dir, manifest);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ValidateCheckpointDir(const std::string& dir,
+                                                  const std::string& root) {
+  if (dir.empty() || dir[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dir '", dir, "' must be an absolute path"));
+  }
+  for (const auto& part : std::filesystem::path(dir)) {
+    if (part == "..") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dir '", dir, "' must not contain '..'"));
+    }
+  }
+  std::string normal = std::filesystem::path(dir).lexically_normal().string();
+  while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
+  if (root.empty()) return normal;
+  std::string base = std::filesystem::path(root).lexically_normal().string();
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  if (normal != base && !absl::StartsWith(normal, base + "/")) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "dir '", dir, "' is outside this daemon's checkpoint root ", base,
+        " (--checkpoint-root)"));
+  }
+  return normal;
+}
+
+absl::StatusOr<v1::SaveCheckpointResponse> SaveRankCheckpoint(
+    Job& job, LocalRank& rank, const JobAgreement& agreement,
+    const std::string& dir, absl::Duration timeout) {
+  if (job.failed()) return job.FailedError();
+  const absl::Time start = absl::Now();
+  RankRuntime& rt = *rank.rt;
+  const std::shared_ptr<const JobPlan> jp = rt.plan;
+  int64_t steps = 0;
+  {
+    absl::MutexLock lock(&job.mu);
+    steps = job.progress(rank).steps_done;
+  }
+  const std::string key = absl::StrCat(agreement.prefix(), "ckpt/",
+                                       rank.collective_seq++, "/save/");
+
+  // 1. This rank's shard. TP fragments are gathered even after a local
+  // error so that the TP group's collectives stay matched.
+  absl::Status local;
+  std::unique_ptr<CheckpointWriter> writer;
+  if (auto created = CheckpointWriter::Create(dir, std::to_string(rank.global));
+      created.ok()) {
+    writer = *std::move(created);
+  } else {
+    local = created.status();
+  }
+  int records = 0;
+  for (int i : rt.layout.local_params) {
+    const Holding holding = HoldingOf(rt, *jp, i);
+    if (holding == Holding::kNone) continue;
+    const bool writes = WritesRecord(rt, jp->plan, rank.coords, i);
+    if (holding == Holding::kWhole && !writes) continue;
+    const UpdateRule& rule = *rt.rules.at(i);
+    absl::StatusOr<OptimizerState> state = rule.SaveState();
+    if (!state.ok()) return state.status();  // a bug: fail loudly
+    if (holding == Holding::kFragment) {
+      CANZONA_RETURN_IF_ERROR(GatherFragments(rt, jp->params[i], *state));
+      if (!writes) continue;
+    }
+    if (local.ok()) {
+      local = writer->Add(jp->params[i].name, rule.config(), *state);
+      ++records;
+    }
+  }
+  ShardInfo shard;
+  if (local.ok()) {
+    absl::StatusOr<ShardInfo> finished = writer->Finish();
+    if (finished.ok()) {
+      shard = *std::move(finished);
+    } else {
+      local = finished.status();
+    }
+  }
+  writer.reset();
+
+  // 2. Every rank's shard reaches global rank 0, which commits.
+  nlohmann::json mine = {{"step", steps},
+                         {"file", shard.file},
+                         {"bytes", shard.bytes},
+                         {"crc32c", shard.crc32c},
+                         {"params", shard.params}};
+  const absl::Status decision = agreement.Decide(
+      rank.global, job.settings.world, key, local, mine.dump(), start + timeout,
+      [&](const std::vector<std::string>& payloads) {
+        return CommitManifest(job, *jp, steps, dir, payloads);
+      });
+  if (!local.ok()) return local;
+  if (!decision.ok()) {
+    return absl::Status(decision.code(),
+                        absl::StrCat("checkpoint ", dir,
+                                     " not committed: ", decision.message()));
+  }
+  spdlog::info("checkpoint saved: job={} rank={} dir={} step={} records={}",
+               job.id, RankString(rank.coords), dir, steps, records);
+  v1::SaveCheckpointResponse response;
+  response.set_step(steps);
+  response.set_records(records);
+  response.set_bytes(static_cast<int64_t>(shard.bytes));
+  response.set_seconds(Seconds(start, absl::Now()));
+  return response;
+}
+
+absl::StatusOr<v1::LoadCheckpointResponse> LoadRankCheckpoint(
+    Job& job, LocalRank& rank, const JobAgreement& agreement,
+    const std::string& dir, absl::Duration timeout) {
+  if (job.failed()) return job.FailedError();
+  const absl::Time start = absl::Now();
+  RankRuntime& rt = *rank.rt;
+  const JobPlan& jp = *rt.plan;
+  const int TP = rt.layout.tp_size, t = rt.layout.tp_rank;
+  const std::string key = absl::StrCat(agreement.prefix(), "ckpt/",
+                                       rank.collective_seq++, "/load/");
+
+  // 1. Validate the whole checkpoint and load what this rank owns, keeping
+  // the old state to undo it if any rank fails.
+  std::vector<std::pair<int, OptimizerState>> backups;
+  int64_t step = 0;
+  absl::Status local = [&]() -> absl::Status {
+    CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                             CheckpointReader::Open(dir));
+    step = reader->manifest().step;
+    for (int i : rt.layout.local_params) {
+      if (HoldingOf(rt, jp, i) == Holding::kNone) continue;
+      const ParamMeta& m = jp.params[i];
+      UpdateRule& rule = *rt.rules.at(i);
+      absl::StatusOr<CheckpointRecord> record = reader->Load(m.name);
+      if (absl::IsNotFound(record.status())) {
+        return absl::NotFoundError(absl::StrCat(
+            "checkpoint ", dir, " has no state for parameter '", m.name, "'"));
+      }
+      CANZONA_RETURN_IF_ERROR(record.status());
+      if (record->config.kind != rule.config().kind) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "parameter '", m.name, "': checkpoint ", dir, " holds ",
+            OptimizerKindName(record->config.kind), " state, this job uses ",
+            OptimizerKindName(rule.config().kind)));
+      }
+      CANZONA_ASSIGN_OR_RETURN(OptimizerState current, rule.SaveState());
+      OptimizerState& next = record->state;
+      for (StateTensor& tensor : next.tensors) {
+        const StateTensor* mine = current.FindTensor(tensor.name);
+        if (mine == nullptr || !IsFragmentTensor(m, *mine) ||
+            tensor.shape != m.shape) {
+          continue;
+        }
+        std::vector<float> fragment(m.local_numel);
+        CANZONA_RETURN_IF_ERROR(MoveFragment(
+            *rt.host, m, TP, t, fragment.data(), tensor.data.data(),
+            /*to_whole=*/false));
+        tensor.shape = m.local_shape;
+        tensor.data = std::move(fragment);
+      }
+      absl::Status loaded = rule.LoadState(next);
+      if (!loaded.ok()) {
+        return absl::Status(loaded.code(),
+                            absl::StrCat("parameter '", m.name, "' from ", dir,
+                                         ": ", loaded.message()));
+      }
+      backups.emplace_back(i, std::move(current));
+    }
+    return absl::OkStatus();
+  }();
+
+  // 2. All or nothing across the job.
+  const absl::Status decision = agreement.Decide(
+      rank.global, job.settings.world, key, local, "", start + timeout,
+      [](const std::vector<std::string>&) { return absl::OkStatus(); });
+  if (!local.ok() || !decision.ok()) {
+    Restore(rt, backups);
+    if (!local.ok()) return local;
+    return absl::Status(
+        decision.code(),
+        absl::StrCat("checkpoint ", dir, " not loaded: ", decision.message()));
+  }
+  MoveToStep(job, rank, step);
+  spdlog::info("checkpoint loaded: job={} rank={} dir={} step={} records={}",
+               job.id, RankString(rank.coords), dir, step, backups.size());
+  v1::LoadCheckpointResponse response;
+  response.set_step(step);
+  response.set_records(static_cast<int>(backups.size()));
+  response.set_seconds(Seconds(start, absl::Now()));
+  return response;
+}
+
+absl::StatusOr<v1::ExportStateResponse> ExportRankState(Job& job,
+                                                        LocalRank& rank) {
+  RankRuntime& rt = *rank.rt;
+  const JobPlan& jp = *rt.plan;
+  v1::ExportStateResponse response;
+  {
+    absl::MutexLock lock(&job.mu);
+    response.set_step(job.progress(rank).steps_done);
+  }
+  std::vector<CheckpointRecord> records;
+  for (const auto& [i, rule] : rt.rules) {
+    CANZONA_ASSIGN_OR_RETURN(OptimizerState state, rule->SaveState());
+    records.push_back({jp.params[i].name, rule->config(), std::move(state)});
+  }
+  CANZONA_ASSIGN_OR_RETURN(std::string blob, EncodeStateBlob(records));
+  response.set_state(std::move(blob));
+  response.set_plan_digest(jp.plan.digest);
+  response.set_records(static_cast<int>(records.size()));
+  return response;
+}
+
+absl::StatusOr<v1::ImportStateResponse> ImportRankState(
+    Job& job, LocalRank& rank, const v1::ImportStateRequest& request) {
+  RankRuntime& rt = *rank.rt;
+  const JobPlan& jp = *rt.plan;
+  if (request.plan_digest() != jp.plan.digest) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "plan_digest: the state was exported under plan ",
+        request.plan_digest(), ", this job's plan is ", jp.plan.digest,
+        " (load a checkpoint to change layout or strategy)"));
+  }
+  CANZONA_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> records,
+                           DecodeStateBlob(request.state()));
+  std::map<std::string, const CheckpointRecord*> by_name;
+  for (const CheckpointRecord& r : records) by_name[r.name] = &r;
+  std::set<std::string> expected;
+  for (const auto& [i, rule] : rt.rules) {
+    const std::string& name = jp.params[i].name;
+    expected.insert(name);
+    if (!by_name.count(name)) {
+      return absl::NotFoundError(absl::StrCat(
+          "state: no record for parameter '", name, "', which this rank owns"));
+    }
+  }
+  for (const auto& [name, r] : by_name) {
+    if (!expected.count(name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state: parameter '", name, "' is not owned by this rank"));
+    }
+  }
+  std::vector<std::pair<int, OptimizerState>> backups;
+  // (No structured bindings here: clang 14 cannot capture them.)
+  for (const auto& entry : rt.rules) {
+    const int i = entry.first;
+    UpdateRule* rule = entry.second.get();
+    const CheckpointRecord& r = *by_name.at(jp.params[i].name);
+    absl::Status status = [&]() -> absl::Status {
+      if (r.config.kind != rule->config().kind) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "state: parameter '", r.name, "' holds ",
+            OptimizerKindName(r.config.kind), " state, this job uses ",
+            OptimizerKindName(rule->config().kind)));
+      }
+      CANZONA_ASSIGN_OR_RETURN(OptimizerState current, rule->SaveState());
+      absl::Status loaded = rule->LoadState(r.state);
+      if (!loaded.ok()) {
+        return absl::Status(loaded.code(),
+                            absl::StrCat("state: parameter '", r.name,
+                                         "': ", loaded.message()));
+      }
+      backups.emplace_back(i, std::move(current));
+      return absl::OkStatus();
+    }();
+    if (!status.ok()) {
+      Restore(rt, backups);
+      return status;
+    }
+  }
+  MoveToStep(job, rank, request.step());
+  v1::ImportStateResponse response;
+  response.set_step(request.step());
+  response.set_records(static_cast<int>(backups.size()));
+  return response;
+}
+
+}  // namespace canzona

@@ -1,0 +1,186 @@
+#include "server/engine/rank_layout.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/status_macros.h"
+#include "server/optim/update_rule.h"
+
+namespace canzona {
+namespace {
+
+// Buckets of my stage in plan order, their parameters' offsets and cuts.
+absl::Status LayoutBuckets(const JobPlan& jp, int stage, RankLayout& out) {
+  const plan::Plan& plan = jp.plan;
+  const int S = out.shard_size, d = out.shard_pos;
+  int64_t base = 0;
+  for (int b = 0; b < static_cast<int>(plan.buckets.size()); ++b) {
+    const plan::BucketPlan& bp = plan.buckets[b];
+    if (bp.stage != stage) continue;
+    BucketLayout bucket;
+    bucket.index = b;
+    bucket.base = base;
+    std::vector<int64_t> param_start;
+    for (int i : bp.params) {
+      param_start.push_back(bucket.elements);
+      out.offset[i] = base + bucket.elements;
+      bucket.elements += jp.params[i].local_numel;
+    }
+    param_start.push_back(bucket.elements);
+    if (out.sliced) {
+      if (static_cast<int>(bp.cuts.size()) != S + 1) {
+        return absl::InternalError(absl::StrCat("plan bucket ", b, " has ",
+                                                bp.cuts.size(),
+                                                " cuts, expected ", S + 1));
+      }
+      for (int r = 0; r < S; ++r) {
+        bucket.counts.push_back(param_start[bp.cuts[r + 1]] -
+                                param_start[bp.cuts[r]]);
+      }
+      bucket.my_start = param_start[bp.cuts[d]];
+    }
+    for (int r = 0; r < S; ++r) {
+      bucket.even_counts.push_back(bucket.elements / S +
+                                   (r < bucket.elements % S ? 1 : 0));
+      if (r < d) bucket.even_start += bucket.even_counts.back();
+    }
+    base += bucket.elements;
+    out.buckets.push_back(std::move(bucket));
+  }
+  out.stage_elements = base;
+  for (int i : out.local_params) {
+    if (out.offset[i] < 0) {
+      return absl::InternalError(absl::StrCat(
+          "plan: parameter '", jp.params[i].name, "' is in no bucket"));
+    }
+  }
+  for (int b = static_cast<int>(out.buckets.size()) - 1; b >= 0; --b) {
+    out.gather_order.push_back(b);
+  }
+  return absl::OkStatus();
+}
+
+// My largest slice, the layerwise gather's slices, and the largest padded
+// collective of the DP communicator (NCCL's scratch, sized at creation).
+void SizeDpBuffers(const JobPlan& jp, RankLayout& out) {
+  const int S = out.shard_size, d = out.shard_pos;
+  for (const BucketLayout& b : out.buckets) {
+    const std::vector<int64_t>& counts = out.sliced ? b.counts : b.even_counts;
+    out.max_slice = std::max(out.max_slice, counts[d]);
+    for (int64_t c : counts) out.dp_scratch = std::max(out.dp_scratch, S * c);
+  }
+  if (jp.plan.strategy == plan::Strategy::kLayerwise && S > 1) {
+    out.layerwise_counts.assign(S, 0);
+    for (int i : out.local_params) {
+      out.layerwise_counts[jp.plan.dp_owner[i]] += jp.params[i].local_numel;
+      out.layerwise_total += jp.params[i].local_numel;
+    }
+    for (int64_t c : out.layerwise_counts) {
+      out.dp_scratch = std::max(out.dp_scratch, S * c);
+    }
+  }
+}
+
+// Who updates what, and the state shape kept where it is owned.
+void AssignUpdates(const JobPlan& jp, const JobSettings& settings,
+                   RankLayout& out) {
+  const plan::Plan& plan = jp.plan;
+  const int TP = out.tp_size, t = out.tp_rank, d = out.shard_pos;
+  for (int i : out.local_params) {
+    const ParamMeta& m = jp.params[i];
+    const OptimizerConfig& config = settings.configs.at(m.group);
+    const int owner = plan.dp_owner[i];
+    const bool split = m.split >= 0 && TP > 1;
+    if (split && IsMatrix(config.kind)) {
+      out.mode[i] =
+          plan.tp_host[i] >= 0 ? UpdateMode::kHosted : UpdateMode::kRedundant;
+    }
+    out.dp_owned[i] = owner < 0 || owner == d;
+    out.counted[i] = (owner < 0 ? d == 0 : owner == d) &&
+                     out.shard_group == 0 && (split || t == 0);
+    if (!out.dp_owned[i]) continue;
+    std::vector<int64_t>& shape = out.state_shape[i];
+    switch (out.mode[i]) {
+      case UpdateMode::kLocal:
+        shape = m.local_shape;
+        break;
+      case UpdateMode::kHosted:
+        if (plan.tp_host[i] == t) shape = m.shape;
+        break;
+      case UpdateMode::kRedundant:
+        shape = m.shape;
+        out.redundant.push_back(i);
+        out.max_redundant = std::max(out.max_redundant, m.local_numel);
+        break;
+    }
+    if (!shape.empty()) {
+      out.max_state = std::max(out.max_state, NumElements(shape));
+    }
+  }
+}
+
+// My micro groups and what their all-to-alls move.
+void LayoutGroups(const JobPlan& jp, int stage, RankLayout& out) {
+  const plan::Plan& plan = jp.plan;
+  const int TP = out.tp_size, t = out.tp_rank;
+  for (const plan::MicroGroup& g : plan.micro_groups) {
+    if (g.stage != stage || g.dp != out.shard_pos) continue;
+    GroupLayout layout;
+    layout.group = &g;
+    layout.send_counts.assign(TP, 0);
+    layout.back_recv.assign(TP, 0);
+    for (int i : g.params) {
+      const int h = plan.tp_host[i];
+      const int64_t n = jp.params[i].local_numel;
+      layout.send_counts[h] += 2 * n;
+      layout.back_recv[h] += n;
+      layout.local += n;
+      if (h == t) layout.hosted_here += n;
+    }
+    layout.recv_counts.assign(TP, 2 * layout.hosted_here);
+    layout.back_send.assign(TP, layout.hosted_here);
+    out.groups.push_back(std::move(layout));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<RankLayout> LayoutRank(const JobPlan& jp,
+                                      const JobSettings& settings,
+                                      const v1::RankCoordinates& coords) {
+  const plan::Plan& plan = jp.plan;
+  const int stage = coords.pp_rank();
+  RankLayout out;
+  out.tp_size = settings.layout.tp();
+  out.tp_rank = coords.tp_rank();
+  // Hierarchical sharding: the plan is one shard group's (its DP indices
+  // are positions in the group); the groups hold replicas of it.
+  const int S = settings.shard_group_size;
+  out.shard_size = S;
+  out.shard_pos = coords.dp_rank() % S;
+  out.shard_group = coords.dp_rank() / S;
+  if (stage >= static_cast<int>(jp.stage_first.size())) {
+    return absl::InternalError(absl::StrCat("plan has no stage ", stage));
+  }
+  out.first = jp.stage_first[stage];
+  const int end = stage + 1 < static_cast<int>(jp.stage_first.size())
+                      ? jp.stage_first[stage + 1]
+                      : static_cast<int>(jp.params.size());
+  for (int i = out.first; i < end; ++i) out.local_params.push_back(i);
+  const size_t n = jp.params.size();
+  out.offset.assign(n, -1);
+  out.mode.assign(n, UpdateMode::kLocal);
+  out.dp_owned.assign(n, 0);
+  out.counted.assign(n, 0);
+  out.state_shape.assign(n, {});
+  out.sliced = plan.strategy != plan::Strategy::kSc &&
+               plan.strategy != plan::Strategy::kLayerwise;
+  CANZONA_RETURN_IF_ERROR(LayoutBuckets(jp, stage, out));
+  SizeDpBuffers(jp, out);
+  AssignUpdates(jp, settings, out);
+  LayoutGroups(jp, stage, out);
+  return out;
+}
+
+}  // namespace canzona

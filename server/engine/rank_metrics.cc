@@ -1,0 +1,34 @@
+#include "server/engine/rank_metrics.h"
+
+namespace canzona {
+
+RankMetrics::RankMetrics(const CanzonaMetrics& m, const std::string& job,
+                         const std::string& rank) {
+  static constexpr const char* kNames[kPhases] = {
+      "reduce_scatter", "local_compute", "tp_gather", "tp_compute",
+      "tp_scatter",     "all_gather",    "wait",      "total"};
+  for (int i = 0; i < kPhases; ++i) {
+    phase_[i] = m.step_phase_seconds->WithLabels({job, rank, kNames[i]});
+  }
+  steps_ = m.steps_total->WithLabels({job, rank});
+  skipped_ = m.steps_skipped_total->WithLabels({job, rank});
+  overlap_ = m.tp_overlap_ratio->WithLabels({job, rank});
+  dp_comm_ = m.dp_comm_seconds_total->WithLabels({job, rank});
+  dp_comm_exposed_ = m.dp_comm_exposed_seconds_total->WithLabels({job, rank});
+}
+
+void RankMetrics::RecordStep(const canzona::v1::StepResponse& response,
+                             double tp_comm_s, double tp_hidden_s) {
+  const canzona::v1::PhaseTimes& t = response.seconds();
+  const double values[kPhases] = {
+      t.reduce_scatter(), t.local_compute(), t.tp_gather(), t.tp_compute(),
+      t.tp_scatter(),     t.all_gather(),    t.wait(),      t.total()};
+  for (int i = 0; i < kPhases; ++i) phase_[i]->Observe(values[i]);
+  steps_->Increment();
+  if (response.skipped_nonfinite()) skipped_->Increment();
+  overlap_->Set(tp_comm_s > 0 ? tp_hidden_s / tp_comm_s : 0);
+  dp_comm_->Increment(t.dp_comm());
+  dp_comm_exposed_->Increment(t.dp_comm_exposed());
+}
+
+}  // namespace canzona

@@ -1,0 +1,38 @@
+// RankMetrics: the metric children of one rank (server/metrics/README.md),
+// looked up once at setup so that a step records with atomics only.
+//
+//   RankMetrics metrics(CanzonaMetrics::Register(registry), "job1", "3");
+//   metrics.RecordStep(response, tp_comm_s, tp_hidden_s);
+//
+// Thread-safety: RecordStep on the rank's worker; the children are atomic.
+#ifndef CANZONA_SERVER_ENGINE_RANK_METRICS_H_
+#define CANZONA_SERVER_ENGINE_RANK_METRICS_H_
+
+#include <string>
+
+#include "canzona/v1/optimizer_service.pb.h"
+#include "server/metrics/canzona_metrics.h"
+
+namespace canzona {
+
+class RankMetrics {
+ public:
+  RankMetrics(const CanzonaMetrics& m, const std::string& job,
+              const std::string& rank);
+
+  void RecordStep(const canzona::v1::StepResponse& response, double tp_comm_s,
+                  double tp_hidden_s);
+
+ private:
+  static constexpr int kPhases = 8;
+  Histogram* phase_[kPhases] = {};  // PhaseTimes order, then total
+  Counter* steps_ = nullptr;
+  Counter* skipped_ = nullptr;
+  Gauge* overlap_ = nullptr;
+  Counter* dp_comm_ = nullptr;
+  Counter* dp_comm_exposed_ = nullptr;
+};
+
+}  // namespace canzona
+
+#endif  // CANZONA_SERVER_ENGINE_RANK_METRICS_H_

@@ -1,0 +1,344 @@
+#include "server/engine/rank_runtime.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/status_macros.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "server/engine/communicator_factory.h"
+#include "server/engine/register_request.h"
+#include "server/engine/uneven_calibration.h"
+#include "server/metrics/canzona_metrics.h"
+#include "spdlog/spdlog.h"
+
+namespace canzona {
+
+namespace v1 = ::canzona::v1;
+
+absl::Status RankRuntime::Update(int i, float* param, const float* grad,
+                                 const StepOptions& options) {
+  UpdateRule& rule = *rules.at(i);
+  if (staging == backend.get()) return rule.Step(param, grad, options);
+  const int64_t n = NumElements(rule.shape());
+  float* p = device_param.data();
+  float* g = device_grad.data();
+  CANZONA_RETURN_IF_ERROR(backend->CopyFromHost(grad, n, g));
+  CANZONA_RETURN_IF_ERROR(backend->CopyFromHost(param, n, p));
+  CANZONA_RETURN_IF_ERROR(rule.Step(p, g, options));
+  return backend->CopyToHost(p, n, param);
+}
+
+absl::Status RankRuntime::WorldSum(float* values, int n) {
+  float* staged = scalars.data();
+  CANZONA_RETURN_IF_ERROR(staging->CopyFromHost(values, n, staged));
+  CANZONA_RETURN_IF_ERROR(staging->Synchronize());
+  CANZONA_RETURN_IF_ERROR(world->AllReduce(staged, n));
+  return staging->CopyToHost(staged, n, values);
+}
+
+namespace {
+
+// The copiers (streams) of the DP lane, the TP lane and the world sums.
+struct Copiers {
+  std::unique_ptr<StageCopier> dp, tp, world;
+};
+
+// The compute backend on the rank's GPU (its global rank modulo the
+// devices present: a node's trainers are its consecutive global ranks), a
+// cpu backend for host work, and where staging lives: host memory (Gloo)
+// or the GPU (NCCL).
+absl::Status CreateBackends(const RankSetup& setup, RankRuntime& rt) {
+  const int devices = setup.backend == "cpu" ? 0 : setup.cuda_devices();
+  rt.device = devices > 0 ? setup.global % devices : 0;
+  CANZONA_ASSIGN_OR_RETURN(rt.backend,
+                           CreateBackendByName(setup.backend, rt.device));
+  if (rt.backend->kind() == BackendKind::kCpu) {
+    rt.host = rt.backend.get();
+  } else {
+    CANZONA_ASSIGN_OR_RETURN(rt.host_backend, CreateBackend(BackendKind::kCpu));
+    rt.host = rt.host_backend.get();
+  }
+  rt.staging = setup.nccl ? rt.backend.get() : rt.host;
+  return absl::OkStatus();
+}
+
+// NCCL (the library, one GPU per local rank, streams) or host copiers.
+absl::StatusOr<Copiers> CreateDataPlane(const RankSetup& setup,
+                                        RankRuntime& rt) {
+  Copiers copiers;
+  if (!setup.nccl) {
+    copiers.dp = CreateHostStageCopier();
+    copiers.tp = CreateHostStageCopier();
+    copiers.world = CreateHostStageCopier();
+    return copiers;
+  }
+  NcclApi* api = setup.nccl_api;
+  if (api == nullptr) {
+    CANZONA_ASSIGN_OR_RETURN(api, RealNcclApi());
+    // NCCL runs one rank of a communicator per GPU.
+    const int devices = setup.cuda_devices();
+    if (setup.local_ranks > devices) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "comm 'nccl' needs a GPU per local rank: job '", setup.job_id,
+          "' has ", setup.local_ranks, " ranks on this daemon and ", devices,
+          " GPU(s); run the daemon with --comm=gloo to share GPUs"));
+    }
+  }
+  rt.nccl_api = api;
+  for (auto* copier : {&copiers.dp, &copiers.tp, &copiers.world}) {
+    CANZONA_ASSIGN_OR_RETURN(
+        *copier, CreateDeviceStageCopier(api, rt.device, setup.step_timeout));
+  }
+  return copiers;
+}
+
+struct Groups {
+  MadeCommunicator dp, tp, world, cross;
+};
+
+// DP (same pp, tp; my shard group), TP (same pp, dp), world, and across
+// shard groups. Every rank creates them in this order, so the rendezvous
+// cannot deadlock.
+absl::StatusOr<Groups> CreateCommunicators(const RankSetup& setup,
+                                           const RankRuntime& rt,
+                                           const Copiers& copiers,
+                                           UnevenCalibration* calibration) {
+  CommunicatorFactory::Options options;
+  options.control = setup.control;
+  options.job_id = setup.job_id;
+  options.rank_label = std::to_string(setup.global);
+  options.nccl = rt.nccl_api;
+  options.device = rt.device;
+  options.gloo_host = setup.comm_host;
+  options.timeout = setup.step_timeout;
+  options.metrics = setup.metrics;
+  const CommunicatorFactory factory(std::move(options));
+  const RankLayout& layout = rt.layout;
+  const int pp = setup.coords.pp_rank(), t = setup.coords.tp_rank();
+  const int DP = setup.settings->layout.dp(), TP = layout.tp_size;
+  const int S = layout.shard_size, d = layout.shard_pos;
+  const NcclCostModel cost = factory.nccl_cost();
+  Groups groups;
+  const std::string dp_name =
+      S == DP ? absl::StrCat("dp.", pp, ".", t)
+              : absl::StrCat("dp.", pp, ".", t, ".g", layout.shard_group);
+  CANZONA_ASSIGN_OR_RETURN(
+      groups.dp, factory.Make(
+                     dp_name, d, S, *copiers.dp,
+                     [calibration, cost](absl::Span<const int64_t> counts) {
+                       return calibration->Choose(counts, cost);
+                     },
+                     layout.dp_scratch));
+  setup.on_communicator(groups.dp.comm.get());
+  CANZONA_ASSIGN_OR_RETURN(
+      groups.tp,
+      factory.Make(absl::StrCat("tp.", pp, ".", setup.coords.dp_rank()), t, TP,
+                   *copiers.tp));
+  setup.on_communicator(groups.tp.comm.get());
+  CANZONA_ASSIGN_OR_RETURN(
+      groups.world, factory.Make("world", setup.global, setup.settings->world,
+                                 *copiers.world));
+  setup.on_communicator(groups.world.comm.get());
+  CANZONA_ASSIGN_OR_RETURN(
+      groups.cross, factory.Make(absl::StrCat("xdp.", pp, ".", t, ".p", d),
+                                 layout.shard_group, DP / S, *copiers.dp));
+  setup.on_communicator(groups.cross.comm.get());
+  return groups;
+}
+
+// The stage-sized staging buffers and the whole-matrix work buffers.
+absl::Status AllocateStaging(RankRuntime& rt) {
+  const RankLayout& layout = rt.layout;
+  Backend& staging = *rt.staging;
+  CANZONA_ASSIGN_OR_RETURN(rt.grads, staging.Allocate(layout.stage_elements));
+  CANZONA_ASSIGN_OR_RETURN(rt.params, staging.Allocate(layout.stage_elements));
+  CANZONA_ASSIGN_OR_RETURN(rt.old_params,
+                           staging.Allocate(layout.stage_elements));
+  CANZONA_ASSIGN_OR_RETURN(rt.scalars, staging.Allocate(2));
+  CANZONA_ASSIGN_OR_RETURN(rt.redundant_send,
+                           staging.Allocate(2 * layout.max_redundant));
+  CANZONA_ASSIGN_OR_RETURN(
+      rt.redundant_recv,
+      staging.Allocate(2 * layout.max_redundant * layout.tp_size));
+  CANZONA_ASSIGN_OR_RETURN(rt.whole_grad, staging.Allocate(layout.max_state));
+  CANZONA_ASSIGN_OR_RETURN(rt.whole_param, staging.Allocate(layout.max_state));
+  if (rt.staging != rt.backend.get()) {
+    CANZONA_ASSIGN_OR_RETURN(rt.device_param,
+                             rt.backend->Allocate(layout.max_state));
+    CANZONA_ASSIGN_OR_RETURN(rt.device_grad,
+                             rt.backend->Allocate(layout.max_state));
+  }
+  return absl::OkStatus();
+}
+
+// The update rules, and their state, only where the rank keeps state.
+absl::Status CreateRules(const RankSetup& setup, RankRuntime& rt) {
+  const JobPlan& jp = *rt.plan;
+  for (int i : rt.layout.local_params) {
+    const std::vector<int64_t>& shape = rt.layout.state_shape[i];
+    if (shape.empty()) continue;
+    const ParamMeta& m = jp.params[i];
+    absl::StatusOr<std::unique_ptr<UpdateRule>> rule = UpdateRule::Create(
+        setup.settings->configs.at(m.group), shape, rt.backend.get());
+    if (!rule.ok()) {
+      return absl::Status(
+          rule.status().code(),
+          absl::StrCat("parameter '", m.name, "': ", rule.status().message()));
+    }
+    rt.state_bytes += (*rule)->state_bytes();
+    ++rt.owned;
+    rt.rules.emplace(i, *std::move(rule));
+  }
+  return absl::OkStatus();
+}
+
+// The DP collectives (DP lane) with their scratch and calibration.
+absl::Status CreateBucketCollectives(const RankSetup& setup, RankRuntime& rt,
+                                     Copiers& copiers, Groups& groups,
+                                     std::unique_ptr<UnevenCalibration> cal) {
+  const RankLayout& layout = rt.layout;
+  Backend& staging = *rt.staging;
+  BucketCollectives::Parts parts;
+  CANZONA_ASSIGN_OR_RETURN(parts.slice, staging.Allocate(layout.max_slice));
+  if (cal->enabled()) {
+    CANZONA_ASSIGN_OR_RETURN(
+        parts.sums,
+        staging.Allocate(2 * static_cast<int64_t>(layout.buckets.size())));
+  }
+  if (!layout.layerwise_counts.empty()) {
+    CANZONA_ASSIGN_OR_RETURN(
+        parts.packed,
+        staging.Allocate(layout.layerwise_counts[layout.shard_pos]));
+    CANZONA_ASSIGN_OR_RETURN(parts.gathered,
+                             staging.Allocate(layout.layerwise_total));
+  }
+  parts.copier = std::move(copiers.dp);
+  parts.dp = std::move(groups.dp.comm);
+  parts.cross = std::move(groups.cross.comm);
+  parts.calibration = std::move(cal);
+  BucketCollectives::Staging view;
+  view.plan = rt.plan;
+  view.layout = &rt.layout;
+  view.trainer = setup.trainer;
+  view.on_device = rt.resident();
+  view.grads = rt.grads.data();
+  view.params = rt.params.data();
+  view.who = RankString(setup.coords);
+  rt.buckets =
+      std::make_unique<BucketCollectives>(std::move(view), std::move(parts));
+  return absl::OkStatus();
+}
+
+// The TP micro-group pipeline with one set of buffers per group.
+absl::Status CreateTpLane(const RankSetup& setup, RankRuntime& rt,
+                          Copiers& copiers, Groups& groups) {
+  const RankLayout& layout = rt.layout;
+  Backend& staging = *rt.staging;
+  TpLane::Parts parts;
+  for (const GroupLayout& g : layout.groups) {
+    GroupBuffers b;
+    CANZONA_ASSIGN_OR_RETURN(b.send, staging.Allocate(2 * g.local));
+    CANZONA_ASSIGN_OR_RETURN(
+        b.recv, staging.Allocate(2 * g.hosted_here * layout.tp_size));
+    CANZONA_ASSIGN_OR_RETURN(b.back,
+                             staging.Allocate(g.hosted_here * layout.tp_size));
+    CANZONA_ASSIGN_OR_RETURN(b.back_in, staging.Allocate(g.local));
+    parts.buffers.push_back(std::move(b));
+  }
+  parts.copier = std::move(copiers.tp);
+  parts.tp = std::move(groups.tp);
+  TpLane::Staging view;
+  view.plan = rt.plan;
+  view.layout = &rt.layout;
+  view.grads = rt.grads.data();
+  view.params = rt.params.data();
+  view.backend = rt.staging;
+  if (!setup.nccl) {
+    rt.tp = TpLane::CreateHost(std::move(view), std::move(parts));
+    return absl::OkStatus();
+  }
+  TpLane::Streams streams;
+  streams.api = rt.nccl_api;
+  streams.device = rt.device;
+  streams.compute = static_cast<NcclStream>(rt.backend->native_stream());
+  streams.timeout = setup.step_timeout;
+  CANZONA_ASSIGN_OR_RETURN(
+      rt.tp, TpLane::CreateDevice(std::move(view), std::move(parts), streams));
+  return absl::OkStatus();
+}
+
+void RegisterMetrics(const RankSetup& setup, RankRuntime& rt) {
+  if (setup.metrics == nullptr) return;
+  const CanzonaMetrics m = CanzonaMetrics::Register(setup.metrics);
+  const std::string g = std::to_string(setup.global);
+  rt.metrics = std::make_unique<RankMetrics>(m, setup.job_id, g);
+  const RankLayout& layout = rt.layout;
+  const plan::Plan& plan = rt.plan->plan;
+  const size_t at =
+      (static_cast<size_t>(setup.coords.pp_rank()) * layout.shard_size +
+       layout.shard_pos) *
+          layout.tp_size +
+      layout.tp_rank;
+  if (at < plan.per_gpu.size()) {
+    m.rank_compute_flops->WithLabels({setup.job_id, g})
+        ->Set(plan.per_gpu[at].flops);
+  }
+  m.optimizer_state_bytes->WithLabels({setup.job_id, g})
+      ->Set(static_cast<double>(rt.state_bytes));
+}
+
+// The trainer's view: the plan digest, what it owns, its buckets.
+void Describe(const RankRuntime& rt, v1::RegisterResponse* response) {
+  const plan::Plan& plan = rt.plan->plan;
+  for (const BucketLayout& b : rt.layout.buckets) {
+    v1::Bucket* out = response->add_buckets();
+    for (int i : plan.buckets[b.index].params) {
+      out->add_parameters(i - rt.layout.first);
+    }
+    out->set_elements(b.elements);
+  }
+  response->set_plan_digest(plan.digest);
+  response->set_owned_parameters(rt.owned);
+  response->set_state_bytes(rt.state_bytes);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RankRuntime>> SetupRank(
+    const RankSetup& setup, v1::RegisterResponse* response) {
+  auto rt = std::make_unique<RankRuntime>();
+  rt->plan = setup.plan;
+  CANZONA_RETURN_IF_ERROR(CreateBackends(setup, *rt));
+  CANZONA_ASSIGN_OR_RETURN(Copiers copiers, CreateDataPlane(setup, *rt));
+  CANZONA_ASSIGN_OR_RETURN(
+      rt->layout, LayoutRank(*setup.plan, *setup.settings, setup.coords));
+  auto calibration =
+      rt->resident() && rt->layout.sliced && rt->layout.shard_size > 1
+          ? std::make_unique<UnevenCalibration>(
+                static_cast<int>(rt->layout.buckets.size()))
+          : std::make_unique<UnevenCalibration>();
+  CANZONA_ASSIGN_OR_RETURN(
+      Groups groups,
+      CreateCommunicators(setup, *rt, copiers, calibration.get()));
+  rt->world_copier = std::move(copiers.world);
+  rt->world = std::move(groups.world.comm);
+  CANZONA_RETURN_IF_ERROR(AllocateStaging(*rt));
+  CANZONA_RETURN_IF_ERROR(CreateRules(setup, *rt));
+  CANZONA_RETURN_IF_ERROR(CreateBucketCollectives(setup, *rt, copiers, groups,
+                                                  std::move(calibration)));
+  CANZONA_RETURN_IF_ERROR(CreateTpLane(setup, *rt, copiers, groups));
+  if (rt->staging != rt->backend.get()) {
+    spdlog::info("rank {} updates on {}", RankString(setup.coords),
+                 rt->backend->description());
+  }
+  RegisterMetrics(setup, *rt);
+  Describe(*rt, response);
+  spdlog::info(
+      "rank ready: job={} rank={} owned={} state_bytes={} micro_groups={}",
+      setup.job_id, RankString(setup.coords), rt->owned, rt->state_bytes,
+      rt->layout.groups.size());
+  return rt;
+}
+
+}  // namespace canzona

@@ -1,0 +1,128 @@
+// RankRuntime: everything one local rank's worker owns to run the step:
+// the compute backend (and a host backend for host staging), the update
+// rules of what the rank owns, the stage-sized staging buffers, the world
+// communicator, and the two lanes (BucketCollectives, run by the rank's DP
+// lane thread; TpLane). SetupRank builds it in named steps at
+// registration; nothing in it is allocated in a step.
+//
+// Staging is where the communicators read and write. The Gloo data plane
+// stages in host memory (`staging` is a cpu backend); the NCCL data plane
+// (`resident()`) stages in the rank's GPU memory (`staging` is the compute
+// backend itself), so trainer buffers, collectives and updates never pass
+// through the host. The step code is the same for both: the worker moves
+// staging data through `staging` (Backend calls), the lanes through their
+// StageCopier.
+//
+// Thread-safety: the rank's worker thread, except what the lanes own (see
+// BucketCollectives and TpLane) and the communicators, which another thread
+// may Abort() (LocalRank::AbortComms).
+#ifndef CANZONA_SERVER_ENGINE_RANK_RUNTIME_H_
+#define CANZONA_SERVER_ENGINE_RANK_RUNTIME_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "canzona/v1/optimizer_service.pb.h"
+#include "kernels/backend.h"
+#include "server/comm/communicator.h"
+#include "server/comm/nccl_api.h"
+#include "server/control/kv_store.h"
+#include "server/engine/bucket_collectives.h"
+#include "server/engine/job_plan.h"
+#include "server/engine/job_settings.h"
+#include "server/engine/rank_layout.h"
+#include "server/engine/rank_metrics.h"
+#include "server/engine/stage_copier.h"
+#include "server/engine/tp_lane.h"
+#include "server/engine/trainer_buffers.h"
+#include "server/metrics/registry.h"
+#include "server/optim/update_rule.h"
+
+namespace canzona {
+
+struct RankRuntime {
+  std::unique_ptr<Backend> backend;       // compute
+  std::unique_ptr<Backend> host_backend;  // cpu, when `backend` is not
+  Backend* host = nullptr;                // a cpu backend
+  Backend* staging = nullptr;             // host, or backend when resident
+  NcclApi* nccl_api = nullptr;            // set exactly on the NCCL plane
+  int device = 0;                         // the rank's GPU (cuda)
+  std::shared_ptr<const JobPlan> plan;
+  RankLayout layout;
+
+  std::map<int, std::unique_ptr<UpdateRule>> rules;  // by plan index
+  int owned = 0;
+  int64_t state_bytes = 0;
+  // cuda compute with host (Gloo) staging: each update copies its
+  // parameter and gradient through these device buffers, sized for the
+  // largest rule.
+  DeviceBuffer device_param, device_grad;
+
+  // In staging memory: the stage's gradients and parameters (bucket
+  // order), the parameters before the update (the update RMS), the
+  // redundant updates' exchange buffers, the whole matrices the TP host and
+  // the redundant updates assemble, and the world reductions' values.
+  DeviceBuffer grads, params, old_params;
+  DeviceBuffer redundant_send, redundant_recv, whole_grad, whole_param;
+  DeviceBuffer scalars;
+  // The world reductions' copier (stream), declared before the
+  // communicator, which is destroyed first.
+  std::unique_ptr<StageCopier> world_copier;
+  std::unique_ptr<Communicator> world;
+  std::unique_ptr<RankMetrics> metrics;  // null without a registry
+
+  // Declared last: destroyed first, before the staging they read.
+  std::unique_ptr<TpLane> tp;
+  std::unique_ptr<BucketCollectives> buckets;
+
+  bool resident() const { return nccl_api != nullptr; }
+
+  // Parameter i's update on `param` / `grad` in staging memory: in place
+  // when staging is the compute backend's memory (cpu, or the NCCL data
+  // plane); else (cuda compute, host staging) through the device buffers
+  // (the copy back synchronizes, so `param` is final on return).
+  absl::Status Update(int i, float* param, const float* grad,
+                      const StepOptions& options);
+  // Sums `n` host floats over the job's ranks (through staging memory).
+  absl::Status WorldSum(float* values, int n);
+};
+
+// What SetupRank needs from the engine.
+struct RankSetup {
+  std::string job_id;
+  const JobSettings* settings = nullptr;
+  canzona::v1::RankCoordinates coords;
+  int global = 0;
+  std::shared_ptr<const JobPlan> plan;
+  const TrainerBuffers* trainer = nullptr;
+  int local_ranks = 1;  // ranks of the job on this daemon
+
+  // The daemon's settings (EngineOptions).
+  KvStore* control = nullptr;
+  std::string backend = "cpu";
+  bool nccl = false;            // comm "nccl"
+  NcclApi* nccl_api = nullptr;  // null: the real library
+  std::function<int()> cuda_devices;
+  std::string comm_host = "127.0.0.1";
+  absl::Duration step_timeout = absl::Seconds(60);
+  MetricsRegistry* metrics = nullptr;
+  // Called with each communicator as soon as it exists, so that a failure
+  // elsewhere can abort it even while setup still runs.
+  std::function<void(Communicator*)> on_communicator;
+};
+
+// Builds the rank's runtime and fills `response` (plan digest, owned
+// parameters, state bytes, buckets). Collective with the job's other ranks
+// (communicator rendezvous).
+absl::StatusOr<std::unique_ptr<RankRuntime>> SetupRank(
+    const RankSetup& setup, canzona::v1::RegisterResponse* response);
+
+}  // namespace canzona
+
+#endif  // CANZONA_SERVER_ENGINE_RANK_RUNTIME_H_

@@ -1,0 +1,269 @@
+#include "server/engine/register_request.h"
+
+#include <cctype>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/base/status_macros.h"
+#include "server/engine/job_plan.h"
+#include "server/optim/optimizer_config.h"
+
+namespace canzona {
+namespace {
+
+namespace v1 = ::canzona::v1;
+
+// The layout, the strategy and its knobs, and the canonical `meta` text
+// (groups are appended by ValidateGroups).
+absl::Status ValidateJob(const v1::RegisterRequest& request, JobSettings* out) {
+  const v1::WorldLayout& l = request.layout();
+  if (l.pp() < 1) return absl::InvalidArgumentError("layout.pp must be >= 1");
+  if (l.dp() < 1) return absl::InvalidArgumentError("layout.dp must be >= 1");
+  if (l.tp() < 1) return absl::InvalidArgumentError("layout.tp must be >= 1");
+  constexpr int64_t kMaxWorld = int64_t{1} << 20;
+  if (int64_t{l.pp()} * l.dp() * l.tp() > kMaxWorld) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout: pp x dp x tp = ", int64_t{l.pp()} * l.dp() * l.tp(),
+        " ranks exceeds ", kMaxWorld));
+  }
+  const v1::RankCoordinates& r = request.rank();
+  if (r.pp_rank() < 0 || r.pp_rank() >= l.pp()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank.pp_rank ", r.pp_rank(), " outside [0, ", l.pp(), ")"));
+  }
+  if (r.dp_rank() < 0 || r.dp_rank() >= l.dp()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank.dp_rank ", r.dp_rank(), " outside [0, ", l.dp(), ")"));
+  }
+  if (r.tp_rank() < 0 || r.tp_rank() >= l.tp()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank.tp_rank ", r.tp_rank(), " outside [0, ", l.tp(), ")"));
+  }
+  out->layout = l;
+  out->world = l.pp() * l.dp() * l.tp();
+  out->strategy_name = request.strategy().empty() ? "cost" : request.strategy();
+  absl::StatusOr<plan::Strategy> strategy =
+      plan::ParseStrategy(out->strategy_name);
+  if (!strategy.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("strategy: ", strategy.status().message()));
+  }
+  out->strategy = *strategy;
+  // proto3 cannot tell 0 from unset: 0 means the planner's default (1).
+  out->alpha = request.alpha() == 0 ? 1.0 : request.alpha();
+  if (!(out->alpha >= 0 && out->alpha <= 1)) {
+    return absl::InvalidArgumentError("alpha must be in [0, 1]");
+  }
+  if (request.bucket_size() < 0) {
+    return absl::InvalidArgumentError("bucket_size must be >= 0");
+  }
+  out->bucket_size =
+      request.bucket_size() == 0 ? 400000000 : request.bucket_size();
+  const int S = request.shard_group_size();
+  if (S < 0 || S > l.dp() || (S > 0 && l.dp() % S != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard_group_size ", S, " must divide dp ", l.dp(), " (0: dp)"));
+  }
+  out->shard_group_size = S == 0 ? l.dp() : S;
+  if (out->shard_group_size < l.dp() &&
+      (out->strategy == plan::Strategy::kSc ||
+       out->strategy == plan::Strategy::kLayerwise)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard_group_size ", S,
+                     " < dp needs a bucket-sliced strategy "
+                     "(start_anchored, alpha, cost), not ",
+                     out->strategy_name));
+  }
+  out->meta =
+      absl::StrCat("layout=", l.pp(), ",", l.dp(), ",", l.tp(),
+                   "\nstrategy=", out->strategy_name, "\nalpha=", out->alpha,
+                   "\nbucket_size=", out->bucket_size,
+                   "\nshard_group_size=", out->shard_group_size);
+  return absl::OkStatus();
+}
+
+absl::Status ValidateGroups(const v1::RegisterRequest& request,
+                            JobSettings* out) {
+  if (request.groups().empty()) {
+    return absl::InvalidArgumentError("groups: at least one optimizer group");
+  }
+  for (int g = 0; g < request.groups_size(); ++g) {
+    const v1::OptimizerGroup& group = request.groups(g);
+    const std::string where =
+        absl::StrCat("groups[", g, "] '", group.name(), "'");
+    if (group.name().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": empty name"));
+    }
+    // Group names go into the canonical parameter list ('|' separated
+    // lines) the ranks compare and the planner parses.
+    if (group.name().find_first_of("|\n") != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": name must not contain '|' or newlines"));
+    }
+    if (out->configs.count(group.name())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": duplicate name"));
+    }
+    absl::StatusOr<OptimizerKind> kind = ParseOptimizerKind(group.optimizer());
+    if (!kind.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".optimizer: ", kind.status().message()));
+    }
+    std::vector<std::pair<std::string, std::string>> settings;
+    for (const v1::Setting& s : group.settings()) {
+      settings.emplace_back(s.key(), s.value());
+    }
+    absl::StatusOr<OptimizerConfig> config =
+        MakeOptimizerConfig(*kind, settings);
+    if (!config.ok()) {
+      return absl::Status(
+          config.status().code(),
+          absl::StrCat(where, ".settings: ", config.status().message()));
+    }
+    std::vector<std::string> kv;
+    for (const auto& [k, v] : ConfigSettings(*config)) {
+      kv.push_back(absl::StrCat(k, "=", v));
+    }
+    absl::StrAppend(&out->meta, "\ngroup ", group.name(), " ",
+                    OptimizerKindName(*kind), " ", absl::StrJoin(kv, ","));
+    out->configs.emplace(group.name(), *std::move(config));
+  }
+  return absl::OkStatus();
+}
+
+// One parameter's metadata after its name; returns its local (TP fragment)
+// element count.
+absl::StatusOr<int64_t> ValidateParameter(const v1::Parameter& p,
+                                          const std::string& where,
+                                          const JobSettings& settings) {
+  if (p.shape().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ".shape: empty"));
+  }
+  // Bounded so that element and byte counts cannot overflow int64.
+  constexpr int64_t kMaxElements = int64_t{1} << 40;
+  int64_t elements = 1;
+  for (int64_t d : p.shape()) {
+    if (d < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".shape: dimension ", d, " < 1"));
+    }
+    if (d > kMaxElements / elements) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".shape: more than ", kMaxElements, " elements"));
+    }
+    elements *= d;
+  }
+  if (p.dtype() != v1::DTYPE_FLOAT32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ".dtype: ", v1::DType_Name(p.dtype()),
+        " is not supported on the CPU data plane (DTYPE_FLOAT32 only)"));
+  }
+  const int tp = settings.layout.tp();
+  const int split = p.tp_split_dim();
+  if (split < -1 || split > 1 || split >= p.shape_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".tp_split_dim: ", split,
+                     " must be -1, 0 or 1 and < rank ", p.shape_size()));
+  }
+  if (split >= 0 && p.shape(split) % tp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ".tp_split_dim: tp ", tp, " does not divide dimension ", split,
+        " (", p.shape(split), ")"));
+  }
+  auto config = settings.configs.find(p.group());
+  if (config == settings.configs.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".group: unknown group '", p.group(), "'"));
+  }
+  if (IsMatrix(config->second.kind) && p.shape_size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ".shape: optimizer ", OptimizerKindName(config->second.kind),
+        " needs a 2-D shape"));
+  }
+  return split >= 0 ? elements / tp : elements;
+}
+
+}  // namespace
+
+absl::StatusOr<RankSpec> ValidateRegisterRequest(
+    const v1::RegisterRequest& request, const RegisterLimits& limits) {
+  if (!ValidJobId(request.job_id())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job_id '", request.job_id(), "' must match [A-Za-z0-9_-]{1,64}"));
+  }
+  if (!limits.required_token.empty() &&
+      request.job_token() != limits.required_token) {
+    return absl::UnauthenticatedError(
+        "job_token does not match this daemon's token");
+  }
+  RankSpec out;
+  CANZONA_RETURN_IF_ERROR(ValidateJob(request, &out.settings));
+  CANZONA_RETURN_IF_ERROR(ValidateGroups(request, &out.settings));
+  out.coords = request.rank();
+  out.global = GlobalRank(request.layout(), request.rank());
+
+  if (request.parameters().empty()) {
+    return absl::InvalidArgumentError("parameters: empty list");
+  }
+  if (request.parameters_size() > limits.max_parameters) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "parameters: ", request.parameters_size(),
+        " exceed this daemon's limit of ", limits.max_parameters, " per job"));
+  }
+  std::set<std::string> names;
+  for (int j = 0; j < request.parameters_size(); ++j) {
+    const v1::Parameter& p = request.parameters(j);
+    const std::string where =
+        absl::StrCat("parameters[", j, "] '", p.name(), "'");
+    if (p.name().empty() ||
+        p.name().find_first_of("|\n") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": name must be non-empty without '|' or newlines"));
+    }
+    if (!names.insert(p.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": duplicate name"));
+    }
+    CANZONA_ASSIGN_OR_RETURN(int64_t local,
+                             ValidateParameter(p, where, out.settings));
+    out.local_numel.push_back(local);
+    absl::StrAppend(&out.plist, j ? "\n" : "", CanonicalParam(p));
+  }
+  return out;
+}
+
+bool ValidJobId(absl::string_view id) {
+  if (id.empty() || id.size() > 64) return false;
+  for (char c : id) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' ||
+          c == '-')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string RankString(const v1::RankCoordinates& r) {
+  return absl::StrCat("(pp ", r.pp_rank(), ", dp ", r.dp_rank(), ", tp ",
+                      r.tp_rank(), ")");
+}
+
+absl::Status CheckRankInLayout(const v1::WorldLayout& l,
+                               const v1::RankCoordinates& r) {
+  if (r.pp_rank() < 0 || r.pp_rank() >= l.pp() || r.dp_rank() < 0 ||
+      r.dp_rank() >= l.dp() || r.tp_rank() < 0 || r.tp_rank() >= l.tp()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", RankString(r), " outside the layout"));
+  }
+  return absl::OkStatus();
+}
+
+int GlobalRank(const v1::WorldLayout& l, const v1::RankCoordinates& r) {
+  return (r.pp_rank() * l.dp() + r.dp_rank()) * l.tp() + r.tp_rank();
+}
+
+}  // namespace canzona

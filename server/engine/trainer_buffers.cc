@@ -1,0 +1,182 @@
+#include "server/engine/trainer_buffers.h"
+
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/status_macros.h"
+
+namespace canzona {
+
+namespace v1 = ::canzona::v1;
+
+absl::StatusOr<std::unique_ptr<TrainerBuffers>> TrainerBuffers::Map(
+    const v1::RegisterRequest& request, absl::Span<const int64_t> local_numel,
+    const Options& options) {
+  std::unique_ptr<TrainerBuffers> out(new TrainerBuffers());
+  std::string event_handle;
+  for (int j = 0; j < request.parameters_size(); ++j) {
+    const v1::Parameter& p = request.parameters(j);
+    const std::string where =
+        absl::StrCat("parameters[", j, "] '", p.name(), "'");
+    CANZONA_ASSIGN_OR_RETURN(
+        float* param,
+        out->MapOne(request.job_id(), absl::StrCat(where, ".param"), p.param(),
+                    local_numel[j], options));
+    CANZONA_ASSIGN_OR_RETURN(
+        float* grad, out->MapOne(request.job_id(), absl::StrCat(where, ".grad"),
+                                 p.grad(), local_numel[j], options));
+    out->param_.push_back(param);
+    out->grad_.push_back(grad);
+    // The trainer's "gradients written" event: one per rank (every grad
+    // buffer names the same one, or none).
+    const std::string& event =
+        p.grad().has_cuda_ipc() ? p.grad().cuda_ipc().event_handle() : "";
+    if (event.empty()) continue;
+    if (event_handle.empty()) {
+      absl::StatusOr<void*> opened =
+          options.opener->OpenEvent(event, out->device_);
+      if (!opened.ok()) {
+        return absl::Status(opened.status().code(),
+                            absl::StrCat(where, ".grad.cuda_ipc.event_handle: ",
+                                         opened.status().message()));
+      }
+      out->grad_event_ = *opened;
+      event_handle = event;
+    } else if (event != event_handle) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where,
+                       ".grad.cuda_ipc.event_handle: differs from the rank's "
+                       "other gradients' (one event per rank)"));
+    }
+  }
+  if (out->mapped_bytes_ > options.max_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("parameters: ", out->mapped_bytes_,
+                     " mapped bytes exceed this daemon's limit of ",
+                     options.max_bytes, " per job"));
+  }
+  return out;
+}
+
+TrainerBuffers::~TrainerBuffers() {
+  if (grad_event_ != nullptr) opener_->CloseEvent(grad_event_, device_);
+}
+
+absl::StatusOr<float*> TrainerBuffers::MapOne(const std::string& job_id,
+                                              const std::string& where,
+                                              const v1::BufferRef& ref,
+                                              int64_t numel,
+                                              const Options& options) {
+  const bool ipc = ref.has_cuda_ipc();
+  if (!ipc && !ref.has_shm()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": no buffer (shm or cuda_ipc)"));
+  }
+  if (!shm_.empty() || !ipc_.empty()) {
+    if (ipc != on_device_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where,
+          ": every buffer of a rank must be shm, or every one cuda_ipc"));
+    }
+  }
+  const uint64_t need = static_cast<uint64_t>(numel) * sizeof(float);
+  if (ipc) {
+    const int devices = options.cuda_devices ? options.cuda_devices() : 0;
+    if (devices == 0 || options.registry == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, ".cuda_ipc: this daemon has no usable CUDA device"));
+    }
+    const v1::CudaIpcBufferRef& r = ref.cuda_ipc();
+    if (!ipc_.empty() && r.device() != device_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".cuda_ipc.device: ", r.device(),
+                       ", the rank's other buffers are on device ", device_));
+    }
+    CANZONA_ASSIGN_OR_RETURN(CudaIpcRegistry::Mapping m,
+                             options.registry->Map(where, r, need, devices));
+    on_device_ = true;
+    device_ = r.device();
+    opener_ = options.opener;
+    mapped_bytes_ += static_cast<int64_t>(r.bytes());
+    float* data = m.data();
+    ipc_.push_back(std::move(m));
+    return data;
+  }
+  const v1::ShmBufferRef& shm = ref.shm();
+  if (absl::Status s = ValidateShmName(shm.name()); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".shm.name: ", s.message()));
+  }
+  const std::string name_prefix = absl::StrCat("/canzona.", job_id, ".");
+  if (shm.name().rfind(name_prefix, 0) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ".shm.name '", shm.name(), "' does not belong to job '", job_id,
+        "' (", name_prefix, "<rank>.<seq>)"));
+  }
+  if (shm.bytes() < need) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": buffer too small: ", shm.bytes(),
+                     " bytes, the local shard needs ", need));
+  }
+  if (shm.bytes() != need) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": buffer size ", shm.bytes(),
+                     " bytes, the local shard needs exactly ", need));
+  }
+  // Each object is mapped once, however many tensors it holds.
+  const SharedMemory* object = nullptr;
+  for (const SharedMemory& mapped : shm_) {
+    if (mapped.name() == shm.name()) object = &mapped;
+  }
+  if (object == nullptr) {
+    SharedMemory::OpenOptions open_options;
+    open_options.expected_owner_uid = options.owner_uid;
+    absl::StatusOr<SharedMemory> mapped =
+        SharedMemory::Open(shm.name(), open_options);
+    if (!mapped.ok()) {
+      return absl::Status(
+          mapped.status().code(),
+          absl::StrCat(where, ".shm: ", mapped.status().message()));
+    }
+    mapped_bytes_ += static_cast<int64_t>(mapped->size());
+    shm_.push_back(*std::move(mapped));
+    object = &shm_.back();
+  }
+  absl::StatusOr<float*> range = object->FloatRange(shm.offset(), shm.bytes());
+  if (!range.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".shm: ", range.status().message()));
+  }
+  return *range;
+}
+
+absl::Status TrainerBuffers::WaitGradients(StageCopier& copier,
+                                           bool device_staging) const {
+  if (grad_event_ == nullptr) return absl::OkStatus();
+  if (device_staging) {
+    return copier.WaitEvent(static_cast<NcclEvent>(grad_event_));
+  }
+  return opener_->WaitEvent(grad_event_, device_);
+}
+
+absl::Status TrainerBuffers::Read(const float* src, int64_t n, float* dst,
+                                  StageCopier& copier,
+                                  bool device_staging) const {
+  if (device_staging || !on_device_) {
+    return copier.Copy(dst, src, n * sizeof(float));
+  }
+  return opener_->CopyToHost(device_, src, n * sizeof(float), dst);
+}
+
+absl::Status TrainerBuffers::Write(const float* src, int64_t n, float* dst,
+                                   StageCopier& copier,
+                                   bool device_staging) const {
+  if (device_staging || !on_device_) {
+    return copier.Copy(dst, src, n * sizeof(float));
+  }
+  return opener_->CopyFromHost(device_, src, n * sizeof(float), dst);
+}
+
+}  // namespace canzona

@@ -1,0 +1,111 @@
+// TrainerBuffers: one trainer rank's parameter and gradient buffers as the
+// daemon sees them, and the copies between them and the rank's staging.
+//
+// CPU trainers share POSIX shared memory objects (mapped once per object,
+// the names and owners checked); GPU trainers export CUDA IPC handles
+// (opened through the daemon's CudaIpcRegistry) and the interprocess event
+// they record once backward has written the gradients. Either way no tensor
+// byte crosses gRPC.
+//
+//   CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<TrainerBuffers> buffers,
+//                            TrainerBuffers::Map(request, spec.local_numel,
+//                                                options));
+//   // On the rank's DP lane thread:
+//   CANZONA_RETURN_IF_ERROR(buffers->WaitGradients(copier, device_staging));
+//   CANZONA_RETURN_IF_ERROR(buffers->Read(buffers->grad(j), n, staged,
+//                                         copier, device_staging));
+//
+// Errors of Map name the field ("parameters[3] 'w'.grad.shm.name: ...").
+//
+// Thread-safety: Map runs on the registering gRPC thread; afterwards the
+// mapping is immutable and the copies run on the rank's DP lane thread
+// (and checkpoints never touch trainer memory).
+#ifndef CANZONA_SERVER_ENGINE_TRAINER_BUFFERS_H_
+#define CANZONA_SERVER_ENGINE_TRAINER_BUFFERS_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "canzona/v1/optimizer_service.pb.h"
+#include "client/shm/shared_memory.h"
+#include "kernels/cuda/cuda_ipc.h"
+#include "server/engine/cuda_ipc_registry.h"
+#include "server/engine/stage_copier.h"
+
+namespace canzona {
+
+class TrainerBuffers {
+ public:
+  struct Options {
+    // The trainer's uid (SO_PEERCRED): shm objects must belong to it.
+    std::optional<uid_t> owner_uid;
+    // CUDA IPC (null only when no trainer exports device memory).
+    CudaIpcRegistry* registry = nullptr;
+    CudaIpcOpener* opener = nullptr;
+    // The node's CUDA devices, asked only when a buffer is device memory
+    // (a cpu daemon without GPU trainers never starts CUDA).
+    std::function<int()> cuda_devices;
+    // RESOURCE_EXHAUSTED beyond this many mapped bytes.
+    int64_t max_bytes = int64_t{1} << 40;
+  };
+
+  // Maps every parameter's param and grad buffer of `request` (validated:
+  // `local_numel[j]` elements each).
+  static absl::StatusOr<std::unique_ptr<TrainerBuffers>> Map(
+      const canzona::v1::RegisterRequest& request,
+      absl::Span<const int64_t> local_numel, const Options& options);
+
+  ~TrainerBuffers();
+  TrainerBuffers(const TrainerBuffers&) = delete;
+  TrainerBuffers& operator=(const TrainerBuffers&) = delete;
+
+  int count() const { return static_cast<int>(param_.size()); }
+  float* param(int j) const { return param_[j]; }
+  float* grad(int j) const { return grad_[j]; }
+  // Bytes of trainer memory mapped (shm objects whole, IPC ranges).
+  int64_t mapped_bytes() const { return mapped_bytes_; }
+  // Device memory of `device()` (CUDA IPC), else host shared memory.
+  bool on_device() const { return on_device_; }
+  int device() const { return device_; }
+
+  // Makes what `copier` does next see the trainer's final gradients: a
+  // stream wait for the trainer's event (device staging) or a host wait;
+  // nothing when the trainer exported no event.
+  absl::Status WaitGradients(StageCopier& copier, bool device_staging) const;
+  // `n` floats from trainer memory `src` to staging `dst`, and back.
+  // Device staging copies either kind on the copier's stream; host staging
+  // copies device memory through the IPC layer.
+  absl::Status Read(const float* src, int64_t n, float* dst,
+                    StageCopier& copier, bool device_staging) const;
+  absl::Status Write(const float* src, int64_t n, float* dst,
+                     StageCopier& copier, bool device_staging) const;
+
+ private:
+  TrainerBuffers() = default;
+  // The buffer `ref` of `numel` floats (`where` names it in errors).
+  absl::StatusOr<float*> MapOne(const std::string& job_id,
+                                const std::string& where,
+                                const canzona::v1::BufferRef& ref,
+                                int64_t numel, const Options& options);
+
+  std::vector<SharedMemory> shm_;
+  std::vector<CudaIpcRegistry::Mapping> ipc_;
+  std::vector<float*> param_, grad_;  // per parameter, request order
+  int64_t mapped_bytes_ = 0;
+  bool on_device_ = false;
+  int device_ = 0;
+  CudaIpcOpener* opener_ = nullptr;
+  void* grad_event_ = nullptr;  // the trainer's "gradients written" event
+};
+
+}  // namespace canzona
+
+#endif  // CANZONA_SERVER_ENGINE_TRAINER_BUFFERS_H_
