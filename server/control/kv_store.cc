@@ -175,6 +175,13 @@ absl::StatusOr<int64_t> InMemoryKvStore::Add(const std::string& key,
   return current;
 }
 
+std::vector<std::string> InMemoryKvStore::Keys() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : values_) keys.push_back(key);
+  return keys;
+}
+
 absl::Status InMemoryKvStore::DeletePrefix(const std::string& prefix) {
   absl::MutexLock lock(&mu_);
   auto it = values_.lower_bound(prefix);

@@ -89,6 +89,9 @@ class InMemoryKvStore : public KvStore {
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override;
   absl::Status DeletePrefix(const std::string& prefix) override;
 
+  // Every key set now, in order (tests, diagnostics).
+  std::vector<std::string> Keys() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct Waiter {
     std::string key;
