@@ -239,8 +239,7 @@ class FakeCommunicator : public Communicator {
 
   // Reports a break this rank has not reported yet; otherwise says the
   // communicator is unusable.
-  absl::Status BrokenStatus() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-    GroupState& s = *state_;
+  absl::Status BrokenStatus(GroupState& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     if (!s.observed_break[rank_]) {
       s.observed_break[rank_] = true;
       return absl::UnavailableError(
@@ -258,7 +257,7 @@ class FakeCommunicator : public Communicator {
     GroupState& s = *state_;
     const absl::Time deadline = absl::Now() + s.timeout;
     absl::MutexLock lock(&s.mu);
-    if (!s.broken.ok()) return BrokenStatus();
+    if (!s.broken.ok()) return BrokenStatus(s);
     CANZONA_RETURN_IF_ERROR(check());
     auto injected = s.injected.find({rank_, call.op});
     if (injected != s.injected.end()) {
@@ -272,9 +271,9 @@ class FakeCommunicator : public Communicator {
     // Wait for the previous round to empty (a fast rank may get here
     // while slow ones are still copying out their results).
     while (s.round != my_round_ && s.broken.ok()) {
-      if (s.cv.WaitWithDeadline(&s.mu, deadline)) return TimedOut(call);
+      if (s.cv.WaitWithDeadline(&s.mu, deadline)) return TimedOut(s, call);
     }
-    if (!s.broken.ok()) return BrokenStatus();
+    if (!s.broken.ok()) return BrokenStatus(s);
 
     // Phase 1: arrive.
     s.entries[rank_] = Entry{call, in, out};
@@ -284,9 +283,9 @@ class FakeCommunicator : public Communicator {
       s.cv.SignalAll();
     }
     while (s.arrived < s.size && s.broken.ok()) {
-      if (s.cv.WaitWithDeadline(&s.mu, deadline)) return TimedOut(call);
+      if (s.cv.WaitWithDeadline(&s.mu, deadline)) return TimedOut(s, call);
     }
-    if (s.arrived < s.size) return BrokenStatus();  // broke while waiting
+    if (s.arrived < s.size) return BrokenStatus(s);  // broke while waiting
     if (!s.verdict.ok()) {
       s.observed_break[rank_] = true;
       return s.verdict;
@@ -298,7 +297,7 @@ class FakeCommunicator : public Communicator {
     while (s.computed < s.size) {
       // All ranks are inside this round, so this wait is short; the
       // deadline only guards against a bug here.
-      if (s.cv.WaitWithDeadline(&s.mu, deadline)) return TimedOut(call);
+      if (s.cv.WaitWithDeadline(&s.mu, deadline)) return TimedOut(s, call);
     }
     if (!result.empty()) {
       std::memcpy(out, result.data(), result.size() * sizeof(float));
@@ -312,13 +311,13 @@ class FakeCommunicator : public Communicator {
     return absl::OkStatus();
   }
 
-  absl::Status TimedOut(const FakeCommCall& call)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+  absl::Status TimedOut(GroupState& s, const FakeCommCall& call)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
     absl::Status status = absl::DeadlineExceededError(
-        absl::StrCat("timed out after ", absl::FormatDuration(state_->timeout),
+        absl::StrCat("timed out after ", absl::FormatDuration(s.timeout),
                      " waiting for the other ranks to call ", call.op));
-    state_->observed_break[rank_] = true;
-    state_->Break(status);
+    s.observed_break[rank_] = true;
+    s.Break(status);
     return status;
   }
 

@@ -12,8 +12,6 @@
 
 namespace canzona {
 
-namespace v1 = ::canzona::v1;
-
 JobRegistry::JobRegistry(Options options) : options_(std::move(options)) {}
 
 absl::Status JobRegistry::Unavailable() {

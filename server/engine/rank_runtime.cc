@@ -14,8 +14,6 @@
 
 namespace canzona {
 
-namespace v1 = ::canzona::v1;
-
 absl::Status RankRuntime::Update(int i, float* param, const float* grad,
                                  const StepOptions& options) {
   UpdateRule& rule = *rules.at(i);

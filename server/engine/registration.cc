@@ -14,8 +14,6 @@
 
 namespace canzona {
 
-namespace v1 = ::canzona::v1;
-
 Registration::Registration(const EngineOptions& options, JobRegistry* registry,
                            AgreementFor agreement_for)
     : options_(options),

@@ -9,8 +9,6 @@
 
 namespace canzona {
 
-namespace v1 = ::canzona::v1;
-
 absl::StatusOr<std::unique_ptr<TrainerBuffers>> TrainerBuffers::Map(
     const v1::RegisterRequest& request, absl::Span<const int64_t> local_numel,
     const Options& options) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -42,8 +43,8 @@ class Recorder {
 
  private:
   absl::Mutex mu_;
-  std::vector<std::string> events_;
-  std::string fail_at_;
+  std::vector<std::string> events_ ABSL_GUARDED_BY(mu_);
+  std::string fail_at_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
