@@ -144,6 +144,10 @@ absl::Status CudaCopyFromHost(int device, const void* src, size_t bytes,
   CANZONA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  // From pageable memory cudaMemcpy returns once the bytes are staged for
+  // DMA, not once they landed; the reader (the trainer's process, another
+  // stream) is not ordered after it, so wait for the copy itself.
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
   return absl::OkStatus();
 }
 

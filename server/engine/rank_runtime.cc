@@ -330,6 +330,11 @@ absl::StatusOr<std::unique_ptr<RankRuntime>> SetupRank(
     spdlog::info("rank {} updates on {}", RankString(setup.coords),
                  rt->backend->description());
   }
+  // Setup allocated and zero-filled staging on the compute backend's
+  // stream; the lanes' copier and NCCL streams use it from the first step
+  // on with no event in between.
+  CANZONA_RETURN_IF_ERROR(rt->staging->Synchronize());
+  CANZONA_RETURN_IF_ERROR(rt->backend->Synchronize());
   RegisterMetrics(setup, *rt);
   Describe(*rt, response);
   spdlog::info(
