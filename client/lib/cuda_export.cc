@@ -5,6 +5,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace canzona {
@@ -16,7 +17,8 @@ constexpr size_t kHandleBytes = 64;  // CUDA_IPC_HANDLE_SIZE
 constexpr int kMemoryTypeDevice = 2;
 constexpr unsigned kEventDisableTiming = 0x02;
 constexpr unsigned kEventInterprocess = 0x04;
-struct PointerAttributes {  // struct cudaPointerAttributes
+constexpr int kAttributeLegacyIpcCapable = 10;  // CU_POINTER_ATTRIBUTE_IS_...
+struct PointerAttributes {                      // struct cudaPointerAttributes
   int type;
   int device;
   void* device_pointer;
@@ -38,8 +40,11 @@ struct Runtime {
   int (*event_destroy)(void*) = nullptr;
   int (*event_record)(void*, void*) = nullptr;
   int (*ipc_event_handle)(IpcHandle*, void*) = nullptr;
-  // cuMemGetAddressRange (driver), through the runtime's entry point.
+  int (*pci_bus_id)(char*, int, int) = nullptr;
+  // cuMemGetAddressRange and cuPointerGetAttribute (driver), through the
+  // runtime's entry point.
   int (*address_range)(uintptr_t*, size_t*, uintptr_t) = nullptr;
+  int (*pointer_attribute)(void*, int, uintptr_t) = nullptr;
   std::string error;  // why the runtime is unusable
 };
 
@@ -71,19 +76,22 @@ const Runtime& Cudart() {
     sym("cudaEventDestroy", &r->event_destroy);
     sym("cudaEventRecord", &r->event_record);
     sym("cudaIpcGetEventHandle", &r->ipc_event_handle);
-    if (r->error.empty()) {
-      void* fn = nullptr;
+    sym("cudaDeviceGetPCIBusId", &r->pci_bus_id);
+    auto driver = [&](const char* name, auto* fn) {
+      if (!r->error.empty()) return;
+      void* found_fn = nullptr;
       int found = -1;
-      const int err = r->driver_entry("cuMemGetAddressRange", &fn, 12000,
+      const int err = r->driver_entry(name, &found_fn, 12000,
                                       /*cudaEnableDefault=*/0, &found);
-      if (err != 0 || found != 0 || fn == nullptr) {
-        r->error = absl::StrCat(
-            "no usable CUDA driver (cuMemGetAddressRange unavailable, error ",
-            err, ")");
+      if (err != 0 || found != 0 || found_fn == nullptr) {
+        r->error = absl::StrCat("no usable CUDA driver (", name,
+                                " unavailable, error ", err, ")");
       } else {
-        *reinterpret_cast<void**>(&r->address_range) = fn;
+        *reinterpret_cast<void**>(fn) = found_fn;
       }
-    }
+    };
+    driver("cuMemGetAddressRange", &r->address_range);
+    driver("cuPointerGetAttribute", &r->pointer_attribute);
     return r;
   }();
   return *runtime;
@@ -123,6 +131,28 @@ absl::StatusOr<canzona::v1::BufferRef> CudaBufferRef(
       !s.ok()) {
     return s;
   }
+  // Legacy CUDA IPC shares only cudaMalloc allocations: not memory of a
+  // stream-ordered pool (cudaMallocAsync) nor virtual-memory-management
+  // mappings (PyTorch's expandable segments), whose export would fail
+  // obscurely, or worse, on the daemon's side.
+  int legacy_ipc = 0;
+  if (rt.pointer_attribute(&legacy_ipc, kAttributeLegacyIpcCapable,
+                           reinterpret_cast<uintptr_t>(device_ptr)) == 0 &&
+      legacy_ipc == 0) {
+    return absl::FailedPreconditionError(
+        "device_ptr lives in memory CUDA IPC cannot share (a cudaMallocAsync "
+        "pool or a virtual-memory mapping): allocate the trainer's buffers "
+        "with cudaMalloc; with PyTorch, do not use "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or "
+        "backend:cudaMallocAsync");
+  }
+  char bus_id[32] = {};
+  if (absl::Status s =
+          Check(rt, rt.pci_bus_id(bus_id, sizeof(bus_id), attributes.device),
+                "cudaDeviceGetPCIBusId");
+      !s.ok()) {
+    return s;
+  }
   uintptr_t base = 0;
   size_t size = 0;
   if (rt.address_range(&base, &size, reinterpret_cast<uintptr_t>(device_ptr)) !=
@@ -150,6 +180,7 @@ absl::StatusOr<canzona::v1::BufferRef> CudaBufferRef(
   ipc->set_bytes(bytes);
   ipc->set_device(attributes.device);
   ipc->set_event_handle(event_handle);
+  ipc->set_pci_bus_id(absl::AsciiStrToLower(bus_id));
   return ref;
 }
 

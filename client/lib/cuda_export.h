@@ -12,7 +12,9 @@
 // CudaBufferRef takes the IPC handle of the whole allocation holding the
 // pointer (cudaIpcGetMemHandle on its base, found with
 // cuMemGetAddressRange) and the pointer's offset in it, as caching
-// allocators hand out pieces of larger blocks.
+// allocators hand out pieces of larger blocks, and names the GPU by its PCI
+// bus id, so that the daemon finds it whatever CUDA_VISIBLE_DEVICES either
+// process runs under.
 //
 // The CUDA runtime is loaded when first needed (dlopen of libcudart), so
 // the library links no CUDA library and CPU-only trainers never load it.
@@ -34,7 +36,9 @@ namespace canzona {
 // A BufferRef for `bytes` of device memory at `device_ptr`;
 // `event_handle` (gradients only) is a CudaExportEvent's handle.
 // INVALID_ARGUMENT when the pointer is not device memory or the range
-// leaves its allocation.
+// leaves its allocation; FAILED_PRECONDITION, saying what to change, when
+// the memory cannot be shared with legacy CUDA IPC (a cudaMallocAsync pool,
+// PyTorch's expandable segments).
 absl::StatusOr<canzona::v1::BufferRef> CudaBufferRef(
     const void* device_ptr, uint64_t bytes,
     const std::string& event_handle = "");

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "kernels/base/cuda_status.h"
@@ -119,6 +120,23 @@ class RealOpener final : public CudaIpcOpener {
   absl::Status CopyFromHost(int device, const void* src, size_t bytes,
                             void* dst) override {
     return CudaCopyFromHost(device, src, bytes, dst);
+  }
+  absl::StatusOr<int> DeviceOfPciBusId(const std::string& pci_bus_id) override {
+    int device = -1;
+    const cudaError_t err =
+        cudaDeviceGetByPCIBusId(&device, pci_bus_id.c_str());
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      return absl::NotFoundError(absl::StrCat(
+          "no GPU with PCI bus id '", pci_bus_id,
+          "' is visible to this process (", cudaGetErrorString(err), ")"));
+    }
+    return device;
+  }
+  absl::StatusOr<std::string> PciBusIdOf(int device) override {
+    char id[32] = {};
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaDeviceGetPCIBusId(id, sizeof(id), device));
+    return absl::AsciiStrToLower(id);
   }
 };
 

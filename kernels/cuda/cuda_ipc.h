@@ -56,6 +56,13 @@ class CudaIpcOpener {
                                   void* dst) = 0;
   virtual absl::Status CopyFromHost(int device, const void* src, size_t bytes,
                                     void* dst) = 0;
+  // The GPU's identity across processes: the device index this process
+  // sees for the GPU at `pci_bus_id` (cudaDeviceGetByPCIBusId; NOT_FOUND
+  // when it cannot see that GPU), and the PCI bus id of `device`
+  // (cudaDeviceGetPCIBusId, lower case, e.g. "0000:3b:00.0").
+  virtual absl::StatusOr<int> DeviceOfPciBusId(
+      const std::string& pci_bus_id) = 0;
+  virtual absl::StatusOr<std::string> PciBusIdOf(int device) = 0;
 };
 CudaIpcOpener* RealCudaIpcOpener();
 

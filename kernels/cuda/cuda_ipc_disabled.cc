@@ -27,6 +27,10 @@ class NoOpener final : public CudaIpcOpener {
   absl::Status CopyFromHost(int, const void*, size_t, void*) override {
     return NoCuda();
   }
+  absl::StatusOr<int> DeviceOfPciBusId(const std::string&) override {
+    return NoCuda();
+  }
+  absl::StatusOr<std::string> PciBusIdOf(int) override { return NoCuda(); }
 };
 
 }  // namespace

@@ -33,15 +33,15 @@ void CudaIpcRegistry::Mapping::Reset() {
 
 absl::StatusOr<CudaIpcRegistry::Mapping> CudaIpcRegistry::Map(
     const std::string& field, const canzona::v1::CudaIpcBufferRef& ref,
-    uint64_t expected_bytes, int devices) {
+    uint64_t expected_bytes, int device, int devices) {
   if (ref.mem_handle().size() != kCudaIpcHandleBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ".cuda_ipc.mem_handle: ", ref.mem_handle().size(),
                      " bytes, expected ", kCudaIpcHandleBytes));
   }
-  if (ref.device() < 0 || ref.device() >= devices) {
+  if (device < 0 || device >= devices) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ".cuda_ipc.device: ", ref.device(), " outside [0, ",
+        absl::StrCat(field, ".cuda_ipc.device: ", device, " outside [0, ",
                      devices, ") on this node"));
   }
   if (ref.offset() % sizeof(float) != 0) {
@@ -53,12 +53,12 @@ absl::StatusOr<CudaIpcRegistry::Mapping> CudaIpcRegistry::Map(
         absl::StrCat(field, ".cuda_ipc.bytes: ", ref.bytes(),
                      ", the parameter's local shard needs ", expected_bytes));
   }
-  std::pair<int, std::string> key(ref.device(), ref.mem_handle());
+  std::pair<int, std::string> key(device, ref.mem_handle());
   absl::MutexLock lock(&mu_);
   auto it = open_.find(key);
   if (it == open_.end()) {
     absl::StatusOr<CudaIpcOpened> opened =
-        opener_->Open(ref.mem_handle(), ref.device());
+        opener_->Open(ref.mem_handle(), device);
     if (!opened.ok()) {
       return absl::Status(
           opened.status().code(),
@@ -69,7 +69,7 @@ absl::StatusOr<CudaIpcRegistry::Mapping> CudaIpcRegistry::Map(
   const CudaIpcOpened a = it->second.opened;  // a copy: `it` may go
   if (ref.offset() > a.size || ref.bytes() > a.size - ref.offset()) {
     if (it->second.refs == 0) {
-      opener_->Close(a, ref.device());
+      opener_->Close(a, device);
       open_.erase(it);
     }
     return absl::InvalidArgumentError(absl::StrCat(
@@ -81,7 +81,7 @@ absl::StatusOr<CudaIpcRegistry::Mapping> CudaIpcRegistry::Map(
   m.registry_ = this;
   m.key_ = std::move(key);
   m.data_ = reinterpret_cast<float*>(static_cast<char*>(a.base) + ref.offset());
-  m.device_ = ref.device();
+  m.device_ = device;
   return m;
 }
 

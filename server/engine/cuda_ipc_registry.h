@@ -8,13 +8,14 @@
 //   CudaIpcRegistry registry(RealCudaIpcOpener());
 //   CANZONA_ASSIGN_OR_RETURN(CudaIpcRegistry::Mapping grad,
 //       registry.Map("parameters[3] 'w'.grad", ref.cuda_ipc(), bytes,
-//                    CudaDeviceCount()));
+//                    device, CudaDeviceCount()));
 //   float* device_grad = grad.data();
 //
 // Validation (INVALID_ARGUMENT naming `field`): the handle's size, the
 // device (0 <= device < devices), offset alignment (4 bytes), the byte count
 // against the parameter's, and [offset, offset + bytes) inside the opened
-// allocation.
+// allocation. Which device: TrainerBuffers resolves the trainer's PCI bus id
+// to this process's index first.
 //
 // Thread-safety: thread-safe; Mappings may be destroyed on any thread.
 #ifndef CANZONA_SERVER_ENGINE_CUDA_IPC_REGISTRY_H_
@@ -61,10 +62,11 @@ class CudaIpcRegistry {
     int device_ = 0;
   };
 
-  // `devices`: how many CUDA devices this node has.
+  // Opens `ref` on `device` (this process's index of the GPU the trainer
+  // named); `devices`: how many CUDA devices this process sees.
   absl::StatusOr<Mapping> Map(const std::string& field,
                               const canzona::v1::CudaIpcBufferRef& ref,
-                              uint64_t expected_bytes, int devices);
+                              uint64_t expected_bytes, int device, int devices);
 
   // Allocations open now (tests).
   int open_allocations() const;

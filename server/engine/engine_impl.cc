@@ -114,7 +114,8 @@ EngineImpl::EngineImpl(EngineOptions options)
           options_.max_bytes_per_job,
           std::min(options_.step_timeout, absl::Seconds(5))}) {
   registration_ = std::make_unique<Registration>(
-      options_, &registry_, [this](Job& job) { return AgreementFor(job); });
+      options_, &registry_, cuda_ipc_,
+      [this](Job& job) { return AgreementFor(job); });
   watcher_ = std::make_unique<TrainerWatcher>(absl::Milliseconds(200),
                                               [this] { registry_.Tick(); });
 }
@@ -439,6 +440,8 @@ v1::GetStatusResponse EngineImpl::GetStatus() {
       const RankProgress& progress = job->progress(*r);
       rs->set_steps_done(progress.steps_done);
       *rs->mutable_last_step_seconds() = progress.last;
+      rs->set_device(progress.device);
+      rs->set_pci_bus_id(progress.pci_bus_id);
     }
   }
   return response;

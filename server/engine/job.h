@@ -50,6 +50,9 @@ struct RankProgress {
   // Work to run on the worker right after step N (checkpoints at_step).
   std::map<int64_t, std::vector<Worker::Task>> after_step;
   canzona::v1::PhaseTimes last;
+  // The GPU the rank's updates run on once set up (-1, "": cpu).
+  int device = -1;
+  std::string pci_bus_id;
   bool setup_done = false;
   // Holds its place in the job on the control plane (claimed at
   // registration): its departure counts towards deleting the job's keys.

@@ -42,13 +42,18 @@ struct Copiers {
   std::unique_ptr<StageCopier> dp, tp, world;
 };
 
-// The compute backend on the rank's GPU (its global rank modulo the
-// devices present: a node's trainers are its consecutive global ranks), a
-// cpu backend for host work, and where staging lives: host memory (Gloo)
-// or the GPU (NCCL).
+// The compute backend on the rank's GPU, a cpu backend for host work, and
+// where staging lives: host memory (Gloo) or the GPU (NCCL). The rank's GPU
+// is the one its trainer's buffers live on (found by PCI bus id); a trainer
+// with host buffers gets its global rank modulo the devices present (a
+// node's trainers are its consecutive global ranks).
 absl::Status CreateBackends(const RankSetup& setup, RankRuntime& rt) {
   const int devices = setup.backend == "cpu" ? 0 : setup.cuda_devices();
-  rt.device = devices > 0 ? setup.global % devices : 0;
+  if (setup.trainer != nullptr && setup.trainer->on_device()) {
+    rt.device = setup.trainer->device();
+  } else {
+    rt.device = devices > 0 ? setup.global % devices : 0;
+  }
   CANZONA_ASSIGN_OR_RETURN(rt.backend,
                            CreateBackendByName(setup.backend, rt.device));
   if (rt.backend->kind() == BackendKind::kCpu) {
@@ -56,6 +61,13 @@ absl::Status CreateBackends(const RankSetup& setup, RankRuntime& rt) {
   } else {
     CANZONA_ASSIGN_OR_RETURN(rt.host_backend, CreateBackend(BackendKind::kCpu));
     rt.host = rt.host_backend.get();
+  }
+  // The GPU the rank works with: its compute device, or where its
+  // trainer's buffers live (cpu compute, host staging through IPC).
+  const bool on_gpu = rt.backend->kind() != BackendKind::kCpu ||
+                      (setup.trainer != nullptr && setup.trainer->on_device());
+  if (on_gpu && setup.pci_bus_id) {
+    CANZONA_ASSIGN_OR_RETURN(rt.pci_bus_id, setup.pci_bus_id(rt.device));
   }
   rt.staging = setup.nccl ? rt.backend.get() : rt.host;
   return absl::OkStatus();
@@ -284,6 +296,12 @@ void RegisterMetrics(const RankSetup& setup, RankRuntime& rt) {
   }
   m.optimizer_state_bytes->WithLabels({setup.job_id, g})
       ->Set(static_cast<double>(rt.state_bytes));
+  if (!rt.pci_bus_id.empty()) {
+    m.rank_device_info
+        ->WithLabels(
+            {setup.job_id, g, std::to_string(rt.device), rt.pci_bus_id})
+        ->Set(1);
+  }
 }
 
 // The trainer's view: the plan digest, what it owns, its buckets.

@@ -52,7 +52,10 @@ struct RankRuntime {
   Backend* host = nullptr;                // a cpu backend
   Backend* staging = nullptr;             // host, or backend when resident
   NcclApi* nccl_api = nullptr;            // set exactly on the NCCL plane
-  int device = 0;                         // the rank's GPU (cuda)
+  // The rank's GPU: where its updates run (cuda) or its trainer's buffers
+  // live (CUDA IPC), and its PCI bus id (empty: no GPU involved).
+  int device = 0;
+  std::string pci_bus_id;
   std::shared_ptr<const JobPlan> plan;
   RankLayout layout;
 
@@ -109,6 +112,8 @@ struct RankSetup {
   bool nccl = false;            // comm "nccl"
   NcclApi* nccl_api = nullptr;  // null: the real library
   std::function<int()> cuda_devices;
+  // The PCI bus id of one of this process's devices (GetStatus, metrics).
+  std::function<absl::StatusOr<std::string>(int)> pci_bus_id;
   std::string comm_host = "127.0.0.1";
   absl::Duration step_timeout = absl::Seconds(60);
   MetricsRegistry* metrics = nullptr;

@@ -15,9 +15,10 @@
 namespace canzona {
 
 Registration::Registration(const EngineOptions& options, JobRegistry* registry,
-                           AgreementFor agreement_for)
+                           CudaIpcOpener* cuda_ipc, AgreementFor agreement_for)
     : options_(options),
       registry_(registry),
+      cuda_ipc_(cuda_ipc),
       agreement_for_(std::move(agreement_for)) {}
 
 void Registration::Run(const std::shared_ptr<Job>& job,
@@ -85,6 +86,9 @@ absl::Status Registration::Setup(Job& job, LocalRank& rank) const {
   setup.nccl = options_.comm == "nccl";
   setup.nccl_api = options_.nccl_api;
   setup.cuda_devices = [this] { return NodeCudaDevices(options_); };
+  setup.pci_bus_id = [this](int device) {
+    return cuda_ipc_->PciBusIdOf(device);
+  };
   setup.comm_host = options_.comm_host;
   setup.step_timeout = options_.step_timeout;
   setup.metrics = options_.metrics;
@@ -132,6 +136,10 @@ void Registration::MarkReady(Job& job, LocalRank& rank,
     } else {
       RankProgress& progress = job.progress(rank);
       progress.setup_done = true;
+      if (!rank.rt->pci_bus_id.empty()) {
+        progress.device = rank.rt->device;
+        progress.pci_bus_id = rank.rt->pci_bus_id;
+      }
       progress.register_done = std::move(done);
       ++job.setup_done;
       if (job.setup_done == static_cast<int>(job.ranks.size())) {

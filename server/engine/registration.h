@@ -8,7 +8,7 @@
 // rank together once all are set up, so no trainer steps into a half-built
 // job.
 //
-//   Registration registration(options, &registry, agreement_for);
+//   Registration registration(options, &registry, cuda_ipc, agreement_for);
 //   worker.Post({.run = [&] { registration.Run(job, rank, plist, done); }});
 //
 // Thread-safety: Run is called on the registering rank's worker; the
@@ -33,9 +33,10 @@ class Registration {
  public:
   using AgreementFor = std::function<JobAgreement(Job&)>;
 
-  // `options` and `registry` must outlive the object.
+  // `options`, `registry` and `cuda_ipc` (which names GPUs by PCI bus id)
+  // must outlive the object.
   Registration(const EngineOptions& options, JobRegistry* registry,
-               AgreementFor agreement_for);
+               CudaIpcOpener* cuda_ipc, AgreementFor agreement_for);
 
   void Run(const std::shared_ptr<Job>& job,
            const std::shared_ptr<LocalRank>& rank, const std::string& plist,
@@ -55,6 +56,7 @@ class Registration {
 
   const EngineOptions& options_;
   JobRegistry* const registry_;
+  CudaIpcOpener* const cuda_ipc_;
   const AgreementFor agreement_for_;
 };
 

@@ -8,6 +8,28 @@
 #include "kernels/base/status_macros.h"
 
 namespace canzona {
+namespace {
+
+// This daemon's index of the GPU the trainer named: by PCI bus id (the
+// trainer's own index means nothing here under CUDA_VISIBLE_DEVICES or a
+// device plugin), or the index itself from clients that send no bus id.
+absl::StatusOr<int> DeviceOf(const std::string& where,
+                             const v1::CudaIpcBufferRef& ref,
+                             CudaIpcOpener* opener) {
+  if (ref.pci_bus_id().empty()) return ref.device();
+  absl::StatusOr<int> device = opener->DeviceOfPciBusId(ref.pci_bus_id());
+  if (!device.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, ".cuda_ipc.pci_bus_id: the trainer's GPU ", ref.pci_bus_id(),
+        " is not visible to this daemon (", device.status().message(),
+        "); run canzonad so that it sees every GPU of the node (no "
+        "CUDA_VISIBLE_DEVICES limit; in Kubernetes no nvidia.com/gpu request "
+        "and NVIDIA_VISIBLE_DEVICES=all)"));
+  }
+  return *device;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<TrainerBuffers>> TrainerBuffers::Map(
     const v1::RegisterRequest& request, absl::Span<const int64_t> local_numel,
@@ -87,15 +109,19 @@ absl::StatusOr<float*> TrainerBuffers::MapOne(const std::string& job_id,
           where, ".cuda_ipc: this daemon has no usable CUDA device"));
     }
     const v1::CudaIpcBufferRef& r = ref.cuda_ipc();
-    if (!ipc_.empty() && r.device() != device_) {
+    CANZONA_ASSIGN_OR_RETURN(const int device,
+                             DeviceOf(where, r, options.opener));
+    if (!ipc_.empty() && device != device_) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where, ".cuda_ipc.device: ", r.device(),
-                       ", the rank's other buffers are on device ", device_));
+          absl::StrCat(where, ".cuda_ipc: on device ", device,
+                       ", the rank's other buffers are on device ", device_,
+                       " (one GPU per rank)"));
     }
-    CANZONA_ASSIGN_OR_RETURN(CudaIpcRegistry::Mapping m,
-                             options.registry->Map(where, r, need, devices));
+    CANZONA_ASSIGN_OR_RETURN(
+        CudaIpcRegistry::Mapping m,
+        options.registry->Map(where, r, need, device, devices));
     on_device_ = true;
-    device_ = r.device();
+    device_ = device;
     opener_ = options.opener;
     mapped_bytes_ += static_cast<int64_t>(r.bytes());
     float* data = m.data();

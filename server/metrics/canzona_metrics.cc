@@ -57,6 +57,11 @@ CanzonaMetrics CanzonaMetrics::Register(MetricsRegistry* r) {
   m.optimizer_state_bytes =
       r->AddGauge("canzona_optimizer_state_bytes",
                   "Optimizer state bytes held for this rank.", {"job", "rank"});
+  m.rank_device_info = r->AddGauge(
+      "canzona_rank_device_info",
+      "1 for each rank working with a GPU (cuda updates or CUDA IPC "
+      "buffers): the daemon's CUDA device index and the GPU's PCI bus id.",
+      {"job", "rank", "device", "pci_bus_id"});
   m.rpc_requests_total = r->AddCounter(
       "canzona_rpc_requests_total",
       "gRPC requests by method and status code name.", {"method", "code"});

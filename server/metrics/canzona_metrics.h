@@ -32,8 +32,10 @@ struct CanzonaMetrics {
   Family<Counter>* dp_comm_exposed_seconds_total = nullptr;  // {job, rank}
   Family<Gauge>* registered_parameters = nullptr;            // {job}
   Family<Gauge>* optimizer_state_bytes = nullptr;            // {job, rank}
-  Family<Counter>* rpc_requests_total = nullptr;             // {method, code}
-  Family<Gauge>* build_info = nullptr;  // {version, backend, comm}
+  // 1 per rank on a GPU: {job, rank, device, pci_bus_id}.
+  Family<Gauge>* rank_device_info = nullptr;
+  Family<Counter>* rpc_requests_total = nullptr;  // {method, code}
+  Family<Gauge>* build_info = nullptr;            // {version, backend, comm}
 
   static CanzonaMetrics Register(MetricsRegistry* registry);
 };

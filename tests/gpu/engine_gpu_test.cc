@@ -5,12 +5,23 @@
 // magnitude; the default bf16 Newton-Schulz: 2e-2), and steady-state steps
 // must allocate no device memory. Skips without a CUDA device.
 //
+// The matrices run Muon here, not Shampoo or SOAP: this test checks the
+// data path (staging, TP hosts, collectives, device buffers), and Muon's
+// Newton-Schulz is a smooth function of its input. Shampoo's and SOAP's
+// first factors are rank-deficient (a 128 x 64 gradient gives a 128 x 128
+// left factor of rank <= 64); the eigenbasis of that null space is rounding
+// noise, cuSOLVER and LAPACK legitimately pick different bases, and SOAP's
+// Adam in that basis turns the difference into updates that differ by
+// about lr from step 2. Their cuda numerics are checked on well-conditioned
+// gradients by update_rule_gpu_test.cc.
+//
 // And the NCCL data plane (comm "nccl": staging, collectives and updates in
 // GPU memory, no host round trip) at world size 1 on the real NCCL: its
 // groups of one are NCCL communicators, so every collective of the step
 // runs through NCCL on device pointers.
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -24,6 +35,15 @@
 
 namespace canzona::engine_test {
 namespace {
+
+// The Megatron model with every matrix on Muon (see the file comment).
+std::vector<ModelParam> MuonModel() {
+  std::vector<ModelParam> model = MegatronModel();
+  for (ModelParam& p : model) {
+    if (p.group == "soap" || p.group == "shampoo") p.group = "muon";
+  }
+  return model;
+}
 
 // Steps 1-3, then up to `last` (the last two as an overlapping trainer
 // drives them when `overlap_tail`) with the backend allocations counted;
@@ -59,7 +79,7 @@ class EngineGpuTest
 
 TEST_P(EngineGpuTest, CudaComputeWithGlooMatchesTheCpuReference) {
   const auto& [dp, tp, precision] = GetParam();
-  JobConfig config = MakeJobConfig("gpu", dp, tp, "cost");
+  JobConfig config = MakeJobConfig("gpu", dp, tp, "cost", MuonModel());
   config.muon_ns_precision = precision;
   config.seed = 11;
   Cluster cluster(absl::Seconds(60), absl::Seconds(60), "cuda");
@@ -89,7 +109,7 @@ class EngineNcclGpuTest : public ::testing::TestWithParam<std::string> {
 TEST_P(EngineNcclGpuTest, DeviceResidentStepMatchesTheCpuReference) {
   const std::string precision = GetParam();
   ASSERT_OK_AND_ASSIGN(NcclApi * nccl, RealNcclApi());
-  JobConfig config = MakeJobConfig("gpu-nccl", 1, 1, "cost");
+  JobConfig config = MakeJobConfig("gpu-nccl", 1, 1, "cost", MuonModel());
   config.muon_ns_precision = precision;
   config.seed = 13;
   Cluster cluster(absl::Seconds(60), absl::Seconds(60), "cuda", nullptr, nccl);

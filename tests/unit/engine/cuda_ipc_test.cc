@@ -21,6 +21,7 @@ namespace {
 
 namespace v1 = ::canzona::v1;
 using ::canzona::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 v1::CudaIpcBufferRef Ref(const std::string& handle, uint64_t offset,
@@ -38,10 +39,12 @@ TEST(CudaIpcRegistryTest, OpensEachAllocationOnceAndClosesAfterTheLast) {
   std::vector<float> memory(1024);
   const std::string handle = FakeCudaIpc::Handle(memory.data(), 4096);
   CudaIpcRegistry registry(&fake);
-  ASSERT_OK_AND_ASSIGN(CudaIpcRegistry::Mapping a,
-                       registry.Map("a", Ref(handle, 0, 64), 64, 1));
-  ASSERT_OK_AND_ASSIGN(CudaIpcRegistry::Mapping b,
-                       registry.Map("b", Ref(handle, 256, 128), 128, 1));
+  ASSERT_OK_AND_ASSIGN(
+      CudaIpcRegistry::Mapping a,
+      registry.Map("a", Ref(handle, 0, 64), 64, /*device=*/0, 1));
+  ASSERT_OK_AND_ASSIGN(
+      CudaIpcRegistry::Mapping b,
+      registry.Map("b", Ref(handle, 256, 128), 128, /*device=*/0, 1));
   EXPECT_EQ(a.data(), memory.data());
   EXPECT_EQ(b.data(), memory.data() + 64);
   EXPECT_EQ(fake.opens.load(), 1);
@@ -59,21 +62,23 @@ TEST(CudaIpcRegistryTest, BadReferencesNameTheFieldAndLeaveNothingOpen) {
   std::vector<float> memory(1024);
   const std::string handle = FakeCudaIpc::Handle(memory.data(), 4096);
   CudaIpcRegistry registry(&fake);
-  EXPECT_THAT(registry.Map("p.grad", Ref("short", 0, 64), 64, 1),
+  EXPECT_THAT(registry.Map("p.grad", Ref("short", 0, 64), 64, /*device=*/0, 1),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("p.grad.cuda_ipc.mem_handle")));
-  EXPECT_THAT(registry.Map("p.grad", Ref(handle, 0, 64, 2), 64, 2 - 1),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("cuda_ipc.device: 2 outside [0, 1)")));
-  EXPECT_THAT(registry.Map("p.grad", Ref(handle, 2, 64), 64, 1),
+  EXPECT_THAT(
+      registry.Map("p.grad", Ref(handle, 0, 64, 2), 64, /*device=*/2, 2 - 1),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("cuda_ipc.device: 2 outside [0, 1)")));
+  EXPECT_THAT(registry.Map("p.grad", Ref(handle, 2, 64), 64, /*device=*/0, 1),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("not 4-byte aligned")));
-  EXPECT_THAT(registry.Map("p.grad", Ref(handle, 0, 60), 64, 1),
+  EXPECT_THAT(registry.Map("p.grad", Ref(handle, 0, 60), 64, /*device=*/0, 1),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("cuda_ipc.bytes: 60")));
-  EXPECT_THAT(registry.Map("p.grad", Ref(handle, 4064, 64), 64, 1),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("leaves the exported allocation of 4096")));
+  EXPECT_THAT(
+      registry.Map("p.grad", Ref(handle, 4064, 64), 64, /*device=*/0, 1),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("leaves the exported allocation of 4096")));
   EXPECT_EQ(registry.open_allocations(), 0);
   EXPECT_EQ(fake.opens.load(), fake.closes.load());
 }
@@ -137,6 +142,49 @@ TEST(CudaIpcEngineTest, MixedOrUnservableBuffersAreRejected) {
                                     HasSubstr("one event per rank")));
   EXPECT_EQ(fake.opens.load(), fake.closes.load());
   EXPECT_EQ(fake.events_open.load(), 0);
+  EXPECT_EQ(cluster.engines[0]->GetStatus().jobs_size(), 0);
+}
+
+// Under CUDA_VISIBLE_DEVICES or a device plugin every trainer sees its GPU
+// as device 0; the PCI bus id names it for the daemon, which sees all.
+TEST(CudaIpcEngineTest, TheTrainersGpuIsFoundByItsPciBusId) {
+  SetCpuBlasThreads(1);
+  FakeCudaIpc fake;
+  fake.devices = 4;
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &fake);
+  JobConfig config = IpcConfig("ipc-bus", 1, 1);
+  config.pci_bus_id = FakeCudaIpc::BusId(2);
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  EXPECT_EQ(fake.last_open_device.load(), 2);
+  ASSERT_OK(run.RunSteps(cluster, 1, 2));
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 2, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+  const v1::GetStatusResponse status = cluster.engines[0]->GetStatus();
+  ASSERT_EQ(status.jobs_size(), 1);
+  ASSERT_EQ(status.jobs(0).local_ranks_size(), 1);
+  EXPECT_EQ(status.jobs(0).local_ranks(0).device(), 2);
+  EXPECT_EQ(status.jobs(0).local_ranks(0).pci_bus_id(), "0000:02:00.0");
+  ASSERT_OK(run.Deregister(cluster));
+}
+
+TEST(CudaIpcEngineTest, AGpuTheDaemonCannotSeeIsNamedByItsBusId) {
+  FakeCudaIpc fake;
+  fake.devices = 2;
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &fake);
+  JobConfig config = IpcConfig("ipc-unseen", 1, 1);
+  config.pci_bus_id = FakeCudaIpc::BusId(9);
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  Result<v1::RegisterResponse> done;
+  cluster.engines[0]->Register(run.ranks()[0]->MakeRegister(), PeerInfo{},
+                               done.callback());
+  EXPECT_THAT(done.Get(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("param.cuda_ipc.pci_bus_id"),
+                             HasSubstr("0000:09:00.0 is not visible"))));
+  EXPECT_EQ(fake.opens.load(), fake.closes.load());
   EXPECT_EQ(cluster.engines[0]->GetStatus().jobs_size(), 0);
 }
 

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "kernels/backend.h"
 #include "kernels/base/status_macros.h"
@@ -177,7 +178,8 @@ Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
     }
     if (cuda_ipc != nullptr) {
       options.cuda_ipc = cuda_ipc;
-      options.cuda_devices = 1;
+      auto* fake = dynamic_cast<FakeCudaIpc*>(cuda_ipc);
+      options.cuda_devices = fake != nullptr ? fake->devices : 1;
     }
     options.control = &kv;
     options.daemon_id = absl::StrCat("daemon", i);
@@ -398,11 +400,13 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
       p_ref->set_mem_handle(handle);
       p_ref->set_offset(offsets_[i] * sizeof(float));
       p_ref->set_bytes(bytes);
+      p_ref->set_pci_bus_id(config_.pci_bus_id);
       v1::CudaIpcBufferRef* g_ref = q->mutable_grad()->mutable_cuda_ipc();
       g_ref->set_mem_handle(handle);
       g_ref->set_offset((offsets_[i] + local_numel_[i]) * sizeof(float));
       g_ref->set_bytes(bytes);
       g_ref->set_event_handle(FakeCudaIpc::EventHandle(global_));
+      g_ref->set_pci_bus_id(config_.pci_bus_id);
       continue;
     }
     v1::ShmBufferRef* param = q->mutable_param()->mutable_shm();
@@ -501,9 +505,10 @@ std::string FakeCudaIpc::EventHandle(int id) {
 
 absl::StatusOr<CudaIpcOpened> FakeCudaIpc::Open(const std::string& handle,
                                                 int device) {
-  if (handle.size() != kCudaIpcHandleBytes || device != 0) {
+  if (handle.size() != kCudaIpcHandleBytes || device < 0 || device >= devices) {
     return absl::InvalidArgumentError("fake: bad handle or device");
   }
+  last_open_device = device;
   CudaIpcOpened opened;
   std::memcpy(&opened.base, handle.data(), sizeof(opened.base));
   std::memcpy(&opened.size, handle.data() + sizeof(opened.base),
@@ -513,6 +518,26 @@ absl::StatusOr<CudaIpcOpened> FakeCudaIpc::Open(const std::string& handle,
 }
 
 void FakeCudaIpc::Close(const CudaIpcOpened&, int) { ++closes; }
+
+std::string FakeCudaIpc::BusId(int device) {
+  return absl::StrFormat("0000:%02x:00.0", device);
+}
+
+absl::StatusOr<int> FakeCudaIpc::DeviceOfPciBusId(
+    const std::string& pci_bus_id) {
+  for (int d = 0; d < devices; ++d) {
+    if (BusId(d) == pci_bus_id) return d;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("fake: no GPU with PCI bus id ", pci_bus_id));
+}
+
+absl::StatusOr<std::string> FakeCudaIpc::PciBusIdOf(int device) {
+  if (device < 0 || device >= devices) {
+    return absl::InvalidArgumentError("fake: bad device");
+  }
+  return BusId(device);
+}
 
 absl::StatusOr<void*> FakeCudaIpc::OpenEvent(const std::string& handle, int) {
   if (handle.size() != kCudaIpcHandleBytes) {

@@ -74,6 +74,8 @@ struct JobConfig {
   // Buffers described as CUDA IPC (the rank's shm object standing in for
   // the device allocation; needs a Cluster with a FakeCudaIpc).
   bool cuda_ipc = false;
+  // The GPU the CUDA IPC buffers name by PCI bus id (empty: none, device 0).
+  std::string pci_bus_id;
   int world() const { return dp * tp; }
 };
 
@@ -95,8 +97,15 @@ class FakeCudaIpc final : public CudaIpcOpener {
                           void* dst) override;
   absl::Status CopyFromHost(int device, const void* src, size_t bytes,
                             void* dst) override;
+  // GPUs "0000:0d:00.0" for device d < devices.
+  absl::StatusOr<int> DeviceOfPciBusId(const std::string& pci_bus_id) override;
+  absl::StatusOr<std::string> PciBusIdOf(int device) override;
+  static std::string BusId(int device);
 
+  // How many GPUs this "daemon" sees (set before use).
+  int devices = 1;
   std::atomic<int> opens{0}, closes{0}, events_open{0}, event_waits{0};
+  std::atomic<int> last_open_device{-1};
   std::atomic<int64_t> copied_bytes{0};
 };
 
