@@ -183,11 +183,7 @@ Assignment PlanLayerwise(const Context& ctx) {
   a.comm = Assignment::Comm::kLayerwise;
   for (int s = 0; s < ctx.P; ++s) {
     std::vector<int> params = ctx.stage_params[s];
-    std::sort(params.begin(), params.end(), [&](int x, int y) {
-      const Item &a1 = ctx.items[x], &b1 = ctx.items[y];
-      if (a1.cost != b1.cost) return a1.cost > b1.cost;
-      return a1.name_rank < b1.name_rank;
-    });
+    std::sort(params.begin(), params.end(), CostlierFirst{ctx});
     std::vector<double> load(ctx.R, 0.0);
     for (int p : params) {
       const int d = static_cast<int>(

@@ -152,11 +152,7 @@ void CostSolver::PackRow(const std::vector<int>& params, int d,
       for (double& x : load) x += it.cost;
     }
   }
-  std::sort(hosted.begin(), hosted.end(), [&](int a, int b) {
-    const Item &x = ctx_.items[a], &y = ctx_.items[b];
-    if (x.cost != y.cost) return x.cost > y.cost;
-    return x.name_rank < y.name_rank;
-  });
+  std::sort(hosted.begin(), hosted.end(), CostlierFirst{ctx_});
   for (int p : hosted) {
     const int t = static_cast<int>(std::min_element(load.begin(), load.end()) -
                                    load.begin());
@@ -405,15 +401,7 @@ void CostSolver::Score(Solution* sol) const {
   sol->makespan = mx;
   double imb = 1.0;
   for (size_t k = 0; k < ids_.size(); ++k) {
-    const auto& off = ctx_.offsets[ids_[k]];
-    const double mean = static_cast<double>(off.back()) / R_;
-    if (mean <= 0) continue;
-    int64_t largest = 0;
-    for (int d = 0; d < R_; ++d) {
-      largest =
-          std::max(largest, off[sol->cuts[k][d + 1]] - off[sol->cuts[k][d]]);
-    }
-    imb = std::max(imb, static_cast<double>(largest) / mean);
+    imb = std::max(imb, SliceImbalance(ctx_, ids_[k], sol->cuts[k]));
   }
   sol->imbalance = imb;
 }

@@ -9,33 +9,10 @@
 
 #include "server/plan/baseline_strategies.h"
 #include "server/plan/cost_solver.h"
+#include "server/plan/plan_metrics.h"
 
 namespace canzona::plan::internal {
 namespace {
-
-struct Loads {
-  int R = 1, T = 1;
-  std::vector<double> v;  // (stage * R + d) * T + t
-  double& at(int s, int d, int t) {
-    return v[(static_cast<size_t>(s) * R + d) * T + t];
-  }
-};
-
-// Adds item i's objective for (owner, host) into `loads` (sc: owner -1).
-void AddItem(const Context& ctx, int i, int owner, int host, Loads* loads,
-             double sign = 1.0) {
-  const Item& it = ctx.items[i];
-  const int d0 = owner < 0 ? 0 : owner;
-  const int d1 = owner < 0 ? ctx.R : owner + 1;
-  for (int d = d0; d < d1; ++d) {
-    if (host >= 0) {
-      loads->at(it.stage, d, host) += sign * it.cost;
-    } else {
-      for (int t = 0; t < ctx.T; ++t)
-        loads->at(it.stage, d, t) += sign * it.cost;
-    }
-  }
-}
 
 // Micro-groups for the cost strategy: per TP group, each host's matrices go
 // (largest first) to the group where that host has the least work and fuse
@@ -59,11 +36,7 @@ void CostMicroGroups(const Context& ctx, int stage, int dp,
   std::vector<MicroGroup> out(groups, MicroGroup{stage, dp, {}});
   for (int t = 0; t < T; ++t) {
     auto& list = per_host[t];
-    std::sort(list.begin(), list.end(), [&](int x, int y) {
-      const Item &a1 = ctx.items[x], &b1 = ctx.items[y];
-      if (a1.cost != b1.cost) return a1.cost > b1.cost;
-      return a1.name_rank < b1.name_rank;
-    });
+    std::sort(list.begin(), list.end(), CostlierFirst{ctx});
     std::vector<double> work(groups, 0.0), room(groups, cap);
     for (int p : list) {
       const double e = static_cast<double>(ctx.items[p].local_numel);
@@ -88,14 +61,15 @@ void CostMicroGroups(const Context& ctx, int stage, int dp,
   }
 }
 
+// The largest per-GPU objective, by the metrics' own accounting.
 double AssignmentMakespan(const Context& ctx, const Assignment& a) {
-  Loads loads{ctx.R, ctx.T,
-              std::vector<double>(static_cast<size_t>(ctx.P) * ctx.R * ctx.T)};
-  for (size_t i = 0; i < ctx.items.size(); ++i) {
-    AddItem(ctx, static_cast<int>(i), a.dp_owner[i], a.tp_host[i], &loads);
-  }
-  return loads.v.empty() ? 0
-                         : *std::max_element(loads.v.begin(), loads.v.end());
+  const std::vector<GpuLoad> loads = PerGpuLoads(ctx, a.dp_owner, a.tp_host);
+  if (loads.empty()) return 0;
+  return std::max_element(loads.begin(), loads.end(),
+                          [](const GpuLoad& x, const GpuLoad& y) {
+                            return x.objective < y.objective;
+                          })
+      ->objective;
 }
 
 // Re-hosts an assignment's rows with LPT on the true cost (used to make the
@@ -130,16 +104,9 @@ void CostGroupsForAll(const Context& ctx, Assignment* a) {
 
 double MaxSliceImbalance(const Context& ctx, const Assignment& a) {
   double imb = 1.0;
+  if (a.cuts.empty()) return imb;
   for (size_t b = 0; b < ctx.buckets.size(); ++b) {
-    if (a.cuts.empty()) break;
-    const auto& off = ctx.offsets[b];
-    const double mean = static_cast<double>(off.back()) / ctx.R;
-    if (mean <= 0) continue;
-    int64_t largest = 0;
-    for (int d = 0; d < ctx.R; ++d) {
-      largest = std::max(largest, off[a.cuts[b][d + 1]] - off[a.cuts[b][d]]);
-    }
-    imb = std::max(imb, static_cast<double>(largest) / mean);
+    imb = std::max(imb, SliceImbalance(ctx, static_cast<int>(b), a.cuts[b]));
   }
   return imb;
 }

@@ -11,12 +11,22 @@
 #ifndef CANZONA_SERVER_PLAN_PLAN_METRICS_H_
 #define CANZONA_SERVER_PLAN_PLAN_METRICS_H_
 
+#include <vector>
+
 #include "server/plan/planner.h"
 #include "server/plan/planning_context.h"
 
 namespace canzona::plan::internal {
 
+// The Plan of assignment `a` made by `strategy`.
 Plan FinalizePlan(const Context& ctx, Strategy strategy, Assignment a);
+
+// Per-GPU loads and state of an assignment (dp_owner -1: on every DP rank;
+// tp_host -1: on every TP rank), indexed as Plan::per_gpu. The cost
+// strategy compares its candidates by this same accounting.
+std::vector<GpuLoad> PerGpuLoads(const Context& ctx,
+                                 const std::vector<int>& dp_owner,
+                                 const std::vector<int>& tp_host);
 
 }  // namespace canzona::plan::internal
 

@@ -213,4 +213,16 @@ std::vector<std::vector<int>> HostedByRow(const Context& ctx,
   return rows;
 }
 
+double SliceImbalance(const Context& ctx, int bucket,
+                      const std::vector<int>& cuts) {
+  const auto& off = ctx.offsets[bucket];
+  const double mean = static_cast<double>(off.back()) / ctx.R;
+  if (mean <= 0) return 1.0;
+  int64_t largest = 0;
+  for (int d = 0; d < ctx.R; ++d) {
+    largest = std::max(largest, off[cuts[d + 1]] - off[cuts[d]]);
+  }
+  return static_cast<double>(largest) / mean;
+}
+
 }  // namespace canzona::plan::internal

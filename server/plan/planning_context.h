@@ -88,6 +88,22 @@ Assignment NewAssignment(const Context& ctx);
 std::vector<std::vector<int>> HostedByRow(const Context& ctx,
                                           const std::vector<int>& owner);
 
+// Largest DP slice of `bucket` under `cuts` (R + 1 positions), in local
+// elements, over the mean slice; 1 for an empty bucket.
+double SliceImbalance(const Context& ctx, int bucket,
+                      const std::vector<int>& cuts);
+
+// LPT order on cost: costlier parameters first, ties by name, so every
+// strategy that balances cost is deterministic.
+struct CostlierFirst {
+  const Context& ctx;
+  bool operator()(int a, int b) const {
+    const Item &x = ctx.items[a], &y = ctx.items[b];
+    if (x.cost != y.cost) return x.cost > y.cost;
+    return x.name_rank < y.name_rank;
+  }
+};
+
 }  // namespace canzona::plan::internal
 
 #endif  // CANZONA_SERVER_PLAN_PLANNING_CONTEXT_H_
