@@ -321,7 +321,8 @@ void CostSolver::Improve(Solution* sol) const {
   Score(sol);
 }
 
-// Runs the four greedy variants at `cap`; true if any fits.
+// Runs the six greedy variants (three bucket orders, balanced or not) at
+// `cap`; true if any fits.
 template <typename Consider>
 bool CostSolver::TryAll(double cap, Consider& consider) const {
   bool ok = false;
