@@ -50,8 +50,9 @@ std::vector<std::vector<int>> AlphaGreedyCuts(const Context& ctx, int stage,
     return ctx.buckets[ids[a]].elements > ctx.buckets[ids[b]].elements;
   });
   double total_global = 0;
-  for (int id : ids)
+  for (int id : ids) {
     total_global += static_cast<double>(ctx.buckets[id].elements);
+  }
   const double global_target = total_global / R;
   std::vector<double> loads(R, 0.0);
   for (int k : order) {

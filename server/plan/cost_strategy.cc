@@ -121,8 +121,9 @@ Assignment PlanCost(const Context& ctx) {
   candidates.push_back(RehostLpt(ctx, candidates.back()));
   candidates.push_back(RehostLpt(ctx, PlanStartAnchored(ctx)));
   double upper = kInf;
-  for (const auto& c : candidates)
+  for (const auto& c : candidates) {
     upper = std::min(upper, AssignmentMakespan(ctx, c));
+  }
 
   Assignment ours = NewAssignment(ctx);
   ours.cuts.resize(ctx.buckets.size());

@@ -99,8 +99,9 @@ void AddDpCollectives(const Context& ctx, const Assignment& a,
         ag.calls = max_buckets;
         const std::vector<double> sent = OwnedBytesByRow(ctx, a.dp_owner);
         std::vector<double> stage_total(P, 0.0);
-        for (const Item& it : ctx.items)
+        for (const Item& it : ctx.items) {
           stage_total[it.stage] += ShardBytes(it);
+        }
         double worst = 0;
         for (int s = 0; s < P; ++s) {
           for (int d = 0; d < R; ++d) {

@@ -74,9 +74,10 @@ absl::Status Validate(const PlanRequest& req) {
     }
     if (p.shape.empty()) return Invalid(absl::StrCat(where, ": empty shape"));
     for (int64_t d : p.shape) {
-      if (d <= 0)
+      if (d <= 0) {
         return Invalid(
             absl::StrCat(where, ": shape has a zero or negative dim"));
+      }
     }
     if (IsMatrixOptimizer(p.optimizer) && p.shape.size() < 2) {
       return Invalid(absl::StrCat(where, ": optimizer ",
