@@ -287,7 +287,7 @@ void ExpectSameSolution(const CostSolver::Solution& a,
 TEST(CostSolverTest, PerfectPackingMeetsTheLowerBound) {
   // Two matrices per GPU that sum to 10, interleaved in bucket order: the
   // average (10) is reachable, so the solver must reach it.
-  for (const auto [R, T] : {std::pair{2, 2}, {3, 2}, {2, 4}, {4, 1}, {1, 3}}) {
+  for (const auto& [R, T] : {std::pair{2, 2}, {3, 2}, {2, 4}, {4, 1}, {1, 3}}) {
     Lcg rng(R * 10 + T);
     std::vector<Spec> specs;
     for (int g = 0; g < R * T; ++g) {
