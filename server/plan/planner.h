@@ -219,7 +219,7 @@ struct Plan {
 // Validates the request (errors name the field) and plans it.
 absl::StatusOr<Plan> BuildPlan(const PlanRequest& request);
 
-// The canonical serialization the digest hashes (documented in plan_json.h).
+// The canonical serialization the digest hashes (format: plan_digest.cc).
 std::string CanonicalAssignment(const Plan& plan);
 std::string Fnv1a64Hex(absl::string_view data);
 
