@@ -1,10 +1,14 @@
 // CUDA IPC between two processes on a real GPU: a child "trainer" (this
-// binary re-run with CANZONA_IPC_CHILD=1) allocates device memory, fills it
-// and exports a pointer inside the allocation with the client library's
-// CudaBufferRef (client/lib/cuda_export.h); the
-// parent (the "daemon") opens it with the real CudaIpcOpener, checks the
-// offset, the size bound and the contents, writes an update back, and the
-// child verifies it on its side. Skips without a CUDA device.
+// binary re-run with CANZONA_IPC_CHILD=1) allocates device memory with
+// cudaMalloc (as PyTorch's caching allocator does: legacy IPC shares only
+// such allocations, not stream-ordered pools), fills it and exports a
+// pointer inside the allocation with the client library's CudaBufferRef
+// (client/lib/cuda_export.h); the parent (the "daemon") opens it with the
+// real CudaIpcOpener on the GPU the PCI bus id names, checks the offset,
+// the size bound and the contents, writes an update back, and the child
+// verifies it on its side. The child's stdout also carries gtest's own
+// lines, so its answer is the line that starts with kExportTag. Skips
+// without a CUDA device.
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,14 +19,18 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/lib/cuda_export.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/base/status_macros.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_ipc.h"
+#include "server/comm/nccl_api.h"
 #include "tests/matchers/status_matchers.h"
 
 extern char** environ;
@@ -31,40 +39,91 @@ namespace canzona {
 namespace {
 
 namespace v1 = ::canzona::v1;
+using ::canzona::testing::StatusIs;
 
+constexpr char kExportTag[] = "CANZONA_IPC_EXPORT ";
 constexpr int kFloats = 4096;
 constexpr int kOffsetFloats = 1000;  // the exported tensor starts here
 
 bool IsChild() { return std::getenv("CANZONA_IPC_CHILD") != nullptr; }
+
+// What the child prints after kExportTag: "<hex handle> <offset> <bytes>
+// <pci bus id>".
+struct Export {
+  std::string handle;
+  uint64_t offset = 0, bytes = 0;
+  std::string pci_bus_id;
+};
+
+absl::StatusOr<Export> ParseExport(const std::string& out) {
+  const size_t tag = out.find(kExportTag);
+  if (tag == std::string::npos) {
+    return absl::NotFoundError("no exported buffer in the child's output");
+  }
+  const size_t begin = tag + std::strlen(kExportTag);
+  const size_t end = out.find('\n', begin);
+  std::vector<std::string> f = absl::StrSplit(
+      out.substr(begin, end == std::string::npos ? end : end - begin), ' ');
+  Export e;
+  if (f.size() != 4 || !absl::SimpleAtoi(f[1], &e.offset) ||
+      !absl::SimpleAtoi(f[2], &e.bytes) || f[0].size() != 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed export line in: ", out));
+  }
+  e.handle = absl::HexStringToBytes(f[0]);
+  e.pci_bus_id = f[3];
+  return e;
+}
+
+// The parent must find the child's answer among gtest's own lines (which
+// come first on the same stdout), whatever they are.
+TEST(CudaIpcProtocolTest, TheTaggedLineIsFoundAmongGtestOutput) {
+  const std::string handle(128, 'a');
+  const std::string out = absl::StrCat(
+      "Running main() from ./googletest/src/gtest_main.cc\n"
+      "Note: Google Test filter = CudaIpcChild.Exporter\n"
+      "[==========] Running 1 test from 1 test suite.\n",
+      kExportTag, handle, " 4000 12384 0000:3b:00.0\n", "[ RUN      ] x\n");
+  ASSERT_OK_AND_ASSIGN(Export e, ParseExport(out));
+  EXPECT_EQ(e.handle, std::string(64, '\xaa'));
+  EXPECT_EQ(e.offset, 4000u);
+  EXPECT_EQ(e.bytes, 12384u);
+  EXPECT_EQ(e.pci_bus_id, "0000:3b:00.0");
+  EXPECT_THAT(ParseExport("Running main() from x\n"),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(ParseExport(absl::StrCat(kExportTag, "zz 1 2\n")),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
 
 // The child's side; runs only when re-executed by the parent test.
 TEST(CudaIpcChild, Exporter) {
   if (!IsChild()) GTEST_SKIP() << "runs as the parent's child process";
   std::vector<float> host(kFloats);
   for (int i = 0; i < kFloats; ++i) host[i] = 0.5f * i;
-  auto backend = CreateCudaBackend(0);
-  ASSERT_OK(backend.status());
-  ASSERT_OK_AND_ASSIGN(DeviceBuffer buffer, (*backend)->Allocate(kFloats));
-  ASSERT_OK((*backend)->CopyFromHost(host.data(), kFloats, buffer.data()));
-  ASSERT_OK((*backend)->Synchronize());
+  ASSERT_OK_AND_ASSIGN(NcclApi * cuda, RealNcclApi());  // cudaMalloc, cudaFree
+  ASSERT_OK(cuda->SetDevice(0));
+  ASSERT_OK_AND_ASSIGN(void* memory, cuda->Malloc(kFloats * sizeof(float)));
+  float* buffer = static_cast<float*>(memory);
+  ASSERT_OK(CudaCopyFromHost(0, host.data(), kFloats * sizeof(float), buffer));
   const int n = kFloats - kOffsetFloats;
-  ASSERT_OK_AND_ASSIGN(
-      v1::BufferRef ref,
-      CudaBufferRef(buffer.data() + kOffsetFloats, n * sizeof(float)));
+  ASSERT_OK_AND_ASSIGN(v1::BufferRef ref, CudaBufferRef(buffer + kOffsetFloats,
+                                                        n * sizeof(float)));
   const v1::CudaIpcBufferRef& out = ref.cuda_ipc();
-  std::printf("%s %llu %llu %d\n",
+  std::printf("%s%s %llu %llu %s\n", kExportTag,
               absl::BytesToHexString(out.mem_handle()).c_str(),
               static_cast<unsigned long long>(out.offset()),
-              static_cast<unsigned long long>(out.bytes()), out.device());
+              static_cast<unsigned long long>(out.bytes()),
+              out.pci_bus_id().c_str());
   std::fflush(stdout);
   // The parent writes -1 over the exported range, then closes our stdin.
   char c;
   while (::read(0, &c, 1) > 0) {
   }
-  ASSERT_OK((*backend)->CopyToHost(buffer.data(), kFloats, host.data()));
+  ASSERT_OK(CudaCopyToHost(0, buffer, kFloats * sizeof(float), host.data()));
   for (int i = 0; i < kFloats; ++i) {
     ASSERT_EQ(host[i], i < kOffsetFloats ? 0.5f * i : -1.0f) << i;
   }
+  ASSERT_OK(cuda->Free(memory));
 }
 
 TEST(CudaIpcGpuTest, TrainerBufferOpensInTheDaemon) {
@@ -93,26 +152,31 @@ TEST(CudaIpcGpuTest, TrainerBufferOpensInTheDaemon) {
       0);
   ::close(to_child[0]);
   ::close(from_child[1]);
+  // Reads until the tagged line arrived (or the child's stdout closed).
   std::string out;
   char buf[4096];
-  while (out.find('\n') == std::string::npos) {
+  size_t tag = std::string::npos;
+  while (tag == std::string::npos || out.find('\n', tag) == std::string::npos) {
     const ssize_t got = ::read(from_child[0], buf, sizeof(buf));
     if (got <= 0) break;
     out.append(buf, got);
+    tag = out.find(kExportTag);
   }
-  std::vector<std::string> f =
-      absl::StrSplit(out.substr(0, out.find('\n')), ' ');
-  ASSERT_EQ(f.size(), 4u) << out;
-  const std::string handle = absl::HexStringToBytes(f[0]);
-  uint64_t offset = 0, bytes = 0;
-  int device = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(f[1], &offset));
-  ASSERT_TRUE(absl::SimpleAtoi(f[2], &bytes));
-  ASSERT_TRUE(absl::SimpleAtoi(f[3], &device));
+  if (tag == std::string::npos) {
+    ::close(to_child[1]);
+    ::waitpid(child, nullptr, 0);
+    FAIL() << "the child exported nothing:\n" << out;
+  }
+  ASSERT_OK_AND_ASSIGN(const Export e, ParseExport(out));
+  const std::string& handle = e.handle;
+  const uint64_t offset = e.offset, bytes = e.bytes;
+  CudaIpcOpener* ipc = RealCudaIpcOpener();
+  ASSERT_OK_AND_ASSIGN(const int device, ipc->DeviceOfPciBusId(e.pci_bus_id));
+  ASSERT_OK_AND_ASSIGN(std::string bus, ipc->PciBusIdOf(device));
+  EXPECT_EQ(bus, e.pci_bus_id);
   EXPECT_EQ(offset, kOffsetFloats * sizeof(float));
   EXPECT_EQ(bytes, (kFloats - kOffsetFloats) * sizeof(float));
 
-  CudaIpcOpener* ipc = RealCudaIpcOpener();
   ASSERT_OK_AND_ASSIGN(CudaIpcOpened opened, ipc->Open(handle, device));
   EXPECT_GE(opened.size, kFloats * sizeof(float));
   const int n = kFloats - kOffsetFloats;
