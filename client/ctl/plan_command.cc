@@ -1,6 +1,7 @@
-// canzonactl plan: plans a model (from ../shared/models or a .json path) at
-// any PP x DP x TP without running it, with any strategy; --compare puts all
-// strategies side by side, --grid prints the goal table of issue 8;
+// canzonactl plan: plans a model (a name in the models directory, see
+// ResolveModelsDir, or a .json path) at any PP x DP x TP without running it,
+// with any strategy; --compare puts all strategies side by side, --grid
+// prints the goal table of issue 8;
 // --shard-group-size S < dp plans hierarchical sharding and compares it with
 // the flat plan.
 #include <algorithm>
@@ -52,7 +53,7 @@ struct PlanOptions {
   bool grid = false;
   bool assignment = false;
   int shard_group_size = 0;  // 0: flat
-  std::string target;  // a daemon: show its live job `job`'s plan
+  std::string target;        // a daemon: show its live job `job`'s plan
   std::string job;
 };
 
@@ -517,9 +518,7 @@ void AddPlanCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--dtype", opts->dtype, "parameter dtype: bf16, fp16, fp32")
       ->capture_default_str();
-  cmd->add_option("--models-dir", opts->models_dir,
-                  "models directory (default $CANZONA_MODELS_DIR, then "
-                  "$CANZONA_SHARED_DIR/models, then the source tree's)");
+  cmd->add_option("--models-dir", opts->models_dir, kModelsDirHelp);
   cmd->add_flag("--json", opts->json, "one JSON object (array with --compare)");
   cmd->add_flag("--compare", opts->compare, "all strategies side by side");
   cmd->add_flag("--grid", opts->grid,
