@@ -12,10 +12,10 @@
 # The sanitizer stage (only when no ctest arguments are given) configures
 # "$BUILD_DIR-asan" with clang, CANZONA_ENABLE_CUDA=OFF,
 # CANZONA_SANITIZE=address,undefined and CANZONA_FUZZ=ON, builds only the
-# unit-test targets (and canzonactl, which they run), the request fuzzer and
-# the soak bench, and runs ctest -L 'unit|fuzz|soak' there. Any ASan, LSan or
-# UBSan report fails its test. Suppressions (tests/sanitizers/) cover
-# Debian's uninstrumented system libraries only.
+# unit-test targets (and canzonactl and tp_mlp_trainer, which they run), the
+# request fuzzer and the soak bench, and runs ctest -L 'unit|fuzz|soak'
+# there. Any ASan, LSan or UBSan report fails its test. Suppressions
+# (tests/sanitizers/) cover Debian's uninstrumented system libraries only.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 source "$root/deploy/lib/deps.sh"
@@ -54,11 +54,12 @@ cmake -S "$root" -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
   -DCANZONA_ENABLE_CUDA=OFF -DCANZONA_SANITIZE=address,undefined -DCANZONA_FUZZ=ON \
   >"$asan/configure.log" 2>&1 || { cat "$asan/configure.log"; exit 1; }
-# One gtest binary per tests/unit folder (canzona_add_test), canzonactl (the
-# ctl and plan tests run it), the fuzzer and the soak bench.
+# One gtest binary per tests/unit folder (canzona_add_test), canzonactl and
+# tp_mlp_trainer (the ctl, plan and client tests run them), the fuzzer and
+# the soak bench.
 mapfile -t unit_targets < <(sed -n 's/^canzona_add_test(\([A-Za-z0-9_]*\).*/\1/p' \
   "$root"/tests/unit/*/CMakeLists.txt)
-cmake --build "$asan" -j "$jobs" --target canzonactl "${unit_targets[@]}" \
+cmake --build "$asan" -j "$jobs" --target canzonactl tp_mlp_trainer "${unit_targets[@]}" \
   canzona_request_fuzzer canzona_soak_bench
 
 san_dir="$root/tests/sanitizers"
