@@ -1,7 +1,7 @@
 // canzonactl plan: plans a model (a name in the models directory, see
 // ResolveModelsDir, or a .json path) at any PP x DP x TP without running it,
 // with any strategy; --compare puts all strategies side by side, --grid
-// prints the goal table of issue 8;
+// prints the planner's goal table (server/DESIGN.md section 5);
 // --shard-group-size S < dp plans hierarchical sharding and compares it with
 // the flat plan.
 #include <algorithm>
@@ -522,8 +522,8 @@ void AddPlanCommand(CLI::App& app) {
   cmd->add_flag("--json", opts->json, "one JSON object (array with --compare)");
   cmd->add_flag("--compare", opts->compare, "all strategies side by side");
   cmd->add_flag("--grid", opts->grid,
-                "issue 8 goal table: qwen3 8b/14b/32b/30b-a3b x layouts x "
-                "(dp,tp) grid, all strategies");
+                "the planner's goal table: qwen3 8b/14b/32b/30b-a3b x "
+                "layouts x (dp,tp) grid, all strategies");
   cmd->add_flag("--assignment", opts->assignment,
                 "with --json: include each parameter's (dp, tp)");
   cmd->add_option("--shard-group-size", opts->shard_group_size,
