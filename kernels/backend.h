@@ -248,6 +248,9 @@ inline void DeviceBuffer::Reset() {
   size_ = 0;
 }
 
+// The factory (kernels/backend_factory.cc, target canzona_kernels, which
+// links every backend; the interface alone is canzona_backend).
+//
 // Creates a backend. `device` selects the GPU for kCuda (ignored for kCpu).
 // kCuda without a usable device (or in a build without CUDA) returns
 // FAILED_PRECONDITION whose message starts with "no usable CUDA device".

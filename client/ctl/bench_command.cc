@@ -179,10 +179,7 @@ void AddBenchCommand(CLI::App& app) {
       ->add_option("--model", options->model,
                    "model name in the models directory, or a .json path")
       ->capture_default_str();
-  kernels->add_option("--models-dir", options->models_dir,
-                      "directory of model configs (default: "
-                      "$CANZONA_MODELS_DIR or the source tree's "
-                      "../shared/models)");
+  kernels->add_option("--models-dir", options->models_dir, kModelsDirHelp);
   kernels->add_option("--backend", options->backend, "auto | cpu | cuda")
       ->capture_default_str();
   kernels

@@ -2,28 +2,37 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <set>
+#include <system_error>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "kernels/base/status_macros.h"
 #include "server/plan/model_config.h"
 
 namespace canzona {
+
+const char kModelsDirHelp[] =
+    "directory of model configs (default: $CANZONA_MODELS_DIR, else the "
+    "installed share/canzona/models beside this binary, else the source "
+    "tree's server/plan/models)";
 
 std::string ResolveModelsDir(const std::string& flag) {
   if (!flag.empty()) return flag;
   if (const char* env = std::getenv("CANZONA_MODELS_DIR"); env && *env) {
     return env;
   }
-  if (const char* env = std::getenv("CANZONA_SHARED_DIR"); env && *env) {
-    return absl::StrCat(env, "/models");
+  std::error_code error;
+  const std::filesystem::path exe =
+      std::filesystem::read_symlink("/proc/self/exe", error);
+  if (!error) {
+    const std::filesystem::path installed =
+        (exe.parent_path() / CANZONA_MODELS_INSTALL_RELDIR).lexically_normal();
+    if (std::filesystem::is_directory(installed, error)) {
+      return installed.string();
+    }
   }
-#ifdef CANZONA_DEFAULT_MODELS_DIR
-  return CANZONA_DEFAULT_MODELS_DIR;
-#else
-  return "models";
-#endif
+  return CANZONA_MODELS_SOURCE_DIR;
 }
 
 absl::StatusOr<std::vector<MatrixShape>> DistinctMatrixShapes(

@@ -1,6 +1,6 @@
-// The distinct matrix-optimizer shapes of a model config, for kernel
-// benchmarks (canzonactl bench kernels, tests/bench), plus where model
-// configs are looked up.
+// Where model configs are found, and the distinct matrix-optimizer shapes of
+// a model config for kernel benchmarks (canzonactl bench kernels,
+// tests/bench).
 //
 // Thread-safety: stateless functions.
 #ifndef CANZONA_CLIENT_CTL_MODEL_SHAPES_H_
@@ -19,10 +19,20 @@ struct MatrixShape {
   int64_t cols = 0;
 };
 
-// `flag` when set, else $CANZONA_MODELS_DIR, else $CANZONA_SHARED_DIR/models,
-// else the source tree's
-// ../shared/models (compiled in as CANZONA_DEFAULT_MODELS_DIR).
+// The directory `--model NAME` is looked up in, first match wins:
+//   1. `flag` (--models-dir) when set;
+//   2. $CANZONA_MODELS_DIR when set;
+//   3. the installed configs beside this executable,
+//      <dir of /proc/self/exe>/../share/canzona/models (the relative path is
+//      compiled in from the install layout), when that directory exists:
+//      an installed canzonactl needs no environment, wherever the prefix
+//      was moved;
+//   4. the source tree's server/plan/models (compiled in), for binaries run
+//      from a build tree.
 std::string ResolveModelsDir(const std::string& flag);
+
+// --models-dir's help text, the same for every subcommand.
+extern const char kModelsDirHelp[];
 
 // The whole (unsplit) 2-D hidden weights that a matrix optimizer updates,
 // Hugging Face layout, one entry per distinct shape, largest first.

@@ -1,6 +1,7 @@
-// canzonactl plan: plans a model (from ../shared/models or a .json path) at
-// any PP x DP x TP without running it, with any strategy; --compare puts all
-// strategies side by side, --grid prints the goal table of issue 8;
+// canzonactl plan: plans a model (a name in the models directory, see
+// ResolveModelsDir, or a .json path) at any PP x DP x TP without running it,
+// with any strategy; --compare puts all strategies side by side, --grid
+// prints the planner's goal table (server/DESIGN.md section 5);
 // --shard-group-size S < dp plans hierarchical sharding and compares it with
 // the flat plan.
 #include <algorithm>
@@ -52,7 +53,7 @@ struct PlanOptions {
   bool grid = false;
   bool assignment = false;
   int shard_group_size = 0;  // 0: flat
-  std::string target;  // a daemon: show its live job `job`'s plan
+  std::string target;        // a daemon: show its live job `job`'s plan
   std::string job;
 };
 
@@ -517,14 +518,12 @@ void AddPlanCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--dtype", opts->dtype, "parameter dtype: bf16, fp16, fp32")
       ->capture_default_str();
-  cmd->add_option("--models-dir", opts->models_dir,
-                  "models directory (default $CANZONA_MODELS_DIR, then "
-                  "$CANZONA_SHARED_DIR/models, then the source tree's)");
+  cmd->add_option("--models-dir", opts->models_dir, kModelsDirHelp);
   cmd->add_flag("--json", opts->json, "one JSON object (array with --compare)");
   cmd->add_flag("--compare", opts->compare, "all strategies side by side");
   cmd->add_flag("--grid", opts->grid,
-                "issue 8 goal table: qwen3 8b/14b/32b/30b-a3b x layouts x "
-                "(dp,tp) grid, all strategies");
+                "the planner's goal table: qwen3 8b/14b/32b/30b-a3b x "
+                "layouts x (dp,tp) grid, all strategies");
   cmd->add_flag("--assignment", opts->assignment,
                 "with --json: include each parameter's (dp, tp)");
   cmd->add_option("--shard-group-size", opts->shard_group_size,

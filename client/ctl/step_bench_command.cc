@@ -547,9 +547,7 @@ void AddBenchStepCommand(CLI::App* bench) {
   cmd->add_option("--model", o->model,
                   "model name in the models directory, or a .json path")
       ->capture_default_str();
-  cmd->add_option("--models-dir", o->models_dir,
-                  "directory of model configs (default: $CANZONA_MODELS_DIR "
-                  "or the source tree's ../shared/models)");
+  cmd->add_option("--models-dir", o->models_dir, kModelsDirHelp);
   cmd->add_option("--layers", o->layers, "layers kept of the model")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

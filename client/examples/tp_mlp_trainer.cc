@@ -15,6 +15,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -313,23 +314,28 @@ int main(int argc, char** argv) {
   app.add_option("--job", o.job)->capture_default_str();
   app.add_option("--strategy", o.strategy)->capture_default_str();
   app.add_option("--job-token", o.token);
-  app.add_option("--dp", o.dp)
+  // Sizes and counts are whole numbers >= 1 (--print-every is a divisor).
+  const CLI::Range positive(1, std::numeric_limits<int>::max());
+  app.add_option("--dp", o.dp)->capture_default_str()->check(positive);
+  app.add_option("--tp", o.tp)->capture_default_str()->check(positive);
+  app.add_option("--steps", o.steps)->capture_default_str()->check(positive);
+  app.add_option("--hidden", o.hidden)->capture_default_str()->check(positive);
+  app.add_option("--print-every", o.print_every, "print the loss every N steps")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--tp", o.tp)
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--steps", o.steps)
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--hidden", o.hidden)
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--print-every", o.print_every)->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+      ->check(positive);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // Usage errors: one line naming the flag, status 2 (as canzonactl).
+    std::fprintf(stderr, "tp_mlp_trainer: %s\n", e.what());
+    return 2;
+  }
   if (o.hidden % o.tp != 0) {
-    std::fprintf(stderr, "--hidden %d is not divisible by --tp %d\n", o.hidden,
-                 o.tp);
+    std::fprintf(stderr,
+                 "tp_mlp_trainer: --hidden %d is not divisible by --tp %d\n",
+                 o.hidden, o.tp);
     return 2;
   }
   std::vector<std::string> targets = absl::StrSplit(o.targets, ',');

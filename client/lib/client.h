@@ -30,7 +30,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "canzona/v1/optimizer_service.pb.h"
-#include "client/shm/shared_memory.h"
+#include "proto/shm/shared_memory.h"
 
 namespace canzona {
 

@@ -22,8 +22,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/lib/client.h"
 #include "client/lib/cuda_export.h"
-#include "client/shm/shared_memory.h"
 #include "google/protobuf/util/json_util.h"
+#include "proto/shm/shared_memory.h"
 
 namespace py = pybind11;
 

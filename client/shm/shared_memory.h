@@ -1,88 +1,12 @@
-// POSIX shared memory that trainers and canzonad share parameter and
-// gradient buffers through: the trainer creates and sizes an object, the
-// daemon maps the same object, and no tensor byte crosses gRPC.
+// transitional: server/engine moves to proto/shm/shared_memory.h.
 //
-// Names follow one documented pattern so the daemon maps nothing else:
-//   "/canzona.<job>.<rank>.<seq>"   job: [A-Za-z0-9_-]{1,64}, rank, seq: digits
-//
-//   // trainer
-//   CANZONA_ASSIGN_OR_RETURN(SharedMemory shm,
-//       SharedMemory::Create(ShmName("job1", 0, 0), 1 << 20));
-//   // daemon
-//   CANZONA_ASSIGN_OR_RETURN(SharedMemory view,
-//       SharedMemory::Open(name, {.expected_owner_uid = peer_uid}));
-//   CANZONA_ASSIGN_OR_RETURN(float* p, view.FloatRange(offset, bytes));
-//
-// Thread-safety: a SharedMemory object is not synchronized (move-only
-// handle); what the bytes mean and who writes them when is the step
-// protocol's business.
+// Forwards to the trainer <-> daemon shared-memory protocol's new home, so
+// that server/engine builds until it includes proto/shm/shared_memory.h
+// itself; delete this file then. Nothing else may include it (server/ must
+// not include client/).
 #ifndef CANZONA_CLIENT_SHM_SHARED_MEMORY_H_
 #define CANZONA_CLIENT_SHM_SHARED_MEMORY_H_
 
-#include <sys/types.h>
-
-#include <cstdint>
-#include <optional>
-#include <string>
-
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
-
-namespace canzona {
-
-// The documented name of a job's rank's seq-th buffer object.
-std::string ShmName(absl::string_view job_id, int64_t rank, int64_t seq);
-// INVALID_ARGUMENT naming the problem unless `name` matches the pattern.
-absl::Status ValidateShmName(absl::string_view name);
-
-class SharedMemory {
- public:
-  struct OpenOptions {
-    // When set, PERMISSION_DENIED unless the object belongs to this uid
-    // (the daemon passes the trainer's SO_PEERCRED uid).
-    std::optional<uid_t> expected_owner_uid;
-  };
-
-  // Creates (O_EXCL, mode 0600) and sizes a new zero-filled object, mapped
-  // read-write; the creator unlinks it when this handle is destroyed.
-  // ALREADY_EXISTS if the name is taken.
-  static absl::StatusOr<SharedMemory> Create(const std::string& name,
-                                             uint64_t bytes);
-  // Maps an existing object read-write. NOT_FOUND if it does not exist.
-  static absl::StatusOr<SharedMemory> Open(const std::string& name,
-                                           const OpenOptions& options);
-  static absl::StatusOr<SharedMemory> Open(const std::string& name) {
-    return Open(name, OpenOptions());
-  }
-
-  SharedMemory(SharedMemory&& other) noexcept { *this = std::move(other); }
-  SharedMemory& operator=(SharedMemory&& other) noexcept;
-  SharedMemory(const SharedMemory&) = delete;
-  SharedMemory& operator=(const SharedMemory&) = delete;
-  ~SharedMemory();
-
-  const std::string& name() const { return name_; }
-  void* data() const { return data_; }
-  uint64_t size() const { return size_; }
-  uid_t owner_uid() const { return owner_uid_; }
-
-  // The float32 array at [offset, offset + bytes): INVALID_ARGUMENT when the
-  // range is out of bounds (overflow-safe), misaligned, or not a whole
-  // number of floats.
-  absl::StatusOr<float*> FloatRange(uint64_t offset, uint64_t bytes) const;
-
- private:
-  SharedMemory() = default;
-  void Release();
-
-  std::string name_;
-  void* data_ = nullptr;
-  uint64_t size_ = 0;
-  uid_t owner_uid_ = 0;
-  bool unlink_on_close_ = false;
-};
-
-}  // namespace canzona
+#include "proto/shm/shared_memory.h"  // IWYU pragma: export
 
 #endif  // CANZONA_CLIENT_SHM_SHARED_MEMORY_H_

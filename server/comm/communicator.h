@@ -1,11 +1,13 @@
 // The data-plane communicator of one process group: the collectives the
-// distributed step (design.md section 4) runs between the daemons' device
-// workers, on float32 buffers given as pointer + element count.
+// distributed step (server/DESIGN.md section 4) runs between the daemons'
+// device workers, on float32 buffers given as pointer + element count.
 //
-// Implementations: Gloo over TCP for host memory (gloo_communicator.h), an
-// in-process fake for tests of the layers above (fake_communicator.h), and
-// later NCCL for device memory. The interface is pointer + count based and
-// names no transport type, so the engine is written once against it.
+// Implementations: Gloo over TCP for host memory (gloo_communicator.h), NCCL
+// on device memory, each operation on a CUDA stream (nccl_communicator.h,
+// over the NcclApi seam of nccl_api.h), and an in-process fake for tests of
+// the layers above (fake_communicator.h). The interface is pointer + count
+// based and names no transport type, so the engine is written once against
+// it.
 //
 //   CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> dp,
 //       CreateGlooCommunicator(&store, "job/a/gen/0/dp/0", rank, size, {}));

@@ -2,10 +2,10 @@
 // "key=value,key=value" settings text users write (canzonactl --set, group
 // registration).
 //
-// Defaults follow the public implementations named in design.md section 3,
-// so users can move their learning rates over. The issue leaves three
-// learning rates unspecified; we take Keller Jordan's Muon lr (0.02),
-// torch.optim.AdamW's (1e-3) and Distributed Shampoo's (1e-2).
+// Defaults follow the public implementations named in server/DESIGN.md
+// section 3, so users can move their learning rates over; the learning
+// rates are Keller Jordan's Muon's (0.02), torch.optim.AdamW's (1e-3),
+// Distributed Shampoo's (1e-2) and nikhilvyas/SOAP's (3e-3).
 //
 // Example:
 //   CANZONA_ASSIGN_OR_RETURN(OptimizerKind kind, ParseOptimizerKind("muon"));

@@ -11,7 +11,7 @@
 //   CANZONA_RETURN_IF_ERROR(rule->Step(param, grad));   // backend pointers
 //   CANZONA_ASSIGN_OR_RETURN(OptimizerState state, rule->SaveState());
 //
-// The exact formulas are those of issue 2 section 3 (design.md section 3).
+// The exact formulas, step by step, are server/DESIGN.md section 3.
 #ifndef CANZONA_SERVER_OPTIM_UPDATE_RULE_H_
 #define CANZONA_SERVER_OPTIM_UPDATE_RULE_H_
 

@@ -1,4 +1,5 @@
-// Per-matrix optimizer cost model (design.md 4.3) and its calibration.
+// Per-matrix optimizer cost model (server/DESIGN.md section 4.3) and its
+// calibration.
 //
 // Every parameter's per-step optimizer work is split into three classes so
 // that measured kernel rates can convert it to seconds:
@@ -7,10 +8,10 @@
 //   - eigen flops   (Shampoo eigendecompositions, SOAP QR/eigen refresh),
 //                    amortized over the preconditioning frequency,
 //   - memory bytes  (AdamW and every other element-wise pass).
-// Flop counts follow design.md 4.3 literally (X X^T counted as 2 s^2 l even
-// though the kernel uses SYRK: the SYRK saving is a kernel-rate matter and
-// calibrated rates absorb it). AdamW counts as `10 * numel` flop-equivalents
-// when planning in flops.
+// Flop counts follow server/DESIGN.md section 4.3 (X X^T counted as
+// 2 s^2 l even though the kernel uses SYRK: the SYRK saving is a
+// kernel-rate matter and calibrated rates absorb it). AdamW counts as
+// `10 * numel` flop-equivalents when planning in flops.
 //
 // Rates file (JSON, written by `canzonactl bench kernels`, read by
 // `canzonactl plan --rates FILE` and by the daemon):
@@ -21,7 +22,8 @@
 //     "gemm_gflops": 600000.0,    // dense GEMM rate (fp32 on cpu, bf16/tf32
 //                                 // on cuda), GFLOP/s
 //     "ns_gflops": 450000.0,      // Muon Newton-Schulz effective rate,
-//                                 // nominal flops of 4.3 / measured seconds
+//                                 // nominal flops of section 4.3 /
+//                                 // measured seconds
 //     "eigh_gflops": 3000.0,      // symmetric eigendecomposition / QR rate
 //     "adamw_gbps": 2500.0        // AdamW (element-wise) bytes moved, GB/s
 //   }

@@ -1,4 +1,4 @@
-// Model configurations (../shared/models/*.json, Hugging Face config fields)
+// Model configurations (server/plan/models/*.json, Hugging Face config fields)
 // and the parameter lists they imply under a given layout.
 //
 //   CANZONA_ASSIGN_OR_RETURN(ModelConfig config,

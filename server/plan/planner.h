@@ -8,11 +8,12 @@
 //   CANZONA_ASSIGN_OR_RETURN(Plan plan, BuildPlan(request));
 //   nlohmann::json report = PlanToJson(plan);   // plan_json.h
 //
-// Model of the step (design.md 4): for each pipeline stage independently,
-// gradients sit in buckets (filled in reverse parameter order, closed when
-// they reach `bucket_size` local elements, as Megatron DDP does; padding is
-// not modelled). Every TP rank has the same bucket structure over its local
-// shards, so one set of DP cuts serves the whole TP group. The work of a
+// Model of the step (server/DESIGN.md section 4): for each pipeline stage
+// independently, gradients sit in buckets (filled in reverse parameter
+// order, closed when they reach `bucket_size` local elements, as Megatron
+// DDP does; padding is not modelled). Every TP rank has the same bucket
+// structure over its local shards, so one set of DP cuts serves the whole
+// TP group. The work of a
 // parameter owned by DP rank d lands on the GPUs (d, t):
 //   - a matrix-optimizer parameter split over TP (TP > 1) is *hosted*: its
 //     whole update runs on one TP rank, the host;

@@ -85,7 +85,7 @@ command -v tc >/dev/null || skip "no 'tc' (iproute2)"
 if [[ "$MODEL" == *.json || "$MODEL" == */* ]]; then
   MODEL_JSON=$MODEL
 else
-  [[ -n "$MODELS_DIR" ]] || MODELS_DIR=${CANZONA_SHARED_DIR:-$REPO/../shared}/models
+  [[ -n "$MODELS_DIR" ]] || MODELS_DIR=$REPO/server/plan/models
   MODEL_JSON=$MODELS_DIR/$MODEL.json
 fi
 [[ -f "$MODEL_JSON" ]] || { echo "no model config $MODEL_JSON" >&2; exit 2; }

@@ -162,7 +162,7 @@ TEST_P(CrossProcessTest, EveryRankEqualsTheSingleProcessReferenceBitwise) {
   EXPECT_TRUE(daemons.Alive());
 }
 
-// Every DP x TP of the issue under every strategy, the two layouts
+// Every DP x TP up to four ranks under every strategy, the two layouts
 // alternating so that each layout meets every layout size and strategy.
 std::vector<Case> AllCases() {
   std::vector<Case> cases;

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "server/checkpoint/crc32c.h"
 #include "server/optim/optimizer_config.h"
 #include "server/optim/update_rule.h"
@@ -188,7 +189,7 @@ class RoundTripTest : public ::testing::TestWithParam<KindCase> {};
 // fresh rule, continue both: bitwise equal.
 TEST_P(RoundTripTest, ResumeIsBitwise) {
   const KindCase& c = GetParam();
-  ASSERT_OK_AND_ASSIGN(auto backend, CreateBackend(BackendKind::kCpu));
+  ASSERT_OK_AND_ASSIGN(auto backend, CreateCpuBackend());
   ASSERT_OK_AND_ASSIGN(OptimizerConfig config,
                        MakeOptimizerConfig(c.kind, c.settings));
   const std::vector<int64_t> shape = c.kind == OptimizerKind::kAdamW
@@ -626,9 +627,9 @@ TEST(StateBlobTest, RoundTripsAndDetectsCorruption) {
   EXPECT_THAT(DecodeStateBlob(blob.substr(0, blob.size() - 5)),
               StatusIs(absl::StatusCode::kDataLoss));
   records.push_back(records[0]);
-  EXPECT_THAT(EncodeStateBlob(records),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("added twice")));
+  EXPECT_THAT(
+      EncodeStateBlob(records),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("added twice")));
 }
 
 }  // namespace

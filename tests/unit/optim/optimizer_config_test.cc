@@ -35,7 +35,7 @@ TEST(OptimizerKindTest, UnknownOptimizerNamesTheValue) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Muon")));
 }
 
-TEST(OptimizerConfigTest, DefaultsAreTheIssues) {
+TEST(OptimizerConfigTest, DefaultsAreTheReferenceImplementations) {
   ASSERT_OK_AND_ASSIGN(OptimizerConfig muon,
                        MakeOptimizerConfig(OptimizerKind::kMuon, {}));
   EXPECT_EQ(muon.kind, OptimizerKind::kMuon);

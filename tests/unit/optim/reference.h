@@ -1,7 +1,7 @@
 // Float64 references of the four update rules, written from the formulas of
-// issue 2 section 3 with naive loops and our own linear algebra (Jacobi
-// eigensolver, Householder QR with LAPACK's sign convention, Newton-Schulz),
-// independent of the code under test and of the backends.
+// server/DESIGN.md section 3 with naive loops and our own linear algebra
+// (Jacobi eigensolver, Householder QR with LAPACK's sign convention,
+// Newton-Schulz), independent of the code under test and of the backends.
 //
 // Thread-safety: plain values; not thread-safe.
 #ifndef CANZONA_TESTS_UNIT_OPTIM_REFERENCE_H_
@@ -46,7 +46,8 @@ Mat HouseholderQ(const Mat& x);
 Mat NewtonSchulz(const Mat& u, const std::vector<std::array<double, 3>>& coeffs,
                  double norm_scale, double norm_eps);
 
-// The coefficient triples of a set for `steps` steps, from the issue text.
+// The coefficient triples of a set for `steps` steps, as published with
+// each set (server/DESIGN.md section 3.1).
 std::vector<std::array<double, 3>> Coefficients(NsCoefficients set,
                                                 int64_t steps);
 

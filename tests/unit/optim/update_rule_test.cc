@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/optim/reference.h"
 
@@ -47,7 +48,7 @@ std::vector<float> RandomNormal(int64_t n, std::mt19937_64& rng,
 }
 
 std::unique_ptr<Backend> CpuBackend() {
-  auto backend = CreateBackend(BackendKind::kCpu);
+  auto backend = CreateCpuBackend();
   EXPECT_TRUE(backend.ok()) << backend.status();
   return backend.ok() ? std::move(backend).value() : nullptr;
 }

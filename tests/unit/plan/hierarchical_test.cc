@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -27,12 +26,8 @@ using ::testing::HasSubstr;
 constexpr Strategy kSliced[] = {Strategy::kStartAnchored, Strategy::kAlpha,
                                 Strategy::kCost};
 
-std::string ModelsDir() {
-  // ctest sets CANZONA_SHARED_DIR; a direct run uses the configured path.
-  const char* shared = std::getenv("CANZONA_SHARED_DIR");
-  return std::string(shared ? shared : CANZONA_PLAN_TEST_SHARED_DIR) +
-         "/models";
-}
+// The source tree's server/plan/models (compiled in).
+std::string ModelsDir() { return CANZONA_PLAN_TEST_MODELS_DIR; }
 
 // Real Qwen3 parameters (megatron layout, Muon) at the given layout.
 PlanRequest QwenRequest(const std::string& model, ParallelLayout layout,

@@ -1,4 +1,4 @@
-#include "client/shm/shared_memory.h"
+#include "proto/shm/shared_memory.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
