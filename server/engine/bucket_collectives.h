@@ -1,5 +1,5 @@
 // BucketCollectives: the DP communication of one rank's buckets, the first
-// and last phases of the step (server/DESIGN.md, the distributed step):
+// and last phases of the step (server/DESIGN.md section 4):
 //  - Reduce(b): stage bucket b's gradients and parameters from the
 //    trainer's buffers and sum the gradients over DP (unscaled: the step
 //    applies 1/DP and the loss scale): my slice when bucket-sliced

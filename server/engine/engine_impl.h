@@ -1,6 +1,6 @@
 // The daemon's Engine: jobs registered by trainer ranks over POSIX shared
 // memory or CUDA IPC, plans agreed through the control-plane KvStore, and
-// the distributed optimizer step (design.md section 4) run by one worker
+// the distributed optimizer step (server/DESIGN.md section 4) run by one worker
 // thread per local rank over Gloo (host staging) or NCCL (GPU-resident)
 // communicators.
 //

@@ -1,5 +1,5 @@
 // One rank's optimizer step once every local rank has called Step(k), in
-// named phases (server/DESIGN.md, the distributed step):
+// named phases (server/DESIGN.md section 4):
 //   1. the DP gradient sums (the DP lane started them at GradReady or
 //      Step), averaged and unscaled: my slice, or the whole bucket;
 //   2. the non-finite check and the squared gradient norm, one world sum;

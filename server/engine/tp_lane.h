@@ -1,5 +1,5 @@
-// TpLane: one rank's TP micro-group pipeline (server/DESIGN.md, the
-// distributed step): per micro group, a fused all-to-all gathers the
+// TpLane: one rank's TP micro-group pipeline (server/DESIGN.md section 4):
+// per micro group, a fused all-to-all gathers the
 // gradient and parameter fragments of each TP-split matrix to its host
 // rank, the host updates whole matrices (Compute, on the worker), and a
 // fused all-to-all returns the updated fragments, which each rank writes in

@@ -35,7 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "canzona/v1/optimizer_service.pb.h"
-#include "client/shm/shared_memory.h"
+#include "proto/shm/shared_memory.h"
 #include "kernels/cuda/cuda_ipc.h"
 #include "server/engine/cuda_ipc_registry.h"
 #include "server/engine/stage_copier.h"

@@ -170,7 +170,7 @@ Context MakeContext(const PlanRequest& req) {
     }
     ctx.offsets.push_back(std::move(off));
   }
-  // LB of the issue and the proven lower bound.
+  // LB (server/DESIGN.md section 4.4) and the proven lower bound.
   double total = 0, largest = 0;
   for (const Item& it : ctx.items) {
     total += it.hosted ? it.cost : it.cost * ctx.T;
