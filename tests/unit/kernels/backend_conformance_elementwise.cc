@@ -204,6 +204,36 @@ TEST_P(BackendConformanceTest, AdamWStepMatchesTorchOrderReference) {
   }
 }
 
+TEST_P(BackendConformanceTest, AdamWStepFromRandomStateAtStepOneAndTen) {
+  // One step from arbitrary moments (not the zeros a fresh optimizer
+  // starts from), early and later in the bias correction.
+  const AdamWConfig c = {1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f};
+  const int64_t n = 65537;
+  for (int64_t step : {1, 10}) {
+    SCOPED_TRACE(absl::StrCat("step=", step));
+    const std::vector<float> g = RandomNormal(n, 6200 + step);
+    const std::vector<float> p0 = RandomNormal(n, 6210 + step);
+    const std::vector<float> m0 = RandomNormal(n, 6220 + step);
+    std::vector<float> v0 = RandomNormal(n, 6230 + step);
+    for (float& e : v0) e = std::abs(e) + 0.01f;
+    DeviceBuffer dg = Upload(g), dp = Upload(p0), dm = Upload(m0),
+                 dv = Upload(v0);
+    ASSERT_OK(backend_->AdamWStep(n, c.lr, c.beta1, c.beta2, c.eps,
+                                  c.weight_decay, step, dg.data(), dp.data(),
+                                  dm.data(), dv.data()));
+    const std::vector<float> got_p = Download(dp), got_m = Download(dm),
+                             got_v = Download(dv);
+    for (int64_t i = 0; i < n; ++i) {
+      AdamWState ref = {p0[i], m0[i], v0[i]};
+      AdamWState mag = {std::abs(p0[i]), std::abs(m0[i]), v0[i]};
+      AdamWReference(c, step, g[i], ref, mag);
+      ASSERT_NEAR(got_p[i], ref.p, 1e-6 * mag.p) << i;
+      ASSERT_NEAR(got_m[i], ref.m, 1e-6 * mag.m) << i;
+      ASSERT_NEAR(got_v[i], ref.v, 1e-6 * mag.v) << i;
+    }
+  }
+}
+
 TEST_P(BackendConformanceTest, SumSquaresAccumulatesInDouble) {
   // 2^20 values near 1: a float accumulator would be off by ~1e-4 relative.
   const int64_t n = (int64_t{1} << 20) + 3;

@@ -394,6 +394,7 @@ TEST_P(BackendConformanceTest, NewtonSchulzNormalizationOnly) {
   const double tol = tolerances().newton_schulz;
   ExpectNewtonSchulzMatches(*backend_, spec, 3, 37, 53, 850, false, tol);
   ExpectNewtonSchulzMatches(*backend_, spec, 1, 53, 37, 860, true, tol);
+  ExpectNewtonSchulzMatches(*backend_, spec, 1, 1, 17, 870, false, tol);
 }
 
 TEST_P(BackendConformanceTest, NewtonSchulzInputMayEqualOutput) {
