@@ -106,6 +106,14 @@ class DeviceBuffer {
   int64_t size_ = 0;
 };
 
+// Non-Virtual Interface: the public methods are the only entry points. Each
+// validates its arguments once for every implementation (INVALID_ARGUMENT
+// naming the method and the field, e.g. "Gemm: lda = 3 is smaller than the
+// row length 5"), returns early from calls that touch no element, and then
+// calls the matching private Do-method (Gemm -> DoGemm). An implementation
+// therefore sees only valid, non-empty calls and checks nothing but its own
+// limits (e.g. 32-bit library indices); kernels/backend_validation.cc holds
+// the entry points.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -121,111 +129,202 @@ class Backend {
 
   // ---- Memory -------------------------------------------------------------
   // Zero-filled float32 array of `count` elements (count >= 0).
-  virtual absl::StatusOr<DeviceBuffer> Allocate(int64_t count) = 0;
-  virtual absl::Status CopyFromHost(const float* host, int64_t count,
-                                    float* dst) = 0;
-  virtual absl::Status CopyToHost(const float* src, int64_t count,
-                                  float* host) = 0;
-  virtual absl::Status Copy(const float* src, int64_t count, float* dst) = 0;
+  // RESOURCE_EXHAUSTED when the memory cannot be had.
+  absl::StatusOr<DeviceBuffer> Allocate(int64_t count);
+  absl::Status CopyFromHost(const float* host, int64_t count, float* dst);
+  absl::Status CopyToHost(const float* src, int64_t count, float* host);
+  absl::Status Copy(const float* src, int64_t count, float* dst);
   // Copies a rows x cols block between strided row-major layouts.
-  virtual absl::Status Copy2D(int64_t rows, int64_t cols, const float* src,
-                              int64_t src_ld, float* dst, int64_t dst_ld) = 0;
-  virtual absl::Status Fill(float value, int64_t count, float* dst) = 0;
+  absl::Status Copy2D(int64_t rows, int64_t cols, const float* src,
+                      int64_t src_ld, float* dst, int64_t dst_ld);
+  absl::Status Fill(float value, int64_t count, float* dst);
   // Waits until all work issued so far has finished.
-  virtual absl::Status Synchronize() = 0;
+  absl::Status Synchronize();
 
   // ---- Dense linear algebra (row-major) ----------------------------------
   // C[m x n] = alpha * op(A) * op(B) + beta * C, op(A) is m x k.
-  virtual absl::Status Gemm(Transpose trans_a, Transpose trans_b, int64_t m,
-                            int64_t n, int64_t k, float alpha, const float* a,
-                            int64_t lda, const float* b, int64_t ldb,
-                            float beta, float* c, int64_t ldc) = 0;
+  absl::Status Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n,
+                    int64_t k, float alpha, const float* a, int64_t lda,
+                    const float* b, int64_t ldb, float beta, float* c,
+                    int64_t ldc);
   // `batch` independent GEMMs; matrix i of A starts at a + i * stride_a, etc.
-  virtual absl::Status GemmStridedBatched(
-      Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k,
-      float alpha, const float* a, int64_t lda, int64_t stride_a,
-      const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
-      int64_t ldc, int64_t stride_c, int64_t batch) = 0;
+  absl::Status GemmStridedBatched(Transpose trans_a, Transpose trans_b,
+                                  int64_t m, int64_t n, int64_t k, float alpha,
+                                  const float* a, int64_t lda, int64_t stride_a,
+                                  const float* b, int64_t ldb, int64_t stride_b,
+                                  float beta, float* c, int64_t ldc,
+                                  int64_t stride_c, int64_t batch);
   // Symmetric rank-k update, half the flops of the equivalent GEMM:
   //   kNo:  C[n x n] = alpha * A A^T + beta * C, A is n x k;
   //   kYes: C[n x n] = alpha * A^T A + beta * C, A is k x n.
   // Both triangles of C are written (the result is the full matrix). With
   // beta != 0 the old C must be symmetric: only one triangle of it is read.
-  virtual absl::Status Syrk(Transpose trans, int64_t n, int64_t k, float alpha,
-                            const float* a, int64_t lda, float beta, float* c,
-                            int64_t ldc) = 0;
+  absl::Status Syrk(Transpose trans, int64_t n, int64_t k, float alpha,
+                    const float* a, int64_t lda, float beta, float* c,
+                    int64_t ldc);
   // Eigendecomposition of the symmetric n x n matrix `a` (both triangles
   // set). On success `a` holds the orthonormal eigenvectors as columns
   // (a[i * n + j] = component i of eigenvector j) and `eigenvalues` the n
   // eigenvalues in ascending order. INTERNAL if the solver fails to converge.
-  virtual absl::Status SymmetricEigen(int64_t n, float* a, float* eigenvalues,
-                                      EigenPrecision precision) = 0;
+  absl::Status SymmetricEigen(int64_t n, float* a, float* eigenvalues,
+                              EigenPrecision precision);
   // Householder QR of the rows x cols matrix `a` (rows >= cols), replacing
   // `a` by the thin Q factor, with LAPACK's sign convention (geqrf + orgqr).
-  virtual absl::Status QrOrthonormalize(int64_t rows, int64_t cols,
-                                        float* a) = 0;
+  absl::Status QrOrthonormalize(int64_t rows, int64_t cols, float* a);
   // Orthogonalizes `batch` contiguous rows x cols matrices (matrix i at
   // input + i * rows * cols) into `output` (may equal `input`).
-  virtual absl::Status NewtonSchulz(const NewtonSchulzSpec& spec, int64_t batch,
-                                    int64_t rows, int64_t cols,
-                                    const float* input, float* output) = 0;
+  // UNIMPLEMENTED when the backend lacks spec.precision, whatever the shape.
+  absl::Status NewtonSchulz(const NewtonSchulzSpec& spec, int64_t batch,
+                            int64_t rows, int64_t cols, const float* input,
+                            float* output);
 
   // ---- Fused elementwise kernels (n elements, outputs may alias) ---------
   // out = a + weight * (b - a), computed as torch.lerp does (from the b end
   // when |weight| >= 0.5) so results match PyTorch bit for bit.
-  virtual absl::Status Lerp(int64_t n, const float* a, const float* b,
-                            float weight, float* out) = 0;
+  absl::Status Lerp(int64_t n, const float* a, const float* b, float weight,
+                    float* out);
   // y = alpha * x + beta * y, literally: with beta == 0 a NaN in y stays NaN
   // (unlike BLAS), so non-finite values are never silently dropped.
-  virtual absl::Status Axpby(int64_t n, float alpha, const float* x, float beta,
-                             float* y) = 0;
+  absl::Status Axpby(int64_t n, float alpha, const float* x, float beta,
+                     float* y);
   // x = alpha * x
-  virtual absl::Status Scale(int64_t n, float alpha, float* x) = 0;
+  absl::Status Scale(int64_t n, float alpha, float* x);
   // v = decay * v + weight * g * g
-  virtual absl::Status EmaSquare(int64_t n, float decay, float weight,
-                                 const float* g, float* v) = 0;
+  absl::Status EmaSquare(int64_t n, float decay, float weight, const float* g,
+                         float* v);
   // out = (m * m_scale) / (sqrt(v * v_scale) + eps)
-  virtual absl::Status AdamDirection(int64_t n, const float* m, float m_scale,
-                                     const float* v, float v_scale, float eps,
-                                     float* out) = 0;
+  absl::Status AdamDirection(int64_t n, const float* m, float m_scale,
+                             const float* v, float v_scale, float eps,
+                             float* out);
   // One torch.optim.AdamW step (single-tensor path, same operation order):
   //   p *= 1 - lr * weight_decay; m = lerp(m, g, 1 - beta1);
   //   v = beta2 * v + (1 - beta2) * g * g;
   //   p -= (lr / (1 - beta1^step)) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
-  virtual absl::Status AdamWStep(int64_t n, float lr, float beta1, float beta2,
-                                 float eps, float weight_decay, int64_t step,
-                                 const float* g, float* p, float* m,
-                                 float* v) = 0;
+  absl::Status AdamWStep(int64_t n, float lr, float beta1, float beta2,
+                         float eps, float weight_decay, int64_t step,
+                         const float* g, float* p, float* m, float* v);
   // Sum of squares accumulated in double; returns to the host (waits).
-  virtual absl::StatusOr<double> SumSquares(int64_t n, const float* x) = 0;
+  absl::StatusOr<double> SumSquares(int64_t n, const float* x);
   // Returns true when every element is finite (waits).
-  virtual absl::StatusOr<bool> AllFinite(int64_t n, const float* x) = 0;
+  absl::StatusOr<bool> AllFinite(int64_t n, const float* x);
 
   // ---- Matrix helpers (row-major, contiguous: ld == cols) ----------------
   // a[i, i] += alpha for the n x n matrix a.
-  virtual absl::Status AddIdentity(int64_t n, float alpha, float* a) = 0;
+  absl::Status AddIdentity(int64_t n, float alpha, float* a);
   // a[i, j] *= d[j]
-  virtual absl::Status ScaleColumns(int64_t rows, int64_t cols, const float* d,
-                                    float* a) = 0;
-  // out[j] = sum_i a[i, j] * b[i, j]
-  virtual absl::Status ColumnDots(int64_t rows, int64_t cols, const float* a,
-                                  const float* b, float* out) = 0;
+  absl::Status ScaleColumns(int64_t rows, int64_t cols, const float* d,
+                            float* a);
+  // out[j] = sum_i a[i, j] * b[i, j]   (zeros when rows == 0)
+  absl::Status ColumnDots(int64_t rows, int64_t cols, const float* a,
+                          const float* b, float* out);
   // dst[:, j] = src[:, perm[j]]   (dst must not alias src)
-  virtual absl::Status GatherColumns(int64_t rows, int64_t cols,
-                                     absl::Span<const int64_t> perm,
-                                     const float* src, float* dst) = 0;
+  absl::Status GatherColumns(int64_t rows, int64_t cols,
+                             absl::Span<const int64_t> perm, const float* src,
+                             float* dst);
   // dst[i, :] = src[perm[i], :]   (dst must not alias src)
-  virtual absl::Status GatherRows(int64_t rows, int64_t cols,
-                                  absl::Span<const int64_t> perm,
-                                  const float* src, float* dst) = 0;
+  absl::Status GatherRows(int64_t rows, int64_t cols,
+                          absl::Span<const int64_t> perm, const float* src,
+                          float* dst);
   // dst[cols x rows] = src[rows x cols]^T   (dst must not alias src)
-  virtual absl::Status Transpose2D(int64_t rows, int64_t cols, const float* src,
-                                   float* dst) = 0;
+  absl::Status Transpose2D(int64_t rows, int64_t cols, const float* src,
+                           float* dst);
 
  protected:
   friend class DeviceBuffer;
-  // Returns memory obtained by Allocate. Never fails visibly.
+  // Returns memory obtained by DoAllocate. Never fails visibly.
   virtual void Free(float* data, int64_t size) = 0;
+
+ private:
+  // ---- Implementations, one per public method ----------------------------
+  // Called only with arguments the public method accepted and never for a
+  // call that touches no element: every size below is >= 0, every pointer
+  // addressing an element is set, every leading dimension covers its row,
+  // every perm is a permutation, and the sizes the comments name are > 0.
+
+  // A backend's own limits on a Newton-Schulz spec, checked before the
+  // empty-call shortcut (an unsupported precision is a configuration error
+  // whatever shape first meets it). Default: everything supported.
+  virtual absl::Status CheckSupported(const NewtonSchulzSpec& /*spec*/) const {
+    return absl::OkStatus();
+  }
+
+  // count > 0 and count * sizeof(float) fits in int64_t.
+  virtual absl::StatusOr<DeviceBuffer> DoAllocate(int64_t count) = 0;
+  // count > 0 (Copy: src != dst).
+  virtual absl::Status DoCopyFromHost(const float* host, int64_t count,
+                                      float* dst) = 0;
+  virtual absl::Status DoCopyToHost(const float* src, int64_t count,
+                                    float* host) = 0;
+  virtual absl::Status DoCopy(const float* src, int64_t count, float* dst) = 0;
+  // rows, cols > 0.
+  virtual absl::Status DoCopy2D(int64_t rows, int64_t cols, const float* src,
+                                int64_t src_ld, float* dst, int64_t dst_ld) = 0;
+  // count > 0.
+  virtual absl::Status DoFill(float value, int64_t count, float* dst) = 0;
+  virtual absl::Status DoSynchronize() = 0;
+
+  // m, n > 0; k may be 0 (then C = beta * C, and beta == 0 clears C).
+  virtual absl::Status DoGemm(Transpose trans_a, Transpose trans_b, int64_t m,
+                              int64_t n, int64_t k, float alpha, const float* a,
+                              int64_t lda, const float* b, int64_t ldb,
+                              float beta, float* c, int64_t ldc) = 0;
+  // m, n, batch > 0; k may be 0; strides >= 0.
+  virtual absl::Status DoGemmStridedBatched(
+      Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k,
+      float alpha, const float* a, int64_t lda, int64_t stride_a,
+      const float* b, int64_t ldb, int64_t stride_b, float beta, float* c,
+      int64_t ldc, int64_t stride_c, int64_t batch) = 0;
+  // n > 0; k may be 0.
+  virtual absl::Status DoSyrk(Transpose trans, int64_t n, int64_t k,
+                              float alpha, const float* a, int64_t lda,
+                              float beta, float* c, int64_t ldc) = 0;
+  // n > 0.
+  virtual absl::Status DoSymmetricEigen(int64_t n, float* a, float* eigenvalues,
+                                        EigenPrecision precision) = 0;
+  // rows >= cols > 0.
+  virtual absl::Status DoQrOrthonormalize(int64_t rows, int64_t cols,
+                                          float* a) = 0;
+  // batch, rows, cols > 0; CheckSupported(spec) passed.
+  virtual absl::Status DoNewtonSchulz(const NewtonSchulzSpec& spec,
+                                      int64_t batch, int64_t rows, int64_t cols,
+                                      const float* input, float* output) = 0;
+
+  // n > 0 for each of these.
+  virtual absl::Status DoLerp(int64_t n, const float* a, const float* b,
+                              float weight, float* out) = 0;
+  virtual absl::Status DoAxpby(int64_t n, float alpha, const float* x,
+                               float beta, float* y) = 0;
+  virtual absl::Status DoScale(int64_t n, float alpha, float* x) = 0;
+  virtual absl::Status DoEmaSquare(int64_t n, float decay, float weight,
+                                   const float* g, float* v) = 0;
+  virtual absl::Status DoAdamDirection(int64_t n, const float* m, float m_scale,
+                                       const float* v, float v_scale, float eps,
+                                       float* out) = 0;
+  // step >= 1.
+  virtual absl::Status DoAdamWStep(int64_t n, float lr, float beta1,
+                                   float beta2, float eps, float weight_decay,
+                                   int64_t step, const float* g, float* p,
+                                   float* m, float* v) = 0;
+  virtual absl::StatusOr<double> DoSumSquares(int64_t n, const float* x) = 0;
+  virtual absl::StatusOr<bool> DoAllFinite(int64_t n, const float* x) = 0;
+
+  // n > 0.
+  virtual absl::Status DoAddIdentity(int64_t n, float alpha, float* a) = 0;
+  // rows, cols > 0.
+  virtual absl::Status DoScaleColumns(int64_t rows, int64_t cols,
+                                      const float* d, float* a) = 0;
+  // cols > 0; rows may be 0 (then out is zeroed).
+  virtual absl::Status DoColumnDots(int64_t rows, int64_t cols, const float* a,
+                                    const float* b, float* out) = 0;
+  // rows, cols > 0 for the gathers and the transpose.
+  virtual absl::Status DoGatherColumns(int64_t rows, int64_t cols,
+                                       absl::Span<const int64_t> perm,
+                                       const float* src, float* dst) = 0;
+  virtual absl::Status DoGatherRows(int64_t rows, int64_t cols,
+                                    absl::Span<const int64_t> perm,
+                                    const float* src, float* dst) = 0;
+  virtual absl::Status DoTranspose2D(int64_t rows, int64_t cols,
+                                     const float* src, float* dst) = 0;
 };
 
 inline DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {

@@ -1,5 +1,7 @@
-// Argument validation shared by every Backend implementation, so cpu and cuda
-// reject the same bad calls with the same INVALID_ARGUMENT messages.
+// Argument checks for Backend's entry points (kernels/backend_validation.cc),
+// so every implementation rejects the same bad calls with the same
+// INVALID_ARGUMENT messages, and Int32Index for the limits that are one
+// library's own (BLAS/LAPACK on cpu, cuSOLVER's legacy API on cuda).
 //
 // Thread-safety: stateless inline functions.
 #ifndef CANZONA_KERNELS_BACKEND_CHECKS_H_
@@ -15,6 +17,16 @@
 #include "absl/types/span.h"
 
 namespace canzona::backend_checks {
+
+// Product of non-negative sizes, saturating instead of overflowing so that a
+// huge request is reported rather than wrapped into a small one.
+inline int64_t SatMul(int64_t a, int64_t b) {
+  if (a == 0 || b == 0) return 0;
+  if (a > std::numeric_limits<int64_t>::max() / b) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return a * b;
+}
 
 // `what` names the method, e.g. "Gemm"; `field` the argument, e.g. "m".
 inline absl::Status NonNegative(absl::string_view what, absl::string_view field,

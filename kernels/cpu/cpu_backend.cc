@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -33,21 +32,25 @@ namespace checks = backend_checks;
 // line and the widest vector loads (AVX-512) never straddle one.
 constexpr size_t kAlignment = 64;
 
-// Debian's OpenBLAS is LP64: BLAS/LAPACK index with 32-bit integers.
+// Debian's OpenBLAS is LP64: BLAS/LAPACK index with 32-bit integers, so a
+// larger size or leading dimension would wrap. This limit is the cpu
+// backend's own (cuBLAS has a 64-bit API), hence checked here rather than in
+// Backend's entry points.
 static_assert(sizeof(blasint) == sizeof(int32_t));
 absl::Status BlasIndex(absl::string_view what, absl::string_view field,
                        int64_t value) {
   return checks::Int32Index(what, field, value, "BLAS/LAPACK");
 }
 
-// Product of non-negative sizes, saturating instead of overflowing so that a
-// huge request is reported rather than wrapped into a small one.
-int64_t SatMul(int64_t a, int64_t b) {
-  if (a == 0 || b == 0) return 0;
-  if (a > std::numeric_limits<int64_t>::max() / b) {
-    return std::numeric_limits<int64_t>::max();
-  }
-  return a * b;
+// Every size and leading dimension of one GEMM shape within BLAS's range.
+absl::Status BlasGemmIndices(absl::string_view what, int64_t m, int64_t n,
+                             int64_t k, int64_t lda, int64_t ldb, int64_t ldc) {
+  CANZONA_RETURN_IF_ERROR(BlasIndex(what, "m", m));
+  CANZONA_RETURN_IF_ERROR(BlasIndex(what, "n", n));
+  CANZONA_RETURN_IF_ERROR(BlasIndex(what, "k", k));
+  CANZONA_RETURN_IF_ERROR(BlasIndex(what, "lda", lda));
+  CANZONA_RETURN_IF_ERROR(BlasIndex(what, "ldb", ldb));
+  return BlasIndex(what, "ldc", ldc);
 }
 
 CBLAS_TRANSPOSE ToCblas(Transpose t) {
@@ -89,20 +92,10 @@ T* Scratch(std::vector<T>& v, int64_t n) {
   return v.data();
 }
 
-// Checks a stored row-major matrix argument: its pointer (only when
-// `addressed`, i.e. some matrix of a batch is read) and leading dimension.
-absl::Status MatrixArg(absl::string_view what, absl::string_view name,
-                       absl::string_view ld_name, const void* p,
-                       int64_t stored_rows, int64_t stored_cols, int64_t ld,
-                       bool addressed = true) {
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(
-      what, name, p, addressed ? SatMul(stored_rows, stored_cols) : 0));
-  CANZONA_RETURN_IF_ERROR(checks::LeadingDim(what, ld_name, ld, stored_cols));
-  return BlasIndex(what, ld_name, ld);
-}
-
 // The OpenBLAS + LAPACKE backend. Host memory is its memory space and every
 // call completes before returning, so Synchronize has nothing to wait for.
+// Backend's entry points validate the arguments; the Do-methods below check
+// only BLAS/LAPACK's 32-bit index range and the float32-only Newton-Schulz.
 //
 // Thread-safety: not thread-safe (as Backend): the scratch buffers used by
 // NewtonSchulz, QrOrthonormalize and ColumnDots are per-object state.
@@ -119,19 +112,23 @@ class CpuBackend final : public Backend {
                         openblas_get_num_threads(), " threads)");
   }
 
+ protected:
+  void Free(float* data, int64_t /*size*/) override { std::free(data); }
+
+ private:
+  // The float32 loops below are all this backend has; a precision it lacks
+  // is a configuration error, reported whatever the shape.
+  absl::Status CheckSupported(const NewtonSchulzSpec& spec) const override {
+    if (spec.precision == NsPrecision::kFloat32) return absl::OkStatus();
+    return absl::UnimplementedError(
+        "cpu backend: Newton-Schulz supports only float32");
+  }
+
   // ---- Memory -------------------------------------------------------------
 
-  absl::StatusOr<DeviceBuffer> Allocate(int64_t count) override {
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative("Allocate", "count", count));
-    if (count == 0) return DeviceBuffer(this, nullptr, 0);
-    constexpr int64_t kMaxCount = (std::numeric_limits<int64_t>::max() -
-                                   static_cast<int64_t>(kAlignment)) /
-                                  static_cast<int64_t>(sizeof(float));
-    if (count > kMaxCount) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "Allocate: ", count, " floats exceed the addressable size"));
-    }
-    // aligned_alloc requires the size to be a multiple of the alignment.
+  absl::StatusOr<DeviceBuffer> DoAllocate(int64_t count) override {
+    // aligned_alloc requires the size to be a multiple of the alignment;
+    // the entry point bounds count * sizeof(float), so this cannot wrap.
     const size_t bytes =
         (static_cast<size_t>(count) * sizeof(float) + kAlignment - 1) /
         kAlignment * kAlignment;
@@ -145,35 +142,24 @@ class CpuBackend final : public Backend {
     return DeviceBuffer(this, static_cast<float*>(p), count);
   }
 
-  absl::Status CopyFromHost(const float* host, int64_t count,
-                            float* dst) override {
-    return CopyImpl("CopyFromHost", "host", "dst", host, count, dst);
+  // Host memory is the backend's memory, so all three copies are one
+  // memmove (callers may pass overlapping ranges).
+  absl::Status DoCopyFromHost(const float* host, int64_t count,
+                              float* dst) override {
+    return Move(host, count, dst);
+  }
+  absl::Status DoCopyToHost(const float* src, int64_t count,
+                            float* host) override {
+    return Move(src, count, host);
+  }
+  absl::Status DoCopy(const float* src, int64_t count, float* dst) override {
+    return Move(src, count, dst);
   }
 
-  absl::Status CopyToHost(const float* src, int64_t count,
-                          float* host) override {
-    return CopyImpl("CopyToHost", "src", "host", src, count, host);
-  }
-
-  absl::Status Copy(const float* src, int64_t count, float* dst) override {
-    return CopyImpl("Copy", "src", "dst", src, count, dst);
-  }
-
-  absl::Status Copy2D(int64_t rows, int64_t cols, const float* src,
-                      int64_t src_ld, float* dst, int64_t dst_ld) override {
-    constexpr absl::string_view kWhat = "Copy2D";
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
-    const int64_t count = SatMul(rows, cols);
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "src", src, count));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "dst", dst, count));
-    CANZONA_RETURN_IF_ERROR(checks::LeadingDim(kWhat, "src_ld", src_ld, cols));
-    CANZONA_RETURN_IF_ERROR(checks::LeadingDim(kWhat, "dst_ld", dst_ld, cols));
-    if (count == 0 || src == dst) return absl::OkStatus();
-    if (src_ld == cols && dst_ld == cols) {
-      std::memmove(dst, src, static_cast<size_t>(count) * sizeof(float));
-      return absl::OkStatus();
-    }
+  absl::Status DoCopy2D(int64_t rows, int64_t cols, const float* src,
+                        int64_t src_ld, float* dst, int64_t dst_ld) override {
+    if (src == dst) return absl::OkStatus();
+    if (src_ld == cols && dst_ld == cols) return Move(src, rows * cols, dst);
     for (int64_t i = 0; i < rows; ++i) {
       std::memmove(dst + i * dst_ld, src + i * src_ld,
                    static_cast<size_t>(cols) * sizeof(float));
@@ -181,42 +167,34 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status Fill(float value, int64_t count, float* dst) override {
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative("Fill", "count", count));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer("Fill", "dst", dst, count));
+  absl::Status DoFill(float value, int64_t count, float* dst) override {
     std::fill(dst, dst + count, value);
     return absl::OkStatus();
   }
 
-  absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::Status DoSynchronize() override { return absl::OkStatus(); }
 
   // ---- Dense linear algebra ----------------------------------------------
 
-  absl::Status Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n,
-                    int64_t k, float alpha, const float* a, int64_t lda,
-                    const float* b, int64_t ldb, float beta, float* c,
-                    int64_t ldc) override {
-    CANZONA_RETURN_IF_ERROR(CheckGemm("Gemm", trans_a, trans_b, m, n, k, a, lda,
-                                      b, ldb, c, ldc, true));
+  absl::Status DoGemm(Transpose trans_a, Transpose trans_b, int64_t m,
+                      int64_t n, int64_t k, float alpha, const float* a,
+                      int64_t lda, const float* b, int64_t ldb, float beta,
+                      float* c, int64_t ldc) override {
+    CANZONA_RETURN_IF_ERROR(BlasGemmIndices("Gemm", m, n, k, lda, ldb, ldc));
     GemmUnchecked(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c,
                   ldc);
     return absl::OkStatus();
   }
 
-  absl::Status GemmStridedBatched(Transpose trans_a, Transpose trans_b,
-                                  int64_t m, int64_t n, int64_t k, float alpha,
-                                  const float* a, int64_t lda, int64_t stride_a,
-                                  const float* b, int64_t ldb, int64_t stride_b,
-                                  float beta, float* c, int64_t ldc,
-                                  int64_t stride_c, int64_t batch) override {
-    constexpr absl::string_view kWhat = "GemmStridedBatched";
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "batch", batch));
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "stride_a", stride_a));
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "stride_b", stride_b));
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "stride_c", stride_c));
-    // With batch == 0 no matrix is addressed, so null pointers are fine.
-    CANZONA_RETURN_IF_ERROR(CheckGemm(kWhat, trans_a, trans_b, m, n, k, a, lda,
-                                      b, ldb, c, ldc, batch > 0));
+  absl::Status DoGemmStridedBatched(Transpose trans_a, Transpose trans_b,
+                                    int64_t m, int64_t n, int64_t k,
+                                    float alpha, const float* a, int64_t lda,
+                                    int64_t stride_a, const float* b,
+                                    int64_t ldb, int64_t stride_b, float beta,
+                                    float* c, int64_t ldc, int64_t stride_c,
+                                    int64_t batch) override {
+    CANZONA_RETURN_IF_ERROR(
+        BlasGemmIndices("GemmStridedBatched", m, n, k, lda, ldb, ldc));
     for (int64_t i = 0; i < batch; ++i) {
       GemmUnchecked(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda,
                     b + i * stride_b, ldb, beta, c + i * stride_c, ldc);
@@ -224,32 +202,21 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status Syrk(Transpose trans, int64_t n, int64_t k, float alpha,
-                    const float* a, int64_t lda, float beta, float* c,
-                    int64_t ldc) override {
+  absl::Status DoSyrk(Transpose trans, int64_t n, int64_t k, float alpha,
+                      const float* a, int64_t lda, float beta, float* c,
+                      int64_t ldc) override {
     constexpr absl::string_view kWhat = "Syrk";
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "k", k));
     CANZONA_RETURN_IF_ERROR(BlasIndex(kWhat, "n", n));
     CANZONA_RETURN_IF_ERROR(BlasIndex(kWhat, "k", k));
-    const bool t = trans == Transpose::kYes;
-    CANZONA_RETURN_IF_ERROR(
-        MatrixArg(kWhat, "a", "lda", a, t ? k : n, t ? n : k, lda));
-    CANZONA_RETURN_IF_ERROR(MatrixArg(kWhat, "c", "ldc", c, n, n, ldc));
-    if (n == 0) return absl::OkStatus();
+    CANZONA_RETURN_IF_ERROR(BlasIndex(kWhat, "lda", lda));
+    CANZONA_RETURN_IF_ERROR(BlasIndex(kWhat, "ldc", ldc));
     SyrkUnchecked(trans, n, k, alpha, a, lda, beta, c, ldc);
     return absl::OkStatus();
   }
 
-  absl::Status SymmetricEigen(int64_t n, float* a, float* eigenvalues,
-                              EigenPrecision precision) override {
-    constexpr absl::string_view kWhat = "SymmetricEigen";
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
-    CANZONA_RETURN_IF_ERROR(BlasIndex(kWhat, "n", n));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, SatMul(n, n)));
-    CANZONA_RETURN_IF_ERROR(
-        checks::Pointer(kWhat, "eigenvalues", eigenvalues, n));
-    if (n == 0) return absl::OkStatus();
+  absl::Status DoSymmetricEigen(int64_t n, float* a, float* eigenvalues,
+                                EigenPrecision precision) override {
+    CANZONA_RETURN_IF_ERROR(BlasIndex("SymmetricEigen", "n", n));
     const lapack_int ln = static_cast<lapack_int>(n);
     if (precision == EigenPrecision::kFloat32) {
       const lapack_int info =
@@ -271,14 +238,10 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status QrOrthonormalize(int64_t rows, int64_t cols, float* a) override {
-    constexpr absl::string_view kWhat = "QrOrthonormalize";
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
-    CANZONA_RETURN_IF_ERROR(BlasIndex(kWhat, "rows", rows));
-    CANZONA_RETURN_IF_ERROR(checks::ThinQrShape(kWhat, rows, cols));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, SatMul(rows, cols)));
-    if (rows == 0 || cols == 0) return absl::OkStatus();
+  absl::Status DoQrOrthonormalize(int64_t rows, int64_t cols,
+                                  float* a) override {
+    // cols <= rows, so rows bounds every index.
+    CANZONA_RETURN_IF_ERROR(BlasIndex("QrOrthonormalize", "rows", rows));
     const lapack_int m = static_cast<lapack_int>(rows);
     const lapack_int n = static_cast<lapack_int>(cols);
     float* tau = Scratch(tau_, cols);
@@ -288,26 +251,13 @@ class CpuBackend final : public Backend {
                         LAPACKE_sorgqr(LAPACK_ROW_MAJOR, m, n, n, a, n, tau));
   }
 
-  absl::Status NewtonSchulz(const NewtonSchulzSpec& spec, int64_t batch,
-                            int64_t rows, int64_t cols, const float* input,
-                            float* output) override {
+  absl::Status DoNewtonSchulz(const NewtonSchulzSpec& spec, int64_t batch,
+                              int64_t rows, int64_t cols, const float* input,
+                              float* output) override {
     constexpr absl::string_view kWhat = "NewtonSchulz";
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "batch", batch));
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
     CANZONA_RETURN_IF_ERROR(BlasIndex(kWhat, "rows", rows));
     CANZONA_RETURN_IF_ERROR(BlasIndex(kWhat, "cols", cols));
-    const int64_t per_matrix = SatMul(rows, cols);
-    const int64_t total = SatMul(batch, per_matrix);
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "input", input, total));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "output", output, total));
-    // Checked before the zero-size early return: an unsupported precision is
-    // a configuration error regardless of the shape it is first used with.
-    if (spec.precision != NsPrecision::kFloat32) {
-      return absl::UnimplementedError(
-          "cpu backend: Newton-Schulz supports only float32");
-    }
-    if (total == 0) return absl::OkStatus();
+    const int64_t per_matrix = rows * cols;
 
     // Work on the wide orientation (m <= n) so X X^T is the smaller Gram
     // matrix.
@@ -367,12 +317,8 @@ class CpuBackend final : public Backend {
   // Plain loops in float, evaluated in the same order as PyTorch's CPU
   // kernels so results match torch as closely as float rounding allows.
 
-  absl::Status Lerp(int64_t n, const float* a, const float* b, float weight,
-                    float* out) override {
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative("Lerp", "n", n));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer("Lerp", "a", a, n));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer("Lerp", "b", b, n));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer("Lerp", "out", out, n));
+  absl::Status DoLerp(int64_t n, const float* a, const float* b, float weight,
+                      float* out) override {
     // torch picks the formula that is exact at its nearer endpoint
     // (weight 0 -> a, weight 1 -> b).
     if (std::abs(weight) < 0.5f) {
@@ -386,57 +332,37 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status Axpby(int64_t n, float alpha, const float* x, float beta,
-                     float* y) override {
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative("Axpby", "n", n));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer("Axpby", "x", x, n));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer("Axpby", "y", y, n));
+  absl::Status DoAxpby(int64_t n, float alpha, const float* x, float beta,
+                       float* y) override {
     for (int64_t i = 0; i < n; ++i) y[i] = alpha * x[i] + beta * y[i];
     return absl::OkStatus();
   }
 
-  absl::Status Scale(int64_t n, float alpha, float* x) override {
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative("Scale", "n", n));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer("Scale", "x", x, n));
+  absl::Status DoScale(int64_t n, float alpha, float* x) override {
     for (int64_t i = 0; i < n; ++i) x[i] = alpha * x[i];
     return absl::OkStatus();
   }
 
-  absl::Status EmaSquare(int64_t n, float decay, float weight, const float* g,
-                         float* v) override {
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative("EmaSquare", "n", n));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer("EmaSquare", "g", g, n));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer("EmaSquare", "v", v, n));
+  absl::Status DoEmaSquare(int64_t n, float decay, float weight, const float* g,
+                           float* v) override {
     // v.mul_(decay).addcmul_(g, g, value=weight): (weight * g) * g.
     for (int64_t i = 0; i < n; ++i) v[i] = v[i] * decay + weight * g[i] * g[i];
     return absl::OkStatus();
   }
 
-  absl::Status AdamDirection(int64_t n, const float* m, float m_scale,
-                             const float* v, float v_scale, float eps,
-                             float* out) override {
-    constexpr absl::string_view kWhat = "AdamDirection";
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "m", m, n));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "v", v, n));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "out", out, n));
+  absl::Status DoAdamDirection(int64_t n, const float* m, float m_scale,
+                               const float* v, float v_scale, float eps,
+                               float* out) override {
     for (int64_t i = 0; i < n; ++i) {
       out[i] = (m[i] * m_scale) / (std::sqrt(v[i] * v_scale) + eps);
     }
     return absl::OkStatus();
   }
 
-  absl::Status AdamWStep(int64_t n, float lr, float beta1, float beta2,
-                         float eps, float weight_decay, int64_t step,
-                         const float* g, float* p, float* m,
-                         float* v) override {
-    constexpr absl::string_view kWhat = "AdamWStep";
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
-    CANZONA_RETURN_IF_ERROR(checks::AtLeast(kWhat, "step", step, 1));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "g", g, n));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "p", p, n));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "m", m, n));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "v", v, n));
+  absl::Status DoAdamWStep(int64_t n, float lr, float beta1, float beta2,
+                           float eps, float weight_decay, int64_t step,
+                           const float* g, float* p, float* m,
+                           float* v) override {
     // torch computes the scalars as Python floats (double) and rounds each to
     // float when it meets a float32 tensor; mirror that exactly.
     const double lr_d = lr;
@@ -466,9 +392,7 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<double> SumSquares(int64_t n, const float* x) override {
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative("SumSquares", "n", n));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer("SumSquares", "x", x, n));
+  absl::StatusOr<double> DoSumSquares(int64_t n, const float* x) override {
     // Four partial sums break the serial add dependency; float * float is
     // exact in double, so only the additions round.
     double s[4] = {0.0, 0.0, 0.0, 0.0};
@@ -483,9 +407,7 @@ class CpuBackend final : public Backend {
     return (s[0] + s[1]) + (s[2] + s[3]);
   }
 
-  absl::StatusOr<bool> AllFinite(int64_t n, const float* x) override {
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative("AllFinite", "n", n));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer("AllFinite", "x", x, n));
+  absl::StatusOr<bool> DoAllFinite(int64_t n, const float* x) override {
     // No early exit: a branch-free AND over the array lets the loop
     // vectorize, and non-finite values are the rare case.
     bool finite = true;
@@ -495,22 +417,13 @@ class CpuBackend final : public Backend {
 
   // ---- Matrix helpers ----------------------------------------------------
 
-  absl::Status AddIdentity(int64_t n, float alpha, float* a) override {
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative("AddIdentity", "n", n));
-    CANZONA_RETURN_IF_ERROR(
-        checks::Pointer("AddIdentity", "a", a, SatMul(n, n)));
+  absl::Status DoAddIdentity(int64_t n, float alpha, float* a) override {
     for (int64_t i = 0; i < n; ++i) a[i * n + i] += alpha;
     return absl::OkStatus();
   }
 
-  absl::Status ScaleColumns(int64_t rows, int64_t cols, const float* d,
-                            float* a) override {
-    constexpr absl::string_view kWhat = "ScaleColumns";
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
-    CANZONA_RETURN_IF_ERROR(
-        checks::Pointer(kWhat, "d", d, rows == 0 ? 0 : cols));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, SatMul(rows, cols)));
+  absl::Status DoScaleColumns(int64_t rows, int64_t cols, const float* d,
+                              float* a) override {
     for (int64_t i = 0; i < rows; ++i) {
       float* row = a + i * cols;
       for (int64_t j = 0; j < cols; ++j) row[j] *= d[j];
@@ -518,16 +431,8 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status ColumnDots(int64_t rows, int64_t cols, const float* a,
-                          const float* b, float* out) override {
-    constexpr absl::string_view kWhat = "ColumnDots";
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
-    const int64_t count = SatMul(rows, cols);
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, count));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "b", b, count));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "out", out, cols));
-    if (cols == 0) return absl::OkStatus();
+  absl::Status DoColumnDots(int64_t rows, int64_t cols, const float* a,
+                            const float* b, float* out) override {
     // Row-wise traversal keeps the reads contiguous; the per-column sums are
     // kept in double so long columns do not lose precision.
     double* acc = Scratch(col_acc_, cols);
@@ -543,16 +448,9 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status GatherColumns(int64_t rows, int64_t cols,
-                             absl::Span<const int64_t> perm, const float* src,
-                             float* dst) override {
-    constexpr absl::string_view kWhat = "GatherColumns";
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
-    CANZONA_RETURN_IF_ERROR(checks::Permutation(kWhat, perm, cols));
-    const int64_t count = SatMul(rows, cols);
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "src", src, count));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "dst", dst, count));
+  absl::Status DoGatherColumns(int64_t rows, int64_t cols,
+                               absl::Span<const int64_t> perm, const float* src,
+                               float* dst) override {
     for (int64_t i = 0; i < rows; ++i) {
       const float* s = src + i * cols;
       float* d = dst + i * cols;
@@ -561,17 +459,9 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status GatherRows(int64_t rows, int64_t cols,
-                          absl::Span<const int64_t> perm, const float* src,
-                          float* dst) override {
-    constexpr absl::string_view kWhat = "GatherRows";
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
-    CANZONA_RETURN_IF_ERROR(checks::Permutation(kWhat, perm, rows));
-    const int64_t count = SatMul(rows, cols);
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "src", src, count));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "dst", dst, count));
-    if (count == 0) return absl::OkStatus();
+  absl::Status DoGatherRows(int64_t rows, int64_t cols,
+                            absl::Span<const int64_t> perm, const float* src,
+                            float* dst) override {
     for (int64_t i = 0; i < rows; ++i) {
       std::memcpy(dst + i * cols, src + perm[i] * cols,
                   static_cast<size_t>(cols) * sizeof(float));
@@ -579,71 +469,26 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status Transpose2D(int64_t rows, int64_t cols, const float* src,
-                           float* dst) override {
-    constexpr absl::string_view kWhat = "Transpose2D";
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
-    const int64_t count = SatMul(rows, cols);
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "src", src, count));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "dst", dst, count));
+  absl::Status DoTranspose2D(int64_t rows, int64_t cols, const float* src,
+                             float* dst) override {
     TransposeBlocked(rows, cols, src, cols, dst, rows);
     return absl::OkStatus();
   }
 
- protected:
-  void Free(float* data, int64_t /*size*/) override { std::free(data); }
+  // ---- Helpers -------------------------------------------------------------
 
- private:
-  static absl::Status CopyImpl(absl::string_view what,
-                               absl::string_view src_name,
-                               absl::string_view dst_name, const float* src,
-                               int64_t count, float* dst) {
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(what, "count", count));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(what, src_name, src, count));
-    CANZONA_RETURN_IF_ERROR(checks::Pointer(what, dst_name, dst, count));
-    // memmove: callers may pass overlapping ranges (or src == dst).
-    if (count > 0 && src != dst) {
-      std::memmove(dst, src, static_cast<size_t>(count) * sizeof(float));
-    }
+  static absl::Status Move(const float* src, int64_t count, float* dst) {
+    std::memmove(dst, src, static_cast<size_t>(count) * sizeof(float));
     return absl::OkStatus();
   }
 
-  static absl::Status CheckGemm(absl::string_view what, Transpose trans_a,
-                                Transpose trans_b, int64_t m, int64_t n,
-                                int64_t k, const float* a, int64_t lda,
-                                const float* b, int64_t ldb, const float* c,
-                                int64_t ldc, bool addressed) {
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(what, "m", m));
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(what, "n", n));
-    CANZONA_RETURN_IF_ERROR(checks::NonNegative(what, "k", k));
-    CANZONA_RETURN_IF_ERROR(BlasIndex(what, "m", m));
-    CANZONA_RETURN_IF_ERROR(BlasIndex(what, "n", n));
-    CANZONA_RETURN_IF_ERROR(BlasIndex(what, "k", k));
-    const bool ta = trans_a == Transpose::kYes;
-    const bool tb = trans_b == Transpose::kYes;
-    CANZONA_RETURN_IF_ERROR(
-        MatrixArg(what, "a", "lda", a, ta ? k : m, ta ? m : k, lda, addressed));
-    CANZONA_RETURN_IF_ERROR(
-        MatrixArg(what, "b", "ldb", b, tb ? n : k, tb ? k : n, ldb, addressed));
-    return MatrixArg(what, "c", "ldc", c, m, n, ldc, addressed);
-  }
-
-  // Arguments already validated.
+  // Arguments already validated; no size is 0 but k.
   static void GemmUnchecked(Transpose trans_a, Transpose trans_b, int64_t m,
                             int64_t n, int64_t k, float alpha, const float* a,
                             int64_t lda, const float* b, int64_t ldb,
                             float beta, float* c, int64_t ldc) {
-    if (m == 0 || n == 0) return;
     if (k == 0) {
-      // Nothing to multiply: C = beta * C, with BLAS's rule that beta == 0
-      // overwrites C (so garbage/NaN in C does not survive).
-      for (int64_t i = 0; i < m; ++i) {
-        float* row = c + i * ldc;
-        for (int64_t j = 0; j < n; ++j) {
-          row[j] = beta == 0.0f ? 0.0f : beta * row[j];
-        }
-      }
+      ScaleByBeta(m, n, beta, c, ldc);
       return;
     }
     cblas_sgemm(CblasRowMajor, ToCblas(trans_a), ToCblas(trans_b),
@@ -655,20 +500,27 @@ class CpuBackend final : public Backend {
   static void SyrkUnchecked(Transpose trans, int64_t n, int64_t k, float alpha,
                             const float* a, int64_t lda, float beta, float* c,
                             int64_t ldc) {
-    if (n == 0) return;
     if (k == 0) {
-      for (int64_t i = 0; i < n; ++i) {
-        float* row = c + i * ldc;
-        for (int64_t j = 0; j < n; ++j) {
-          row[j] = beta == 0.0f ? 0.0f : beta * row[j];
-        }
-      }
+      ScaleByBeta(n, n, beta, c, ldc);
       return;
     }
     cblas_ssyrk(CblasRowMajor, CblasUpper, ToCblas(trans),
                 static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
                 static_cast<blasint>(lda), beta, c, static_cast<blasint>(ldc));
     MirrorUpperToLower(n, c, ldc);
+  }
+
+  // C = beta * C for a product with nothing to multiply (k == 0), with
+  // BLAS's rule that beta == 0 overwrites C (so garbage/NaN in C does not
+  // survive).
+  static void ScaleByBeta(int64_t rows, int64_t cols, float beta, float* c,
+                          int64_t ldc) {
+    for (int64_t i = 0; i < rows; ++i) {
+      float* row = c + i * ldc;
+      for (int64_t j = 0; j < cols; ++j) {
+        row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+      }
+    }
   }
 
   static absl::Status LapackStatus(absl::string_view routine, lapack_int info) {

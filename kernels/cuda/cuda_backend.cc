@@ -37,7 +37,10 @@ using cuda_kernels::LaunchConfig;
 
 constexpr absl::string_view kNoDevice = "no usable CUDA device";
 
-// Sizes handed to cuSOLVER's 32-bit legacy API must fit in an int.
+// Sizes handed to cuSOLVER's 32-bit legacy API must fit in an int. This
+// limit is the cuda backend's own (cuBLAS calls use the 64-bit API; LAPACK
+// on cpu has its own), hence checked here rather than in Backend's entry
+// points.
 absl::Status FitsInt(absl::string_view what, absl::string_view field,
                      int64_t value) {
   return checks::Int32Index(what, field, value, "cuSOLVER");
@@ -58,7 +61,9 @@ struct PinnedScratch {
 // The cuda Backend. Owns one non-blocking stream with a cuBLAS and a
 // cuSOLVER handle bound to it, a backend-private stream-ordered memory pool
 // for Allocate() (so freeing never waits for the device) and grow-only
-// device workspaces (no allocation per call in steady state).
+// device workspaces (no allocation per call in steady state). Backend's
+// entry points validate the arguments; the Do-methods check only cuSOLVER's
+// 32-bit index range.
 //
 // Thread-safety: not thread-safe (see Backend); every method makes the
 // backend's device current on the calling thread first, so the owner thread
@@ -71,77 +76,80 @@ class CudaBackend final : public Backend {
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
 
-  absl::Status Init();
-
   BackendKind kind() const override { return BackendKind::kCuda; }
   std::string description() const override { return description_; }
   void* native_stream() const override { return stream_; }
 
-  absl::StatusOr<DeviceBuffer> Allocate(int64_t count) override;
-  absl::Status CopyFromHost(const float* host, int64_t count,
-                            float* dst) override;
-  absl::Status CopyToHost(const float* src, int64_t count,
-                          float* host) override;
-  absl::Status Copy(const float* src, int64_t count, float* dst) override;
-  absl::Status Copy2D(int64_t rows, int64_t cols, const float* src,
-                      int64_t src_ld, float* dst, int64_t dst_ld) override;
-  absl::Status Fill(float value, int64_t count, float* dst) override;
-  absl::Status Synchronize() override;
-
-  absl::Status Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n,
-                    int64_t k, float alpha, const float* a, int64_t lda,
-                    const float* b, int64_t ldb, float beta, float* c,
-                    int64_t ldc) override;
-  absl::Status GemmStridedBatched(Transpose trans_a, Transpose trans_b,
-                                  int64_t m, int64_t n, int64_t k, float alpha,
-                                  const float* a, int64_t lda, int64_t stride_a,
-                                  const float* b, int64_t ldb, int64_t stride_b,
-                                  float beta, float* c, int64_t ldc,
-                                  int64_t stride_c, int64_t batch) override;
-  absl::Status Syrk(Transpose trans, int64_t n, int64_t k, float alpha,
-                    const float* a, int64_t lda, float beta, float* c,
-                    int64_t ldc) override;
-  absl::Status SymmetricEigen(int64_t n, float* a, float* eigenvalues,
-                              EigenPrecision precision) override;
-  absl::Status QrOrthonormalize(int64_t rows, int64_t cols, float* a) override;
-  absl::Status NewtonSchulz(const NewtonSchulzSpec& spec, int64_t batch,
-                            int64_t rows, int64_t cols, const float* input,
-                            float* output) override;
-
-  absl::Status Lerp(int64_t n, const float* a, const float* b, float weight,
-                    float* out) override;
-  absl::Status Axpby(int64_t n, float alpha, const float* x, float beta,
-                     float* y) override;
-  absl::Status Scale(int64_t n, float alpha, float* x) override;
-  absl::Status EmaSquare(int64_t n, float decay, float weight, const float* g,
-                         float* v) override;
-  absl::Status AdamDirection(int64_t n, const float* m, float m_scale,
-                             const float* v, float v_scale, float eps,
-                             float* out) override;
-  absl::Status AdamWStep(int64_t n, float lr, float beta1, float beta2,
-                         float eps, float weight_decay, int64_t step,
-                         const float* g, float* p, float* m, float* v) override;
-  absl::StatusOr<double> SumSquares(int64_t n, const float* x) override;
-  absl::StatusOr<bool> AllFinite(int64_t n, const float* x) override;
-
-  absl::Status AddIdentity(int64_t n, float alpha, float* a) override;
-  absl::Status ScaleColumns(int64_t rows, int64_t cols, const float* d,
-                            float* a) override;
-  absl::Status ColumnDots(int64_t rows, int64_t cols, const float* a,
-                          const float* b, float* out) override;
-  absl::Status GatherColumns(int64_t rows, int64_t cols,
-                             absl::Span<const int64_t> perm, const float* src,
-                             float* dst) override;
-  absl::Status GatherRows(int64_t rows, int64_t cols,
-                          absl::Span<const int64_t> perm, const float* src,
-                          float* dst) override;
-  absl::Status Transpose2D(int64_t rows, int64_t cols, const float* src,
-                           float* dst) override;
+  absl::Status Init();
 
  protected:
   void Free(float* data, int64_t size) override;
 
  private:
+  absl::StatusOr<DeviceBuffer> DoAllocate(int64_t count) override;
+  absl::Status DoCopyFromHost(const float* host, int64_t count,
+                              float* dst) override;
+  absl::Status DoCopyToHost(const float* src, int64_t count,
+                            float* host) override;
+  absl::Status DoCopy(const float* src, int64_t count, float* dst) override;
+  absl::Status DoCopy2D(int64_t rows, int64_t cols, const float* src,
+                        int64_t src_ld, float* dst, int64_t dst_ld) override;
+  absl::Status DoFill(float value, int64_t count, float* dst) override;
+  absl::Status DoSynchronize() override;
+
+  absl::Status DoGemm(Transpose trans_a, Transpose trans_b, int64_t m,
+                      int64_t n, int64_t k, float alpha, const float* a,
+                      int64_t lda, const float* b, int64_t ldb, float beta,
+                      float* c, int64_t ldc) override;
+  absl::Status DoGemmStridedBatched(Transpose trans_a, Transpose trans_b,
+                                    int64_t m, int64_t n, int64_t k,
+                                    float alpha, const float* a, int64_t lda,
+                                    int64_t stride_a, const float* b,
+                                    int64_t ldb, int64_t stride_b, float beta,
+                                    float* c, int64_t ldc, int64_t stride_c,
+                                    int64_t batch) override;
+  absl::Status DoSyrk(Transpose trans, int64_t n, int64_t k, float alpha,
+                      const float* a, int64_t lda, float beta, float* c,
+                      int64_t ldc) override;
+  absl::Status DoSymmetricEigen(int64_t n, float* a, float* eigenvalues,
+                                EigenPrecision precision) override;
+  absl::Status DoQrOrthonormalize(int64_t rows, int64_t cols,
+                                  float* a) override;
+  absl::Status DoNewtonSchulz(const NewtonSchulzSpec& spec, int64_t batch,
+                              int64_t rows, int64_t cols, const float* input,
+                              float* output) override;
+
+  absl::Status DoLerp(int64_t n, const float* a, const float* b, float weight,
+                      float* out) override;
+  absl::Status DoAxpby(int64_t n, float alpha, const float* x, float beta,
+                       float* y) override;
+  absl::Status DoScale(int64_t n, float alpha, float* x) override;
+  absl::Status DoEmaSquare(int64_t n, float decay, float weight, const float* g,
+                           float* v) override;
+  absl::Status DoAdamDirection(int64_t n, const float* m, float m_scale,
+                               const float* v, float v_scale, float eps,
+                               float* out) override;
+  absl::Status DoAdamWStep(int64_t n, float lr, float beta1, float beta2,
+                           float eps, float weight_decay, int64_t step,
+                           const float* g, float* p, float* m,
+                           float* v) override;
+  absl::StatusOr<double> DoSumSquares(int64_t n, const float* x) override;
+  absl::StatusOr<bool> DoAllFinite(int64_t n, const float* x) override;
+
+  absl::Status DoAddIdentity(int64_t n, float alpha, float* a) override;
+  absl::Status DoScaleColumns(int64_t rows, int64_t cols, const float* d,
+                              float* a) override;
+  absl::Status DoColumnDots(int64_t rows, int64_t cols, const float* a,
+                            const float* b, float* out) override;
+  absl::Status DoGatherColumns(int64_t rows, int64_t cols,
+                               absl::Span<const int64_t> perm, const float* src,
+                               float* dst) override;
+  absl::Status DoGatherRows(int64_t rows, int64_t cols,
+                            absl::Span<const int64_t> perm, const float* src,
+                            float* dst) override;
+  absl::Status DoTranspose2D(int64_t rows, int64_t cols, const float* src,
+                             float* dst) override;
+
   // A grow-only device buffer. Growing releases the old block in stream
   // order, so work already queued on it stays valid.
   struct Workspace {
@@ -339,9 +347,7 @@ absl::Status CudaBackend::FetchToPinned(const void* src, size_t bytes,
 
 // ---- Memory ---------------------------------------------------------------
 
-absl::StatusOr<DeviceBuffer> CudaBackend::Allocate(int64_t count) {
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Allocate", "count", count));
-  if (count == 0) return DeviceBuffer();
+absl::StatusOr<DeviceBuffer> CudaBackend::DoAllocate(int64_t count) {
   CANZONA_RETURN_IF_ERROR(Activate());
   const size_t bytes = static_cast<size_t>(count) * sizeof(float);
   CANZONA_ASSIGN_OR_RETURN(void* p, DeviceAlloc(bytes));
@@ -361,23 +367,15 @@ void CudaBackend::Free(float* data, int64_t /*size*/) {
   DeviceRelease(data);
 }
 
-absl::Status CudaBackend::CopyFromHost(const float* host, int64_t count,
-                                       float* dst) {
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("CopyFromHost", "count", count));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("CopyFromHost", "host", host, count));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("CopyFromHost", "dst", dst, count));
-  if (count == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoCopyFromHost(const float* host, int64_t count,
+                                         float* dst) {
   CANZONA_RETURN_IF_ERROR(Activate());
   return CopyHostToDevice(host, static_cast<size_t>(count) * sizeof(float),
                           dst);
 }
 
-absl::Status CudaBackend::CopyToHost(const float* src, int64_t count,
-                                     float* host) {
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("CopyToHost", "count", count));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("CopyToHost", "src", src, count));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("CopyToHost", "host", host, count));
-  if (count == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoCopyToHost(const float* src, int64_t count,
+                                       float* host) {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(host, src, static_cast<size_t>(count) * sizeof(float),
@@ -386,11 +384,7 @@ absl::Status CudaBackend::CopyToHost(const float* src, int64_t count,
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Copy(const float* src, int64_t count, float* dst) {
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Copy", "count", count));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("Copy", "src", src, count));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("Copy", "dst", dst, count));
-  if (count == 0 || src == dst) return absl::OkStatus();
+absl::Status CudaBackend::DoCopy(const float* src, int64_t count, float* dst) {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dst, src, static_cast<size_t>(count) * sizeof(float),
@@ -398,15 +392,8 @@ absl::Status CudaBackend::Copy(const float* src, int64_t count, float* dst) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Copy2D(int64_t rows, int64_t cols, const float* src,
-                                 int64_t src_ld, float* dst, int64_t dst_ld) {
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Copy2D", "rows", rows));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Copy2D", "cols", cols));
-  CANZONA_RETURN_IF_ERROR(checks::LeadingDim("Copy2D", "src_ld", src_ld, cols));
-  CANZONA_RETURN_IF_ERROR(checks::LeadingDim("Copy2D", "dst_ld", dst_ld, cols));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("Copy2D", "src", src, rows * cols));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("Copy2D", "dst", dst, rows * cols));
-  if (rows == 0 || cols == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoCopy2D(int64_t rows, int64_t cols, const float* src,
+                                   int64_t src_ld, float* dst, int64_t dst_ld) {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
       dst, static_cast<size_t>(dst_ld) * sizeof(float), src,
@@ -416,16 +403,13 @@ absl::Status CudaBackend::Copy2D(int64_t rows, int64_t cols, const float* src,
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Fill(float value, int64_t count, float* dst) {
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Fill", "count", count));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("Fill", "dst", dst, count));
-  if (count == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoFill(float value, int64_t count, float* dst) {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::Fill(Cfg(), count, value, dst));
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Synchronize() {
+absl::Status CudaBackend::DoSynchronize() {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
@@ -438,23 +422,11 @@ absl::Status CudaBackend::Synchronize() {
 // column-major C^T = op(B)^T op(A)^T: swap the operands and m/n, keep the
 // transpose flags.
 
-absl::Status CudaBackend::Gemm(Transpose trans_a, Transpose trans_b, int64_t m,
-                               int64_t n, int64_t k, float alpha,
-                               const float* a, int64_t lda, const float* b,
-                               int64_t ldb, float beta, float* c, int64_t ldc) {
-  constexpr absl::string_view kWhat = "Gemm";
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "m", m));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "k", k));
-  CANZONA_RETURN_IF_ERROR(
-      checks::LeadingDim(kWhat, "lda", lda, trans_a == Transpose::kNo ? k : m));
-  CANZONA_RETURN_IF_ERROR(
-      checks::LeadingDim(kWhat, "ldb", ldb, trans_b == Transpose::kNo ? n : k));
-  CANZONA_RETURN_IF_ERROR(checks::LeadingDim(kWhat, "ldc", ldc, n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, m * k));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "b", b, k * n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "c", c, m * n));
-  if (m == 0 || n == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoGemm(Transpose trans_a, Transpose trans_b,
+                                 int64_t m, int64_t n, int64_t k, float alpha,
+                                 const float* a, int64_t lda, const float* b,
+                                 int64_t ldb, float beta, float* c,
+                                 int64_t ldc) {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(
       cublasSgemm_64(cublas_, ToCublas(trans_b), ToCublas(trans_a), n, m, k,
@@ -462,28 +434,11 @@ absl::Status CudaBackend::Gemm(Transpose trans_a, Transpose trans_b, int64_t m,
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::GemmStridedBatched(
+absl::Status CudaBackend::DoGemmStridedBatched(
     Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k,
     float alpha, const float* a, int64_t lda, int64_t stride_a, const float* b,
     int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
     int64_t stride_c, int64_t batch) {
-  constexpr absl::string_view kWhat = "GemmStridedBatched";
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "m", m));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "k", k));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "batch", batch));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "stride_a", stride_a));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "stride_b", stride_b));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "stride_c", stride_c));
-  CANZONA_RETURN_IF_ERROR(
-      checks::LeadingDim(kWhat, "lda", lda, trans_a == Transpose::kNo ? k : m));
-  CANZONA_RETURN_IF_ERROR(
-      checks::LeadingDim(kWhat, "ldb", ldb, trans_b == Transpose::kNo ? n : k));
-  CANZONA_RETURN_IF_ERROR(checks::LeadingDim(kWhat, "ldc", ldc, n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, batch * m * k));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "b", b, batch * k * n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "c", c, batch * m * n));
-  if (m == 0 || n == 0 || batch == 0) return absl::OkStatus();
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(cublasSgemmStridedBatched_64(
       cublas_, ToCublas(trans_b), ToCublas(trans_a), n, m, k, &alpha, b, ldb,
@@ -491,18 +446,9 @@ absl::Status CudaBackend::GemmStridedBatched(
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Syrk(Transpose trans, int64_t n, int64_t k,
-                               float alpha, const float* a, int64_t lda,
-                               float beta, float* c, int64_t ldc) {
-  constexpr absl::string_view kWhat = "Syrk";
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "k", k));
-  CANZONA_RETURN_IF_ERROR(
-      checks::LeadingDim(kWhat, "lda", lda, trans == Transpose::kNo ? k : n));
-  CANZONA_RETURN_IF_ERROR(checks::LeadingDim(kWhat, "ldc", ldc, n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, n * k));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "c", c, n * n));
-  if (n == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoSyrk(Transpose trans, int64_t n, int64_t k,
+                                 float alpha, const float* a, int64_t lda,
+                                 float beta, float* c, int64_t ldc) {
   CANZONA_RETURN_IF_ERROR(Activate());
   // Row-major A (n x k) is column-major A' = A^T (k x n), so A A^T = A'^T A'
   // (CUBLAS_OP_T); symmetrically A^T A = A' A'^T (CUBLAS_OP_N). cuBLAS fills
@@ -518,16 +464,11 @@ absl::Status CudaBackend::Syrk(Transpose trans, int64_t n, int64_t k,
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::SymmetricEigen(int64_t n, float* a,
-                                         float* eigenvalues,
-                                         EigenPrecision precision) {
+absl::Status CudaBackend::DoSymmetricEigen(int64_t n, float* a,
+                                           float* eigenvalues,
+                                           EigenPrecision precision) {
   constexpr absl::string_view kWhat = "SymmetricEigen";
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, n * n));
-  CANZONA_RETURN_IF_ERROR(
-      checks::Pointer(kWhat, "eigenvalues", eigenvalues, n));
-  CANZONA_RETURN_IF_ERROR(FitsInt(kWhat, "n * n", n * n));
-  if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(FitsInt(kWhat, "n * n", checks::SatMul(n, n)));
   CANZONA_RETURN_IF_ERROR(Activate());
   const int ni = static_cast<int>(n);
   const size_t nn = static_cast<size_t>(n) * static_cast<size_t>(n);
@@ -607,15 +548,10 @@ absl::Status CudaBackend::SymmetricEigen(int64_t n, float* a,
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::QrOrthonormalize(int64_t rows, int64_t cols,
-                                           float* a) {
-  constexpr absl::string_view kWhat = "QrOrthonormalize";
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
-  CANZONA_RETURN_IF_ERROR(checks::ThinQrShape(kWhat, rows, cols));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, rows * cols));
-  CANZONA_RETURN_IF_ERROR(FitsInt(kWhat, "rows * cols", rows * cols));
-  if (cols == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoQrOrthonormalize(int64_t rows, int64_t cols,
+                                             float* a) {
+  CANZONA_RETURN_IF_ERROR(
+      FitsInt("QrOrthonormalize", "rows * cols", checks::SatMul(rows, cols)));
   CANZONA_RETURN_IF_ERROR(Activate());
   const int m = static_cast<int>(rows);
   const int k = static_cast<int>(cols);
@@ -652,25 +588,18 @@ absl::Status CudaBackend::QrOrthonormalize(int64_t rows, int64_t cols,
       cusolverDnSgeqrf(cusolver_, m, k, q, m, tau, work, lwork, info));
   CANZONA_CUDA_RETURN_IF_ERROR(
       cusolverDnSorgqr(cusolver_, m, k, k, q, m, tau, work, lwork, info));
-  // devInfo is only ever negative for an illegal argument, which the checks
-  // above rule out; not reading it keeps QR free of host synchronization.
+  // devInfo is only ever negative for an illegal argument, which Backend's
+  // entry point and FitsInt rule out; not reading it keeps QR free of host
+  // synchronization.
   CANZONA_CUDA_RETURN_IF_ERROR(
       cuda_kernels::Transpose(cfg, 1, cols, rows, q, a));
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::NewtonSchulz(const NewtonSchulzSpec& spec,
-                                       int64_t batch, int64_t rows,
-                                       int64_t cols, const float* input,
-                                       float* output) {
-  constexpr absl::string_view kWhat = "NewtonSchulz";
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "batch", batch));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
-  const int64_t count = batch * rows * cols;
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "input", input, count));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "output", output, count));
-  if (count == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoNewtonSchulz(const NewtonSchulzSpec& spec,
+                                         int64_t batch, int64_t rows,
+                                         int64_t cols, const float* input,
+                                         float* output) {
   CANZONA_RETURN_IF_ERROR(Activate());
   const size_t bytes = cuda_internal::NewtonSchulzWorkspaceBytes(
       spec.precision, batch, rows, cols);
@@ -736,77 +665,50 @@ void CudaBackend::DropNsGraphs() {
 
 // ---- Fused elementwise kernels --------------------------------------------
 
-absl::Status CudaBackend::Lerp(int64_t n, const float* a, const float* b,
-                               float weight, float* out) {
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Lerp", "n", n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("Lerp", "a", a, n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("Lerp", "b", b, n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("Lerp", "out", out, n));
-  if (n == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoLerp(int64_t n, const float* a, const float* b,
+                                 float weight, float* out) {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::Lerp(Cfg(), n, a, b, weight, out));
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Axpby(int64_t n, float alpha, const float* x,
-                                float beta, float* y) {
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Axpby", "n", n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("Axpby", "x", x, n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("Axpby", "y", y, n));
-  if (n == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoAxpby(int64_t n, float alpha, const float* x,
+                                  float beta, float* y) {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(
       cuda_kernels::Axpby(Cfg(), n, alpha, x, beta, y));
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Scale(int64_t n, float alpha, float* x) {
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Scale", "n", n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("Scale", "x", x, n));
-  if (n == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoScale(int64_t n, float alpha, float* x) {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::Scale(Cfg(), n, alpha, x));
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::EmaSquare(int64_t n, float decay, float weight,
-                                    const float* g, float* v) {
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("EmaSquare", "n", n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("EmaSquare", "g", g, n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("EmaSquare", "v", v, n));
-  if (n == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoEmaSquare(int64_t n, float decay, float weight,
+                                      const float* g, float* v) {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(
       cuda_kernels::EmaSquare(Cfg(), n, decay, weight, g, v));
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::AdamDirection(int64_t n, const float* m,
-                                        float m_scale, const float* v,
-                                        float v_scale, float eps, float* out) {
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("AdamDirection", "n", n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("AdamDirection", "m", m, n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("AdamDirection", "v", v, n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("AdamDirection", "out", out, n));
-  if (n == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoAdamDirection(int64_t n, const float* m,
+                                          float m_scale, const float* v,
+                                          float v_scale, float eps,
+                                          float* out) {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(
       cuda_kernels::AdamDirection(Cfg(), n, m, m_scale, v, v_scale, eps, out));
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::AdamWStep(int64_t n, float lr, float beta1,
-                                    float beta2, float eps, float weight_decay,
-                                    int64_t step, const float* g, float* p,
-                                    float* m, float* v) {
-  constexpr absl::string_view kWhat = "AdamWStep";
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
-  CANZONA_RETURN_IF_ERROR(checks::AtLeast(kWhat, "step", step, 1));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "g", g, n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "p", p, n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "m", m, n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "v", v, n));
-  if (n == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoAdamWStep(int64_t n, float lr, float beta1,
+                                      float beta2, float eps,
+                                      float weight_decay, int64_t step,
+                                      const float* g, float* p, float* m,
+                                      float* v) {
   CANZONA_RETURN_IF_ERROR(Activate());
   // torch computes these scalars in Python (double) and hands them to the
   // kernels as float32: do the same.
@@ -828,10 +730,7 @@ absl::Status CudaBackend::AdamWStep(int64_t n, float lr, float beta1,
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> CudaBackend::SumSquares(int64_t n, const float* x) {
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("SumSquares", "n", n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("SumSquares", "x", x, n));
-  if (n == 0) return 0.0;
+absl::StatusOr<double> CudaBackend::DoSumSquares(int64_t n, const float* x) {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_ASSIGN_OR_RETURN(
       void* ws, Reserve(scratch_ws_, (cuda_kernels::kMaxReductionBlocks + 1) *
@@ -844,10 +743,7 @@ absl::StatusOr<double> CudaBackend::SumSquares(int64_t n, const float* x) {
   return pinned_->sum;
 }
 
-absl::StatusOr<bool> CudaBackend::AllFinite(int64_t n, const float* x) {
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("AllFinite", "n", n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("AllFinite", "x", x, n));
-  if (n == 0) return true;
+absl::StatusOr<bool> CudaBackend::DoAllFinite(int64_t n, const float* x) {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_ASSIGN_OR_RETURN(void* ws, Reserve(scratch_ws_, sizeof(int)));
   int* flag = static_cast<int*>(ws);
@@ -859,52 +755,32 @@ absl::StatusOr<bool> CudaBackend::AllFinite(int64_t n, const float* x) {
 
 // ---- Matrix helpers -------------------------------------------------------
 
-absl::Status CudaBackend::AddIdentity(int64_t n, float alpha, float* a) {
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("AddIdentity", "n", n));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("AddIdentity", "a", a, n * n));
-  if (n == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoAddIdentity(int64_t n, float alpha, float* a) {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::AddIdentity(Cfg(), n, alpha, a));
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::ScaleColumns(int64_t rows, int64_t cols,
-                                       const float* d, float* a) {
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("ScaleColumns", "rows", rows));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("ScaleColumns", "cols", cols));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("ScaleColumns", "d", d, cols));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("ScaleColumns", "a", a, rows * cols));
-  if (rows == 0 || cols == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoScaleColumns(int64_t rows, int64_t cols,
+                                         const float* d, float* a) {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(
       cuda_kernels::ScaleColumns(Cfg(), rows, cols, d, a));
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::ColumnDots(int64_t rows, int64_t cols, const float* a,
-                                     const float* b, float* out) {
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("ColumnDots", "rows", rows));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("ColumnDots", "cols", cols));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("ColumnDots", "a", a, rows * cols));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("ColumnDots", "b", b, rows * cols));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer("ColumnDots", "out", out, cols));
-  if (cols == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoColumnDots(int64_t rows, int64_t cols,
+                                       const float* a, const float* b,
+                                       float* out) {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(
       cuda_kernels::ColumnDots(Cfg(), rows, cols, a, b, out));
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::GatherColumns(int64_t rows, int64_t cols,
-                                        absl::Span<const int64_t> perm,
-                                        const float* src, float* dst) {
-  constexpr absl::string_view kWhat = "GatherColumns";
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
-  CANZONA_RETURN_IF_ERROR(checks::Permutation(kWhat, perm, cols));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "src", src, rows * cols));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "dst", dst, rows * cols));
-  if (rows == 0 || cols == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoGatherColumns(int64_t rows, int64_t cols,
+                                          absl::Span<const int64_t> perm,
+                                          const float* src, float* dst) {
   CANZONA_RETURN_IF_ERROR(Activate());
   const size_t bytes = static_cast<size_t>(cols) * sizeof(int64_t);
   CANZONA_ASSIGN_OR_RETURN(void* ws, Reserve(scratch_ws_, bytes));
@@ -914,16 +790,9 @@ absl::Status CudaBackend::GatherColumns(int64_t rows, int64_t cols,
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::GatherRows(int64_t rows, int64_t cols,
-                                     absl::Span<const int64_t> perm,
-                                     const float* src, float* dst) {
-  constexpr absl::string_view kWhat = "GatherRows";
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
-  CANZONA_RETURN_IF_ERROR(checks::Permutation(kWhat, perm, rows));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "src", src, rows * cols));
-  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "dst", dst, rows * cols));
-  if (rows == 0 || cols == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoGatherRows(int64_t rows, int64_t cols,
+                                       absl::Span<const int64_t> perm,
+                                       const float* src, float* dst) {
   CANZONA_RETURN_IF_ERROR(Activate());
   const size_t bytes = static_cast<size_t>(rows) * sizeof(int64_t);
   CANZONA_ASSIGN_OR_RETURN(void* ws, Reserve(scratch_ws_, bytes));
@@ -933,15 +802,8 @@ absl::Status CudaBackend::GatherRows(int64_t rows, int64_t cols,
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Transpose2D(int64_t rows, int64_t cols,
-                                      const float* src, float* dst) {
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Transpose2D", "rows", rows));
-  CANZONA_RETURN_IF_ERROR(checks::NonNegative("Transpose2D", "cols", cols));
-  CANZONA_RETURN_IF_ERROR(
-      checks::Pointer("Transpose2D", "src", src, rows * cols));
-  CANZONA_RETURN_IF_ERROR(
-      checks::Pointer("Transpose2D", "dst", dst, rows * cols));
-  if (rows == 0 || cols == 0) return absl::OkStatus();
+absl::Status CudaBackend::DoTranspose2D(int64_t rows, int64_t cols,
+                                        const float* src, float* dst) {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(
       cuda_kernels::Transpose(Cfg(), 1, rows, cols, src, dst));

@@ -1,0 +1,382 @@
+// Conformance: the fused elementwise kernels, the reductions and the matrix
+// helpers against float64 references. Sizes cover a single element, a
+// vector-width tail (7), odd mid sizes and grid-stride sizes; offset 1
+// makes every pointer unaligned for vector loads.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "tests/matchers/status_matchers.h"
+#include "tests/unit/kernels/backend_conformance.h"
+#include "tests/unit/kernels/backend_reference.h"
+
+namespace canzona {
+namespace {
+
+using ::canzona::backend_reference::RandomNormal;
+using ::canzona::backend_reference::RandomPermutation;
+using ::canzona::backend_reference::Shape;
+using ::canzona::backend_reference::ShapeName;
+
+const int64_t kSizes[] = {1, 7, 1003, 65537, int64_t{1} << 20};
+const int64_t kOffsets[] = {0, 1};
+
+// The 1e-6 bounds below are a few float32 roundings (2^-24 = 6e-8 each)
+// relative to the magnitude of the terms: any evaluation order, with or
+// without fused multiply-adds, stays inside them.
+
+TEST_P(BackendConformanceTest, LerpMatchesReferenceAndEndpoints) {
+  for (int64_t n : kSizes) {
+    for (int64_t offset : kOffsets) {
+      const std::vector<float> a = RandomNormal(n + offset, 1000 + n);
+      const std::vector<float> b = RandomNormal(n + offset, 2000 + n);
+      for (float w : {0.0f, 0.3f, 0.5f, 0.7f, 1.0f, -0.25f, 1.5f, -0.7f}) {
+        SCOPED_TRACE(absl::StrCat("n=", n, " offset=", offset, " w=", w));
+        DeviceBuffer da = Upload(a), db = Upload(b), dout = Zeros(n + offset);
+        ASSERT_OK(backend_->Lerp(n, da.data() + offset, db.data() + offset, w,
+                                 dout.data() + offset));
+        const std::vector<float> out = Download(dout.data() + offset, n);
+        for (int64_t i = 0; i < n; ++i) {
+          const float ai = a[i + offset], bi = b[i + offset];
+          const double ref = ai + double{w} * (double{bi} - ai);
+          ASSERT_NEAR(out[i], ref, 1e-6 * (std::abs(ai) + std::abs(bi))) << i;
+          // torch.lerp's formulas are exact at their endpoint.
+          if (w == 0.0f) {
+            ASSERT_EQ(out[i], ai) << i;
+          }
+          if (w == 1.0f) {
+            ASSERT_EQ(out[i], bi) << i;
+          }
+        }
+        // Output aliasing the first input.
+        ASSERT_OK(backend_->Lerp(n, da.data() + offset, db.data() + offset, w,
+                                 da.data() + offset));
+        EXPECT_EQ(Download(da.data() + offset, n), out);
+      }
+    }
+  }
+}
+
+TEST_P(BackendConformanceTest, AxpbyScaleEmaSquareAdamDirection) {
+  for (int64_t n : kSizes) {
+    for (int64_t offset : kOffsets) {
+      SCOPED_TRACE(absl::StrCat("n=", n, " offset=", offset));
+      const int64_t size = n + offset;
+      const std::vector<float> x = RandomNormal(size, 3000 + n);
+      const std::vector<float> y = RandomNormal(size, 4000 + n);
+      std::vector<float> v0 = RandomNormal(size, 5000 + n);
+      for (float& e : v0) e = e * e;  // second moments are positive
+
+      DeviceBuffer dx = Upload(x), dy = Upload(y);
+      ASSERT_OK(backend_->Axpby(n, 0.3f, dx.data() + offset, -1.7f,
+                                dy.data() + offset));
+      std::vector<float> out = Download(dy.data() + offset, n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float xi = x[i + offset], yi = y[i + offset];
+        const double ref = 0.3 * xi + (-1.7) * double{yi};
+        ASSERT_NEAR(out[i], ref,
+                    1e-6 * (0.3 * std::abs(xi) + 1.7 * std::abs(yi)));
+      }
+
+      dy = Upload(y);
+      ASSERT_OK(backend_->Scale(n, -0.37f, dy.data() + offset));
+      out = Download(dy.data() + offset, n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float yi = y[i + offset];
+        ASSERT_NEAR(out[i], -0.37 * yi, 1e-6 * std::abs(0.37 * yi));
+      }
+
+      DeviceBuffer dv = Upload(v0);
+      ASSERT_OK(backend_->EmaSquare(n, 0.95f, 0.05f, dx.data() + offset,
+                                    dv.data() + offset));
+      out = Download(dv.data() + offset, n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float xi = x[i + offset];
+        const double ref = 0.95 * v0[i + offset] + 0.05 * double{xi} * xi;
+        ASSERT_NEAR(out[i], ref, 1e-6 * ref);
+      }
+
+      DeviceBuffer dm = Upload(x), dout = Zeros(size);
+      dv = Upload(v0);
+      ASSERT_OK(backend_->AdamDirection(n, dm.data() + offset, 1.25f,
+                                        dv.data() + offset, 3.0f, 1e-3f,
+                                        dout.data() + offset));
+      out = Download(dout.data() + offset, n);
+      for (int64_t i = 0; i < n; ++i) {
+        const double ref = 1.25 * x[i + offset] /
+                           (std::sqrt(3.0 * v0[i + offset]) + double{1e-3f});
+        ASSERT_NEAR(out[i], ref, 1e-6 * std::abs(ref));
+      }
+    }
+  }
+}
+
+TEST_P(BackendConformanceTest, AxpbyWithZeroBetaKeepsNonFiniteY) {
+  // Unlike BLAS's axpby, beta == 0 still reads y: a NaN or Inf in y is never
+  // silently dropped.
+  const int64_t n = 1003;
+  const std::vector<float> x = RandomNormal(n, 3500);
+  std::vector<float> y = RandomNormal(n, 3501);
+  y[3] = std::numeric_limits<float>::quiet_NaN();
+  y[600] = std::numeric_limits<float>::infinity();
+  DeviceBuffer dx = Upload(x), dy = Upload(y);
+  ASSERT_OK(backend_->Axpby(n, 2.0f, dx.data(), 0.0f, dy.data()));
+  const std::vector<float> out = Download(dy);
+  EXPECT_TRUE(std::isnan(out[3]));
+  EXPECT_TRUE(std::isnan(out[600]));  // 0 * Inf
+  EXPECT_EQ(out[4], 2.0f * x[4]);
+}
+
+struct AdamWConfig {
+  float lr, beta1, beta2, eps, weight_decay;
+};
+
+// torch.optim.AdamW's single-tensor step in float64, same operation order.
+// `mag` carries, per state value, the same recurrence on absolute values: the
+// scale that float rounding errors are relative to when terms cancel.
+struct AdamWState {
+  double p, m, v;
+};
+void AdamWReference(const AdamWConfig& c, int64_t step, double g, AdamWState& s,
+                    AdamWState& mag) {
+  const double decay = 1.0 - double{c.lr} * c.weight_decay;
+  s.p *= decay;
+  mag.p *= decay;
+  s.m = s.m + (1.0 - c.beta1) * (g - s.m);
+  mag.m = c.beta1 * mag.m + (1.0 - c.beta1) * std::abs(g);
+  s.v = s.v * c.beta2 + (1.0 - c.beta2) * g * g;
+  mag.v = s.v;
+  const double bc1 = 1.0 - std::pow(double{c.beta1}, step);
+  const double bc2 = 1.0 - std::pow(double{c.beta2}, step);
+  const double step_size = c.lr / bc1;
+  const double denom = std::sqrt(s.v) / std::sqrt(bc2) + c.eps;
+  s.p -= step_size * s.m / denom;
+  mag.p += step_size * mag.m / denom;
+}
+
+TEST_P(BackendConformanceTest, AdamWStepMatchesTorchOrderReference) {
+  // Default betas, and beta1 < 0.5 (lerp takes its large-weight branch).
+  const AdamWConfig configs[] = {{1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f},
+                                 {3e-2f, 0.3f, 0.95f, 1e-6f, 0.1f}};
+  for (const AdamWConfig& c : configs) {
+    for (int64_t n : {int64_t{1003}, int64_t{65537}}) {
+      for (int64_t offset : kOffsets) {
+        SCOPED_TRACE(absl::StrCat("lr=", c.lr, " beta1=", c.beta1, " n=", n,
+                                  " offset=", offset));
+        const int64_t size = n + offset;
+        const std::vector<float> p0 = RandomNormal(size, 6000);
+        std::vector<AdamWState> ref(n), mag(n);
+        for (int64_t i = 0; i < n; ++i) {
+          ref[i] = {p0[i + offset], 0.0, 0.0};
+          mag[i] = {std::abs(p0[i + offset]), 0.0, 0.0};
+        }
+        DeviceBuffer dp = Upload(p0), dm = Zeros(size), dv = Zeros(size);
+        for (int64_t step = 1; step <= 10; ++step) {
+          const std::vector<float> g = RandomNormal(size, 6000 + step);
+          DeviceBuffer dg = Upload(g);
+          ASSERT_OK(backend_->AdamWStep(
+              n, c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, step,
+              dg.data() + offset, dp.data() + offset, dm.data() + offset,
+              dv.data() + offset));
+          for (int64_t i = 0; i < n; ++i) {
+            AdamWReference(c, step, g[i + offset], ref[i], mag[i]);
+          }
+        }
+        const std::vector<float> got_p = Download(dp.data() + offset, n);
+        const std::vector<float> got_m = Download(dm.data() + offset, n);
+        const std::vector<float> got_v = Download(dv.data() + offset, n);
+        for (int64_t i = 0; i < n; ++i) {
+          // 1e-6 relative to the magnitude of the terms that were summed
+          // (equal to |value| unless terms cancelled). An emulation of the
+          // cuda kernel's fused multiply-adds peaks at 6.6e-7 on this data,
+          // as the cpu's torch-order loop does.
+          ASSERT_NEAR(got_p[i], ref[i].p, 1e-6 * mag[i].p) << i;
+          ASSERT_NEAR(got_m[i], ref[i].m, 1e-6 * mag[i].m) << i;
+          ASSERT_NEAR(got_v[i], ref[i].v, 1e-6 * mag[i].v) << i;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(BackendConformanceTest, AdamWStepFromRandomStateAtStepOneAndTen) {
+  // One step from arbitrary moments (not the zeros a fresh optimizer
+  // starts from), early and later in the bias correction.
+  const AdamWConfig c = {1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f};
+  const int64_t n = 65537;
+  for (int64_t step : {1, 10}) {
+    SCOPED_TRACE(absl::StrCat("step=", step));
+    const std::vector<float> g = RandomNormal(n, 6200 + step);
+    const std::vector<float> p0 = RandomNormal(n, 6210 + step);
+    const std::vector<float> m0 = RandomNormal(n, 6220 + step);
+    std::vector<float> v0 = RandomNormal(n, 6230 + step);
+    for (float& e : v0) e = std::abs(e) + 0.01f;
+    DeviceBuffer dg = Upload(g), dp = Upload(p0), dm = Upload(m0),
+                 dv = Upload(v0);
+    ASSERT_OK(backend_->AdamWStep(n, c.lr, c.beta1, c.beta2, c.eps,
+                                  c.weight_decay, step, dg.data(), dp.data(),
+                                  dm.data(), dv.data()));
+    const std::vector<float> got_p = Download(dp), got_m = Download(dm),
+                             got_v = Download(dv);
+    for (int64_t i = 0; i < n; ++i) {
+      AdamWState ref = {p0[i], m0[i], v0[i]};
+      AdamWState mag = {std::abs(p0[i]), std::abs(m0[i]), v0[i]};
+      AdamWReference(c, step, g[i], ref, mag);
+      ASSERT_NEAR(got_p[i], ref.p, 1e-6 * mag.p) << i;
+      ASSERT_NEAR(got_m[i], ref.m, 1e-6 * mag.m) << i;
+      ASSERT_NEAR(got_v[i], ref.v, 1e-6 * mag.v) << i;
+    }
+  }
+}
+
+TEST_P(BackendConformanceTest, SumSquaresAccumulatesInDouble) {
+  // 2^20 values near 1: a float accumulator would be off by ~1e-4 relative.
+  const int64_t n = (int64_t{1} << 20) + 3;
+  const std::vector<float> x = RandomNormal(n, 7000, 1.0f, 0.5f);
+  DeviceBuffer dx = Upload(x);
+  for (int64_t offset : kOffsets) {
+    long double ref = 0.0L;
+    for (int64_t i = offset; i < n; ++i) {
+      ref += static_cast<long double>(x[i]) * x[i];
+    }
+    ASSERT_OK_AND_ASSIGN(double got,
+                         backend_->SumSquares(n - offset, dx.data() + offset));
+    EXPECT_NEAR(got, static_cast<double>(ref), 1e-12 * static_cast<double>(ref))
+        << "offset " << offset;
+  }
+  for (int64_t small : {0, 1, 7}) {
+    double r = 0.0;
+    for (int64_t i = 0; i < small; ++i) r += double{x[i]} * x[i];
+    ASSERT_OK_AND_ASSIGN(double s, backend_->SumSquares(small, dx.data()));
+    EXPECT_DOUBLE_EQ(s, r) << small;
+  }
+}
+
+TEST_P(BackendConformanceTest, AllFiniteDetectsNanAndInfAnywhere) {
+  for (int64_t n : {int64_t{1003}, (int64_t{1} << 20) + 3}) {
+    const std::vector<float> x = RandomNormal(n, 7100, 0.0f, 1e30f);
+    DeviceBuffer dx = Upload(x);
+    ASSERT_OK_AND_ASSIGN(bool finite, backend_->AllFinite(n, dx.data()));
+    EXPECT_TRUE(finite) << n;
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                      std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity()}) {
+      for (int64_t pos : {int64_t{0}, int64_t{500}, n / 2, n - 1}) {
+        std::vector<float> y = x;
+        y[pos] = bad;
+        DeviceBuffer dy = Upload(y);
+        ASSERT_OK_AND_ASSIGN(bool ok, backend_->AllFinite(n, dy.data()));
+        EXPECT_FALSE(ok) << bad << " at " << pos << " of " << n;
+        // The same array without the bad element (unaligned start).
+        if (pos == 0) {
+          ASSERT_OK_AND_ASSIGN(ok, backend_->AllFinite(n - 1, dy.data() + 1));
+          EXPECT_TRUE(ok) << n;
+        }
+      }
+    }
+  }
+}
+
+// ---- Matrix helpers ---------------------------------------------------------
+
+const Shape kMatrixShapes[] = {{1, 7},   {7, 1},    {13, 5},  {5, 13},
+                               {31, 31}, {64, 48},  {33, 65}, {64, 64},
+                               {37, 53}, {160, 96}, {300, 5}, {129, 130}};
+
+TEST_P(BackendConformanceTest, AddIdentityTouchesOnlyDiagonal) {
+  for (int64_t n : {1, 7, 31, 64, 129, 160, 300}) {
+    const std::vector<float> a = RandomNormal(n * n, 8000 + n);
+    DeviceBuffer da = Upload(a);
+    ASSERT_OK(backend_->AddIdentity(n, 0.75f, da.data()));
+    const std::vector<float> out = Download(da);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        ASSERT_EQ(out[i * n + j], i == j ? a[i * n + j] + 0.75f : a[i * n + j]);
+      }
+    }
+  }
+}
+
+TEST_P(BackendConformanceTest, ScaleColumnsAndColumnDots) {
+  for (const Shape& s : kMatrixShapes) {
+    SCOPED_TRACE(ShapeName(s.rows, s.cols));
+    const std::vector<float> a = RandomNormal(s.rows * s.cols, 8100);
+    const std::vector<float> b = RandomNormal(s.rows * s.cols, 8101);
+    const std::vector<float> d = RandomNormal(s.cols, 8102);
+    DeviceBuffer da = Upload(a), db = Upload(b), dd = Upload(d),
+                 dout = Zeros(s.cols);
+    ASSERT_OK(backend_->ColumnDots(s.rows, s.cols, da.data(), db.data(),
+                                   dout.data()));
+    const std::vector<float> dots = Download(dout);
+    for (int64_t j = 0; j < s.cols; ++j) {
+      double ref = 0.0, mag = 0.0;
+      for (int64_t i = 0; i < s.rows; ++i) {
+        ref += double{a[i * s.cols + j]} * b[i * s.cols + j];
+        mag += std::abs(double{a[i * s.cols + j]} * b[i * s.cols + j]);
+      }
+      ASSERT_NEAR(dots[j], ref, 1e-6 * mag) << j;
+    }
+    ASSERT_OK(backend_->ScaleColumns(s.rows, s.cols, dd.data(), da.data()));
+    const std::vector<float> scaled = Download(da);
+    for (int64_t i = 0; i < s.rows; ++i) {
+      for (int64_t j = 0; j < s.cols; ++j) {
+        ASSERT_EQ(scaled[i * s.cols + j], a[i * s.cols + j] * d[j]);
+      }
+    }
+  }
+}
+
+TEST_P(BackendConformanceTest, ColumnDotsOfZeroRowsAreZeros) {
+  DeviceBuffer dout = Upload(RandomNormal(5, 8150));
+  ASSERT_OK(backend_->ColumnDots(0, 5, nullptr, nullptr, dout.data()));
+  EXPECT_EQ(Download(dout), std::vector<float>(5, 0.0f));
+}
+
+TEST_P(BackendConformanceTest, GatherColumnsAndRows) {
+  for (const Shape& s : kMatrixShapes) {
+    SCOPED_TRACE(ShapeName(s.rows, s.cols));
+    const std::vector<float> src = RandomNormal(s.rows * s.cols, 8200);
+    DeviceBuffer dsrc = Upload(src), ddst = Zeros(s.rows * s.cols);
+    const std::vector<int64_t> col_perm = RandomPermutation(s.cols, 8201);
+    ASSERT_OK(backend_->GatherColumns(s.rows, s.cols, col_perm, dsrc.data(),
+                                      ddst.data()));
+    std::vector<float> out = Download(ddst);
+    for (int64_t i = 0; i < s.rows; ++i) {
+      for (int64_t j = 0; j < s.cols; ++j) {
+        ASSERT_EQ(out[i * s.cols + j], src[i * s.cols + col_perm[j]]);
+      }
+    }
+    const std::vector<int64_t> row_perm = RandomPermutation(s.rows, 8202);
+    ASSERT_OK(backend_->GatherRows(s.rows, s.cols, row_perm, dsrc.data(),
+                                   ddst.data()));
+    out = Download(ddst);
+    for (int64_t i = 0; i < s.rows; ++i) {
+      for (int64_t j = 0; j < s.cols; ++j) {
+        ASSERT_EQ(out[i * s.cols + j], src[row_perm[i] * s.cols + j]);
+      }
+    }
+  }
+}
+
+TEST_P(BackendConformanceTest, Transpose2DAcrossBlockBoundaries) {
+  for (const Shape& s : kMatrixShapes) {
+    SCOPED_TRACE(ShapeName(s.rows, s.cols));
+    const std::vector<float> src = RandomNormal(s.rows * s.cols, 8300);
+    DeviceBuffer dsrc = Upload(src), ddst = Zeros(s.rows * s.cols);
+    ASSERT_OK(backend_->Transpose2D(s.rows, s.cols, dsrc.data(), ddst.data()));
+    const std::vector<float> out = Download(ddst);
+    for (int64_t i = 0; i < s.rows; ++i) {
+      for (int64_t j = 0; j < s.cols; ++j) {
+        ASSERT_EQ(out[j * s.rows + i], src[i * s.cols + j]);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace canzona
