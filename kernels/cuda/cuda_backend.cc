@@ -188,12 +188,14 @@ class CudaBackend final : public Backend {
   // the same buffers every step: 3 + 5 launches per coefficient step,
   // captured once per (spec, shape, input, output) and then replayed as one
   // graph launch. Graphs bake in addresses, so they are dropped whenever
-  // the workspace moves; a key whose capture fails runs eagerly for good.
+  // the workspace moves; a key runs eagerly on its first call and is
+  // captured on its second; a key whose capture fails runs eagerly for good.
   // CANZONA_CUDA_GRAPHS=0 turns them off.
   bool ns_graphs_enabled_ = true;
   void* ns_graphs_workspace_ = nullptr;  // the workspace they were made with
   std::map<std::string, cudaGraphExec_t> ns_graphs_;
   std::set<std::string> ns_eager_;
+  std::set<std::string> ns_seen_;     // keys run once eagerly, captured next
   void* cublas_workspace_ = nullptr;  // fixed, so captures never allocate
   void DropNsGraphs();
   Workspace solver_ws_;   // cuSOLVER work arrays, copies and devInfo
@@ -241,6 +243,25 @@ absl::Status CudaBackend::Init() {
     uint64_t threshold = std::numeric_limits<uint64_t>::max();
     CANZONA_CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(
         pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
+    // Peer access (cudaDeviceEnablePeerAccess) does not cover pool
+    // memory: a pool's allocations are reachable from another GPU only if
+    // the pool grants it. NCCL reads and writes staging of several local
+    // ranks (one per GPU) through direct pointers within the process, so
+    // every peer that can reach this GPU gets read-write access.
+    int devices = 0;
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&devices));
+    for (int peer = 0; peer < devices; ++peer) {
+      if (peer == device_) continue;
+      int can = 0;
+      CANZONA_CUDA_RETURN_IF_ERROR(
+          cudaDeviceCanAccessPeer(&can, peer, device_));
+      if (can == 0) continue;
+      cudaMemAccessDesc access = {};
+      access.location.type = cudaMemLocationTypeDevice;
+      access.location.id = peer;
+      access.flags = cudaMemAccessFlagsProtReadWrite;
+      CANZONA_CUDA_RETURN_IF_ERROR(cudaMemPoolSetAccess(pool_, &access, 1));
+    }
   }
   // cuBLAS gets its workspace up front (32 MiB, what it asks for on
   // Hopper): without one it may allocate on first use, which is illegal
@@ -635,6 +656,13 @@ absl::Status CudaBackend::DoNewtonSchulz(const NewtonSchulzSpec& spec,
   if (ns_eager_.count(key) > 0 || ns_graphs_.size() >= kMaxGraphs) {
     return run();
   }
+  // The first call of a key runs eagerly: it may be the first use of the
+  // cuBLAS handle or of a kernel, whose lazy setup (module loading,
+  // heuristics) is not capturable; capturing then would send the key to
+  // eager for good. The second call captures.
+  if (ns_seen_.size() < kMaxGraphs && ns_seen_.insert(key).second) {
+    return run();
+  }
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   const absl::Status captured = run();
@@ -661,6 +689,7 @@ void CudaBackend::DropNsGraphs() {
   for (auto& [key, exec] : ns_graphs_) (void)cudaGraphExecDestroy(exec);
   ns_graphs_.clear();
   ns_eager_.clear();
+  ns_seen_.clear();
 }
 
 // ---- Fused elementwise kernels --------------------------------------------
