@@ -13,9 +13,11 @@ CANZONA_DEBIAN_PACKAGES=(
   openssl
   prometheus libcivetweb-dev
   libsystemd-dev systemd yamllint python3-yaml
-  # The Python package and its tests: Debian's interpreter, torch (CPU),
-  # numpy, pytest, pybind11.
-  python3-dev pybind11-dev python3-torch python3-numpy python3-pytest
+  # The Python package (pure Python over grpcio) and its tests: Debian's
+  # interpreter, its gRPC and protobuf, setuptools and venv (the test that
+  # pip-installs the package into a fresh venv), torch (CPU), numpy, pytest.
+  python3-grpcio python3-protobuf python3-setuptools python3-venv
+  python3-torch python3-numpy python3-pytest
   # tests/run.sh's sanitizer stage: clang 14, its ASan/UBSan/LSan and
   # libFuzzer runtimes (libclang_rt.*, FuzzedDataProvider.h), and
   # llvm-symbolizer for symbolized reports.
