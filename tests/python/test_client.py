@@ -105,7 +105,8 @@ def test_both_transports_give_the_same_results(daemon):
     assert a["registered"]["state_bytes"] == b["registered"]["state_bytes"] > 0
     assert isinstance(b["registered"]["state_bytes"], int)
     for sa, sb in zip(a["stats"], b["stats"]):
-        assert sa.keys() == sb.keys() and sa["seconds"].keys() == sb["seconds"].keys()
+        assert sa.keys() == sb.keys()
+        assert sa["seconds"].keys() == sb["seconds"].keys()
         assert sa["grad_norm"] == sb["grad_norm"] > 0
         assert sa["update_rms"] == sb["update_rms"] > 0
     for key in ("state", "step", "records"):
@@ -301,7 +302,8 @@ def test_bridge_says_when_it_cannot_connect():
                           "--connect-timeout", "0.3")
     line = receive(proc)
     assert line["id"] == 0 and line["error"]["code"] == "UNAVAILABLE"
-    assert "cannot reach canzonad at unix:/nonexistent" in line["error"]["message"]
+    assert line["error"]["message"].startswith(
+        "cannot reach canzonad at unix:/nonexistent")
     assert proc.wait(timeout=10) == 1
     proc.stdin.close()
 
@@ -381,7 +383,7 @@ def test_close_ends_the_bridge_and_fails_waiting_calls(daemon):
     assert errors and errors[0].code == "UNAVAILABLE"
     assert "closed" in str(errors[0])
     assert proc.wait(timeout=15) is not None
-    assert time.time() - start < 12
+    assert time.time() - start < 5  # not the 600 s Register deadline
     with pytest.raises(canzona.CanzonaError) as error:
         client.status()
     assert error.value.code == "UNAVAILABLE"
@@ -407,7 +409,7 @@ def test_a_dead_bridge_fails_calls_with_its_status(daemon):
     client.close()
 
 
-# -- shared memory -------------------------------------------------------------
+# -- shared memory ------------------------------------------------------------
 
 def test_shared_memory_follows_the_shm_protocol(daemon):
     with canzona.Client(daemon) as client:
@@ -537,8 +539,8 @@ def test_cuda_refs_reach_the_daemon(daemon, transport, fake_cuda):
                   "group": "a", "param": ("cuda", FAKE_IPC_BASE, 16),
                   "grad": ("cuda", FAKE_IPC_BASE + 16, 16, bytes(64))}])
     assert error.value.code == "FAILED_PRECONDITION"
-    assert str(error.value) == ("parameters[0] 'v'.param.cuda_ipc: this daemon "
-                                "has no usable CUDA device")
+    assert str(error.value) == ("parameters[0] 'v'.param.cuda_ipc: this "
+                                "daemon has no usable CUDA device")
 
 
 def test_cuda_event_needs_a_device():

@@ -75,6 +75,8 @@ class _Channel:
         self.stderr_tail = collections.deque(maxlen=20)
 
     def fail_all(self, error):
+        """Fails every waiting call (and later ones); returns how many
+        were waiting."""
         with self.lock:
             if self.failure is None:
                 self.failure = error
@@ -83,6 +85,7 @@ class _Channel:
             waiter.answer = {"error": {"code": error.code,
                                        "message": str(error)}}
             waiter.done.set()
+        return len(waiters)
 
     def gone(self):
         """The error for calls after the bridge's end."""
@@ -108,7 +111,8 @@ def _read_answers(channel):
         if waiter is None:
             # An answer nobody waits for: the bridge could not read one of
             # our lines (id null), a protocol bug worth seeing.
-            sys.stderr.write("canzona-bridge: %s" % raw.decode(errors="replace"))
+            sys.stderr.write("canzona-bridge: %s"
+                             % raw.decode(errors="replace"))
             continue
         waiter.answer = answer
         waiter.done.set()
@@ -126,12 +130,17 @@ def _read_stderr(channel):
 
 
 def _shutdown(channel):
-    """Ends the bridge: EOF on its stdin, then SIGKILL after 10 s."""
-    channel.fail_all(CanzonaError("the client is closed", "UNAVAILABLE"))
+    """Ends the bridge: end of input, and SIGTERM when calls were still
+    waiting (the bridge would finish them first, for nobody); SIGKILL
+    after 10 s."""
+    waiting = channel.fail_all(CanzonaError("the client is closed",
+                                            "UNAVAILABLE"))
     try:
         channel.proc.stdin.close()
     except OSError:
         pass
+    if waiting and channel.proc.poll() is None:
+        channel.proc.terminate()
     try:
         channel.proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
@@ -163,9 +172,14 @@ class BridgeTransport:
         env = dict(os.environ, CANZONA_JOB_TOKEN=options.job_token,
                    CANZONA_TLS_CA=options.tls_ca,
                    CANZONA_BRIDGE_PARENT_PID=str(os.getpid()))
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=env)
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, env=env)
+        except OSError as e:
+            raise CanzonaError("cannot start canzona-bridge %s: %s"
+                               % (executable, e.strerror or e),
+                               "FAILED_PRECONDITION") from None
         self._channel = channel = _Channel(proc)
         # The bridge's hello (id 0): connected, or why not.
         hello = _Waiter()

@@ -63,7 +63,9 @@ def _open_transport(options, transport):
     if transport in ("auto", "grpc"):
         try:
             from canzona._grpc_transport import GrpcTransport
-        except ImportError as e:
+        # Not only ImportError: a grpcio / protobuf that imports but cannot
+        # load the stubs is as unusable.
+        except Exception as e:  # noqa: BLE001
             if transport == "grpc":
                 raise CanzonaError(
                     "transport grpc: grpcio / protobuf are not importable "
@@ -192,7 +194,8 @@ class Client:
         for group in groups:
             group = tuple(group)
             if len(group) != 3:
-                raise ValueError("groups: (name, optimizer, settings) expected")
+                raise ValueError(
+                    "groups: (name, optimizer, settings) expected")
             name, optimizer, settings = group
             request_groups.append({
                 "name": str(name), "optimizer": str(optimizer),
