@@ -14,9 +14,11 @@ CANZONA_DEBIAN_PACKAGES=(
   prometheus libcivetweb-dev
   libsystemd-dev systemd yamllint python3-yaml
   # The Python package (pure Python over grpcio) and its tests: Debian's
-  # interpreter, its gRPC and protobuf, setuptools and venv (the test that
-  # pip-installs the package into a fresh venv), torch (CPU), numpy, pytest.
-  python3-grpcio python3-protobuf python3-setuptools python3-venv
+  # interpreter, its gRPC and protobuf, setuptools, wheel, pip and venv (the
+  # test that pip-installs the package into a fresh venv offline), torch
+  # (CPU), numpy, pytest.
+  python3-grpcio python3-protobuf python3-setuptools python3-wheel python3-pip
+  python3-venv
   python3-torch python3-numpy python3-pytest
   # tests/run.sh's sanitizer stage: clang 14, its ASan/UBSan/LSan and
   # libFuzzer runtimes (libclang_rt.*, FuzzedDataProvider.h), and
