@@ -464,12 +464,9 @@ absl::Status FakeNcclApi::CommAbort(NcclComm comm) {
   if (!status.ok()) return status;
   if (!c.ok()) return c.status();
   (*c)->aborted = true;
-  if ((*c)->launch != nullptr) {
-    // The launch cannot finish for the other communicators of its group
-    // either.
-    (*c)->launch->never = true;
-    (*c)->launch = nullptr;
-  }
+  // The launch cannot finish for the other communicators of its group
+  // either. It stays referenced: peers' matching slots point at its ops.
+  if ((*c)->launch != nullptr) (*c)->launch->never = true;
   return absl::OkStatus();
 }
 

@@ -195,7 +195,8 @@ class FakeNcclApi : public NcclApi {
     bool aborted = false;
     bool finalized = false;
     bool destroyed = false;
-    // The non-blocking work in progress on it (null: ready).
+    // The non-blocking work in progress on it (null: ready; kept, never to
+    // finish, once aborted).
     std::shared_ptr<Launch> launch;
     int64_t next_collective = 0;
     std::map<int, int64_t> next_send;  // by peer

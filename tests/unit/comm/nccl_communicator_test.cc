@@ -1052,6 +1052,30 @@ TEST(NcclSimulatedDataTest, AMissingPeerTimesOutOnTheRanksThatCame) {
       StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("AllReduce")));
 }
 
+TEST(NcclSimulatedDataTest, APeerStuckInItsLaunchTimesOutTheOthers) {
+  FakeNcclApi api({.simulate_data = true});
+  InMemoryKvStore store;
+  std::vector<std::unique_ptr<Communicator>> comms(2);
+  RunOnRanks(2, [&](int r) {
+    auto c = CreateNcclCommunicator(
+        &store, "stuck", &api, {.rank = r, .stream = FakeNcclApi::Stream(r)}, 2,
+        Options(absl::Milliseconds(100)));
+    ASSERT_OK(c);
+    comms[r] = *std::move(c);
+  });
+  std::vector<float> a(3, 1.0f), b(3, 2.0f);
+  // Rank 0's launch never finishes (it is aborted at its deadline); rank 1
+  // then enters the same collective and cannot complete it either.
+  api.SetNeverReady(true);
+  EXPECT_THAT(comms[0]->AllReduce(a.data(), 3),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  api.SetNeverReady(false);
+  EXPECT_THAT(comms[1]->AllReduce(b.data(), 3),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(b, ElementsAre(2, 2, 2));
+  EXPECT_THAT(api.calls_named("ncclCommAbort"), SizeIs(2));
+}
+
 TEST(RealNcclApiTest, ExistsExactlyInCudaBuilds) {
 #ifdef CANZONA_ENABLE_CUDA
   // Only the object: no call reaches the driver (tests/gpu runs it).
