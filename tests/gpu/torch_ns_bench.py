@@ -8,6 +8,7 @@ its time in ((s x s) times (s x l), s = min(rows, cols), l = max).
     torch_ns_bench.py --ours bench-kernels-bf16.json --ours bench-kernels-fp32.json \\
         [--min-time 0.5] --out torch-ns5.json
     torch_ns_bench.py --shapes 8192x5120,1024x5120 --precisions bf16 --out x.json
+    torch_ns_bench.py --device cpu --shapes 96x160 --out x.json   # self-test
 
 bf16 is torch.optim.Muon's own iteration (torch.optim._muon's
 _zeropower_via_newtonschulz: input cast to bf16, 5 quintic steps with
@@ -27,6 +28,7 @@ import argparse
 import inspect
 import json
 import sys
+import time
 import traceback
 
 COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -69,19 +71,25 @@ def torch_muon_ns():
     return fn, "use_addmm" in inspect.signature(fn).parameters
 
 
-def median_ms(torch, fn, min_time):
+def median_ms(torch, fn, min_time, device):
     for _ in range(3):
         fn()
-    torch.cuda.synchronize()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     samples, total = [], 0.0
     while len(samples) < 5 or total < min_time:
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        ms = start.elapsed_time(end)
+        if device.type == "cuda":
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+        else:  # --device cpu (self-tests): the host clock
+            t0 = time.perf_counter()
+            fn()
+            ms = 1e3 * (time.perf_counter() - t0)
         samples.append(ms)
         total += ms / 1e3
     samples.sort()
@@ -114,12 +122,15 @@ def run(args, result):
         result.update(status="skipped", reason="torch is not importable: %s" % e)
         return
     result["torch"] = torch.__version__
-    if not torch.cuda.is_available():
+    device = torch.device(args.device, 0) if args.device == "cuda" else \
+        torch.device("cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
         result.update(status="skipped", reason="torch sees no CUDA device")
         return
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    result["device"] = torch.cuda.get_device_name(0)
+    result["device"] = (torch.cuda.get_device_name(0)
+                        if device.type == "cuda" else "cpu")
     muon_ns, has_addmm = torch_muon_ns()
     result["impl"] = {
         "bf16": "torch.optim._muon._zeropower_via_newtonschulz" if muon_ns
@@ -136,7 +147,6 @@ def run(args, result):
                       reason="no shapes: bench kernels wrote no JSON and no "
                              "--shapes were given")
         return
-    device = torch.device("cuda", 0)
     generator = torch.Generator(device=device)
     generator.seed()
     for precision, shapes in wanted.items():
@@ -161,9 +171,10 @@ def run(args, result):
             s, l = min(rows, cols), max(rows, cols)
             a = torch.randn(s, s, device=device, dtype=dtype, generator=generator)
             b = torch.randn(s, l, device=device, dtype=dtype, generator=generator)
-            ns_ms = median_ms(torch, default, args.min_time)
-            addmm_ms = median_ms(torch, addmm, args.min_time)
-            gemm_ms = median_ms(torch, lambda: torch.mm(a, b), args.min_time)
+            ns_ms = median_ms(torch, default, args.min_time, device)
+            addmm_ms = median_ms(torch, addmm, args.min_time, device)
+            gemm_ms = median_ms(torch, lambda: torch.mm(a, b), args.min_time,
+                                device)
             result["shapes"].append({
                 "precision": precision, "rows": rows, "cols": cols,
                 "ns_ms": ns_ms, "ns_addmm_ms": addmm_ms,
@@ -175,7 +186,8 @@ def run(args, result):
                   % (precision, rows, cols, ns_ms, addmm_ms,
                      result["shapes"][-1]["gemm_gflops"]), flush=True)
             del grad, a, b
-            torch.cuda.empty_cache()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     result.update(status="passed", reason="")
 
 
@@ -187,7 +199,11 @@ def main():
                         help="RxC,... when there is no --ours file")
     parser.add_argument("--precisions", default="bf16,fp32")
     parser.add_argument("--min-time", type=float, default=0.5)
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cpu: self-tests, timed with the host clock")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--skip-exit-code", type=int, default=0,
+                        help="exit status when skipped (ctest: 77)")
     args = parser.parse_args()
     result = {"status": "failed", "reason": "", "timing":
               "CUDA events, 3 warm-up calls, median of >= 5 calls and >= "
@@ -200,6 +216,8 @@ def main():
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     print("torch_ns_bench: %s %s" % (result["status"], result["reason"]))
+    if result["status"] == "skipped":
+        return args.skip_exit_code
     return 1 if result["status"] == "failed" else 0
 
 

@@ -76,7 +76,7 @@ nlohmann::json CompareKernels(const std::vector<CheckResult>& results) {
       double gemm = 0;
       if (precision == "fp32" && our_gemm > 0) {
         gemm = our_gemm;
-        row["gemm_reference"] = "our fp32 GEMM (cuBLAS, no TF32)";
+        row["gemm_reference"] = "our fp32 GEMM";
       } else if (precision == "bf16" && Positive(torch, "gemm_gflops") > 0) {
         gemm = Positive(torch, "gemm_gflops");
         row["gemm_reference"] = "torch bf16 GEMM";
