@@ -53,9 +53,12 @@ while (($#)); do
 done
 if [[ -z "$report" ]]; then usage >&2; exit 2; fi
 if ! [[ "$budget" =~ ^[0-9]+$ ]]; then echo "run.sh: --budget: not a number of seconds: $budget" >&2; exit 2; fi
-mkdir -p "$report"/{checks,logs,data} || exit 2
+mkdir -p "$report" || exit 2
 report="$(cd "$report" && pwd)"
-rm -f "$report"/checks/*.rec "$report"/report.md "$report"/report.json "$report"/env.txt
+# A report directory used before: only this run's results in it.
+rm -rf "$report"/{checks,logs,data} "$report"/report.md "$report"/report.json \
+  "$report"/env.txt "$report"/runner.log
+mkdir -p "$report"/{checks,logs,data} || exit 2
 
 bin="$here/bin"
 models="$here/share/canzona/models"
@@ -327,13 +330,14 @@ run_check() {
   log "     $name: exit $rc after $((SECONDS - t0)) s"
 }
 
-# start_daemon NAME ARGS...: canzonad on $work/NAME.sock, ready file
-# $work/NAME.ready; 0 once ready. Its log: logs/daemon-NAME.log.
+# start_daemon NAME LOG ARGS...: canzonad on $work/NAME.sock, ready file
+# $work/NAME.ready, output to LOG (relative to the report); 0 once ready.
 start_daemon() {
-  local name="$1"; shift
+  local name="$1" logfile="$2"
+  shift 2
   rm -f "$work/$name.ready" "$work/$name.sock"
   "$bin/canzonad" --unix-socket "$work/$name.sock" --ready-file "$work/$name.ready" \
-    --metrics-address '' --daemon-id "$name" "$@" >"$report/logs/daemon-$name.log" 2>&1 &
+    --metrics-address '' --daemon-id "$name" "$@" >"$report/$logfile" 2>&1 &
   local pid=$!
   daemon_pids+=("$pid")
   for _ in $(seq 600); do
@@ -341,7 +345,6 @@ start_daemon() {
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.1
   done
-  log "     daemon $name did not start: $(tail -n1 "$report/logs/daemon-$name.log")"
   return 1
 }
 
@@ -356,22 +359,28 @@ with_daemons() {
   while (($#)) && [[ "$1" != -- ]]; do specs+=("$1"); shift; done
   shift
   may_run "$name" "$group" "$kind" "$max" || return 0
-  local i=0 spec ok=1 port=""
+  local i=0 spec port="" daemon_log base="logs/${name//[^A-Za-z0-9_.-]/_}"
   for spec in "${specs[@]}"; do
     local extra=()
     if ((i == 0 && ${#specs[@]} > 1)); then extra=(--listen 127.0.0.1:0); fi
     if ((i > 0)); then extra=(--coordinator "127.0.0.1:$port"); fi
+    daemon_log="$base-daemon-d$i.log"
     # shellcheck disable=SC2086
-    if ! start_daemon "d$i" $spec "${extra[@]}"; then ok=0; break; fi
+    if ! start_daemon "d$i" "$daemon_log" $spec "${extra[@]}"; then
+      # canzonad's fatal error is its "canzonad: ..." line.
+      local why
+      why="$(grep -m1 '^canzonad: ' "$report/$daemon_log" || tail -n1 "$report/$daemon_log")"
+      log "     daemon d$i did not start: $why"
+      printf 'canzonad %s did not start (%s):\n%s\n' "$spec" "$daemon_log" "$why" >"$report/$base.log"
+      record "$name" "group=$group" "kind=generic" "state=ran" "exit_code=1" "timed_out=0" \
+        "duration_s=0" "limit_s=$limit" "command=canzonad $spec" "log=$base.log"
+      stop_daemons
+      return 0
+    fi
     if ((i == 0)); then port="$(sed -E 's/.*"tcp_port": ([0-9]+).*/\1/' "$work/d0.ready")"; fi
     i=$((i + 1))
   done
-  if ((ok)); then
-    run_check "$name" "$group" "$kind" "$limit" "$data" -- "$@"
-  else
-    record "$name" "group=$group" "kind=generic" "state=ran" "exit_code=1" "timed_out=0" \
-      "duration_s=0" "limit_s=$limit" "command=canzonad $spec" "log=logs/daemon-d$((i)).log"
-  fi
+  run_check "$name" "$group" "$kind" "$limit" "$data" -- "$@"
   stop_daemons
 }
 
@@ -451,7 +460,14 @@ fi
 
 # --- torch: canzona.torch on the GPU vs torch.optim.Muon + AdamW ------------------
 
-canzona_reason="$torch_reason"
+# The PyTorch check needs torch with CUDA; the example trainer (on a cpu
+# daemon) torch alone; both the canzona package.
+canzona_reason=""
+if ((!have_python)); then
+  canzona_reason="no python3"
+elif ((!have_torch)); then
+  canzona_reason="torch is not importable by $python"
+fi
 if [[ -z "$canzona_reason" ]]; then
   if [[ -z "$pypath" ]]; then
     canzona_reason="the bundle carries no canzona Python package"
@@ -462,8 +478,8 @@ if [[ -z "$canzona_reason" ]]; then
 fi
 if ((!gpu)); then
   skip torch-check torch torch_check "$no_gpu"
-elif [[ -n "$canzona_reason" ]]; then
-  skip torch-check torch torch_check "$canzona_reason"
+elif [[ -n "$canzona_reason$torch_reason" ]]; then
+  skip torch-check torch torch_check "${canzona_reason:-$torch_reason}"
 else
   with_daemons torch-check torch torch_check 240 data/torch-check.json \
     "--backend cuda --comm nccl --step-timeout 120 --register-timeout 120" -- \
