@@ -127,6 +127,15 @@ if [[ -f "$root/client/python/canzona/__init__.py" ]] || compgen -G "$root/clien
   tar -C "$root/client/python" --exclude='__pycache__' --exclude='*.pyc' --exclude='*.cc' \
     --exclude='*.so' --exclude='CMakeLists.txt' --exclude='build' --exclude='*.egg-info' -cf - . |
     tar -C "$top/python" -xf -
+  # Python sources the build generates into its package folder (protobuf /
+  # gRPC stubs, if they are generated rather than committed).
+  if [[ -d "$build/python/canzona" ]]; then
+    pkg="$(dirname "$(find "$top/python" -maxdepth 3 -path '*/canzona/__init__.py' | head -n1)")"
+    (cd "$build/python/canzona" && find . -name '*.py' -print0 |
+      while IFS= read -r -d '' f; do
+        [[ -e "$pkg/$f" ]] || { mkdir -p "$pkg/$(dirname "$f")"; cp "$f" "$pkg/$f"; }
+      done)
+  fi
 fi
 for example in "$root"/client/examples/*.py; do
   [[ -f "$example" ]] && cp "$example" "$top/examples/"
