@@ -104,6 +104,13 @@ env_set machine_kernel "$(uname -srm)"
 env_set machine_glibc "$(getconf GNU_LIBC_VERSION 2>/dev/null || echo unknown)"
 env_set machine_cpu "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n1)"
 env_set machine_cpus "$(nproc 2>/dev/null || echo unknown)"
+# The bundle was linked against a glibc; an older one here cannot load it.
+need_glibc="$(sed -n 's/^needs_glibc=GLIBC_//p' "$info/info.txt" 2>/dev/null)"
+have_glibc="$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')"
+if [[ -n "$need_glibc" && -n "$have_glibc" &&
+  "$(printf '%s\n%s\n' "$need_glibc" "$have_glibc" | sort -V | head -n1)" != "$need_glibc" ]]; then
+  env_set run_warning "glibc $have_glibc here, the bundle needs $need_glibc: its programs will not load"
+fi
 env_set machine_memory_gib "$(awk '/^MemTotal/ {printf "%.0f", $2 / 1048576}' /proc/meminfo 2>/dev/null)"
 
 python="${PYTHON:-python3}"
@@ -265,6 +272,7 @@ env_set gpu_present "$gpu"
 log "bundle: $here"
 log "report: $report (budget ${budget} s)"
 log "machine: $os, $(uname -r), $(getconf GNU_LIBC_VERSION 2>/dev/null), $(nproc) CPUs"
+grep -q '^run_warning=' "$report/env.txt" && log "WARNING: $(grep -m1 '^run_warning=' "$report/env.txt" | cut -d= -f2-)"
 if ((have_python)); then
   log "python: $(grep -m1 '^machine_python=' "$report/env.txt" | cut -d= -f2-); torch: $(grep -m1 '^machine_torch=' "$report/env.txt" | cut -d= -f2-)"
 else

@@ -187,6 +187,15 @@ std::string RenderMarkdown(const json& report) {
   absl::StrAppend(&md, "**", Cell(s["passed"]), " passed, ", Cell(s["failed"]),
                   " failed, ", Cell(s["skipped"]), " skipped** of ",
                   Cell(s["total"]), " checks.\n");
+  if (run.contains("warning")) {
+    absl::StrAppend(&md, "\n**Warning:** ", Get(run, "warning"), "\n");
+  }
+  if (run.contains("cuda_missing")) {
+    absl::StrAppend(&md,
+                    "\nCUDA libraries not found here (the bundle's "
+                    "stand-ins were used): ",
+                    Get(run, "cuda_missing"), "\n");
+  }
   Section(md, "Machine");
   KeyValueTable(md, report["machine"]);
   RenderGpu(md, report);

@@ -269,7 +269,8 @@ TEST_F(ReportDir, BuildsTheReportAndItsMarkdown) {
         "bundle_commit=abc123\nmachine_os=Debian GNU/Linux 12\n"
         "gpu_present=0\ngpu_reason=no nvidia-smi\n"
         "cudalib.libcublas.so.13.path=/x/libcublas.so.13\n"
-        "cudalib.libcublas.so.13.version=13.0\nrun_budget_s=480\n");
+        "cudalib.libcublas.so.13.version=13.0\nrun_budget_s=480\n"
+        "run_cuda_missing=libnccl.so.2\n");
   Write("checks/01-cpu.rec",
         "name=cpu-step\nkind=trainer\nstate=ran\nexit_code=0\n"
         "log=logs/cpu.log\n");
@@ -296,6 +297,7 @@ TEST_F(ReportDir, BuildsTheReportAndItsMarkdown) {
   EXPECT_THAT(md, HasSubstr("No GPU: no nvidia-smi"));
   EXPECT_THAT(md, HasSubstr("| libcublas.so.13 | /x/libcublas.so.13 | 13.0"));
   EXPECT_THAT(md, HasSubstr("| 3 | bench-kernels-bf16 | **skipped**"));
+  EXPECT_THAT(md, HasSubstr("stand-ins were used): libnccl.so.2"));
 
   Write("checks/04-bad.rec", "name=x\n");
   EXPECT_THAT(BuildReport(dir_), StatusIs(absl::StatusCode::kInvalidArgument,
