@@ -63,36 +63,66 @@ fi
 
 # Closure: every NEEDED soname of every ELF is in lib/ or is glibc's / CUDA's;
 # the programs' RPATH is $ORIGIN/../lib, the libraries' $ORIGIN; no real
-# CUDA library is packed (only the stand-ins in lib/cuda-stubs).
-elves=0
-needed_total=0
-while IFS= read -r -d '' f; do
-  canzona_is_elf "$f" || continue
-  elves=$((elves + 1))
-  rel="${f#"$top"/}"
-  case "$rel" in
-    lib/cuda-stubs/*) want_rpath="" ;;
-    lib/*) want_rpath='$ORIGIN' ;;
-    *) want_rpath='$ORIGIN/../lib' ;;
-  esac
-  [[ "$(canzona_rpath "$f")" == "$want_rpath" ]] ||
-    fail "$rel: RPATH '$(canzona_rpath "$f")', expected '$want_rpath'"
-  if [[ "$rel" == lib/* && "$rel" != lib/cuda-stubs/* &&
-    "$(canzona_lib_class "$(basename "$f")")" != bundled ]]; then
-    fail "$rel: a $(canzona_lib_class "$(basename "$f")") library is packed"
-  fi
-  while read -r soname; do
-    needed_total=$((needed_total + 1))
-    case "$(canzona_lib_class "$soname")" in
-      glibc) ;;
-      cuda)
-        [[ "$rel" == lib/* || -e "$top/lib/cuda-stubs/$soname" ]] ||
-          fail "$rel needs $soname, which has no stand-in in lib/cuda-stubs"
-        ;;
-      bundled) [[ -e "$top/lib/$soname" ]] || fail "$rel needs $soname, not in lib/" ;;
+# CUDA library is packed (only the stand-ins in lib/cuda-stubs). Prints
+# each problem; sets $elves and $needed_total.
+check_closure() {  # TOP -> number of problems as the exit status (capped)
+  local top="$1" problems=0 f rel want_rpath soname
+  elves=0
+  needed_total=0
+  while IFS= read -r -d '' f; do
+    canzona_is_elf "$f" || continue
+    elves=$((elves + 1))
+    rel="${f#"$top"/}"
+    case "$rel" in
+      lib/cuda-stubs/*) want_rpath="" ;;
+      lib/*) want_rpath='$ORIGIN' ;;
+      *) want_rpath='$ORIGIN/../lib' ;;
     esac
-  done < <(canzona_needed "$f")
-done < <(find "$top" -type f -print0)
+    if [[ "$(canzona_rpath "$f")" != "$want_rpath" ]]; then
+      echo "$rel: RPATH '$(canzona_rpath "$f")', expected '$want_rpath'"
+      problems=$((problems + 1))
+    fi
+    if [[ "$rel" == lib/* && "$rel" != lib/cuda-stubs/* &&
+      "$(canzona_lib_class "$(basename "$f")")" != bundled ]]; then
+      echo "$rel: a $(canzona_lib_class "$(basename "$f")") library is packed"
+      problems=$((problems + 1))
+    fi
+    while read -r soname; do
+      needed_total=$((needed_total + 1))
+      case "$(canzona_lib_class "$soname")" in
+        glibc) ;;
+        cuda)
+          if [[ "$rel" != lib/* && ! -e "$top/lib/cuda-stubs/$soname" ]]; then
+            echo "$rel needs $soname, which has no stand-in in lib/cuda-stubs"
+            problems=$((problems + 1))
+          fi
+          ;;
+        bundled)
+          if [[ ! -e "$top/lib/$soname" ]]; then
+            echo "$rel needs $soname, not in lib/"
+            problems=$((problems + 1))
+          fi
+          ;;
+      esac
+    done < <(canzona_needed "$f")
+  done < <(find "$top" -type f -print0)
+  return $((problems > 100 ? 100 : problems))
+}
+
+closure_rc=0
+check_closure "$top" >"$work/closure.txt" || closure_rc=$?
+((closure_rc == 0)) || fail "library closure: $(cat "$work/closure.txt")"
+elves_checked=$elves
+needed_checked=$needed_total
+# Negative control: the same check must notice a library taken out.
+victim="$(find "$top/lib" -maxdepth 1 -name 'libprotobuf.so*' | head -n1)"
+if [[ -n "$victim" ]]; then
+  mv "$victim" "$work/victim.so"
+  if check_closure "$top" >"$work/closure-negative.txt"; then
+    fail "the closure check did not notice $(basename "$victim") missing"
+  fi
+  mv "$work/victim.so" "$victim"
+fi
 
 # Loading: with the archive's libraries and the stand-ins only (no CUDA
 # here on the path, no project library from this machine), every program
@@ -112,8 +142,8 @@ for f in "$top"/bin/* "$top"/tests/* "$top"/bench/*; do
   loaded=$((loaded + 1))
 done
 
-echo "check_bundle.sh: $archive: $((bytes / 1024)) KiB; $elves ELF files, $needed_total NEEDED" \
-  "entries checked; $loaded programs load from the archive alone;" \
+echo "check_bundle.sh: $archive: $((bytes / 1024)) KiB; $elves_checked ELF files, $needed_checked NEEDED" \
+  "entries checked (a library taken out is noticed); $loaded programs load from the archive alone;" \
   "$(ls "$top"/lib/*.so* | wc -l) libraries, $(ls "$top"/lib/cuda-stubs/*.so* | wc -l) CUDA stand-ins," \
   "$gpu_tests gpu test binaries; needs CUDA: $(cat "$top/share/canzona/bundle/cuda-libs.txt")"
 
