@@ -46,7 +46,7 @@ base="$work/bookworm-minbase.tar"
 if ((fresh)) || [[ ! -s "$base" ]]; then
   t0=$SECONDS
   rm -rf "$work/debootstrap"
-  debootstrap --variant=minbase bookworm "$work/debootstrap" \
+  timeout -k 10 900 debootstrap --variant=minbase bookworm "$work/debootstrap" \
     "${CANZONA_DEBIAN_MIRROR:-http://deb.debian.org/debian}" >"$work/debootstrap.log" 2>&1 ||
     { tail -n 20 "$work/debootstrap.log" >&2; echo "chroot_smoke.sh: debootstrap failed" >&2; exit 1; }
   tar -C "$work/debootstrap" -cf "$base.tmp" .
