@@ -161,6 +161,16 @@ CheckResult EvaluateJsonTool(const CheckRecord& record,
   if (!data.is_object()) {
     return Failed(std::move(result), "exit code 0 but no JSON output");
   }
+  // A one-line summary for the checks table; the figures have the rest.
+  if (record.kind == "kernels") {
+    result.reason = Shorten(absl::StrCat(
+        data.value("shapes", nlohmann::json::array()).size(), " shapes, ",
+        data.value("ns_precision", ""), ", on ", data.value("device", "")));
+  } else if (record.kind == "step") {
+    result.reason = absl::StrCat(
+        data.value("modes", nlohmann::json::array()).size(), " modes, DP",
+        data.value("dp", 0), " x TP", data.value("tp", 0));
+  }
   result.figures = std::move(data);
   result.outcome = Outcome::kPassed;
   return result;

@@ -189,6 +189,25 @@ TEST_F(ReportDir, SelfJudgedScriptsKeepTheirStatus) {
   EXPECT_EQ(no_json.outcome, Outcome::kFailed);
 }
 
+TEST_F(ReportDir, CanzonactlJsonIsTheFigures) {
+  CheckResult step =
+      EvaluateCheck(Ran("s", "step", "",
+                        R"({"dp": 2, "tp": 1, "modes": [{"mode": "plain"},
+              {"mode": "overlap"}]})"),
+                    dir_);
+  EXPECT_EQ(step.outcome, Outcome::kPassed);
+  EXPECT_EQ(step.reason, "2 modes, DP2 x TP1");
+  EXPECT_EQ(step.figures["modes"][1]["mode"], "overlap");
+  CheckResult kernels = EvaluateCheck(
+      Ran("k", "kernels", "",
+          R"({"ns_precision": "bf16", "device": "H100", "shapes": [{}]})"),
+      dir_);
+  EXPECT_EQ(kernels.reason, "1 shapes, bf16, on H100");
+  CheckResult no_json = EvaluateCheck(Ran("k", "kernels", "", ""), dir_);
+  EXPECT_EQ(no_json.outcome, Outcome::kFailed);
+  EXPECT_THAT(no_json.reason, HasSubstr("no JSON output"));
+}
+
 TEST_F(ReportDir, NotRunIsSkippedWithTheRunnersReason) {
   CheckRecord r;
   r.name = "bench";
