@@ -118,6 +118,7 @@ canzona_resolve cuda "${built[@]}" | awk '{print $1}' | sort -u | paste -sd' ' \
 cp "$root"/server/plan/models/*.json "$top/share/canzona/models/"
 cp "$here/tiny_model.json" "$top/share/canzona/bundle/tiny-model.json"
 cp "$here/run.sh" "$top/run.sh"
+cp "$here/runner_checks.sh" "$here/runner_environment.sh" "$top/share/canzona/bundle/"
 cp "$here/probe_python.py" "$root/tests/gpu/torch_ns_bench.py" "$root/tests/gpu/torch_check.py" "$top/checks/"
 
 # The Python package, when it is one: the canzona package (and its
