@@ -16,6 +16,9 @@ CANZONA_DEBIAN_PACKAGES=(
   # The Python package and its tests: Debian's interpreter, torch (CPU),
   # numpy, pytest, pybind11.
   python3-dev pybind11-dev python3-torch python3-numpy python3-pytest
+  # The GPU bundle (tests/gpu/bundle): RPATHs, the archive, and the bare
+  # Debian chroot of tests/run.sh's bundle stage.
+  patchelf xz-utils debootstrap
   # tests/run.sh's sanitizer stage: clang 14, its ASan/UBSan/LSan and
   # libFuzzer runtimes (libclang_rt.*, FuzzedDataProvider.h), and
   # llvm-symbolizer for symbolized reports.
