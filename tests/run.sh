@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what is missing, configures, builds and runs every test; then a
-# second stage runs the unit tests, the request fuzzer and a short soak
+# Installs what is missing, configures, builds and runs every test; then the
+# GPU bundle's runner runs in a bare Debian chroot (the bundle stage); then a
+# last stage runs the unit tests, the request fuzzer and a short soak
 # under AddressSanitizer, UndefinedBehaviorSanitizer and LeakSanitizer.
 #   tests/run.sh                 # everything (gpu tests skip without a GPU)
 #   BUILD_DIR=out tests/run.sh   # another build directory (and out-asan)
@@ -8,6 +9,8 @@
 #                                # tree; the sanitizer stage is then skipped
 #   CANZONA_SKIP_SANITIZERS=1 tests/run.sh   # no sanitizer stage
 #   CANZONA_SANITIZERS_ONLY=1 tests/run.sh   # only the sanitizer stage
+#   CANZONA_SKIP_BUNDLE=1 tests/run.sh       # no bundle stage (bare-chroot
+#                                            # smoke of the GPU bundle)
 #
 # The sanitizer stage (only when no ctest arguments are given) configures
 # "$BUILD_DIR-asan" with clang, CANZONA_ENABLE_CUDA=OFF,
@@ -33,6 +36,29 @@ if [[ "${CANZONA_SANITIZERS_ONLY:-0}" != 1 ]]; then
     || { cat "$build/configure.log"; exit 1; }
   cmake --build "$build" -j "$jobs"
   (cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 900 "$@")
+fi
+
+# --- Bundle stage ------------------------------------------------------------
+# The GPU bundle's runner in a bare Debian (tests/gpu/bundle/chroot_smoke.sh):
+# a minbase bookworm chroot (debootstrap; the tree is kept in the build
+# directory and reused), the archive the normal stage's canzona_bundle test
+# packed, its no-GPU smoke. Needs root and deb.debian.org.
+if [[ "${CANZONA_SKIP_BUNDLE:-0}" != 1 && "${CANZONA_SANITIZERS_ONLY:-0}" != 1 ]] && (($# == 0)); then
+  bundle_start=$SECONDS
+  archive="$build/bundle/canzona-bundle.tar.xz"
+  if [[ ! -f "$archive" ]]; then
+    "$root/tests/gpu/bundle/make_bundle.sh" --build-dir "$build" --no-build --jobs "$jobs"
+  fi
+  bundle_rc=0
+  "$root/tests/gpu/bundle/chroot_smoke.sh" --archive "$archive" --work "$build/bundle/chroot-smoke" ||
+    bundle_rc=$?
+  if ((bundle_rc == 77)); then
+    echo "canzona: bundle stage skipped (not root)" >&2
+  elif ((bundle_rc != 0)); then
+    exit "$bundle_rc"
+  else
+    echo "canzona: bundle stage passed in $((SECONDS - bundle_start)) s"
+  fi
 fi
 
 if [[ "${CANZONA_SKIP_SANITIZERS:-0}" == 1 ]]; then

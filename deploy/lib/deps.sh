@@ -20,6 +20,9 @@ CANZONA_DEBIAN_PACKAGES=(
   python3-grpcio python3-protobuf python3-setuptools python3-wheel python3-pip
   python3-venv
   python3-torch python3-numpy python3-pytest
+  # The GPU bundle (tests/gpu/bundle): RPATHs, the archive, and the bare
+  # Debian chroot of tests/run.sh's bundle stage.
+  patchelf xz-utils debootstrap
   # tests/run.sh's sanitizer stage: clang 14, its ASan/UBSan/LSan and
   # libFuzzer runtimes (libclang_rt.*, FuzzedDataProvider.h), and
   # llvm-symbolizer for symbolized reports.

@@ -22,6 +22,10 @@
 // committed checkpoint is immutable (a writer refuses a directory that has
 // one), so a crash while saving the next checkpoint (into a new directory)
 // never damages the previous one.
+//
+// The parts: checkpoint.cc (the writer, the reader, state blobs),
+// manifest.cc (MANIFEST.json and the commit), shard_codec.{h,cc} (the bytes
+// of shards and records), checkpoint_files.{h,cc} (durable file I/O).
 #ifndef CANZONA_SERVER_CHECKPOINT_CHECKPOINT_H_
 #define CANZONA_SERVER_CHECKPOINT_CHECKPOINT_H_
 

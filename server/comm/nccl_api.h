@@ -7,7 +7,13 @@
 //   CANZONA_ASSIGN_OR_RETURN(NcclApi* api, RealNcclApi());
 //   CANZONA_ASSIGN_OR_RETURN(NcclUniqueId id, api->GetUniqueId());
 //   CANZONA_RETURN_IF_ERROR(api->SetDevice(0));
-//   CANZONA_ASSIGN_OR_RETURN(NcclComm comm, api->CommInitRank(2, id, rank));
+//   CANZONA_ASSIGN_OR_RETURN(NcclComm comm,
+//                            api->CommInitRank(2, id, rank,
+//                            /*blocking=*/false));
+//   while (true) {  // poll with a deadline, see below
+//     CANZONA_ASSIGN_OR_RETURN(NcclCommState s, api->CommGetAsyncError(comm));
+//     if (s == NcclCommState::kReady) break;
+//   }
 //
 // Every method maps one call 1:1 (ncclReduce, cudaEventQuery, ...) and turns
 // its result code into an absl::Status (kernels/base/cuda_status.h). Counts
@@ -16,9 +22,23 @@
 // `ncclComm*`), declared here without the CUDA headers so that this header,
 // the communicator and the fake build without CUDA.
 //
+// Non-blocking communicators (CommInitRank with blocking = false, i.e.
+// ncclConfig_t.blocking = 0): no NCCL call waits for peers. A call that has
+// work left (initialization, a collective or group that still connects or
+// launches, finalize) returns ncclInProgress and finishes on an NCCL thread;
+// until CommGetAsyncError answers kReady no other call but CommGetAsyncError
+// and CommAbort may be made on that communicator, and work enqueued on the
+// stream before then may run before NCCL's kernels. The methods below return
+// OK for ncclSuccess and for ncclInProgress alike ("accepted"): the one
+// correct reaction to either on a non-blocking communicator is to poll
+// CommGetAsyncError, which tells them apart (kInProgress). Blocking
+// communicators never report kInProgress.
+//
 // Thread-safety: the real implementation is as thread-safe as NCCL and the
-// CUDA runtime (group state is per thread; one communicator must not be used
-// by two threads at once). The fake is thread-safe.
+// CUDA runtime: group state is per thread, and one communicator must not be
+// used by two threads at once, CommAbort included (it frees the
+// communicator, so the caller orders it after any other call on it). The
+// fake is thread-safe.
 #ifndef CANZONA_SERVER_COMM_NCCL_API_H_
 #define CANZONA_SERVER_COMM_NCCL_API_H_
 
@@ -53,19 +73,32 @@ enum class NcclDataType { kFloat32 };  // ncclFloat32
 
 const char* NcclDataTypeName(NcclDataType dtype);
 
+// What ncclCommGetAsyncError reports besides an error.
+enum class NcclCommState {
+  kReady,       // ncclSuccess: the last call's work is on its stream
+  kInProgress,  // ncclInProgress: a non-blocking call has not finished
+};
+
 class NcclApi {
  public:
   virtual ~NcclApi() = default;
 
   // --- NCCL ---
   virtual absl::StatusOr<NcclUniqueId> GetUniqueId() = 0;
-  // Blocks (outside a group) until all `nranks` ranks have called it with
-  // `id`; inside ncclGroupStart/End it returns at once and the group's end
-  // completes the initialization. Uses the calling thread's current device.
+  // ncclCommInitRankConfig with config.blocking = `blocking` (ncclCommInitRank
+  // is the blocking case). Blocking, outside a group: returns once all
+  // `nranks` ranks have called it with `id`. Non-blocking: returns the handle
+  // at once; the initialization is in progress until CommGetAsyncError says
+  // kReady (or fails). Inside ncclGroupStart/End it returns at once either way
+  // and the group's end starts the initialization. Uses the calling thread's
+  // current device. Recorded by the fake as "ncclCommInitRank".
   virtual absl::StatusOr<NcclComm> CommInitRank(int nranks,
                                                 const NcclUniqueId& id,
-                                                int rank) = 0;
+                                                int rank, bool blocking) = 0;
   virtual absl::Status GroupStart() = 0;
+  // Non-blocking communicators: accepted while the group's work still
+  // connects and launches on an NCCL thread; every communicator used in the
+  // group is in progress until CommGetAsyncError says kReady for it.
   virtual absl::Status GroupEnd() = 0;
   // ncclReduce with ncclSum: `recv` is used on `root` only.
   virtual absl::Status Reduce(const void* send, void* recv, int64_t count,
@@ -91,11 +124,21 @@ class NcclApi {
                             int peer, NcclComm comm, NcclStream stream) = 0;
   virtual absl::Status Recv(void* recv, int64_t count, NcclDataType dtype,
                             int peer, NcclComm comm, NcclStream stream) = 0;
-  // ncclCommGetAsyncError: OK while the communicator has no asynchronous
-  // error (ncclSuccess or ncclInProgress), else the error with NCCL's
-  // message (ncclGetErrorString and ncclGetLastError).
-  virtual absl::Status CommGetAsyncError(NcclComm comm) = 0;
+  // ncclCommGetAsyncError: kReady (ncclSuccess), kInProgress
+  // (ncclInProgress), or the asynchronous error with NCCL's message
+  // (ncclGetErrorString and ncclGetLastError). Never blocks.
+  virtual absl::StatusOr<NcclCommState> CommGetAsyncError(NcclComm comm) = 0;
+  // ncclCommFinalize: flushes the communicator's operations and releases its
+  // connections; non-blocking: in progress until CommGetAsyncError says
+  // kReady, after which CommDestroy frees it without waiting. One thread
+  // finalizing several local communicators calls it for all inside one
+  // GroupStart/End.
+  virtual absl::Status CommFinalize(NcclComm comm) = 0;
+  // ncclCommAbort: stops the communicator's work (in progress or on the
+  // device) and frees it; callable in any state.
   virtual absl::Status CommAbort(NcclComm comm) = 0;
+  // ncclCommDestroy: after CommFinalize has finished (else it finalizes
+  // itself, blocking).
   virtual absl::Status CommDestroy(NcclComm comm) = 0;
 
   // --- CUDA runtime ---

@@ -29,6 +29,13 @@ ncclDataType_t ToNccl(NcclDataType dtype) {
 
 size_t Count(int64_t count) { return static_cast<size_t>(count); }
 
+// ncclSuccess and ncclInProgress are both "accepted" (see nccl_api.h): a
+// non-blocking communicator's CommGetAsyncError tells them apart.
+absl::Status Accepted(ncclResult_t r, const char* what, ncclComm_t comm) {
+  if (r == ncclInProgress) return absl::OkStatus();
+  return NcclCommStatus(r, what, comm);
+}
+
 class RealApi : public NcclApi {
  public:
   absl::StatusOr<NcclUniqueId> GetUniqueId() override {
@@ -40,12 +47,20 @@ class RealApi : public NcclApi {
   }
 
   absl::StatusOr<NcclComm> CommInitRank(int nranks, const NcclUniqueId& id,
-                                        int rank) override {
+                                        int rank, bool blocking) override {
     ncclUniqueId raw;
     std::memcpy(raw.internal, id.bytes.data(), sizeof(raw.internal));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = blocking ? 1 : 0;
     ncclComm_t comm = nullptr;
-    ncclResult_t r = ncclCommInitRank(&comm, nranks, raw, rank);
-    if (r != ncclSuccess) return NcclCommStatus(r, "ncclCommInitRank", comm);
+    ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, raw, rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      absl::Status status = NcclCommStatus(r, "ncclCommInitRankConfig", comm);
+      // NCCL hands a non-blocking handle back even when the launch failed
+      // (its state then holds the error): nobody else will free it.
+      if (!blocking && comm != nullptr) (void)ncclCommAbort(comm);
+      return status;
+    }
     return comm;
   }
 
@@ -53,68 +68,69 @@ class RealApi : public NcclApi {
     return NcclStatus(ncclGroupStart(), "ncclGroupStart");
   }
   absl::Status GroupEnd() override {
-    return NcclStatus(ncclGroupEnd(), "ncclGroupEnd");
+    return Accepted(ncclGroupEnd(), "ncclGroupEnd", nullptr);
   }
 
   absl::Status Reduce(const void* send, void* recv, int64_t count,
                       NcclDataType dtype, int root, NcclComm comm,
                       NcclStream stream) override {
-    return NcclCommStatus(ncclReduce(send, recv, Count(count), ToNccl(dtype),
-                                     ncclSum, root, comm, stream),
-                          "ncclReduce", comm);
+    return Accepted(ncclReduce(send, recv, Count(count), ToNccl(dtype), ncclSum,
+                               root, comm, stream),
+                    "ncclReduce", comm);
   }
   absl::Status Broadcast(const void* send, void* recv, int64_t count,
                          NcclDataType dtype, int root, NcclComm comm,
                          NcclStream stream) override {
-    return NcclCommStatus(ncclBroadcast(send, recv, Count(count), ToNccl(dtype),
-                                        root, comm, stream),
-                          "ncclBroadcast", comm);
+    return Accepted(ncclBroadcast(send, recv, Count(count), ToNccl(dtype), root,
+                                  comm, stream),
+                    "ncclBroadcast", comm);
   }
   absl::Status ReduceScatter(const void* send, void* recv, int64_t recv_count,
                              NcclDataType dtype, NcclComm comm,
                              NcclStream stream) override {
-    return NcclCommStatus(
-        ncclReduceScatter(send, recv, Count(recv_count), ToNccl(dtype), ncclSum,
-                          comm, stream),
-        "ncclReduceScatter", comm);
+    return Accepted(ncclReduceScatter(send, recv, Count(recv_count),
+                                      ToNccl(dtype), ncclSum, comm, stream),
+                    "ncclReduceScatter", comm);
   }
   absl::Status AllGather(const void* send, void* recv, int64_t send_count,
                          NcclDataType dtype, NcclComm comm,
                          NcclStream stream) override {
-    return NcclCommStatus(ncclAllGather(send, recv, Count(send_count),
-                                        ToNccl(dtype), comm, stream),
-                          "ncclAllGather", comm);
+    return Accepted(ncclAllGather(send, recv, Count(send_count), ToNccl(dtype),
+                                  comm, stream),
+                    "ncclAllGather", comm);
   }
   absl::Status AllReduce(const void* send, void* recv, int64_t count,
                          NcclDataType dtype, NcclComm comm,
                          NcclStream stream) override {
-    return NcclCommStatus(ncclAllReduce(send, recv, Count(count), ToNccl(dtype),
-                                        ncclSum, comm, stream),
-                          "ncclAllReduce", comm);
+    return Accepted(ncclAllReduce(send, recv, Count(count), ToNccl(dtype),
+                                  ncclSum, comm, stream),
+                    "ncclAllReduce", comm);
   }
   absl::Status Send(const void* send, int64_t count, NcclDataType dtype,
                     int peer, NcclComm comm, NcclStream stream) override {
-    return NcclCommStatus(
+    return Accepted(
         ncclSend(send, Count(count), ToNccl(dtype), peer, comm, stream),
         "ncclSend", comm);
   }
   absl::Status Recv(void* recv, int64_t count, NcclDataType dtype, int peer,
                     NcclComm comm, NcclStream stream) override {
-    return NcclCommStatus(
+    return Accepted(
         ncclRecv(recv, Count(count), ToNccl(dtype), peer, comm, stream),
         "ncclRecv", comm);
   }
 
-  absl::Status CommGetAsyncError(NcclComm comm) override {
+  absl::StatusOr<NcclCommState> CommGetAsyncError(NcclComm comm) override {
     ncclResult_t async = ncclSuccess;
     ncclResult_t r = ncclCommGetAsyncError(comm, &async);
     if (r != ncclSuccess) {
       return NcclCommStatus(r, "ncclCommGetAsyncError", comm);
     }
-    if (async == ncclSuccess || async == ncclInProgress) {
-      return absl::OkStatus();
-    }
+    if (async == ncclSuccess) return NcclCommState::kReady;
+    if (async == ncclInProgress) return NcclCommState::kInProgress;
     return NcclCommStatus(async, "ncclCommGetAsyncError", comm);
+  }
+  absl::Status CommFinalize(NcclComm comm) override {
+    return Accepted(ncclCommFinalize(comm), "ncclCommFinalize", comm);
   }
   absl::Status CommAbort(NcclComm comm) override {
     return NcclStatus(ncclCommAbort(comm), "ncclCommAbort");

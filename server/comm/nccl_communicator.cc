@@ -18,15 +18,21 @@
 #include "absl/types/span.h"
 #include "kernels/base/status_macros.h"
 #include "server/comm/comm_args.h"
+#include "server/comm/nccl_polling.h"
 
 namespace canzona {
+
+using nccl_internal::AbortedDuringTheOperation;
+using nccl_internal::FinishedBy;
+using nccl_internal::kPeerMissing;
+using nccl_internal::PollState;
+using nccl_internal::PollUntilDone;
+using nccl_internal::Prefixed;
+
 namespace {
 
 constexpr int64_t kFloatBytes = sizeof(float);
 constexpr NcclDataType kF32 = NcclDataType::kFloat32;
-// Scratch grows in steps of this many floats (4 MiB) so that slowly growing
-// requests do not reallocate every time.
-constexpr int64_t kScratchQuantum = int64_t{1} << 20;
 
 bool AllEqual(absl::Span<const int64_t> counts) {
   return std::all_of(counts.begin(), counts.end(),
@@ -46,11 +52,6 @@ bool Overlaps(const float* a, int64_t na, const float* b, int64_t nb) {
   auto ub = reinterpret_cast<uintptr_t>(b);
   return ua < ub + static_cast<uintptr_t>(nb * kFloatBytes) &&
          ub < ua + static_cast<uintptr_t>(na * kFloatBytes);
-}
-
-absl::Status Prefixed(const absl::Status& status, absl::string_view prefix) {
-  return absl::Status(status.code(),
-                      absl::StrCat(prefix, ": ", status.message()));
 }
 
 }  // namespace
@@ -109,71 +110,155 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     return absl::InvalidArgumentError(
         "NcclCommunicator: options.timeout must be positive");
   }
-  CANZONA_RETURN_IF_ERROR(
-      Prefixed(api->SetDevice(local.device), "NcclCommunicator"));
-  CANZONA_ASSIGN_OR_RETURN(NcclEvent event, api->EventCreate());
-  std::unique_ptr<NcclCommunicator> communicator(
-      new NcclCommunicator(api, comm, event, local, size, options));
-  if (options.scratch_floats > 0) {
-    absl::MutexLock lock(&communicator->mu_);
-    CANZONA_RETURN_IF_ERROR(
-        communicator->ScratchLocked(options.scratch_floats).status());
+  if (options.scratch_floats < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NcclCommunicator: options.scratch_floats must not be "
+                     "negative (got ",
+                     options.scratch_floats, ")"));
   }
-  return communicator;
+  const std::string who =
+      absl::StrCat("NcclCommunicator rank ", local.rank, " of ", size);
+  CANZONA_RETURN_IF_ERROR(Prefixed(api->SetDevice(local.device), who));
+  const absl::Time deadline = absl::Now() + options.timeout;
+  CANZONA_RETURN_IF_ERROR(Prefixed(PollUntilDone([&] {
+                                     return FinishedBy(
+                                         api, comm, deadline, options.timeout,
+                                         "the NCCL initialization",
+                                         " (a peer did not arrive)");
+                                   }),
+                                   who));
+
+  CANZONA_ASSIGN_OR_RETURN(NcclEvent event, api->EventCreate());
+  const int64_t floats = std::max<int64_t>(options.scratch_floats, 1);
+  absl::StatusOr<void*> scratch = api->Malloc(floats * kFloatBytes);
+  absl::Status status = scratch.status();
+  if (status.ok()) {
+    // Padding lanes then hold zeros, not whatever the allocator left there.
+    status = api->MemsetAsync(*scratch, 0, floats * kFloatBytes, local.stream);
+    if (!status.ok()) (void)api->Free(*scratch);
+  }
+  if (!status.ok()) {
+    (void)api->EventDestroy(event);
+    return Prefixed(status, absl::StrCat(who, ": reserving scratch"));
+  }
+  return std::unique_ptr<NcclCommunicator>(
+      new NcclCommunicator(api, comm, event, static_cast<float*>(*scratch),
+                           floats, local, size, options));
 }
 
 NcclCommunicator::NcclCommunicator(NcclApi* api, NcclComm comm, NcclEvent event,
+                                   float* scratch, int64_t scratch_floats,
                                    const NcclLocalRank& local, int size,
                                    const NcclOptions& options)
     : api_(api),
       local_(local),
       size_(size),
       options_(options),
-      comm_(comm),
-      event_(event) {}
+      event_(event),
+      scratch_(scratch),
+      scratch_floats_(scratch_floats),
+      comm_(comm) {}
 
 NcclCommunicator::~NcclCommunicator() {
-  absl::MutexLock lock(&mu_);
+  NcclCommunicator* self = this;
+  (void)FinalizeAndDestroy(absl::MakeConstSpan(&self, 1));
   (void)api_->SetDevice(local_.device);
-  if (comm_ != nullptr) {
-    // Every operation was waited for, so nothing is in flight.
-    (void)api_->CommDestroy(comm_);
-    comm_ = nullptr;
+  (void)api_->Free(scratch_);
+  (void)api_->EventDestroy(event_);
+}
+
+absl::Status NcclCommunicator::FinalizeAndDestroy(
+    absl::Span<NcclCommunicator* const> comms) {
+  struct Teardown {
+    NcclCommunicator* owner;
+    NcclComm comm;
+    absl::Status status;
+  };
+  std::vector<Teardown> items;
+  for (NcclCommunicator* c : comms) {
+    absl::MutexLock lock(&c->mu_);
+    if (c->comm_ == nullptr) continue;  // aborted: nothing to finalize
+    items.push_back({c, c->comm_, absl::OkStatus()});
+    c->comm_ = nullptr;
+    if (c->broken_.ok()) {
+      c->broken_ =
+          absl::FailedPreconditionError("the NCCL communicator was destroyed");
+    }
   }
-  if (scratch_ != nullptr) (void)api_->Free(scratch_);
-  if (event_ != nullptr) (void)api_->EventDestroy(event_);
+  if (items.empty()) return absl::OkStatus();
+  NcclApi* const api = items[0].owner->api_;
+  const absl::Time start = absl::Now();
+
+  // One thread finalizing several local ranks must let them proceed
+  // together.
+  const bool grouped = items.size() > 1;
+  const absl::Status group = grouped ? api->GroupStart() : absl::OkStatus();
+  for (Teardown& t : items) {
+    t.status = group;
+    if (t.status.ok()) t.status = api->SetDevice(t.owner->local_.device);
+    if (t.status.ok()) t.status = api->CommFinalize(t.comm);
+  }
+  if (grouped && group.ok()) {
+    const absl::Status end = api->GroupEnd();
+    for (Teardown& t : items) {
+      if (t.status.ok()) t.status = end;
+    }
+  }
+  for (Teardown& t : items) {
+    if (!t.status.ok()) continue;
+    const absl::Duration timeout = t.owner->options_.timeout;
+    t.status = PollUntilDone([&] {
+      return FinishedBy(api, t.comm, start + timeout, timeout,
+                        "ncclCommFinalize", "; aborted the NCCL communicator");
+    });
+  }
+
+  absl::Status first;
+  for (Teardown& t : items) {
+    (void)api->SetDevice(t.owner->local_.device);
+    if (t.status.ok()) {
+      t.status = api->CommDestroy(t.comm);
+    } else {
+      (void)api->CommAbort(t.comm);
+    }
+    if (!t.status.ok() && first.ok()) {
+      first = Prefixed(t.status,
+                       absl::StrCat("tearing down NCCL rank ", t.owner->rank(),
+                                    " of ", t.owner->size()));
+    }
+  }
+  return first;
 }
 
 int64_t NcclCommunicator::scratch_bytes() const {
-  absl::MutexLock lock(&mu_);
   return scratch_floats_ * kFloatBytes;
 }
 
 void NcclCommunicator::Abort() {
   absl::MutexLock lock(&mu_);
-  if (broken_.ok()) {
-    broken_ = absl::FailedPreconditionError(
-        "the NCCL communicator was aborted; create a new one");
-  }
-  if (comm_ != nullptr) {
-    (void)api_->CommAbort(comm_);
-    comm_ = nullptr;
-  }
+  AbortLocked(absl::FailedPreconditionError(
+      "the NCCL communicator was aborted; create a new one"));
 }
 
-absl::Status NcclCommunicator::BreakLocked(absl::Status failure) {
-  broken_ = absl::FailedPreconditionError(
+absl::Status NcclCommunicator::Break(absl::Status failure) {
+  absl::MutexLock lock(&mu_);
+  AbortLocked(absl::FailedPreconditionError(
       absl::StrCat("the NCCL communicator is unusable after an earlier "
                    "failure (",
-                   failure.message(), "); create a new one"));
-  if (comm_ != nullptr) {
-    (void)api_->CommAbort(comm_);
-    comm_ = nullptr;
-  }
+                   failure.message(), "); create a new one")));
   return failure;
 }
 
-absl::Status NcclCommunicator::UsableLocked(const char* op) const {
+void NcclCommunicator::AbortLocked(absl::Status why) {
+  if (broken_.ok()) broken_ = std::move(why);
+  if (comm_ != nullptr) {
+    (void)api_->CommAbort(comm_);
+    comm_ = nullptr;
+  }
+}
+
+absl::Status NcclCommunicator::Usable(const char* op) const {
+  absl::MutexLock lock(&mu_);
   if (!broken_.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat(op, ": ", broken_.message()));
@@ -181,32 +266,19 @@ absl::Status NcclCommunicator::UsableLocked(const char* op) const {
   return absl::OkStatus();
 }
 
-absl::Status NcclCommunicator::Usable(const char* op) const {
-  absl::MutexLock lock(&mu_);
-  return UsableLocked(op);
-}
-
-absl::Status NcclCommunicator::BeginLocked(const char* op) {
-  CANZONA_RETURN_IF_ERROR(UsableLocked(op));
+absl::Status NcclCommunicator::Begin(const char* op) {
+  CANZONA_RETURN_IF_ERROR(Usable(op));
   return Prefixed(api_->SetDevice(local_.device), op);
 }
 
-absl::StatusOr<float*> NcclCommunicator::ScratchLocked(int64_t floats) {
+absl::StatusOr<float*> NcclCommunicator::Scratch(int64_t floats,
+                                                 const char* what) const {
   if (floats <= scratch_floats_) return scratch_;
-  int64_t grown =
-      (floats + kScratchQuantum - 1) / kScratchQuantum * kScratchQuantum;
-  if (scratch_ != nullptr) {
-    CANZONA_RETURN_IF_ERROR(api_->Free(scratch_));
-    scratch_ = nullptr;
-    scratch_floats_ = 0;
-  }
-  CANZONA_ASSIGN_OR_RETURN(void* ptr, api_->Malloc(grown * kFloatBytes));
-  scratch_ = static_cast<float*>(ptr);
-  scratch_floats_ = grown;
-  // Padding lanes then hold zeros, not whatever the allocator left there.
-  CANZONA_RETURN_IF_ERROR(
-      api_->MemsetAsync(scratch_, 0, grown * kFloatBytes, local_.stream));
-  return scratch_;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "needs ", floats, " floats of scratch for ", what, " but ",
+      scratch_floats_,
+      " were reserved at creation (NcclOptions::scratch_floats); scratch "
+      "never grows during an operation"));
 }
 
 NcclUneven NcclCommunicator::Choose(absl::Span<const int64_t> counts) const {
@@ -214,7 +286,7 @@ NcclUneven NcclCommunicator::Choose(absl::Span<const int64_t> counts) const {
   return ChooseUneven(counts, options_.cost);
 }
 
-absl::Status NcclCommunicator::GroupLocked(
+absl::Status NcclCommunicator::Group(
     const std::function<absl::Status()>& body) {
   CANZONA_RETURN_IF_ERROR(api_->GroupStart());
   absl::Status status = body();
@@ -224,57 +296,46 @@ absl::Status NcclCommunicator::GroupLocked(
 }
 
 absl::Status NcclCommunicator::Run(
-    const char* op, const std::function<absl::Status()>& enqueue) {
+    const char* op, const std::function<absl::Status(absl::Time)>& enqueue) {
   const absl::Time deadline = absl::Now() + options_.timeout;
-  {
-    absl::MutexLock lock(&mu_);
-    CANZONA_RETURN_IF_ERROR(BeginLocked(op));
-    absl::Status status = enqueue();
-    if (status.ok()) status = api_->EventRecord(event_, local_.stream);
-    // Work may be half enqueued: the transport state cannot be trusted.
-    if (!status.ok()) return BreakLocked(Prefixed(status, op));
-  }
-  absl::Duration backoff = absl::Microseconds(10);
-  const absl::Time spin_until = absl::Now() + absl::Microseconds(50);
-  while (true) {
-    {
-      absl::MutexLock lock(&mu_);
-      bool done = false;
-      absl::Status status = WaitLocked(op, deadline, &done);
-      if (!status.ok() || done) return status;
-    }
-    if (absl::Now() < spin_until) continue;
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Milliseconds(1));
-  }
+  CANZONA_RETURN_IF_ERROR(Begin(op));
+  absl::Status status = enqueue(deadline);
+  if (status.ok()) status = api_->EventRecord(event_, local_.stream);
+  if (status.ok()) status = AwaitEvent(deadline);
+  // Work may be half enqueued: the transport state cannot be trusted.
+  if (!status.ok()) return Break(Prefixed(status, op));
+  return status;
 }
 
-absl::Status NcclCommunicator::WaitLocked(const char* op, absl::Time deadline,
-                                          bool* done) {
-  absl::Status failure;
-  if (comm_ == nullptr) {
-    // Abort() ran while this operation was in flight.
-    return absl::UnavailableError(absl::StrCat(
-        op, ": the NCCL communicator was aborted during the operation"));
+absl::Status NcclCommunicator::CallNccl(
+    absl::Time deadline, const std::function<absl::Status(NcclComm)>& call) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (comm_ == nullptr) return AbortedDuringTheOperation();
+    CANZONA_RETURN_IF_ERROR(call(comm_));
   }
-  absl::StatusOr<bool> completed = api_->EventQuery(event_);
-  if (!completed.ok()) {
-    failure = Prefixed(completed.status(), op);
-  } else if (*completed) {
-    *done = true;
-    return absl::OkStatus();
-  } else if (absl::Status async = api_->CommGetAsyncError(comm_); !async.ok()) {
-    failure = absl::UnavailableError(absl::StrCat(
-        op, ": NCCL reported an asynchronous error: ", async.message()));
-  } else if (absl::Now() >= deadline) {
-    failure = absl::DeadlineExceededError(absl::StrCat(
-        op, ": did not complete within ",
-        absl::FormatDuration(options_.timeout),
-        " (a peer did not take part); aborted the NCCL communicator"));
-  } else {
-    return absl::OkStatus();  // not done yet
-  }
-  return BreakLocked(std::move(failure));
+  // A non-blocking communicator connects and launches on an NCCL thread;
+  // the stream holds the work only once that has finished.
+  return PollUntilDone([&]() -> absl::StatusOr<bool> {
+    absl::MutexLock lock(&mu_);
+    if (comm_ == nullptr) return AbortedDuringTheOperation();
+    return FinishedBy(api_, comm_, deadline, options_.timeout,
+                      "NCCL's launch of the work", kPeerMissing);
+  });
+}
+
+absl::Status NcclCommunicator::AwaitEvent(absl::Time deadline) {
+  return PollUntilDone([&]() -> absl::StatusOr<bool> {
+    absl::MutexLock lock(&mu_);
+    if (comm_ == nullptr) return AbortedDuringTheOperation();
+    CANZONA_ASSIGN_OR_RETURN(bool completed, api_->EventQuery(event_));
+    if (completed) return true;
+    CANZONA_RETURN_IF_ERROR(PollState(api_, comm_).status());
+    if (absl::Now() < deadline) return false;
+    return absl::DeadlineExceededError(
+        absl::StrCat("did not complete within ",
+                     absl::FormatDuration(options_.timeout), kPeerMissing));
+  });
 }
 
 // --- Operations -------------------------------------------------------------
@@ -286,25 +347,26 @@ absl::Status NcclCommunicator::ReduceScatterV(const float* send,
       comm_args::CheckReduceScatterV(rank(), size(), send, counts, recv));
   CANZONA_RETURN_IF_ERROR(Usable("ReduceScatterV"));
   if (comm_args::Total(counts) == 0) return absl::OkStatus();
-  return Run("ReduceScatterV", [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return EnqueueReduceScatterV(send, counts, recv);
+  return Run("ReduceScatterV", [&](absl::Time deadline) {
+    return EnqueueReduceScatterV(send, counts, recv, deadline);
   });
 }
 
 absl::Status NcclCommunicator::EnqueueReduceScatterV(
-    const float* send, absl::Span<const int64_t> counts, float* recv) {
+    const float* send, absl::Span<const int64_t> counts, float* recv,
+    absl::Time deadline) {
   const int me = rank();
   const int64_t total = comm_args::Total(counts);
   const int64_t mine = counts[me];
   const float* my_slice = send + comm_args::Offset(counts, me);
   const bool even = AllEqual(counts);
   const NcclUneven strategy = even ? NcclUneven::kPerRoot : Choose(counts);
-  NcclComm comm = comm_;
   NcclStream stream = local_.stream;
 
   if (!even && strategy == NcclUneven::kPadded) {
     const int64_t max = Max(counts);
-    CANZONA_ASSIGN_OR_RETURN(float* staging, ScratchLocked(size_ * max));
+    CANZONA_ASSIGN_OR_RETURN(float* staging,
+                             Scratch(size_ * max, "the padded collective"));
     int64_t offset = 0;
     for (int r = 0; r < size_; ++r) {
       if (counts[r] > 0) {
@@ -314,8 +376,9 @@ absl::Status NcclCommunicator::EnqueueReduceScatterV(
       offset += counts[r];
     }
     float* my_staging = staging + me * max;
-    CANZONA_RETURN_IF_ERROR(
-        api_->ReduceScatter(staging, my_staging, max, kF32, comm, stream));
+    CANZONA_RETURN_IF_ERROR(CallNccl(deadline, [&](NcclComm comm) {
+      return api_->ReduceScatter(staging, my_staging, max, kF32, comm, stream);
+    }));
     if (mine > 0) {
       CANZONA_RETURN_IF_ERROR(
           api_->MemcpyAsync(recv, my_staging, mine * kFloatBytes, stream));
@@ -329,13 +392,13 @@ absl::Status NcclCommunicator::EnqueueReduceScatterV(
       mine > 0 && recv != my_slice && Overlaps(recv, mine, send, total);
   float* out = recv;
   if (staged) {
-    CANZONA_ASSIGN_OR_RETURN(out, ScratchLocked(mine));
+    CANZONA_ASSIGN_OR_RETURN(out, Scratch(mine, "the staged output"));
   }
-  if (even) {
-    CANZONA_RETURN_IF_ERROR(
-        api_->ReduceScatter(send, out, counts[0], kF32, comm, stream));
-  } else {
-    CANZONA_RETURN_IF_ERROR(GroupLocked([&]() -> absl::Status {
+  CANZONA_RETURN_IF_ERROR(CallNccl(deadline, [&](NcclComm comm) {
+    if (even) {
+      return api_->ReduceScatter(send, out, counts[0], kF32, comm, stream);
+    }
+    return Group([&]() -> absl::Status {
       int64_t offset = 0;
       for (int r = 0; r < size_; ++r) {
         const int64_t c = counts[r];
@@ -350,8 +413,8 @@ absl::Status NcclCommunicator::EnqueueReduceScatterV(
             api_->Reduce(slice, dst, c, kF32, r, comm, stream));
       }
       return absl::OkStatus();
-    }));
-  }
+    });
+  }));
   if (staged) {
     CANZONA_RETURN_IF_ERROR(
         api_->MemcpyAsync(recv, out, mine * kFloatBytes, stream));
@@ -366,32 +429,34 @@ absl::Status NcclCommunicator::AllGatherV(const float* send,
       comm_args::CheckAllGatherV(rank(), size(), send, counts, recv));
   CANZONA_RETURN_IF_ERROR(Usable("AllGatherV"));
   if (comm_args::Total(counts) == 0) return absl::OkStatus();
-  return Run("AllGatherV", [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return EnqueueAllGatherV(send, counts, recv);
+  return Run("AllGatherV", [&](absl::Time deadline) {
+    return EnqueueAllGatherV(send, counts, recv, deadline);
   });
 }
 
 absl::Status NcclCommunicator::EnqueueAllGatherV(
-    const float* send, absl::Span<const int64_t> counts, float* recv) {
+    const float* send, absl::Span<const int64_t> counts, float* recv,
+    absl::Time deadline) {
   const int me = rank();
   const int64_t total = comm_args::Total(counts);
   const int64_t mine = counts[me];
   float* my_out = recv + comm_args::Offset(counts, me);
   const bool even = AllEqual(counts);
   const NcclUneven strategy = even ? NcclUneven::kPerRoot : Choose(counts);
-  NcclComm comm = comm_;
   NcclStream stream = local_.stream;
 
   if (!even && strategy == NcclUneven::kPadded) {
     const int64_t max = Max(counts);
-    CANZONA_ASSIGN_OR_RETURN(float* staging, ScratchLocked(size_ * max));
+    CANZONA_ASSIGN_OR_RETURN(float* staging,
+                             Scratch(size_ * max, "the padded collective"));
     float* my_staging = staging + me * max;
     if (mine > 0) {
       CANZONA_RETURN_IF_ERROR(
           api_->MemcpyAsync(my_staging, send, mine * kFloatBytes, stream));
     }
-    CANZONA_RETURN_IF_ERROR(
-        api_->AllGather(my_staging, staging, max, kF32, comm, stream));
+    CANZONA_RETURN_IF_ERROR(CallNccl(deadline, [&](NcclComm comm) {
+      return api_->AllGather(my_staging, staging, max, kF32, comm, stream);
+    }));
     int64_t offset = 0;
     for (int r = 0; r < size_; ++r) {
       if (counts[r] > 0) {
@@ -407,27 +472,29 @@ absl::Status NcclCommunicator::EnqueueAllGatherV(
   // overlap sends from a scratch copy.
   const float* src = send;
   if (mine > 0 && send != my_out && Overlaps(send, mine, recv, total)) {
-    CANZONA_ASSIGN_OR_RETURN(float* copy, ScratchLocked(mine));
+    CANZONA_ASSIGN_OR_RETURN(float* copy, Scratch(mine, "the staged input"));
     CANZONA_RETURN_IF_ERROR(
         api_->MemcpyAsync(copy, send, mine * kFloatBytes, stream));
     src = copy;
   }
-  if (even) {
-    return api_->AllGather(src, recv, counts[0], kF32, comm, stream);
-  }
-  return GroupLocked([&]() -> absl::Status {
-    int64_t offset = 0;
-    for (int r = 0; r < size_; ++r) {
-      const int64_t c = counts[r];
-      float* dst = recv + offset;
-      offset += c;
-      if (c == 0) continue;
-      // sendbuff is only used on the root; elsewhere broadcast in place.
-      const float* from = r == me ? src : dst;
-      CANZONA_RETURN_IF_ERROR(
-          api_->Broadcast(from, dst, c, kF32, r, comm, stream));
+  return CallNccl(deadline, [&](NcclComm comm) {
+    if (even) {
+      return api_->AllGather(src, recv, counts[0], kF32, comm, stream);
     }
-    return absl::OkStatus();
+    return Group([&]() -> absl::Status {
+      int64_t offset = 0;
+      for (int r = 0; r < size_; ++r) {
+        const int64_t c = counts[r];
+        float* dst = recv + offset;
+        offset += c;
+        if (c == 0) continue;
+        // sendbuff is only used on the root; elsewhere broadcast in place.
+        const float* from = r == me ? src : dst;
+        CANZONA_RETURN_IF_ERROR(
+            api_->Broadcast(from, dst, c, kF32, r, comm, stream));
+      }
+      return absl::OkStatus();
+    });
   });
 }
 
@@ -441,8 +508,8 @@ absl::Status NcclCommunicator::AllToAllV(
       comm_args::Total(recv_counts) == 0) {
     return absl::OkStatus();
   }
-  return Run("AllToAllV", [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return EnqueueAllToAllV(send, send_counts, recv, recv_counts);
+  return Run("AllToAllV", [&](absl::Time deadline) {
+    return EnqueueAllToAllV(send, send_counts, recv, recv_counts, deadline);
   });
 }
 
@@ -451,25 +518,25 @@ absl::Status NcclCommunicator::EnqueueAllToAll(
     absl::Span<const int64_t> recv_counts) {
   CANZONA_RETURN_IF_ERROR(comm_args::CheckAllToAllV(
       rank(), size(), send, send_counts, recv, recv_counts));
-  absl::MutexLock lock(&mu_);
-  CANZONA_RETURN_IF_ERROR(BeginLocked("AllToAllV"));
+  CANZONA_RETURN_IF_ERROR(Begin("AllToAllV"));
   if (comm_args::Total(send_counts) == 0 &&
       comm_args::Total(recv_counts) == 0) {
     return absl::OkStatus();
   }
-  absl::Status status = EnqueueAllToAllV(send, send_counts, recv, recv_counts);
-  return status.ok() ? status : BreakLocked(Prefixed(status, "AllToAllV"));
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  absl::Status status =
+      EnqueueAllToAllV(send, send_counts, recv, recv_counts, deadline);
+  return status.ok() ? status : Break(Prefixed(status, "AllToAllV"));
 }
 
 absl::Status NcclCommunicator::Flush() {
-  return Run("Flush", []() { return absl::OkStatus(); });
+  return Run("Flush", [](absl::Time) { return absl::OkStatus(); });
 }
 
 absl::Status NcclCommunicator::EnqueueAllToAllV(
     const float* send, absl::Span<const int64_t> send_counts, float* recv,
-    absl::Span<const int64_t> recv_counts) {
+    absl::Span<const int64_t> recv_counts, absl::Time deadline) {
   const int me = rank();
-  NcclComm comm = comm_;
   NcclStream stream = local_.stream;
   if (send_counts[me] > 0) {
     CANZONA_RETURN_IF_ERROR(
@@ -482,22 +549,24 @@ absl::Status NcclCommunicator::EnqueueAllToAllV(
     if (r != me && (send_counts[r] > 0 || recv_counts[r] > 0)) remote = true;
   }
   if (!remote) return absl::OkStatus();
-  return GroupLocked([&]() -> absl::Status {
-    int64_t send_offset = 0;
-    int64_t recv_offset = 0;
-    for (int r = 0; r < size_; ++r) {
-      if (r != me && send_counts[r] > 0) {
-        CANZONA_RETURN_IF_ERROR(api_->Send(send + send_offset, send_counts[r],
-                                           kF32, r, comm, stream));
+  return CallNccl(deadline, [&](NcclComm comm) {
+    return Group([&]() -> absl::Status {
+      int64_t send_offset = 0;
+      int64_t recv_offset = 0;
+      for (int r = 0; r < size_; ++r) {
+        if (r != me && send_counts[r] > 0) {
+          CANZONA_RETURN_IF_ERROR(api_->Send(send + send_offset, send_counts[r],
+                                             kF32, r, comm, stream));
+        }
+        if (r != me && recv_counts[r] > 0) {
+          CANZONA_RETURN_IF_ERROR(api_->Recv(recv + recv_offset, recv_counts[r],
+                                             kF32, r, comm, stream));
+        }
+        send_offset += send_counts[r];
+        recv_offset += recv_counts[r];
       }
-      if (r != me && recv_counts[r] > 0) {
-        CANZONA_RETURN_IF_ERROR(api_->Recv(recv + recv_offset, recv_counts[r],
-                                           kF32, r, comm, stream));
-      }
-      send_offset += send_counts[r];
-      recv_offset += recv_counts[r];
-    }
-    return absl::OkStatus();
+      return absl::OkStatus();
+    });
   });
 }
 
@@ -505,8 +574,10 @@ absl::Status NcclCommunicator::AllReduce(float* data, int64_t count) {
   CANZONA_RETURN_IF_ERROR(comm_args::CheckAllReduce(data, count));
   CANZONA_RETURN_IF_ERROR(Usable("AllReduce"));
   if (count == 0) return absl::OkStatus();
-  return Run("AllReduce", [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return api_->AllReduce(data, data, count, kF32, comm_, local_.stream);
+  return Run("AllReduce", [&](absl::Time deadline) {
+    return CallNccl(deadline, [&](NcclComm comm) {
+      return api_->AllReduce(data, data, count, kF32, comm, local_.stream);
+    });
   });
 }
 
@@ -514,133 +585,21 @@ absl::Status NcclCommunicator::Broadcast(float* data, int64_t count, int root) {
   CANZONA_RETURN_IF_ERROR(comm_args::CheckBroadcast(size(), data, count, root));
   CANZONA_RETURN_IF_ERROR(Usable("Broadcast"));
   if (count == 0) return absl::OkStatus();
-  return Run("Broadcast", [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return api_->Broadcast(data, data, count, kF32, root, comm_, local_.stream);
+  return Run("Broadcast", [&](absl::Time deadline) {
+    return CallNccl(deadline, [&](NcclComm comm) {
+      return api_->Broadcast(data, data, count, kF32, root, comm,
+                             local_.stream);
+    });
   });
 }
 
 absl::Status NcclCommunicator::Barrier() {
-  return Run("Barrier", [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    CANZONA_ASSIGN_OR_RETURN(float* one, ScratchLocked(1));
-    return api_->AllReduce(one, one, 1, kF32, comm_, local_.stream);
+  return Run("Barrier", [&](absl::Time deadline) {
+    // The scratch buffer always holds at least this one float.
+    return CallNccl(deadline, [&](NcclComm comm) {
+      return api_->AllReduce(scratch_, scratch_, 1, kF32, comm, local_.stream);
+    });
   });
-}
-
-// --- Creation ---------------------------------------------------------------
-
-absl::StatusOr<std::vector<std::unique_ptr<Communicator>>>
-CreateNcclCommunicators(KvStore* store, const std::string& group_prefix,
-                        NcclApi* api, absl::Span<const NcclLocalRank> locals,
-                        int size, const NcclOptions& options) {
-  constexpr char kOp[] = "CreateNcclCommunicators";
-  if (store == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": store is null"));
-  }
-  if (api == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": api is null"));
-  }
-  if (size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kOp, ": size must be at least 1 (got ", size, ")"));
-  }
-  if (locals.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": locals is empty"));
-  }
-  if (options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kOp, ": options.timeout must be positive"));
-  }
-  std::set<int> seen;
-  bool has_root = false;
-  for (size_t i = 0; i < locals.size(); ++i) {
-    const int r = locals[i].rank;
-    if (r < 0 || r >= size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kOp, ": locals[", i, "].rank ", r,
-                       " is not a rank of a group of ", size));
-    }
-    if (!seen.insert(r).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kOp, ": locals[", i, "].rank ", r, " appears twice"));
-    }
-    has_root |= r == 0;
-  }
-
-  // Unique-id rendezvous.
-  const std::string key = NcclUniqueIdKey(group_prefix);
-  NcclUniqueId id;
-  if (has_root) {
-    CANZONA_ASSIGN_OR_RETURN(id, api->GetUniqueId());
-    CANZONA_RETURN_IF_ERROR(Prefixed(store->Set(key, id.ToHex()),
-                                     absl::StrCat(kOp, ": publishing ", key)));
-  } else {
-    absl::StatusOr<std::string> hex = store->Get(key, options.timeout);
-    if (!hex.ok()) {
-      return Prefixed(hex.status(),
-                      absl::StrCat(kOp,
-                                   ": waiting for rank 0's NCCL unique "
-                                   "id under ",
-                                   key));
-    }
-    CANZONA_ASSIGN_OR_RETURN(id, NcclUniqueId::FromHex(*hex));
-  }
-
-  // ncclCommInitRank per local rank; one thread initializing several ranks
-  // must group them, or the first would wait for the others forever.
-  std::vector<NcclComm> comms(locals.size(), nullptr);
-  auto abort_all = [&]() {
-    for (NcclComm c : comms) {
-      if (c != nullptr) (void)api->CommAbort(c);
-    }
-  };
-  const bool grouped = locals.size() > 1;
-  absl::Status status = grouped ? api->GroupStart() : absl::OkStatus();
-  if (!status.ok()) return Prefixed(status, kOp);
-  for (size_t i = 0; i < locals.size() && status.ok(); ++i) {
-    status = api->SetDevice(locals[i].device);
-    if (!status.ok()) break;
-    absl::StatusOr<NcclComm> comm = api->CommInitRank(size, id, locals[i].rank);
-    if (comm.ok()) {
-      comms[i] = *comm;
-    } else {
-      status = comm.status();
-    }
-  }
-  if (grouped) {
-    absl::Status end = api->GroupEnd();
-    if (status.ok()) status = end;
-  }
-  if (!status.ok()) {
-    abort_all();
-    return Prefixed(status, kOp);
-  }
-
-  std::vector<std::unique_ptr<Communicator>> out;
-  out.reserve(locals.size());
-  for (size_t i = 0; i < locals.size(); ++i) {
-    absl::StatusOr<std::unique_ptr<NcclCommunicator>> comm =
-        NcclCommunicator::Create(api, comms[i], locals[i], size, options);
-    if (!comm.ok()) {
-      out.clear();  // destroys the NCCL communicators already wrapped
-      for (size_t j = i; j < comms.size(); ++j) {
-        if (comms[j] != nullptr) (void)api->CommAbort(comms[j]);
-      }
-      return Prefixed(comm.status(), kOp);
-    }
-    comms[i] = nullptr;  // owned by the communicator now
-    out.push_back(*std::move(comm));
-  }
-  return out;
-}
-
-absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
-    KvStore* store, const std::string& group_prefix, NcclApi* api,
-    const NcclLocalRank& local, int size, const NcclOptions& options) {
-  CANZONA_ASSIGN_OR_RETURN(
-      std::vector<std::unique_ptr<Communicator>> comms,
-      CreateNcclCommunicators(store, group_prefix, api,
-                              absl::MakeConstSpan(&local, 1), size, options));
-  return std::move(comms[0]);
 }
 
 }  // namespace canzona

@@ -78,11 +78,12 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Admit(
                          options_.max_bytes_per_job));
       }
     }
+    // The worker exists before any other thread can find the rank.
+    rank->worker = std::make_unique<Worker>();
     job->stage_plist.emplace(stage, spec.plist);
     job->mapped_bytes += bytes;
     job->ranks[rank->global] = rank;
   }
-  rank->worker = std::make_unique<Worker>();
   return job;
 }
 
@@ -215,8 +216,9 @@ bool JobRegistry::RemoveLocalRank(const std::shared_ptr<Job>& job, int global,
     if (rit == job->ranks.end()) return false;
     rank = rit->second;
     RankProgress& progress = job->progress(*rank);
-    // Only between steps, on a set-up rank: a step in flight fails now.
-    graceful = graceful && rank->rt != nullptr && progress.whole();
+    // Only between steps, on a set-up rank (whole() implies its runtime
+    // exists: setup_done is set after it): a step in flight fails now.
+    graceful = graceful && progress.whole();
     pending = std::move(progress.register_done);
     progress.register_done = nullptr;
     if (progress.claimed)

@@ -1,6 +1,8 @@
 // The NCCL communicator on real devices against float64 CPU references on
 // random data: world size 1 on device 0, and 2 ranks on devices 0 and 1
-// (both uneven-count strategies, in-place forms, a missing peer's timeout).
+// (both uneven-count strategies, in-place forms, the grouped teardown, a
+// missing peer's timeout before and after the ranks connected, Abort from
+// another thread while a rank waits for a peer that never comes).
 // NCCL does not allow two ranks of one communicator on the same device
 // (ncclCommInitRank fails with "Duplicate GPU detected"), so the 2-rank
 // cases skip on a machine with one GPU. Every test skips when no CUDA device
@@ -19,7 +21,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -153,6 +157,8 @@ NcclOptions Forced(NcclUneven strategy, absl::Duration timeout) {
   NcclOptions options;
   options.timeout = timeout;
   options.chooser = [strategy](absl::Span<const int64_t>) { return strategy; };
+  // The largest padded collective (2 x 1029) and staged output (4096) below.
+  options.scratch_floats = 2 * 4096;
   return options;
 }
 
@@ -276,6 +282,8 @@ TEST_P(NcclGpuTwoRankTest, CollectivesMatchFloat64References) {
       ExpectNear64(ar[r], sum, "AllReduce");
     }
   }
+  // Both local ranks' communicators finalize inside one group.
+  EXPECT_OK(DestroyNcclCommunicators(std::move(comms)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, NcclGpuTwoRankTest,
@@ -285,33 +293,89 @@ INSTANTIATE_TEST_SUITE_P(Strategies, NcclGpuTwoRankTest,
                            return std::string(NcclUnevenName(info.param));
                          });
 
-TEST(NcclGpuTest, MissingPeerTimesOutAndAborts) {
-  CANZONA_SKIP_UNLESS_DEVICES(2);
-  ASSERT_OK_AND_ASSIGN(NcclApi * api, RealNcclApi());
-  Stream s0(0), s1(1);
-  InMemoryKvStore store;
+// Two local ranks of a fresh group, with `timeout`.
+absl::StatusOr<std::vector<std::unique_ptr<Communicator> > > TwoRanks(
+    NcclApi* api, InMemoryKvStore& store, const std::string& prefix,
+    const Stream& s0, const Stream& s1, absl::Duration timeout) {
   const std::vector<NcclLocalRank> locals = {
       {.rank = 0, .device = 0, .stream = s0.get()},
       {.rank = 1, .device = 1, .stream = s1.get()}};
   NcclOptions options;
-  options.timeout = absl::Seconds(2);
-  ASSERT_OK_AND_ASSIGN(
-      std::vector<std::unique_ptr<Communicator> > comms,
-      CreateNcclCommunicators(&store, "gpu/timeout", api, locals, 2, options));
+  options.timeout = timeout;
+  return CreateNcclCommunicators(&store, prefix, api, locals, 2, options);
+}
+
+TEST(NcclGpuTest, MissingPeerAtTheFirstCollectiveTimesOut) {
+  CANZONA_SKIP_UNLESS_DEVICES(2);
+  ASSERT_OK_AND_ASSIGN(NcclApi * api, RealNcclApi());
+  Stream s0(0), s1(1);
+  InMemoryKvStore store;
+  const absl::Duration timeout = absl::Seconds(2);
+  ASSERT_OK_AND_ASSIGN(std::vector<std::unique_ptr<Communicator> > comms,
+                       TwoRanks(api, store, "gpu/first", s0, s1, timeout));
+  DeviceFloats d(0, 64);
+  // Rank 1 never joins: the non-blocking launch of rank 0's first
+  // collective connects lazily and never finishes.
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(
+      comms[0]->AllReduce(d.get(), 64),
+      StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("AllReduce")));
+  EXPECT_LT(absl::Now() - start, timeout + absl::Seconds(5));
+  EXPECT_THAT(comms[0]->Barrier(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  comms[1]->Abort();
+  EXPECT_OK(DestroyNcclCommunicators(std::move(comms)));
+}
+
+TEST(NcclGpuTest, MissingPeerAfterConnectingTimesOut) {
+  CANZONA_SKIP_UNLESS_DEVICES(2);
+  ASSERT_OK_AND_ASSIGN(NcclApi * api, RealNcclApi());
+  Stream s0(0), s1(1);
+  InMemoryKvStore store;
+  const absl::Duration timeout = absl::Seconds(2);
+  ASSERT_OK_AND_ASSIGN(std::vector<std::unique_ptr<Communicator> > comms,
+                       TwoRanks(api, store, "gpu/timeout", s0, s1, timeout));
   DeviceFloats d(0, 64), e(1, 64);
-  // Both ranks once, so that NCCL has connected the ring (a blocking
-  // communicator connects lazily inside the first enqueue, which the
-  // timeout does not bound).
+  // Both ranks once, so that NCCL has connected the ring: then the missing
+  // peer shows in the kernel, not in the launch.
   std::thread peer([&] { EXPECT_OK(comms[1]->AllReduce(e.get(), 64)); });
   ASSERT_OK(comms[0]->AllReduce(d.get(), 64));
   peer.join();
   // Rank 1 never joins this all-reduce.
+  const absl::Time start = absl::Now();
   EXPECT_THAT(
       comms[0]->AllReduce(d.get(), 64),
       StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("AllReduce")));
+  EXPECT_LT(absl::Now() - start, timeout + absl::Seconds(5));
   EXPECT_THAT(comms[0]->Barrier(),
               StatusIs(absl::StatusCode::kFailedPrecondition));
   comms[1]->Abort();
+  EXPECT_OK(DestroyNcclCommunicators(std::move(comms)));
+}
+
+TEST(NcclGpuTest, AbortFromAnotherThreadIsPromptWhileWaitingForAPeer) {
+  CANZONA_SKIP_UNLESS_DEVICES(2);
+  ASSERT_OK_AND_ASSIGN(NcclApi * api, RealNcclApi());
+  Stream s0(0), s1(1);
+  InMemoryKvStore store;
+  const absl::Duration timeout = absl::Seconds(60);
+  ASSERT_OK_AND_ASSIGN(std::vector<std::unique_ptr<Communicator> > comms,
+                       TwoRanks(api, store, "gpu/abort", s0, s1, timeout));
+  DeviceFloats d(0, 64);
+  const absl::Time start = absl::Now();
+  absl::Status result;
+  std::thread waiting([&] { result = comms[0]->AllReduce(d.get(), 64); });
+  absl::SleepFor(absl::Milliseconds(500));  // inside the wait for rank 1
+  const absl::Time abort_start = absl::Now();
+  comms[0]->Abort();
+  const absl::Duration abort_took = absl::Now() - abort_start;
+  waiting.join();
+  EXPECT_LT(abort_took, absl::Seconds(2));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_THAT(result,
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("aborted")));
+  comms[1]->Abort();
+  EXPECT_OK(DestroyNcclCommunicators(std::move(comms)));
 }
 
 #endif  // CANZONA_ENABLE_CUDA

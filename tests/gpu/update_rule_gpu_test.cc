@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -101,6 +102,8 @@ struct Case {
   std::vector<std::pair<std::string, std::string>> settings;
   int rows, cols;
 };
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class UpdateRuleGpuTest : public ::testing::TestWithParam<Case> {};
 

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/base/status_macros.h"
 
 namespace canzona::testing {
 namespace {
@@ -32,8 +33,8 @@ const char* KindName(int kind) {
 
 bool IsNcclOp(const std::string& op) {
   return absl::StartsWith(op, "nccl") && op != "ncclGetUniqueId" &&
-         op != "ncclCommInitRank" && op != "ncclCommAbort" &&
-         op != "ncclCommDestroy";
+         op != "ncclCommInitRank" && op != "ncclCommFinalize" &&
+         op != "ncclCommAbort" && op != "ncclCommDestroy";
 }
 
 }  // namespace
@@ -97,6 +98,11 @@ void FakeNcclApi::SetHang(bool hang) {
   hang_ = hang;
 }
 
+void FakeNcclApi::SetNeverReady(bool never) {
+  absl::MutexLock lock(&mu_);
+  never_ready_ = never;
+}
+
 void FakeNcclApi::SetAsyncError(absl::Status error) {
   absl::MutexLock lock(&mu_);
   async_error_ = std::move(error);
@@ -115,6 +121,7 @@ absl::Status FakeNcclApi::RecordLocked(FakeNcclCall call) {
   ThreadState& t = ThreadLocked();
   call.group_depth = t.depth;
   call.group = t.depth > 0 ? t.group : 0;
+  call.polls = polls_;
   const std::string op = call.op;
   calls_.push_back(std::move(call));
   auto it = fail_next_.find(op);
@@ -139,6 +146,76 @@ absl::StatusOr<FakeNcclApi::Comm*> FakeNcclApi::CommLocked(NcclComm comm,
       absl::StrCat(op, ": not a communicator of this fake"));
 }
 
+absl::Status FakeNcclApi::ReadyForCall(const Comm& c, const char* op,
+                                       bool data) {
+  if (c.launch != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op,
+        ": the communicator is still in progress (ncclInProgress): poll "
+        "ncclCommGetAsyncError until ncclSuccess first"));
+  }
+  if (data && c.finalized) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": the communicator was finalized"));
+  }
+  return absl::OkStatus();
+}
+
+std::unique_ptr<FakeNcclApi::Entry> FakeNcclApi::NewEntryLocked() {
+  auto entry = std::make_unique<Entry>();
+  entry->hang = hang_;
+  return entry;
+}
+
+void FakeNcclApi::NoteInGroupLocked(Comm* c) {
+  std::vector<Comm*>& comms = ThreadLocked().group_comms;
+  if (std::find(comms.begin(), comms.end(), c) == comms.end()) {
+    comms.push_back(c);
+  }
+}
+
+absl::Status FakeNcclApi::StartLocked(const std::vector<Comm*>& comms,
+                                      std::vector<Unit> units) {
+  size_t blocking = 0;
+  for (const Comm* c : comms) blocking += c->blocking ? 1 : 0;
+  if (blocking == comms.size()) {
+    for (Unit& unit : units) PushLocked(unit.first, std::move(unit.second));
+    ProgressLocked();
+    return absl::OkStatus();
+  }
+  if (blocking > 0) {
+    return absl::InvalidArgumentError(
+        "ncclGroupEnd: blocking and non-blocking communicators in one group");
+  }
+  auto launch = std::make_shared<Launch>();
+  launch->units = std::move(units);
+  launch->comms = comms;
+  launch->never = never_ready_;
+  for (Comm* c : comms) c->launch = launch;
+  return absl::OkStatus();
+}
+
+bool FakeNcclApi::CanFinish(const Launch& launch) {
+  if (launch.never) return false;
+  for (const Comm* c : launch.comms) {
+    if (static_cast<int>(c->world->joined.size()) < c->world->nranks) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void FakeNcclApi::FinishLocked(Launch& launch) {
+  for (Unit& unit : launch.units) {
+    PushLocked(unit.first, std::move(unit.second));
+  }
+  launch.units.clear();
+  for (Comm* c : launch.comms) {
+    if (c->launch.get() == &launch) c->launch = nullptr;
+  }
+  ProgressLocked();
+}
+
 absl::StatusOr<NcclUniqueId> FakeNcclApi::GetUniqueId() {
   absl::MutexLock lock(&mu_);
   FakeNcclCall call;
@@ -155,12 +232,13 @@ absl::StatusOr<NcclUniqueId> FakeNcclApi::GetUniqueId() {
 
 absl::StatusOr<NcclComm> FakeNcclApi::CommInitRank(int nranks,
                                                    const NcclUniqueId& id,
-                                                   int rank) {
+                                                   int rank, bool blocking) {
   absl::MutexLock lock(&mu_);
   FakeNcclCall call;
   call.op = "ncclCommInitRank";
   call.count = nranks;
   call.root = rank;
+  call.nonblocking = !blocking;
   absl::Status status = RecordLocked(std::move(call));
   if (!status.ok()) return status;
   std::unique_ptr<World>& world = worlds_[id.ToHex()];
@@ -177,9 +255,17 @@ absl::StatusOr<NcclComm> FakeNcclApi::CommInitRank(int nranks,
   auto comm = std::make_unique<Comm>();
   comm->world = world.get();
   comm->rank = rank;
-  NcclComm handle = reinterpret_cast<NcclComm>(comm.get());
+  comm->blocking = blocking;
+  Comm* c = comm.get();
   comms_.push_back(std::move(comm));
-  return handle;
+  if (!blocking) {
+    if (ThreadLocked().depth > 0) {
+      NoteInGroupLocked(c);
+    } else {
+      CANZONA_RETURN_IF_ERROR(StartLocked({c}, {}));
+    }
+  }
+  return reinterpret_cast<NcclComm>(c);
 }
 
 absl::Status FakeNcclApi::GroupStart() {
@@ -190,6 +276,7 @@ absl::Status FakeNcclApi::GroupStart() {
   call.op = "ncclGroupStart";
   call.group_depth = t.depth;
   call.group = t.group;
+  call.polls = polls_;
   calls_.push_back(call);
   ++t.depth;
   return absl::OkStatus();
@@ -206,26 +293,27 @@ absl::Status FakeNcclApi::GroupEnd() {
   call.op = "ncclGroupEnd";
   call.group_depth = t.depth;
   call.group = t.group;
+  call.polls = polls_;
   calls_.push_back(call);
   if (t.depth > 0) return absl::OkStatus();
   // One unit per stream, in call order.
-  std::vector<std::pair<NcclStream, std::unique_ptr<Entry>>> units;
+  std::vector<Unit> units;
   for (auto& [stream, op] : t.pending) {
     Entry* entry = nullptr;
     for (auto& unit : units) {
       if (unit.first == stream) entry = unit.second.get();
     }
     if (entry == nullptr) {
-      units.emplace_back(stream, std::make_unique<Entry>());
+      units.emplace_back(stream, NewEntryLocked());
       entry = units.back().second.get();
     }
     op->entry = entry;
     entry->ops.push_back(std::move(op));
   }
   t.pending.clear();
-  for (auto& unit : units) PushLocked(unit.first, std::move(unit.second));
-  ProgressLocked();
-  return absl::OkStatus();
+  std::vector<Comm*> comms = std::move(t.group_comms);
+  t.group_comms.clear();
+  return StartLocked(comms, std::move(units));
 }
 
 absl::Status FakeNcclApi::DataCall(const char* name, Kind kind,
@@ -246,6 +334,7 @@ absl::Status FakeNcclApi::DataCall(const char* name, Kind kind,
   absl::Status status = RecordLocked(std::move(call));
   if (!status.ok()) return status;
   if (!c.ok()) return c.status();
+  CANZONA_RETURN_IF_ERROR(ReadyForCall(**c, name, /*data=*/true));
   if (count < 0) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": negative count"));
   }
@@ -272,14 +361,14 @@ absl::Status FakeNcclApi::DataCall(const char* name, Kind kind,
   ThreadState& t = ThreadLocked();
   if (t.depth > 0) {
     t.pending.emplace_back(stream, std::move(op));
+    NoteInGroupLocked(*c);
     return absl::OkStatus();
   }
-  auto entry = std::make_unique<Entry>();
-  op->entry = entry.get();
-  entry->ops.push_back(std::move(op));
-  PushLocked(stream, std::move(entry));
-  ProgressLocked();
-  return absl::OkStatus();
+  std::vector<Unit> units;
+  units.emplace_back(stream, NewEntryLocked());
+  op->entry = units.back().second.get();
+  units.back().second->ops.push_back(std::move(op));
+  return StartLocked({*c}, std::move(units));
 }
 
 absl::Status FakeNcclApi::Reduce(const void* send, void* recv, int64_t count,
@@ -330,13 +419,39 @@ absl::Status FakeNcclApi::Recv(void* recv, int64_t count, NcclDataType dtype,
                   comm, stream);
 }
 
-absl::Status FakeNcclApi::CommGetAsyncError(NcclComm comm) {
+absl::StatusOr<NcclCommState> FakeNcclApi::CommGetAsyncError(NcclComm comm) {
   absl::MutexLock lock(&mu_);
   ++polls_;
-  absl::StatusOr<Comm*> c = CommLocked(comm, "ncclCommGetAsyncError");
-  if (!c.ok()) return c.status();
+  CANZONA_ASSIGN_OR_RETURN(Comm * c, CommLocked(comm, "ncclCommGetAsyncError"));
   if (!async_error_.ok()) return async_error_;
-  return (*c)->world->error;
+  if (!c->world->error.ok()) return c->world->error;
+  if (c->launch == nullptr) return NcclCommState::kReady;
+  std::shared_ptr<Launch> launch = c->launch;  // FinishLocked drops c's
+  if (CanFinish(*launch)) FinishLocked(*launch);
+  return NcclCommState::kInProgress;
+}
+
+absl::Status FakeNcclApi::CommFinalize(NcclComm comm) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Comm*> c = CommLocked(comm, "ncclCommFinalize");
+  FakeNcclCall call;
+  call.op = "ncclCommFinalize";
+  call.comm_rank = c.ok() ? (*c)->rank : -1;
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  if (!c.ok()) return c.status();
+  CANZONA_RETURN_IF_ERROR(
+      ReadyForCall(**c, "ncclCommFinalize", /*data=*/false));
+  if ((*c)->finalized) {
+    return absl::InvalidArgumentError("ncclCommFinalize: already finalized");
+  }
+  (*c)->finalized = true;
+  if ((*c)->blocking) return absl::OkStatus();
+  if (ThreadLocked().depth > 0) {
+    NoteInGroupLocked(*c);
+    return absl::OkStatus();
+  }
+  return StartLocked({*c}, {});
 }
 
 absl::Status FakeNcclApi::CommAbort(NcclComm comm) {
@@ -349,6 +464,9 @@ absl::Status FakeNcclApi::CommAbort(NcclComm comm) {
   if (!status.ok()) return status;
   if (!c.ok()) return c.status();
   (*c)->aborted = true;
+  // The launch cannot finish for the other communicators of its group
+  // either. It stays referenced: peers' matching slots point at its ops.
+  if ((*c)->launch != nullptr) (*c)->launch->never = true;
   return absl::OkStatus();
 }
 
@@ -361,6 +479,7 @@ absl::Status FakeNcclApi::CommDestroy(NcclComm comm) {
   absl::Status status = RecordLocked(std::move(call));
   if (!status.ok()) return status;
   if (!c.ok()) return c.status();
+  CANZONA_RETURN_IF_ERROR(ReadyForCall(**c, "ncclCommDestroy", /*data=*/false));
   (*c)->destroyed = true;
   return absl::OkStatus();
 }
@@ -494,7 +613,7 @@ absl::Status FakeNcclApi::MemcpyAsync(void* dst, const void* src, int64_t bytes,
   call.stream = stream;
   absl::Status status = RecordLocked(std::move(call));
   if (!status.ok()) return status;
-  auto entry = std::make_unique<Entry>();
+  std::unique_ptr<Entry> entry = NewEntryLocked();
   entry->local = [dst, src, bytes]() {
     if (bytes > 0) std::memmove(dst, src, static_cast<size_t>(bytes));
   };
@@ -513,7 +632,7 @@ absl::Status FakeNcclApi::MemsetAsync(void* dst, int value, int64_t bytes,
   call.stream = stream;
   absl::Status status = RecordLocked(std::move(call));
   if (!status.ok()) return status;
-  auto entry = std::make_unique<Entry>();
+  std::unique_ptr<Entry> entry = NewEntryLocked();
   entry->local = [dst, value, bytes]() {
     if (bytes > 0) std::memset(dst, value, static_cast<size_t>(bytes));
   };
@@ -523,7 +642,6 @@ absl::Status FakeNcclApi::MemsetAsync(void* dst, int value, int64_t bytes,
 }
 
 void FakeNcclApi::PushLocked(NcclStream stream, std::unique_ptr<Entry> entry) {
-  entry->hang = hang_;
   StreamState& s = streams_[stream];
   s.queue.push_back(std::move(entry));
   ++s.enqueued;

@@ -24,12 +24,29 @@
 // count, root) or send/recv counts set an asynchronous error on the
 // communicators of that group instead of running.
 //
+// Non-blocking communicators (CommInitRank with blocking = false) follow
+// NCCL's contract: a call with work left leaves its communicator in
+// progress. Initialization stays in progress until every rank of the group
+// has called CommInitRank with the id (a peer that never arrives keeps it
+// there for good) and, inside a group, until the group's end; a data call
+// outside a group, a group's end and CommFinalize stay in progress until the
+// communicator is next polled. The first CommGetAsyncError that finds the
+// work able to finish launches it, queuing its stream work only then (so
+// stream work enqueued before that poll runs first, as with NCCL's launch
+// thread), and still answers kInProgress; the next answers kReady. Every
+// call but CommGetAsyncError and CommAbort on a communicator in progress
+// fails INVALID_ARGUMENT, as NCCL's does, and so do calls on a finalized
+// one. Blocking communicators are never in progress.
+//
 // Failure injection: SetHang makes work enqueued from then on never
-// complete; SetAsyncError makes CommGetAsyncError fail; FailNext makes the
-// next call of one operation return a status.
+// complete; SetNeverReady makes non-blocking calls from then on stay in
+// progress until their communicator is aborted (a first collective that
+// connects to a peer that never arrives, a finalization that never ends);
+// SetAsyncError makes CommGetAsyncError fail; FailNext makes the next call
+// of one operation return a status.
 //
 // Not recorded: the polls EventQuery and CommGetAsyncError (counted by
-// poll_count()).
+// poll_count(); every record carries the count at its call).
 //
 // Thread-safety: thread-safe; group nesting and the current device are per
 // calling thread, as in NCCL and CUDA.
@@ -74,6 +91,11 @@ struct FakeNcclCall {
   int group_depth = 0;
   // Id (1, 2, ...) of the outermost enclosing group, 0 outside.
   int64_t group = 0;
+  // CommInitRank: config.blocking = 0.
+  bool nonblocking = false;
+  // poll_count() when the call was made: polls between two calls show as
+  // a difference.
+  int64_t polls = 0;
 };
 
 class FakeNcclApi : public NcclApi {
@@ -92,7 +114,8 @@ class FakeNcclApi : public NcclApi {
   static NcclStream Stream(int n);
 
   std::vector<FakeNcclCall> calls() const;
-  // Only NCCL operations (data calls and group brackets, no init/teardown).
+  // Only NCCL operations (data calls and group brackets, no init, finalize,
+  // abort or destroy).
   std::vector<FakeNcclCall> nccl_calls() const;
   std::vector<FakeNcclCall> calls_named(const std::string& op) const;
   // The op names of nccl_calls(), in order.
@@ -102,13 +125,14 @@ class FakeNcclApi : public NcclApi {
   int64_t live_allocations() const;
 
   void SetHang(bool hang);
+  void SetNeverReady(bool never);
   void SetAsyncError(absl::Status error);
   void FailNext(const std::string& op, absl::Status status);
 
   // NcclApi.
   absl::StatusOr<NcclUniqueId> GetUniqueId() override;
   absl::StatusOr<NcclComm> CommInitRank(int nranks, const NcclUniqueId& id,
-                                        int rank) override;
+                                        int rank, bool blocking) override;
   absl::Status GroupStart() override;
   absl::Status GroupEnd() override;
   absl::Status Reduce(const void* send, void* recv, int64_t count,
@@ -130,7 +154,8 @@ class FakeNcclApi : public NcclApi {
                     int peer, NcclComm comm, NcclStream stream) override;
   absl::Status Recv(void* recv, int64_t count, NcclDataType dtype, int peer,
                     NcclComm comm, NcclStream stream) override;
-  absl::Status CommGetAsyncError(NcclComm comm) override;
+  absl::StatusOr<NcclCommState> CommGetAsyncError(NcclComm comm) override;
+  absl::Status CommFinalize(NcclComm comm) override;
   absl::Status CommAbort(NcclComm comm) override;
   absl::Status CommDestroy(NcclComm comm) override;
   absl::Status SetDevice(int device) override;
@@ -162,11 +187,17 @@ class FakeNcclApi : public NcclApi {
     kRecv
   };
   struct World;
+  struct Launch;
   struct Comm {
     World* world = nullptr;
     int rank = 0;
+    bool blocking = true;
     bool aborted = false;
+    bool finalized = false;
     bool destroyed = false;
+    // The non-blocking work in progress on it (null: ready; kept, never to
+    // finish, once aborted).
+    std::shared_ptr<Launch> launch;
     int64_t next_collective = 0;
     std::map<int, int64_t> next_send;  // by peer
     std::map<int, int64_t> next_recv;  // by peer
@@ -188,6 +219,14 @@ class FakeNcclApi : public NcclApi {
     bool hang = false;
     bool armed = false;
   };
+  using Unit = std::pair<NcclStream, std::unique_ptr<Entry>>;
+  // Non-blocking work of one call or group: its stream work waits here
+  // until a poll launches it; its communicators are in progress till then.
+  struct Launch {
+    std::vector<Unit> units;
+    std::vector<Comm*> comms;
+    bool never = false;  // SetNeverReady, or one of `comms` aborted
+  };
   struct World {
     int nranks = 0;
     std::set<int> joined;
@@ -206,6 +245,7 @@ class FakeNcclApi : public NcclApi {
     int64_t group = 0;
     int device = 0;
     std::vector<std::pair<NcclStream, std::unique_ptr<Op>>> pending;
+    std::vector<Comm*> group_comms;  // used inside the open group
   };
   struct EventState {
     NcclStream stream = nullptr;
@@ -219,6 +259,19 @@ class FakeNcclApi : public NcclApi {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Comm*> CommLocked(NcclComm comm, const char* op)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INVALID_ARGUMENT while `c` is in progress (or, for `data`, finalized).
+  static absl::Status ReadyForCall(const Comm& c, const char* op, bool data);
+  // Work of a call or a closed group on `comms`: queued now on blocking
+  // communicators, held in a Launch on non-blocking ones (INVALID_ARGUMENT
+  // when they are mixed, as in NCCL).
+  absl::Status StartLocked(const std::vector<Comm*>& comms,
+                           std::vector<Unit> units)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Inside an open group: `c` takes part in the group's launch.
+  void NoteInGroupLocked(Comm* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static bool CanFinish(const Launch& launch);
+  void FinishLocked(Launch& launch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::unique_ptr<Entry> NewEntryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DataCall(const char* name, Kind kind, const void* send,
                         void* recv, int64_t count, NcclDataType dtype, int root,
                         NcclComm comm, NcclStream stream);
@@ -238,6 +291,7 @@ class FakeNcclApi : public NcclApi {
   int64_t next_event_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_stream_ ABSL_GUARDED_BY(mu_) = 0;
   bool hang_ ABSL_GUARDED_BY(mu_) = false;
+  bool never_ready_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status async_error_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Status> fail_next_ ABSL_GUARDED_BY(mu_);
   std::map<std::thread::id, ThreadState> threads_ ABSL_GUARDED_BY(mu_);

@@ -1,5 +1,6 @@
-// The NCCL communicator without a GPU: its plan-to-call translation, waits,
-// failures and rendezvous against FakeNcclApi (record-only for the call
+// The NCCL communicator without a GPU: its plan-to-call translation, its
+// waits on non-blocking NCCL calls and on the stream, failures, abort,
+// rendezvous and teardown against FakeNcclApi (record-only for the call
 // sequences, data mode for results against float64 references), and the
 // uneven-count chooser.
 #include "server/comm/nccl_communicator.h"
@@ -20,6 +21,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/comm/fake_communicator.h"
 #include "server/comm/nccl_api.h"
 #include "server/control/kv_store.h"
 #include "tests/matchers/status_matchers.h"
@@ -42,9 +44,18 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
 
+// Scratch for every padded or staged collective of these tests (the
+// largest: 4 ranks x 40 floats).
+constexpr int64_t kScratchFloats = 4096;
+
+constexpr NcclCommState kReady = NcclCommState::kReady;
+constexpr NcclCommState kInProgress = NcclCommState::kInProgress;
+constexpr NcclDataType kF32 = NcclDataType::kFloat32;
+
 NcclOptions Options(absl::Duration timeout = absl::Seconds(10)) {
   NcclOptions options;
   options.timeout = timeout;
+  options.scratch_floats = kScratchFloats;
   return options;
 }
 
@@ -54,15 +65,27 @@ NcclOptions Forced(NcclUneven strategy) {
   return options;
 }
 
+// `rank`'s non-blocking NCCL communicator of a group of `size` whose other
+// ranks joined too (on a record-only fake they never take part in anything
+// else), so that its initialization can finish.
+NcclComm InitRank(FakeNcclApi& api, int rank, int size) {
+  absl::StatusOr<NcclUniqueId> id = api.GetUniqueId();
+  EXPECT_OK(id);
+  NcclComm mine = nullptr;
+  for (int r = 0; r < size; ++r) {
+    absl::StatusOr<NcclComm> comm =
+        api.CommInitRank(size, *id, r, /*blocking=*/false);
+    EXPECT_OK(comm);
+    if (r == rank) mine = *comm;
+  }
+  return mine;
+}
+
 // One rank of a nominal group, alone on a record-only fake.
 std::unique_ptr<NcclCommunicator> Solo(FakeNcclApi& api, int rank, int size,
                                        const NcclOptions& options) {
-  absl::StatusOr<NcclUniqueId> id = api.GetUniqueId();
-  EXPECT_OK(id);
-  absl::StatusOr<NcclComm> comm = api.CommInitRank(size, *id, rank);
-  EXPECT_OK(comm);
   auto c = NcclCommunicator::Create(
-      &api, *comm,
+      &api, InitRank(api, rank, size),
       {.rank = rank, .device = 0, .stream = FakeNcclApi::Stream(0)}, size,
       options);
   EXPECT_OK(c);
@@ -114,6 +137,57 @@ TEST(NcclUniqueIdTest, HexRoundTripAndRejects) {
               StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(NcclUniqueId::FromHex(std::string(256, 'g')),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// --- The fake's model of non-blocking NCCL ----------------------------------
+
+// What CommGetAsyncError says (an error fails the test).
+NcclCommState Poll(FakeNcclApi& api, NcclComm comm) {
+  absl::StatusOr<NcclCommState> state = api.CommGetAsyncError(comm);
+  EXPECT_OK(state);
+  return state.ok() ? *state : NcclCommState::kReady;
+}
+
+TEST(FakeNcclApiTest, NonBlockingCallsStayInProgressUntilPolled) {
+  FakeNcclApi api;
+  ASSERT_OK_AND_ASSIGN(NcclUniqueId id, api.GetUniqueId());
+  ASSERT_OK_AND_ASSIGN(NcclComm a, api.CommInitRank(2, id, 0, false));
+  // Rank 1 has not arrived: the initialization cannot finish, and the
+  // communicator may not be used meanwhile.
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(Poll(api, a), kInProgress);
+  }
+  float x = 0;
+  const NcclStream s = FakeNcclApi::Stream(0);
+  EXPECT_THAT(api.AllReduce(&x, &x, 1, kF32, a, s),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("still in progress")));
+  ASSERT_OK_AND_ASSIGN(NcclComm b, api.CommInitRank(2, id, 1, false));
+  EXPECT_EQ(Poll(api, a), kInProgress);  // launch
+  EXPECT_EQ(Poll(api, a), kReady);
+  EXPECT_EQ(Poll(api, b), kInProgress);
+  EXPECT_EQ(Poll(api, b), kReady);
+
+  // A collective is in progress until the next poll launches it; a second
+  // call before that is rejected.
+  ASSERT_OK(api.AllReduce(&x, &x, 1, kF32, a, s));
+  EXPECT_THAT(api.AllReduce(&x, &x, 1, kF32, a, s),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(Poll(api, a), kInProgress);
+  EXPECT_EQ(Poll(api, a), kReady);
+
+  // A peer that never connects: in progress for good, until aborted.
+  api.SetNeverReady(true);
+  ASSERT_OK(api.AllReduce(&x, &x, 1, kF32, a, s));
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(Poll(api, a), kInProgress);
+  }
+  EXPECT_OK(api.CommAbort(a));
+
+  // Blocking communicators are never in progress.
+  ASSERT_OK_AND_ASSIGN(NcclUniqueId solo, api.GetUniqueId());
+  ASSERT_OK_AND_ASSIGN(NcclComm c, api.CommInitRank(3, solo, 0, true));
+  EXPECT_EQ(Poll(api, c), kReady);
 }
 
 // --- Plan-to-call translation (record-only) ---------------------------------
@@ -190,9 +264,9 @@ TEST(NcclCommunicatorTest, NearlyEvenCountsWithDearLaunchesArePadded) {
   ASSERT_THAT(rs, SizeIs(1));
   EXPECT_EQ(rs[0].count, 1001);  // max(counts)
   EXPECT_THAT(api.nccl_ops(), ElementsAre("ncclReduceScatter"));
-  std::vector<FakeNcclCall> mallocs = api.calls_named("cudaMalloc");
-  ASSERT_THAT(mallocs, SizeIs(1));
-  EXPECT_GE(mallocs[0].count, 3 * 1001 * 4);
+  // The staging is the scratch reserved at creation.
+  EXPECT_THAT(api.calls_named("cudaMalloc"), IsEmpty());
+  EXPECT_GE(comm->scratch_bytes(), 3 * 1001 * 4);
   auto* staging = static_cast<const float*>(rs[0].send);
   EXPECT_EQ(rs[0].recv, staging + 1 * 1001);  // in place in the staging
   std::vector<FakeNcclCall> copies = api.calls_named("cudaMemcpyAsync");
@@ -204,7 +278,10 @@ TEST(NcclCommunicatorTest, NearlyEvenCountsWithDearLaunchesArePadded) {
   EXPECT_EQ(copies[2].recv, staging + 2 * 1001);
   EXPECT_EQ(copies[3].send, staging + 1001);
   EXPECT_EQ(copies[3].recv, recv.data());
-  EXPECT_EQ(comm->scratch_bytes(), mallocs[0].count);
+  // The copy out waits until NCCL has launched the reduce-scatter (polls
+  // between them): before, it would run ahead of NCCL's kernel.
+  EXPECT_GT(copies[3].polls, rs[0].polls);
+  EXPECT_EQ(copies[2].polls, rs[0].polls);  // the copies in do not wait
 
   // Steady state: the staging buffer is reused, never reallocated.
   api.ClearCalls();
@@ -225,13 +302,9 @@ TEST(NcclCommunicatorTest, ScratchReservedAtCreationServesEveryPaddedCall) {
     return NcclUneven::kPadded;
   };
   options.scratch_floats = 3 * 1001;
-  absl::StatusOr<NcclUniqueId> id = api.GetUniqueId();
-  ASSERT_OK(id);
-  absl::StatusOr<NcclComm> raw = api.CommInitRank(3, *id, 0);
-  ASSERT_OK(raw);
   ASSERT_OK_AND_ASSIGN(
       auto comm, NcclCommunicator::Create(
-                     &api, *raw,
+                     &api, InitRank(api, 0, 3),
                      {.rank = 0, .device = 0, .stream = FakeNcclApi::Stream(0)},
                      3, options));
   EXPECT_THAT(api.calls_named("cudaMalloc"), SizeIs(1));
@@ -243,6 +316,76 @@ TEST(NcclCommunicatorTest, ScratchReservedAtCreationServesEveryPaddedCall) {
   ASSERT_OK(comm->AllGatherV(recv.data(), counts, gathered.data()));
   EXPECT_THAT(api.calls_named("ncclReduceScatter"), SizeIs(1));
   EXPECT_THAT(api.calls_named("cudaMalloc"), IsEmpty());
+}
+
+TEST(NcclCommunicatorTest, NoOperationAllocatesOrFreesAfterCreation) {
+  FakeNcclApi api;
+  NcclOptions options = Options();
+  bool padded = false;
+  options.chooser = [&padded](absl::Span<const int64_t>) {
+    return padded ? NcclUneven::kPadded : NcclUneven::kPerRoot;
+  };
+  options.scratch_floats = 3 * 1001;  // exactly the largest need below
+  auto comm = Solo(api, 1, 3, options);
+  const std::vector<int64_t> uneven = {1000, 1001, 999};
+  const std::vector<int64_t> even = {1000, 1000, 1000};
+  std::vector<float> a(3000), b(3000);
+  for (bool p : {false, true}) {
+    padded = p;
+    ASSERT_OK(comm->ReduceScatterV(a.data(), uneven, b.data()));
+    ASSERT_OK(comm->ReduceScatterV(a.data(), uneven, a.data()));  // staged
+    ASSERT_OK(comm->AllGatherV(b.data(), uneven, a.data()));
+    ASSERT_OK(comm->AllGatherV(a.data(), uneven, a.data()));  // staged
+  }
+  ASSERT_OK(comm->ReduceScatterV(a.data(), even, b.data()));
+  ASSERT_OK(comm->AllGatherV(b.data(), even, a.data()));
+  ASSERT_OK(comm->AllToAllV(a.data(), {5, 6, 7}, b.data(), {7, 6, 5}));
+  ASSERT_OK(comm->EnqueueAllToAll(a.data(), {5, 6, 7}, b.data(), {7, 6, 5}));
+  ASSERT_OK(comm->Flush());
+  ASSERT_OK(comm->AllReduce(a.data(), 3000));
+  ASSERT_OK(comm->Broadcast(a.data(), 3000, 2));
+  ASSERT_OK(comm->Barrier());
+  EXPECT_THAT(api.calls_named("ncclReduceScatter"), SizeIs(3));
+  EXPECT_THAT(api.calls_named("cudaMalloc"), IsEmpty());
+  EXPECT_THAT(api.calls_named("cudaFree"), IsEmpty());
+}
+
+TEST(NcclCommunicatorTest,
+     NeedingMoreScratchThanReservedFailsWithoutAllocating) {
+  FakeNcclApi api;
+  NcclOptions options = Forced(NcclUneven::kPadded);
+  options.scratch_floats = 100;
+  auto comm = Solo(api, 0, 3, options);
+  EXPECT_EQ(comm->scratch_bytes(), 400);
+  std::vector<float> send(3000), recv(1001);
+  EXPECT_THAT(comm->ReduceScatterV(send.data(), {1000, 1001, 999}, recv.data()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("ReduceScatterV"), HasSubstr("3003"),
+                             HasSubstr("100 were reserved"))));
+  EXPECT_THAT(api.calls_named("cudaMalloc"), IsEmpty());
+  EXPECT_THAT(api.calls_named("cudaFree"), IsEmpty());
+  EXPECT_THAT(api.nccl_calls(), IsEmpty());
+  // Peers may have entered the collective this rank skipped: the
+  // communicator cannot stay in step with them.
+  EXPECT_THAT(api.calls_named("ncclCommAbort"), SizeIs(1));
+  EXPECT_THAT(comm->Barrier(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                        HasSubstr("scratch")));
+}
+
+TEST(NcclCommunicatorTest, WithoutAReservationScratchHoldsBarriersFloat) {
+  FakeNcclApi api;
+  NcclOptions options = Options();
+  options.scratch_floats = 0;
+  auto comm = Solo(api, 0, 2, options);
+  EXPECT_EQ(comm->scratch_bytes(), 4);
+  ASSERT_OK(comm->Barrier());
+  EXPECT_THAT(api.calls_named("cudaMalloc"), IsEmpty());
+  options.scratch_floats = -1;
+  EXPECT_THAT(
+      NcclCommunicator::Create(&api, InitRank(api, 0, 2),
+                               {.stream = FakeNcclApi::Stream(0)}, 2, options),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("scratch_floats")));
 }
 
 TEST(NcclCommunicatorTest, UnevenAllGatherPerRootIsGroupedBroadcasts) {
@@ -445,14 +588,96 @@ TEST(NcclCommunicatorTest, AbortFromAnotherThreadEndsAWaitingCall) {
               StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
-TEST(NcclCommunicatorTest, DestructionDestroysTheCommAndFreesScratch) {
+TEST(NcclCommunicatorTest, ACallThatStaysInProgressTimesOutAndAborts) {
+  FakeNcclApi api;
+  auto comm = Solo(api, 0, 2, Options(absl::Milliseconds(100)));
+  std::vector<float> data(4);
+  // The first collective connects to a peer that never arrives.
+  api.SetNeverReady(true);
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(comm->AllReduce(data.data(), 4),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       AllOf(HasSubstr("AllReduce"), HasSubstr("launch"),
+                             HasSubstr("100ms"))));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, absl::Milliseconds(100));
+  EXPECT_LT(took, absl::Seconds(10));
+  EXPECT_THAT(api.calls_named("ncclCommAbort"), SizeIs(1));
+  // Nothing reached the stream: no event was recorded behind the work.
+  EXPECT_THAT(api.calls_named("cudaEventRecord"), IsEmpty());
+  EXPECT_THAT(comm->Barrier(), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                        HasSubstr("AllReduce")));
+}
+
+TEST(NcclCommunicatorTest,
+     AbortIsPromptWhileAnotherThreadPollsAnInProgressCall) {
+  FakeNcclApi api;
+  const absl::Duration timeout = absl::Seconds(60);
+  auto comm = Solo(api, 0, 2, Options(timeout));
+  std::vector<float> data(4);
+  api.SetNeverReady(true);
+  const absl::Time start = absl::Now();
+  absl::Status result;
+  std::thread worker([&] { result = comm->AllReduce(data.data(), 4); });
+  // Abort only once the worker is in its polling loop.
+  const int64_t polls = api.poll_count();
+  while (api.poll_count() < polls + 20 && absl::Now() - start < timeout) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_GE(api.poll_count(), polls + 20);
+  const absl::Time abort_start = absl::Now();
+  comm->Abort();
+  const absl::Duration abort_took = absl::Now() - abort_start;
+  worker.join();
+  EXPECT_LT(abort_took, absl::Seconds(2));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_THAT(result,
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr("AllReduce"), HasSubstr("aborted"))));
+  EXPECT_THAT(api.calls_named("ncclCommAbort"), SizeIs(1));
+  EXPECT_THAT(comm->AllReduce(data.data(), 4),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+TEST(NcclCommunicatorTest, EnqueueAllToAllReturnsOnceLaunchedWithoutWaiting) {
+  FakeNcclApi api;
+  auto comm = Solo(api, 1, 3, Options());
+  std::vector<float> send(5), recv(8);
+  api.SetHang(true);  // the work never completes on the stream
+  ASSERT_OK(
+      comm->EnqueueAllToAll(send.data(), {2, 3, 0}, recv.data(), {4, 3, 1}));
+  EXPECT_THAT(api.nccl_ops(),
+              ElementsAre("ncclGroupStart", "ncclSend", "ncclRecv", "ncclRecv",
+                          "ncclGroupEnd"));
+  EXPECT_THAT(api.calls_named("cudaEventRecord"), IsEmpty());
+  // NCCL has launched the group: the next call on the communicator is
+  // accepted (the fake rejects calls while one is in progress).
+  std::vector<float> more(2);
+  api.SetHang(false);
+  ASSERT_OK(
+      comm->EnqueueAllToAll(more.data(), {0, 0, 2}, recv.data(), {0, 0, 2}));
+  EXPECT_THAT(api.calls_named("ncclSend"), SizeIs(2));
+}
+
+TEST(NcclCommunicatorTest, DestructionFinalizesThenDestroysAndFreesScratch) {
   FakeNcclApi api;
   auto comm = Solo(api, 0, 2, Options());
   ASSERT_OK(comm->Barrier());
   EXPECT_EQ(api.live_allocations(), 1);
+  api.ClearCalls();
   comm.reset();
-  EXPECT_THAT(api.calls_named("ncclCommDestroy"), SizeIs(1));
-  EXPECT_THAT(api.calls_named("cudaEventDestroy"), SizeIs(1));
+  std::vector<std::string> ops;
+  for (const FakeNcclCall& c : api.calls()) ops.push_back(c.op);
+  EXPECT_THAT(ops,
+              ElementsAre("cudaSetDevice", "ncclCommFinalize", "cudaSetDevice",
+                          "ncclCommDestroy", "cudaSetDevice", "cudaFree",
+                          "cudaEventDestroy"));
+  // Alone: no group. The fake rejects ncclCommDestroy while the
+  // finalization is in progress, so the polls in between are what let it
+  // through.
+  const std::vector<FakeNcclCall> calls = api.calls();
+  EXPECT_EQ(calls[1].group_depth, 0);
+  EXPECT_GE(calls[3].polls - calls[1].polls, 2);
   EXPECT_EQ(api.live_allocations(), 0);
 }
 
@@ -478,6 +703,7 @@ TEST(CreateNcclCommunicatorTest, RendezvousThroughTheKvStore) {
   for (const FakeNcclCall& c : inits) {
     EXPECT_EQ(c.count, kSize);
     EXPECT_EQ(c.group_depth, 0);  // one rank per thread: no group
+    EXPECT_TRUE(c.nonblocking);
   }
   ASSERT_OK_AND_ASSIGN(
       std::string hex,
@@ -487,6 +713,27 @@ TEST(CreateNcclCommunicatorTest, RendezvousThroughTheKvStore) {
     EXPECT_EQ(comms[r]->rank(), r);
     EXPECT_EQ(comms[r]->size(), kSize);
   }
+}
+
+TEST(CreateNcclCommunicatorTest, APeerThatNeverArrivesBoundsInitialization) {
+  FakeNcclApi api;
+  InMemoryKvStore store;
+  const absl::Time start = absl::Now();
+  // Rank 0 publishes the id and initializes; rank 1 never comes.
+  auto c = CreateNcclCommunicator(&store, "job/d/dp/0", &api,
+                                  {.rank = 0, .stream = FakeNcclApi::Stream(0)},
+                                  2, Options(absl::Milliseconds(200)));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_THAT(
+      c, StatusIs(absl::StatusCode::kDeadlineExceeded,
+                  AllOf(HasSubstr("rank 0 of 2"), HasSubstr("initialization"),
+                        HasSubstr("did not arrive"))));
+  EXPECT_GE(took, absl::Milliseconds(200));
+  EXPECT_LT(took, absl::Seconds(10));
+  EXPECT_THAT(api.calls_named("ncclCommInitRank"), SizeIs(1));
+  EXPECT_THAT(api.calls_named("ncclCommAbort"), SizeIs(1));
+  EXPECT_THAT(api.calls_named("cudaMalloc"), IsEmpty());
+  EXPECT_THAT(api.calls_named("cudaEventCreate"), IsEmpty());
 }
 
 TEST(CreateNcclCommunicatorTest, MissingRootIsDeadlineExceededNamingTheKey) {
@@ -552,6 +799,106 @@ TEST(CreateNcclCommunicatorTest, SeveralLocalRanksInitInsideOneGroup) {
              [&](int r) { EXPECT_OK(comms[r]->AllReduce(data[r].data(), 3)); });
   EXPECT_THAT(data[0], ElementsAre(11, 22, 33));
   EXPECT_THAT(data[1], ElementsAre(11, 22, 33));
+}
+
+// --- Teardown ---------------------------------------------------------------
+
+std::vector<NcclLocalRank> ThreeLocalRanks() {
+  return {{.rank = 0, .device = 0, .stream = FakeNcclApi::Stream(0)},
+          {.rank = 1, .device = 1, .stream = FakeNcclApi::Stream(1)},
+          {.rank = 2, .device = 2, .stream = FakeNcclApi::Stream(2)}};
+}
+
+// The NCCL calls of `calls` (group brackets included), by name.
+std::vector<std::string> NcclOpsOf(const std::vector<FakeNcclCall>& calls) {
+  std::vector<std::string> ops;
+  for (const FakeNcclCall& c : calls) {
+    if (c.op.rfind("nccl", 0) == 0) ops.push_back(c.op);
+  }
+  return ops;
+}
+
+TEST(DestroyNcclCommunicatorsTest, FinalizesTogetherWaitsThenDestroysEach) {
+  FakeNcclApi api;
+  InMemoryKvStore store;
+  ASSERT_OK_AND_ASSIGN(
+      std::vector<std::unique_ptr<Communicator>> comms,
+      CreateNcclCommunicators(&store, "job/e/dp/0", &api, ThreeLocalRanks(), 3,
+                              Options()));
+  api.ClearCalls();
+  ASSERT_OK(DestroyNcclCommunicators(std::move(comms)));
+  const std::vector<FakeNcclCall> calls = api.calls();
+  EXPECT_THAT(
+      NcclOpsOf(calls),
+      ElementsAre("ncclGroupStart", "ncclCommFinalize", "ncclCommFinalize",
+                  "ncclCommFinalize", "ncclGroupEnd", "ncclCommDestroy",
+                  "ncclCommDestroy", "ncclCommDestroy"));
+  std::vector<const FakeNcclCall*> finalizes, destroys;
+  const FakeNcclCall* group_end = nullptr;
+  for (const FakeNcclCall& c : calls) {
+    if (c.op == "ncclCommFinalize") finalizes.push_back(&c);
+    if (c.op == "ncclCommDestroy") destroys.push_back(&c);
+    if (c.op == "ncclGroupEnd") group_end = &c;
+  }
+  ASSERT_THAT(finalizes, SizeIs(3));
+  ASSERT_THAT(destroys, SizeIs(3));
+  ASSERT_NE(group_end, nullptr);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(finalizes[r]->comm_rank, r);
+    EXPECT_EQ(finalizes[r]->group_depth, 1);
+    EXPECT_EQ(finalizes[r]->group, finalizes[0]->group);
+    EXPECT_EQ(destroys[r]->comm_rank, r);
+    EXPECT_EQ(destroys[r]->group_depth, 0);
+  }
+  // Every finalization was polled until finished before the first destroy
+  // (which the fake would otherwise reject): one poll launches the group's
+  // work, then one finds each communicator ready.
+  EXPECT_GE(destroys[0]->polls - group_end->polls, 1 + 3);
+  EXPECT_THAT(api.calls_named("cudaEventDestroy"), SizeIs(3));
+  EXPECT_EQ(api.live_allocations(), 0);
+}
+
+TEST(DestroyNcclCommunicatorsTest, AFinalizationThatNeverEndsIsAborted) {
+  FakeNcclApi api;
+  InMemoryKvStore store;
+  ASSERT_OK_AND_ASSIGN(
+      std::vector<std::unique_ptr<Communicator>> comms,
+      CreateNcclCommunicators(&store, "job/f/dp/0", &api, ThreeLocalRanks(), 3,
+                              Options(absl::Milliseconds(100))));
+  comms[1]->Abort();  // aborted ones are only freed
+  api.ClearCalls();
+  api.SetNeverReady(true);
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(
+      DestroyNcclCommunicators(std::move(comms)),
+      StatusIs(absl::StatusCode::kDeadlineExceeded,
+               AllOf(HasSubstr("ncclCommFinalize"), HasSubstr("rank 0 of 3"))));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_THAT(
+      NcclOpsOf(api.calls()),
+      ElementsAre("ncclGroupStart", "ncclCommFinalize", "ncclCommFinalize",
+                  "ncclGroupEnd", "ncclCommAbort", "ncclCommAbort"));
+  EXPECT_EQ(api.live_allocations(), 0);
+}
+
+TEST(DestroyNcclCommunicatorsTest, RejectsOtherCommunicatorsButFreesAll) {
+  FakeNcclApi api;
+  InMemoryKvStore store;
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<Communicator> nccl,
+      CreateNcclCommunicator(&store, "job/g/dp/0", &api,
+                             {.stream = FakeNcclApi::Stream(0)}, 1, Options()));
+  FakeCommunicatorGroup other(1);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  comms.push_back(std::move(nccl));
+  comms.push_back(nullptr);
+  comms.push_back(other.TakeCommunicator(0));
+  EXPECT_THAT(DestroyNcclCommunicators(std::move(comms)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("comms[2] is not an NcclCommunicator")));
+  // Each destroyed on its own.
+  EXPECT_THAT(api.calls_named("ncclCommDestroy"), SizeIs(1));
+  EXPECT_EQ(api.live_allocations(), 0);
 }
 
 // --- Results on simulated data ----------------------------------------------
@@ -703,6 +1050,30 @@ TEST(NcclSimulatedDataTest, AMissingPeerTimesOutOnTheRanksThatCame) {
   EXPECT_THAT(
       comms[0]->AllReduce(data.data(), 3),
       StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("AllReduce")));
+}
+
+TEST(NcclSimulatedDataTest, APeerStuckInItsLaunchTimesOutTheOthers) {
+  FakeNcclApi api({.simulate_data = true});
+  InMemoryKvStore store;
+  std::vector<std::unique_ptr<Communicator>> comms(2);
+  RunOnRanks(2, [&](int r) {
+    auto c = CreateNcclCommunicator(
+        &store, "stuck", &api, {.rank = r, .stream = FakeNcclApi::Stream(r)}, 2,
+        Options(absl::Milliseconds(100)));
+    ASSERT_OK(c);
+    comms[r] = *std::move(c);
+  });
+  std::vector<float> a(3, 1.0f), b(3, 2.0f);
+  // Rank 0's launch never finishes (it is aborted at its deadline); rank 1
+  // then enters the same collective and cannot complete it either.
+  api.SetNeverReady(true);
+  EXPECT_THAT(comms[0]->AllReduce(a.data(), 3),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  api.SetNeverReady(false);
+  EXPECT_THAT(comms[1]->AllReduce(b.data(), 3),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(b, ElementsAre(2, 2, 2));
+  EXPECT_THAT(api.calls_named("ncclCommAbort"), SizeIs(2));
 }
 
 TEST(RealNcclApiTest, ExistsExactlyInCudaBuilds) {

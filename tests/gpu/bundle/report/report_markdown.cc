@@ -1,0 +1,213 @@
+// RenderMarkdown (report.h): report.json as report.md, the part a person
+// reads first: the summary, the machine and GPU, the CUDA libraries found,
+// every check, then the figures (Newton-Schulz vs torch and GEMM, the step
+// benchmarks, the PyTorch check).
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "tests/gpu/bundle/report/kernel_comparison.h"
+#include "tests/gpu/bundle/report/report.h"
+
+namespace canzona::bundle {
+namespace {
+
+using nlohmann::json;
+
+// A table cell: pipes and newlines would break the row.
+std::string Cell(const std::string& text) {
+  return absl::StrReplaceAll(text, {{"|", "\\|"}, {"\n", " "}});
+}
+
+std::string Cell(const json& value, int digits = 2) {
+  if (value.is_null()) return "–";
+  if (value.is_boolean()) return value.get<bool>() ? "yes" : "no";
+  if (value.is_number_integer()) return absl::StrCat(value.get<int64_t>());
+  if (value.is_number())
+    return absl::StrFormat("%.*f", digits, value.get<double>());
+  if (value.is_string()) return Cell(value.get<std::string>());
+  return Cell(value.dump());
+}
+
+std::string Get(const json& object, const char* key) {
+  if (!object.is_object() || !object.contains(key)) return "–";
+  return Cell(object[key]);
+}
+
+std::string Goal(const json& met) {
+  if (met.is_null()) return "";
+  return met.get<bool>() ? " (met)" : " (not met)";
+}
+
+void Section(std::string& md, const char* title) {
+  absl::StrAppend(&md, "\n## ", title, "\n\n");
+}
+
+void KeyValueTable(std::string& md, const json& object) {
+  md += "| | |\n|---|---|\n";
+  for (const auto& [key, value] : object.items()) {
+    absl::StrAppend(&md, "| ", key, " | ", Cell(value), " |\n");
+  }
+}
+
+void RenderGpu(std::string& md, const json& report) {
+  const json& gpu = report["gpu"];
+  Section(md, "GPU");
+  if (!gpu.value("present", false)) {
+    absl::StrAppend(&md, "No GPU: ", Get(gpu, "reason"),
+                    ". GPU checks are marked skipped; no GPU figure is "
+                    "claimed from this run.\n");
+    return;
+  }
+  KeyValueTable(md, gpu);
+}
+
+void RenderLibraries(std::string& md, const json& report) {
+  Section(md, "CUDA libraries");
+  const json& libraries = report["cuda_libraries"];
+  if (libraries.empty()) {
+    md += "None recorded.\n";
+    return;
+  }
+  md += "| library | found at | version | how |\n|---|---|---|---|\n";
+  for (const json& lib : libraries) {
+    absl::StrAppend(&md, "| ", Get(lib, "soname"), " | ", Get(lib, "path"),
+                    " | ", Get(lib, "version"), " | ", Get(lib, "source"),
+                    " |\n");
+  }
+}
+
+void RenderChecks(std::string& md, const json& report) {
+  Section(md, "Checks");
+  md += "| # | check | status | s | detail |\n|---|---|---|---|---|\n";
+  int index = 0;
+  for (const json& check : report["checks"]) {
+    absl::StrAppend(&md, "| ", ++index, " | ", Get(check, "name"), " | **",
+                    Get(check, "status"), "** | ", Cell(check["duration_s"], 1),
+                    " | ", Get(check, "reason"), " |\n");
+  }
+}
+
+void RenderNewtonSchulz(std::string& md, const json& report) {
+  const json& rows = report["newton_schulz"];
+  if (rows.empty()) return;
+  Section(md, "Newton-Schulz (5 steps) vs torch NS5 and the GEMM rate");
+  absl::StrAppend(
+      &md, "Goals: speedup >= ", absl::StrFormat("%.1f", kSpeedupGoal),
+      "x over the faster torch form (default or addmm), and >= ",
+      static_cast<int>(kGemmFractionGoal * 100),
+      "% of the GEMM rate of the same GPU and shape (s x l x s). Times are "
+      "medians.\n\n");
+  md +=
+      "| precision | shape | ours ms | torch ms | torch addmm ms | speedup | "
+      "ours GFLOP/s | GEMM GFLOP/s (reference) | of GEMM |\n"
+      "|---|---|---|---|---|---|---|---|---|\n";
+  for (const json& r : rows) {
+    absl::StrAppend(
+        &md, "| ", Get(r, "precision"), " | ", Cell(r["rows"]), "x",
+        Cell(r["cols"]), " | ", Cell(r["ours_ms"], 3), " | ",
+        Cell(r["torch_ms"], 3), " | ", Cell(r["torch_addmm_ms"], 3), " | ",
+        r["speedup"].is_null() ? "–" : Cell(r["speedup"]) + "x",
+        Goal(r["speedup_goal_met"]), " | ", Cell(r["ours_gflops"], 0), " | ",
+        Cell(r["gemm_gflops"], 0), " (", Get(r, "gemm_reference"), ") | ",
+        r["fraction_of_gemm"].is_null()
+            ? "–"
+            : absl::StrFormat("%.0f%%",
+                              100 * r["fraction_of_gemm"].get<double>()),
+        Goal(r["gemm_goal_met"]), " |\n");
+  }
+}
+
+void RenderSteps(std::string& md, const json& report) {
+  std::string table;
+  for (const json& check : report["checks"]) {
+    if (check.value("kind", "") != "step" ||
+        check.value("status", "") != "passed") {
+      continue;
+    }
+    const json& f = check["figures"];
+    for (const json& mode : f.value("modes", json::array())) {
+      absl::StrAppend(&table, "| ", Get(check, "name"), " | DP", Cell(f["dp"]),
+                      " x TP", Cell(f["tp"]), " | ", Get(mode, "mode"), " | ",
+                      Cell(mode["median_iteration_ms"]), " | ",
+                      Cell(mode["median_step_ms"]), " | ",
+                      Cell(mode["dp_comm_ms_per_step"]), " | ",
+                      Cell(mode["exposed_over_total_comm"]), " |\n");
+    }
+  }
+  if (table.empty()) return;
+  Section(md, "Step benchmarks (canzonactl bench step)");
+  md +=
+      "| check | layout | mode | iteration ms | step ms | DP comm ms | "
+      "exposed / total |\n|---|---|---|---|---|---|---|\n";
+  md += table;
+}
+
+void RenderTorchCheck(std::string& md, const json& report) {
+  for (const json& check : report["checks"]) {
+    if (check.value("kind", "") != "torch_check") continue;
+    const json& f = check["figures"];
+    if (!f.contains("variants")) continue;
+    Section(md, "PyTorch check: canzona.torch vs torch.optim.Muon + AdamW");
+    if (f.contains("settings")) {
+      absl::StrAppend(&md, "Settings (both sides): `",
+                      Cell(f["settings"].dump()), "`\n\n");
+    }
+    md +=
+        "| variant | steps | status | matrix update rel. err (tol) | "
+        "vector update rel. err (tol) | loss first -> last | canzona step "
+        "ms | torch step ms |\n|---|---|---|---|---|---|---|---|\n";
+    for (const json& v : f["variants"]) {
+      absl::StrAppend(&md, "| ", Get(v, "name"), " | ", Get(v, "steps"), " | ",
+                      Get(v, "status"), " | ", Cell(v["matrix_max_rel_err"], 5),
+                      " (", Cell(v["matrix_tolerance"], 5), ") | ",
+                      Cell(v["vector_max_rel_err"], 7), " (",
+                      Cell(v["vector_tolerance"], 7), ") | ",
+                      Cell(v["loss_first"], 4), " -> ", Cell(v["loss_last"], 4),
+                      " | ", Cell(v["canzona_step_ms"], 3), " | ",
+                      Cell(v["torch_step_ms"], 3), " |\n");
+    }
+  }
+}
+
+}  // namespace
+
+std::string RenderMarkdown(const json& report) {
+  std::string md = "# Canzona GPU bundle report\n\n";
+  const json& bundle = report["bundle"];
+  const json& run = report["run"];
+  absl::StrAppend(&md, "Bundle ", Get(bundle, "version"), " (commit ",
+                  Get(bundle, "commit"), ", built ", Get(bundle, "built"),
+                  "); run started ", Get(run, "started_at"), ", took ",
+                  Get(run, "elapsed_s"), " s of a ", Get(run, "budget_s"),
+                  " s budget.\n\n");
+  const json& s = report["summary"];
+  absl::StrAppend(&md, "**", Cell(s["passed"]), " passed, ", Cell(s["failed"]),
+                  " failed, ", Cell(s["skipped"]), " skipped** of ",
+                  Cell(s["total"]), " checks.\n");
+  if (run.contains("warning")) {
+    absl::StrAppend(&md, "\n**Warning:** ", Get(run, "warning"), "\n");
+  }
+  if (run.contains("cuda_missing")) {
+    absl::StrAppend(&md,
+                    "\nCUDA libraries not found here (the bundle's "
+                    "stand-ins were used): ",
+                    Get(run, "cuda_missing"), "\n");
+  }
+  Section(md, "Machine");
+  KeyValueTable(md, report["machine"]);
+  RenderGpu(md, report);
+  RenderLibraries(md, report);
+  RenderChecks(md, report);
+  RenderNewtonSchulz(md, report);
+  RenderSteps(md, report);
+  RenderTorchCheck(md, report);
+  md +=
+      "\nLogs: `logs/`; each check's JSON output: `data/`; the runner's "
+      "own log: `runner.log`.\n";
+  return md;
+}
+
+}  // namespace canzona::bundle

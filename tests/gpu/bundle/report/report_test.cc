@@ -1,0 +1,327 @@
+// The bundle report writer (canzona-bundle-report) on report directories
+// written here the way the runner writes them: record parsing, each kind's
+// outcome, the Newton-Schulz comparison's arithmetic, the assembled report
+// and its Markdown.
+#include "tests/gpu/bundle/report/report.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/gpu/bundle/report/check_record.h"
+#include "tests/gpu/bundle/report/check_result.h"
+#include "tests/gpu/bundle/report/kernel_comparison.h"
+#include "tests/matchers/status_matchers.h"
+
+namespace canzona::bundle {
+namespace {
+
+using ::canzona::testing::StatusIs;
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+class ReportDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/canzona-report-test.XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    std::filesystem::create_directories(dir_ / "checks");
+    std::filesystem::create_directories(dir_ / "logs");
+    std::filesystem::create_directories(dir_ / "data");
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  void Write(const std::string& relative, const std::string& text) {
+    std::ofstream(dir_ / relative) << text;
+  }
+  // A check that ran: its record, log and JSON output.
+  CheckRecord Ran(const std::string& name, const std::string& kind,
+                  const std::string& log, const std::string& data,
+                  int exit_code = 0) {
+    CheckRecord r;
+    r.name = name;
+    r.kind = kind;
+    r.ran = true;
+    r.exit_code = exit_code;
+    r.limit_s = 60;
+    r.log = "logs/" + name + ".log";
+    Write(r.log, log);
+    if (!data.empty()) {
+      r.data = "data/" + name + ".json";
+      Write(r.data, data);
+    }
+    return r;
+  }
+
+  std::filesystem::path dir_;
+  std::mt19937 rng_{std::random_device{}()};
+};
+
+json GtestJson(const std::vector<std::string>& results) {
+  json suite = {{"name", "Suite"}, {"testsuite", json::array()}};
+  for (size_t i = 0; i < results.size(); ++i) {
+    json test = {{"name", "T" + std::to_string(i)},
+                 {"status", "RUN"},
+                 {"result", results[i] == "SKIPPED" ? "SKIPPED" : "COMPLETED"}};
+    if (results[i] == "FAILED") {
+      test["failures"] = {{{"failure", "x.cc:1\nExpected equality"}}};
+    }
+    suite["testsuite"].push_back(test);
+  }
+  return {{"tests", results.size()}, {"testsuites", {suite}}};
+}
+
+constexpr char kSkipLog[] =
+    "[ RUN      ] Suite.T0\n"
+    "tests/gpu/x.cc:75: Skipped\n"
+    "no CUDA device\n"
+    "[  SKIPPED ] Suite.T0 (0 ms)\n";
+
+TEST(KeyValuesTest, ParsesLinesAndNamesTheBadOne) {
+  ASSERT_OK_AND_ASSIGN(KeyValues values,
+                       ParseKeyValues("# c\na=1\n\nb=x=y\n", "env.txt"));
+  EXPECT_EQ(values.at("a"), "1");
+  EXPECT_EQ(values.at("b"), "x=y");
+  EXPECT_THAT(
+      ParseKeyValues("a=1\nbroken\n", "env.txt"),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("env.txt:2")));
+}
+
+TEST(CheckRecordTest, NamesTheMissingOrBadField) {
+  EXPECT_THAT(
+      ParseCheckRecord({{"state", "ran"}}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"name\"")));
+  EXPECT_THAT(
+      ParseCheckRecord({{"name", "a"}, {"state", "maybe"}}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"state\"")));
+  EXPECT_THAT(
+      ParseCheckRecord({{"name", "a"}, {"state", "skipped"}}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("reason")));
+  EXPECT_THAT(
+      ParseCheckRecord({{"name", "a"}, {"state", "ran"}, {"exit_code", "x"}}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exit_code")));
+  ASSERT_OK_AND_ASSIGN(CheckRecord r,
+                       ParseCheckRecord({{"name", "a"},
+                                         {"state", "ran"},
+                                         {"exit_code", "3"},
+                                         {"timed_out", "1"},
+                                         {"duration_s", "1.5"}}));
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_TRUE(r.timed_out);
+  EXPECT_DOUBLE_EQ(r.duration_s, 1.5);
+}
+
+TEST_F(ReportDir, GtestAllSkippedIsSkippedWithTheMessage) {
+  CheckResult r =
+      EvaluateCheck(Ran("g", "gtest", kSkipLog,
+                        GtestJson({"SKIPPED", "SKIPPED", "SKIPPED"}).dump()),
+                    dir_);
+  EXPECT_EQ(r.outcome, Outcome::kSkipped);
+  EXPECT_THAT(r.reason, HasSubstr("all 3 skipped: no CUDA device"));
+  EXPECT_EQ(r.figures["tests"], 3);
+  EXPECT_EQ(r.figures["skipped"], 3);
+}
+
+TEST_F(ReportDir, GtestFailureNamesTheTest) {
+  CheckResult r = EvaluateCheck(
+      Ran("g", "gtest", "", GtestJson({"OK", "FAILED", "SKIPPED"}).dump(), 1),
+      dir_);
+  EXPECT_EQ(r.outcome, Outcome::kFailed);
+  EXPECT_THAT(r.reason, HasSubstr("1 of 3 tests failed: Suite.T1"));
+  EXPECT_EQ(r.figures["passed"], 1);
+}
+
+TEST_F(ReportDir, GtestSomeSkippedPasses) {
+  CheckResult r = EvaluateCheck(
+      Ran("g", "gtest", kSkipLog, GtestJson({"OK", "OK", "SKIPPED"}).dump()),
+      dir_);
+  EXPECT_EQ(r.outcome, Outcome::kPassed);
+  EXPECT_EQ(r.reason, "2 passed, 1 skipped: no CUDA device");
+}
+
+TEST_F(ReportDir, CrashWithoutOutputAndTimeoutFail) {
+  CheckResult crash = EvaluateCheck(
+      Ran("g", "gtest", "loading...\nSegmentation fault\n", "", 139), dir_);
+  EXPECT_EQ(crash.outcome, Outcome::kFailed);
+  EXPECT_EQ(crash.reason, "exit code 139: Segmentation fault");
+  CheckRecord slow = Ran("k", "kernels", "", "", 124);
+  slow.timed_out = true;
+  CheckResult timeout = EvaluateCheck(slow, dir_);
+  EXPECT_EQ(timeout.outcome, Outcome::kFailed);
+  EXPECT_THAT(timeout.reason, HasSubstr("timed out after 60 s"));
+}
+
+TEST_F(ReportDir, TrainerLossMustFall) {
+  std::uniform_real_distribution<double> loss(1.0, 10.0);
+  const double a = loss(rng_), b = loss(rng_);
+  const double hi = std::max(a, b), lo = std::min(a, b);
+  auto log = [](double first, double last) {
+    return "step    1  loss " + std::to_string(first) + "\nstep   50  loss " +
+           std::to_string(last) + "\n";
+  };
+  CheckResult falling =
+      EvaluateCheck(Ran("t", "trainer", log(hi, lo), ""), dir_);
+  EXPECT_EQ(falling.outcome, Outcome::kPassed);
+  EXPECT_NEAR(falling.figures["last_loss"].get<double>(), lo, 1e-5);
+  CheckResult rising =
+      EvaluateCheck(Ran("t", "trainer", log(lo, hi), ""), dir_);
+  EXPECT_EQ(rising.outcome, Outcome::kFailed);
+  EXPECT_THAT(rising.reason, HasSubstr("loss did not fall"));
+}
+
+TEST_F(ReportDir, SelfJudgedScriptsKeepTheirStatus) {
+  CheckResult skipped = EvaluateCheck(
+      Ran("c", "torch_check", "",
+          R"({"status": "skipped", "reason": "torch 2.5 has no Muon"})"),
+      dir_);
+  EXPECT_EQ(skipped.outcome, Outcome::kSkipped);
+  EXPECT_EQ(skipped.reason, "torch 2.5 has no Muon");
+  CheckResult passed_then_crashed = EvaluateCheck(
+      Ran("c", "torch_check", "boom", R"({"status": "passed"})", 134), dir_);
+  EXPECT_EQ(passed_then_crashed.outcome, Outcome::kFailed);
+  CheckResult no_json = EvaluateCheck(Ran("c", "torch_ns", "", ""), dir_);
+  EXPECT_EQ(no_json.outcome, Outcome::kFailed);
+}
+
+TEST_F(ReportDir, CanzonactlJsonIsTheFigures) {
+  CheckResult step =
+      EvaluateCheck(Ran("s", "step", "",
+                        R"({"dp": 2, "tp": 1, "modes": [{"mode": "plain"},
+              {"mode": "overlap"}]})"),
+                    dir_);
+  EXPECT_EQ(step.outcome, Outcome::kPassed);
+  EXPECT_EQ(step.reason, "2 modes, DP2 x TP1");
+  EXPECT_EQ(step.figures["modes"][1]["mode"], "overlap");
+  CheckResult kernels = EvaluateCheck(
+      Ran("k", "kernels", "",
+          R"({"ns_precision": "bf16", "device": "H100", "shapes": [{}]})"),
+      dir_);
+  EXPECT_EQ(kernels.reason, "1 shapes, bf16, on H100");
+  CheckResult no_json = EvaluateCheck(Ran("k", "kernels", "", ""), dir_);
+  EXPECT_EQ(no_json.outcome, Outcome::kFailed);
+  EXPECT_THAT(no_json.reason, HasSubstr("no JSON output"));
+}
+
+TEST_F(ReportDir, NotRunIsSkippedWithTheRunnersReason) {
+  CheckRecord r;
+  r.name = "bench";
+  r.reason = "no GPU (no nvidia-smi)";
+  CheckResult result = EvaluateCheck(r, dir_);
+  EXPECT_EQ(result.outcome, Outcome::kSkipped);
+  EXPECT_EQ(result.reason, "no GPU (no nvidia-smi)");
+}
+
+TEST_F(ReportDir, KernelComparisonArithmetic) {
+  std::uniform_real_distribution<double> ms(0.5, 50.0), rate(1e3, 9e5);
+  const double ours_bf16 = ms(rng_), ours_fp32 = ms(rng_);
+  const double torch_bf16 = ms(rng_), torch_addmm = ms(rng_),
+               torch_fp32 = ms(rng_);
+  const double ours_gflops = rate(rng_), our_gemm = rate(rng_),
+               torch_gemm_bf16 = rate(rng_);
+  auto ours = [&](const char* precision, double ms) {
+    return json{{"ns_precision", precision},
+                {"shapes",
+                 {{{"rows", 1024},
+                   {"cols", 5120},
+                   {"ns_seconds", ms / 1e3},
+                   {"ns_gflops", ours_gflops},
+                   {"gemm_gflops", our_gemm}}}}};
+  };
+  std::vector<CheckResult> results(3);
+  results[0].record.kind = "kernels";
+  results[0].outcome = Outcome::kPassed;
+  results[0].figures = ours("bf16", ours_bf16);
+  results[1].record.kind = "kernels";
+  results[1].outcome = Outcome::kPassed;
+  results[1].figures = ours("fp32", ours_fp32);
+  results[2].record.kind = "torch_ns";
+  results[2].outcome = Outcome::kPassed;
+  results[2].figures = {{"shapes",
+                         {{{"precision", "bf16"},
+                           {"rows", 1024},
+                           {"cols", 5120},
+                           {"ns_ms", torch_bf16},
+                           {"ns_addmm_ms", torch_addmm},
+                           {"gemm_gflops", torch_gemm_bf16}},
+                          {{"precision", "fp32"},
+                           {"rows", 1024},
+                           {"cols", 5120},
+                           {"ns_ms", torch_fp32},
+                           {"ns_addmm_ms", nullptr}},
+                          // Another shape: matched to nothing.
+                          {{"precision", "fp32"},
+                           {"rows", 5120},
+                           {"cols", 1024},
+                           {"ns_ms", 1}}}}};
+  json rows = CompareKernels(results);
+  ASSERT_EQ(rows.size(), 2u);
+  const json& bf16 = rows[0];
+  EXPECT_NEAR(bf16["speedup"].get<double>(),
+              std::min(torch_bf16, torch_addmm) / ours_bf16, 1e-9);
+  EXPECT_EQ(bf16["speedup_goal_met"].get<bool>(),
+            std::min(torch_bf16, torch_addmm) / ours_bf16 >= kSpeedupGoal);
+  EXPECT_NEAR(bf16["fraction_of_gemm"].get<double>(),
+              ours_gflops / torch_gemm_bf16, 1e-9);
+  EXPECT_EQ(bf16["gemm_reference"], "torch bf16 GEMM");
+  const json& fp32 = rows[1];
+  EXPECT_NEAR(fp32["speedup"].get<double>(), torch_fp32 / ours_fp32, 1e-9);
+  EXPECT_NEAR(fp32["fraction_of_gemm"].get<double>(), ours_gflops / our_gemm,
+              1e-9);
+  EXPECT_EQ(fp32["gemm_goal_met"].get<bool>(),
+            ours_gflops / our_gemm >= kGemmFractionGoal);
+  // Without torch: no speedup, and bf16 has no GEMM reference.
+  results.pop_back();
+  rows = CompareKernels(results);
+  EXPECT_TRUE(rows[0]["speedup"].is_null());
+  EXPECT_TRUE(rows[0]["fraction_of_gemm"].is_null());
+  EXPECT_FALSE(rows[1]["fraction_of_gemm"].is_null());
+}
+
+TEST_F(ReportDir, BuildsTheReportAndItsMarkdown) {
+  Write("env.txt",
+        "bundle_commit=abc123\nmachine_os=Debian GNU/Linux 12\n"
+        "gpu_present=0\ngpu_reason=no nvidia-smi\n"
+        "cudalib.libcublas.so.13.path=/x/libcublas.so.13\n"
+        "cudalib.libcublas.so.13.version=13.0\nrun_budget_s=480\n"
+        "run_cuda_missing=libnccl.so.2\n");
+  Write("checks/01-cpu.rec",
+        "name=cpu-step\nkind=trainer\nstate=ran\nexit_code=0\n"
+        "log=logs/cpu.log\n");
+  Write("logs/cpu.log", "step 1  loss 3.0\nstep 2  loss 2.0\n");
+  Write("checks/02-gpu.rec",
+        "name=gpu-test-x\nkind=gtest\nstate=ran\nexit_code=0\n"
+        "log=logs/gpu.log\ndata=data/gpu.json\n");
+  Write("logs/gpu.log", kSkipLog);
+  Write("data/gpu.json", GtestJson({"SKIPPED"}).dump());
+  Write("checks/03-k.rec",
+        "name=bench-kernels-bf16\nkind=kernels\nstate=skipped\n"
+        "reason=no GPU (no nvidia-smi)\n");
+  ASSERT_OK_AND_ASSIGN(json report, BuildReport(dir_));
+  EXPECT_EQ(report["summary"]["passed"], 1);
+  EXPECT_EQ(report["summary"]["skipped"], 2);
+  EXPECT_EQ(report["summary"]["failed"], 0);
+  EXPECT_FALSE(report["gpu"]["present"].get<bool>());
+  EXPECT_EQ(report["machine"]["os"], "Debian GNU/Linux 12");
+  ASSERT_EQ(report["cuda_libraries"].size(), 1u);
+  EXPECT_EQ(report["cuda_libraries"][0]["soname"], "libcublas.so.13");
+  EXPECT_EQ(report["cuda_libraries"][0]["version"], "13.0");
+  const std::string md = RenderMarkdown(report);
+  EXPECT_THAT(md, HasSubstr("**1 passed, 0 failed, 2 skipped**"));
+  EXPECT_THAT(md, HasSubstr("No GPU: no nvidia-smi"));
+  EXPECT_THAT(md, HasSubstr("| libcublas.so.13 | /x/libcublas.so.13 | 13.0"));
+  EXPECT_THAT(md, HasSubstr("| 3 | bench-kernels-bf16 | **skipped**"));
+  EXPECT_THAT(md, HasSubstr("stand-ins were used): libnccl.so.2"));
+
+  Write("checks/04-bad.rec", "name=x\n");
+  EXPECT_THAT(BuildReport(dir_), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("04-bad.rec")));
+}
+
+}  // namespace
+}  // namespace canzona::bundle

@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# The Canzona GPU bundle's runner: finds the CUDA 13 runtime, cuBLAS,
+# cuSOLVER and NCCL on this machine, prints them and the GPU, then runs
+# every check in order, each bounded in time, going on past failures, and
+# writes report.md + report.json into the report directory.
+#
+#   ./run.sh REPORT_DIR [--budget SECONDS] [--archive FILE] [--only REGEX]
+#
+#   --budget S     wall-clock budget for everything (default 480): a check
+#                  gets min(its own limit, what is left); one that cannot
+#                  start in time is reported skipped
+#   --archive F    also pack the whole report directory (logs, JSON) into F
+#                  (.tar.gz), e.g. for a tool that returns few files
+#   --only REGEX   run only the checks whose name matches (others skipped)
+#
+# Checks, in order:
+#   cpu         canzonactl bench step on a cpu daemon (DP2); tp_mlp_trainer
+#               (DP2 x TP2) against two daemons on loopback
+#   gpu tests   every gpu-labelled gtest binary in tests/ (JSON in data/)
+#   kernels     canzonactl bench kernels on qwen3-32b shapes, bf16 and fp32,
+#               then torch's NS5 on the same shapes (checks/torch_ns_bench.py)
+#   step        canzonactl bench step against canzonad --backend cuda with
+#               --comm nccl (world size 1) and --comm gloo (DP2 on one GPU)
+#   torch       checks/torch_check.py: canzona.torch vs torch.optim.Muon +
+#               AdamW on the GPU; the Python example trainer on a cpu daemon
+# Without a GPU the GPU checks are skipped ("no GPU") and the rest runs;
+# without python3 / torch / the canzona package the Python checks are
+# skipped with the reason.
+#
+# Environment: CANZONA_CUDA_LIB_DIRS (colon-separated) is searched first
+# for the CUDA libraries; PYTHON picks the interpreter (default python3).
+# Exit status: 0 when no check failed, 1 otherwise, 2 on bad usage.
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+usage() { sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+
+report=""
+budget=480
+archive=""
+only=""
+while (($#)); do
+  case "$1" in
+    --budget) budget="$2"; shift 2 ;;
+    --archive) archive="$2"; shift 2 ;;
+    --only) only="$2"; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    -*) echo "run.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
+    *)
+      if [[ -n "$report" ]]; then echo "run.sh: one report directory" >&2; exit 2; fi
+      report="$1"; shift ;;
+  esac
+done
+if [[ -z "$report" ]]; then usage >&2; exit 2; fi
+if ! [[ "$budget" =~ ^[0-9]+$ ]]; then echo "run.sh: --budget: not a number of seconds: $budget" >&2; exit 2; fi
+mkdir -p "$report" || exit 2
+report="$(cd "$report" && pwd)"
+# A report directory used before: only this run's results in it.
+rm -rf "$report"/{checks,logs,data} "$report"/report.md "$report"/report.json \
+  "$report"/env.txt "$report"/runner.log
+mkdir -p "$report"/{checks,logs,data} || exit 2
+
+bin="$here/bin"
+models="$here/share/canzona/models"
+info="$here/share/canzona/bundle"
+work="$(mktemp -d "${TMPDIR:-/tmp}/canzona-bundle.XXXXXX")"
+start=$SECONDS
+# Reserved at the end of the budget for the report.
+reserve=15
+check_number=0
+daemon_pids=()
+
+# How checks run (runner_checks.sh), then what this machine has
+# (runner_environment.sh: env.txt, LD_LIBRARY_PATH, gpu, python, ...).
+source "$info/runner_checks.sh" || { echo "run.sh: $info/runner_checks.sh missing" >&2; exit 2; }
+cleanup() { stop_daemons; rm -rf "$work"; }
+trap cleanup EXIT
+trap 'log "interrupted"; exit 130' INT TERM
+source "$info/runner_environment.sh" || { echo "run.sh: $info/runner_environment.sh missing" >&2; exit 2; }
+
+# --- cpu: the daemon starts and a CPU job steps (no GPU needed) ----------------
+
+with_daemons cpu-step-bench cpu step 60 data/cpu-step-bench.json \
+  "--backend cpu --comm gloo --step-timeout 60 --register-timeout 60" -- \
+  bash -c "'$bin/canzonactl' bench step --target '$(sock d0)' --model '$info/tiny-model.json' \
+    --layers 1 --vocab 256 --dp 2 --steps 5 --warmup 1 --backward-ms 2 --forward-ms 1 \
+    --overlap --timeout 60 --json >'$report/data/cpu-step-bench.json'"
+
+with_daemons cpu-tp-mlp-trainer cpu trainer 90 "" \
+  "--backend cpu --comm gloo --step-timeout 60 --register-timeout 60" \
+  "--backend cpu --comm gloo --step-timeout 60 --register-timeout 60" -- \
+  "$bin/tp_mlp_trainer" --targets "$(sock d0),$(sock d1)" --dp 2 --tp 2 --steps 60 \
+  --print-every 10 --job bundle-trainer
+
+# --- gpu tests: every gpu-labelled binary; they skip themselves without one ----
+
+for test_bin in "$here"/tests/*; do
+  [[ -x "$test_bin" ]] || continue
+  t="$(basename "$test_bin")"
+  run_check "gpu-test-$t" "gpu tests" gtest 150 "data/gpu-test-$t.json" -- \
+    "$test_bin" "--gtest_output=json:$report/data/gpu-test-$t.json"
+done
+
+# --- kernels: our Newton-Schulz vs GEMM, then torch's NS5 on the same shapes ---
+
+no_gpu="no GPU ($gpu_reason)"
+for precision in bf16 fp32; do
+  if ((gpu)); then
+    run_check "bench-kernels-$precision" kernels kernels 150 "data/bench-kernels-$precision.json" -- \
+      bash -c "'$bin/canzonactl' bench kernels --backend cuda --model qwen3-32b --models-dir '$models' \
+        --precision $precision --min-time 0.5 --json >'$report/data/bench-kernels-$precision.json'"
+  else
+    skip "bench-kernels-$precision" kernels kernels "$no_gpu"
+  fi
+done
+
+torch_reason=""
+if ((!have_python)); then
+  torch_reason="no python3"
+elif ((!have_torch)); then
+  torch_reason="torch is not importable by $python"
+elif ((!torch_cuda)); then
+  torch_reason="torch sees no CUDA device"
+fi
+if ((!gpu)); then
+  skip torch-ns5 kernels torch_ns "$no_gpu"
+elif [[ -n "$torch_reason" ]]; then
+  skip torch-ns5 kernels torch_ns "$torch_reason"
+else
+  run_check torch-ns5 kernels torch_ns 180 data/torch-ns5.json -- \
+    "$python" "$here/checks/torch_ns_bench.py" --ours "$report/data/bench-kernels-bf16.json" \
+    --ours "$report/data/bench-kernels-fp32.json" --min-time 0.5 --out "$report/data/torch-ns5.json"
+fi
+
+# --- step: the distributed step with cuda compute --------------------------------
+
+step_args=(--model qwen3-0.6b --models-dir "$models" --layers 2 --vocab 4096 --steps 10
+  --warmup 2 --backward-ms 20 --forward-ms 10 --overlap --timeout 120 --json)
+if ((gpu)); then
+  with_daemons step-cuda-nccl-ws1 step step 120 data/step-cuda-nccl-ws1.json \
+    "--backend cuda --comm nccl --step-timeout 120 --register-timeout 120" -- \
+    bash -c "'$bin/canzonactl' bench step --target '$(sock d0)' --dp 1 --tp 1 $(printf '%q ' "${step_args[@]}") \
+      >'$report/data/step-cuda-nccl-ws1.json'"
+  with_daemons step-cuda-gloo-dp2 step step 120 data/step-cuda-gloo-dp2.json \
+    "--backend cuda --comm gloo --step-timeout 120 --register-timeout 120" -- \
+    bash -c "'$bin/canzonactl' bench step --target '$(sock d0)' --dp 2 --tp 1 $(printf '%q ' "${step_args[@]}") \
+      >'$report/data/step-cuda-gloo-dp2.json'"
+else
+  skip step-cuda-nccl-ws1 step step "$no_gpu"
+  skip step-cuda-gloo-dp2 step step "$no_gpu"
+fi
+
+# --- torch: canzona.torch on the GPU vs torch.optim.Muon + AdamW ------------------
+
+# The PyTorch check needs torch with CUDA; the example trainer (on a cpu
+# daemon) torch alone; both the canzona package.
+canzona_reason=""
+if ((!have_python)); then
+  canzona_reason="no python3"
+elif ((!have_torch)); then
+  canzona_reason="torch is not importable by $python"
+fi
+if [[ -z "$canzona_reason" ]]; then
+  if [[ -z "$pypath" ]]; then
+    canzona_reason="the bundle carries no canzona Python package"
+  elif ! PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" timeout -k 5 60 "$python" -c 'import canzona, canzona.torch' \
+    >"$report/logs/import_canzona.log" 2>&1; then
+    canzona_reason="import canzona failed: $(tail -n1 "$report/logs/import_canzona.log")"
+  fi
+fi
+if ((!gpu)); then
+  skip torch-check torch torch_check "$no_gpu"
+elif [[ -n "$canzona_reason$torch_reason" ]]; then
+  skip torch-check torch torch_check "${canzona_reason:-$torch_reason}"
+else
+  with_daemons torch-check torch torch_check 240 data/torch-check.json \
+    "--backend cuda --comm nccl --step-timeout 120 --register-timeout 120" -- \
+    env PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+    "$python" "$here/checks/torch_check.py" --target "$(sock d0)" --device cuda --steps 20 \
+    --out "$report/data/torch-check.json"
+fi
+if [[ -n "$canzona_reason" ]]; then
+  skip python-example-trainer torch generic "$canzona_reason"
+elif ! [[ -f "$here/examples/train_torch.py" ]]; then
+  skip python-example-trainer torch generic "the bundle carries no train_torch.py"
+else
+  with_daemons python-example-trainer torch generic 120 "" \
+    "--backend cpu --comm gloo --step-timeout 60 --register-timeout 60" -- \
+    env PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 CANZONA_TARGET="$(sock d0)" \
+    "$python" "$here/examples/train_torch.py" --steps 10
+fi
+
+# --- report --------------------------------------------------------------------------
+
+env_set run_finished_at "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+env_set run_elapsed_s "$((SECONDS - start))"
+if ! "$bin/canzona-bundle-report" "$report" >"$work/summary.txt" 2>"$report/logs/report.log"; then
+  # The report tool failed: a plain report from the records alone.
+  log "canzona-bundle-report failed: $(tail -n1 "$report/logs/report.log")"
+  {
+    echo "# Canzona GPU bundle report (plain: the report tool failed)"
+    echo
+    echo '```'
+    cat "$report/env.txt"
+    echo '```'
+    for rec in "$report"/checks/*.rec; do
+      echo
+      echo '```'
+      cat "$rec"
+      echo '```'
+    done
+  } >"$report/report.md"
+  echo '{"schema": 1, "error": "canzona-bundle-report failed; see report.md"}' >"$report/report.json"
+  echo "canzona bundle: report tool failed" >"$work/summary.txt"
+fi
+if [[ -n "$archive" ]]; then
+  tar -C "$(dirname "$report")" -czf "$archive" "$(basename "$report")" &&
+    log "report archive: $archive"
+fi
+echo
+cat "$report/report.md"
+echo
+log "$(cat "$work/summary.txt")"
+grep -q ' 0 failed,' "$work/summary.txt"
