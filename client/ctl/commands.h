@@ -46,9 +46,8 @@ ConnectFlags& GlobalConnectFlags();
 // Adds --token ($CANZONA_JOB_TOKEN) and --tls-ca ($CANZONA_TLS_CA) to `cmd`.
 void AddConnectFlags(CLI::App* cmd);
 
-// The local daemon's default address (its unix socket), and a connected
-// client or CanzonactlExit(1, "cannot reach canzonad at ...").
-std::string DefaultTarget();
+// A client connected to `target` (empty: DefaultTarget(), the local
+// daemon's unix socket) or CanzonactlExit(1, "cannot reach canzonad at ...").
 std::unique_ptr<Client> ConnectOrExit(const std::string& target);
 
 }  // namespace canzona::ctl

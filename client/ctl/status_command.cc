@@ -12,14 +12,6 @@
 
 namespace canzona::ctl {
 
-std::string DefaultTarget() {
-  if (const char* runtime = std::getenv("XDG_RUNTIME_DIR");
-      runtime != nullptr && *runtime != '\0') {
-    return absl::StrCat("unix:", runtime, "/canzona/canzonad.sock");
-  }
-  return absl::StrCat("unix:/tmp/canzona-", ::getuid(), "/canzonad.sock");
-}
-
 ConnectFlags& GlobalConnectFlags() {
   static ConnectFlags flags;
   return flags;

@@ -3,7 +3,8 @@
 RoPE, SwiGLU) trained on synthetic tokens with a Canzona optimizer.
 
     canzonad &                                        # the node's daemon
-    PYTHONPATH=build/python torchrun --nproc_per_node 2 \\
+    pip install ./client/python                       # or PYTHONPATH=client/python
+    torchrun --nproc_per_node 2 \\
         client/examples/train_torch.py --optimizer muon --steps 50
 
 Each process is one data-parallel rank; the daemons average the gradients

@@ -1,8 +1,10 @@
 #include "client/lib/client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -47,6 +49,14 @@ absl::StatusOr<std::string> CaPem(const std::string& tls_ca) {
 }
 
 }  // namespace
+
+std::string DefaultTarget() {
+  if (const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+      runtime != nullptr && *runtime != '\0') {
+    return absl::StrCat("unix:", runtime, "/canzona/canzonad.sock");
+  }
+  return absl::StrCat("unix:/tmp/canzona-", ::getuid(), "/canzonad.sock");
+}
 
 canzona::v1::BufferRef SharedTensor::buffer_ref() const {
   canzona::v1::BufferRef ref;

@@ -57,6 +57,11 @@ class SharedTensor {
   std::vector<int64_t> shape_;
 };
 
+// The local daemon's address: its unix socket (canzonad's default
+// --unix-socket), "unix:$XDG_RUNTIME_DIR/canzona/canzonad.sock", else
+// "unix:/tmp/canzona-<uid>/canzonad.sock".
+std::string DefaultTarget();
+
 class Client {
  public:
   struct Options {

@@ -13,9 +13,13 @@ CANZONA_DEBIAN_PACKAGES=(
   openssl
   prometheus libcivetweb-dev
   libsystemd-dev systemd yamllint python3-yaml
-  # The Python package and its tests: Debian's interpreter, torch (CPU),
-  # numpy, pytest, pybind11.
-  python3-dev pybind11-dev python3-torch python3-numpy python3-pytest
+  # The Python package (pure Python over grpcio) and its tests: Debian's
+  # interpreter, its gRPC and protobuf, setuptools, wheel, pip and venv (the
+  # test that pip-installs the package into a fresh venv offline), torch
+  # (CPU), numpy, pytest.
+  python3-grpcio python3-protobuf python3-setuptools python3-wheel python3-pip
+  python3-venv
+  python3-torch python3-numpy python3-pytest
   # The GPU bundle (tests/gpu/bundle): RPATHs, the archive, and the bare
   # Debian chroot of tests/run.sh's bundle stage.
   patchelf xz-utils debootstrap

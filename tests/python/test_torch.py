@@ -5,17 +5,15 @@ float64 Shampoo / SOAP of canzona_reference); learning-rate schedulers reach
 the daemon; state_dict() resumes bitwise in new processes; bad use raises
 clear errors.
 
-Run by ctest (label python) with PYTHONPATH=<build>/python and CANZONAD set;
-by hand: PYTHONPATH=build/python /usr/bin/python3 -m pytest tests/python
+Run by ctest (label python): from a pip-installed copy (grpc transport)
+and from the source tree through canzona-bridge (CANZONA_TRANSPORT=bridge).
+By hand: PYTHONPATH=client/python CANZONAD=build/server/canzonad \
+  /usr/bin/python3 -m pytest tests/python/test_torch.py
 """
 
-import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
 import uuid
 
 import pytest
@@ -27,43 +25,18 @@ sys.path.insert(0, os.path.join(ROOT, "client", "examples"))
 sys.path.insert(0, HERE)
 
 import torch_worker  # noqa: E402
+from conftest import transport_unavailable  # noqa: E402
 import train_torch  # noqa: E402
 
 import canzona  # noqa: E402
 import canzona.torch as ct  # noqa: E402
 
-CANZONAD = os.environ.get("CANZONAD",
-                          os.path.join(ROOT, "build", "server", "canzonad"))
 STEPS = 20
-
-
-@pytest.fixture(scope="module")
-def daemon():
-    """One canzonad on a private unix socket; yields its target."""
-    if not os.path.exists(CANZONAD):
-        pytest.skip("canzonad not built at %s" % CANZONAD)
-    tmp = tempfile.mkdtemp(prefix="canzona-py-")
-    sock = os.path.join(tmp, "d.sock")
-    ready = os.path.join(tmp, "ready.json")
-    log = open(os.path.join(tmp, "d.log"), "w")
-    proc = subprocess.Popen(
-        [CANZONAD, "--unix-socket", sock, "--ready-file", ready,
-         "--metrics-address", "127.0.0.1:0", "--backend", "cpu",
-         "--step-timeout", "60"],
-        stdout=log, stderr=log, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
-    for _ in range(200):
-        if os.path.exists(ready) and os.path.getsize(ready) > 0:
-            break
-        time.sleep(0.05)
-    else:
-        proc.kill()
-        pytest.fail("canzonad did not start: " + open(log.name).read())
-    yield "unix:" + sock
-    proc.terminate()
-    code = proc.wait(timeout=30)
-    log.close()
-    shutil.rmtree(tmp, ignore_errors=True)
-    assert code == 0
+# The transport every rank must use: $CANZONA_TRANSPORT, else what "auto"
+# picks (grpc where importable).
+EXPECTED_TRANSPORT = (
+    os.environ.get("CANZONA_TRANSPORT", "auto").replace("auto", "") or
+    ("grpc" if transport_unavailable("grpc") is None else "bridge"))
 
 
 def run_ranks(daemon, world, out_dir, *args):
@@ -85,7 +58,10 @@ def run_ranks(daemon, world, out_dir, *args):
     for p in procs:
         output, _ = p.communicate(timeout=300)
         assert p.returncode == 0, output.decode()
-    return [torch.load(o) for o in outs]
+    results = [torch.load(o) for o in outs]
+    for r in results:
+        assert r["transport"] == EXPECTED_TRANSPORT, r["transport"]
+    return results
 
 
 # ---------------------------------------------------------------------------

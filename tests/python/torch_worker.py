@@ -111,6 +111,7 @@ def main():
                 "lrs": [g["lr"] for g in opt.param_groups],
                 "buckets": len(opt.registered["buckets"]),
                 "events": events,
+                "transport": opt.client.transport,
                 "comm": [opt.last_step["seconds"]["dp_comm"],
                          opt.last_step["seconds"]["dp_comm_exposed"]]},
                args.out)

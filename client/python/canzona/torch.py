@@ -193,10 +193,6 @@ class Optimizer(torch.optim.Optimizer):
         self.rank = (rank // (dp * tp), (rank // tp) % dp, rank % tp)
         self.global_rank = rank
         self.job_id = _job_id(job_id)
-        self.client = canzona.Client(target, job_token=job_token,
-                                     connect_timeout=connect_timeout,
-                                     step_timeout=step_timeout, tls_ca=tls_ca)
-
         # Every parameter and gradient in one buffer: host shared memory,
         # or device memory exported with CUDA IPC for a model on a GPU.
         tp_split = dict(tp_split or {})
@@ -233,63 +229,71 @@ class Optimizer(torch.optim.Optimizer):
                 shape[split] *= tp
             entries.append((name, param, group, split, shape, total))
             total += 2 * param.numel()
-        self._event = None
-        if self.device.type == "cuda":
-            index = self.device.index
-            if index is None:
-                index = torch.cuda.current_device()
-            self._event = canzona.CudaEvent(index)
-            self._buffer = torch.empty(total, dtype=torch.float32,
-                                       device=torch.device("cuda", index))
-            flat = self._buffer
-        else:
-            self._buffer = self.client.allocate(self.job_id, rank, total * 4)
-            flat = torch.frombuffer(self._buffer, dtype=torch.float32)
-        self._grads = []
-        self._names = []
-        self._seen_grad = False
-        parameters = []
-        by_group = {g: [] for g in self._groups}
-        for name, param, group, split, shape, offset in entries:
-            n = param.numel()
-            pview = flat[offset:offset + n].view(param.shape)
-            gview = flat[offset + n:offset + 2 * n].view(param.shape)
-            with torch.no_grad():
-                pview.copy_(param.data)
-                gview.zero_()
-            param.data = pview
-            param.grad = gview
-            param.register_hook(self._mark_grad)
-            self._grads.append((param, gview))
-            self._names.append(name)
-            by_group[group].append(param)
-            if self._event is not None:
-                base = flat.data_ptr()
-                param_ref = ("cuda", base + offset * 4, n * 4)
-                grad_ref = ("cuda", base + (offset + n) * 4, n * 4,
-                            self._event.handle)
+        self.client = canzona.Client(target, job_token=job_token,
+                                     connect_timeout=connect_timeout,
+                                     step_timeout=step_timeout, tls_ca=tls_ca)
+        try:
+            self._event = None
+            if self.device.type == "cuda":
+                index = self.device.index
+                if index is None:
+                    index = torch.cuda.current_device()
+                self._event = canzona.CudaEvent(index)
+                self._buffer = torch.empty(total, dtype=torch.float32,
+                                           device=torch.device("cuda", index))
+                flat = self._buffer
             else:
-                ref = self._buffer.name
-                param_ref = (ref, offset * 4, n * 4)
-                grad_ref = (ref, (offset + n) * 4, n * 4)
-            parameters.append({
-                "name": name, "shape": shape, "tp_split_dim": split,
-                "group": group, "param": param_ref, "grad": grad_ref})
+                self._buffer = self.client.allocate(self.job_id, rank,
+                                                    total * 4)
+                flat = torch.frombuffer(self._buffer, dtype=torch.float32)
+            self._grads = []
+            self._names = []
+            self._seen_grad = False
+            parameters = []
+            by_group = {g: [] for g in self._groups}
+            for name, param, group, split, shape, offset in entries:
+                n = param.numel()
+                pview = flat[offset:offset + n].view(param.shape)
+                gview = flat[offset + n:offset + 2 * n].view(param.shape)
+                with torch.no_grad():
+                    pview.copy_(param.data)
+                    gview.zero_()
+                param.data = pview
+                param.grad = gview
+                param.register_hook(self._mark_grad)
+                self._grads.append((param, gview))
+                self._names.append(name)
+                by_group[group].append(param)
+                if self._event is not None:
+                    base = flat.data_ptr()
+                    param_ref = ("cuda", base + offset * 4, n * 4)
+                    grad_ref = ("cuda", base + (offset + n) * 4, n * 4,
+                                self._event.handle)
+                else:
+                    ref = self._buffer.name
+                    param_ref = (ref, offset * 4, n * 4)
+                    grad_ref = (ref, (offset + n) * 4, n * 4)
+                parameters.append({
+                    "name": name, "shape": shape, "tp_split_dim": split,
+                    "group": group, "param": param_ref, "grad": grad_ref})
 
-        param_groups = []
-        for gname, (kind, spec) in self._groups.items():
-            if by_group[gname]:
-                param_groups.append(dict(spec, params=by_group[gname],
-                                         name=gname, optimizer=kind))
-        super().__init__(param_groups, {})
-        # Groups without parameters are still registered (every rank of a
-        # stage registers the same groups).
-        self.registered = self.client.register(
-            self.job_id, layout, self.rank,
-            [(g, kind, {k: _setting_value(v) for k, v in spec.items()})
-             for g, (kind, spec) in self._groups.items()],
-            parameters, strategy=strategy, alpha=alpha,
-            bucket_size=bucket_size, shard_group_size=shard_group_size)
+            param_groups = []
+            for gname, (kind, spec) in self._groups.items():
+                if by_group[gname]:
+                    param_groups.append(dict(spec, params=by_group[gname],
+                                             name=gname, optimizer=kind))
+            super().__init__(param_groups, {})
+            # Groups without parameters are still registered (every rank of a
+            # stage registers the same groups).
+            self.registered = self.client.register(
+                self.job_id, layout, self.rank,
+                [(g, kind, {k: _setting_value(v) for k, v in spec.items()})
+                 for g, (kind, spec) in self._groups.items()],
+                parameters, strategy=strategy, alpha=alpha,
+                bucket_size=bucket_size, shard_group_size=shard_group_size)
+        except BaseException:
+            self.client.close()  # ends a canzona-bridge child now
+            raise
         self.steps = 0
         self.last_step = None
         self._closed = False
@@ -314,16 +318,23 @@ class Optimizer(torch.optim.Optimizer):
         self._reported = set()
         # Buckets of the last async step not yet waited for.
         self._unsynced = set()
-        # Hooks on the AccumulateGrad nodes run once a parameter's gradient
-        # is fully accumulated for this backward (torch >= 1.13; the
-        # Megatron DDP technique). The nodes must stay referenced.
-        self._accumulators = []
         for j, (param, _) in enumerate(self._grads):
             if param.requires_grad:
                 self._bucket_size[self._bucket_of[j]] += 1
         self._left = list(self._bucket_size)
+        # A hook that runs once a parameter's gradient is fully accumulated
+        # for this backward: torch >= 2.1 has one; before, hooks on the
+        # AccumulateGrad nodes (the Megatron DDP technique), which must stay
+        # referenced.
+        post_accumulate = hasattr(torch.Tensor,
+                                  "register_post_accumulate_grad_hook")
+        self._accumulators = []
         for j, (param, _) in enumerate(self._grads):
             if not param.requires_grad:
+                continue
+            if post_accumulate:
+                self._hooks.append(param.register_post_accumulate_grad_hook(
+                    self._accumulated(j)))
                 continue
             acc = param.expand_as(param).grad_fn.next_functions[0][0]
             self._hooks.append(acc.register_hook(self._accumulated(j)))
@@ -382,8 +393,7 @@ class Optimizer(torch.optim.Optimizer):
         """GPU: marks on the current stream where the gradients are final;
         the daemon's copies wait for this event on the device."""
         if self._event is not None:
-            self._event.record(
-                torch.cuda.current_stream(self.device).cuda_stream)
+            self._event.record(torch.cuda.current_stream(self.device))
 
     def _mark_grad(self, grad):
         self._seen_grad = True
@@ -499,13 +509,17 @@ class Optimizer(torch.optim.Optimizer):
         return result
 
     def close(self):
-        """Deregisters this rank (the job ends when its last rank leaves)."""
+        """Deregisters this rank (the job ends when its last rank leaves)
+        and closes the client."""
         if not self._closed:
             self._closed = True
             for handle in self._hooks:
                 handle.remove()
             self._hooks = []
-            self.client.deregister(self.job_id, self.rank)
+            try:
+                self.client.deregister(self.job_id, self.rank)
+            finally:
+                self.client.close()
 
 
 def _matrix_optimizer(kind, named_parameters, matrix_settings, adamw_settings,

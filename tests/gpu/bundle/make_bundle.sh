@@ -11,14 +11,14 @@
 #   --no-build        pack what DIR holds (fails if a file is missing)
 #
 # Inside canzona-bundle/: run.sh (the runner); bin/ canzonad, canzonactl,
-# tp_mlp_trainer, canzona-bundle-report (and canzona-bridge when the build
-# has it); tests/ every gpu-labelled gtest binary; bench/ the GPU
-# benchmarks; lib/ the shared libraries they load except glibc's and
-# CUDA's (elf_closure.sh), and lib/cuda-stubs/ stand-ins for the CUDA ones
-# (make_cuda_stubs.sh); share/canzona/models/ the model configs;
-# python/ the canzona package (when it is pure Python); examples/ the
-# Python example trainer; checks/ the torch scripts. Binaries are stripped
-# and find lib/ through their RPATH ($ORIGIN/../lib).
+# tp_mlp_trainer, canzona-bundle-report, canzona-bridge (the Python
+# package's transport where grpcio is missing); tests/ every gpu-labelled
+# gtest binary; bench/ the GPU benchmarks; lib/ the shared libraries they
+# load except glibc's and CUDA's (elf_closure.sh), and lib/cuda-stubs/
+# stand-ins for the CUDA ones (make_cuda_stubs.sh); share/canzona/models/
+# the model configs; python/ the canzona package; examples/ the Python
+# example trainer; checks/ the torch scripts. Binaries are stripped and
+# find lib/ through their RPATH ($ORIGIN/../lib).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
@@ -86,8 +86,6 @@ while read -r kind target file; do
     exit 1
   fi
   name="$(basename "$file")"
-  # The bridge is canzona-bridge on PATH whatever its target is called.
-  [[ "$target" == canzona_bridge ]] && name=canzona-bridge
   cp "$file" "$dest/$name"
   strip --strip-debug "$dest/$name"
   patchelf --force-rpath --set-rpath '$ORIGIN/../lib' "$dest/$name"
@@ -121,23 +119,11 @@ cp "$here/run.sh" "$top/run.sh"
 cp "$here/runner_checks.sh" "$here/runner_environment.sh" "$top/share/canzona/bundle/"
 cp "$here/probe_python.py" "$root/tests/gpu/torch_ns_bench.py" "$root/tests/gpu/torch_check.py" "$top/checks/"
 
-# The Python package, when it is one: the canzona package (and its
-# pyproject) without build inputs or caches. Its C++ parts are bin/
-# programs (canzona-bridge), never extension modules built here.
-if [[ -f "$root/client/python/canzona/__init__.py" ]] || compgen -G "$root/client/python/*/canzona/__init__.py" >/dev/null; then
-  tar -C "$root/client/python" --exclude='__pycache__' --exclude='*.pyc' --exclude='*.cc' \
-    --exclude='*.so' --exclude='CMakeLists.txt' --exclude='build' --exclude='*.egg-info' -cf - . |
-    tar -C "$top/python" -xf -
-  # Python sources the build generates into its package folder (protobuf /
-  # gRPC stubs, if they are generated rather than committed).
-  if [[ -d "$build/python/canzona" ]]; then
-    pkg="$(dirname "$(find "$top/python" -maxdepth 3 -path '*/canzona/__init__.py' | head -n1)")"
-    (cd "$build/python/canzona" && find . -name '*.py' -print0 |
-      while IFS= read -r -d '' f; do
-        [[ -e "$pkg/$f" ]] || { mkdir -p "$pkg/$(dirname "$f")"; cp "$f" "$pkg/$f"; }
-      done)
-  fi
-fi
+# The Python package (pure Python, its gRPC stubs committed) and its
+# pyproject, without caches or build leftovers; its one compiled helper is
+# bin/canzona-bridge.
+tar -C "$root/client/python" --exclude='__pycache__' --exclude='*.pyc' \
+  --exclude='build' --exclude='*.egg-info' -cf - . | tar -C "$top/python" -xf -
 for example in "$root"/client/examples/*.py; do
   [[ -f "$example" ]] && cp "$example" "$top/examples/"
 done

@@ -1,0 +1,312 @@
+"""canzona.Client: one client over two transports.
+
+The client builds every request as a dict in the protobuf JSON mapping
+(original field names) and reads responses the same way, so that it needs
+no protobuf at all: with grpcio importable the grpc transport turns the
+dicts into messages for the generated stubs; otherwise (or with
+CANZONA_TRANSPORT=bridge) the bridge transport sends them as JSON lines to
+a canzona-bridge child. Responses are read with defaults for absent fields
+and int64 fields (strings in the JSON mapping) turned into ints, so both
+transports give the same results.
+
+Thread-safety: a Client may be used from several threads.
+"""
+
+import base64
+import itertools
+import json
+import os
+import threading
+
+from canzona import _cuda
+from canzona._errors import CanzonaError
+from canzona._shm import SharedBuffer, shm_name
+
+_TRANSPORTS = ("auto", "grpc", "bridge")
+_PHASES = ("reduce_scatter", "local_compute", "tp_gather", "tp_compute",
+           "tp_scatter", "all_gather", "wait", "total", "dp_comm",
+           "dp_comm_exposed")
+
+
+def default_target():
+    """The daemon address: $CANZONA_TARGET, else the local daemon's socket."""
+    target = os.environ.get("CANZONA_TARGET")
+    if target:
+        return target
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return "unix:%s/canzona/canzonad.sock" % runtime
+    return "unix:/tmp/canzona-%d/canzonad.sock" % os.getuid()
+
+
+class Options:
+    """How to reach the daemon (what both transports are given)."""
+
+    def __init__(self, target, job_token, tls_ca, connect_timeout,
+                 register_timeout, step_timeout, checkpoint_timeout):
+        self.target = target
+        self.job_token = job_token
+        self.tls_ca = tls_ca
+        self.connect_timeout = float(connect_timeout)
+        self.register_timeout = float(register_timeout)
+        self.step_timeout = float(step_timeout)
+        self.checkpoint_timeout = float(checkpoint_timeout)
+
+
+def _open_transport(options, transport):
+    """The transport `transport` names ("auto": grpc where importable)."""
+    transport = transport or os.environ.get("CANZONA_TRANSPORT") or "auto"
+    if transport not in _TRANSPORTS:
+        raise ValueError("CANZONA_TRANSPORT / transport: %r is not one of %s"
+                         % (transport, ", ".join(_TRANSPORTS)))
+    grpc_missing = None
+    if transport in ("auto", "grpc"):
+        try:
+            from canzona._grpc_transport import GrpcTransport
+        # Not only ImportError: a grpcio / protobuf that imports but cannot
+        # load the stubs is as unusable.
+        except Exception as e:  # noqa: BLE001
+            if transport == "grpc":
+                raise CanzonaError(
+                    "transport grpc: grpcio / protobuf are not importable "
+                    "(%s): pip install grpcio protobuf" % e,
+                    "FAILED_PRECONDITION") from None
+            grpc_missing = str(e)
+        else:
+            return GrpcTransport(options)
+    from canzona._bridge_transport import BridgeTransport, find_bridge
+    executable = find_bridge()
+    if executable is None:
+        raise CanzonaError(
+            "no transport to canzonad: %scanzona-bridge is neither "
+            "$CANZONA_BRIDGE, on PATH, nor next to the package (pip install "
+            "grpcio protobuf, or put canzona-bridge on PATH)"
+            % ("grpcio / protobuf are not importable (%s) and " % grpc_missing
+               if grpc_missing else ""), "FAILED_PRECONDITION")
+    return BridgeTransport(options, executable)
+
+
+def _double(value):
+    """A double for the JSON mapping, where NaN and the infinities are
+    strings (a JSON line cannot hold them as numbers)."""
+    value = float(value)
+    if value != value:
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
+def _int(value):
+    """An int64 field (a string in the JSON mapping) or a default 0."""
+    return int(value or 0)
+
+
+def _rank(rank):
+    pp, dp, tp = rank
+    return {"pp_rank": int(pp), "dp_rank": int(dp), "tp_rank": int(tp)}
+
+
+def _buffer_ref(ref, where):
+    """(shm name, offset, nbytes), or ("cuda", device pointer, nbytes[,
+    event handle]) for a GPU tensor exported with CUDA IPC."""
+    ref = tuple(ref)
+    if len(ref) in (3, 4) and isinstance(ref[0], str) and ref[0] == "cuda":
+        return _cuda.buffer_ref(int(ref[1]), int(ref[2]),
+                                ref[3] if len(ref) == 4 else b"")
+    if len(ref) != 3:
+        raise ValueError(where + " must be (shm name, offset, nbytes) or "
+                         "(\"cuda\", device pointer, nbytes[, event handle])")
+    return {"shm": {"name": str(ref[0]), "offset": int(ref[1]),
+                    "bytes": int(ref[2])}}
+
+
+class Client:
+    """A connection to one canzonad (thread-safe).
+
+    Raises CanzonaError with code UNAVAILABLE and "cannot reach canzonad at
+    <target>" when no daemon answers within ``connect_timeout`` seconds.
+    ``transport``: "grpc", "bridge" or "auto" (default $CANZONA_TRANSPORT,
+    else auto: grpc where grpcio and protobuf import, else canzona-bridge).
+    """
+
+    def __init__(self, target=None, job_token=None, connect_timeout=10.0,
+                 register_timeout=600.0, step_timeout=600.0,
+                 checkpoint_timeout=1800.0, tls_ca=None, transport=None):
+        self.target = target or default_target()
+        # TCP daemons want the job token (a bearer token) and, with TLS,
+        # the CA: $CANZONA_JOB_TOKEN / $CANZONA_TLS_CA by default.
+        if job_token is None:
+            job_token = os.environ.get("CANZONA_JOB_TOKEN", "")
+        if tls_ca is None:
+            tls_ca = os.environ.get("CANZONA_TLS_CA", "")
+        self._job_token = job_token
+        self._transport = _open_transport(
+            Options(self.target, job_token, tls_ca, connect_timeout,
+                    register_timeout, step_timeout, checkpoint_timeout),
+            transport)
+        self._seq = itertools.count()
+        self._seq_lock = threading.Lock()
+
+    @property
+    def transport(self):
+        """"grpc" or "bridge"."""
+        return self._transport.name
+
+    def close(self):
+        """Ends the connection (and a bridge child); idempotent."""
+        self._transport.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _call(self, method, request):
+        return self._transport.call(method, request)
+
+    def allocate(self, job_id, global_rank, nbytes):
+        """A new shared-memory buffer the daemon may map (buffer protocol),
+        named /canzona.<job>.<rank>.<seq> (seq counting up per client)."""
+        if nbytes <= 0:
+            raise ValueError("nbytes must be > 0")
+        with self._seq_lock:
+            seq = next(self._seq)
+        return SharedBuffer.create(shm_name(job_id, int(global_rank), seq),
+                                   int(nbytes))
+
+    def register(self, job_id, layout, rank, groups, parameters,
+                 strategy="cost", alpha=0.0, bucket_size=0,
+                 shard_group_size=0):
+        """Registers one rank; returns when every rank of the job has.
+
+        layout and rank are (pp, dp, tp); groups are (name, optimizer,
+        settings dict); parameters are dicts with name, shape (global),
+        tp_split_dim, group, param and grad ((shm name, offset, nbytes) or
+        ("cuda", device pointer, nbytes[, event handle])).
+        shard_group_size: hierarchical sharding (0: flat). The result's
+        "buckets" lists each gradient bucket's parameter indices, in the
+        order backward fills them.
+        """
+        pp, dp, tp = layout
+        request_groups = []
+        for group in groups:
+            group = tuple(group)
+            if len(group) != 3:
+                raise ValueError(
+                    "groups: (name, optimizer, settings) expected")
+            name, optimizer, settings = group
+            request_groups.append({
+                "name": str(name), "optimizer": str(optimizer),
+                "settings": [{"key": str(k), "value": str(v)}
+                             for k, v in dict(settings).items()]})
+        request_parameters = []
+        for p in parameters:
+            name = str(p["name"])
+            request_parameters.append({
+                "name": name,
+                "shape": [int(d) for d in p["shape"]],
+                "dtype": "DTYPE_FLOAT32",
+                "tp_split_dim": int(p["tp_split_dim"]),
+                "group": str(p["group"]),
+                "param": _buffer_ref(p["param"], "parameter %s param" % name),
+                "grad": _buffer_ref(p["grad"], "parameter %s grad" % name),
+            })
+        r = self._call("Register", {
+            "job_id": job_id, "job_token": self._job_token,
+            "layout": {"pp": int(pp), "dp": int(dp), "tp": int(tp)},
+            "rank": _rank(rank), "groups": request_groups,
+            "parameters": request_parameters, "strategy": strategy,
+            "alpha": _double(alpha), "bucket_size": int(bucket_size),
+            "shard_group_size": int(shard_group_size)})
+        return {
+            "plan_digest": r.get("plan_digest", ""),
+            "owned_parameters": int(r.get("owned_parameters", 0)),
+            "state_bytes": _int(r.get("state_bytes")),
+            # Per bucket, the indices of its parameters (in `parameters`).
+            "buckets": [[int(j) for j in b.get("parameters", [])]
+                        for b in r.get("buckets", [])],
+        }
+
+    def step(self, job_id, rank, step, lr=None, grad_scale=0.0,
+             async_params=False):
+        """Runs optimizer step ``step``; returns its statistics. With
+        async_params it returns after the update and the parameters arrive
+        per bucket (wait_params)."""
+        r = self._call("Step", {
+            "job_id": job_id, "rank": _rank(rank), "step": int(step),
+            "lr": {str(g): _double(v) for g, v in (lr or {}).items()},
+            "grad_scale": _double(grad_scale),
+            "async_params": bool(async_params)})
+        seconds = r.get("seconds", {})
+        return {
+            "seconds": {p: float(seconds.get(p, 0.0)) for p in _PHASES},
+            "grad_norm": float(r.get("grad_norm", 0.0)),
+            "update_rms": float(r.get("update_rms", 0.0)),
+            "skipped_nonfinite": bool(r.get("skipped_nonfinite", False)),
+        }
+
+    def grad_ready(self, job_id, rank, step, buckets):
+        """Backward finished these buckets of ``step``: the daemon starts
+        their reduction now (before step())."""
+        self._call("GradReady", {
+            "job_id": job_id, "rank": _rank(rank), "step": int(step),
+            "buckets": [int(b) for b in buckets]})
+
+    def wait_params(self, job_id, rank, step, bucket=-1):
+        """Blocks until ``bucket`` (-1: all) holds step ``step``'s update;
+        returns the seconds it waited."""
+        r = self._call("WaitParams", {
+            "job_id": job_id, "rank": _rank(rank), "step": int(step),
+            "bucket": int(bucket)})
+        return float(r.get("waited_seconds", 0.0))
+
+    def plan(self, job_id):
+        """The job's plan (the planner's JSON, parsed) and its digest."""
+        r = self._call("GetPlan", {"job_id": job_id})
+        return json.loads(r.get("plan_json", "")), r.get("digest", "")
+
+    def deregister(self, job_id, rank):
+        self._call("Deregister", {"job_id": job_id,
+                                  "job_token": self._job_token,
+                                  "rank": _rank(rank)})
+
+    def status(self):
+        """The daemon's jobs, ranks and last step times (GetStatusResponse
+        in the JSON mapping: int64 fields are strings)."""
+        return self._call("GetStatus", {})
+
+    def save_checkpoint(self, job_id, rank, directory, at_step=0):
+        """Collective: every rank of the job calls it between the same steps."""
+        r = self._call("SaveCheckpoint", {
+            "job_id": job_id, "rank": _rank(rank), "dir": str(directory),
+            "at_step": int(at_step)})
+        return {"step": _int(r.get("step")),
+                "records": int(r.get("records", 0)),
+                "bytes": _int(r.get("bytes")),
+                "seconds": float(r.get("seconds", 0.0))}
+
+    def load_checkpoint(self, job_id, rank, directory):
+        """Collective: loads the state this rank owns (any saving layout)."""
+        r = self._call("LoadCheckpoint", {
+            "job_id": job_id, "rank": _rank(rank), "dir": str(directory)})
+        return {"step": _int(r.get("step")),
+                "records": int(r.get("records", 0)),
+                "seconds": float(r.get("seconds", 0.0))}
+
+    def export_state(self, job_id, rank):
+        """This rank's state as bytes, with its step and plan digest."""
+        r = self._call("ExportState", {"job_id": job_id, "rank": _rank(rank)})
+        return {"state": base64.b64decode(r.get("state", "")),
+                "step": _int(r.get("step")),
+                "plan_digest": r.get("plan_digest", ""),
+                "records": int(r.get("records", 0))}
+
+    def import_state(self, job_id, rank, state, step, plan_digest):
+        r = self._call("ImportState", {
+            "job_id": job_id, "rank": _rank(rank),
+            "state": base64.b64encode(bytes(state)).decode(),
+            "step": int(step), "plan_digest": plan_digest})
+        return {"step": _int(r.get("step")),
+                "records": int(r.get("records", 0))}
