@@ -169,17 +169,26 @@ void SharedMemory::Release() {
 
 absl::StatusOr<float*> SharedMemory::FloatRange(uint64_t offset,
                                                 uint64_t bytes) const {
+  absl::StatusOr<void*> range = ArrayRange(offset, bytes, sizeof(float));
+  if (!range.ok()) return range.status();
+  return static_cast<float*>(*range);
+}
+
+absl::StatusOr<void*> SharedMemory::ArrayRange(uint64_t offset, uint64_t bytes,
+                                               int element_bytes) const {
   if (offset > size_ || bytes > size_ - offset) {
     return absl::InvalidArgumentError(
         absl::StrCat("shm ", name_, ": range [", offset, ", +", bytes,
                      ") is outside the object's ", size_, " bytes"));
   }
-  if (offset % alignof(float) != 0 || bytes % sizeof(float) != 0) {
+  const uint64_t unit = static_cast<uint64_t>(element_bytes);
+  if (offset % unit != 0 || bytes % unit != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("shm ", name_, ": range [", offset, ", +", bytes,
-                     ") is not a whole, aligned float32 array"));
+                     ") is not a whole, aligned array of ", element_bytes,
+                     "-byte elements"));
   }
-  return reinterpret_cast<float*>(static_cast<char*>(data_) + offset);
+  return static_cast<void*>(static_cast<char*>(data_) + offset);
 }
 
 }  // namespace canzona

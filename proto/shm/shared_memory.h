@@ -74,6 +74,10 @@ class SharedMemory {
   // range is out of bounds (overflow-safe), misaligned, or not a whole
   // number of floats.
   absl::StatusOr<float*> FloatRange(uint64_t offset, uint64_t bytes) const;
+  // The same for an array of `element_bytes`-sized elements (2: bf16 and
+  // fp16 tensors): inside the object, aligned, a whole number of them.
+  absl::StatusOr<void*> ArrayRange(uint64_t offset, uint64_t bytes,
+                                   int element_bytes) const;
 
  private:
   SharedMemory() = default;

@@ -43,9 +43,17 @@
 
 namespace canzona {
 
-// Version of the shard byte layout and of the manifest schema; readers
-// refuse any other with FAILED_PRECONDITION.
-inline constexpr uint32_t kCheckpointFormatVersion = 1;
+// Version of the shard byte layout and of the manifest schema, written by
+// this build; readers take kOldestCheckpointFormatVersion .. this one and
+// refuse any other with FAILED_PRECONDITION. Version 2 (mixed precision):
+// a record of a bf16 / fp16 parameter also carries its fp32 master weights
+// (tensor "master", counter "master_dtype"); the byte layout is version 1's.
+inline constexpr uint32_t kCheckpointFormatVersion = 2;
+inline constexpr uint32_t kOldestCheckpointFormatVersion = 1;
+inline bool ReadableCheckpointFormat(uint64_t version) {
+  return version >= kOldestCheckpointFormatVersion &&
+         version <= kCheckpointFormatVersion;
+}
 inline constexpr char kManifestFileName[] = "MANIFEST.json";
 
 // "shard-<name>.ckpt".

@@ -49,10 +49,11 @@ absl::Status Incomplete(absl::string_view what) {
 
 // Checks the manifest's internal consistency.
 absl::Status ValidateManifest(const CheckpointManifest& m) {
-  if (m.format_version != kCheckpointFormatVersion) {
+  if (!ReadableCheckpointFormat(m.format_version)) {
     return absl::FailedPreconditionError(
         absl::StrCat("unsupported checkpoint format version ", m.format_version,
-                     " (this build reads ", kCheckpointFormatVersion, ")"));
+                     " (this build reads ", kOldestCheckpointFormatVersion,
+                     " to ", kCheckpointFormatVersion, ")"));
   }
   if (m.layout.pp < 1 || m.layout.dp < 1 || m.layout.tp < 1) {
     return absl::InvalidArgumentError("layout sizes must be >= 1");
@@ -91,12 +92,13 @@ absl::StatusOr<CheckpointManifest> ParseManifest(absl::string_view json) {
   if (version == j.end() || !version->is_number_unsigned()) {
     return Incomplete("no format_version");
   }
-  if (version->get<uint64_t>() != kCheckpointFormatVersion) {
+  if (!ReadableCheckpointFormat(version->get<uint64_t>())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "unsupported checkpoint format version ", version->get<uint64_t>(),
-        " (this build reads ", kCheckpointFormatVersion, ")"));
+        " (this build reads ", kOldestCheckpointFormatVersion, " to ",
+        kCheckpointFormatVersion, ")"));
   }
-  m.format_version = kCheckpointFormatVersion;
+  m.format_version = static_cast<uint32_t>(version->get<uint64_t>());
   auto layout = j.find("layout");
   if (layout == j.end() || !layout->is_object()) return Incomplete("no layout");
   for (auto [key, field] :

@@ -228,10 +228,11 @@ absl::StatusOr<std::vector<ParsedRecord>> ParseShardBytes(
   uint32_t version = 0, flags = 0;
   head.U32(version);
   head.U32(flags);
-  if (version != kCheckpointFormatVersion) {
+  if (!ReadableCheckpointFormat(version)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard file ", path, " has unsupported checkpoint format version ",
-        version, " (this build reads ", kCheckpointFormatVersion, ")"));
+        version, " (this build reads ", kOldestCheckpointFormatVersion, " to ",
+        kCheckpointFormatVersion, ")"));
   }
   // Footer: tag, record count, crc32c of everything before the crc.
   Cursor foot(bytes.substr(bytes.size() - kFooterBytes));

@@ -8,7 +8,14 @@
 namespace canzona {
 
 BucketCollectives::BucketCollectives(Staging staging, Parts parts)
-    : staging_(std::move(staging)), parts_(std::move(parts)) {}
+    : staging_(std::move(staging)),
+      parts_(std::move(parts)),
+      master_set_(staging_.layout->buckets.size(), false) {}
+
+void BucketCollectives::MastersSet(bool set) {
+  absl::MutexLock lock(&master_mu_);
+  master_set_.assign(master_set_.size(), set);
+}
 
 absl::Status BucketCollectives::Reduce(int b) {
   const JobPlan& jp = *staging_.plan;
@@ -19,14 +26,24 @@ absl::Status BucketCollectives::Reduce(int b) {
   // A GPU trainer's gradients are final once its event completed (it
   // records the event after backward wrote them, before GradReady/Step).
   CANZONA_RETURN_IF_ERROR(trainer.WaitGradients(copier, staging_.on_device));
+  // fp32 parameters are the trainer's, read every step; the staged fp32
+  // values of bf16 / fp16 parameters are the master weights, read from the
+  // trainer only until the first step (or a checkpoint) set them.
+  bool read_masters = false;
+  {
+    absl::MutexLock lock(&master_mu_);
+    read_masters = !master_set_[b];
+    master_set_[b] = true;
+  }
   for (int i : jp.plan.buckets[bucket.index].params) {
     const int j = i - layout.first;
     const int64_t n = jp.params[i].local_numel;
     if (n == 0) continue;
-    CANZONA_RETURN_IF_ERROR(trainer.Read(trainer.grad(j), n,
+    CANZONA_RETURN_IF_ERROR(trainer.Read(trainer.grad(j), j, n,
                                          staging_.grads + layout.offset[i],
                                          copier, staging_.on_device));
-    CANZONA_RETURN_IF_ERROR(trainer.Read(trainer.param(j), n,
+    if (trainer.dtype(j) != DType::kFloat32 && !read_masters) continue;
+    CANZONA_RETURN_IF_ERROR(trainer.Read(trainer.param(j), j, n,
                                          staging_.params + layout.offset[i],
                                          copier, staging_.on_device));
   }
@@ -72,9 +89,10 @@ absl::Status BucketCollectives::Gather(int b) {
   for (int i : jp.plan.buckets[bucket.index].params) {
     const int64_t n = jp.params[i].local_numel;
     if (n == 0) continue;
-    CANZONA_RETURN_IF_ERROR(trainer.Write(staging_.params + layout.offset[i], n,
-                                          trainer.param(i - layout.first),
-                                          copier, staging_.on_device));
+    const int j = i - layout.first;
+    CANZONA_RETURN_IF_ERROR(trainer.Write(staging_.params + layout.offset[i], j,
+                                          n, trainer.param(j), copier,
+                                          staging_.on_device));
   }
   CANZONA_RETURN_IF_ERROR(copier.Finish());
   if (b != layout.gather_order.back()) return absl::OkStatus();

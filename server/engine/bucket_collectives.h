@@ -12,6 +12,9 @@
 //    once) and publish them into the trainer's buffers.
 // It owns the DP and cross-group communicators, the DP copier (whose stream
 // they run on), the DP scratch buffers and the uneven calibration.
+// Staging is fp32 whatever the trainer's dtype: for bf16 / fp16 parameters
+// the staged values the rank updates are its fp32 master weights, read from
+// the trainer once and rounded into the trainer's buffers at each Gather.
 //
 //   DpLane lane(buckets,
 //       [c](int64_t, int b) { return c->Reduce(b); },
@@ -26,8 +29,11 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
 #include "server/comm/communicator.h"
 #include "server/engine/job_plan.h"
@@ -68,6 +74,12 @@ class BucketCollectives {
   absl::Status Reduce(int b);
   absl::Status Gather(int b);
 
+  // Whether the staged fp32 master weights of bf16 / fp16 parameters are
+  // set (a checkpoint or import wrote them: true), or must be read from the
+  // trainer's parameters at the next Reduce (false). The worker calls it
+  // while the lane is idle.
+  void MastersSet(bool set);
+
   Communicator& dp() { return *parts_.dp; }
   Communicator& cross() { return *parts_.cross; }
 
@@ -78,6 +90,9 @@ class BucketCollectives {
 
   const Staging staging_;
   Parts parts_;
+  absl::Mutex master_mu_;
+  // Per bucket: its master weights are staged (see MastersSet).
+  std::vector<bool> master_set_ ABSL_GUARDED_BY(master_mu_);
 };
 
 }  // namespace canzona

@@ -46,7 +46,7 @@ absl::StatusOr<std::shared_ptr<const JobPlan>> BuildJobPlan(
       plan::ParamSpec spec;
       spec.name = m.name;
       spec.shape = m.shape;
-      spec.dtype = plan::DType::kFloat32;
+      spec.dtype = m.dtype;
       spec.optimizer = PlanKind(config->second.kind);
       spec.tp_split_dim = m.split;
       spec.pp_stage = s;
@@ -70,14 +70,30 @@ absl::StatusOr<std::shared_ptr<const JobPlan>> BuildJobPlan(
 }
 
 std::string CanonicalParam(const v1::Parameter& p) {
-  return absl::StrCat(p.name(), "|", absl::StrJoin(p.shape(), ","), "|",
-                      p.tp_split_dim(), "|", p.group());
+  std::string line = absl::StrCat(p.name(), "|", absl::StrJoin(p.shape(), ","),
+                                  "|", p.tp_split_dim(), "|", p.group());
+  // fp32 lines stay as they were before mixed precision (plan digests and
+  // parameter-list agreement unchanged).
+  const DType dtype = DTypeOf(p.dtype());
+  if (dtype != DType::kFloat32) absl::StrAppend(&line, "|", DTypeName(dtype));
+  return line;
+}
+
+DType DTypeOf(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_BFLOAT16:
+      return DType::kBFloat16;
+    case v1::DTYPE_FLOAT16:
+      return DType::kFloat16;
+    default:
+      return DType::kFloat32;
+  }
 }
 
 absl::StatusOr<ParamMeta> ParseParamLine(absl::string_view line, int stage,
                                          int tp) {
   std::vector<std::string> f = absl::StrSplit(line, '|');
-  if (f.size() != 4) {
+  if (f.size() != 4 && f.size() != 5) {
     return absl::InternalError(absl::StrCat("bad parameter line '", line, "'"));
   }
   ParamMeta m;
@@ -93,6 +109,13 @@ absl::StatusOr<ParamMeta> ParseParamLine(absl::string_view line, int stage,
     return absl::InternalError(absl::StrCat("bad split in '", line, "'"));
   }
   m.group = f[3];
+  if (f.size() == 5) {
+    absl::StatusOr<DType> dtype = ParseDType(f[4]);
+    if (!dtype.ok()) {
+      return absl::InternalError(absl::StrCat("bad dtype in '", line, "'"));
+    }
+    m.dtype = *dtype;
+  }
   m.stage = stage;
   m.numel = NumElements(m.shape);
   m.local_shape = m.shape;

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "canzona/v1/optimizer_service.pb.h"
+#include "kernels/base/dtype.h"
 #include "server/engine/job_settings.h"
 #include "server/optim/optimizer_config.h"
 #include "server/plan/planner.h"
@@ -39,6 +40,9 @@ struct ParamMeta {
   int64_t numel = 0;
   int64_t local_numel = 0;  // of one TP fragment
   std::vector<int64_t> local_shape;
+  // The trainer's element type; the daemon keeps fp32 master weights of
+  // what it owns when it is not kFloat32.
+  DType dtype = DType::kFloat32;
 };
 
 struct JobPlan {
@@ -55,6 +59,9 @@ absl::StatusOr<std::shared_ptr<const JobPlan>> BuildJobPlan(
     const JobSettings& settings, const std::vector<std::string>& stage_plists);
 
 std::string CanonicalParam(const canzona::v1::Parameter& p);
+// The element type of a validated parameter (DTYPE_FLOAT32, _BFLOAT16 or
+// _FLOAT16).
+DType DTypeOf(canzona::v1::DType dtype);
 absl::StatusOr<ParamMeta> ParseParamLine(absl::string_view line, int stage,
                                          int tp);
 

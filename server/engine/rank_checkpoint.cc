@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -103,6 +104,109 @@ absl::Status GatherFragments(RankRuntime& rt, const ParamMeta& m,
   return absl::OkStatus();
 }
 
+// Mixed precision: the fp32 master weights of a bf16 / fp16 parameter are
+// the staged values of the ranks that update it (each TP rank holds its
+// fragment of a TP-split one). Records carry them whole, as the tensor
+// kMasterTensor with the trainer's dtype in the counter kMasterDType, so
+// that they reshard like element-wise state.
+constexpr char kMasterTensor[] = "master";
+constexpr char kMasterDType[] = "master_dtype";
+
+bool HoldsMaster(const RankRuntime& rt, const JobPlan& jp, int i) {
+  return rt.layout.dp_owned[i] && jp.params[i].dtype != DType::kFloat32;
+}
+
+// This rank's master weights of parameter i (its TP fragment), and back.
+absl::StatusOr<std::vector<float>> StagedMaster(RankRuntime& rt,
+                                                const ParamMeta& m, int i) {
+  std::vector<float> fragment(m.local_numel);
+  CANZONA_RETURN_IF_ERROR(rt.staging->CopyToHost(
+      rt.params.data() + rt.layout.offset[i], m.local_numel, fragment.data()));
+  return fragment;
+}
+absl::Status StageFragment(RankRuntime& rt, const ParamMeta& m, int i,
+                           const std::vector<float>& fragment) {
+  CANZONA_RETURN_IF_ERROR(rt.staging->CopyFromHost(
+      fragment.data(), m.local_numel, rt.params.data() + rt.layout.offset[i]));
+  return rt.staging->Synchronize();
+}
+
+// Parameter i's whole master weights (collective over the TP group when TP
+// splits it: every TP rank calls it for i).
+absl::StatusOr<std::vector<float>> WholeMaster(RankRuntime& rt,
+                                               const ParamMeta& m, int i) {
+  CANZONA_ASSIGN_OR_RETURN(std::vector<float> fragment, StagedMaster(rt, m, i));
+  const int TP = rt.layout.tp_size;
+  if (m.split < 0 || TP == 1) return fragment;
+  std::vector<float> gathered(TP * m.local_numel);
+  const std::vector<int64_t> counts(TP, m.local_numel);
+  CANZONA_RETURN_IF_ERROR(
+      HostAllGather(rt, fragment.data(), counts, gathered.data()));
+  std::vector<float> whole(m.numel);
+  for (int j = 0; j < TP; ++j) {
+    CANZONA_RETURN_IF_ERROR(MoveFragment(*rt.host, m, TP, j,
+                                         gathered.data() + j * m.local_numel,
+                                         whole.data(), /*to_whole=*/true));
+  }
+  return whole;
+}
+
+void AddMaster(const ParamMeta& m, const std::vector<int64_t>& shape,
+               std::vector<float> values, OptimizerState& state) {
+  state.tensors.push_back({kMasterTensor, shape, std::move(values)});
+  state.counters.emplace_back(kMasterDType, static_cast<int64_t>(m.dtype));
+}
+
+// Takes the master weights out of `state` (a record's); nullopt when the
+// record has none (fp32 runs, version-1 checkpoints). FAILED_PRECONDITION
+// when the record's master belongs to another dtype than the parameter's.
+absl::StatusOr<std::optional<std::vector<float>>> TakeMaster(
+    const ParamMeta& m, const std::vector<int64_t>& shape,
+    OptimizerState& state, const std::string& where) {
+  std::optional<int64_t> dtype;
+  for (auto it = state.counters.begin(); it != state.counters.end(); ++it) {
+    if (it->first != kMasterDType) continue;
+    dtype = it->second;
+    state.counters.erase(it);
+    break;
+  }
+  std::optional<std::vector<float>> master;
+  for (auto it = state.tensors.begin(); it != state.tensors.end(); ++it) {
+    if (it->name != kMasterTensor) continue;
+    if (it->shape != shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", m.name, "' from ", where,
+                       ": master weights of another shape"));
+    }
+    master = std::move(it->data);
+    state.tensors.erase(it);
+    break;
+  }
+  if (!master.has_value()) return master;
+  if (!dtype.has_value() || *dtype != static_cast<int64_t>(m.dtype)) {
+    const std::string saved = dtype.has_value() && *dtype >= 0 && *dtype <= 2
+                                  ? DTypeName(static_cast<DType>(*dtype))
+                                  : "unknown";
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parameter '", m.name, "': ", where,
+        " holds the fp32 master weights of a ", saved,
+        " parameter, this job's parameter is ", DTypeName(m.dtype)));
+  }
+  return master;
+}
+
+// Stages `whole`'s fragment as this rank's master weights of parameter i.
+absl::Status StageMaster(RankRuntime& rt, const ParamMeta& m, int i,
+                         std::vector<float>& whole) {
+  const int TP = rt.layout.tp_size;
+  if (m.split < 0 || TP == 1) return StageFragment(rt, m, i, whole);
+  std::vector<float> fragment(m.local_numel);
+  CANZONA_RETURN_IF_ERROR(MoveFragment(*rt.host, m, TP, rt.layout.tp_rank,
+                                       fragment.data(), whole.data(),
+                                       /*to_whole=*/false));
+  return StageFragment(rt, m, i, fragment);
+}
+
 // Puts back the states saved before a load that is being undone.
 void Restore(RankRuntime& rt,
              std::vector<std::pair<int, OptimizerState>>& backups) {
@@ -111,6 +215,18 @@ void Restore(RankRuntime& rt,
     if (!s.ok()) {
       spdlog::error("restoring the state of parameter {} failed: {}", i,
                     s.ToString());
+    }
+  }
+}
+
+// Puts back the master weights staged before a load that is being undone.
+void RestoreMasters(RankRuntime& rt, const JobPlan& jp,
+                    std::vector<std::pair<int, std::vector<float>>>& backups) {
+  for (auto& [i, values] : backups) {
+    absl::Status s = StageFragment(rt, jp.params[i], i, values);
+    if (!s.ok()) {
+      spdlog::error("restoring the master weights of parameter {} failed: {}",
+                    i, s.ToString());
     }
   }
 }
@@ -207,6 +323,10 @@ absl::StatusOr<v1::SaveCheckpointResponse> SaveRankCheckpoint(
   }
   int records = 0;
   for (int i : rt.layout.local_params) {
+    std::vector<float> master;
+    if (HoldsMaster(rt, *jp, i)) {
+      CANZONA_ASSIGN_OR_RETURN(master, WholeMaster(rt, jp->params[i], i));
+    }
     const Holding holding = HoldingOf(rt, *jp, i);
     if (holding == Holding::kNone) continue;
     const bool writes = WritesRecord(rt, jp->plan, rank.coords, i);
@@ -217,6 +337,9 @@ absl::StatusOr<v1::SaveCheckpointResponse> SaveRankCheckpoint(
     if (holding == Holding::kFragment) {
       CANZONA_RETURN_IF_ERROR(GatherFragments(rt, jp->params[i], *state));
       if (!writes) continue;
+    }
+    if (HoldsMaster(rt, *jp, i)) {
+      AddMaster(jp->params[i], jp->params[i].shape, std::move(master), *state);
     }
     if (local.ok()) {
       local = writer->Add(jp->params[i].name, rule.config(), *state);
@@ -275,21 +398,39 @@ absl::StatusOr<v1::LoadCheckpointResponse> LoadRankCheckpoint(
   // 1. Validate the whole checkpoint and load what this rank owns, keeping
   // the old state to undo it if any rank fails.
   std::vector<std::pair<int, OptimizerState>> backups;
+  std::vector<std::pair<int, std::vector<float>>> master_backups;
+  bool masters_complete = true;  // every master held here was in it
   int64_t step = 0;
   absl::Status local = [&]() -> absl::Status {
     CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
                              CheckpointReader::Open(dir));
     step = reader->manifest().step;
     for (int i : rt.layout.local_params) {
-      if (HoldingOf(rt, jp, i) == Holding::kNone) continue;
+      const bool holds_master = HoldsMaster(rt, jp, i);
+      const bool holds_state = HoldingOf(rt, jp, i) != Holding::kNone;
+      if (!holds_state && !holds_master) continue;
       const ParamMeta& m = jp.params[i];
-      UpdateRule& rule = *rt.rules.at(i);
       absl::StatusOr<CheckpointRecord> record = reader->Load(m.name);
       if (absl::IsNotFound(record.status())) {
         return absl::NotFoundError(absl::StrCat(
             "checkpoint ", dir, " has no state for parameter '", m.name, "'"));
       }
       CANZONA_RETURN_IF_ERROR(record.status());
+      CANZONA_ASSIGN_OR_RETURN(std::optional<std::vector<float>> master,
+                               TakeMaster(m, m.shape, record->state,
+                                          absl::StrCat("checkpoint ", dir)));
+      if (holds_master) {
+        if (master.has_value()) {
+          CANZONA_ASSIGN_OR_RETURN(std::vector<float> old,
+                                   StagedMaster(rt, m, i));
+          master_backups.emplace_back(i, std::move(old));
+          CANZONA_RETURN_IF_ERROR(StageMaster(rt, m, i, *master));
+        } else {
+          masters_complete = false;
+        }
+      }
+      if (!holds_state) continue;
+      UpdateRule& rule = *rt.rules.at(i);
       if (record->config.kind != rule.config().kind) {
         return absl::FailedPreconditionError(absl::StrCat(
             "parameter '", m.name, "': checkpoint ", dir, " holds ",
@@ -328,10 +469,20 @@ absl::StatusOr<v1::LoadCheckpointResponse> LoadRankCheckpoint(
       [](const std::vector<std::string>&) { return absl::OkStatus(); });
   if (!local.ok() || !decision.ok()) {
     Restore(rt, backups);
+    RestoreMasters(rt, jp, master_backups);
     if (!local.ok()) return local;
     return absl::Status(
         decision.code(),
         absl::StrCat("checkpoint ", dir, " not loaded: ", decision.message()));
+  }
+  // Without master weights (an fp32 checkpoint, or version 1) the next
+  // step reads them from the trainer's parameters again.
+  rt.buckets->MastersSet(masters_complete);
+  if (!masters_complete) {
+    spdlog::warn(
+        "checkpoint {} has no fp32 master weights for some bf16/fp16 "
+        "parameters of job {}: they restart from the trainer's parameters",
+        dir, job.id);
   }
   MoveToStep(job, rank, step);
   spdlog::info("checkpoint loaded: job={} rank={} dir={} step={} records={}",
@@ -352,10 +503,26 @@ absl::StatusOr<v1::ExportStateResponse> ExportRankState(Job& job,
     absl::MutexLock lock(&job.mu);
     response.set_step(job.progress(rank).steps_done);
   }
+  // One record per parameter with state or master weights here (the
+  // master as this rank's fragment: the blob comes back under this plan).
   std::vector<CheckpointRecord> records;
-  for (const auto& [i, rule] : rt.rules) {
-    CANZONA_ASSIGN_OR_RETURN(OptimizerState state, rule->SaveState());
-    records.push_back({jp.params[i].name, rule->config(), std::move(state)});
+  for (int i : rt.layout.local_params) {
+    const ParamMeta& m = jp.params[i];
+    auto rule = rt.rules.find(i);
+    const bool master = HoldsMaster(rt, jp, i);
+    if (rule == rt.rules.end() && !master) continue;
+    CheckpointRecord record{m.name, job.settings.configs.at(m.group), {}};
+    record.state.kind = record.config.kind;
+    if (rule != rt.rules.end()) {
+      record.config = rule->second->config();
+      CANZONA_ASSIGN_OR_RETURN(record.state, rule->second->SaveState());
+    }
+    if (master) {
+      CANZONA_ASSIGN_OR_RETURN(std::vector<float> fragment,
+                               StagedMaster(rt, m, i));
+      AddMaster(m, m.local_shape, std::move(fragment), record.state);
+    }
+    records.push_back(std::move(record));
   }
   CANZONA_ASSIGN_OR_RETURN(std::string blob, EncodeStateBlob(records));
   response.set_state(std::move(blob));
@@ -376,10 +543,11 @@ absl::StatusOr<v1::ImportStateResponse> ImportRankState(
   }
   CANZONA_ASSIGN_OR_RETURN(std::vector<CheckpointRecord> records,
                            DecodeStateBlob(request.state()));
-  std::map<std::string, const CheckpointRecord*> by_name;
-  for (const CheckpointRecord& r : records) by_name[r.name] = &r;
+  std::map<std::string, CheckpointRecord*> by_name;
+  for (CheckpointRecord& r : records) by_name[r.name] = &r;
   std::set<std::string> expected;
-  for (const auto& [i, rule] : rt.rules) {
+  for (int i : rt.layout.local_params) {
+    if (!rt.rules.count(i) && !HoldsMaster(rt, jp, i)) continue;
     const std::string& name = jp.params[i].name;
     expected.insert(name);
     if (!by_name.count(name)) {
@@ -394,18 +562,34 @@ absl::StatusOr<v1::ImportStateResponse> ImportRankState(
     }
   }
   std::vector<std::pair<int, OptimizerState>> backups;
-  // (No structured bindings here: clang 14 cannot capture them.)
-  for (const auto& entry : rt.rules) {
-    const int i = entry.first;
-    UpdateRule* rule = entry.second.get();
-    const CheckpointRecord& r = *by_name.at(jp.params[i].name);
+  std::vector<std::pair<int, std::vector<float>>> master_backups;
+  bool masters_complete = true;
+  for (int i : rt.layout.local_params) {
+    const ParamMeta& m = jp.params[i];
+    if (!expected.count(m.name)) continue;
+    CheckpointRecord& r = *by_name.at(m.name);
+    auto found = rt.rules.find(i);
+    UpdateRule* rule = found == rt.rules.end() ? nullptr : found->second.get();
     absl::Status status = [&]() -> absl::Status {
-      if (r.config.kind != rule->config().kind) {
+      if (rule != nullptr && r.config.kind != rule->config().kind) {
         return absl::FailedPreconditionError(absl::StrCat(
             "state: parameter '", r.name, "' holds ",
             OptimizerKindName(r.config.kind), " state, this job uses ",
             OptimizerKindName(rule->config().kind)));
       }
+      CANZONA_ASSIGN_OR_RETURN(std::optional<std::vector<float>> master,
+                               TakeMaster(m, m.local_shape, r.state, "state"));
+      if (HoldsMaster(rt, jp, i)) {
+        if (master.has_value()) {
+          CANZONA_ASSIGN_OR_RETURN(std::vector<float> old,
+                                   StagedMaster(rt, m, i));
+          master_backups.emplace_back(i, std::move(old));
+          CANZONA_RETURN_IF_ERROR(StageFragment(rt, m, i, *master));
+        } else {
+          masters_complete = false;
+        }
+      }
+      if (rule == nullptr) return absl::OkStatus();
       CANZONA_ASSIGN_OR_RETURN(OptimizerState current, rule->SaveState());
       absl::Status loaded = rule->LoadState(r.state);
       if (!loaded.ok()) {
@@ -418,9 +602,11 @@ absl::StatusOr<v1::ImportStateResponse> ImportRankState(
     }();
     if (!status.ok()) {
       Restore(rt, backups);
+      RestoreMasters(rt, jp, master_backups);
       return status;
     }
   }
+  rt.buckets->MastersSet(masters_complete);
   MoveToStep(job, rank, request.step());
   v1::ImportStateResponse response;
   response.set_step(request.step());

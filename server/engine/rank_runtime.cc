@@ -77,6 +77,15 @@ absl::Status CreateBackends(const RankSetup& setup, RankRuntime& rt) {
 absl::StatusOr<Copiers> CreateDataPlane(const RankSetup& setup,
                                         RankRuntime& rt) {
   Copiers copiers;
+  if (setup.nccl && setup.trainer != nullptr &&
+      setup.trainer->mixed_precision()) {
+    // Device staging copies bytes as they are; widening and rounding run
+    // on the host staging of the Gloo plane only (so far).
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parameters[].dtype: bf16 / fp16 trainer buffers need the Gloo data "
+        "plane (canzonad --comm gloo); job '",
+        setup.job_id, "' runs on comm 'nccl'"));
+  }
   if (!setup.nccl) {
     copiers.dp = CreateHostStageCopier();
     copiers.tp = CreateHostStageCopier();

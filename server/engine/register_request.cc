@@ -157,10 +157,11 @@ absl::StatusOr<int64_t> ValidateParameter(const v1::Parameter& p,
     }
     elements *= d;
   }
-  if (p.dtype() != v1::DTYPE_FLOAT32) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ".dtype: ", v1::DType_Name(p.dtype()),
-        " is not supported on the CPU data plane (DTYPE_FLOAT32 only)"));
+  if (p.dtype() != v1::DTYPE_FLOAT32 && p.dtype() != v1::DTYPE_BFLOAT16 &&
+      p.dtype() != v1::DTYPE_FLOAT16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".dtype: ", v1::DType_Name(p.dtype()),
+                     " (DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16)"));
   }
   const int tp = settings.layout.tp();
   const int split = p.tp_split_dim();

@@ -3,9 +3,12 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/dtype.h"
 #include "kernels/base/status_macros.h"
+#include "server/engine/job_plan.h"
 
 namespace canzona {
 namespace {
@@ -40,15 +43,18 @@ absl::StatusOr<std::unique_ptr<TrainerBuffers>> TrainerBuffers::Map(
     const v1::Parameter& p = request.parameters(j);
     const std::string where =
         absl::StrCat("parameters[", j, "] '", p.name(), "'");
+    const DType dtype = DTypeOf(p.dtype());
     CANZONA_ASSIGN_OR_RETURN(
-        float* param,
+        void* param,
         out->MapOne(request.job_id(), absl::StrCat(where, ".param"), p.param(),
-                    local_numel[j], options));
+                    local_numel[j], dtype, options));
     CANZONA_ASSIGN_OR_RETURN(
-        float* grad, out->MapOne(request.job_id(), absl::StrCat(where, ".grad"),
-                                 p.grad(), local_numel[j], options));
+        void* grad, out->MapOne(request.job_id(), absl::StrCat(where, ".grad"),
+                                p.grad(), local_numel[j], dtype, options));
     out->param_.push_back(param);
     out->grad_.push_back(grad);
+    out->dtype_.push_back(dtype);
+    if (dtype != DType::kFloat32) out->mixed_precision_ = true;
     // The trainer's "gradients written" event: one per rank (every grad
     // buffer names the same one, or none).
     const std::string& event =
@@ -84,11 +90,11 @@ TrainerBuffers::~TrainerBuffers() {
   if (grad_event_ != nullptr) opener_->CloseEvent(grad_event_, device_);
 }
 
-absl::StatusOr<float*> TrainerBuffers::MapOne(const std::string& job_id,
-                                              const std::string& where,
-                                              const v1::BufferRef& ref,
-                                              int64_t numel,
-                                              const Options& options) {
+absl::StatusOr<void*> TrainerBuffers::MapOne(const std::string& job_id,
+                                             const std::string& where,
+                                             const v1::BufferRef& ref,
+                                             int64_t numel, DType dtype,
+                                             const Options& options) {
   const bool ipc = ref.has_cuda_ipc();
   if (!ipc && !ref.has_shm()) {
     return absl::InvalidArgumentError(
@@ -101,7 +107,11 @@ absl::StatusOr<float*> TrainerBuffers::MapOne(const std::string& job_id,
           ": every buffer of a rank must be shm, or every one cuda_ipc"));
     }
   }
-  const uint64_t need = static_cast<uint64_t>(numel) * sizeof(float);
+  const uint64_t need = static_cast<uint64_t>(numel) * DTypeBytes(dtype);
+  // Names the element count and dtype, so a buffer sized for another dtype
+  // says so.
+  const std::string shard = absl::StrCat(
+      need, " (", numel, " elements of dtype ", DTypeName(dtype), ")");
   if (ipc) {
     const int devices = options.cuda_devices ? options.cuda_devices() : 0;
     if (devices == 0 || options.registry == nullptr) {
@@ -124,7 +134,7 @@ absl::StatusOr<float*> TrainerBuffers::MapOne(const std::string& job_id,
     device_ = device;
     opener_ = options.opener;
     mapped_bytes_ += static_cast<int64_t>(r.bytes());
-    float* data = m.data();
+    void* data = m.data();
     ipc_.push_back(std::move(m));
     return data;
   }
@@ -142,12 +152,12 @@ absl::StatusOr<float*> TrainerBuffers::MapOne(const std::string& job_id,
   if (shm.bytes() < need) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": buffer too small: ", shm.bytes(),
-                     " bytes, the local shard needs ", need));
+                     " bytes, the local shard needs ", shard));
   }
   if (shm.bytes() != need) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": buffer size ", shm.bytes(),
-                     " bytes, the local shard needs exactly ", need));
+                     " bytes, the local shard needs exactly ", shard));
   }
   // Each object is mapped once, however many tensors it holds.
   const SharedMemory* object = nullptr;
@@ -168,7 +178,8 @@ absl::StatusOr<float*> TrainerBuffers::MapOne(const std::string& job_id,
     shm_.push_back(*std::move(mapped));
     object = &shm_.back();
   }
-  absl::StatusOr<float*> range = object->FloatRange(shm.offset(), shm.bytes());
+  absl::StatusOr<void*> range =
+      object->ArrayRange(shm.offset(), shm.bytes(), DTypeBytes(dtype));
   if (!range.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ".shm: ", range.status().message()));
@@ -185,22 +196,45 @@ absl::Status TrainerBuffers::WaitGradients(StageCopier& copier,
   return opener_->WaitEvent(grad_event_, device_);
 }
 
-absl::Status TrainerBuffers::Read(const float* src, int64_t n, float* dst,
+absl::Status TrainerBuffers::Read(const void* src, int j, int64_t n, float* dst,
                                   StageCopier& copier,
                                   bool device_staging) const {
-  if (device_staging || !on_device_) {
-    return copier.Copy(dst, src, n * sizeof(float));
+  const DType dtype = dtype_[j];
+  if (dtype == DType::kFloat32) {
+    if (device_staging || !on_device_) {
+      return copier.Copy(dst, src, n * sizeof(float));
+    }
+    return opener_->CopyToHost(device_, src, n * sizeof(float), dst);
   }
-  return opener_->CopyToHost(device_, src, n * sizeof(float), dst);
+  // Host staging (Map's caller refuses device staging for these).
+  if (!on_device_) {
+    WidenToFloat(dtype, src, n, dst);
+    return absl::OkStatus();
+  }
+  std::vector<uint16_t> host(n);
+  CANZONA_RETURN_IF_ERROR(
+      opener_->CopyToHost(device_, src, n * sizeof(uint16_t), host.data()));
+  WidenToFloat(dtype, host.data(), n, dst);
+  return absl::OkStatus();
 }
 
-absl::Status TrainerBuffers::Write(const float* src, int64_t n, float* dst,
-                                   StageCopier& copier,
+absl::Status TrainerBuffers::Write(const float* src, int j, int64_t n,
+                                   void* dst, StageCopier& copier,
                                    bool device_staging) const {
-  if (device_staging || !on_device_) {
-    return copier.Copy(dst, src, n * sizeof(float));
+  const DType dtype = dtype_[j];
+  if (dtype == DType::kFloat32) {
+    if (device_staging || !on_device_) {
+      return copier.Copy(dst, src, n * sizeof(float));
+    }
+    return opener_->CopyFromHost(device_, src, n * sizeof(float), dst);
   }
-  return opener_->CopyFromHost(device_, src, n * sizeof(float), dst);
+  if (!on_device_) {
+    RoundFromFloat(src, n, dtype, dst);
+    return absl::OkStatus();
+  }
+  std::vector<uint16_t> host(n);
+  RoundFromFloat(src, n, dtype, host.data());
+  return opener_->CopyFromHost(device_, host.data(), n * sizeof(uint16_t), dst);
 }
 
 }  // namespace canzona

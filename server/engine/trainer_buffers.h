@@ -5,14 +5,15 @@
 // the names and owners checked); GPU trainers export CUDA IPC handles
 // (opened through the daemon's CudaIpcRegistry) and the interprocess event
 // they record once backward has written the gradients. Either way no tensor
-// byte crosses gRPC.
+// byte crosses gRPC. Each parameter's buffers hold its dtype (fp32, bf16 or
+// fp16); staging is always fp32: Read widens, Write rounds to nearest even.
 //
 //   CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<TrainerBuffers> buffers,
 //                            TrainerBuffers::Map(request, spec.local_numel,
 //                                                options));
 //   // On the rank's DP lane thread:
 //   CANZONA_RETURN_IF_ERROR(buffers->WaitGradients(copier, device_staging));
-//   CANZONA_RETURN_IF_ERROR(buffers->Read(buffers->grad(j), n, staged,
+//   CANZONA_RETURN_IF_ERROR(buffers->Read(buffers->grad(j), j, n, staged,
 //                                         copier, device_staging));
 //
 // Errors of Map name the field ("parameters[3] 'w'.grad.shm.name: ...").
@@ -35,8 +36,9 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "canzona/v1/optimizer_service.pb.h"
-#include "proto/shm/shared_memory.h"
+#include "kernels/base/dtype.h"
 #include "kernels/cuda/cuda_ipc.h"
+#include "proto/shm/shared_memory.h"
 #include "server/engine/cuda_ipc_registry.h"
 #include "server/engine/stage_copier.h"
 
@@ -58,7 +60,7 @@ class TrainerBuffers {
   };
 
   // Maps every parameter's param and grad buffer of `request` (validated:
-  // `local_numel[j]` elements each).
+  // `local_numel[j]` elements of the parameter's dtype each).
   static absl::StatusOr<std::unique_ptr<TrainerBuffers>> Map(
       const canzona::v1::RegisterRequest& request,
       absl::Span<const int64_t> local_numel, const Options& options);
@@ -68,8 +70,11 @@ class TrainerBuffers {
   TrainerBuffers& operator=(const TrainerBuffers&) = delete;
 
   int count() const { return static_cast<int>(param_.size()); }
-  float* param(int j) const { return param_[j]; }
-  float* grad(int j) const { return grad_[j]; }
+  void* param(int j) const { return param_[j]; }
+  void* grad(int j) const { return grad_[j]; }
+  DType dtype(int j) const { return dtype_[j]; }
+  // Some parameter is not fp32: the daemon keeps fp32 master weights.
+  bool mixed_precision() const { return mixed_precision_; }
   // Bytes of trainer memory mapped (shm objects whole, IPC ranges).
   int64_t mapped_bytes() const { return mapped_bytes_; }
   // Device memory of `device()` (CUDA IPC), else host shared memory.
@@ -80,25 +85,29 @@ class TrainerBuffers {
   // stream wait for the trainer's event (device staging) or a host wait;
   // nothing when the trainer exported no event.
   absl::Status WaitGradients(StageCopier& copier, bool device_staging) const;
-  // `n` floats from trainer memory `src` to staging `dst`, and back.
-  // Device staging copies either kind on the copier's stream; host staging
-  // copies device memory through the IPC layer.
-  absl::Status Read(const float* src, int64_t n, float* dst,
+  // `n` elements of parameter j's dtype from trainer memory `src` to fp32
+  // staging `dst` (widened), and back (rounded). Device staging copies
+  // either kind on the copier's stream (fp32 only: Map refuses other
+  // dtypes there); host staging copies device memory through the IPC layer.
+  absl::Status Read(const void* src, int j, int64_t n, float* dst,
                     StageCopier& copier, bool device_staging) const;
-  absl::Status Write(const float* src, int64_t n, float* dst,
+  absl::Status Write(const float* src, int j, int64_t n, void* dst,
                      StageCopier& copier, bool device_staging) const;
 
  private:
   TrainerBuffers() = default;
-  // The buffer `ref` of `numel` floats (`where` names it in errors).
-  absl::StatusOr<float*> MapOne(const std::string& job_id,
-                                const std::string& where,
-                                const canzona::v1::BufferRef& ref,
-                                int64_t numel, const Options& options);
+  // The buffer `ref` of `numel` elements of `dtype` (`where` names it in
+  // errors).
+  absl::StatusOr<void*> MapOne(const std::string& job_id,
+                               const std::string& where,
+                               const canzona::v1::BufferRef& ref, int64_t numel,
+                               DType dtype, const Options& options);
 
   std::vector<SharedMemory> shm_;
   std::vector<CudaIpcRegistry::Mapping> ipc_;
-  std::vector<float*> param_, grad_;  // per parameter, request order
+  std::vector<void*> param_, grad_;  // per parameter, request order
+  std::vector<DType> dtype_;
+  bool mixed_precision_ = false;
   int64_t mapped_bytes_ = 0;
   bool on_device_ = false;
   int device_ = 0;

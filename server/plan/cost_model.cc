@@ -87,28 +87,6 @@ const char* OptimizerKindName(OptimizerKind kind) {
   return "unknown";
 }
 
-absl::StatusOr<DType> ParseDType(absl::string_view name) {
-  if (name == "fp32" || name == "float32") return DType::kFloat32;
-  if (name == "bf16" || name == "bfloat16") return DType::kBFloat16;
-  if (name == "fp16" || name == "float16") return DType::kFloat16;
-  return absl::InvalidArgumentError(
-      absl::StrCat("dtype: unknown dtype '", name, "' (fp32, bf16, fp16)"));
-}
-
-const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return "fp32";
-    case DType::kBFloat16:
-      return "bf16";
-    case DType::kFloat16:
-      return "fp16";
-  }
-  return "unknown";
-}
-
-int DTypeBytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
-
 Rates Rates::Nominal() {
   Rates rates;
   rates.backend = "nominal";

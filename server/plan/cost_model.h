@@ -45,6 +45,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "kernels/base/dtype.h"
 #include "nlohmann/json.hpp"
 
 namespace canzona::plan {
@@ -58,11 +59,12 @@ inline bool IsMatrixOptimizer(OptimizerKind kind) {
   return kind != OptimizerKind::kAdamW;
 }
 
-// Element type of a parameter (gradients and parameters travel in it).
-enum class DType { kFloat32, kBFloat16, kFloat16 };
-absl::StatusOr<DType> ParseDType(absl::string_view name);
-const char* DTypeName(DType dtype);
-int DTypeBytes(DType dtype);
+// Element type of a parameter (gradients and parameters travel in it):
+// the one the kernels convert (kernels/base/dtype.h).
+using ::canzona::DType;
+using ::canzona::DTypeBytes;
+using ::canzona::DTypeName;
+using ::canzona::ParseDType;
 
 // Calibrated (or nominal) kernel rates.
 struct Rates {

@@ -448,16 +448,25 @@ TEST(CheckpointTest, WrongFormatVersionIsFailedPrecondition) {
   WriteTwoShardCheckpoint(dir);
   const std::string path = (fs::path(dir) / kManifestFileName).string();
   const std::string text = ReadAll(path);
-  WriteAll(path, absl::StrReplaceAll(text, {{"\"format_version\": 1",
-                                             "\"format_version\": 2"}}));
-  EXPECT_THAT(
-      CheckpointReader::Open(dir),
-      StatusIs(absl::StatusCode::kFailedPrecondition,
-               AllOf(HasSubstr("version 2"), HasSubstr(kManifestFileName))));
-  // Not truncated to 32 bits.
+  const std::string current =
+      absl::StrCat("\"format_version\": ", kCheckpointFormatVersion);
+  ASSERT_NE(text.find(current), std::string::npos);
   WriteAll(path,
-           absl::StrReplaceAll(text, {{"\"format_version\": 1",
-                                       "\"format_version\": 4294967297"}}));
+           absl::StrReplaceAll(
+               text, {{current, absl::StrCat("\"format_version\": ",
+                                             kCheckpointFormatVersion + 1)}}));
+  EXPECT_THAT(CheckpointReader::Open(dir),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(absl::StrCat(
+                                 "version ", kCheckpointFormatVersion + 1)),
+                             HasSubstr(kManifestFileName))));
+  // Version 1 (before master weights) still reads.
+  WriteAll(path,
+           absl::StrReplaceAll(text, {{current, "\"format_version\": 1"}}));
+  EXPECT_OK(CheckpointReader::Open(dir).status());
+  // Not truncated to 32 bits.
+  WriteAll(path, absl::StrReplaceAll(
+                     text, {{current, "\"format_version\": 4294967297"}}));
   EXPECT_THAT(CheckpointReader::Open(dir),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("version 4294967297")));

@@ -124,10 +124,12 @@ TEST_P(BucketCollectivesTest, ReduceSumsWhatEachRankMustHold) {
             << jp_->params[i].name;
         if (!mine) continue;
         const float* staged = ranks_[d].grads.data() + layout.offset[i];
-        const float* trainer_params = ranks_[d].buffers->param(i);
+        const auto* trainer_params =
+            static_cast<const float*>(ranks_[d].buffers->param(i));
         for (int64_t k = 0; k < n; ++k) {
           const float sum =
-              ranks_[0].buffers->grad(i)[k] + ranks_[1].buffers->grad(i)[k];
+              static_cast<const float*>(ranks_[0].buffers->grad(i))[k] +
+              static_cast<const float*>(ranks_[1].buffers->grad(i))[k];
           ASSERT_EQ(staged[k], sum) << jp_->params[i].name << "[" << k << "]";
           ASSERT_EQ(ranks_[d].params.data()[layout.offset[i] + k],
                     trainer_params[k]);
@@ -157,7 +159,8 @@ TEST_P(BucketCollectivesTest, GatherPublishesTheOwnersParameters) {
   for (int d = 0; d < kDp; ++d) {
     for (size_t i = 0; i < jp_->params.size(); ++i) {
       const int owner = jp_->plan.dp_owner[i];
-      const float* p = ranks_[d].buffers->param(static_cast<int>(i));
+      const auto* p = static_cast<const float*>(
+          ranks_[d].buffers->param(static_cast<int>(i)));
       for (int64_t k = 0; k < jp_->params[i].local_numel; ++k) {
         ASSERT_EQ(p[k], -static_cast<float>(owner < 0 ? 1 : owner + 1) -
                             static_cast<float>(k))

@@ -28,6 +28,7 @@ namespace {
 namespace v1 = ::canzona::v1;
 using ::canzona::testing::FakeNcclApi;
 using ::canzona::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 class TempDir {
@@ -98,10 +99,11 @@ absl::Status LoadAll(JobRun& run, Cluster& cluster, const std::string& dir) {
 }
 
 JobConfig Config(const std::string& stem, int dp, int tp,
-                 const std::string& strategy) {
+                 const std::string& strategy, DType dtype = DType::kFloat32) {
   // MegatronModel: Muon, AdamW, Shampoo and SOAP groups.
   JobConfig config = MakeJobConfig(stem, dp, tp, strategy);
   config.layout_free_grads = true;
+  config.dtype = dtype;
   return config;
 }
 
@@ -213,6 +215,53 @@ TEST(CheckpointTest, SaveAtStepRunsBetweenThatStepAndTheNext) {
   cluster.engines[r0.engine_index()]->SaveCheckpoint(late, parked.callback());
   cluster.engines[r0.engine_index()]->Shutdown();
   EXPECT_THAT(parked.Get(), StatusIs(absl::StatusCode::kUnavailable));
+}
+
+// bf16: the fp32 master weights travel in the checkpoint (the trainer's
+// parameters are only their rounding) and reshard like the state.
+TEST(CheckpointTest, MixedPrecisionResumesAcrossLayoutsBitwise) {
+  ResumeChain({Config("mp-reshard-a", 2, 2, "cost", DType::kBFloat16),
+               Config("mp-reshard-b", 1, 4, "alpha", DType::kBFloat16),
+               Config("mp-reshard-c", 4, 1, "layerwise", DType::kBFloat16)});
+}
+
+// Master weights belong to the dtype they were kept for: a bf16 run's
+// checkpoint into an fp32 (or fp16) job is refused, nothing loaded; an
+// fp32 checkpoint (no masters) into a bf16 job loads, the masters restart
+// from the trainer's parameters.
+TEST(CheckpointTest, MasterWeightsOfAnotherDtypeAreRefused) {
+  TempDir tmp;
+  for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
+    Cluster cluster;
+    JobRun run(Config(absl::StrCat("mp-save-", DTypeName(dtype)), 2, 1, "cost",
+                      dtype));
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RunAll(cluster, 3));
+    ASSERT_OK(SaveAll(run, cluster, tmp.Sub(DTypeName(dtype)), 3));
+  }
+  for (DType dtype : {DType::kFloat32, DType::kFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    Cluster cluster;
+    JobRun run(Config(absl::StrCat("mp-load-", DTypeName(dtype)), 2, 1, "cost",
+                      dtype));
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    EXPECT_THAT(
+        LoadAll(run, cluster, tmp.Sub("bf16")),
+        StatusIs(absl::StatusCode::kFailedPrecondition,
+                 AllOf(HasSubstr("master weights of a bf16 parameter"),
+                       HasSubstr(absl::StrCat("this job's parameter is ",
+                                              DTypeName(dtype))))));
+    // Nothing loaded: the job steps from step 1 as a fresh one.
+    ASSERT_OK(run.RunSteps(cluster, 1, 2));
+    ASSERT_OK_AND_ASSIGN(Params reference, Reference(run.config(), 2, {}));
+    EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+  }
+  Cluster cluster;
+  JobRun run(Config("mp-load-fp32-ckpt", 2, 1, "cost", DType::kBFloat16));
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  EXPECT_OK(LoadAll(run, cluster, tmp.Sub("fp32")));
 }
 
 TEST(CheckpointTest, ResumeAcrossLayoutsAndStrategiesIsBitwise) {
@@ -355,7 +404,8 @@ TEST_F(CheckpointErrorsTest, WrongVersionIsFailedPrecondition) {
   std::ifstream in(path);
   std::string text((std::istreambuf_iterator<char>(in)), {});
   in.close();
-  const std::string from = "\"format_version\": 1";
+  const std::string from =
+      absl::StrCat("\"format_version\": ", kCheckpointFormatVersion);
   ASSERT_NE(text.find(from), std::string::npos);
   text.replace(text.find(from), from.size(), "\"format_version\": 7");
   std::ofstream(path) << text;
@@ -423,8 +473,8 @@ TEST_F(CheckpointErrorsTest, CheckpointRootConfinesDirs) {
                                       HasSubstr("checkpoint root")));
 }
 
-TEST(StateExportTest, ExportImportResumesBitwise) {
-  JobConfig config = Config("export", 2, 2, "cost");
+void ExportImportResumes(DType dtype) {
+  JobConfig config = Config("export", 2, 2, "cost", dtype);
   std::vector<v1::ExportStateResponse> exported(config.world());
   Params params;
   {
@@ -491,6 +541,15 @@ TEST(StateExportTest, ExportImportResumesBitwise) {
   ASSERT_OK(run.RunSteps(cluster, 11, 20));
   ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 20, {}));
   EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+}
+
+TEST(StateExportTest, ExportImportResumesBitwise) {
+  ExportImportResumes(DType::kFloat32);
+}
+
+// The blob carries the rank's fp32 master weights too.
+TEST(StateExportTest, MixedPrecisionExportImportResumesBitwise) {
+  ExportImportResumes(DType::kBFloat16);
 }
 
 }  // namespace

@@ -234,9 +234,20 @@ std::vector<float> FullGrad(const JobConfig& config, const ModelParam& p,
   return v;
 }
 
+std::vector<float> Rounded(DType dtype, std::vector<float> values) {
+  if (dtype == DType::kFloat32) return values;
+  std::vector<uint16_t> bits(values.size());
+  RoundFromFloat(values.data(), static_cast<int64_t>(values.size()), dtype,
+                 bits.data());
+  WidenToFloat(dtype, bits.data(), static_cast<int64_t>(values.size()),
+               values.data());
+  return values;
+}
+
 absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
                                  const std::set<int>& skip_steps,
-                                 const std::string& fragment_param) {
+                                 const std::string& fragment_param,
+                                 bool round_each_step) {
   CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                            CreateBackend(BackendKind::kCpu));
   Params out;
@@ -244,7 +255,7 @@ absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
     CANZONA_ASSIGN_OR_RETURN(
         OptimizerConfig oc,
         MakeOptimizerConfig(GroupKind(p.group), GroupSettings(p.group)));
-    std::vector<float> param = InitialParam(config, p);
+    std::vector<float> param = Rounded(config.dtype, InitialParam(config, p));
     const bool fragmented = p.name == fragment_param && p.split >= 0;
     const int pieces = fragmented ? config.tp : 1;
     std::vector<std::unique_ptr<UpdateRule>> rules;
@@ -258,14 +269,15 @@ absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
     const float factor = static_cast<float>(1.0 / config.dp);
     for (int s = 1; s <= steps; ++s) {
       if (skip_steps.count(s)) continue;
-      std::vector<float> avg = FullGrad(config, p, s, 0);
+      std::vector<float> avg = Rounded(config.dtype, FullGrad(config, p, s, 0));
       for (int d = 1; d < config.dp; ++d) {
-        std::vector<float> g = FullGrad(config, p, s, d);
+        std::vector<float> g = Rounded(config.dtype, FullGrad(config, p, s, d));
         for (size_t e = 0; e < avg.size(); ++e) avg[e] += g[e];
       }
       for (float& x : avg) x *= factor;
       if (!fragmented) {
         CANZONA_RETURN_IF_ERROR(rules[0]->Step(param.data(), avg.data()));
+        if (round_each_step) param = Rounded(config.dtype, std::move(param));
         continue;
       }
       for (int j = 0; j < pieces; ++j) {
@@ -302,16 +314,29 @@ absl::Status TrainerRank::Init() {
   }
   CANZONA_ASSIGN_OR_RETURN(
       SharedMemory shm,
-      SharedMemory::Create(ShmName(config_.job_id, global_, 0),
-                           static_cast<uint64_t>(total) * sizeof(float)));
+      SharedMemory::Create(
+          ShmName(config_.job_id, global_, 0),
+          static_cast<uint64_t>(total) * DTypeBytes(config_.dtype)));
   shm_ = std::make_unique<SharedMemory>(std::move(shm));
-  float* base = static_cast<float*>(shm_->data());
   for (size_t i = 0; i < config_.params.size(); ++i) {
-    std::vector<float> shard =
-        Shard(config_.params[i], InitialParam(config_, config_.params[i]));
-    std::memcpy(base + offsets_[i], shard.data(), shard.size() * sizeof(float));
+    Put(offsets_[i],
+        Shard(config_.params[i], InitialParam(config_, config_.params[i])));
   }
   return absl::OkStatus();
+}
+
+void TrainerRank::Put(int64_t at, const std::vector<float>& values) {
+  char* base = static_cast<char*>(shm_->data());
+  RoundFromFloat(values.data(), static_cast<int64_t>(values.size()),
+                 config_.dtype, base + at * DTypeBytes(config_.dtype));
+}
+
+std::vector<float> TrainerRank::Get(int64_t at, int64_t n) const {
+  const char* base = static_cast<const char*>(shm_->data());
+  std::vector<float> out(n);
+  WidenToFloat(config_.dtype, base + at * DTypeBytes(config_.dtype), n,
+               out.data());
+  return out;
 }
 
 std::vector<float> TrainerRank::Shard(const ModelParam& p,
@@ -320,17 +345,14 @@ std::vector<float> TrainerRank::Shard(const ModelParam& p,
 }
 
 std::vector<float> TrainerRank::ParamBuffer(int index) const {
-  const float* base = static_cast<const float*>(shm_->data()) + offsets_[index];
-  return std::vector<float>(base, base + local_numel_[index]);
+  return Get(offsets_[index], local_numel_[index]);
 }
 
 void TrainerRank::SetParams(
     const std::map<std::string, std::vector<float>>& full) {
-  float* base = static_cast<float*>(shm_->data());
   for (size_t i = 0; i < config_.params.size(); ++i) {
     const ModelParam& p = config_.params[i];
-    const std::vector<float> shard = Shard(p, full.at(p.name));
-    std::memcpy(base + offsets_[i], shard.data(), shard.size() * sizeof(float));
+    Put(offsets_[i], Shard(p, full.at(p.name)));
   }
 }
 
@@ -341,7 +363,6 @@ void TrainerRank::WriteGrads(int step) {
 }
 
 void TrainerRank::WriteGrads(int step, const std::vector<int>& params) {
-  float* base = static_cast<float*>(shm_->data());
   for (int i : params) {
     std::vector<float> shard = Shard(
         config_.params[i], FullGrad(config_, config_.params[i], step, dp_));
@@ -349,8 +370,7 @@ void TrainerRank::WriteGrads(int step, const std::vector<int>& params) {
         i == 3) {
       shard[0] = std::nanf("");
     }
-    std::memcpy(base + offsets_[i] + local_numel_[i], shard.data(),
-                shard.size() * sizeof(float));
+    Put(offsets_[i] + local_numel_[i], shard);
   }
 }
 
@@ -387,23 +407,25 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
     v1::Parameter* q = r.add_parameters();
     q->set_name(p.name);
     for (int64_t d : p.shape) q->add_shape(d);
-    q->set_dtype(v1::DTYPE_FLOAT32);
+    q->set_dtype(config_.dtype == DType::kBFloat16  ? v1::DTYPE_BFLOAT16
+                 : config_.dtype == DType::kFloat16 ? v1::DTYPE_FLOAT16
+                                                    : v1::DTYPE_FLOAT32);
     q->set_tp_split_dim(p.split);
     q->set_group(p.group);
-    const uint64_t bytes =
-        static_cast<uint64_t>(local_numel_[i]) * sizeof(float);
+    const int unit = DTypeBytes(config_.dtype);
+    const uint64_t bytes = static_cast<uint64_t>(local_numel_[i]) * unit;
     if (config_.cuda_ipc) {
       // The fake IPC "allocation" is this rank's whole shm object.
       const std::string handle =
           FakeCudaIpc::Handle(shm_->data(), shm_->size());
       v1::CudaIpcBufferRef* p_ref = q->mutable_param()->mutable_cuda_ipc();
       p_ref->set_mem_handle(handle);
-      p_ref->set_offset(offsets_[i] * sizeof(float));
+      p_ref->set_offset(offsets_[i] * unit);
       p_ref->set_bytes(bytes);
       p_ref->set_pci_bus_id(config_.pci_bus_id);
       v1::CudaIpcBufferRef* g_ref = q->mutable_grad()->mutable_cuda_ipc();
       g_ref->set_mem_handle(handle);
-      g_ref->set_offset((offsets_[i] + local_numel_[i]) * sizeof(float));
+      g_ref->set_offset((offsets_[i] + local_numel_[i]) * unit);
       g_ref->set_bytes(bytes);
       g_ref->set_event_handle(FakeCudaIpc::EventHandle(global_));
       g_ref->set_pci_bus_id(config_.pci_bus_id);
@@ -411,11 +433,11 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
     }
     v1::ShmBufferRef* param = q->mutable_param()->mutable_shm();
     param->set_name(shm_->name());
-    param->set_offset(offsets_[i] * sizeof(float));
+    param->set_offset(offsets_[i] * unit);
     param->set_bytes(bytes);
     v1::ShmBufferRef* grad = q->mutable_grad()->mutable_shm();
     grad->set_name(shm_->name());
-    grad->set_offset((offsets_[i] + local_numel_[i]) * sizeof(float));
+    grad->set_offset((offsets_[i] + local_numel_[i]) * unit);
     grad->set_bytes(bytes);
   }
   return r;
@@ -668,14 +690,24 @@ absl::Status JobRun::Compare(const Params& reference, bool bitwise,
   for (const auto& rank : ranks_) {
     for (size_t i = 0; i < config_.params.size(); ++i) {
       const ModelParam& p = config_.params[i];
-      const std::vector<float> want = rank->Shard(p, reference.at(p.name));
+      const std::vector<float> want =
+          Rounded(config_.dtype, rank->Shard(p, reference.at(p.name)));
       const std::vector<float> got = rank->ParamBuffer(static_cast<int>(i));
       float scale = 0;
       for (float w : want) scale = std::max(scale, std::fabs(w));
+      // One ulp of the dtype at |w| (2^-7 or 2^-10 relative).
+      const int mantissa_bits = config_.dtype == DType::kBFloat16  ? 7
+                                : config_.dtype == DType::kFloat16 ? 10
+                                                                   : 23;
       for (size_t e = 0; e < want.size(); ++e) {
+        int exponent = 0;
+        std::frexp(want[e], &exponent);
+        const float ulp = std::ldexp(1.0f, exponent - 1 - mantissa_bits);
+        const float allowed = std::max(
+            tolerance * scale, config_.dtype == DType::kFloat32 ? 0 : ulp);
         const bool ok = bitwise
                             ? std::memcmp(&want[e], &got[e], sizeof(float)) == 0
-                            : std::fabs(want[e] - got[e]) <= tolerance * scale;
+                            : std::fabs(want[e] - got[e]) <= allowed;
         if (!ok) {
           return absl::InternalError(absl::StrCat(
               "rank ", rank->global(), " parameter '", p.name, "' element ", e,

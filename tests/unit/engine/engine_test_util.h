@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kernels/base/dtype.h"
 #include "kernels/cuda/cuda_ipc.h"
 #include "proto/shm/shared_memory.h"
 #include "server/comm/nccl_api.h"
@@ -76,6 +77,9 @@ struct JobConfig {
   bool cuda_ipc = false;
   // The GPU the CUDA IPC buffers name by PCI bus id (empty: none, device 0).
   std::string pci_bus_id;
+  // The trainer's parameters and gradients (bf16 / fp16: mixed precision,
+  // the daemon keeps fp32 master weights).
+  DType dtype = DType::kFloat32;
   int world() const { return dp * tp; }
 };
 
@@ -143,10 +147,18 @@ std::vector<float> FullGrad(const JobConfig& config, const ModelParam& p,
 
 // The single-process reference after `steps` (skipping `skip_steps`). With
 // `fragment_param`, that parameter is updated per TP fragment instead of
-// whole (the negative control).
+// whole (the negative control). In mixed precision it runs on fp32 master
+// weights initialised from the trainer's rounded parameters, with the
+// trainer's rounded gradients, and returns the masters (Compare rounds
+// them); `round_each_step` rounds the masters after every step instead
+// (no master weights: the negative control).
 absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
                                  const std::set<int>& skip_steps,
-                                 const std::string& fragment_param = "");
+                                 const std::string& fragment_param = "",
+                                 bool round_each_step = false);
+
+// `values` as the trainer's dtype holds them (rounded, then widened).
+std::vector<float> Rounded(DType dtype, std::vector<float> values);
 
 template <typename T>
 struct Result {
@@ -190,7 +202,13 @@ class TrainerRank {
  private:
   JobConfig config_;
   int global_, dp_, tp_;
-  std::vector<int64_t> offsets_;  // per param: param at off, grad at off+n
+  // Elements written in the job's dtype at element `at` of the shm object,
+  // and read back widened.
+  void Put(int64_t at, const std::vector<float>& values);
+  std::vector<float> Get(int64_t at, int64_t n) const;
+
+  // Per param, in elements of the dtype: param at off, grad at off + n.
+  std::vector<int64_t> offsets_;
   std::vector<int64_t> local_numel_;
   std::unique_ptr<SharedMemory> shm_;
 };
@@ -222,7 +240,9 @@ class JobRun {
   Params GatherParams() const;
   // Compares every rank's parameter buffers with the reference shards
   // (bitwise, or within `tolerance` times the parameter's largest
-  // magnitude); error names the first mismatching parameter and rank.
+  // magnitude); error names the first mismatching parameter and rank. In
+  // mixed precision the reference is rounded to the dtype first, and the
+  // tolerance is at least one ulp of the dtype at the reference value.
   absl::Status Compare(const Params& reference, bool bitwise,
                        float tolerance = 1e-6f) const;
   absl::Status Deregister(Cluster& cluster);

@@ -39,8 +39,46 @@ TEST(JobPlanTest, CanonicalLineRoundTripsWithTheLocalShape) {
   EXPECT_EQ(v.local_numel, 64);
 }
 
+// Mixed precision: the line carries a bf16 / fp16 dtype (all ranks agree on
+// it with the rest of the line); fp32 lines stay as before (plan digests
+// of fp32 jobs unchanged); the planner counts the dtype's bytes.
+TEST(JobPlanTest, DtypeTravelsInTheLineAndThePlanCountsIt) {
+  v1::Parameter p;
+  p.set_name("w");
+  p.add_shape(64);
+  p.add_shape(32);
+  p.set_tp_split_dim(-1);
+  p.set_group("muon");
+  p.set_dtype(v1::DTYPE_FLOAT32);
+  EXPECT_EQ(CanonicalParam(p), "w|64,32|-1|muon");
+  p.set_dtype(v1::DTYPE_BFLOAT16);
+  EXPECT_EQ(CanonicalParam(p), "w|64,32|-1|muon|bf16");
+  ASSERT_OK_AND_ASSIGN(ParamMeta m, ParseParamLine(CanonicalParam(p), 0, 1));
+  EXPECT_EQ(m.dtype, DType::kBFloat16);
+  p.set_dtype(v1::DTYPE_FLOAT16);
+  ASSERT_OK_AND_ASSIGN(m, ParseParamLine(CanonicalParam(p), 0, 1));
+  EXPECT_EQ(m.dtype, DType::kFloat16);
+
+  JobConfig config = MakeJobConfig("plan-dtype", 2, 1, "cost");
+  ASSERT_OK_AND_ASSIGN(RankSpec fp32, SpecOf(config, 0));
+  config.dtype = DType::kBFloat16;
+  ASSERT_OK_AND_ASSIGN(RankSpec bf16, SpecOf(config, 0));
+  EXPECT_NE(fp32.plist, bf16.plist);
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const JobPlan> a,
+                       BuildJobPlan(fp32.settings, {fp32.plist}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const JobPlan> b,
+                       BuildJobPlan(bf16.settings, {bf16.plist}));
+  // fp32 master weights on top of the state: more memory per rank; half
+  // the bytes per element on the DP links.
+  EXPECT_GT(b->plan.memory_max_bytes, a->plan.memory_max_bytes);
+  for (const ParamMeta& meta : b->params) {
+    EXPECT_EQ(meta.dtype, DType::kBFloat16) << meta.name;
+  }
+}
+
 TEST(JobPlanTest, MalformedLinesAreInternalErrors) {
-  for (const char* line : {"a|1,2|0", "a|1,x|0|g", "a|4|z|g", ""}) {
+  for (const char* line :
+       {"a|1,2|0", "a|1,x|0|g", "a|4|z|g", "", "a|4|-1|g|fp8"}) {
     EXPECT_THAT(ParseParamLine(line, 0, 1),
                 StatusIs(absl::StatusCode::kInternal))
         << line;

@@ -84,7 +84,9 @@ TEST(RegisterRequestTest, BadInputNamesTheField) {
       {"no params", [](auto& r) { r.clear_parameters(); },
        StatusCode::kInvalidArgument, "parameters: empty"},
       {"dtype",
-       [](auto& r) { r.mutable_parameters(1)->set_dtype(v1::DTYPE_BFLOAT16); },
+       [](auto& r) {
+         r.mutable_parameters(1)->set_dtype(v1::DTYPE_UNSPECIFIED);
+       },
        StatusCode::kInvalidArgument, "parameters[1]"},
       {"shape", [](auto& r) { r.mutable_parameters(2)->set_shape(0, 0); },
        StatusCode::kInvalidArgument, "parameters[2]"},
