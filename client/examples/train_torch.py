@@ -50,7 +50,8 @@ def rope(x, positions):
     half = x.shape[-1] // 2
     freqs = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float32) / half))
     angles = positions[:, None].float() * freqs[None, :]
-    cos, sin = angles.cos(), angles.sin()
+    # In the activations' dtype, so a bf16 / fp16 model stays in it.
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
@@ -172,6 +173,10 @@ def main():
     parser.add_argument("--target", default=None,
                         help="canzonad address (default $CANZONA_TARGET)")
     parser.add_argument("--job-id", default=None)
+    parser.add_argument("--dtype", default="float32",
+                        choices=["float32", "bfloat16"],
+                        help="the model's dtype: bfloat16 trains in mixed "
+                             "precision (fp32 master weights in the daemon)")
     args = parser.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -180,7 +185,7 @@ def main():
     rank = int(os.environ.get("RANK", "0"))
     torch.set_num_threads(1)
 
-    model = build_model(seed=0)
+    model = build_model(seed=0).to(getattr(torch, args.dtype))
     opt = make_optimizer(args.optimizer, model, target=args.target,
                          job_id=args.job_id)
     if rank == 0:

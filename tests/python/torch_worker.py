@@ -61,11 +61,15 @@ def main():
                         "WaitParams pre-hooks")
     p.add_argument("--bucket-size", type=int, default=0)
     p.add_argument("--shard-group-size", type=int, default=0)
+    p.add_argument("--dtype", default="float32",
+                   help="the model's dtype (bfloat16: mixed precision)")
+    p.add_argument("--record-grads", action="store_true",
+                   help="save each step's gradients (what the daemon got)")
     args = p.parse_args()
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
 
-    model = train_torch.build_model(seed=0)
+    model = train_torch.build_model(seed=0).to(getattr(torch, args.dtype))
     if args.resume:
         saved = torch.load(args.resume)
         model.load_state_dict(saved["model"])
@@ -90,9 +94,13 @@ def main():
              if args.halve_lr else None)
     losses = []
     deltas = []
+    grads = []
     for step in range(args.first, args.last + 1):
         loss = train_torch.loss_fn(model, step, rank)
         loss.backward()
+        if args.record_grads:
+            grads.append({n: q.grad.detach().clone()
+                          for n, q in model.named_parameters()})
         before = {n: q.detach().clone() for n, q in model.named_parameters()}
         opt.step()
         deltas.append({n: (q.detach() - before[n]).norm().item()
@@ -105,13 +113,18 @@ def main():
     if args.save:
         torch.save({"model": model.state_dict(),
                     "optimizer": opt.state_dict()}, args.save)
-    torch.save({"losses": losses, "deltas": deltas,
+    torch.save({"losses": losses, "deltas": deltas, "grads": grads,
                 "params": {n: q.detach().clone()
                            for n, q in model.named_parameters()},
                 "lrs": [g["lr"] for g in opt.param_groups],
                 "buckets": len(opt.registered["buckets"]),
                 "events": events,
                 "transport": opt.client.transport,
+                # Every tensor the optimizer hands torch: the model's dtype.
+                "dtypes": sorted({str(q.dtype) for q in model.parameters()} |
+                                 {str(q.grad.dtype) for q in model.parameters()
+                                  if q.grad is not None} |
+                                 {str(opt.dtype)}),
                 "comm": [opt.last_step["seconds"]["dp_comm"],
                          opt.last_step["seconds"]["dp_comm_exposed"]]},
                args.out)

@@ -27,6 +27,10 @@ _PHASES = ("reduce_scatter", "local_compute", "tp_gather", "tp_compute",
            "tp_scatter", "all_gather", "wait", "total", "dp_comm",
            "dp_comm_exposed")
 
+# Element types of parameter buffers, by the names torch and numpy use.
+_DTYPES = {"float32": "DTYPE_FLOAT32", "bfloat16": "DTYPE_BFLOAT16",
+           "float16": "DTYPE_FLOAT16"}
+
 
 def default_target():
     """The daemon address: $CANZONA_TARGET, else the local daemon's socket."""
@@ -184,7 +188,10 @@ class Client:
         layout and rank are (pp, dp, tp); groups are (name, optimizer,
         settings dict); parameters are dicts with name, shape (global),
         tp_split_dim, group, param and grad ((shm name, offset, nbytes) or
-        ("cuda", device pointer, nbytes[, event handle])).
+        ("cuda", device pointer, nbytes[, event handle])), and optionally
+        dtype ("float32", the default, "bfloat16" or "float16": the
+        buffers' element type; the daemon keeps fp32 master weights of
+        bf16 / fp16 parameters).
         shard_group_size: hierarchical sharding (0: flat). The result's
         "buckets" lists each gradient bucket's parameter indices, in the
         order backward fills them.
@@ -204,10 +211,14 @@ class Client:
         request_parameters = []
         for p in parameters:
             name = str(p["name"])
+            dtype = str(p.get("dtype", "float32"))
+            if dtype not in _DTYPES:
+                raise ValueError("parameter %s dtype: %r is not one of %s"
+                                 % (name, dtype, sorted(_DTYPES)))
             request_parameters.append({
                 "name": name,
                 "shape": [int(d) for d in p["shape"]],
-                "dtype": "DTYPE_FLOAT32",
+                "dtype": _DTYPES[dtype],
                 "tp_split_dim": int(p["tp_split_dim"]),
                 "group": str(p["group"]),
                 "param": _buffer_ref(p["param"], "parameter %s param" % name),

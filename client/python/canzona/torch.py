@@ -37,6 +37,14 @@ in GPU memory). Before each GradReady / Step the optimizer records an
 interprocess event on the current stream; the daemon's streams wait for it,
 so no host synchronization is needed after backward.
 
+Mixed precision: a bfloat16 or float16 model (every parameter in one dtype)
+keeps its parameters and gradients in that dtype; the daemon keeps the fp32
+master weights and optimizer state of what each rank owns, updates them in
+fp32 and rounds the new parameters once (round to nearest even). This
+process keeps no fp32 copy. state_dict() / checkpoints carry the masters.
+A non-finite gradient (float16 overflow) makes every rank skip the step;
+dynamic loss scaling stays the trainer's.
+
 Thread-safety: like torch.optim optimizers, one per trainer thread.
 """
 
@@ -70,6 +78,10 @@ _SETTINGS = {
 # convention even when 2-D.
 _ADAMW_NAME_PARTS = ("embed", "wte", "wpe", "lm_head", "output_layer",
                      "router", "mlp.gate.weight")
+
+# The parameter dtypes the daemon takes, by canzona.Client's names.
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16",
+                torch.float16: "float16"}
 
 
 def default_route(name, param, matrix_group):
@@ -208,10 +220,19 @@ class Optimizer(torch.optim.Optimizer):
             raise ValueError("parameters are on %s: one device per optimizer"
                              % sorted(str(d) for d in devices))
         self.device = devices.pop()
+        # One buffer, so one dtype: float32, or bfloat16 / float16 (mixed
+        # precision: the daemon keeps the fp32 master weights and state;
+        # this process keeps no fp32 copy).
+        dtypes = {p.dtype for _, p in named}
+        if len(dtypes) != 1:
+            raise ValueError("parameters are %s: one dtype per optimizer"
+                             % sorted(str(d) for d in dtypes))
+        self.dtype = dtypes.pop()
+        if self.dtype not in _DTYPE_NAMES:
+            raise ValueError("parameters are %s: the daemon takes float32, "
+                             "bfloat16 or float16" % self.dtype)
+        unit = torch.tensor([], dtype=self.dtype).element_size()
         for name, param in named:
-            if param.dtype != torch.float32:
-                raise ValueError("parameter %r is %s: the daemon takes float32"
-                                 % (name, param.dtype))
             if not param.is_contiguous():
                 raise ValueError("parameter %r is not contiguous: the daemon "
                                  "needs one dense row-major buffer" % name)
@@ -239,13 +260,13 @@ class Optimizer(torch.optim.Optimizer):
                 if index is None:
                     index = torch.cuda.current_device()
                 self._event = canzona.CudaEvent(index)
-                self._buffer = torch.empty(total, dtype=torch.float32,
+                self._buffer = torch.empty(total, dtype=self.dtype,
                                            device=torch.device("cuda", index))
                 flat = self._buffer
             else:
                 self._buffer = self.client.allocate(self.job_id, rank,
-                                                    total * 4)
-                flat = torch.frombuffer(self._buffer, dtype=torch.float32)
+                                                    total * unit)
+                flat = torch.frombuffer(self._buffer, dtype=self.dtype)
             self._grads = []
             self._names = []
             self._seen_grad = False
@@ -266,16 +287,17 @@ class Optimizer(torch.optim.Optimizer):
                 by_group[group].append(param)
                 if self._event is not None:
                     base = flat.data_ptr()
-                    param_ref = ("cuda", base + offset * 4, n * 4)
-                    grad_ref = ("cuda", base + (offset + n) * 4, n * 4,
+                    param_ref = ("cuda", base + offset * unit, n * unit)
+                    grad_ref = ("cuda", base + (offset + n) * unit, n * unit,
                                 self._event.handle)
                 else:
                     ref = self._buffer.name
-                    param_ref = (ref, offset * 4, n * 4)
-                    grad_ref = (ref, (offset + n) * 4, n * 4)
+                    param_ref = (ref, offset * unit, n * unit)
+                    grad_ref = (ref, (offset + n) * unit, n * unit)
                 parameters.append({
                     "name": name, "shape": shape, "tp_split_dim": split,
-                    "group": group, "param": param_ref, "grad": grad_ref})
+                    "group": group, "param": param_ref, "grad": grad_ref,
+                    "dtype": _DTYPE_NAMES[self.dtype]})
 
             param_groups = []
             for gname, (kind, spec) in self._groups.items():
