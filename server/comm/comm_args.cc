@@ -1,7 +1,9 @@
 #include "server/comm/comm_args.h"
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -67,9 +69,30 @@ int64_t Offset(absl::Span<const int64_t> counts, int index) {
   return offset;
 }
 
-absl::Status CheckReduceScatterV(int rank, int size, const float* send,
+void SumInRankOrder(DType dtype, absl::Span<const void* const> parts, int64_t n,
+                    void* out) {
+  if (n == 0 || parts.empty()) return;
+  if (dtype == DType::kFloat32) {
+    float* sum = static_cast<float*>(out);
+    std::memcpy(sum, parts[0], static_cast<size_t>(n) * sizeof(float));
+    for (size_t q = 1; q < parts.size(); ++q) {
+      const float* part = static_cast<const float*>(parts[q]);
+      for (int64_t i = 0; i < n; ++i) sum[i] += part[i];
+    }
+    return;
+  }
+  std::vector<float> sum(n), part(n);
+  WidenToFloat(dtype, parts[0], n, sum.data());
+  for (size_t q = 1; q < parts.size(); ++q) {
+    WidenToFloat(dtype, parts[q], n, part.data());
+    for (int64_t i = 0; i < n; ++i) sum[i] += part[i];
+  }
+  RoundFromFloat(sum.data(), n, dtype, out);
+}
+
+absl::Status CheckReduceScatterV(int rank, int size, const void* send,
                                  absl::Span<const int64_t> counts,
-                                 const float* recv) {
+                                 const void* recv) {
   constexpr char kOp[] = "ReduceScatterV";
   if (absl::Status s = CheckCounts(kOp, "counts", size, counts); !s.ok()) {
     return s;
@@ -81,9 +104,9 @@ absl::Status CheckReduceScatterV(int rank, int size, const float* send,
   return CheckPointer(kOp, "recv", recv, counts[rank]);
 }
 
-absl::Status CheckAllGatherV(int rank, int size, const float* send,
+absl::Status CheckAllGatherV(int rank, int size, const void* send,
                              absl::Span<const int64_t> counts,
-                             const float* recv) {
+                             const void* recv) {
   constexpr char kOp[] = "AllGatherV";
   if (absl::Status s = CheckCounts(kOp, "counts", size, counts); !s.ok()) {
     return s;

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "kernels/base/dtype.h"
 
 namespace canzona::comm_args {
 
@@ -21,12 +22,19 @@ int64_t Total(absl::Span<const int64_t> counts);
 // Elements before slice `index`.
 int64_t Offset(absl::Span<const int64_t> counts, int index);
 
-absl::Status CheckReduceScatterV(int rank, int size, const float* send,
+// `out` (n elements of `dtype`) = the sum of `parts` (each n elements of
+// `dtype`) in rank order, accumulated in fp32 and rounded once for 16-bit
+// types: how the Gloo communicator and the fake reduce, so that both give
+// the same bits. `out` must not overlap the parts.
+void SumInRankOrder(DType dtype, absl::Span<const void* const> parts, int64_t n,
+                    void* out);
+
+absl::Status CheckReduceScatterV(int rank, int size, const void* send,
                                  absl::Span<const int64_t> counts,
-                                 const float* recv);
-absl::Status CheckAllGatherV(int rank, int size, const float* send,
+                                 const void* recv);
+absl::Status CheckAllGatherV(int rank, int size, const void* send,
                              absl::Span<const int64_t> counts,
-                             const float* recv);
+                             const void* recv);
 absl::Status CheckAllToAllV(int rank, int size, const float* send,
                             absl::Span<const int64_t> send_counts,
                             const float* recv,

@@ -16,6 +16,12 @@
 //   ...
 //   CANZONA_RETURN_IF_ERROR(dp->AllGatherV(owned, slice_counts, params));
 //
+// ReduceScatterV and AllGatherV also move bf16 / fp16 elements (their
+// typed forms; DESIGN.md section 5.1: mixed-precision trainers reduce
+// gradients and gather parameters in their own dtype, half the bytes).
+// 16-bit sums are accumulated in fp32 in rank order and rounded once
+// (Gloo, the fake), or reduced natively (NCCL).
+//
 // Semantics shared by every implementation:
 //  - Every rank of the group calls the same operations in the same order
 //    with the same counts (per-peer counts of AllToAllV mirrored: what rank
@@ -42,6 +48,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "kernels/base/dtype.h"
 
 namespace canzona {
 
@@ -56,17 +63,27 @@ class Communicator {
   // laid out as size() contiguous slices in rank order; rank r receives into
   // `recv` (counts[r] elements) the element-wise sum over all ranks of
   // slice r. `recv` may alias `send` (in-place).
-  virtual absl::Status ReduceScatterV(const float* send,
-                                      absl::Span<const int64_t> counts,
-                                      float* recv) = 0;
+  absl::Status ReduceScatterV(const float* send,
+                              absl::Span<const int64_t> counts, float* recv) {
+    return ReduceScatterVTyped(DType::kFloat32, send, counts, recv);
+  }
+  // The same on elements of `dtype` (send and recv alike).
+  virtual absl::Status ReduceScatterVTyped(DType dtype, const void* send,
+                                           absl::Span<const int64_t> counts,
+                                           void* recv) = 0;
 
   // All-gather with uneven slices: rank r contributes counts[r] elements
   // from `send`; every rank receives all slices, concatenated in rank order,
   // into `recv` (sum(counts) elements). `send` may equal
   // recv + (offset of slice rank()) (in-place).
-  virtual absl::Status AllGatherV(const float* send,
-                                  absl::Span<const int64_t> counts,
-                                  float* recv) = 0;
+  absl::Status AllGatherV(const float* send, absl::Span<const int64_t> counts,
+                          float* recv) {
+    return AllGatherVTyped(DType::kFloat32, send, counts, recv);
+  }
+  // The same on elements of `dtype`.
+  virtual absl::Status AllGatherVTyped(DType dtype, const void* send,
+                                       absl::Span<const int64_t> counts,
+                                       void* recv) = 0;
 
   // Personalized all-to-all: `send` holds size() contiguous slices in rank
   // order, send_counts[j] elements for rank j; `recv` receives

@@ -25,8 +25,8 @@ namespace fake_comm_internal {
 // One rank's side of the call in flight.
 struct Entry {
   FakeCommCall call;
-  const float* send = nullptr;  // send / data (inputs)
-  float* out = nullptr;         // recv / data (outputs)
+  const void* send = nullptr;  // send / data (inputs)
+  void* out = nullptr;         // recv / data (outputs)
 };
 
 // The rendezvous all communicators of a group share. A call is a "round":
@@ -85,6 +85,9 @@ std::string Describe(const FakeCommCall& call) {
                     "]");
   }
   if (call.op == "Broadcast") absl::StrAppend(&s, ", root=", call.root);
+  if (call.dtype != DType::kFloat32) {
+    absl::StrAppend(&s, ", dtype=", DTypeName(call.dtype));
+  }
   return s + ")";
 }
 
@@ -96,7 +99,8 @@ absl::Status CheckAgreement(const std::vector<Entry>& entries) {
     const FakeCommCall& other = entries[r].call;
     bool same = other.op == first.op;
     if (same && first.op != "AllToAllV") {
-      same = other.counts == first.counts && other.root == first.root;
+      same = other.counts == first.counts && other.root == first.root &&
+             other.dtype == first.dtype;
     }
     if (!same) {
       return absl::FailedPreconditionError(
@@ -119,36 +123,36 @@ absl::Status CheckAgreement(const std::vector<Entry>& entries) {
   return absl::OkStatus();
 }
 
-// Rank `rank`'s output of the round, computed from everyone's inputs in the
-// same order as the Gloo communicator (sums in rank order).
-std::vector<float> Compute(const std::vector<Entry>& e, int rank) {
+// Rank `rank`'s output of the round as bytes, computed from everyone's
+// inputs in the same order as the Gloo communicator (sums in rank order).
+std::vector<char> Compute(const std::vector<Entry>& e, int rank) {
   const FakeCommCall& call = e[rank].call;
   const int size = static_cast<int>(e.size());
-  std::vector<float> out;
-  if (call.op == "ReduceScatterV") {
-    const int64_t n = call.counts[rank];
-    const int64_t off = comm_args::Offset(call.counts, rank);
-    out.assign(e[0].send + off, e[0].send + off + n);
-    for (int q = 1; q < size; ++q) {
-      for (int64_t i = 0; i < n; ++i) out[i] += e[q].send[off + i];
-    }
+  const int64_t unit = DTypeBytes(call.dtype);
+  auto at = [&](int q, int64_t element) {
+    return static_cast<const char*>(e[q].send) + element * unit;
+  };
+  std::vector<char> out;
+  auto append = [&](const char* from, int64_t elements) {
+    out.insert(out.end(), from, from + elements * unit);
+  };
+  if (call.op == "ReduceScatterV" || call.op == "AllReduce") {
+    const bool scatter = call.op == "ReduceScatterV";
+    const int64_t n = scatter ? call.counts[rank] : call.counts[0];
+    const int64_t off = scatter ? comm_args::Offset(call.counts, rank) : 0;
+    std::vector<const void*> parts(size);
+    for (int q = 0; q < size; ++q) parts[q] = at(q, off);
+    out.resize(n * unit);
+    comm_args::SumInRankOrder(call.dtype, parts, n, out.data());
   } else if (call.op == "AllGatherV") {
-    for (int q = 0; q < size; ++q) {
-      out.insert(out.end(), e[q].send, e[q].send + call.counts[q]);
-    }
+    for (int q = 0; q < size; ++q) append(at(q, 0), call.counts[q]);
   } else if (call.op == "AllToAllV") {
     for (int q = 0; q < size; ++q) {
-      const float* from = e[q].send + comm_args::Offset(e[q].call.counts, rank);
-      out.insert(out.end(), from, from + call.recv_counts[q]);
-    }
-  } else if (call.op == "AllReduce") {
-    const int64_t n = call.counts[0];
-    out.assign(e[0].send, e[0].send + n);
-    for (int q = 1; q < size; ++q) {
-      for (int64_t i = 0; i < n; ++i) out[i] += e[q].send[i];
+      append(at(q, comm_args::Offset(e[q].call.counts, rank)),
+             call.recv_counts[q]);
     }
   } else if (call.op == "Broadcast") {
-    out.assign(e[call.root].send, e[call.root].send + call.counts[0]);
+    append(at(call.root, 0), call.counts[0]);
   }
   return out;
 }
@@ -161,18 +165,24 @@ class FakeCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return state_->size; }
 
-  absl::Status ReduceScatterV(const float* send,
-                              absl::Span<const int64_t> counts,
-                              float* recv) override {
+  // The float forms stay visible beside the typed overrides.
+  using Communicator::AllGatherV;
+  using Communicator::ReduceScatterV;
+  absl::Status ReduceScatterVTyped(DType dtype, const void* send,
+                                   absl::Span<const int64_t> counts,
+                                   void* recv) override {
     FakeCommCall call{"ReduceScatterV", {counts.begin(), counts.end()}};
+    call.dtype = dtype;
     return Call(std::move(call), send, recv, [&] {
       return comm_args::CheckReduceScatterV(rank_, size(), send, counts, recv);
     });
   }
 
-  absl::Status AllGatherV(const float* send, absl::Span<const int64_t> counts,
-                          float* recv) override {
+  absl::Status AllGatherVTyped(DType dtype, const void* send,
+                               absl::Span<const int64_t> counts,
+                               void* recv) override {
     FakeCommCall call{"AllGatherV", {counts.begin(), counts.end()}};
+    call.dtype = dtype;
     return Call(std::move(call), send, recv, [&] {
       return comm_args::CheckAllGatherV(rank_, size(), send, counts, recv);
     });
@@ -221,7 +231,7 @@ class FakeCommunicator : public Communicator {
 
  private:
   template <typename CheckFn>
-  absl::Status Call(FakeCommCall call, const float* in, float* out,
+  absl::Status Call(FakeCommCall call, const void* in, void* out,
                     CheckFn&& check) {
     const std::string op = call.op;
     absl::Status status = Run(call, in, out, check);
@@ -252,7 +262,7 @@ class FakeCommunicator : public Communicator {
   }
 
   template <typename CheckFn>
-  absl::Status Run(const FakeCommCall& call, const float* in, float* out,
+  absl::Status Run(const FakeCommCall& call, const void* in, void* out,
                    CheckFn&& check) {
     GroupState& s = *state_;
     const absl::Time deadline = absl::Now() + s.timeout;
@@ -292,7 +302,7 @@ class FakeCommunicator : public Communicator {
     }
 
     // Phase 2: read everyone's inputs, then write once all have read.
-    std::vector<float> result = Compute(s.entries, rank_);
+    std::vector<char> result = Compute(s.entries, rank_);
     if (++s.computed == s.size) s.cv.SignalAll();
     while (s.computed < s.size) {
       // All ranks are inside this round, so this wait is short; the
@@ -300,7 +310,7 @@ class FakeCommunicator : public Communicator {
       if (s.cv.WaitWithDeadline(&s.mu, deadline)) return TimedOut(s, call);
     }
     if (!result.empty()) {
-      std::memcpy(out, result.data(), result.size() * sizeof(float));
+      std::memcpy(out, result.data(), result.size());
     }
     ++my_round_;
     if (++s.left == s.size) {

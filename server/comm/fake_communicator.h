@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "kernels/base/dtype.h"
 #include "server/comm/communicator.h"
 
 namespace canzona {
@@ -43,7 +44,9 @@ struct FakeCommCall {
                                      // Barrier
   std::vector<int64_t> recv_counts;  // AllToAllV only
   int root = -1;                     // Broadcast only
-  absl::Status status;               // what the call returned
+  // ReduceScatterV / AllGatherV: the element type (others are fp32).
+  DType dtype = DType::kFloat32;
+  absl::Status status;  // what the call returned
 };
 
 namespace fake_comm_internal {

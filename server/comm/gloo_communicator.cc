@@ -35,6 +35,8 @@
 #include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
+#include "gloo/types.h"
 #include "kernels/base/status_macros.h"
 #include "server/comm/comm_args.h"
 #include "server/comm/gloo_store.h"
@@ -46,9 +48,10 @@ namespace {
 // slices; a null pointer is allowed by our interface for empty slices, so
 // hand Gloo a valid address instead (nothing is ever read or written
 // through it).
-float* NonNull(const float* ptr) {
-  static float dummy = 0.0f;
-  return ptr != nullptr ? const_cast<float*>(ptr) : &dummy;
+template <typename T>
+T* NonNull(const void* ptr) {
+  static T dummy{};
+  return ptr != nullptr ? static_cast<T*>(const_cast<void*>(ptr)) : &dummy;
 }
 
 // Timeouts and broken connections both surface as gloo::IoException; the
@@ -122,6 +125,20 @@ absl::Status CheckBindAddress(const GlooOptions& options) {
   return absl::OkStatus();
 }
 
+// Our own slot prefix for the chunked reduce-scatter's point-to-point
+// messages (Gloo's collectives use 0x01-0x08; a fresh tag per round keeps
+// rounds apart).
+constexpr uint8_t kReduceScatterSlot = 0x31;
+
+// Gloo's waits return false when the buffer's operation was aborted (a
+// closed connection); timeouts and broken pairs throw themselves.
+void WaitOrThrow(bool completed) {
+  if (!completed) {
+    throw gloo::IoException(
+        "point-to-point transfer aborted (connection closed)");
+  }
+}
+
 void SumFloat(void* out, const void* a, const void* b, size_t n) {
   gloo::sum<float>(out, a, b, n);
 }
@@ -149,9 +166,12 @@ class GlooCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  absl::Status ReduceScatterV(const float* send,
-                              absl::Span<const int64_t> counts,
-                              float* recv) override {
+  // The float forms stay visible beside the typed overrides.
+  using Communicator::AllGatherV;
+  using Communicator::ReduceScatterV;
+  absl::Status ReduceScatterVTyped(DType dtype, const void* send,
+                                   absl::Span<const int64_t> counts,
+                                   void* recv) override {
     constexpr char kOp[] = "ReduceScatterV";
     CANZONA_RETURN_IF_ERROR(CheckUsable(kOp));
     CANZONA_RETURN_IF_ERROR(
@@ -159,49 +179,88 @@ class GlooCommunicator : public Communicator {
     // Every rank holds the same counts, so every rank skips together.
     if (comm_args::Total(counts) == 0) return absl::OkStatus();
     const int64_t mine = counts[rank_];
+    const size_t unit = DTypeBytes(dtype);
     if (size_ == 1) {
       // memmove/memcpy take no null pointer, even for zero bytes.
-      if (recv != send && mine > 0) {
-        std::memmove(recv, send, mine * sizeof(float));
-      }
+      if (recv != send && mine > 0) std::memmove(recv, send, mine * unit);
       return absl::OkStatus();
     }
-    // Slice r of every rank goes to rank r (alltoallv); rank r then sums the
-    // size_ received copies in rank order. Same bytes on the wire as a ring
-    // reduce-scatter ((P-1)/P of the buffer per rank), one round, and the
-    // summation order is fixed, so results are bitwise reproducible and
-    // match the fake. Scratch grows once and is reused.
-    scratch_.resize(static_cast<size_t>(mine) * size_);
-    std::vector<int64_t> send_counts(counts.begin(), counts.end());
-    std::vector<int64_t> recv_counts(size_, mine);
-    CANZONA_RETURN_IF_ERROR(Run(kOp, [&] {
-      gloo::AlltoallvOptions opts(context_);
-      opts.setInput(NonNull(send), send_counts);
-      opts.setOutput(NonNull(scratch_.data()), recv_counts);
-      opts.setTag(NextTag());
-      opts.setTimeout(timeout_);
-      gloo::alltoallv(opts);
-    }));
-    // `recv` may alias `send`: everything needed is in scratch_ by now.
-    if (mine == 0) return absl::OkStatus();
-    std::memcpy(recv, scratch_.data(), mine * sizeof(float));
-    for (int q = 1; q < size_; ++q) {
-      const float* slice = scratch_.data() + static_cast<size_t>(q) * mine;
-      for (int64_t i = 0; i < mine; ++i) recv[i] += slice[i];
+    // Slice r of every rank goes to rank r, which sums the size_ copies in
+    // rank order: the bytes of a ring reduce-scatter ((P-1)/P of the
+    // buffer per rank), a fixed summation order (bitwise reproducible, the
+    // fake's), in rounds of `chunk` elements of each slice so that the
+    // received copies (scratch_) never exceed about one bucket, however
+    // unevenly the slices are cut. A `recv` that overlaps `send` other than
+    // at my own slice gets the sums at the end (later rounds still send
+    // from there); the rounds depend on the counts alone, never on local
+    // pointers, so every rank runs the same ones.
+    const int64_t total = comm_args::Total(counts);
+    const int64_t offset = comm_args::Offset(counts, rank_);
+    const char* in = static_cast<const char*>(send);
+    char* const target = static_cast<char*>(recv);
+    const bool overlaps = mine > 0 && target != in + offset * unit &&
+                          target < in + total * unit &&
+                          in < target + mine * unit;
+    std::vector<char> held(overlaps ? mine * unit : 0);
+    char* out = overlaps ? held.data() : target;
+    int64_t largest = 0;
+    for (int64_t c : counts) largest = std::max(largest, c);
+    const int64_t chunk = GlooReduceScatterChunk(counts, dtype);
+    scratch_.resize(static_cast<size_t>(chunk) * size_ * unit);
+    for (int64_t start = 0; start < largest; start += chunk) {
+      auto piece = [&](int64_t count) {
+        return std::clamp<int64_t>(count - start, 0, chunk);
+      };
+      const int64_t n = piece(mine);
+      char* copies = scratch_.data();
+      CANZONA_RETURN_IF_ERROR(Run(kOp, [&] {
+        auto source = context_->createUnboundBuffer(
+            const_cast<char*>(NonNull<char>(in)), total * unit);
+        auto sink = context_->createUnboundBuffer(NonNull<char>(copies),
+                                                  scratch_.size());
+        const uint64_t slot = gloo::Slot::build(kReduceScatterSlot, NextTag());
+        int sends = 0, recvs = 0;
+        int64_t at = 0;
+        for (int q = 0; q < size_; ++q) {
+          const int64_t theirs = piece(counts[q]);
+          if (q != rank_ && theirs > 0) {
+            source->send(q, slot, (at + start) * unit, theirs * unit);
+            ++sends;
+          }
+          if (q != rank_ && n > 0) {
+            sink->recv(q, slot, q * chunk * unit, n * unit);
+            ++recvs;
+          }
+          at += counts[q];
+        }
+        for (int i = 0; i < sends; ++i) WaitOrThrow(source->waitSend(timeout_));
+        for (int i = 0; i < recvs; ++i) WaitOrThrow(sink->waitRecv(timeout_));
+      }));
+      if (n == 0) continue;
+      // My own copy joins the others, then the sum in rank order.
+      std::memcpy(copies + rank_ * chunk * unit, in + (offset + start) * unit,
+                  n * unit);
+      std::vector<const void*> parts(size_);
+      for (int q = 0; q < size_; ++q) parts[q] = copies + q * chunk * unit;
+      comm_args::SumInRankOrder(dtype, parts, n, out + start * unit);
     }
+    if (overlaps) std::memcpy(target, held.data(), held.size());
     return absl::OkStatus();
   }
 
-  absl::Status AllGatherV(const float* send, absl::Span<const int64_t> counts,
-                          float* recv) override {
+  absl::Status AllGatherVTyped(DType dtype, const void* send,
+                               absl::Span<const int64_t> counts,
+                               void* recv) override {
     constexpr char kOp[] = "AllGatherV";
     CANZONA_RETURN_IF_ERROR(CheckUsable(kOp));
     CANZONA_RETURN_IF_ERROR(
         comm_args::CheckAllGatherV(rank_, size_, send, counts, recv));
     if (comm_args::Total(counts) == 0) return absl::OkStatus();
-    float* mine = recv + comm_args::Offset(counts, rank_);
+    const size_t unit = DTypeBytes(dtype);
+    char* mine =
+        static_cast<char*>(recv) + comm_args::Offset(counts, rank_) * unit;
     if (size_ == 1) {
-      if (mine != send) std::memmove(mine, send, counts[0] * sizeof(float));
+      if (mine != send) std::memmove(mine, send, counts[0] * unit);
       return absl::OkStatus();
     }
     std::vector<size_t> elements(counts.begin(), counts.end());
@@ -209,8 +268,13 @@ class GlooCommunicator : public Communicator {
       gloo::AllgathervOptions opts(context_);
       // In place (send already in its slot of recv): no input, Gloo then
       // sends straight from the output buffer.
-      if (send != mine) opts.setInput(NonNull(send), counts[rank_]);
-      opts.setOutput(NonNull(recv), elements);
+      if (unit == sizeof(float)) {
+        if (send != mine) opts.setInput(NonNull<float>(send), counts[rank_]);
+        opts.setOutput(NonNull<float>(recv), elements);
+      } else {
+        if (send != mine) opts.setInput(NonNull<uint16_t>(send), counts[rank_]);
+        opts.setOutput(NonNull<uint16_t>(recv), elements);
+      }
       opts.setTag(NextTag());
       opts.setTimeout(timeout_);
       gloo::allgatherv(opts);
@@ -236,8 +300,8 @@ class GlooCommunicator : public Communicator {
     std::vector<int64_t> out(recv_counts.begin(), recv_counts.end());
     return Run(kOp, [&] {
       gloo::AlltoallvOptions opts(context_);
-      opts.setInput(NonNull(send), in);
-      opts.setOutput(NonNull(recv), out);
+      opts.setInput(NonNull<float>(send), in);
+      opts.setOutput(NonNull<float>(recv), out);
       opts.setTag(NextTag());
       opts.setTimeout(timeout_);
       gloo::alltoallv(opts);
@@ -350,12 +414,28 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   uint32_t next_tag_ = 0;
-  std::vector<float> scratch_;
+  std::vector<char> scratch_;  // ReduceScatterV's received slices
   absl::Mutex mu_;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
+
+int64_t GlooReduceScatterChunk(absl::Span<const int64_t> counts, DType dtype) {
+  const int64_t size = static_cast<int64_t>(counts.size());
+  int64_t total = 0, largest = 0;
+  for (int64_t c : counts) {
+    total += c;
+    largest = std::max(largest, c);
+  }
+  if (size <= 1 || largest == 0) return std::max<int64_t>(largest, 1);
+  // size copies of a chunk: about one bucket, and never more than 256 MiB.
+  constexpr int64_t kMaxScratchBytes = int64_t{256} << 20;
+  int64_t chunk = std::max<int64_t>(1, (total + size - 1) / size);
+  chunk = std::min(chunk, std::max<int64_t>(1, kMaxScratchBytes /
+                                                   (size * DTypeBytes(dtype))));
+  return std::min(chunk, largest);
+}
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     KvStore* store, const std::string& group_prefix, int rank, int size,

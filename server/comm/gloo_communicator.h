@@ -13,8 +13,10 @@
 // (include a generation): a later group reading an earlier one's addresses
 // would try to connect to dead sockets.
 //
-// Collectives: ReduceScatterV runs gloo::alltoallv and sums the received
-// slices in rank order (Debian's Gloo snapshot 5b14351 offers only
+// Collectives: ReduceScatterV sends each rank its slice of every peer's
+// buffer (Gloo point-to-point, in rounds of GlooReduceScatterChunk
+// elements so the received copies stay about one bucket in size) and sums
+// them in rank order (Debian's Gloo snapshot 5b14351 offers only
 // ReduceScatterHalvingDoubling, which hangs for some uneven counts and is
 // limited to int counts; see gloo_communicator.cc). AllGatherV, AllToAllV,
 // AllReduce, Broadcast and Barrier map to gloo::allgatherv, alltoallv,
@@ -37,6 +39,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kernels/base/dtype.h"
 #include "server/comm/communicator.h"
 #include "server/control/kv_store.h"
 
@@ -50,6 +54,12 @@ struct GlooOptions {
   // Bounds the rendezvous and every collective (Gloo's context timeout).
   absl::Duration timeout = absl::Seconds(30);
 };
+
+// Elements of each slice one round of ReduceScatterV moves: the received
+// copies (size() x chunk elements of `dtype`) hold about one bucket
+// (sum(counts)), at most 256 MiB. The engine counts them in its memory
+// report.
+int64_t GlooReduceScatterChunk(absl::Span<const int64_t> counts, DType dtype);
 
 // `store` must outlive the call (not the communicator: it is only used for
 // the rendezvous).

@@ -36,8 +36,36 @@ const char* NcclDataTypeName(NcclDataType dtype) {
   switch (dtype) {
     case NcclDataType::kFloat32:
       return "float32";
+    case NcclDataType::kBFloat16:
+      return "bfloat16";
+    case NcclDataType::kFloat16:
+      return "float16";
   }
   return "unknown";
+}
+
+NcclDataType ToNcclDataType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return NcclDataType::kFloat32;
+    case DType::kBFloat16:
+      return NcclDataType::kBFloat16;
+    case DType::kFloat16:
+      return NcclDataType::kFloat16;
+  }
+  return NcclDataType::kFloat32;
+}
+
+DType FromNcclDataType(NcclDataType dtype) {
+  switch (dtype) {
+    case NcclDataType::kFloat32:
+      return DType::kFloat32;
+    case NcclDataType::kBFloat16:
+      return DType::kBFloat16;
+    case NcclDataType::kFloat16:
+      return DType::kFloat16;
+  }
+  return DType::kFloat32;
 }
 
 }  // namespace canzona

@@ -48,6 +48,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/base/dtype.h"
 
 struct CUstream_st;
 struct CUevent_st;
@@ -69,9 +70,12 @@ struct NcclUniqueId {
   static absl::StatusOr<NcclUniqueId> FromHex(const std::string& hex);
 };
 
-enum class NcclDataType { kFloat32 };  // ncclFloat32
+// ncclFloat32, ncclBfloat16, ncclFloat16.
+enum class NcclDataType { kFloat32, kBFloat16, kFloat16 };
 
 const char* NcclDataTypeName(NcclDataType dtype);
+NcclDataType ToNcclDataType(DType dtype);
+DType FromNcclDataType(NcclDataType dtype);
 
 // What ncclCommGetAsyncError reports besides an error.
 enum class NcclCommState {
@@ -167,6 +171,12 @@ class NcclApi {
                                    NcclStream stream) = 0;
   virtual absl::Status MemsetAsync(void* dst, int value, int64_t bytes,
                                    NcclStream stream) = 0;
+  // `n` elements of `from` at `src` as `to` into `dst` on `stream` (device
+  // memory: a conversion kernel; widening is exact, narrowing rounds to
+  // nearest even like kernels/base/dtype.h). The ranges do not overlap.
+  virtual absl::Status ConvertAsync(DType from, const void* src, DType to,
+                                    void* dst, int64_t n,
+                                    NcclStream stream) = 0;
 };
 
 // The process-wide implementation over libnccl and the CUDA runtime (never

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/base/cuda_status.h"
+#include "kernels/cuda/dtype_convert.h"
 #include "server/comm/nccl_api.h"
 
 namespace canzona {
@@ -23,6 +24,10 @@ ncclDataType_t ToNccl(NcclDataType dtype) {
   switch (dtype) {
     case NcclDataType::kFloat32:
       return ncclFloat32;
+    case NcclDataType::kBFloat16:
+      return ncclBfloat16;
+    case NcclDataType::kFloat16:
+      return ncclFloat16;
   }
   return ncclFloat32;
 }
@@ -195,6 +200,11 @@ class RealApi : public NcclApi {
     return CudaStatus(
         cudaMemsetAsync(dst, value, static_cast<size_t>(bytes), stream),
         "cudaMemsetAsync");
+  }
+  absl::Status ConvertAsync(DType from, const void* src, DType to, void* dst,
+                            int64_t n, NcclStream stream) override {
+    return CudaStatus(ConvertDTypeAsync(stream, from, src, to, dst, n),
+                      "ConvertDTypeAsync");
   }
 };
 

@@ -45,13 +45,13 @@ int64_t Max(absl::Span<const int64_t> counts) {
   return m;
 }
 
-// Whether [a, a + na) and [b, b + nb) share an element.
-bool Overlaps(const float* a, int64_t na, const float* b, int64_t nb) {
+// Whether the byte ranges [a, a + na) and [b, b + nb) share a byte.
+bool Overlaps(const void* a, int64_t na, const void* b, int64_t nb) {
   if (na == 0 || nb == 0 || a == nullptr || b == nullptr) return false;
   auto ua = reinterpret_cast<uintptr_t>(a);
   auto ub = reinterpret_cast<uintptr_t>(b);
-  return ua < ub + static_cast<uintptr_t>(nb * kFloatBytes) &&
-         ub < ua + static_cast<uintptr_t>(na * kFloatBytes);
+  return ua < ub + static_cast<uintptr_t>(nb) &&
+         ub < ua + static_cast<uintptr_t>(na);
 }
 
 }  // namespace
@@ -271,9 +271,11 @@ absl::Status NcclCommunicator::Begin(const char* op) {
   return Prefixed(api_->SetDevice(local_.device), op);
 }
 
-absl::StatusOr<float*> NcclCommunicator::Scratch(int64_t floats,
-                                                 const char* what) const {
-  if (floats <= scratch_floats_) return scratch_;
+absl::StatusOr<char*> NcclCommunicator::ScratchFor(int64_t elements,
+                                                   int64_t unit,
+                                                   const char* what) const {
+  const int64_t floats = (elements * unit + kFloatBytes - 1) / kFloatBytes;
+  if (floats <= scratch_floats_) return reinterpret_cast<char*>(scratch_);
   return absl::FailedPreconditionError(absl::StrCat(
       "needs ", floats, " floats of scratch for ", what, " but ",
       scratch_floats_,
@@ -340,128 +342,135 @@ absl::Status NcclCommunicator::AwaitEvent(absl::Time deadline) {
 
 // --- Operations -------------------------------------------------------------
 
-absl::Status NcclCommunicator::ReduceScatterV(const float* send,
-                                              absl::Span<const int64_t> counts,
-                                              float* recv) {
+absl::Status NcclCommunicator::ReduceScatterVTyped(
+    DType dtype, const void* send, absl::Span<const int64_t> counts,
+    void* recv) {
   CANZONA_RETURN_IF_ERROR(
       comm_args::CheckReduceScatterV(rank(), size(), send, counts, recv));
   CANZONA_RETURN_IF_ERROR(Usable("ReduceScatterV"));
   if (comm_args::Total(counts) == 0) return absl::OkStatus();
   return Run("ReduceScatterV", [&](absl::Time deadline) {
-    return EnqueueReduceScatterV(send, counts, recv, deadline);
+    return EnqueueReduceScatterV(dtype, static_cast<const char*>(send), counts,
+                                 static_cast<char*>(recv), deadline);
   });
 }
 
 absl::Status NcclCommunicator::EnqueueReduceScatterV(
-    const float* send, absl::Span<const int64_t> counts, float* recv,
-    absl::Time deadline) {
+    DType element, const char* send, absl::Span<const int64_t> counts,
+    char* recv, absl::Time deadline) {
   const int me = rank();
+  const int64_t unit = DTypeBytes(element);
+  const NcclDataType type = ToNcclDataType(element);
   const int64_t total = comm_args::Total(counts);
   const int64_t mine = counts[me];
-  const float* my_slice = send + comm_args::Offset(counts, me);
+  const char* my_slice = send + comm_args::Offset(counts, me) * unit;
   const bool even = AllEqual(counts);
   const NcclUneven strategy = even ? NcclUneven::kPerRoot : Choose(counts);
   NcclStream stream = local_.stream;
 
   if (!even && strategy == NcclUneven::kPadded) {
     const int64_t max = Max(counts);
-    CANZONA_ASSIGN_OR_RETURN(float* staging,
-                             Scratch(size_ * max, "the padded collective"));
+    CANZONA_ASSIGN_OR_RETURN(
+        char* staging, ScratchFor(size_ * max, unit, "the padded collective"));
     int64_t offset = 0;
     for (int r = 0; r < size_; ++r) {
       if (counts[r] > 0) {
-        CANZONA_RETURN_IF_ERROR(api_->MemcpyAsync(
-            staging + r * max, send + offset, counts[r] * kFloatBytes, stream));
+        CANZONA_RETURN_IF_ERROR(api_->MemcpyAsync(staging + r * max * unit,
+                                                  send + offset * unit,
+                                                  counts[r] * unit, stream));
       }
       offset += counts[r];
     }
-    float* my_staging = staging + me * max;
+    char* my_staging = staging + me * max * unit;
     CANZONA_RETURN_IF_ERROR(CallNccl(deadline, [&](NcclComm comm) {
-      return api_->ReduceScatter(staging, my_staging, max, kF32, comm, stream);
+      return api_->ReduceScatter(staging, my_staging, max, type, comm, stream);
     }));
     if (mine > 0) {
       CANZONA_RETURN_IF_ERROR(
-          api_->MemcpyAsync(recv, my_staging, mine * kFloatBytes, stream));
+          api_->MemcpyAsync(recv, my_staging, mine * unit, stream));
     }
     return absl::OkStatus();
   }
 
   // NCCL's in-place layout is recv == this rank's slice of send; any other
   // overlap reduces into scratch first.
-  const bool staged =
-      mine > 0 && recv != my_slice && Overlaps(recv, mine, send, total);
-  float* out = recv;
+  const bool staged = mine > 0 && recv != my_slice &&
+                      Overlaps(recv, mine * unit, send, total * unit);
+  char* out = recv;
   if (staged) {
-    CANZONA_ASSIGN_OR_RETURN(out, Scratch(mine, "the staged output"));
+    CANZONA_ASSIGN_OR_RETURN(out, ScratchFor(mine, unit, "the staged output"));
   }
   CANZONA_RETURN_IF_ERROR(CallNccl(deadline, [&](NcclComm comm) {
     if (even) {
-      return api_->ReduceScatter(send, out, counts[0], kF32, comm, stream);
+      return api_->ReduceScatter(send, out, counts[0], type, comm, stream);
     }
     return Group([&]() -> absl::Status {
       int64_t offset = 0;
       for (int r = 0; r < size_; ++r) {
         const int64_t c = counts[r];
-        const float* slice = send + offset;
+        const char* slice = send + offset * unit;
         offset += c;
         if (c == 0) continue;
         // recvbuff is only used on the root; elsewhere pass the (valid)
         // send slice, which NCCL neither checks nor writes.
         void* dst =
-            r == me ? static_cast<void*>(out) : const_cast<float*>(slice);
+            r == me ? static_cast<void*>(out) : const_cast<char*>(slice);
         CANZONA_RETURN_IF_ERROR(
-            api_->Reduce(slice, dst, c, kF32, r, comm, stream));
+            api_->Reduce(slice, dst, c, type, r, comm, stream));
       }
       return absl::OkStatus();
     });
   }));
   if (staged) {
-    CANZONA_RETURN_IF_ERROR(
-        api_->MemcpyAsync(recv, out, mine * kFloatBytes, stream));
+    CANZONA_RETURN_IF_ERROR(api_->MemcpyAsync(recv, out, mine * unit, stream));
   }
   return absl::OkStatus();
 }
 
-absl::Status NcclCommunicator::AllGatherV(const float* send,
-                                          absl::Span<const int64_t> counts,
-                                          float* recv) {
+absl::Status NcclCommunicator::AllGatherVTyped(DType dtype, const void* send,
+                                               absl::Span<const int64_t> counts,
+                                               void* recv) {
   CANZONA_RETURN_IF_ERROR(
       comm_args::CheckAllGatherV(rank(), size(), send, counts, recv));
   CANZONA_RETURN_IF_ERROR(Usable("AllGatherV"));
   if (comm_args::Total(counts) == 0) return absl::OkStatus();
   return Run("AllGatherV", [&](absl::Time deadline) {
-    return EnqueueAllGatherV(send, counts, recv, deadline);
+    return EnqueueAllGatherV(dtype, static_cast<const char*>(send), counts,
+                             static_cast<char*>(recv), deadline);
   });
 }
 
 absl::Status NcclCommunicator::EnqueueAllGatherV(
-    const float* send, absl::Span<const int64_t> counts, float* recv,
-    absl::Time deadline) {
+    DType element, const char* send, absl::Span<const int64_t> counts,
+    char* recv, absl::Time deadline) {
   const int me = rank();
+  const int64_t unit = DTypeBytes(element);
+  const NcclDataType type = ToNcclDataType(element);
   const int64_t total = comm_args::Total(counts);
   const int64_t mine = counts[me];
-  float* my_out = recv + comm_args::Offset(counts, me);
+  char* my_out = recv + comm_args::Offset(counts, me) * unit;
   const bool even = AllEqual(counts);
   const NcclUneven strategy = even ? NcclUneven::kPerRoot : Choose(counts);
   NcclStream stream = local_.stream;
 
   if (!even && strategy == NcclUneven::kPadded) {
     const int64_t max = Max(counts);
-    CANZONA_ASSIGN_OR_RETURN(float* staging,
-                             Scratch(size_ * max, "the padded collective"));
-    float* my_staging = staging + me * max;
+    CANZONA_ASSIGN_OR_RETURN(
+        char* staging, ScratchFor(size_ * max, unit, "the padded collective"));
+    char* my_staging = staging + me * max * unit;
     if (mine > 0) {
       CANZONA_RETURN_IF_ERROR(
-          api_->MemcpyAsync(my_staging, send, mine * kFloatBytes, stream));
+          api_->MemcpyAsync(my_staging, send, mine * unit, stream));
     }
     CANZONA_RETURN_IF_ERROR(CallNccl(deadline, [&](NcclComm comm) {
-      return api_->AllGather(my_staging, staging, max, kF32, comm, stream);
+      return api_->AllGather(my_staging, staging, max, type, comm, stream);
     }));
     int64_t offset = 0;
     for (int r = 0; r < size_; ++r) {
       if (counts[r] > 0) {
-        CANZONA_RETURN_IF_ERROR(api_->MemcpyAsync(
-            recv + offset, staging + r * max, counts[r] * kFloatBytes, stream));
+        CANZONA_RETURN_IF_ERROR(api_->MemcpyAsync(recv + offset * unit,
+                                                  staging + r * max * unit,
+                                                  counts[r] * unit, stream));
       }
       offset += counts[r];
     }
@@ -470,28 +479,29 @@ absl::Status NcclCommunicator::EnqueueAllGatherV(
 
   // NCCL's in-place layout is send == this rank's place in recv; any other
   // overlap sends from a scratch copy.
-  const float* src = send;
-  if (mine > 0 && send != my_out && Overlaps(send, mine, recv, total)) {
-    CANZONA_ASSIGN_OR_RETURN(float* copy, Scratch(mine, "the staged input"));
-    CANZONA_RETURN_IF_ERROR(
-        api_->MemcpyAsync(copy, send, mine * kFloatBytes, stream));
+  const char* src = send;
+  if (mine > 0 && send != my_out &&
+      Overlaps(send, mine * unit, recv, total * unit)) {
+    CANZONA_ASSIGN_OR_RETURN(char* copy,
+                             ScratchFor(mine, unit, "the staged input"));
+    CANZONA_RETURN_IF_ERROR(api_->MemcpyAsync(copy, send, mine * unit, stream));
     src = copy;
   }
   return CallNccl(deadline, [&](NcclComm comm) {
     if (even) {
-      return api_->AllGather(src, recv, counts[0], kF32, comm, stream);
+      return api_->AllGather(src, recv, counts[0], type, comm, stream);
     }
     return Group([&]() -> absl::Status {
       int64_t offset = 0;
       for (int r = 0; r < size_; ++r) {
         const int64_t c = counts[r];
-        float* dst = recv + offset;
+        char* dst = recv + offset * unit;
         offset += c;
         if (c == 0) continue;
         // sendbuff is only used on the root; elsewhere broadcast in place.
-        const float* from = r == me ? src : dst;
+        const char* from = r == me ? src : dst;
         CANZONA_RETURN_IF_ERROR(
-            api_->Broadcast(from, dst, c, kF32, r, comm, stream));
+            api_->Broadcast(from, dst, c, type, r, comm, stream));
       }
       return absl::OkStatus();
     });

@@ -198,11 +198,15 @@ class NcclCommunicator : public Communicator {
   int size() const override { return size_; }
   int device() const { return local_.device; }
 
-  absl::Status ReduceScatterV(const float* send,
-                              absl::Span<const int64_t> counts,
-                              float* recv) override;
-  absl::Status AllGatherV(const float* send, absl::Span<const int64_t> counts,
-                          float* recv) override;
+  // The float forms stay visible beside the typed overrides.
+  using Communicator::AllGatherV;
+  using Communicator::ReduceScatterV;
+  absl::Status ReduceScatterVTyped(DType dtype, const void* send,
+                                   absl::Span<const int64_t> counts,
+                                   void* recv) override;
+  absl::Status AllGatherVTyped(DType dtype, const void* send,
+                               absl::Span<const int64_t> counts,
+                               void* recv) override;
   absl::Status AllToAllV(const float* send,
                          absl::Span<const int64_t> send_counts, float* recv,
                          absl::Span<const int64_t> recv_counts) override;
@@ -268,16 +272,17 @@ class NcclCommunicator : public Communicator {
   // Break and Abort: records `why` unless already broken, then
   // ncclCommAbort (once).
   void AbortLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The scratch buffer if `floats` fit in it, else FAILED_PRECONDITION
-  // naming `what`, the need and the reservation.
-  absl::StatusOr<float*> Scratch(int64_t floats, const char* what) const;
+  // The scratch buffer if `elements` of `unit` bytes fit in it, else
+  // FAILED_PRECONDITION naming `what`, the need and the reservation.
+  absl::StatusOr<char*> ScratchFor(int64_t elements, int64_t unit,
+                                   const char* what) const;
   NcclUneven Choose(absl::Span<const int64_t> counts) const;
 
-  absl::Status EnqueueReduceScatterV(const float* send,
+  absl::Status EnqueueReduceScatterV(DType element, const char* send,
                                      absl::Span<const int64_t> counts,
-                                     float* recv, absl::Time deadline);
-  absl::Status EnqueueAllGatherV(const float* send,
-                                 absl::Span<const int64_t> counts, float* recv,
+                                     char* recv, absl::Time deadline);
+  absl::Status EnqueueAllGatherV(DType element, const char* send,
+                                 absl::Span<const int64_t> counts, char* recv,
                                  absl::Time deadline);
   absl::Status EnqueueAllToAllV(const float* send,
                                 absl::Span<const int64_t> send_counts,

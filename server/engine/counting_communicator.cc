@@ -20,19 +20,21 @@ CountingCommunicator::CountingCommunicator(std::unique_ptr<Communicator> inner,
       all_to_all_(
           m.comm_sent_bytes_total->WithLabels({job, rank, "tp_all_to_all"})) {}
 
-absl::Status CountingCommunicator::ReduceScatterV(
-    const float* send, absl::Span<const int64_t> counts, float* recv) {
-  CANZONA_RETURN_IF_ERROR(inner_->ReduceScatterV(send, counts, recv));
-  reduce_scatter_->Increment(Bytes(Others(counts)));
+absl::Status CountingCommunicator::ReduceScatterVTyped(
+    DType dtype, const void* send, absl::Span<const int64_t> counts,
+    void* recv) {
+  CANZONA_RETURN_IF_ERROR(
+      inner_->ReduceScatterVTyped(dtype, send, counts, recv));
+  reduce_scatter_->Increment(Bytes(Others(counts), dtype));
   return absl::OkStatus();
 }
 
-absl::Status CountingCommunicator::AllGatherV(const float* send,
-                                              absl::Span<const int64_t> counts,
-                                              float* recv) {
-  CANZONA_RETURN_IF_ERROR(inner_->AllGatherV(send, counts, recv));
+absl::Status CountingCommunicator::AllGatherVTyped(
+    DType dtype, const void* send, absl::Span<const int64_t> counts,
+    void* recv) {
+  CANZONA_RETURN_IF_ERROR(inner_->AllGatherVTyped(dtype, send, counts, recv));
   if (rank() < static_cast<int>(counts.size())) {
-    all_gather_->Increment(Bytes(counts[rank()] * (size() - 1)));
+    all_gather_->Increment(Bytes(counts[rank()] * (size() - 1), dtype));
   }
   return absl::OkStatus();
 }

@@ -1,9 +1,9 @@
 // CountingCommunicator: wraps a rank's communicator and counts the bytes
 // the rank sends into canzona_comm_sent_bytes_total (conventions in
 // server/metrics/README.md): the elements it sends to the other ranks for
-// reduce-scatter, all-gather and all-to-all, and a ring's 2 (n-1)/n of the
-// buffer for all-reduce. Broadcast and Barrier (setup only) are not
-// counted.
+// reduce-scatter, all-gather (in their dtype) and all-to-all, and a ring's 2
+// (n-1)/n of the buffer for all-reduce. Broadcast and Barrier (setup only) are
+// not counted.
 //
 //   auto counting = std::make_unique<CountingCommunicator>(
 //       std::move(gloo), CanzonaMetrics::Register(registry), "job1", "3");
@@ -30,11 +30,15 @@ class CountingCommunicator final : public Communicator {
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
-  absl::Status ReduceScatterV(const float* send,
-                              absl::Span<const int64_t> counts,
-                              float* recv) override;
-  absl::Status AllGatherV(const float* send, absl::Span<const int64_t> counts,
-                          float* recv) override;
+  // The float forms stay visible beside the typed overrides.
+  using Communicator::AllGatherV;
+  using Communicator::ReduceScatterV;
+  absl::Status ReduceScatterVTyped(DType dtype, const void* send,
+                                   absl::Span<const int64_t> counts,
+                                   void* recv) override;
+  absl::Status AllGatherVTyped(DType dtype, const void* send,
+                               absl::Span<const int64_t> counts,
+                               void* recv) override;
   absl::Status AllToAllV(const float* send,
                          absl::Span<const int64_t> send_counts, float* recv,
                          absl::Span<const int64_t> recv_counts) override;
@@ -49,8 +53,8 @@ class CountingCommunicator final : public Communicator {
   void CountAllToAll(absl::Span<const int64_t> send_counts);
 
  private:
-  static double Bytes(int64_t elements) {
-    return static_cast<double>(elements) * sizeof(float);
+  static double Bytes(int64_t elements, DType dtype = DType::kFloat32) {
+    return static_cast<double>(elements) * DTypeBytes(dtype);
   }
   // Elements of `counts` addressed to the other ranks.
   int64_t Others(absl::Span<const int64_t> counts) const;

@@ -13,17 +13,21 @@ class LocalCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
 
-  absl::Status ReduceScatterV(const float* send,
-                              absl::Span<const int64_t> counts,
-                              float* recv) override {
+  // The float forms stay visible beside the typed overrides.
+  using Communicator::AllGatherV;
+  using Communicator::ReduceScatterV;
+  absl::Status ReduceScatterVTyped(DType dtype, const void* send,
+                                   absl::Span<const int64_t> counts,
+                                   void* recv) override {
     if (auto s = Check("ReduceScatterV", counts); !s.ok()) return s;
-    Copy(send, counts[0], recv);
+    Copy(send, counts[0] * DTypeBytes(dtype), recv);
     return absl::OkStatus();
   }
-  absl::Status AllGatherV(const float* send, absl::Span<const int64_t> counts,
-                          float* recv) override {
+  absl::Status AllGatherVTyped(DType dtype, const void* send,
+                               absl::Span<const int64_t> counts,
+                               void* recv) override {
     if (auto s = Check("AllGatherV", counts); !s.ok()) return s;
-    Copy(send, counts[0], recv);
+    Copy(send, counts[0] * DTypeBytes(dtype), recv);
     return absl::OkStatus();
   }
   absl::Status AllToAllV(const float* send,
@@ -34,7 +38,7 @@ class LocalCommunicator final : public Communicator {
       return absl::InvalidArgumentError(
           "AllToAllV: recv_counts must mirror send_counts");
     }
-    Copy(send, send_counts[0], recv);
+    Copy(send, send_counts[0] * sizeof(float), recv);
     return absl::OkStatus();
   }
   absl::Status AllReduce(float*, int64_t count) override {
@@ -68,8 +72,8 @@ class LocalCommunicator final : public Communicator {
     }
     return CheckCount(op, counts[0]);
   }
-  static void Copy(const float* from, int64_t n, float* to) {
-    if (n > 0 && from != to) std::memmove(to, from, n * sizeof(float));
+  static void Copy(const void* from, int64_t bytes, void* to) {
+    if (bytes > 0 && from != to) std::memmove(to, from, bytes);
   }
 
   std::atomic<bool> aborted_{false};

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status_macros.h"
@@ -13,6 +14,21 @@ class HostStageCopier final : public StageCopier {
  public:
   absl::Status Copy(void* dst, const void* src, int64_t bytes) override {
     if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+    return absl::OkStatus();
+  }
+  absl::Status Convert(DType from, const void* src, DType to, void* dst,
+                       int64_t n) override {
+    if (n <= 0) return absl::OkStatus();
+    if (from == to) return Copy(dst, src, n * DTypeBytes(to));
+    if (from == DType::kFloat32) {
+      RoundFromFloat(static_cast<const float*>(src), n, to, dst);
+    } else if (to == DType::kFloat32) {
+      WidenToFloat(from, src, n, static_cast<float*>(dst));
+    } else {
+      std::vector<float> wide(n);
+      WidenToFloat(from, src, n, wide.data());
+      RoundFromFloat(wide.data(), n, to, dst);
+    }
     return absl::OkStatus();
   }
   absl::Status WaitEvent(NcclEvent) override {
@@ -41,6 +57,14 @@ class DeviceStageCopier final : public StageCopier {
     if (bytes <= 0) return absl::OkStatus();
     CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
     return api_->MemcpyAsync(dst, src, bytes, stream_);
+  }
+  absl::Status Convert(DType from, const void* src, DType to, void* dst,
+                       int64_t n) override {
+    if (n <= 0) return absl::OkStatus();
+    CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
+    if (from == to)
+      return api_->MemcpyAsync(dst, src, n * DTypeBytes(to), stream_);
+    return api_->ConvertAsync(from, src, to, dst, n, stream_);
   }
   absl::Status WaitEvent(NcclEvent event) override {
     CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));

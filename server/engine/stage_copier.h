@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kernels/base/dtype.h"
 #include "server/comm/nccl_api.h"
 
 namespace canzona {
@@ -35,6 +36,11 @@ class StageCopier {
 
   // Copies (host) or enqueues the copy of (device) `bytes`; zero is a no-op.
   virtual absl::Status Copy(void* dst, const void* src, int64_t bytes) = 0;
+  // `n` elements of `from` as `to` (widened exactly, or rounded to nearest
+  // even; a plain copy when equal), in the same order as Copy. Mixed
+  // precision: trainer bf16 / fp16 values into fp32 staging and back.
+  virtual absl::Status Convert(DType from, const void* src, DType to, void* dst,
+                               int64_t n) = 0;
   // Work enqueued later waits on the device for `event` (a cudaEvent_t the
   // trainer recorded after backward). Device copiers only.
   virtual absl::Status WaitEvent(NcclEvent event) = 0;

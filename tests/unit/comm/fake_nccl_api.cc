@@ -14,7 +14,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "kernels/base/dtype.h"
 #include "kernels/base/status_macros.h"
+#include "server/comm/comm_args.h"
 
 namespace canzona::testing {
 namespace {
@@ -341,9 +343,10 @@ absl::Status FakeNcclApi::DataCall(const char* name, Kind kind,
   auto op = std::make_unique<Op>();
   op->kind = kind;
   op->comm = *c;
-  op->send = static_cast<const float*>(send);
-  op->recv = static_cast<float*>(recv);
+  op->send = static_cast<const char*>(send);
+  op->recv = static_cast<char*>(recv);
   op->count = count;
+  op->dtype = dtype;
   op->root = root;
   World* world = (*c)->world;
   const int me = (*c)->rank;
@@ -622,6 +625,33 @@ absl::Status FakeNcclApi::MemcpyAsync(void* dst, const void* src, int64_t bytes,
   return absl::OkStatus();
 }
 
+absl::Status FakeNcclApi::ConvertAsync(DType from, const void* src, DType to,
+                                       void* dst, int64_t n,
+                                       NcclStream stream) {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "ConvertDTypeAsync";
+  call.count = n;
+  call.dtype = absl::StrCat(DTypeName(from), "->", DTypeName(to));
+  call.send = src;
+  call.recv = dst;
+  call.stream = stream;
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  std::unique_ptr<Entry> entry = NewEntryLocked();
+  entry->local = [from, src, to, dst, n]() {
+    if (n <= 0) return;
+    // Host memory stands in for device memory (data mode): the host
+    // conversions, through fp32.
+    std::vector<float> wide(static_cast<size_t>(n));
+    WidenToFloat(from, src, n, wide.data());
+    RoundFromFloat(wide.data(), n, to, dst);
+  };
+  PushLocked(stream, std::move(entry));
+  ProgressLocked();
+  return absl::OkStatus();
+}
+
 absl::Status FakeNcclApi::MemsetAsync(void* dst, int value, int64_t bytes,
                                       NcclStream stream) {
   absl::MutexLock lock(&mu_);
@@ -696,7 +726,8 @@ bool FakeNcclApi::TryRunLocked(Op* op) {
       }
       if (send->count > 0) {
         std::memmove(recv->recv, send->send,
-                     static_cast<size_t>(send->count) * sizeof(float));
+                     static_cast<size_t>(send->count) *
+                         DTypeBytes(FromNcclDataType(send->dtype)));
       }
       send->done = recv->done = true;
       world->p2p.erase(it);
@@ -712,7 +743,8 @@ bool FakeNcclApi::TryRunLocked(Op* op) {
       if (!Armed(o)) return false;
     }
     for (Op* o : ops) {
-      if (o->kind != op->kind || o->count != op->count || o->root != op->root) {
+      if (o->kind != op->kind || o->count != op->count || o->root != op->root ||
+          o->dtype != op->dtype) {
         world->error = absl::InternalError(absl::StrCat(
             "fake NCCL: collective #", it->first,
             " differs across ranks: ", KindName(static_cast<int>(op->kind)),
@@ -734,42 +766,48 @@ void FakeNcclApi::RunCollective(const std::vector<Op*>& ops) {
   const int n = static_cast<int>(ops.size());
   const Op& first = *ops[0];
   const int64_t count = first.count;
+  const DType dtype = FromNcclDataType(first.dtype);
+  const int64_t unit = DTypeBytes(dtype);
+  // Sums accumulate in fp32 in rank order and round once (as the Gloo
+  // communicator; real NCCL rounds 16-bit partial sums on the way).
   auto sum_at = [&](int64_t offset) {
-    std::vector<float> out(static_cast<size_t>(count), 0.0f);
-    for (const Op* o : ops) {
-      for (int64_t i = 0; i < count; ++i) out[i] += o->send[offset + i];
-    }
+    std::vector<const void*> parts;
+    for (const Op* o : ops) parts.push_back(o->send + offset * unit);
+    std::vector<char> out(static_cast<size_t>(count * unit));
+    comm_args::SumInRankOrder(dtype, parts, count, out.data());
     return out;
   };
-  auto write = [&](float* dst, const std::vector<float>& v) {
-    if (!v.empty()) std::memmove(dst, v.data(), v.size() * sizeof(float));
+  auto write = [&](char* dst, const std::vector<char>& v) {
+    if (!v.empty()) std::memmove(dst, v.data(), v.size());
   };
   switch (first.kind) {
     case Kind::kAllReduce: {
-      std::vector<float> sum = sum_at(0);
+      std::vector<char> sum = sum_at(0);
       for (const Op* o : ops) write(o->recv, sum);
       break;
     }
     case Kind::kReduce: {
-      std::vector<float> sum = sum_at(0);
+      std::vector<char> sum = sum_at(0);
       write(ops[first.root]->recv, sum);
       break;
     }
     case Kind::kBroadcast: {
-      const float* src = ops[first.root]->send;
-      std::vector<float> v(src, src + count);
+      const char* src = ops[first.root]->send;
+      std::vector<char> v(src, src + count * unit);
       for (const Op* o : ops) write(o->recv, v);
       break;
     }
     case Kind::kReduceScatter: {
-      std::vector<std::vector<float>> parts;
+      std::vector<std::vector<char>> parts;
       for (int r = 0; r < n; ++r) parts.push_back(sum_at(r * count));
       for (int r = 0; r < n; ++r) write(ops[r]->recv, parts[r]);
       break;
     }
     case Kind::kAllGather: {
-      std::vector<float> all;
-      for (const Op* o : ops) all.insert(all.end(), o->send, o->send + count);
+      std::vector<char> all;
+      for (const Op* o : ops) {
+        all.insert(all.end(), o->send, o->send + count * unit);
+      }
       for (const Op* o : ops) write(o->recv, all);
       break;
     }

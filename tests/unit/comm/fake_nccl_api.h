@@ -173,6 +173,8 @@ class FakeNcclApi : public NcclApi {
   absl::Status StreamWaitEvent(NcclStream stream, NcclEvent event) override;
   absl::Status MemcpyAsync(void* dst, const void* src, int64_t bytes,
                            NcclStream stream) override;
+  absl::Status ConvertAsync(DType from, const void* src, DType to, void* dst,
+                            int64_t n, NcclStream stream) override;
   absl::Status MemsetAsync(void* dst, int value, int64_t bytes,
                            NcclStream stream) override;
 
@@ -206,9 +208,10 @@ class FakeNcclApi : public NcclApi {
   struct Op {
     Kind kind;
     Comm* comm = nullptr;
-    const float* send = nullptr;
-    float* recv = nullptr;
+    const char* send = nullptr;
+    char* recv = nullptr;
     int64_t count = 0;
+    NcclDataType dtype = NcclDataType::kFloat32;
     int root = -1;  // root or peer
     Entry* entry = nullptr;
     bool done = false;

@@ -1,0 +1,69 @@
+// Grid-stride conversion kernels behind ConvertDTypeAsync. The conversions
+// are the CUDA intrinsics torch's .to() uses (__float2bfloat16_rn,
+// __float2half_rn: round to nearest even), so a parameter rounded here has
+// the bits the host path (kernels/base/dtype.cc) gives it.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/dtype_convert.h"
+
+namespace canzona {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 4096;
+
+__device__ inline float Load(DType t, const void* p, int64_t i) {
+  switch (t) {
+    case DType::kBFloat16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::kFloat16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ inline void Store(DType t, void* p, int64_t i, float v) {
+  switch (t) {
+    case DType::kBFloat16:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+      break;
+    case DType::kFloat16:
+      static_cast<__half*>(p)[i] = __float2half_rn(v);
+      break;
+    default:
+      static_cast<float*>(p)[i] = v;
+      break;
+  }
+}
+
+__global__ void ConvertKernel(DType from, const void* src, DType to, void* dst,
+                              int64_t n) {
+  const int64_t stride = int64_t{blockDim.x} * gridDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    Store(to, dst, i, Load(from, src, i));
+  }
+}
+
+}  // namespace
+
+cudaError_t ConvertDTypeAsync(cudaStream_t stream, DType from, const void* src,
+                              DType to, void* dst, int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  if (from == to) {
+    return cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * DTypeBytes(to),
+                           cudaMemcpyDefault, stream);
+  }
+  int64_t blocks = (n + kThreads - 1) / kThreads;
+  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
+  ConvertKernel<<<static_cast<int>(blocks), kThreads, 0, stream>>>(from, src,
+                                                                   to, dst, n);
+  return cudaGetLastError();
+}
+
+}  // namespace canzona
