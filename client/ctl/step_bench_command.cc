@@ -1,7 +1,9 @@
 // canzonactl bench step: a synthetic trainer against running daemons that
 // measures, side by side in one run, how much DP communication the overlap
-// (GradReady / async Step / WaitParams) hides and what hierarchical sharding
-// (shard_group_size) does to the step latency.
+// (GradReady / async Step / WaitParams) hides, what hierarchical sharding
+// (shard_group_size) does to the step latency, and the daemons' memory per
+// rank (what Register reports by kind, and the private memory the local
+// daemons grew by, next to the rank's parameter bytes).
 //
 //   canzonactl bench step [--target unix:/a.sock --target unix:/b.sock]
 //       [--model qwen3-0.6b --layers 2 --vocab 4096] [--dp 2 --tp 1]
@@ -31,8 +33,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/ctl/commands.h"
+#include "client/ctl/daemon_memory.h"
 #include "client/ctl/model_shapes.h"
 #include "client/lib/client.h"
+#include "kernels/base/dtype.h"
 #include "kernels/base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "server/plan/cost_model.h"
@@ -63,6 +67,9 @@ struct StepBenchOptions {
   int shard_group_size = 0;  // 0: flat only
   double timeout_s = 300;
   bool json = false;
+  // The trainer's parameters and gradients: fp32, or bf16 / fp16 (mixed
+  // precision: the daemon keeps the fp32 masters).
+  std::string dtype = "fp32";
 };
 
 struct Mode {
@@ -93,6 +100,7 @@ struct RankResult {
   absl::Status status;
   std::vector<Sample> samples;
   int buckets = 0;
+  v1::RegisterResponse registered;
 };
 
 struct ModeResult {
@@ -104,6 +112,12 @@ struct ModeResult {
   double dp_comm_ms_per_step = 0;  // mean over ranks
   double exposed_ms_per_step = 0;
   double exposed_over_total = 0;
+  // Per rank, the largest of any rank: what Register reported by kind;
+  // the local daemons' private memory growth over the mode, per rank
+  // (-1: no local daemon); the rank's parameter bytes.
+  int64_t master_bytes = 0, state_bytes = 0, buffer_bytes = 0;
+  double daemon_bytes_per_rank = -1;
+  int64_t param_bytes = 0;
 };
 
 double Median(std::vector<double> v) {
@@ -129,16 +143,20 @@ void Compute(double ms, bool busy) {
   }
 }
 
-// Deterministic values in [-scale, scale) (xorshift64).
-void FillPseudoRandom(uint64_t seed, float scale, float* out, int64_t n) {
+// Deterministic values in [-scale, scale) (xorshift64), written as
+// `dtype` elements at `out`.
+void FillPseudoRandom(uint64_t seed, float scale, DType dtype, void* out,
+                      int64_t n) {
+  std::vector<float> values(n);
   uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 0x2545F4914F6CDD1DULL;
   for (int64_t i = 0; i < n; ++i) {
     x ^= x << 13;
     x ^= x >> 7;
     x ^= x << 17;
     const float unit = static_cast<float>(x >> 40) * (1.0f / 16777216.0f);
-    out[i] = scale * (2.0f * unit - 1.0f);
+    values[i] = scale * (2.0f * unit - 1.0f);
   }
+  RoundFromFloat(values.data(), n, dtype, out);
 }
 
 // The bucket count the planner forms over these local sizes: filled in
@@ -235,14 +253,20 @@ absl::Status RunRank(const StepBenchOptions& o, const Mode& mode,
                      const std::string& job_id,
                      const std::vector<LocalParam>& params, int64_t bucket_size,
                      Client& client, int dp_rank, int tp_rank,
-                     RankResult& out) {
+                     DaemonMemoryProbe& probe, RankResult& out) {
   const int64_t global = static_cast<int64_t>(dp_rank) * o.tp + tp_rank;
+  CANZONA_ASSIGN_OR_RETURN(const DType dtype, ParseDType(o.dtype));
+  const int unit = DTypeBytes(dtype);
   int64_t total = 0;
   for (const LocalParam& p : params) total += p.local_numel;
+  // Float-sized shared tensors holding `total` elements of the dtype.
+  const int64_t floats = (total * unit + 3) / 4;
   CANZONA_ASSIGN_OR_RETURN(SharedTensor param_memory,
-                           client.AllocateTensor(job_id, global, {total}));
+                           client.AllocateTensor(job_id, global, {floats}));
   CANZONA_ASSIGN_OR_RETURN(SharedTensor grad_memory,
-                           client.AllocateTensor(job_id, global, {total}));
+                           client.AllocateTensor(job_id, global, {floats}));
+  auto* params_at = reinterpret_cast<char*>(param_memory.data());
+  auto* grads_at = reinterpret_cast<char*>(grad_memory.data());
 
   v1::RegisterRequest request;
   request.set_job_id(job_id);
@@ -262,41 +286,54 @@ absl::Status RunRank(const StepBenchOptions& o, const Mode& mode,
     group->set_name(g);
     group->set_optimizer(g);
   }
-  int64_t offset = 0;
+  // Parameters and gradients each laid out in reverse order, the order
+  // backward fills the buckets (as Megatron and canzona.torch do): the
+  // daemons' collectives then use the buffers in place.
+  std::vector<int64_t> offsets(params.size());
+  int64_t at = 0;
+  for (size_t i = params.size(); i-- > 0;) {
+    offsets[i] = at;
+    at += params[i].local_numel;
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     const LocalParam& p = params[i];
+    const int64_t offset = offsets[i];
     // Parameters are the same on every DP replica of a TP position;
     // gradients differ per rank.
-    FillPseudoRandom(1000003 * (i + 1) + tp_rank, 0.02f,
-                     param_memory.data() + offset, p.local_numel);
-    FillPseudoRandom(7919 * (i + 1) + 104729 * (global + 1), 1e-3f,
-                     grad_memory.data() + offset, p.local_numel);
+    FillPseudoRandom(1000003 * (i + 1) + tp_rank, 0.02f, dtype,
+                     params_at + offset * unit, p.local_numel);
+    FillPseudoRandom(7919 * (i + 1) + 104729 * (global + 1), 1e-3f, dtype,
+                     grads_at + offset * unit, p.local_numel);
     v1::Parameter* q = request.add_parameters();
     q->set_name(p.name);
     for (int64_t d : p.shape) q->add_shape(d);
-    q->set_dtype(v1::DTYPE_FLOAT32);
+    q->set_dtype(dtype == DType::kBFloat16  ? v1::DTYPE_BFLOAT16
+                 : dtype == DType::kFloat16 ? v1::DTYPE_FLOAT16
+                                            : v1::DTYPE_FLOAT32);
     q->set_tp_split_dim(p.split_dim);
     q->set_group(p.group);
-    const uint64_t bytes = static_cast<uint64_t>(p.local_numel) * sizeof(float);
+    const uint64_t bytes = static_cast<uint64_t>(p.local_numel) * unit;
     *q->mutable_param() = param_memory.buffer_ref();
     q->mutable_param()->mutable_shm()->set_offset(
-        static_cast<uint64_t>(offset) * sizeof(float));
+        static_cast<uint64_t>(offset) * unit);
     q->mutable_param()->mutable_shm()->set_bytes(bytes);
     *q->mutable_grad() = grad_memory.buffer_ref();
     q->mutable_grad()->mutable_shm()->set_offset(static_cast<uint64_t>(offset) *
-                                                 sizeof(float));
+                                                 unit);
     q->mutable_grad()->mutable_shm()->set_bytes(bytes);
-    offset += p.local_numel;
   }
   absl::StatusOr<v1::RegisterResponse> registered = client.Register(request);
   if (!registered.ok()) {
+    probe.Arrive();  // the others must not wait for this rank
     return absl::Status(
         registered.status().code(),
         absl::StrCat("register: ", registered.status().message()));
   }
   out.buckets = registered->buckets_size();
+  out.registered = *registered;
   absl::Status status =
       RunIterations(o, mode, job_id, request.rank(), out.buckets, client, out);
+  probe.Arrive();
   absl::Status left = client.Deregister(job_id, request.rank());
   if (status.ok() && !left.ok()) {
     return absl::Status(left.code(),
@@ -342,6 +379,15 @@ ModeResult Summarize(const Mode& mode, const std::vector<RankResult>& ranks) {
   ModeResult r;
   r.mode = mode;
   r.buckets = ranks.front().buckets;
+  for (const RankResult& rank : ranks) {
+    const v1::RegisterResponse& reg = rank.registered;
+    if (reg.master_bytes() + reg.state_bytes() + reg.buffer_bytes() >
+        r.master_bytes + r.state_bytes + r.buffer_bytes) {
+      r.master_bytes = reg.master_bytes();
+      r.state_bytes = reg.state_bytes();
+      r.buffer_bytes = reg.buffer_bytes();
+    }
+  }
   const size_t n = ranks.front().samples.size();
   std::vector<double> wall, step, wait;
   double comm = 0, exposed = 0;
@@ -387,6 +433,9 @@ void RunStepBench(StepBenchOptions o) {
          absl::StrCat("--shard-group-size ", o.shard_group_size,
                       " must be a divisor of --dp ", o.dp, " smaller than it"));
   }
+  if (!ParseDType(o.dtype).ok()) {
+    Fail(2, absl::StrCat("--dtype: '", o.dtype, "' is not fp32, bf16 or fp16"));
+  }
   absl::StatusOr<std::vector<LocalParam>> params = ModelParams(o);
   if (!params.ok()) Fail(2, std::string(params.status().message()));
   const int64_t bucket_size =
@@ -424,10 +473,10 @@ void RunStepBench(StepBenchOptions o) {
   if (!o.json) {
     std::printf(
         "%s (%d layers, vocab %d, %s layout): %zu parameters, %.1f M "
-        "elements per rank; DP%d x TP%d on %d daemon(s), %s, strategy %s, "
-        "bucket size %lld\n",
+        "elements per rank (%s); DP%d x TP%d on %d daemon(s), %s, strategy "
+        "%s, bucket size %lld\n",
         o.model.c_str(), o.layers, o.vocab, o.layout.c_str(), params->size(),
-        total / 1e6, o.dp, o.tp, targets, o.optimizer.c_str(),
+        total / 1e6, o.dtype.c_str(), o.dp, o.tp, targets, o.optimizer.c_str(),
         o.strategy.c_str(), static_cast<long long>(bucket_size));
     std::printf(
         "trainer: backward %.1f ms, forward %.1f ms (%s); %d steps after %d "
@@ -436,6 +485,16 @@ void RunStepBench(StepBenchOptions o) {
         o.warmup);
     std::fflush(stdout);
   }
+
+  // The local daemons (unix sockets), whose private memory is sampled.
+  std::vector<pid_t> pids;
+  for (const std::string& target : o.targets) {
+    absl::StatusOr<pid_t> pid = DaemonPid(target);
+    if (pid.ok()) pids.push_back(*pid);
+  }
+  const int local_ranks = static_cast<int>(pids.size()) * (world / targets);
+  const int64_t param_bytes =
+      total * DTypeBytes(ParseDType(o.dtype).value_or(DType::kFloat32));
 
   const std::string run_id =
       absl::StrCat(::getpid(), "-", absl::ToUnixMillis(absl::Now()) % 100000);
@@ -447,10 +506,13 @@ void RunStepBench(StepBenchOptions o) {
     const std::string job_id = absl::StrCat("bench-", run_id, "-", tag);
     std::vector<RankResult> ranks(static_cast<size_t>(world));
     std::vector<std::thread> threads;
+    DaemonMemoryProbe probe(world, pids);
+    const int64_t before = probe.Read();
     for (int g = 0; g < world; ++g) {
       threads.emplace_back([&, g] {
-        ranks[g].status = RunRank(o, mode, job_id, *params, bucket_size,
-                                  *clients[g], g / o.tp, g % o.tp, ranks[g]);
+        ranks[g].status =
+            RunRank(o, mode, job_id, *params, bucket_size, *clients[g],
+                    g / o.tp, g % o.tp, probe, ranks[g]);
       });
     }
     for (std::thread& t : threads) t.join();
@@ -471,6 +533,11 @@ void RunStepBench(StepBenchOptions o) {
                            "): ", ranks[failed].status.message()));
     }
     results.push_back(Summarize(mode, ranks));
+    results.back().param_bytes = param_bytes;
+    if (before >= 0 && probe.after() >= 0 && local_ranks > 0) {
+      results.back().daemon_bytes_per_rank =
+          static_cast<double>(probe.after() - before) / local_ranks;
+    }
     if (!o.json) {
       std::fprintf(stderr, "mode %s done: median iteration %.1f ms\n",
                    mode.name.c_str(), results.back().median_iteration_ms);
@@ -489,6 +556,7 @@ void RunStepBench(StepBenchOptions o) {
                           {"tp", o.tp},
                           {"targets", o.targets},
                           {"optimizer", o.optimizer},
+                          {"dtype", o.dtype},
                           {"strategy", o.strategy},
                           {"bucket_size", bucket_size},
                           {"steps", o.steps},
@@ -510,7 +578,16 @@ void RunStepBench(StepBenchOptions o) {
            {"dp_comm_exposed_ms_per_step", r.exposed_ms_per_step},
            {"exposed_over_total_comm", r.exposed_over_total},
            {"iteration_vs_first",
-            first > 0 ? r.median_iteration_ms / first : 0}});
+            first > 0 ? r.median_iteration_ms / first : 0},
+           {"param_bytes_per_rank", r.param_bytes},
+           {"master_bytes", r.master_bytes},
+           {"state_bytes", r.state_bytes},
+           {"buffer_bytes", r.buffer_bytes},
+           {"daemon_private_bytes_per_rank", r.daemon_bytes_per_rank},
+           {"daemon_over_param_bytes",
+            r.daemon_bytes_per_rank >= 0
+                ? r.daemon_bytes_per_rank / r.param_bytes
+                : -1.0}});
     }
     std::printf("%s\n", out.dump(2).c_str());
     return;
@@ -529,6 +606,26 @@ void RunStepBench(StepBenchOptions o) {
       "iter: iteration wall time; step / wait: blocked in Step / WaitParams; "
       "dp_comm, exposed: per rank and step; exp/total: sum exposed / sum "
       "dp_comm; vs first: iteration time / the first mode's\n");
+  constexpr double kMiB = 1024.0 * 1024.0;
+  std::printf("\n%-14s %10s %10s %10s %10s %12s %12s\n", "mode", "params MiB",
+              "master MiB", "state MiB", "buffers MiB", "daemon MiB",
+              "daemon/params");
+  for (const ModeResult& r : results) {
+    std::printf("%-14s %10.2f %10.2f %10.2f %11.2f", r.mode.name.c_str(),
+                r.param_bytes / kMiB, r.master_bytes / kMiB,
+                r.state_bytes / kMiB, r.buffer_bytes / kMiB);
+    if (r.daemon_bytes_per_rank >= 0) {
+      std::printf(" %12.2f %12.3fx\n", r.daemon_bytes_per_rank / kMiB,
+                  r.daemon_bytes_per_rank / r.param_bytes);
+    } else {
+      std::printf(" %12s %13s\n", "-", "-");
+    }
+  }
+  std::printf(
+      "per rank (the largest): params: the rank's parameter bytes; master, "
+      "state, buffers: what Register reported; daemon: the local daemons' "
+      "private memory growth over the mode (SO_PEERCRED + smaps_rollup) per "
+      "rank\n");
 }
 
 }  // namespace
@@ -599,6 +696,10 @@ void AddBenchStepCommand(CLI::App* bench) {
                   "deadline of Register and Step calls, seconds")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--dtype", o->dtype,
+                  "trainer parameters and gradients: fp32 | bf16 | fp16 "
+                  "(mixed precision: fp32 master weights in the daemon)")
+      ->capture_default_str();
   cmd->add_flag("--json", o->json, "JSON output");
   cmd->callback([o] { RunStepBench(*o); });
 }

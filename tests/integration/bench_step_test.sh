@@ -62,6 +62,16 @@ for mode in flat/plain flat/overlap S=1/plain S=1/overlap; do
 done
 grep -q '"exposed_over_total_comm"' "$DIR/out.json" ||
   fail "JSON lacks exposed_over_total_comm"
+# Memory per rank: Register's report by kind, and the local daemon's
+# private memory sampled (its pid from the socket's peer credentials).
+python3 - "$DIR/out.json" <<'PY' || fail "memory figures missing"
+import json, sys
+for m in json.load(open(sys.argv[1]))["modes"]:
+    assert m["state_bytes"] > 0 and m["buffer_bytes"] > 0, m
+    assert m["master_bytes"] == 0, m  # fp32: updated in the trainer's buffers
+    assert m["param_bytes_per_rank"] > 0, m
+    assert m["daemon_private_bytes_per_rank"] != -1, m
+PY
 
 # A daemon-side error: nonzero exit, the daemon's message on stderr.
 if "$CANZONACTL" bench step --target "unix:$DIR/d.sock" \
