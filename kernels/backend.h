@@ -366,14 +366,29 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackendByName(
 // optimizer step must not change it; tests count it. Thread-safe.
 // (Inline, so that every backend library counts into one variable without
 // linking the factory.)
+// The largest Allocate() so far (floats) bounds the daemon's working
+// buffers in tests of the memory model.
 namespace backend_internal {
 inline std::atomic<int64_t> allocation_count{0};
+inline std::atomic<int64_t> largest_allocation{0};
 inline void CountAllocation() {
   allocation_count.fetch_add(1, std::memory_order_relaxed);
+}
+inline void NoteAllocationSize(int64_t floats) {
+  int64_t seen = largest_allocation.load(std::memory_order_relaxed);
+  while (floats > seen &&
+         !largest_allocation.compare_exchange_weak(seen, floats)) {
+  }
 }
 }  // namespace backend_internal
 inline int64_t BackendAllocationCount() {
   return backend_internal::allocation_count.load();
+}
+inline int64_t BackendLargestAllocation() {
+  return backend_internal::largest_allocation.load();
+}
+inline void ResetBackendLargestAllocation() {
+  backend_internal::largest_allocation.store(0);
 }
 
 }  // namespace canzona

@@ -99,6 +99,7 @@ absl::StatusOr<DeviceBuffer> Backend::Allocate(int64_t count) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "Allocate: ", count, " floats exceed the addressable size"));
   }
+  backend_internal::NoteAllocationSize(count);
   return DoAllocate(count);
 }
 

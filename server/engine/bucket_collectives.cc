@@ -1,5 +1,6 @@
 #include "server/engine/bucket_collectives.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -10,90 +11,198 @@ namespace canzona {
 BucketCollectives::BucketCollectives(Staging staging, Parts parts)
     : staging_(std::move(staging)),
       parts_(std::move(parts)),
-      master_set_(staging_.layout->buckets.size(), false) {}
+      master_set_(staging_.layout->buckets.size(), false) {
+  const JobPlan& jp = *staging_.plan;
+  const RankLayout& layout = *staging_.layout;
+  const TrainerBuffers& trainer = *staging_.trainer;
+  const int S = parts_.dp->size();
+  const bool in_place = trainer.Addressable(staging_.on_device);
+  for (const BucketLayout& b : layout.buckets) {
+    std::vector<int> js;
+    for (int i : jp.plan.buckets[b.index].params) js.push_back(j(i));
+    const void* grads = in_place ? trainer.Run(js, /*grads=*/true) : nullptr;
+    if (b.reduce_dtype != b.dtype) grads = nullptr;
+    void* params =
+        in_place ? const_cast<void*>(trainer.Run(js, false)) : nullptr;
+    grad_run_.push_back(grads);
+    param_run_.push_back(params);
+    if (S == 1) continue;  // per-parameter copies, no collective
+    int64_t need = 0;
+    if (!layout.sliced || grads == nullptr) {
+      need = b.elements * DTypeBytes(b.reduce_dtype);
+    }
+    if (layout.sliced && params == nullptr) {
+      need = std::max(need, b.elements * DTypeBytes(b.dtype));
+    }
+    slot_bytes_ = std::max(slot_bytes_, need);
+  }
+}
+
+int64_t BucketCollectives::buffer_bytes() const {
+  int64_t floats = 0;
+  for (const DeviceBuffer* b :
+       {&parts_.part, &parts_.packed, &parts_.gathered, &parts_.sums}) {
+    floats += b->size();
+  }
+  return floats * static_cast<int64_t>(sizeof(float));
+}
 
 void BucketCollectives::MastersSet(bool set) {
   absl::MutexLock lock(&master_mu_);
   master_set_.assign(master_set_.size(), set);
 }
 
-absl::Status BucketCollectives::Reduce(int b) {
+absl::Status BucketCollectives::ReadMasters(int b) {
   const JobPlan& jp = *staging_.plan;
-  const RankLayout& layout = *staging_.layout;
   const TrainerBuffers& trainer = *staging_.trainer;
-  StageCopier& copier = *parts_.copier;
-  const BucketLayout& bucket = layout.buckets[b];
-  // A GPU trainer's gradients are final once its event completed (it
-  // records the event after backward wrote them, before GradReady/Step).
-  CANZONA_RETURN_IF_ERROR(trainer.WaitGradients(copier, staging_.on_device));
-  // fp32 parameters are the trainer's, read every step; the staged fp32
-  // values of bf16 / fp16 parameters are the master weights, read from the
-  // trainer only until the first step (or a checkpoint) set them.
-  bool read_masters = false;
+  const OwnedBuffers& owned = *staging_.owned;
+  // fp32 copies are the trainer's values, read every step; bf16 / fp16
+  // master weights only until the first step (or a checkpoint) set them.
+  bool set = false;
   {
     absl::MutexLock lock(&master_mu_);
-    read_masters = !master_set_[b];
+    set = master_set_[b];
     master_set_[b] = true;
   }
+  for (int i : jp.plan.buckets[staging_.layout->buckets[b].index].params) {
+    if (!owned.master[i]) continue;
+    if (set && trainer.dtype(j(i)) != DType::kFloat32) continue;
+    CANZONA_RETURN_IF_ERROR(trainer.Read(
+        trainer.param(j(i)), j(i), jp.params[i].local_numel, DType::kFloat32,
+        owned.param_at[i], *parts_.copier, staging_.on_device));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BucketCollectives::ReadGrad(int i) {
+  const TrainerBuffers& trainer = *staging_.trainer;
+  return trainer.Read(trainer.grad(j(i)), j(i),
+                      staging_.plan->params[i].local_numel, DType::kFloat32,
+                      staging_.owned->grad_at[i], *parts_.copier,
+                      staging_.on_device);
+}
+
+absl::StatusOr<const void*> BucketCollectives::GradSource(int b) {
+  if (grad_run_[b] != nullptr) return grad_run_[b];
+  const JobPlan& jp = *staging_.plan;
+  const TrainerBuffers& trainer = *staging_.trainer;
+  const BucketLayout& bucket = staging_.layout->buckets[b];
+  char* slot = static_cast<char*>(staging_.owned->slot);
+  const int64_t unit = DTypeBytes(bucket.reduce_dtype);
   for (int i : jp.plan.buckets[bucket.index].params) {
-    const int j = i - layout.first;
-    const int64_t n = jp.params[i].local_numel;
-    if (n == 0) continue;
-    CANZONA_RETURN_IF_ERROR(trainer.Read(trainer.grad(j), j, n,
-                                         staging_.grads + layout.offset[i],
-                                         copier, staging_.on_device));
-    if (trainer.dtype(j) != DType::kFloat32 && !read_masters) continue;
-    CANZONA_RETURN_IF_ERROR(trainer.Read(trainer.param(j), j, n,
-                                         staging_.params + layout.offset[i],
-                                         copier, staging_.on_device));
+    CANZONA_RETURN_IF_ERROR(trainer.Read(
+        trainer.grad(j(i)), j(i), jp.params[i].local_numel, bucket.reduce_dtype,
+        slot + pos(i, bucket) * unit, *parts_.copier, staging_.on_device));
   }
-  float* g = staging_.grads + bucket.base;
-  const int d = layout.shard_pos;
-  float* slice = parts_.slice.data();
+  return slot;
+}
+
+absl::Status BucketCollectives::Reduce(int b) {
+  // A GPU trainer's gradients are final once its event completed (it
+  // records the event after backward wrote them, before GradReady/Step).
+  CANZONA_RETURN_IF_ERROR(
+      staging_.trainer->WaitGradients(*parts_.copier, staging_.on_device));
+  CANZONA_RETURN_IF_ERROR(ReadMasters(b));
+  if (staging_.layout->sliced) {
+    CANZONA_RETURN_IF_ERROR(ReduceSliced(b));
+  } else {
+    CANZONA_RETURN_IF_ERROR(ReduceUnsliced(b));
+  }
+  return parts_.copier->Finish();
+}
+
+absl::Status BucketCollectives::ReduceSliced(int b) {
+  const RankLayout& layout = *staging_.layout;
+  const BucketLayout& bucket = layout.buckets[b];
+  const OwnedBuffers& owned = *staging_.owned;
   Communicator& dp = *parts_.dp;
-  if (layout.sliced) {
-    const int64_t mine = bucket.counts[d];
-    CANZONA_RETURN_IF_ERROR(parts_.calibration->Run(
-        b, [&] { return dp.ReduceScatterV(g, bucket.counts, slice); }));
-    CANZONA_RETURN_IF_ERROR(
-        copier.Copy(g + bucket.my_start, slice, mine * sizeof(float)));
-    if (parts_.cross->size() > 1 && mine > 0) {
-      CANZONA_RETURN_IF_ERROR(
-          parts_.cross->AllReduce(g + bucket.my_start, mine));
+  const int64_t mine = bucket.counts[layout.shard_pos];
+  float* sums = owned.grads + bucket.owned_base;
+  if (dp.size() == 1) {
+    for (int i : staging_.plan->plan.buckets[bucket.index].params) {
+      CANZONA_RETURN_IF_ERROR(ReadGrad(i));
     }
-  } else if (dp.size() > 1) {
-    const std::vector<int64_t>& counts = bucket.even_counts;
-    CANZONA_RETURN_IF_ERROR(dp.ReduceScatterV(g, counts, slice));
-    CANZONA_RETURN_IF_ERROR(
-        copier.Copy(g + bucket.even_start, slice, counts[d] * sizeof(float)));
-    CANZONA_RETURN_IF_ERROR(dp.AllGatherV(g + bucket.even_start, counts, g));
+  } else {
+    CANZONA_ASSIGN_OR_RETURN(const void* src, GradSource(b));
+    const DType type = bucket.reduce_dtype;
+    void* out = type == DType::kFloat32 ? sums : owned.reduced;
+    CANZONA_RETURN_IF_ERROR(parts_.calibration->Run(b, [&] {
+      return dp.ReduceScatterVTyped(type, src, bucket.counts, out);
+    }));
+    if (out != sums) {
+      CANZONA_RETURN_IF_ERROR(
+          parts_.copier->Convert(type, out, DType::kFloat32, sums, mine));
+    }
   }
-  return copier.Finish();
+  if (parts_.cross->size() > 1 && mine > 0) {
+    CANZONA_RETURN_IF_ERROR(parts_.cross->AllReduce(sums, mine));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BucketCollectives::ReduceUnsliced(int b) {
+  const JobPlan& jp = *staging_.plan;
+  const RankLayout& layout = *staging_.layout;
+  const BucketLayout& bucket = layout.buckets[b];
+  const OwnedBuffers& owned = *staging_.owned;
+  StageCopier& copier = *parts_.copier;
+  Communicator& dp = *parts_.dp;
+  const std::vector<int>& params = jp.plan.buckets[bucket.index].params;
+  if (dp.size() == 1) {
+    for (int i : params) {
+      if (owned.grad_at[i] != nullptr) CANZONA_RETURN_IF_ERROR(ReadGrad(i));
+    }
+    return absl::OkStatus();
+  }
+  // Every rank needs the sums of its parameters, which may be anywhere in
+  // the bucket: the whole bucket is all-reduced into the slot.
+  const DType type = bucket.reduce_dtype;
+  const int64_t unit = DTypeBytes(type);
+  CANZONA_ASSIGN_OR_RETURN(const void* src, GradSource(b));
+  char* slot = static_cast<char*>(owned.slot);
+  const std::vector<int64_t>& counts = bucket.even_counts;
+  char* part = reinterpret_cast<char*>(parts_.part.data());
+  CANZONA_RETURN_IF_ERROR(dp.ReduceScatterVTyped(type, src, counts, part));
+  char* my_part = slot + bucket.even_start * unit;
+  CANZONA_RETURN_IF_ERROR(
+      copier.Copy(my_part, part, counts[layout.shard_pos] * unit));
+  CANZONA_RETURN_IF_ERROR(dp.AllGatherVTyped(type, my_part, counts, slot));
+  for (int i : params) {
+    if (owned.grad_at[i] == nullptr) continue;
+    CANZONA_RETURN_IF_ERROR(copier.Convert(type, slot + pos(i, bucket) * unit,
+                                           DType::kFloat32, owned.grad_at[i],
+                                           jp.params[i].local_numel));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BucketCollectives::WriteBack(int i) {
+  const OwnedBuffers& owned = *staging_.owned;
+  if (!owned.master[i]) return absl::OkStatus();  // updated in place
+  const TrainerBuffers& trainer = *staging_.trainer;
+  return trainer.Write(DType::kFloat32, owned.param_at[i], j(i),
+                       staging_.plan->params[i].local_numel,
+                       trainer.param(j(i)), *parts_.copier, staging_.on_device);
 }
 
 absl::Status BucketCollectives::Gather(int b) {
   const JobPlan& jp = *staging_.plan;
   const RankLayout& layout = *staging_.layout;
-  const TrainerBuffers& trainer = *staging_.trainer;
-  StageCopier& copier = *parts_.copier;
   const BucketLayout& bucket = layout.buckets[b];
-  if (layout.sliced) {
-    float* p = staging_.params + bucket.base;
-    CANZONA_RETURN_IF_ERROR(parts_.calibration->Run(b, [&] {
-      return parts_.dp->AllGatherV(p + bucket.my_start, bucket.counts, p);
-    }));
+  if (layout.sliced && parts_.dp->size() > 1) {
+    CANZONA_RETURN_IF_ERROR(GatherSliced(b));
   } else if (jp.plan.strategy == plan::Strategy::kLayerwise &&
-             parts_.dp->size() > 1 && b == layout.gather_order.front()) {
-    CANZONA_RETURN_IF_ERROR(GatherLayerwise());
+             parts_.dp->size() > 1) {
+    if (b == layout.gather_order.front()) {
+      CANZONA_RETURN_IF_ERROR(GatherLayerwise());
+    }
+  } else {
+    // Every parameter of the bucket is held here (sc, or one DP rank).
+    for (int i : jp.plan.buckets[bucket.index].params) {
+      CANZONA_RETURN_IF_ERROR(WriteBack(i));
+    }
   }
-  for (int i : jp.plan.buckets[bucket.index].params) {
-    const int64_t n = jp.params[i].local_numel;
-    if (n == 0) continue;
-    const int j = i - layout.first;
-    CANZONA_RETURN_IF_ERROR(trainer.Write(staging_.params + layout.offset[i], j,
-                                          n, trainer.param(j), copier,
-                                          staging_.on_device));
-  }
+  StageCopier& copier = *parts_.copier;
   CANZONA_RETURN_IF_ERROR(copier.Finish());
   if (b != layout.gather_order.back()) return absl::OkStatus();
   return parts_.calibration->EndRound(
@@ -109,20 +218,58 @@ absl::Status BucketCollectives::Gather(int b) {
       staging_.who);
 }
 
+absl::Status BucketCollectives::GatherSliced(int b) {
+  const JobPlan& jp = *staging_.plan;
+  const RankLayout& layout = *staging_.layout;
+  const BucketLayout& bucket = layout.buckets[b];
+  const OwnedBuffers& owned = *staging_.owned;
+  const TrainerBuffers& trainer = *staging_.trainer;
+  StageCopier& copier = *parts_.copier;
+  const DType type = bucket.dtype;
+  const int64_t unit = DTypeBytes(type);
+  // In place in the trainer's buffer, or through the slot.
+  char* run = static_cast<char*>(param_run_[b]);
+  char* dst = run != nullptr ? run : static_cast<char*>(owned.slot);
+  const std::vector<int>& params = jp.plan.buckets[bucket.index].params;
+  for (int i : params) {
+    if (owned.param_at[i] == nullptr) continue;
+    // fp32 values updated in place in the trainer's run are there already.
+    if (run != nullptr && !owned.master[i]) continue;
+    CANZONA_RETURN_IF_ERROR(copier.Convert(DType::kFloat32, owned.param_at[i],
+                                           type, dst + pos(i, bucket) * unit,
+                                           jp.params[i].local_numel));
+  }
+  char* mine = dst + bucket.my_start * unit;
+  CANZONA_RETURN_IF_ERROR(parts_.calibration->Run(b, [&] {
+    return parts_.dp->AllGatherVTyped(type, mine, bucket.counts, dst);
+  }));
+  if (run != nullptr) return absl::OkStatus();
+  for (int i : params) {
+    // fp32 values updated in place in the trainer need no copy back.
+    if (owned.param_at[i] != nullptr && !owned.master[i]) continue;
+    CANZONA_RETURN_IF_ERROR(trainer.Write(
+        type, dst + pos(i, bucket) * unit, j(i), jp.params[i].local_numel,
+        trainer.param(j(i)), copier, staging_.on_device));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status BucketCollectives::GatherLayerwise() {
   const JobPlan& jp = *staging_.plan;
   const RankLayout& layout = *staging_.layout;
+  const OwnedBuffers& owned = *staging_.owned;
+  const TrainerBuffers& trainer = *staging_.trainer;
   StageCopier& copier = *parts_.copier;
   const int DP = parts_.dp->size(), d = layout.shard_pos;
   const std::vector<int64_t>& counts = layout.layerwise_counts;
   float* packed = parts_.packed.data();
-  int64_t pos = 0;
+  int64_t at_packed = 0;
   for (int i : layout.local_params) {
     if (jp.plan.dp_owner[i] != d) continue;
     const int64_t n = jp.params[i].local_numel;
-    CANZONA_RETURN_IF_ERROR(copier.Copy(
-        packed + pos, staging_.params + layout.offset[i], n * sizeof(float)));
-    pos += n;
+    CANZONA_RETURN_IF_ERROR(
+        copier.Copy(packed + at_packed, owned.param_at[i], n * sizeof(float)));
+    at_packed += n;
   }
   std::vector<int64_t> at(DP, 0);
   for (int r = 1; r < DP; ++r) at[r] = at[r - 1] + counts[r - 1];
@@ -131,10 +278,15 @@ absl::Status BucketCollectives::GatherLayerwise() {
   for (int i : layout.local_params) {
     const int owner = jp.plan.dp_owner[i];
     const int64_t n = jp.params[i].local_numel;
-    CANZONA_RETURN_IF_ERROR(copier.Copy(staging_.params + layout.offset[i],
-                                        gathered + at[owner],
-                                        n * sizeof(float)));
+    const float* value = gathered + at[owner];
     at[owner] += n;
+    if (owner == d) {
+      CANZONA_RETURN_IF_ERROR(WriteBack(i));
+      continue;
+    }
+    CANZONA_RETURN_IF_ERROR(trainer.Write(DType::kFloat32, value, j(i), n,
+                                          trainer.param(j(i)), copier,
+                                          staging_.on_device));
   }
   return absl::OkStatus();
 }

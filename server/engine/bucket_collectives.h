@@ -1,27 +1,30 @@
 // BucketCollectives: the DP communication of one rank's buckets, the first
-// and last phases of the step (server/DESIGN.md section 4):
-//  - Reduce(b): stage bucket b's gradients and parameters from the
-//    trainer's buffers and sum the gradients over DP (unscaled: the step
-//    applies 1/DP and the loss scale): my slice when bucket-sliced
-//    (reduce-scatter-v at parameter boundaries inside the shard group, then
-//    the all-reduce of the slice across groups), else the whole bucket (an
-//    even reduce-scatter + all-gather: every element summed in DP rank
-//    order on one rank, so every strategy gets the same bits);
+// and last phases of the step (server/DESIGN.md sections 4 and 5.1):
+//  - Reduce(b): sum bucket b's gradients over DP (unscaled: the step
+//    applies 1/DP and the loss scale) into the rank's owned fp32
+//    gradients: my slice when bucket-sliced (reduce-scatter-v at parameter
+//    boundaries inside the shard group, then the all-reduce of the slice
+//    across groups), else the whole bucket (an even reduce-scatter +
+//    all-gather: every element summed in DP rank order on one rank, so
+//    every strategy gets the same bits). The collective runs in the
+//    bucket's reduce dtype (the trainer's, or fp32) straight from the
+//    trainer's gradient buffer when it holds the bucket in bucket order in
+//    memory the data plane addresses, else from the bucket slot. Master
+//    copies are read from the trainer here (fp32: every step; bf16 / fp16
+//    master weights: until set);
 //  - Gather(b): bring the updated parameters to every DP rank of the shard
-//    group (all-gather-v; layerwise plans gather every owned parameter at
-//    once) and publish them into the trainer's buffers.
+//    group (all-gather-v in the bucket's dtype, in place in the trainer's
+//    buffer or through the slot; layerwise plans gather every owned
+//    parameter at once) and into the trainer's buffers, rounded once.
 // It owns the DP and cross-group communicators, the DP copier (whose stream
 // they run on), the DP scratch buffers and the uneven calibration.
-// Staging is fp32 whatever the trainer's dtype: for bf16 / fp16 parameters
-// the staged values the rank updates are its fp32 master weights, read from
-// the trainer once and rounded into the trainer's buffers at each Gather.
 //
 //   DpLane lane(buckets,
 //       [c](int64_t, int b) { return c->Reduce(b); },
 //       [c](int64_t, int b) { return c->Gather(b); });
 //
 // Thread-safety: Reduce and Gather run on the rank's DP lane thread only.
-// Between a step's reductions and its gathers the worker owns the staging
+// Between a step's reductions and its gathers the worker owns the owned
 // buffers (it reads them after DpLane::WaitReduced and writes them before
 // DpLane::StartGathers, synchronizing its staging backend first).
 #ifndef CANZONA_SERVER_ENGINE_BUCKET_COLLECTIVES_H_
@@ -37,6 +40,7 @@
 #include "kernels/backend.h"
 #include "server/comm/communicator.h"
 #include "server/engine/job_plan.h"
+#include "server/engine/owned_buffers.h"
 #include "server/engine/rank_layout.h"
 #include "server/engine/stage_copier.h"
 #include "server/engine/trainer_buffers.h"
@@ -53,20 +57,19 @@ class BucketCollectives {
     std::unique_ptr<Communicator> dp, cross;
     // The dp communicator's chooser reads it (created before dp).
     std::unique_ptr<UnevenCalibration> calibration;
-    // Staging memory: the reduce-scatter's output (my largest slice); the
-    // layerwise gather's packed send and receive buffers; the
-    // calibration's all-reduce.
-    DeviceBuffer slice, packed, gathered, sums;
+    // Staging memory: the unsliced reduce-scatter's output (my largest
+    // even part); the layerwise gather's packed send and receive buffers;
+    // the calibration's all-reduce.
+    DeviceBuffer part, packed, gathered, sums;
   };
   // What the collectives read and write besides their own parts.
   struct Staging {
     std::shared_ptr<const JobPlan> plan;
     const RankLayout* layout = nullptr;
     const TrainerBuffers* trainer = nullptr;
-    bool on_device = false;   // NCCL data plane: staging is device memory
-    float* grads = nullptr;   // the stage's gradients
-    float* params = nullptr;  // the stage's parameters
-    std::string who;          // the rank, for logs
+    bool on_device = false;  // NCCL data plane: staging is device memory
+    const OwnedBuffers* owned = nullptr;
+    std::string who;  // the rank, for logs
   };
 
   BucketCollectives(Staging staging, Parts parts);
@@ -80,16 +83,47 @@ class BucketCollectives {
   // while the lane is idle.
   void MastersSet(bool set);
 
+  // The bytes of bucket staging the buckets need (0: every collective
+  // works on trainer memory in place); the owner allocates OwnedBuffers'
+  // slot of this size before the first Reduce.
+  int64_t slot_bytes() const { return slot_bytes_; }
+  // The bytes of its own parts (part, packed, gathered, sums).
+  int64_t buffer_bytes() const;
+
   Communicator& dp() { return *parts_.dp; }
   Communicator& cross() { return *parts_.cross; }
 
  private:
+  // Master copies of bucket b's held parameters from the trainer.
+  absl::Status ReadMasters(int b);
+  // Gradient j (parameter i) from the trainer into its owned slot as fp32.
+  absl::Status ReadGrad(int i);
+  // The bucket's gradients into the slot in its reduce dtype (or the
+  // trainer's own buffer when it holds them in place).
+  absl::StatusOr<const void*> GradSource(int b);
+  // Held parameter i's value into the trainer (rounded), unless the
+  // update wrote it there in place.
+  absl::Status WriteBack(int i);
   // Layerwise: each rank's owned parameters packed in stage order, one
-  // all-gather, unpacked into every parameter's slot.
+  // all-gather, unpacked into every parameter's trainer buffer.
   absl::Status GatherLayerwise();
+  absl::Status ReduceSliced(int b);
+  absl::Status ReduceUnsliced(int b);
+  absl::Status GatherSliced(int b);
+
+  // Trainer index and position in bucket order of plan parameter i.
+  int j(int i) const { return i - staging_.layout->first; }
+  int64_t pos(int i, const BucketLayout& b) const {
+    return staging_.layout->offset[i] - b.base;
+  }
 
   const Staging staging_;
   Parts parts_;
+  // Per bucket: the trainer's gradient / parameter run in bucket order
+  // when the collectives may use it in place (else null: the slot).
+  std::vector<const void*> grad_run_;
+  std::vector<void*> param_run_;
+  int64_t slot_bytes_ = 0;
   absl::Mutex master_mu_;
   // Per bucket: its master weights are staged (see MastersSet).
   std::vector<bool> master_set_ ABSL_GUARDED_BY(master_mu_);

@@ -231,6 +231,11 @@ absl::StatusOr<std::shared_ptr<LocalRank>> EngineImpl::AcceptStep(
 void EngineImpl::Step(const v1::StepRequest& request,
                       Callback<v1::StepResponse> done) {
   if (registry_.closed()) return done(Unavailable());
+  if (!std::isfinite(request.max_grad_norm()) || request.max_grad_norm() < 0) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("max_grad_norm ", request.max_grad_norm(),
+                     " must be finite and > 0 (0: the job's)")));
+  }
   absl::StatusOr<std::shared_ptr<Job>> job =
       registry_.FindJob(request.job_id());
   if (!job.ok()) return done(job.status());
@@ -259,6 +264,7 @@ void EngineImpl::RunStep(std::shared_ptr<Job> job,
   response.mutable_seconds()->set_wait(Seconds(start, absl::Now()));
   if (status.ok()) {
     const StepContext context{job->id, job->settings.layout.dp(),
+                              job->settings.world, job->settings.max_grad_norm,
                               options_.step_timeout};
     status = RunRankStep(*rank, *rank->rt->plan, context, request, &response);
   }

@@ -26,6 +26,12 @@ struct JobSettings {
   int64_t bucket_size = 0;
   int shard_group_size = 1;                        // S (= dp when flat)
   std::map<std::string, OptimizerConfig> configs;  // by group name
+  // Clip at this global gradient norm (0: no clipping; a Step may
+  // override it).
+  double max_grad_norm = 0;
+  // DP gradient reductions in fp32 whatever the parameters' dtype
+  // (Megatron's grad_reduce_in_fp32); else in the parameters' dtype.
+  bool grad_reduce_fp32 = false;
   // The settings above as canonical text ("key=value" lines), which the
   // ranks compare line by line so that a disagreement names its field.
   std::string meta;

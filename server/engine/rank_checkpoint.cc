@@ -105,7 +105,7 @@ absl::Status GatherFragments(RankRuntime& rt, const ParamMeta& m,
 }
 
 // Mixed precision: the fp32 master weights of a bf16 / fp16 parameter are
-// the staged values of the ranks that update it (each TP rank holds its
+// the master copies of the ranks that hold it (each TP rank holds its
 // fragment of a TP-split one). Records carry them whole, as the tensor
 // kMasterTensor with the trainer's dtype in the counter kMasterDType, so
 // that they reshard like element-wise state.
@@ -121,13 +121,13 @@ absl::StatusOr<std::vector<float>> StagedMaster(RankRuntime& rt,
                                                 const ParamMeta& m, int i) {
   std::vector<float> fragment(m.local_numel);
   CANZONA_RETURN_IF_ERROR(rt.staging->CopyToHost(
-      rt.params.data() + rt.layout.offset[i], m.local_numel, fragment.data()));
+      rt.owned.param_at[i], m.local_numel, fragment.data()));
   return fragment;
 }
 absl::Status StageFragment(RankRuntime& rt, const ParamMeta& m, int i,
                            const std::vector<float>& fragment) {
   CANZONA_RETURN_IF_ERROR(rt.staging->CopyFromHost(
-      fragment.data(), m.local_numel, rt.params.data() + rt.layout.offset[i]));
+      fragment.data(), m.local_numel, rt.owned.param_at[i]));
   return rt.staging->Synchronize();
 }
 
@@ -238,6 +238,8 @@ void MoveToStep(Job& job, LocalRank& rank, int64_t step) {
   progress.steps_done = step;
   progress.next_step = step + 1;
   rank.lane().Reset(step);
+  // No update of this run precedes the next step.
+  rank.rt->pending_update_sumsq = 0;
 }
 
 // Global rank 0's decision on a save: the manifest, if every rank saved at

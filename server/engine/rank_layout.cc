@@ -10,8 +10,10 @@
 namespace canzona {
 namespace {
 
-// Buckets of my stage in plan order, their parameters' offsets and cuts.
-absl::Status LayoutBuckets(const JobPlan& jp, int stage, RankLayout& out) {
+// Buckets of my stage in plan order, their parameters' offsets, cuts and
+// dtypes.
+absl::Status LayoutBuckets(const JobPlan& jp, const JobSettings& settings,
+                           int stage, RankLayout& out) {
   const plan::Plan& plan = jp.plan;
   const int S = out.shard_size, d = out.shard_pos;
   int64_t base = 0;
@@ -28,6 +30,13 @@ absl::Status LayoutBuckets(const JobPlan& jp, int stage, RankLayout& out) {
       bucket.elements += jp.params[i].local_numel;
     }
     param_start.push_back(bucket.elements);
+    bucket.dtype = jp.params[bp.params.front()].dtype;
+    for (int i : bp.params) {
+      if (jp.params[i].dtype != bucket.dtype) bucket.dtype = DType::kFloat32;
+    }
+    bucket.reduce_dtype =
+        settings.grad_reduce_fp32 ? DType::kFloat32 : bucket.dtype;
+    out.max_bucket = std::max(out.max_bucket, bucket.elements);
     if (out.sliced) {
       if (static_cast<int>(bp.cuts.size()) != S + 1) {
         return absl::InternalError(absl::StrCat("plan bucket ", b, " has ",
@@ -97,8 +106,20 @@ void AssignUpdates(const JobPlan& jp, const JobSettings& settings,
           plan.tp_host[i] >= 0 ? UpdateMode::kHosted : UpdateMode::kRedundant;
     }
     out.dp_owned[i] = owner < 0 || owner == d;
-    out.counted[i] = (owner < 0 ? d == 0 : owner == d) &&
-                     out.shard_group == 0 && (split || t == 0);
+    const bool first_owner =
+        (owner < 0 ? d == 0 : owner == d) && out.shard_group == 0;
+    out.counted[i] = first_owner && (split || t == 0);
+    switch (out.mode[i]) {
+      case UpdateMode::kLocal:
+        out.update_counted[i] = out.counted[i];
+        break;
+      case UpdateMode::kHosted:
+        out.update_counted[i] = first_owner && plan.tp_host[i] == t;
+        break;
+      case UpdateMode::kRedundant:
+        out.update_counted[i] = first_owner && t == 0;
+        break;
+    }
     if (!out.dp_owned[i]) continue;
     std::vector<int64_t>& shape = out.state_shape[i];
     switch (out.mode[i]) {
@@ -116,8 +137,44 @@ void AssignUpdates(const JobPlan& jp, const JobSettings& settings,
     }
     if (!shape.empty()) {
       out.max_state = std::max(out.max_state, NumElements(shape));
+      if (out.mode[i] == UpdateMode::kLocal) {
+        if (out.update_counted[i]) {
+          out.max_counted_local =
+              std::max(out.max_counted_local, NumElements(shape));
+        }
+      } else {
+        out.max_whole = std::max(out.max_whole, NumElements(shape));
+      }
     }
   }
+}
+
+// ZeRO-1: the owned buffers hold, bucket by bucket, the parameters this
+// rank holds; under a sliced strategy exactly my slice of each bucket.
+absl::Status LayoutOwned(const JobPlan& jp, RankLayout& out) {
+  const int d = out.shard_pos;
+  int64_t at = 0;
+  for (BucketLayout& b : out.buckets) {
+    b.owned_base = at;
+    for (int i : jp.plan.buckets[b.index].params) {
+      if (!out.dp_owned[i]) continue;
+      if (out.sliced &&
+          out.offset[i] - b.base - b.my_start != at - b.owned_base) {
+        return absl::InternalError(absl::StrCat(
+            "plan: parameter '", jp.params[i].name,
+            "' is owned but outside my slice of bucket ", b.index));
+      }
+      out.owned_offset[i] = at;
+      at += jp.params[i].local_numel;
+    }
+    if (out.sliced && at - b.owned_base != b.counts[d]) {
+      return absl::InternalError(absl::StrCat(
+          "plan: bucket ", b.index, " slice of ", b.counts[d],
+          " elements holds ", at - b.owned_base, " owned elements"));
+    }
+  }
+  out.owned_elements = at;
+  return absl::OkStatus();
 }
 
 // My micro groups and what their all-to-alls move.
@@ -173,12 +230,15 @@ absl::StatusOr<RankLayout> LayoutRank(const JobPlan& jp,
   out.mode.assign(n, UpdateMode::kLocal);
   out.dp_owned.assign(n, 0);
   out.counted.assign(n, 0);
+  out.update_counted.assign(n, 0);
+  out.owned_offset.assign(n, -1);
   out.state_shape.assign(n, {});
   out.sliced = plan.strategy != plan::Strategy::kSc &&
                plan.strategy != plan::Strategy::kLayerwise;
-  CANZONA_RETURN_IF_ERROR(LayoutBuckets(jp, stage, out));
+  CANZONA_RETURN_IF_ERROR(LayoutBuckets(jp, settings, stage, out));
   SizeDpBuffers(jp, out);
   AssignUpdates(jp, settings, out);
+  CANZONA_RETURN_IF_ERROR(LayoutOwned(jp, out));
   LayoutGroups(jp, stage, out);
   return out;
 }

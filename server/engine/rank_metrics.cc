@@ -15,6 +15,8 @@ RankMetrics::RankMetrics(const CanzonaMetrics& m, const std::string& job,
   overlap_ = m.tp_overlap_ratio->WithLabels({job, rank});
   dp_comm_ = m.dp_comm_seconds_total->WithLabels({job, rank});
   dp_comm_exposed_ = m.dp_comm_exposed_seconds_total->WithLabels({job, rank});
+  grad_norm_ = m.grad_norm->WithLabels({job, rank});
+  clip_factor_ = m.clip_factor->WithLabels({job, rank});
 }
 
 void RankMetrics::RecordStep(const canzona::v1::StepResponse& response,
@@ -25,7 +27,12 @@ void RankMetrics::RecordStep(const canzona::v1::StepResponse& response,
       t.tp_scatter(),     t.all_gather(),    t.wait(),      t.total()};
   for (int i = 0; i < kPhases; ++i) phase_[i]->Observe(values[i]);
   steps_->Increment();
-  if (response.skipped_nonfinite()) skipped_->Increment();
+  if (response.skipped_nonfinite()) {
+    skipped_->Increment();
+  } else {
+    grad_norm_->Set(response.grad_norm());
+    clip_factor_->Set(response.clip_factor());
+  }
   overlap_->Set(tp_comm_s > 0 ? tp_hidden_s / tp_comm_s : 0);
   dp_comm_->Increment(t.dp_comm());
   dp_comm_exposed_->Increment(t.dp_comm_exposed());

@@ -31,6 +31,8 @@ class RankMetrics {
   Gauge* overlap_ = nullptr;
   Counter* dp_comm_ = nullptr;
   Counter* dp_comm_exposed_ = nullptr;
+  Gauge* grad_norm_ = nullptr;
+  Gauge* clip_factor_ = nullptr;
 };
 
 }  // namespace canzona

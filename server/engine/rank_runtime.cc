@@ -1,11 +1,13 @@
 #include "server/engine/rank_runtime.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status_macros.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "server/comm/gloo_communicator.h"
 #include "server/engine/communicator_factory.h"
 #include "server/engine/register_request.h"
 #include "server/engine/uneven_calibration.h"
@@ -78,12 +80,12 @@ absl::StatusOr<Copiers> CreateDataPlane(const RankSetup& setup,
                                         RankRuntime& rt) {
   Copiers copiers;
   if (setup.nccl && setup.trainer != nullptr &&
-      setup.trainer->mixed_precision()) {
-    // Device staging copies bytes as they are; widening and rounding run
-    // on the host staging of the Gloo plane only (so far).
+      setup.trainer->mixed_precision() && !setup.trainer->on_device()) {
+    // Device staging converts dtypes with kernels, which cannot read a
+    // trainer's pageable shared memory.
     return absl::FailedPreconditionError(absl::StrCat(
-        "parameters[].dtype: bf16 / fp16 trainer buffers need the Gloo data "
-        "plane (canzonad --comm gloo); job '",
+        "parameters[].dtype: bf16 / fp16 shared-memory buffers need the Gloo "
+        "data plane (canzonad --comm gloo) or CUDA tensors; job '",
         setup.job_id, "' runs on comm 'nccl'"));
   }
   if (!setup.nccl) {
@@ -166,22 +168,24 @@ absl::StatusOr<Groups> CreateCommunicators(const RankSetup& setup,
   return groups;
 }
 
-// The stage-sized staging buffers and the whole-matrix work buffers.
-absl::Status AllocateStaging(RankRuntime& rt) {
+// ZeRO-1: the owned gradients and master copies of what the rank holds
+// (owned_buffers.h), and the whole-matrix work buffers.
+absl::Status AllocateOwned(const RankSetup& setup, RankRuntime& rt) {
   const RankLayout& layout = rt.layout;
   Backend& staging = *rt.staging;
-  CANZONA_ASSIGN_OR_RETURN(rt.grads, staging.Allocate(layout.stage_elements));
-  CANZONA_ASSIGN_OR_RETURN(rt.params, staging.Allocate(layout.stage_elements));
-  CANZONA_ASSIGN_OR_RETURN(rt.old_params,
-                           staging.Allocate(layout.stage_elements));
-  CANZONA_ASSIGN_OR_RETURN(rt.scalars, staging.Allocate(2));
+  CANZONA_RETURN_IF_ERROR(AllocateOwned(*rt.plan, layout, *setup.trainer,
+                                        rt.resident(), staging,
+                                        &rt.owned_memory, &rt.owned));
+  CANZONA_ASSIGN_OR_RETURN(rt.before,
+                           staging.Allocate(layout.max_counted_local));
+  CANZONA_ASSIGN_OR_RETURN(rt.scalars, staging.Allocate(4));
   CANZONA_ASSIGN_OR_RETURN(rt.redundant_send,
                            staging.Allocate(2 * layout.max_redundant));
   CANZONA_ASSIGN_OR_RETURN(
       rt.redundant_recv,
       staging.Allocate(2 * layout.max_redundant * layout.tp_size));
-  CANZONA_ASSIGN_OR_RETURN(rt.whole_grad, staging.Allocate(layout.max_state));
-  CANZONA_ASSIGN_OR_RETURN(rt.whole_param, staging.Allocate(layout.max_state));
+  CANZONA_ASSIGN_OR_RETURN(rt.whole_grad, staging.Allocate(layout.max_whole));
+  CANZONA_ASSIGN_OR_RETURN(rt.whole_param, staging.Allocate(layout.max_whole));
   if (rt.staging != rt.backend.get()) {
     CANZONA_ASSIGN_OR_RETURN(rt.device_param,
                              rt.backend->Allocate(layout.max_state));
@@ -206,7 +210,7 @@ absl::Status CreateRules(const RankSetup& setup, RankRuntime& rt) {
           absl::StrCat("parameter '", m.name, "': ", rule.status().message()));
     }
     rt.state_bytes += (*rule)->state_bytes();
-    ++rt.owned;
+    ++rt.owned_params;
     rt.rules.emplace(i, *std::move(rule));
   }
   return absl::OkStatus();
@@ -219,7 +223,9 @@ absl::Status CreateBucketCollectives(const RankSetup& setup, RankRuntime& rt,
   const RankLayout& layout = rt.layout;
   Backend& staging = *rt.staging;
   BucketCollectives::Parts parts;
-  CANZONA_ASSIGN_OR_RETURN(parts.slice, staging.Allocate(layout.max_slice));
+  if (!layout.sliced) {
+    CANZONA_ASSIGN_OR_RETURN(parts.part, staging.Allocate(layout.max_slice));
+  }
   if (cal->enabled()) {
     CANZONA_ASSIGN_OR_RETURN(
         parts.sums,
@@ -241,11 +247,16 @@ absl::Status CreateBucketCollectives(const RankSetup& setup, RankRuntime& rt,
   view.layout = &rt.layout;
   view.trainer = setup.trainer;
   view.on_device = rt.resident();
-  view.grads = rt.grads.data();
-  view.params = rt.params.data();
+  view.owned = &rt.owned;
   view.who = RankString(setup.coords);
   rt.buckets =
       std::make_unique<BucketCollectives>(std::move(view), std::move(parts));
+  // The slot: only for buckets the trainer's memory cannot take in place.
+  const int64_t slot = rt.buckets->slot_bytes();
+  CANZONA_ASSIGN_OR_RETURN(
+      rt.owned_memory.slot,
+      staging.Allocate((slot + sizeof(float) - 1) / sizeof(float)));
+  rt.owned.slot = rt.owned_memory.slot.data();
   return absl::OkStatus();
 }
 
@@ -270,8 +281,7 @@ absl::Status CreateTpLane(const RankSetup& setup, RankRuntime& rt,
   TpLane::Staging view;
   view.plan = rt.plan;
   view.layout = &rt.layout;
-  view.grads = rt.grads.data();
-  view.params = rt.params.data();
+  view.owned = &rt.owned;
   view.backend = rt.staging;
   if (!setup.nccl) {
     rt.tp = TpLane::CreateHost(std::move(view), std::move(parts));
@@ -305,12 +315,57 @@ void RegisterMetrics(const RankSetup& setup, RankRuntime& rt) {
   }
   m.optimizer_state_bytes->WithLabels({setup.job_id, g})
       ->Set(static_cast<double>(rt.state_bytes));
+  m.rank_memory_bytes->WithLabels({setup.job_id, g, "master"})
+      ->Set(static_cast<double>(rt.master_bytes));
+  m.rank_memory_bytes->WithLabels({setup.job_id, g, "state"})
+      ->Set(static_cast<double>(rt.state_bytes));
+  m.rank_memory_bytes->WithLabels({setup.job_id, g, "buffers"})
+      ->Set(static_cast<double>(rt.buffer_bytes));
   if (!rt.pci_bus_id.empty()) {
     m.rank_device_info
         ->WithLabels(
             {setup.job_id, g, std::to_string(rt.device), rt.pci_bus_id})
         ->Set(1);
   }
+}
+
+// The daemon's bytes for the rank by kind: what setup allocated, plus the
+// DP communicator's scratch (Gloo: the reduce-scatter's received slices;
+// NCCL: the padded collectives' reservation).
+void AccountMemory(const RankSetup& setup, RankRuntime& rt) {
+  const RankLayout& layout = rt.layout;
+  const OwnedMemory& owned = rt.owned_memory;
+  rt.master_bytes = RankRuntime::Bytes(owned.masters);
+  int64_t buffers = 0;
+  for (const DeviceBuffer* b : std::initializer_list<const DeviceBuffer*>{
+           &owned.grads, &owned.slot, &owned.reduced, &rt.before,
+           &rt.redundant_send, &rt.redundant_recv, &rt.whole_grad,
+           &rt.whole_param, &rt.scalars, &rt.device_param, &rt.device_grad}) {
+    buffers += RankRuntime::Bytes(*b);
+  }
+  buffers += rt.buckets->buffer_bytes();
+  for (int g = 0; g < rt.tp->groups(); ++g) {
+    const GroupBuffers& b = rt.tp->buffers(g);
+    for (const DeviceBuffer* d : std::initializer_list<const DeviceBuffer*>{
+             &b.send, &b.recv, &b.back, &b.back_in}) {
+      buffers += RankRuntime::Bytes(*d);
+    }
+  }
+  const int S = layout.shard_size;
+  if (S > 1 && setup.nccl) {
+    buffers += layout.dp_scratch * static_cast<int64_t>(sizeof(float));
+  } else if (S > 1) {
+    int64_t scratch = 0;
+    for (const BucketLayout& b : layout.buckets) {
+      const std::vector<int64_t>& counts =
+          layout.sliced ? b.counts : b.even_counts;
+      scratch =
+          std::max(scratch, GlooReduceScatterChunk(counts, b.reduce_dtype) * S *
+                                DTypeBytes(b.reduce_dtype));
+    }
+    buffers += scratch;
+  }
+  rt.buffer_bytes = buffers;
 }
 
 // The trainer's view: the plan digest, what it owns, its buckets.
@@ -324,8 +379,10 @@ void Describe(const RankRuntime& rt, v1::RegisterResponse* response) {
     out->set_elements(b.elements);
   }
   response->set_plan_digest(plan.digest);
-  response->set_owned_parameters(rt.owned);
+  response->set_owned_parameters(rt.owned_params);
   response->set_state_bytes(rt.state_bytes);
+  response->set_master_bytes(rt.master_bytes);
+  response->set_buffer_bytes(rt.buffer_bytes);
 }
 
 }  // namespace
@@ -348,7 +405,7 @@ absl::StatusOr<std::unique_ptr<RankRuntime>> SetupRank(
       CreateCommunicators(setup, *rt, copiers, calibration.get()));
   rt->world_copier = std::move(copiers.world);
   rt->world = std::move(groups.world.comm);
-  CANZONA_RETURN_IF_ERROR(AllocateStaging(*rt));
+  CANZONA_RETURN_IF_ERROR(AllocateOwned(setup, *rt));
   CANZONA_RETURN_IF_ERROR(CreateRules(setup, *rt));
   CANZONA_RETURN_IF_ERROR(CreateBucketCollectives(setup, *rt, copiers, groups,
                                                   std::move(calibration)));
@@ -362,11 +419,14 @@ absl::StatusOr<std::unique_ptr<RankRuntime>> SetupRank(
   // on with no event in between.
   CANZONA_RETURN_IF_ERROR(rt->staging->Synchronize());
   CANZONA_RETURN_IF_ERROR(rt->backend->Synchronize());
+  AccountMemory(setup, *rt);
   RegisterMetrics(setup, *rt);
   Describe(*rt, response);
   spdlog::info(
-      "rank ready: job={} rank={} owned={} state_bytes={} micro_groups={}",
-      setup.job_id, RankString(setup.coords), rt->owned, rt->state_bytes,
+      "rank ready: job={} rank={} owned={} bytes: master={} state={} "
+      "buffers={} micro_groups={}",
+      setup.job_id, RankString(setup.coords), rt->owned_params,
+      rt->master_bytes, rt->state_bytes, rt->buffer_bytes,
       rt->layout.groups.size());
   return rt;
 }

@@ -1,9 +1,10 @@
 // RankRuntime: everything one local rank's worker owns to run the step:
 // the compute backend (and a host backend for host staging), the update
-// rules of what the rank owns, the stage-sized staging buffers, the world
+// rules of what the rank owns, the owned (ZeRO-1) buffers, the world
 // communicator, and the two lanes (BucketCollectives, run by the rank's DP
 // lane thread; TpLane). SetupRank builds it in named steps at
-// registration; nothing in it is allocated in a step.
+// registration; nothing in it is allocated in a step, and nothing is sized
+// by the stage except under the redundant baselines.
 //
 // Staging is where the communicators read and write. The Gloo data plane
 // stages in host memory (`staging` is a cpu backend); the NCCL data plane
@@ -36,6 +37,7 @@
 #include "server/engine/bucket_collectives.h"
 #include "server/engine/job_plan.h"
 #include "server/engine/job_settings.h"
+#include "server/engine/owned_buffers.h"
 #include "server/engine/rank_layout.h"
 #include "server/engine/rank_metrics.h"
 #include "server/engine/stage_copier.h"
@@ -60,20 +62,34 @@ struct RankRuntime {
   RankLayout layout;
 
   std::map<int, std::unique_ptr<UpdateRule>> rules;  // by plan index
-  int owned = 0;
+  int owned_params = 0;  // parameters whose update rule (state) is here
   int64_t state_bytes = 0;
   // cuda compute with host (Gloo) staging: each update copies its
   // parameter and gradient through these device buffers, sized for the
   // largest rule.
   DeviceBuffer device_param, device_grad;
 
-  // In staging memory: the stage's gradients and parameters (bucket
-  // order), the parameters before the update (the update RMS), the
-  // redundant updates' exchange buffers, the whole matrices the TP host and
-  // the redundant updates assemble, and the world reductions' values.
-  DeviceBuffer grads, params, old_params;
+  // ZeRO-1 (owned_buffers.h), in staging memory: the fp32 gradients of
+  // what the rank holds, the master copies, the bucket slot and a 16-bit
+  // reduce-scatter's output; `owned` points into them (and into the
+  // trainer's buffers). `before`: an update's previous values (the update
+  // RMS).
+  OwnedMemory owned_memory;
+  OwnedBuffers owned;
+  DeviceBuffer before;
+  // The redundant updates' exchange buffers, the whole matrices the TP
+  // host and the redundant updates assemble, and the world reduction's
+  // values.
   DeviceBuffer redundant_send, redundant_recv, whole_grad, whole_param;
   DeviceBuffer scalars;
+  // The daemon's memory for this rank by kind (RegisterResponse, metrics):
+  // master copies, and working buffers (owned gradients, slot, TP and
+  // whole-matrix buffers, communicator scratch); state is state_bytes.
+  int64_t master_bytes = 0;
+  int64_t buffer_bytes = 0;
+  // The last step's update sum of squares (counted once job-wide), summed
+  // over the world with the next step's gradient norm.
+  double pending_update_sumsq = 0;
   // The world reductions' copier (stream), declared before the
   // communicator, which is destroyed first.
   std::unique_ptr<StageCopier> world_copier;
@@ -94,6 +110,10 @@ struct RankRuntime {
                       const StepOptions& options);
   // Sums `n` host floats over the job's ranks (through staging memory).
   absl::Status WorldSum(float* values, int n);
+  // The fp32 bytes of `buffer`.
+  static int64_t Bytes(const DeviceBuffer& buffer) {
+    return buffer.size() * static_cast<int64_t>(sizeof(float));
+  }
 };
 
 // What SetupRank needs from the engine.

@@ -1,9 +1,11 @@
 #include "server/engine/rank_step.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/base/status_macros.h"
 #include "server/engine/fragments.h"
@@ -48,13 +50,15 @@ class RankStep {
                    context_.job_id, RankString(rank_.coords), request_.step());
       return absl::OkStatus();
     }
-    CANZONA_RETURN_IF_ERROR(rt_.staging->Copy(
-        rt_.params.data(), rt_.params.size(), rt_.old_params.data()));
+    CANZONA_RETURN_IF_ERROR(Clip());
     CANZONA_RETURN_IF_ERROR(UpdateLocal());
     CANZONA_RETURN_IF_ERROR(
         rt_.tp->Run([this](int group) { return UpdateHosted(group); }, times_));
     CANZONA_RETURN_IF_ERROR(UpdateRedundant());
-    CANZONA_RETURN_IF_ERROR(UpdateRms());
+    // The next step's world reduction carries this update's size.
+    rt_.pending_update_sumsq = update_sumsq_;
+    // The DP lane reads the parameters from here on.
+    CANZONA_RETURN_IF_ERROR(rt_.staging->Synchronize());
     return Gather();
   }
 
@@ -67,37 +71,32 @@ class RankStep {
   }
 
   // 1. Waits for the DP lane's sums, then applies grad_scale / DP to the
-  // elements summed here: my slice, or the whole bucket when every rank
-  // holds every sum.
+  // owned gradients (my slices, or what the strategy gives this rank).
   absl::Status AverageGradients() {
     double waited = 0;
     CANZONA_RETURN_IF_ERROR(rank_.lane().WaitReduced(
         request_.step(), absl::Now() + context_.timeout, &waited));
     const absl::Time t0 = absl::Now();
-    const int d = layout_.shard_pos;
     const double scale =
         request_.grad_scale() == 0 ? 1.0 : request_.grad_scale();
     const float factor = static_cast<float>(scale / context_.dp_size);
-    for (const BucketLayout& b : layout_.buckets) {
-      const int64_t begin = layout_.sliced ? b.my_start : 0;
-      const int64_t end =
-          layout_.sliced ? b.my_start + b.counts[d] : b.elements;
-      CANZONA_RETURN_IF_ERROR(rt_.staging->Scale(
-          end - begin, factor, rt_.grads.data() + b.base + begin));
-    }
+    CANZONA_RETURN_IF_ERROR(
+        rt_.staging->Scale(layout_.owned_elements, factor, rt_.owned.grads));
     times_->set_reduce_scatter(waited + Seconds(t0, absl::Now()));
     return absl::OkStatus();
   }
 
-  // 2. One world all-reduce of [any non-finite, sum of squares counted
-  // once]; sets grad_norm. False: skip the step.
+  // 2. The step's one world reduction: [any non-finite, the squared
+  // gradient norm counted once, the previous update's squared size, the
+  // clip norm and how many ranks asked for one]. Sets grad_norm,
+  // update_rms and the clip factor. False: skip the step.
   absl::StatusOr<bool> CheckGradients() {
     Backend& staging = *rt_.staging;
     double sumsq = 0;
     float nonfinite = 0;
     for (int i : layout_.local_params) {
-      if (!layout_.dp_owned[i]) continue;
-      const float* g = rt_.grads.data() + layout_.offset[i];
+      const float* g = rt_.owned.grad_at[i];
+      if (g == nullptr) continue;
       const int64_t n = jp_.params[i].local_numel;
       CANZONA_ASSIGN_OR_RETURN(bool finite, staging.AllFinite(n, g));
       if (!finite) nonfinite = 1;
@@ -106,29 +105,85 @@ class RankStep {
         sumsq += s;
       }
     }
-    float flags[2] = {nonfinite, static_cast<float>(sumsq)};
-    CANZONA_RETURN_IF_ERROR(rt_.WorldSum(flags, 2));
-    if (flags[0] > 0) return false;
-    response_->set_grad_norm(std::sqrt(static_cast<double>(flags[1])));
+    const double clip = request_.max_grad_norm() > 0 ? request_.max_grad_norm()
+                                                     : context_.max_grad_norm;
+    float values[5] = {nonfinite, static_cast<float>(sumsq),
+                       static_cast<float>(rt_.pending_update_sumsq),
+                       static_cast<float>(clip), clip > 0 ? 1.0f : 0.0f};
+    CANZONA_RETURN_IF_ERROR(rt_.WorldSum(values, 5));
+    rt_.pending_update_sumsq = 0;
+    response_->set_update_rms(
+        jp_.total_numel > 0
+            ? std::sqrt(static_cast<double>(values[2]) / jp_.total_numel)
+            : 0);
+    // Every rank sees the same sums, so every rank decides alike.
+    const int world = context_.world;
+    if (values[4] > 0 && values[4] < static_cast<float>(world)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("max_grad_norm: ", values[4], " of ", world,
+                       " ranks clip this step; every rank must pass the same "
+                       "max_grad_norm (or none, with the job's)"));
+    }
+    clip_norm_ = values[4] > 0 ? static_cast<double>(values[3]) / world : 0;
+    if (values[0] > 0) return false;
+    grad_norm_ = std::sqrt(static_cast<double>(values[1]));
+    response_->set_grad_norm(grad_norm_);
     return true;
   }
 
-  // 3. Owned parameters that are not TP-hosted or redundant.
+  // 3. Clipping by the global norm (torch.nn.utils.clip_grad_norm_: the
+  // gradients times min(1, max / (norm + 1e-6))).
+  absl::Status Clip() {
+    double factor = 1;
+    if (clip_norm_ > 0)
+      factor = std::min(1.0, clip_norm_ / (grad_norm_ + 1e-6));
+    response_->set_clip_factor(factor);
+    if (factor >= 1) return absl::OkStatus();
+    return rt_.staging->Scale(layout_.owned_elements,
+                              static_cast<float>(factor), rt_.owned.grads);
+  }
+
+  // The squared size of an update from its new values and the old ones,
+  // which it overwrites with the difference (scratch no longer needed).
+  absl::Status CountUpdate(const float* after, float* before, int64_t n) {
+    Backend& staging = *rt_.staging;
+    CANZONA_RETURN_IF_ERROR(staging.Axpby(n, 1.0f, after, -1.0f, before));
+    CANZONA_ASSIGN_OR_RETURN(double s, staging.SumSquares(n, before));
+    update_sumsq_ += s;
+    return absl::OkStatus();
+  }
+
+  // Local parameter i's update on `param` / `grad` (staging memory), adding
+  // its squared size to the update RMS where it is counted (once
+  // job-wide): the old values are kept aside for that.
+  absl::Status UpdateLocalParam(int i, float* param, const float* grad,
+                                int64_t n) {
+    if (!layout_.update_counted[i]) {
+      return rt_.Update(i, param, grad, OptionsFor(i));
+    }
+    Backend& staging = *rt_.staging;
+    float* before = rt_.before.data();
+    CANZONA_RETURN_IF_ERROR(staging.Copy(param, n, before));
+    CANZONA_RETURN_IF_ERROR(rt_.Update(i, param, grad, OptionsFor(i)));
+    return CountUpdate(param, before, n);
+  }
+
+  // 4. Owned parameters that are not TP-hosted or redundant.
   absl::Status UpdateLocal() {
     const absl::Time t0 = absl::Now();
     for (int i : layout_.local_params) {
       if (!layout_.dp_owned[i] || layout_.mode[i] != UpdateMode::kLocal) {
         continue;
       }
-      CANZONA_RETURN_IF_ERROR(
-          rt_.Update(i, rt_.params.data() + layout_.offset[i],
-                     rt_.grads.data() + layout_.offset[i], OptionsFor(i)));
+      CANZONA_RETURN_IF_ERROR(UpdateLocalParam(i, rt_.owned.param_at[i],
+                                               rt_.owned.grad_at[i],
+                                               jp_.params[i].local_numel));
     }
     times_->set_local_compute(Seconds(t0, absl::Now()));
     return absl::OkStatus();
   }
 
-  // 4a. On the host of micro group `g`'s matrices: assembles each whole
+  // 5a. On the host of micro group `g`'s matrices: assembles each whole
   // matrix from the fragments the gather brought, runs its rule, and packs
   // the updated fragments per rank.
   absl::Status UpdateHosted(int g) {
@@ -151,16 +206,21 @@ class RankStep {
       CANZONA_RETURN_IF_ERROR(rt_.Update(i, rt_.whole_param.data(),
                                          rt_.whole_grad.data(), OptionsFor(i)));
       for (int j = 0; j < TP; ++j) {
-        CANZONA_RETURN_IF_ERROR(MoveFragment(
-            staging, m, TP, j, b.back.data() + group.hosted_here * j + at,
-            rt_.whole_param.data(), false));
+        float* updated = b.back.data() + group.hosted_here * j + at;
+        CANZONA_RETURN_IF_ERROR(MoveFragment(staging, m, TP, j, updated,
+                                             rt_.whole_param.data(), false));
+        // The old fragment came in the gather (no longer needed).
+        if (layout_.update_counted[i]) {
+          float* old = b.recv.data() + 2 * group.hosted_here * j + 2 * at + n;
+          CANZONA_RETURN_IF_ERROR(CountUpdate(updated, old, n));
+        }
       }
       at += n;
     }
     return absl::OkStatus();
   }
 
-  // 4b. sc / layerwise: every TP rank gathers the whole matrix and updates
+  // 5b. sc / layerwise: every TP rank gathers the whole matrix and updates
   // it (the redundancy Canzona removes), keeping its own fragment.
   absl::Status UpdateRedundant() {
     Backend& staging = *rt_.staging;
@@ -171,10 +231,9 @@ class RankStep {
       const absl::Time g0 = absl::Now();
       float* send = rt_.redundant_send.data();
       float* recv = rt_.redundant_recv.data();
+      CANZONA_RETURN_IF_ERROR(staging.Copy(rt_.owned.grad_at[i], ln, send));
       CANZONA_RETURN_IF_ERROR(
-          staging.Copy(rt_.grads.data() + layout_.offset[i], ln, send));
-      CANZONA_RETURN_IF_ERROR(
-          staging.Copy(rt_.params.data() + layout_.offset[i], ln, send + ln));
+          staging.Copy(rt_.owned.param_at[i], ln, send + ln));
       CANZONA_RETURN_IF_ERROR(staging.Synchronize());  // tp reads it
       const std::vector<int64_t> counts(TP, 2 * ln);
       CANZONA_RETURN_IF_ERROR(
@@ -190,37 +249,21 @@ class RankStep {
       times_->set_tp_gather(times_->tp_gather() + Seconds(g0, c0));
       CANZONA_RETURN_IF_ERROR(rt_.Update(i, rt_.whole_param.data(),
                                          rt_.whole_grad.data(), OptionsFor(i)));
-      CANZONA_RETURN_IF_ERROR(
-          MoveFragment(staging, m, TP, t, rt_.params.data() + layout_.offset[i],
-                       rt_.whole_param.data(), false));
+      CANZONA_RETURN_IF_ERROR(MoveFragment(staging, m, TP, t,
+                                           rt_.owned.param_at[i],
+                                           rt_.whole_param.data(), false));
+      if (layout_.update_counted[i]) {
+        // Against the old fragments the gather brought (send: scratch).
+        for (int j = 0; j < TP; ++j) {
+          CANZONA_RETURN_IF_ERROR(MoveFragment(staging, m, TP, j, send,
+                                               rt_.whole_param.data(), false));
+          CANZONA_RETURN_IF_ERROR(
+              CountUpdate(send, recv + 2 * ln * j + ln, ln));
+        }
+      }
       times_->set_tp_compute(times_->tp_compute() + Seconds(c0, absl::Now()));
     }
     return absl::OkStatus();
-  }
-
-  // 5. The owners' slots are final now, so the RMS does not wait for the
-  // all-gathers. (old_params becomes the difference: it is rewritten from
-  // params at the next step.)
-  absl::Status UpdateRms() {
-    Backend& staging = *rt_.staging;
-    double usq = 0;
-    for (int i : layout_.local_params) {
-      if (!layout_.counted[i]) continue;
-      const int64_t n = jp_.params[i].local_numel;
-      float* diff = rt_.old_params.data() + layout_.offset[i];
-      CANZONA_RETURN_IF_ERROR(staging.Axpby(
-          n, 1.0f, rt_.params.data() + layout_.offset[i], -1.0f, diff));
-      CANZONA_ASSIGN_OR_RETURN(double s, staging.SumSquares(n, diff));
-      usq += s;
-    }
-    float u = static_cast<float>(usq);
-    CANZONA_RETURN_IF_ERROR(rt_.WorldSum(&u, 1));
-    response_->set_update_rms(
-        jp_.total_numel > 0
-            ? std::sqrt(static_cast<double>(u) / jp_.total_numel)
-            : 0);
-    // The DP lane reads the parameters from here on.
-    return staging.Synchronize();
   }
 
   // 6. Parameters back to every DP rank and into the trainer's buffers,
@@ -245,6 +288,9 @@ class RankStep {
   v1::StepResponse* const response_;
   v1::PhaseTimes* const times_;
   std::map<std::string, float> lr_;
+  double grad_norm_ = 0;
+  double clip_norm_ = 0;  // 0: no clipping this step
+  double update_sumsq_ = 0;
 };
 
 }  // namespace

@@ -1,13 +1,16 @@
 // One rank's optimizer step once every local rank has called Step(k), in
 // named phases (server/DESIGN.md section 4):
 //   1. the DP gradient sums (the DP lane started them at GradReady or
-//      Step), averaged and unscaled: my slice, or the whole bucket;
-//   2. the non-finite check and the squared gradient norm, one world sum;
-//   3. the local updates of owned parameters;
-//   4. the TP micro-group pipeline (hosted matrices), or every TP rank
+//      Step) in the owned gradients, averaged and unscaled;
+//   2. the step's one world sum: the non-finite check, the squared
+//      gradient norm, the previous step's squared update (update_rms) and
+//      the clip norm;
+//   3. clipping by the global norm;
+//   4. the local updates of owned parameters;
+//   5. the TP micro-group pipeline (hosted matrices), or every TP rank
 //      gathering whole matrices and updating them redundantly (sc,
-//      layerwise);
-//   5. the update RMS over every element once, one world sum;
+//      layerwise); each update counted once job-wide adds its squared size
+//      to the next step's update RMS;
 //   6. the DP gathers queued on the DP lane (awaited unless async_params).
 //
 //   CANZONA_RETURN_IF_ERROR(RunRankStep(rank, *plan, context, request,
@@ -28,8 +31,10 @@
 namespace canzona {
 
 struct StepContext {
-  std::string job_id;  // for logs
-  int dp_size = 1;     // the job's DP degree (the gradient average)
+  std::string job_id;        // for logs
+  int dp_size = 1;           // the job's DP degree (the gradient average)
+  int world = 1;             // the job's ranks (the world reduction)
+  double max_grad_norm = 0;  // the job's clipping (a Step may override)
   absl::Duration timeout = absl::Seconds(60);
 };
 

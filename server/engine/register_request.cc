@@ -1,6 +1,7 @@
 #include "server/engine/register_request.h"
 
 #include <cctype>
+#include <cmath>
 #include <map>
 #include <set>
 #include <utility>
@@ -78,11 +79,36 @@ absl::Status ValidateJob(const v1::RegisterRequest& request, JobSettings* out) {
                      "(start_anchored, alpha, cost), not ",
                      out->strategy_name));
   }
+  if (!std::isfinite(request.max_grad_norm()) || request.max_grad_norm() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_grad_norm ", request.max_grad_norm(),
+                     " must be finite and > 0 (0: no clipping)"));
+  }
+  out->max_grad_norm = request.max_grad_norm();
+  switch (request.grad_reduce_dtype()) {
+    case v1::DTYPE_UNSPECIFIED:
+      out->grad_reduce_fp32 = false;
+      break;
+    case v1::DTYPE_FLOAT32:
+      out->grad_reduce_fp32 = true;
+      break;
+    default:
+      const std::string name = v1::DType_Name(request.grad_reduce_dtype());
+      return absl::InvalidArgumentError(absl::StrCat(
+          "grad_reduce_dtype ",
+          name.empty() ? std::to_string(request.grad_reduce_dtype()) : name,
+          ": must be unset (the parameters' dtype) or DTYPE_FLOAT32"));
+  }
   out->meta =
       absl::StrCat("layout=", l.pp(), ",", l.dp(), ",", l.tp(),
                    "\nstrategy=", out->strategy_name, "\nalpha=", out->alpha,
                    "\nbucket_size=", out->bucket_size,
                    "\nshard_group_size=", out->shard_group_size);
+  // Only when set: the meta of jobs that use neither stays as it was.
+  if (out->max_grad_norm > 0) {
+    absl::StrAppend(&out->meta, "\nmax_grad_norm=", out->max_grad_norm);
+  }
+  if (out->grad_reduce_fp32) absl::StrAppend(&out->meta, "\ngrad_reduce=fp32");
   return absl::OkStatus();
 }
 

@@ -18,10 +18,10 @@ absl::Status TpLane::Pack(int i) {
     for (int p : group(i).group->params) {
       if (jp.plan.tp_host[p] != h) continue;
       const int64_t n = jp.params[p].local_numel;
-      CANZONA_RETURN_IF_ERROR(copier.Copy(
-          send, staging_.grads + layout.offset[p], n * sizeof(float)));
-      CANZONA_RETURN_IF_ERROR(copier.Copy(
-          send + n, staging_.params + layout.offset[p], n * sizeof(float)));
+      CANZONA_RETURN_IF_ERROR(
+          copier.Copy(send, staging_.owned->grad_at[p], n * sizeof(float)));
+      CANZONA_RETURN_IF_ERROR(copier.Copy(send + n, staging_.owned->param_at[p],
+                                          n * sizeof(float)));
       send += 2 * n;
     }
   }
@@ -37,8 +37,8 @@ absl::Status TpLane::Unpack(int i) {
     for (int p : group(i).group->params) {
       if (jp.plan.tp_host[p] != h) continue;
       const int64_t n = jp.params[p].local_numel;
-      CANZONA_RETURN_IF_ERROR(copier.Copy(staging_.params + layout.offset[p],
-                                          in, n * sizeof(float)));
+      CANZONA_RETURN_IF_ERROR(
+          copier.Copy(staging_.owned->param_at[p], in, n * sizeof(float)));
       in += n;
     }
   }

@@ -37,6 +37,7 @@
 #include "server/comm/nccl_api.h"
 #include "server/engine/communicator_factory.h"
 #include "server/engine/job_plan.h"
+#include "server/engine/owned_buffers.h"
 #include "server/engine/rank_layout.h"
 #include "server/engine/stage_copier.h"
 
@@ -64,8 +65,7 @@ class TpLane {
   struct Staging {
     std::shared_ptr<const JobPlan> plan;
     const RankLayout* layout = nullptr;
-    float* grads = nullptr;
-    float* params = nullptr;
+    const OwnedBuffers* owned = nullptr;
     // The worker's staging backend (host variant: synchronized before the
     // lane's thread reads what the worker wrote).
     Backend* backend = nullptr;

@@ -54,6 +54,7 @@ absl::StatusOr<std::unique_ptr<TrainerBuffers>> TrainerBuffers::Map(
     out->param_.push_back(param);
     out->grad_.push_back(grad);
     out->dtype_.push_back(dtype);
+    out->numel_.push_back(local_numel[j]);
     if (dtype != DType::kFloat32) out->mixed_precision_ = true;
     // The trainer's "gradients written" event: one per rank (every grad
     // buffer names the same one, or none).
@@ -196,45 +197,43 @@ absl::Status TrainerBuffers::WaitGradients(StageCopier& copier,
   return opener_->WaitEvent(grad_event_, device_);
 }
 
-absl::Status TrainerBuffers::Read(const void* src, int j, int64_t n, float* dst,
-                                  StageCopier& copier,
-                                  bool device_staging) const {
-  const DType dtype = dtype_[j];
-  if (dtype == DType::kFloat32) {
-    if (device_staging || !on_device_) {
-      return copier.Copy(dst, src, n * sizeof(float));
-    }
-    return opener_->CopyToHost(device_, src, n * sizeof(float), dst);
+const void* TrainerBuffers::Run(absl::Span<const int> js, bool grads) const {
+  if (js.empty()) return nullptr;
+  const std::vector<void*>& at = grads ? grad_ : param_;
+  const char* next = static_cast<const char*>(at[js[0]]);
+  for (int j : js) {
+    if (at[j] != next || dtype_[j] != dtype_[js[0]]) return nullptr;
+    next += numel_[j] * DTypeBytes(dtype_[j]);
   }
-  // Host staging (Map's caller refuses device staging for these).
-  if (!on_device_) {
-    WidenToFloat(dtype, src, n, dst);
-    return absl::OkStatus();
-  }
-  std::vector<uint16_t> host(n);
-  CANZONA_RETURN_IF_ERROR(
-      opener_->CopyToHost(device_, src, n * sizeof(uint16_t), host.data()));
-  WidenToFloat(dtype, host.data(), n, dst);
-  return absl::OkStatus();
+  return at[js[0]];
 }
 
-absl::Status TrainerBuffers::Write(const float* src, int j, int64_t n,
-                                   void* dst, StageCopier& copier,
+absl::Status TrainerBuffers::Read(const void* src, int j, int64_t n, DType as,
+                                  void* dst, StageCopier& copier,
+                                  bool device_staging) const {
+  const DType dtype = dtype_[j];
+  if (n <= 0) return absl::OkStatus();
+  if (device_staging || !on_device_) {
+    return copier.Convert(dtype, src, as, dst, n);
+  }
+  // Device memory into host staging: through the IPC layer.
+  std::vector<char> host(n * DTypeBytes(dtype));
+  CANZONA_RETURN_IF_ERROR(
+      opener_->CopyToHost(device_, src, host.size(), host.data()));
+  return copier.Convert(dtype, host.data(), as, dst, n);
+}
+
+absl::Status TrainerBuffers::Write(DType from, const void* src, int j,
+                                   int64_t n, void* dst, StageCopier& copier,
                                    bool device_staging) const {
   const DType dtype = dtype_[j];
-  if (dtype == DType::kFloat32) {
-    if (device_staging || !on_device_) {
-      return copier.Copy(dst, src, n * sizeof(float));
-    }
-    return opener_->CopyFromHost(device_, src, n * sizeof(float), dst);
+  if (n <= 0) return absl::OkStatus();
+  if (device_staging || !on_device_) {
+    return copier.Convert(from, src, dtype, dst, n);
   }
-  if (!on_device_) {
-    RoundFromFloat(src, n, dtype, dst);
-    return absl::OkStatus();
-  }
-  std::vector<uint16_t> host(n);
-  RoundFromFloat(src, n, dtype, host.data());
-  return opener_->CopyFromHost(device_, host.data(), n * sizeof(uint16_t), dst);
+  std::vector<char> host(n * DTypeBytes(dtype));
+  CANZONA_RETURN_IF_ERROR(copier.Convert(from, src, dtype, host.data(), n));
+  return opener_->CopyFromHost(device_, host.data(), host.size(), dst);
 }
 
 }  // namespace canzona

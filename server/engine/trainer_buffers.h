@@ -6,15 +6,16 @@
 // (opened through the daemon's CudaIpcRegistry) and the interprocess event
 // they record once backward has written the gradients. Either way no tensor
 // byte crosses gRPC. Each parameter's buffers hold its dtype (fp32, bf16 or
-// fp16); staging is always fp32: Read widens, Write rounds to nearest even.
+// fp16); Read widens into fp32 staging (or copies in the trainer's dtype),
+// Write rounds to nearest even.
 //
 //   CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<TrainerBuffers> buffers,
 //                            TrainerBuffers::Map(request, spec.local_numel,
 //                                                options));
 //   // On the rank's DP lane thread:
 //   CANZONA_RETURN_IF_ERROR(buffers->WaitGradients(copier, device_staging));
-//   CANZONA_RETURN_IF_ERROR(buffers->Read(buffers->grad(j), j, n, staged,
-//                                         copier, device_staging));
+//   CANZONA_RETURN_IF_ERROR(buffers->Read(buffers->grad(j), j, n,
+//       DType::kFloat32, staged, copier, device_staging));
 //
 // Errors of Map name the field ("parameters[3] 'w'.grad.shm.name: ...").
 //
@@ -85,13 +86,26 @@ class TrainerBuffers {
   // stream wait for the trainer's event (device staging) or a host wait;
   // nothing when the trainer exported no event.
   absl::Status WaitGradients(StageCopier& copier, bool device_staging) const;
-  // `n` elements of parameter j's dtype from trainer memory `src` to fp32
-  // staging `dst` (widened), and back (rounded). Device staging copies
-  // either kind on the copier's stream (fp32 only: Map refuses other
-  // dtypes there); host staging copies device memory through the IPC layer.
-  absl::Status Read(const void* src, int j, int64_t n, float* dst,
+  // Whether the data plane's collectives can work on trainer memory in
+  // place: host staging (Gloo) over shared memory, device staging (NCCL)
+  // over the trainer's CUDA IPC memory.
+  bool Addressable(bool device_staging) const {
+    return device_staging == on_device_;
+  }
+  // The start of parameters `js`' gradient (or parameter) buffers when they
+  // lie back to back in that order and share one dtype, i.e. a bucket the
+  // trainer laid out in bucket order (Megatron's grad buffer, canzona.torch);
+  // null otherwise.
+  const void* Run(absl::Span<const int> js, bool grads) const;
+
+  // `n` elements of parameter j's trainer memory `src` into staging `dst`
+  // as `as` (widened exactly, or a plain copy in the trainer's dtype), and
+  // staging `src` of `from` back into trainer memory `dst` (rounded to
+  // nearest even into parameter j's dtype). On the copier's stream with
+  // device staging, else through the IPC layer for device memory.
+  absl::Status Read(const void* src, int j, int64_t n, DType as, void* dst,
                     StageCopier& copier, bool device_staging) const;
-  absl::Status Write(const float* src, int j, int64_t n, void* dst,
+  absl::Status Write(DType from, const void* src, int j, int64_t n, void* dst,
                      StageCopier& copier, bool device_staging) const;
 
  private:
@@ -107,6 +121,7 @@ class TrainerBuffers {
   std::vector<CudaIpcRegistry::Mapping> ipc_;
   std::vector<void*> param_, grad_;  // per parameter, request order
   std::vector<DType> dtype_;
+  std::vector<int64_t> numel_;
   bool mixed_precision_ = false;
   int64_t mapped_bytes_ = 0;
   bool on_device_ = false;

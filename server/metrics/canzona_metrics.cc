@@ -57,6 +57,21 @@ CanzonaMetrics CanzonaMetrics::Register(MetricsRegistry* r) {
   m.optimizer_state_bytes =
       r->AddGauge("canzona_optimizer_state_bytes",
                   "Optimizer state bytes held for this rank.", {"job", "rank"});
+  m.rank_memory_bytes = r->AddGauge(
+      "canzona_rank_memory_bytes",
+      "The daemon's memory for this rank by kind: master (fp32 master "
+      "weights of what it owns), state (optimizer state it owns), buffers "
+      "(owned gradients, bucket staging, TP and whole-matrix buffers, "
+      "communicator scratch).",
+      {"job", "rank", "kind"});
+  m.grad_norm = r->AddGauge(
+      "canzona_grad_norm",
+      "Last step's global L2 norm of the averaged gradient, before clipping.",
+      {"job", "rank"});
+  m.clip_factor =
+      r->AddGauge("canzona_clip_factor",
+                  "Last step's gradient clipping factor (1: not clipped).",
+                  {"job", "rank"});
   m.rank_device_info = r->AddGauge(
       "canzona_rank_device_info",
       "1 for each rank working with a GPU (cuda updates or CUDA IPC "

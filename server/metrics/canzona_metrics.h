@@ -32,6 +32,9 @@ struct CanzonaMetrics {
   Family<Counter>* dp_comm_exposed_seconds_total = nullptr;  // {job, rank}
   Family<Gauge>* registered_parameters = nullptr;            // {job}
   Family<Gauge>* optimizer_state_bytes = nullptr;            // {job, rank}
+  Family<Gauge>* rank_memory_bytes = nullptr;  // {job, rank, kind}
+  Family<Gauge>* grad_norm = nullptr;          // {job, rank}
+  Family<Gauge>* clip_factor = nullptr;        // {job, rank}
   // 1 per rank on a GPU: {job, rank, device, pci_bus_id}.
   Family<Gauge>* rank_device_info = nullptr;
   Family<Counter>* rpc_requests_total = nullptr;  // {method, code}

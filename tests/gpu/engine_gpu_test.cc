@@ -86,6 +86,20 @@ TEST_P(EngineGpuTest, CudaComputeWithGlooMatchesTheCpuReference) {
   ExpectMatchesCpuReference(cluster, config, 6, /*overlap_tail=*/false);
 }
 
+// A bf16 trainer (shared memory, in bucket order) over fp32 masters, the
+// updates on the GPU: within the tolerance above, and at least one bf16
+// ulp (Compare's mixed-precision floor).
+TEST_P(EngineGpuTest, Bf16TrainerWithCudaComputeMatchesTheCpuReference) {
+  const auto& [dp, tp, precision] = GetParam();
+  JobConfig config = MakeJobConfig("gpu16", dp, tp, "cost", MuonModel());
+  config.muon_ns_precision = precision;
+  config.dtype = DType::kBFloat16;
+  config.bucket_order = true;
+  config.seed = 17;
+  Cluster cluster(absl::Seconds(60), absl::Seconds(60), "cuda");
+  ExpectMatchesCpuReference(cluster, config, 5, /*overlap_tail=*/false);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     OneGpu, EngineGpuTest,
     ::testing::Values(std::make_tuple(2, 1, std::string("fp32")),

@@ -166,12 +166,15 @@ def reference_run(kind, world, steps, halve_lr=False):
     return losses, {n: p.detach().clone() for n, p in named}
 
 
-def mixed_reference_run(rank_grads, round_each_step=False):
-    """Plain-PyTorch mixed precision, as Megatron and torch AMP users
-    write it: a bfloat16 model; fp32 master weights and optimizer state
-    (torch.optim.AdamW, and Muon as above, on the masters); each rank's
-    bfloat16 gradient summed in fp32 and DP-averaged; the new parameters
-    rounded once per step into the model. It is fed the gradients the
+def mixed_reference_run(rank_grads, round_each_step=False, max_grad_norm=0.0):
+    """Plain-PyTorch mixed precision, as Megatron users write it: a
+    bfloat16 model; fp32 master weights and optimizer state
+    (torch.optim.AdamW, and Muon as above, on the masters); the ranks'
+    bfloat16 gradients summed in bfloat16 (Megatron's default: a sum
+    accumulated in fp32 and rounded once) and DP-averaged in fp32;
+    torch.nn.utils.clip_grad_norm_ on the masters' gradients when
+    max_grad_norm is set; the new parameters rounded once per step into
+    the model. Returns the parameters and each step's pre-clip norm. It is fed the gradients the
     trainers computed (rank_grads[rank][step - 1]): bfloat16 forward and
     backward amplify any one-ulp difference chaotically (Adam normalizes
     away the size of tiny gradients), so a closed-loop comparison would
@@ -190,13 +193,19 @@ def mixed_reference_run(rank_grads, round_each_step=False):
         weight_decay=adamw_settings["weight_decay"])
     muon = TorchMuon(matrix_settings["lr"])
     world = len(rank_grads)
+    norms = []
     with torch.no_grad():
         for step_grads in zip(*rank_grads):
             for n, _ in named:
                 total = torch.zeros_like(master[n])
                 for g in step_grads:
                     total += g[n].float()
+                if world > 1:
+                    total = total.to(torch.bfloat16).float()
                 master[n].grad = total * (1.0 / world)
+            if max_grad_norm > 0:
+                norms.append(torch.nn.utils.clip_grad_norm_(
+                    list(master.values()), max_grad_norm).item())
             adamw.step()
             for n in matrix:
                 muon.step(master[n], master[n].grad, matrix_settings["lr"])
@@ -204,7 +213,7 @@ def mixed_reference_run(rank_grads, round_each_step=False):
                 p.copy_(master[n])  # round to nearest even, once
                 if round_each_step:
                     master[n].copy_(p)
-    return {n: p.detach().clone() for n, p in named}
+    return {n: p.detach().clone() for n, p in named}, norms
 
 
 def relative(a, b):
@@ -253,7 +262,7 @@ def test_bfloat16_model_matches_a_mixed_precision_reference(daemon, tmp_path,
     # shared buffer are bfloat16 (the masters live in the daemon).
     for r in results:
         assert r["dtypes"] == ["torch.bfloat16"], r["dtypes"]
-    reference = mixed_reference_run([r["grads"] for r in results])
+    reference, _ = mixed_reference_run([r["grads"] for r in results])
     # The reference orthogonalizes in float64, the daemon in fp32: their
     # masters differ by float32 rounding, which flips the bfloat16 rounding
     # of a few elements by one ulp; per tensor that stays far below one
@@ -267,13 +276,44 @@ def test_bfloat16_model_matches_a_mixed_precision_reference(daemon, tmp_path,
     assert results[0]["losses"][-1] < results[0]["losses"][0]
     # Without master weights the small AdamW updates of the norm weights
     # (below a bfloat16 ulp near 1.0) are lost: the same comparison fails.
-    rounded = mixed_reference_run([r["grads"] for r in results],
-                                  round_each_step=True)
+    rounded, _ = mixed_reference_run([r["grads"] for r in results],
+                                     round_each_step=True)
     lost = max(relative(results[0]["params"][n], rounded[n])
                for n in rounded)
     assert lost > 2.0 ** -8, lost
     print("bf16 DP%d: worst parameter relative error %.2e (without masters "
           "%.2e)" % (world, worst, lost))
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_clipping_equals_clip_grad_norm_then_the_optimizer(daemon, tmp_path,
+                                                         world):
+    """max_grad_norm: the daemon's pre-clip norm and factor are
+    torch.nn.utils.clip_grad_norm_'s on the same (DP-averaged) gradients,
+    and the bf16 run equals clip_grad_norm_ followed by the optimizer."""
+    max_norm = 0.05
+    results = run_ranks(daemon, world, str(tmp_path), "--optimizer", "muon",
+                        "--dtype", "bfloat16", "--record-grads",
+                        "--max-grad-norm", str(max_norm), "--last", str(STEPS))
+    reference, norms = mixed_reference_run([r["grads"] for r in results],
+                                           max_grad_norm=max_norm)
+    clipped = 0
+    for (got_norm, factor), want in zip(results[0]["clipping"], norms):
+        assert abs(got_norm - want) <= 1e-4 * want, (got_norm, want)
+        want_factor = min(1.0, max_norm / (want + 1e-6))
+        assert abs(factor - want_factor) <= 1e-4 * want_factor
+        clipped += factor < 1.0
+    assert clipped >= STEPS // 2, results[0]["clipping"]
+    worst = max(relative(results[0]["params"][n], reference[n])
+                for n in reference)
+    assert worst <= 2.0 ** -8, worst
+    # The same run without clipping in the reference is far off.
+    unclipped, _ = mixed_reference_run([r["grads"] for r in results])
+    off = max(relative(results[0]["params"][n], unclipped[n])
+              for n in unclipped)
+    assert off > 2.0 ** -8, off
+    print("clip DP%d: %d of %d steps clipped, worst relative error %.2e "
+          "(unclipped reference %.2e)" % (world, clipped, STEPS, worst, off))
 
 
 @pytest.mark.parametrize("kind", ["shampoo", "soap"])

@@ -65,6 +65,8 @@ def main():
                    help="the model's dtype (bfloat16: mixed precision)")
     p.add_argument("--record-grads", action="store_true",
                    help="save each step's gradients (what the daemon got)")
+    p.add_argument("--max-grad-norm", type=float, default=0.0,
+                   help="clip in the daemon (canzona.torch max_grad_norm)")
     args = p.parse_args()
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
@@ -74,7 +76,8 @@ def main():
         saved = torch.load(args.resume)
         model.load_state_dict(saved["model"])
     extra = dict(bucket_size=args.bucket_size,
-                 shard_group_size=args.shard_group_size)
+                 shard_group_size=args.shard_group_size,
+                 max_grad_norm=args.max_grad_norm)
     if args.overlap:
         extra["module"] = model
     opt = make(args.optimizer, model, args.job_id, None, **extra)
@@ -95,6 +98,7 @@ def main():
     losses = []
     deltas = []
     grads = []
+    clipping = []  # (pre-clip norm, factor) per step
     for step in range(args.first, args.last + 1):
         loss = train_torch.loss_fn(model, step, rank)
         loss.backward()
@@ -103,6 +107,8 @@ def main():
                           for n, q in model.named_parameters()})
         before = {n: q.detach().clone() for n, q in model.named_parameters()}
         opt.step()
+        clipping.append((opt.last_step["grad_norm"],
+                         opt.last_step["clip_factor"]))
         deltas.append({n: (q.detach() - before[n]).norm().item()
                        for n, q in model.named_parameters()})
         opt.zero_grad()
@@ -114,6 +120,7 @@ def main():
         torch.save({"model": model.state_dict(),
                     "optimizer": opt.state_dict()}, args.save)
     torch.save({"losses": losses, "deltas": deltas, "grads": grads,
+                "clipping": clipping,
                 "params": {n: q.detach().clone()
                            for n, q in model.named_parameters()},
                 "lrs": [g["lr"] for g in opt.param_groups],

@@ -182,7 +182,8 @@ class Client:
 
     def register(self, job_id, layout, rank, groups, parameters,
                  strategy="cost", alpha=0.0, bucket_size=0,
-                 shard_group_size=0):
+                 shard_group_size=0, max_grad_norm=0.0,
+                 grad_reduce_dtype=None):
         """Registers one rank; returns when every rank of the job has.
 
         layout and rank are (pp, dp, tp); groups are (name, optimizer,
@@ -192,10 +193,17 @@ class Client:
         dtype ("float32", the default, "bfloat16" or "float16": the
         buffers' element type; the daemon keeps fp32 master weights of
         bf16 / fp16 parameters).
-        shard_group_size: hierarchical sharding (0: flat). The result's
+        shard_group_size: hierarchical sharding (0: flat). max_grad_norm:
+        clip the gradients at this global L2 norm in every step (0: no
+        clipping). grad_reduce_dtype: None (DP sums in the parameters'
+        dtype) or "float32" (Megatron's grad_reduce_in_fp32). The result's
         "buckets" lists each gradient bucket's parameter indices, in the
-        order backward fills them.
+        order backward fills them; "master_bytes", "state_bytes" and
+        "buffer_bytes" the daemon's memory for this rank.
         """
+        if grad_reduce_dtype not in (None, "float32"):
+            raise ValueError("grad_reduce_dtype: %r is not None or 'float32'"
+                             % (grad_reduce_dtype,))
         pp, dp, tp = layout
         request_groups = []
         for group in groups:
@@ -230,32 +238,41 @@ class Client:
             "rank": _rank(rank), "groups": request_groups,
             "parameters": request_parameters, "strategy": strategy,
             "alpha": _double(alpha), "bucket_size": int(bucket_size),
-            "shard_group_size": int(shard_group_size)})
+            "shard_group_size": int(shard_group_size),
+            "max_grad_norm": _double(max_grad_norm),
+            "grad_reduce_dtype": ("DTYPE_FLOAT32" if grad_reduce_dtype
+                                  else "DTYPE_UNSPECIFIED")})
         return {
             "plan_digest": r.get("plan_digest", ""),
             "owned_parameters": int(r.get("owned_parameters", 0)),
             "state_bytes": _int(r.get("state_bytes")),
+            "master_bytes": _int(r.get("master_bytes")),
+            "buffer_bytes": _int(r.get("buffer_bytes")),
             # Per bucket, the indices of its parameters (in `parameters`).
             "buckets": [[int(j) for j in b.get("parameters", [])]
                         for b in r.get("buckets", [])],
         }
 
     def step(self, job_id, rank, step, lr=None, grad_scale=0.0,
-             async_params=False):
-        """Runs optimizer step ``step``; returns its statistics. With
-        async_params it returns after the update and the parameters arrive
-        per bucket (wait_params)."""
+             async_params=False, max_grad_norm=0.0):
+        """Runs optimizer step ``step``; returns its statistics (grad_norm
+        before clipping, clip_factor, and update_rms of the previous
+        step's update). With async_params it returns after the update and
+        the parameters arrive per bucket (wait_params). max_grad_norm > 0
+        clips this step at that norm instead of the job's."""
         r = self._call("Step", {
             "job_id": job_id, "rank": _rank(rank), "step": int(step),
             "lr": {str(g): _double(v) for g, v in (lr or {}).items()},
             "grad_scale": _double(grad_scale),
-            "async_params": bool(async_params)})
+            "async_params": bool(async_params),
+            "max_grad_norm": _double(max_grad_norm)})
         seconds = r.get("seconds", {})
         return {
             "seconds": {p: float(seconds.get(p, 0.0)) for p in _PHASES},
             "grad_norm": float(r.get("grad_norm", 0.0)),
             "update_rms": float(r.get("update_rms", 0.0)),
             "skipped_nonfinite": bool(r.get("skipped_nonfinite", False)),
+            "clip_factor": float(r.get("clip_factor", 1.0)),
         }
 
     def grad_ready(self, job_id, rank, step, buckets):

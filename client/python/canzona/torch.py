@@ -152,13 +152,23 @@ class Optimizer(torch.optim.Optimizer):
         groups of this many DP ranks and replicated across groups (0: flat).
       module: the model (an nn.Module holding the parameters) to overlap
         communication with its backward and forward (see above).
+      max_grad_norm: clip the gradients at this global L2 norm inside every
+        step, as ``torch.nn.utils.clip_grad_norm_`` before the optimizer
+        would (the norm over every rank's shards, each element once); 0
+        turns clipping off. ``step(max_grad_norm=...)`` overrides it for one
+        step; ``last_step`` holds the pre-clip "grad_norm" and the
+        "clip_factor".
+      grad_reduce_dtype: None (data-parallel gradient sums in the
+        parameters' dtype) or torch.float32 (Megatron's
+        grad_reduce_in_fp32).
     """
 
     def __init__(self, named_parameters, groups, route=None, *, layout=None,
                  tp_size=1, tp_split=None, target=None, job_id=None,
                  job_token=None, tls_ca=None, strategy="cost", alpha=0.0,
                  bucket_size=0, connect_timeout=10.0, step_timeout=600.0,
-                 shard_group_size=0, module=None):
+                 shard_group_size=0, module=None, max_grad_norm=0.0,
+                 grad_reduce_dtype=None):
         named = list(named_parameters)
         if not named:
             raise ValueError("named_parameters: empty")
@@ -201,12 +211,22 @@ class Optimizer(torch.optim.Optimizer):
         if pp * dp * tp != world:
             raise ValueError("layout %s has %d ranks, the world has %d"
                              % (layout, pp * dp * tp, world))
+        max_grad_norm = float(max_grad_norm)
+        if not max_grad_norm >= 0 or max_grad_norm == float("inf"):
+            raise ValueError("max_grad_norm: %r must be finite and >= 0"
+                             % max_grad_norm)
+        if grad_reduce_dtype not in (None, torch.float32):
+            raise ValueError("grad_reduce_dtype: %r is not None or "
+                             "torch.float32" % (grad_reduce_dtype,))
         self.layout = layout
         self.rank = (rank // (dp * tp), (rank // tp) % dp, rank % tp)
         self.global_rank = rank
         self.job_id = _job_id(job_id)
         # Every parameter and gradient in one buffer: host shared memory,
-        # or device memory exported with CUDA IPC for a model on a GPU.
+        # or device memory exported with CUDA IPC for a model on a GPU. The
+        # parameters, then the gradients, each in reverse order: the order
+        # backward fills the daemon's buckets in (as Megatron's grad
+        # buffer), so its collectives work on this buffer in place.
         tp_split = dict(tp_split or {})
         entries = []
         total = 0
@@ -248,8 +268,13 @@ class Optimizer(torch.optim.Optimizer):
             shape = list(param.shape)
             if split >= 0:
                 shape[split] *= tp
-            entries.append((name, param, group, split, shape, total))
+            entries.append([name, param, group, split, shape, 0])
             total += 2 * param.numel()
+        at = 0
+        for entry in reversed(entries):
+            entry[5] = at
+            at += entry[1].numel()
+        half = at
         self.client = canzona.Client(target, job_token=job_token,
                                      connect_timeout=connect_timeout,
                                      step_timeout=step_timeout, tls_ca=tls_ca)
@@ -274,8 +299,9 @@ class Optimizer(torch.optim.Optimizer):
             by_group = {g: [] for g in self._groups}
             for name, param, group, split, shape, offset in entries:
                 n = param.numel()
+                goffset = half + offset
                 pview = flat[offset:offset + n].view(param.shape)
-                gview = flat[offset + n:offset + 2 * n].view(param.shape)
+                gview = flat[goffset:goffset + n].view(param.shape)
                 with torch.no_grad():
                     pview.copy_(param.data)
                     gview.zero_()
@@ -288,12 +314,12 @@ class Optimizer(torch.optim.Optimizer):
                 if self._event is not None:
                     base = flat.data_ptr()
                     param_ref = ("cuda", base + offset * unit, n * unit)
-                    grad_ref = ("cuda", base + (offset + n) * unit, n * unit,
+                    grad_ref = ("cuda", base + goffset * unit, n * unit,
                                 self._event.handle)
                 else:
                     ref = self._buffer.name
                     param_ref = (ref, offset * unit, n * unit)
-                    grad_ref = (ref, (offset + n) * unit, n * unit)
+                    grad_ref = (ref, goffset * unit, n * unit)
                 parameters.append({
                     "name": name, "shape": shape, "tp_split_dim": split,
                     "group": group, "param": param_ref, "grad": grad_ref,
@@ -312,7 +338,10 @@ class Optimizer(torch.optim.Optimizer):
                 [(g, kind, {k: _setting_value(v) for k, v in spec.items()})
                  for g, (kind, spec) in self._groups.items()],
                 parameters, strategy=strategy, alpha=alpha,
-                bucket_size=bucket_size, shard_group_size=shard_group_size)
+                bucket_size=bucket_size, shard_group_size=shard_group_size,
+                max_grad_norm=max_grad_norm,
+                grad_reduce_dtype=("float32" if grad_reduce_dtype is not None
+                                   else None))
         except BaseException:
             self.client.close()  # ends a canzona-bridge child now
             raise
@@ -432,9 +461,11 @@ class Optimizer(torch.optim.Optimizer):
                 param.grad = view
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, max_grad_norm=0.0):
         """One optimizer step on every rank (blocks until this rank's
-        parameters hold the update)."""
+        parameters hold the update). max_grad_norm > 0 clips this step at
+        that norm instead of the constructor's (every rank passes the
+        same)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -452,7 +483,8 @@ class Optimizer(torch.optim.Optimizer):
         self._record_grads()
         self.last_step = self.client.step(self.job_id, self.rank,
                                           self.steps + 1, lr,
-                                          async_params=overlap)
+                                          async_params=overlap,
+                                          max_grad_norm=max_grad_norm)
         self.steps += 1
         self._seen_grad = False
         if overlap:

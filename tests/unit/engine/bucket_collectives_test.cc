@@ -1,17 +1,24 @@
 // The DP collectives of a rank's buckets alone: two DP ranks as threads over
-// an in-process fake group, the trainers' buffers in real shared memory.
+// an in-process fake group, the trainers' buffers in real shared memory,
+// the owned (ZeRO-1) buffers as the engine allocates them. Every strategy,
+// both trainer layouts (interleaved: through the bucket slot; bucket order:
+// in place), fp32 and bf16 trainers, bf16 gradients summed in bf16 or fp32.
 #include "server/engine/bucket_collectives.h"
 
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/base/dtype.h"
 #include "kernels/base/status_macros.h"
 #include "server/comm/fake_communicator.h"
 #include "server/engine/local_communicator.h"
+#include "server/engine/owned_buffers.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/engine/parts_test_util.h"
 
@@ -20,20 +27,28 @@ namespace {
 
 constexpr int kDp = 2;
 
-// One DP rank: its trainer, mapped buffers, staging and collectives.
+// One DP rank: its trainer, mapped buffers, owned buffers and collectives.
 struct DpRank {
   std::unique_ptr<TrainerRank> trainer;
   std::unique_ptr<TrainerBuffers> buffers;
   RankLayout layout;
   std::unique_ptr<Backend> backend;
-  DeviceBuffer grads, params;
+  OwnedMemory memory;
+  OwnedBuffers owned;
   std::unique_ptr<BucketCollectives> collectives;
 };
 
-class BucketCollectivesTest : public ::testing::TestWithParam<std::string> {
+// strategy, trainer layout in bucket order, trainer dtype, fp32 reduce.
+using Case = std::tuple<std::string, bool, DType, bool>;
+
+class BucketCollectivesTest : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
-    config_ = MakeJobConfig("bc", kDp, /*tp=*/1, GetParam());
+    const auto& [strategy, bucket_order, dtype, reduce_fp32] = GetParam();
+    config_ = MakeJobConfig("bc", kDp, /*tp=*/1, strategy);
+    config_.bucket_order = bucket_order;
+    config_.dtype = dtype;
+    config_.grad_reduce_fp32 = reduce_fp32;
     ASSERT_OK_AND_ASSIGN(jp_, PlanOf(config_));
     for (int d = 0; d < kDp; ++d) {
       DpRank& r = ranks_[d];
@@ -48,17 +63,18 @@ class BucketCollectivesTest : public ::testing::TestWithParam<std::string> {
           r.buffers,
           TrainerBuffers::Map(r.trainer->MakeRegister(), spec.local_numel, {}));
       ASSERT_OK_AND_ASSIGN(r.backend, CreateBackend(BackendKind::kCpu));
-      ASSERT_OK_AND_ASSIGN(r.grads,
-                           r.backend->Allocate(r.layout.stage_elements));
-      ASSERT_OK_AND_ASSIGN(r.params,
-                           r.backend->Allocate(r.layout.stage_elements));
+      ASSERT_OK(AllocateOwned(*jp_, r.layout, *r.buffers,
+                              /*device_staging=*/false, *r.backend, &r.memory,
+                              &r.owned));
       BucketCollectives::Parts parts;
       parts.copier = CreateHostStageCopier();
       parts.dp = group_.TakeCommunicator(d);
       parts.cross = CreateLocalCommunicator();
       parts.calibration = std::make_unique<UnevenCalibration>();
-      ASSERT_OK_AND_ASSIGN(parts.slice,
-                           r.backend->Allocate(r.layout.max_slice));
+      if (!r.layout.sliced) {
+        ASSERT_OK_AND_ASSIGN(parts.part,
+                             r.backend->Allocate(r.layout.max_slice));
+      }
       if (!r.layout.layerwise_counts.empty()) {
         ASSERT_OK_AND_ASSIGN(parts.packed,
                              r.backend->Allocate(r.layout.layerwise_counts[d]));
@@ -69,11 +85,14 @@ class BucketCollectivesTest : public ::testing::TestWithParam<std::string> {
       staging.plan = jp_;
       staging.layout = &r.layout;
       staging.trainer = r.buffers.get();
-      staging.grads = r.grads.data();
-      staging.params = r.params.data();
+      staging.owned = &r.owned;
       staging.who = absl::StrCat("dp ", d);
       r.collectives = std::make_unique<BucketCollectives>(std::move(staging),
                                                           std::move(parts));
+      ASSERT_OK_AND_ASSIGN(
+          r.memory.slot,
+          r.backend->Allocate((r.collectives->slot_bytes() + 3) / 4));
+      r.owned.slot = r.memory.slot.data();
     }
   }
 
@@ -102,55 +121,84 @@ class BucketCollectivesTest : public ::testing::TestWithParam<std::string> {
     return all;
   }
 
+  // A trainer buffer of parameter i as floats.
+  std::vector<float> Widened(const void* at, int i) const {
+    std::vector<float> out(jp_->params[i].local_numel);
+    WidenToFloat(config_.dtype, at, static_cast<int64_t>(out.size()),
+                 out.data());
+    return out;
+  }
+
   JobConfig config_;
   std::shared_ptr<const JobPlan> jp_;
   FakeCommunicatorGroup group_{kDp};
   DpRank ranks_[kDp];
 };
 
-TEST_P(BucketCollectivesTest, ReduceSumsWhatEachRankMustHold) {
+TEST_P(BucketCollectivesTest, ReduceSumsWhatEachRankHolds) {
   OnBothRanks([](DpRank& r, int b) { return r.collectives->Reduce(b); },
               Buckets());
+  const bool rounds =
+      config_.dtype != DType::kFloat32 && !config_.grad_reduce_fp32;
   for (int d = 0; d < kDp; ++d) {
-    const RankLayout& layout = ranks_[d].layout;
-    for (const BucketLayout& b : layout.buckets) {
-      const int64_t begin = layout.sliced ? b.my_start : 0;
-      const int64_t end = layout.sliced ? b.my_start + b.counts[d] : b.elements;
-      for (int i : jp_->plan.buckets[b.index].params) {
-        const int64_t n = jp_->params[i].local_numel;
-        const int64_t at = layout.offset[i] - b.base;
-        const bool mine = at >= begin && at < end;
-        EXPECT_EQ(mine, !layout.sliced || jp_->plan.dp_owner[i] == d)
-            << jp_->params[i].name;
-        if (!mine) continue;
-        const float* staged = ranks_[d].grads.data() + layout.offset[i];
-        const auto* trainer_params =
-            static_cast<const float*>(ranks_[d].buffers->param(i));
-        for (int64_t k = 0; k < n; ++k) {
-          const float sum =
-              static_cast<const float*>(ranks_[0].buffers->grad(i))[k] +
-              static_cast<const float*>(ranks_[1].buffers->grad(i))[k];
-          ASSERT_EQ(staged[k], sum) << jp_->params[i].name << "[" << k << "]";
-          ASSERT_EQ(ranks_[d].params.data()[layout.offset[i] + k],
-                    trainer_params[k]);
-        }
+    const DpRank& r = ranks_[d];
+    int held = 0;
+    for (int i : r.layout.local_params) {
+      const bool mine = !r.layout.sliced || jp_->plan.dp_owner[i] < 0 ||
+                        jp_->plan.dp_owner[i] == d;
+      ASSERT_EQ(
+          r.owned.grad_at[i] != nullptr,
+          r.layout.sliced ? mine : static_cast<bool>(r.layout.dp_owned[i]))
+          << jp_->params[i].name;
+      if (r.owned.grad_at[i] == nullptr) continue;
+      ++held;
+      std::vector<float> sum = Widened(ranks_[0].buffers->grad(i), i);
+      const std::vector<float> other = Widened(ranks_[1].buffers->grad(i), i);
+      for (size_t k = 0; k < sum.size(); ++k) sum[k] += other[k];
+      if (rounds) sum = Rounded(config_.dtype, std::move(sum));
+      const std::vector<float> trainer_param = Widened(r.buffers->param(i), i);
+      for (size_t k = 0; k < sum.size(); ++k) {
+        ASSERT_EQ(r.owned.grad_at[i][k], sum[k])
+            << jp_->params[i].name << "[" << k << "]";
+        ASSERT_EQ(r.owned.param_at[i][k], trainer_param[k]);
+      }
+      // fp32 parameters are updated in the trainer's own memory.
+      EXPECT_EQ(r.owned.master[i] == 0, config_.dtype == DType::kFloat32);
+      if (!r.owned.master[i]) {
+        EXPECT_EQ(static_cast<void*>(r.owned.param_at[i]), r.buffers->param(i));
       }
     }
+    EXPECT_GT(held, 0);
+  }
+  // The trainer's runs in bucket order serve the sliced collectives in
+  // place, in its own dtype: no slot.
+  const bool in_place =
+      config_.bucket_order && ranks_[0].layout.sliced &&
+      (config_.dtype == DType::kFloat32 || !config_.grad_reduce_fp32);
+  EXPECT_EQ(ranks_[0].collectives->slot_bytes() == 0, in_place);
+  const DType reduced =
+      config_.grad_reduce_fp32 ? DType::kFloat32 : config_.dtype;
+  for (const FakeCommCall& c : group_.calls(0)) {
+    if (c.op == "ReduceScatterV") EXPECT_EQ(c.dtype, reduced);
   }
 }
 
 TEST_P(BucketCollectivesTest, GatherPublishesTheOwnersParameters) {
   OnBothRanks([](DpRank& r, int b) { return r.collectives->Reduce(b); },
               Buckets());
-  // Each owner "updates" what it owns: param <- -(d + 1) - element index.
+  // Each owner "updates" what it owns: param <- -(d + 1) - (k % 64), exact
+  // in every dtype.
+  auto marker = [](int owner, int64_t k) {
+    return -static_cast<float>(owner < 0 ? 1 : owner + 1) -
+           static_cast<float>(k % 64);
+  };
   for (int d = 0; d < kDp; ++d) {
     for (int i : ranks_[d].layout.local_params) {
-      if (!ranks_[d].layout.dp_owned[i]) continue;
-      if (jp_->plan.dp_owner[i] >= 0 && jp_->plan.dp_owner[i] != d) continue;
-      float* p = ranks_[d].params.data() + ranks_[d].layout.offset[i];
+      if (ranks_[d].owned.param_at[i] == nullptr) continue;
+      const int owner = jp_->plan.dp_owner[i];
+      if (owner >= 0 && owner != d) continue;
       for (int64_t k = 0; k < jp_->params[i].local_numel; ++k) {
-        p[k] = -static_cast<float>(jp_->plan.dp_owner[i] < 0 ? 1 : d + 1) -
-               static_cast<float>(k);
+        ranks_[d].owned.param_at[i][k] = marker(owner, k);
       }
     }
   }
@@ -159,17 +207,16 @@ TEST_P(BucketCollectivesTest, GatherPublishesTheOwnersParameters) {
   for (int d = 0; d < kDp; ++d) {
     for (size_t i = 0; i < jp_->params.size(); ++i) {
       const int owner = jp_->plan.dp_owner[i];
-      const auto* p = static_cast<const float*>(
-          ranks_[d].buffers->param(static_cast<int>(i)));
-      for (int64_t k = 0; k < jp_->params[i].local_numel; ++k) {
-        ASSERT_EQ(p[k], -static_cast<float>(owner < 0 ? 1 : owner + 1) -
-                            static_cast<float>(k))
+      const std::vector<float> p = Widened(
+          ranks_[d].buffers->param(static_cast<int>(i)), static_cast<int>(i));
+      for (size_t k = 0; k < p.size(); ++k) {
+        ASSERT_EQ(p[k], marker(owner, static_cast<int64_t>(k)))
             << "rank " << d << " " << jp_->params[i].name << "[" << k << "]";
       }
     }
   }
   // Sliced: one reduce-scatter per bucket, then one all-gather per bucket
-  // in gather order, the same sequence on both ranks.
+  // in gather order (in the trainer's dtype), the same on both ranks.
   if (ranks_[0].layout.sliced) {
     const std::vector<FakeCommCall> calls = group_.calls(0);
     const size_t buckets = ranks_[0].layout.buckets.size();
@@ -177,12 +224,29 @@ TEST_P(BucketCollectivesTest, GatherPublishesTheOwnersParameters) {
     for (size_t b = 0; b < buckets; ++b) {
       EXPECT_EQ(calls[b].op, "ReduceScatterV");
       EXPECT_EQ(calls[buckets + b].op, "AllGatherV");
+      EXPECT_EQ(calls[buckets + b].dtype, config_.dtype);
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, BucketCollectivesTest,
-                         ::testing::Values("cost", "sc", "layerwise"));
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  const auto& [strategy, bucket_order, dtype, reduce_fp32] = info.param;
+  return absl::StrCat(strategy, bucket_order ? "_bucket_order" : "_interleaved",
+                      "_", DTypeName(dtype), reduce_fp32 ? "_reduce_fp32" : "");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fp32, BucketCollectivesTest,
+    ::testing::Combine(::testing::Values("cost", "sc", "layerwise"),
+                       ::testing::Bool(), ::testing::Values(DType::kFloat32),
+                       ::testing::Values(false)),
+    CaseName);
+INSTANTIATE_TEST_SUITE_P(Bf16, BucketCollectivesTest,
+                         ::testing::Combine(::testing::Values("cost", "sc"),
+                                            ::testing::Bool(),
+                                            ::testing::Values(DType::kBFloat16),
+                                            ::testing::Bool()),
+                         CaseName);
 
 }  // namespace
 }  // namespace canzona::engine_test

@@ -244,50 +244,98 @@ std::vector<float> Rounded(DType dtype, std::vector<float> values) {
   return values;
 }
 
+std::vector<std::vector<float>> AveragedGrads(const JobConfig& config,
+                                              int step) {
+  // DP sums run in the trainer's dtype unless grad_reduce_fp32: summed in
+  // fp32 in rank order and rounded once.
+  const bool reduce_rounds = config.dp > 1 && !config.grad_reduce_fp32;
+  const float factor = static_cast<float>(1.0 / config.dp);
+  std::vector<std::vector<float>> avg;
+  for (const ModelParam& p : config.params) {
+    std::vector<float> sum =
+        Rounded(config.dtype, FullGrad(config, p, step, 0));
+    for (int d = 1; d < config.dp; ++d) {
+      std::vector<float> g =
+          Rounded(config.dtype, FullGrad(config, p, step, d));
+      for (size_t e = 0; e < sum.size(); ++e) sum[e] += g[e];
+    }
+    if (reduce_rounds) sum = Rounded(config.dtype, std::move(sum));
+    for (float& x : sum) x *= factor;
+    avg.push_back(std::move(sum));
+  }
+  return avg;
+}
+
+double ReferenceGradNorm(const JobConfig& config, int step) {
+  double sumsq = 0;
+  for (const auto& g : AveragedGrads(config, step)) {
+    for (float x : g) sumsq += static_cast<double>(x) * x;
+  }
+  return std::sqrt(sumsq);
+}
+
 absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
                                  const std::set<int>& skip_steps,
                                  const std::string& fragment_param,
                                  bool round_each_step) {
   CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                            CreateBackend(BackendKind::kCpu));
-  Params out;
-  for (const ModelParam& p : config.params) {
+  const size_t count = config.params.size();
+  std::vector<std::vector<float>> params(count);
+  std::vector<std::vector<std::unique_ptr<UpdateRule>>> rules(count);
+  for (size_t k = 0; k < count; ++k) {
+    const ModelParam& p = config.params[k];
     CANZONA_ASSIGN_OR_RETURN(
         OptimizerConfig oc,
         MakeOptimizerConfig(GroupKind(p.group), GroupSettings(p.group)));
-    std::vector<float> param = Rounded(config.dtype, InitialParam(config, p));
+    params[k] = Rounded(config.dtype, InitialParam(config, p));
     const bool fragmented = p.name == fragment_param && p.split >= 0;
-    const int pieces = fragmented ? config.tp : 1;
-    std::vector<std::unique_ptr<UpdateRule>> rules;
-    for (int j = 0; j < pieces; ++j) {
+    for (int j = 0; j < (fragmented ? config.tp : 1); ++j) {
       CANZONA_ASSIGN_OR_RETURN(
           auto rule, UpdateRule::Create(
                          oc, fragmented ? LocalShape(p, config.tp) : p.shape,
                          backend.get()));
-      rules.push_back(std::move(rule));
+      rules[k].push_back(std::move(rule));
     }
-    const float factor = static_cast<float>(1.0 / config.dp);
-    for (int s = 1; s <= steps; ++s) {
-      if (skip_steps.count(s)) continue;
-      std::vector<float> avg = Rounded(config.dtype, FullGrad(config, p, s, 0));
-      for (int d = 1; d < config.dp; ++d) {
-        std::vector<float> g = Rounded(config.dtype, FullGrad(config, p, s, d));
-        for (size_t e = 0; e < avg.size(); ++e) avg[e] += g[e];
+  }
+  for (int s = 1; s <= steps; ++s) {
+    if (skip_steps.count(s)) continue;
+    std::vector<std::vector<float>> avg = AveragedGrads(config, s);
+    double sumsq = 0;
+    for (const auto& g : avg) {
+      for (float x : g) sumsq += static_cast<double>(x) * x;
+    }
+    const auto step_clip = config.step_max_grad_norm.find(s);
+    const double max_norm = step_clip != config.step_max_grad_norm.end()
+                                ? step_clip->second
+                                : config.max_grad_norm;
+    if (max_norm > 0) {
+      const double clip = std::min(1.0, max_norm / (std::sqrt(sumsq) + 1e-6));
+      if (clip < 1) {
+        for (auto& g : avg) {
+          for (float& x : g) x *= static_cast<float>(clip);
+        }
       }
-      for (float& x : avg) x *= factor;
-      if (!fragmented) {
-        CANZONA_RETURN_IF_ERROR(rules[0]->Step(param.data(), avg.data()));
+    }
+    for (size_t k = 0; k < count; ++k) {
+      const ModelParam& p = config.params[k];
+      std::vector<float>& param = params[k];
+      if (rules[k].size() == 1) {
+        CANZONA_RETURN_IF_ERROR(rules[k][0]->Step(param.data(), avg[k].data()));
         if (round_each_step) param = Rounded(config.dtype, std::move(param));
         continue;
       }
-      for (int j = 0; j < pieces; ++j) {
+      for (int j = 0; j < config.tp; ++j) {
         std::vector<float> pf = Fragment(p, config.tp, j, param);
-        std::vector<float> gf = Fragment(p, config.tp, j, avg);
-        CANZONA_RETURN_IF_ERROR(rules[j]->Step(pf.data(), gf.data()));
+        std::vector<float> gf = Fragment(p, config.tp, j, avg[k]);
+        CANZONA_RETURN_IF_ERROR(rules[k][j]->Step(pf.data(), gf.data()));
         PutFragment(p, config.tp, j, pf, &param);
       }
     }
-    out[p.name] = std::move(param);
+  }
+  Params out;
+  for (size_t k = 0; k < count; ++k) {
+    out[config.params[k].name] = std::move(params[k]);
   }
   return out;
 }
@@ -309,8 +357,19 @@ absl::Status TrainerRank::Init() {
   for (const ModelParam& p : config_.params) {
     const int64_t n = Numel(LocalShape(p, config_.tp));
     offsets_.push_back(total);
+    grad_offsets_.push_back(total + n);
     local_numel_.push_back(n);
     total += 2 * n;
+  }
+  if (config_.bucket_order) {
+    const int count = static_cast<int>(config_.params.size());
+    const int64_t half = total / 2;
+    int64_t at = 0;
+    for (int i = count - 1; i >= 0; --i) {
+      offsets_[i] = at;
+      grad_offsets_[i] = half + at;
+      at += local_numel_[i];
+    }
   }
   CANZONA_ASSIGN_OR_RETURN(
       SharedMemory shm,
@@ -370,7 +429,7 @@ void TrainerRank::WriteGrads(int step, const std::vector<int>& params) {
         i == 3) {
       shard[0] = std::nanf("");
     }
-    Put(offsets_[i] + local_numel_[i], shard);
+    Put(grad_offsets_[i], shard);
   }
 }
 
@@ -387,6 +446,8 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
   r.set_strategy(config_.strategy);
   r.set_bucket_size(config_.bucket_size);
   r.set_shard_group_size(config_.shard_group_size);
+  r.set_max_grad_norm(config_.max_grad_norm);
+  if (config_.grad_reduce_fp32) r.set_grad_reduce_dtype(v1::DTYPE_FLOAT32);
   for (const char* g : {"muon", "adamw", "shampoo", "soap"}) {
     v1::OptimizerGroup* group = r.add_groups();
     group->set_name(g);
@@ -425,7 +486,7 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
       p_ref->set_pci_bus_id(config_.pci_bus_id);
       v1::CudaIpcBufferRef* g_ref = q->mutable_grad()->mutable_cuda_ipc();
       g_ref->set_mem_handle(handle);
-      g_ref->set_offset((offsets_[i] + local_numel_[i]) * unit);
+      g_ref->set_offset(grad_offsets_[i] * unit);
       g_ref->set_bytes(bytes);
       g_ref->set_event_handle(FakeCudaIpc::EventHandle(global_));
       g_ref->set_pci_bus_id(config_.pci_bus_id);
@@ -437,7 +498,7 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
     param->set_bytes(bytes);
     v1::ShmBufferRef* grad = q->mutable_grad()->mutable_shm();
     grad->set_name(shm_->name());
-    grad->set_offset((offsets_[i] + local_numel_[i]) * unit);
+    grad->set_offset(grad_offsets_[i] * unit);
     grad->set_bytes(bytes);
   }
   return r;
@@ -450,6 +511,10 @@ v1::StepRequest TrainerRank::MakeStep(int64_t step) const {
   s.mutable_rank()->set_dp_rank(dp_);
   s.mutable_rank()->set_tp_rank(tp_);
   s.set_step(step);
+  auto clip = config_.step_max_grad_norm.find(step);
+  if (clip != config_.step_max_grad_norm.end()) {
+    s.set_max_grad_norm(clip->second);
+  }
   return s;
 }
 

@@ -80,6 +80,17 @@ struct JobConfig {
   // The trainer's parameters and gradients (bf16 / fp16: mixed precision,
   // the daemon keeps fp32 master weights).
   DType dtype = DType::kFloat32;
+  // The trainer lays its parameters out in one run and its gradients in
+  // another, both in reverse parameter order (bucket order), as Megatron
+  // and canzona.torch do: the daemon's DP collectives then work on them in
+  // place. False: [param, grad] interleaved per parameter (the bucket
+  // slot path).
+  bool bucket_order = false;
+  // RegisterRequest.max_grad_norm and grad_reduce_dtype (fp32: true);
+  // StepRequest.max_grad_norm per step.
+  double max_grad_norm = 0;
+  std::map<int64_t, double> step_max_grad_norm;
+  bool grad_reduce_fp32 = false;
   int world() const { return dp * tp; }
 };
 
@@ -157,6 +168,13 @@ absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
                                  const std::string& fragment_param = "",
                                  bool round_each_step = false);
 
+// The DP-averaged gradient of every parameter at `step` as the daemon
+// forms it (the trainer's rounded gradients, summed in the reduce dtype),
+// in config.params order; and its global L2 norm.
+std::vector<std::vector<float>> AveragedGrads(const JobConfig& config,
+                                              int step);
+double ReferenceGradNorm(const JobConfig& config, int step);
+
 // `values` as the trainer's dtype holds them (rounded, then widened).
 std::vector<float> Rounded(DType dtype, std::vector<float> values);
 
@@ -208,7 +226,8 @@ class TrainerRank {
   std::vector<float> Get(int64_t at, int64_t n) const;
 
   // Per param, in elements of the dtype: param at off, grad at off + n.
-  std::vector<int64_t> offsets_;
+  std::vector<int64_t> offsets_;       // of each parameter's values
+  std::vector<int64_t> grad_offsets_;  // of each parameter's gradient
   std::vector<int64_t> local_numel_;
   std::unique_ptr<SharedMemory> shm_;
 };

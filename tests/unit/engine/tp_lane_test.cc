@@ -37,7 +37,9 @@ int ThreadsOfThisProcess() {
 struct TpRank {
   RankLayout layout;
   std::unique_ptr<Backend> backend;
+  // Stage-sized stand-ins for the owned buffers, at layout.offset.
   DeviceBuffer grads, params;
+  OwnedBuffers owned;
   std::unique_ptr<TpLane> lane;
 };
 
@@ -66,6 +68,12 @@ class TpLaneTest : public ::testing::Test {
                            r.backend->Allocate(r.layout.stage_elements));
       ASSERT_OK_AND_ASSIGN(r.params,
                            r.backend->Allocate(r.layout.stage_elements));
+      r.owned.grad_at.assign(jp_->params.size(), nullptr);
+      r.owned.param_at.assign(jp_->params.size(), nullptr);
+      for (int i : r.layout.local_params) {
+        r.owned.grad_at[i] = r.grads.data() + r.layout.offset[i];
+        r.owned.param_at[i] = r.params.data() + r.layout.offset[i];
+      }
       TpLane::Parts parts;
       parts.copier = CreateHostStageCopier();
       parts.tp.comm = group_.TakeCommunicator(t);
@@ -81,8 +89,7 @@ class TpLaneTest : public ::testing::Test {
       TpLane::Staging staging;
       staging.plan = jp_;
       staging.layout = &r.layout;
-      staging.grads = r.grads.data();
-      staging.params = r.params.data();
+      staging.owned = &r.owned;
       staging.backend = r.backend.get();
       r.lane = TpLane::CreateHost(std::move(staging), std::move(parts));
     }

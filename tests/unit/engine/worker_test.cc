@@ -65,14 +65,17 @@ TEST(WorkerTest, StoppingCancelsWhatHasNotStarted) {
 
 TEST(WorkerTest, TwoStoppersBothReturnAfterTheThreadEnded) {
   Worker worker;
-  std::atomic<bool> finished{false};
+  std::atomic<bool> started{false}, finished{false};
   Worker::Task slow;
   slow.run = [&] {
+    started = true;
     absl::SleepFor(absl::Milliseconds(100));
     finished = true;
   };
   ASSERT_TRUE(worker.Post(slow));
-  absl::SleepFor(absl::Milliseconds(10));
+  // The stoppers come while the task runs (a loaded machine may start it
+  // late: wait for it rather than for a fixed time).
+  while (!started) absl::SleepFor(absl::Milliseconds(1));
   std::atomic<int> saw_finished{0};
   std::thread a([&] {
     worker.StopAndJoin();
