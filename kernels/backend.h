@@ -177,6 +177,14 @@ class Backend {
   absl::Status NewtonSchulz(const NewtonSchulzSpec& spec, int64_t batch,
                             int64_t rows, int64_t cols, const float* input,
                             float* output);
+  // Grows the Newton-Schulz workspace for `batch` rows x cols matrices now,
+  // so that NewtonSchulz of that size allocates nothing later (rules call
+  // it at creation; a step then never allocates, not even the first).
+  absl::Status ReserveNewtonSchulz(const NewtonSchulzSpec& spec, int64_t batch,
+                                   int64_t rows, int64_t cols);
+  // Bytes of the backend's grow-only workspaces held now (Newton-Schulz,
+  // solvers, reductions): memory reports count them.
+  virtual int64_t workspace_bytes() const { return 0; }
 
   // ---- Fused elementwise kernels (n elements, outputs may alias) ---------
   // out = a + weight * (b - a), computed as torch.lerp does (from the b end
@@ -288,6 +296,13 @@ class Backend {
   virtual absl::Status DoNewtonSchulz(const NewtonSchulzSpec& spec,
                                       int64_t batch, int64_t rows, int64_t cols,
                                       const float* input, float* output) = 0;
+  // The same arguments; a backend without a workspace has nothing to do.
+  virtual absl::Status DoReserveNewtonSchulz(const NewtonSchulzSpec& /*spec*/,
+                                             int64_t /*batch*/,
+                                             int64_t /*rows*/,
+                                             int64_t /*cols*/) {
+    return absl::OkStatus();
+  }
 
   // n > 0 for each of these.
   virtual absl::Status DoLerp(int64_t n, const float* a, const float* b,

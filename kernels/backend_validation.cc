@@ -226,6 +226,18 @@ absl::Status Backend::NewtonSchulz(const NewtonSchulzSpec& spec, int64_t batch,
   return DoNewtonSchulz(spec, batch, rows, cols, input, output);
 }
 
+absl::Status Backend::ReserveNewtonSchulz(const NewtonSchulzSpec& spec,
+                                          int64_t batch, int64_t rows,
+                                          int64_t cols) {
+  constexpr absl::string_view kWhat = "ReserveNewtonSchulz";
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "batch", batch));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
+  CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
+  CANZONA_RETURN_IF_ERROR(CheckSupported(spec));
+  if (SatMul(batch, SatMul(rows, cols)) == 0) return absl::OkStatus();
+  return DoReserveNewtonSchulz(spec, batch, rows, cols);
+}
+
 // ---- Fused elementwise kernels ----------------------------------------------
 
 absl::Status Backend::Lerp(int64_t n, const float* a, const float* b,

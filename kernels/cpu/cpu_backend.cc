@@ -251,6 +251,29 @@ class CpuBackend final : public Backend {
                         LAPACKE_sorgqr(LAPACK_ROW_MAJOR, m, n, n, a, n, tau));
   }
 
+  int64_t workspace_bytes() const override {
+    int64_t bytes = 0;
+    for (const std::vector<float>* v : {&ns_x_, &ns_y_, &ns_a_, &ns_b_, &tau_}) {
+      bytes += static_cast<int64_t>(v->capacity() * sizeof(float));
+    }
+    for (const std::vector<double>* v : {&eig_a_, &eig_w_, &col_acc_}) {
+      bytes += static_cast<int64_t>(v->capacity() * sizeof(double));
+    }
+    return bytes;
+  }
+
+  absl::Status DoReserveNewtonSchulz(const NewtonSchulzSpec& /*spec*/,
+                                     int64_t /*batch*/, int64_t rows,
+                                     int64_t cols) override {
+    // The matrices run one at a time: the workspace DoNewtonSchulz takes.
+    const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
+    Scratch(ns_x_, m * n);
+    Scratch(ns_y_, m * n);
+    Scratch(ns_a_, m * m);
+    Scratch(ns_b_, m * m);
+    return absl::OkStatus();
+  }
+
   absl::Status DoNewtonSchulz(const NewtonSchulzSpec& spec, int64_t batch,
                               int64_t rows, int64_t cols, const float* input,
                               float* output) override {

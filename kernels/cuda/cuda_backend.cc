@@ -149,6 +149,14 @@ class CudaBackend final : public Backend {
                             float* dst) override;
   absl::Status DoTranspose2D(int64_t rows, int64_t cols, const float* src,
                              float* dst) override;
+  absl::Status DoReserveNewtonSchulz(const NewtonSchulzSpec& spec,
+                                     int64_t batch, int64_t rows,
+                                     int64_t cols) override;
+
+ public:
+  int64_t workspace_bytes() const override;
+
+ private:
 
   // A grow-only device buffer. Growing releases the old block in stream
   // order, so work already queued on it stays valid.
@@ -615,6 +623,20 @@ absl::Status CudaBackend::DoQrOrthonormalize(int64_t rows, int64_t cols,
   CANZONA_CUDA_RETURN_IF_ERROR(
       cuda_kernels::Transpose(cfg, 1, cols, rows, q, a));
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoReserveNewtonSchulz(const NewtonSchulzSpec& spec,
+                                                int64_t batch, int64_t rows,
+                                                int64_t cols) {
+  CANZONA_RETURN_IF_ERROR(Activate());
+  return Reserve(ns_ws_, cuda_internal::NewtonSchulzWorkspaceBytes(
+                             spec.precision, batch, rows, cols))
+      .status();
+}
+
+int64_t CudaBackend::workspace_bytes() const {
+  return static_cast<int64_t>(ns_ws_.bytes + solver_ws_.bytes +
+                              scratch_ws_.bytes);
 }
 
 absl::Status CudaBackend::DoNewtonSchulz(const NewtonSchulzSpec& spec,

@@ -189,7 +189,7 @@ class GlooCommunicator : public Communicator {
     // rank order: the bytes of a ring reduce-scatter ((P-1)/P of the
     // buffer per rank), a fixed summation order (bitwise reproducible, the
     // fake's), in rounds of `chunk` elements of each slice so that the
-    // received copies (scratch_) never exceed about one bucket, however
+    // received copies (scratch_) stay a fraction of a bucket, however
     // unevenly the slices are cut. A `recv` that overlaps `send` other than
     // at my own slice gets the sums at the end (later rounds still send
     // from there); the rounds depend on the counts alone, never on local
@@ -429,12 +429,17 @@ int64_t GlooReduceScatterChunk(absl::Span<const int64_t> counts, DType dtype) {
     largest = std::max(largest, c);
   }
   if (size <= 1 || largest == 0) return std::max<int64_t>(largest, 1);
-  // size copies of a chunk: about one bucket, and never more than 256 MiB.
+  // size copies of a chunk: a quarter of the bucket (four rounds for even
+  // slices: the bytes are the same, only the synchronizations add up), at
+  // least 1 MiB (fewer, cheaper rounds for small buckets) and at most
+  // 256 MiB.
+  const int64_t unit = DTypeBytes(dtype);
+  constexpr int64_t kMinScratchBytes = int64_t{1} << 20;
   constexpr int64_t kMaxScratchBytes = int64_t{256} << 20;
-  int64_t chunk = std::max<int64_t>(1, (total + size - 1) / size);
-  chunk = std::min(chunk, std::max<int64_t>(1, kMaxScratchBytes /
-                                                   (size * DTypeBytes(dtype))));
-  return std::min(chunk, largest);
+  int64_t chunk = (total + 4 * size - 1) / (4 * size);
+  chunk = std::max(chunk, kMinScratchBytes / (size * unit));
+  chunk = std::min(chunk, kMaxScratchBytes / (size * unit));
+  return std::clamp<int64_t>(chunk, 1, largest);
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(

@@ -15,7 +15,7 @@
 //
 // Collectives: ReduceScatterV sends each rank its slice of every peer's
 // buffer (Gloo point-to-point, in rounds of GlooReduceScatterChunk
-// elements so the received copies stay about one bucket in size) and sums
+// elements so the received copies stay a fraction of a bucket) and sums
 // them in rank order (Debian's Gloo snapshot 5b14351 offers only
 // ReduceScatterHalvingDoubling, which hangs for some uneven counts and is
 // limited to int counts; see gloo_communicator.cc). AllGatherV, AllToAllV,
@@ -56,9 +56,9 @@ struct GlooOptions {
 };
 
 // Elements of each slice one round of ReduceScatterV moves: the received
-// copies (size() x chunk elements of `dtype`) hold about one bucket
-// (sum(counts)), at most 256 MiB. The engine counts them in its memory
-// report.
+// copies (size() x chunk elements of `dtype`) hold about a quarter of the
+// bucket (sum(counts)), between 1 and 256 MiB. The engine counts them in
+// its memory report.
 int64_t GlooReduceScatterChunk(absl::Span<const int64_t> counts, DType dtype);
 
 // `store` must outlive the call (not the communicator: it is only used for

@@ -195,15 +195,26 @@ absl::Status AllocateOwned(const RankSetup& setup, RankRuntime& rt) {
   return absl::OkStatus();
 }
 
-// The update rules, and their state, only where the rank keeps state.
+// The update rules, and their state, only where the rank keeps state; one
+// scratch for all of them (they step one at a time), the largest first so
+// that its block fits every later one.
 absl::Status CreateRules(const RankSetup& setup, RankRuntime& rt) {
   const JobPlan& jp = *rt.plan;
+  std::vector<int> order;
   for (int i : rt.layout.local_params) {
-    const std::vector<int64_t>& shape = rt.layout.state_shape[i];
-    if (shape.empty()) continue;
+    if (!rt.layout.state_shape[i].empty()) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return NumElements(rt.layout.state_shape[a]) >
+           NumElements(rt.layout.state_shape[b]);
+  });
+  rt.rule_scratch = std::make_unique<SharedScratch>(rt.backend.get());
+  for (int i : order) {
     const ParamMeta& m = jp.params[i];
-    absl::StatusOr<std::unique_ptr<UpdateRule>> rule = UpdateRule::Create(
-        setup.settings->configs.at(m.group), shape, rt.backend.get());
+    absl::StatusOr<std::unique_ptr<UpdateRule>> rule =
+        UpdateRule::Create(setup.settings->configs.at(m.group),
+                           rt.layout.state_shape[i], rt.backend.get(),
+                           rt.rule_scratch.get());
     if (!rule.ok()) {
       return absl::Status(
           rule.status().code(),
@@ -344,6 +355,8 @@ void AccountMemory(const RankSetup& setup, RankRuntime& rt) {
     buffers += RankRuntime::Bytes(*b);
   }
   buffers += rt.buckets->buffer_bytes();
+  buffers += rt.rule_scratch->bytes();
+  buffers += rt.backend->workspace_bytes();
   for (int g = 0; g < rt.tp->groups(); ++g) {
     const GroupBuffers& b = rt.tp->buffers(g);
     for (const DeviceBuffer* d : std::initializer_list<const DeviceBuffer*>{

@@ -44,6 +44,7 @@
 #include "server/engine/tp_lane.h"
 #include "server/engine/trainer_buffers.h"
 #include "server/metrics/registry.h"
+#include "server/optim/shared_scratch.h"
 #include "server/optim/update_rule.h"
 
 namespace canzona {
@@ -61,6 +62,9 @@ struct RankRuntime {
   std::shared_ptr<const JobPlan> plan;
   RankLayout layout;
 
+  // The rules' scratch, shared by all of them (declared first: it outlives
+  // them).
+  std::unique_ptr<SharedScratch> rule_scratch;
   std::map<int, std::unique_ptr<UpdateRule>> rules;  // by plan index
   int owned_params = 0;  // parameters whose update rule (state) is here
   int64_t state_bytes = 0;

@@ -25,14 +25,19 @@ MuonRule::MuonRule(const MuonOptions& options, int64_t rows, int64_t cols,
 }
 
 absl::StatusOr<std::unique_ptr<MuonRule>> MuonRule::Create(
-    const MuonOptions& options, int64_t rows, int64_t cols, Backend* backend) {
+    const MuonOptions& options, int64_t rows, int64_t cols, Backend* backend,
+    SharedScratch* scratch) {
   CANZONA_ASSIGN_OR_RETURN(NewtonSchulzSpec spec,
                            NewtonSchulzSpecFor(options, backend->kind()));
   std::unique_ptr<MuonRule> rule(
       new MuonRule(options, rows, cols, std::move(spec), backend));
   CANZONA_ASSIGN_OR_RETURN(rule->momentum_,
                            rule->AddState("momentum", {rows, cols}));
+  rule->ShareScratch(scratch);
   CANZONA_ASSIGN_OR_RETURN(rule->work_, rule->AddScratch(rows * cols));
+  // The backend's Newton-Schulz workspace, now rather than in a step.
+  CANZONA_RETURN_IF_ERROR(
+      backend->ReserveNewtonSchulz(rule->spec_, 1, rows, cols));
   return rule;
 }
 

@@ -18,6 +18,7 @@ absl::StatusOr<float*> RuleImpl::AddState(std::string name,
 }
 
 absl::StatusOr<float*> RuleImpl::AddScratch(int64_t count) {
+  if (shared_scratch_ != nullptr) return shared_scratch_->Take(count);
   CANZONA_ASSIGN_OR_RETURN(DeviceBuffer buffer, backend_->Allocate(count));
   float* data = buffer.data();
   scratch_.push_back(std::move(buffer));

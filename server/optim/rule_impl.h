@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "server/optim/optimizer_config.h"
+#include "server/optim/shared_scratch.h"
 #include "server/optim/update_rule.h"
 
 namespace canzona::optim_internal {
@@ -31,13 +32,16 @@ class RuleImpl {
   absl::StatusOr<OptimizerState> SaveState() const;
   absl::Status LoadState(const OptimizerState& state);
   int64_t state_bytes() const;
+  // Later AddScratch calls take from `scratch` (null: their own memory).
+  void ShareScratch(SharedScratch* scratch) { shared_scratch_ = scratch; }
 
  protected:
   // Allocates a zero-filled state tensor, registered under `name` for
   // SaveState / LoadState. The returned pointer stays valid for the rule's
   // life.
   absl::StatusOr<float*> AddState(std::string name, std::vector<int64_t> shape);
-  // Allocates a zero-filled scratch array (not state).
+  // A scratch array (not state): zero-filled memory of its own, or a
+  // piece of the shared scratch (contents undefined).
   absl::StatusOr<float*> AddScratch(int64_t count);
 
   // Rule-specific integer counters (besides the step). LoadState requires
@@ -55,6 +59,7 @@ class RuleImpl {
   const OptimizerKind kind_;
   Backend* const backend_;
   int64_t step_ = 0;
+  SharedScratch* shared_scratch_ = nullptr;
 
  private:
   struct Slot {
@@ -71,7 +76,8 @@ class RuleImpl {
 class MuonRule : public RuleImpl {
  public:
   static absl::StatusOr<std::unique_ptr<MuonRule>> Create(
-      const MuonOptions& options, int64_t rows, int64_t cols, Backend* backend);
+      const MuonOptions& options, int64_t rows, int64_t cols, Backend* backend,
+      SharedScratch* scratch);
 
   absl::Status Step(float* param, const float* grad, double lr) override;
 
@@ -104,9 +110,10 @@ absl::StatusOr<std::unique_ptr<RuleImpl>> CreateAdamWRule(
     const AdamWOptions& options, std::vector<int64_t> shape, Backend* backend);
 absl::StatusOr<std::unique_ptr<RuleImpl>> CreateShampooRule(
     const ShampooOptions& options, int64_t rows, int64_t cols,
-    Backend* backend);
+    Backend* backend, SharedScratch* scratch);
 absl::StatusOr<std::unique_ptr<RuleImpl>> CreateSoapRule(
-    const SoapOptions& options, int64_t rows, int64_t cols, Backend* backend);
+    const SoapOptions& options, int64_t rows, int64_t cols, Backend* backend,
+    SharedScratch* scratch);
 
 // Symmetric eigendecomposition in float32, retried in float64 when the
 // float32 solver fails (Distributed Shampoo and SOAP both fall back so). `a`

@@ -241,8 +241,10 @@ class SoapRule : public RuleImpl {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RuleImpl>> CreateSoapRule(
-    const SoapOptions& options, int64_t rows, int64_t cols, Backend* backend) {
+    const SoapOptions& options, int64_t rows, int64_t cols, Backend* backend,
+    SharedScratch* scratch) {
   auto rule = std::make_unique<SoapRule>(options, rows, cols, backend);
+  rule->ShareScratch(scratch);
   CANZONA_RETURN_IF_ERROR(rule->Init());
   return rule;
 }

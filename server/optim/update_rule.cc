@@ -107,7 +107,7 @@ UpdateRule::~UpdateRule() = default;
 
 absl::StatusOr<std::unique_ptr<UpdateRule>> UpdateRule::Create(
     const OptimizerConfig& config, absl::Span<const int64_t> shape,
-    Backend* backend) {
+    Backend* backend, SharedScratch* scratch) {
   const absl::string_view name = OptimizerKindName(config.kind);
   if (backend == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": null backend"));
@@ -124,11 +124,13 @@ absl::StatusOr<std::unique_ptr<UpdateRule>> UpdateRule::Create(
         name, " needs a 2-D parameter, got shape [", absl::StrJoin(shape, ", "),
         "] (use adamw for other shapes)"));
   }
+  if (scratch != nullptr) scratch->StartRule();
   std::unique_ptr<RuleImpl> impl;
   switch (config.kind) {
     case OptimizerKind::kMuon: {
       CANZONA_ASSIGN_OR_RETURN(
-          impl, MuonRule::Create(config.muon, shape[0], shape[1], backend));
+          impl, MuonRule::Create(config.muon, shape[0], shape[1], backend,
+                                 scratch));
       break;
     }
     case OptimizerKind::kAdamW: {
@@ -141,13 +143,13 @@ absl::StatusOr<std::unique_ptr<UpdateRule>> UpdateRule::Create(
     case OptimizerKind::kShampoo: {
       CANZONA_ASSIGN_OR_RETURN(
           impl, optim_internal::CreateShampooRule(config.shampoo, shape[0],
-                                                  shape[1], backend));
+                                                  shape[1], backend, scratch));
       break;
     }
     case OptimizerKind::kSoap: {
       CANZONA_ASSIGN_OR_RETURN(
           impl, optim_internal::CreateSoapRule(config.soap, shape[0], shape[1],
-                                               backend));
+                                               backend, scratch));
       break;
     }
   }

@@ -76,6 +76,7 @@ int64_t NumElements(absl::Span<const int64_t> shape);
 absl::StatusOr<NewtonSchulzSpec> NewtonSchulzSpecFor(const MuonOptions& options,
                                                      BackendKind backend_kind);
 
+class SharedScratch;
 namespace optim_internal {
 class RuleImpl;
 }  // namespace optim_internal
@@ -90,10 +91,12 @@ class UpdateRule {
  public:
   // INVALID_ARGUMENT for a shape the optimizer cannot take (muon, shampoo,
   // soap need 2-D; every dimension must be >= 1) or an option the backend
-  // cannot run (ns_precision=bf16 on cpu). `backend` must outlive the rule.
+  // cannot run (ns_precision=bf16 on cpu). `backend` must outlive the rule;
+  // so must `scratch` (null: the rule's scratch is its own), shared by the
+  // rules that never step at the same time.
   static absl::StatusOr<std::unique_ptr<UpdateRule>> Create(
       const OptimizerConfig& config, absl::Span<const int64_t> shape,
-      Backend* backend);
+      Backend* backend, SharedScratch* scratch = nullptr);
 
   ~UpdateRule();
   UpdateRule(const UpdateRule&) = delete;

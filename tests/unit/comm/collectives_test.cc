@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/base/dtype.h"
 #include "server/comm/communicator.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/comm/comm_test_util.h"
@@ -78,6 +79,78 @@ TEST_P(CollectivesTest, ReduceScatterVInPlace) {
   for (int r = 0; r < size(); ++r) {
     std::vector<float> got(data[r].begin(), data[r].begin() + counts[r]);
     EXPECT_EQ(got, RefReduceScatterV(send, counts, r)) << "rank " << r;
+  }
+}
+
+// One rank owns a whole large bucket (a plan's single-parameter bucket):
+// the Gloo communicator then moves it in several rounds (its received
+// copies stay a fraction of the bucket); the sums must not notice.
+TEST_P(CollectivesTest, ReduceScatterVOfOneOwnerInManyRounds) {
+  if (size() == 1) GTEST_SKIP() << "nothing to reduce";
+  constexpr int64_t kBig = 1 << 20;
+  for (int owner : {0, size() - 1}) {
+    std::vector<int64_t> counts(size(), 0);
+    counts[owner] = kBig;
+    counts[(owner + 1) % size()] = 3;  // and a small neighbour
+    Buffers send(size()), recv(size());
+    for (int r = 0; r < size(); ++r) {
+      send[r] = ExactRandom(rng_, Sum(counts));
+      recv[r].assign(counts[r], -1.0f);
+    }
+    RunOnRanks(size(), [&](int r) {
+      EXPECT_OK(
+          comm(r)->ReduceScatterV(send[r].data(), counts, recv[r].data()));
+    });
+    for (int r = 0; r < size(); ++r) {
+      EXPECT_EQ(recv[r], RefReduceScatterV(send, counts, r))
+          << "rank " << r << " owner " << owner;
+    }
+  }
+}
+
+// bf16 / fp16 elements: sums accumulated in fp32 in rank order, rounded
+// once; gathers move the 16-bit patterns untouched.
+TEST_P(CollectivesTest, TypedSixteenBitReduceScatterAndAllGather) {
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    const std::vector<int64_t> counts = RandomCounts(rng_, size(), 41);
+    const int64_t total = Sum(counts);
+    std::vector<std::vector<uint16_t>> send(size()), recv(size());
+    std::uniform_real_distribution<float> value(-3.0f, 3.0f);
+    for (int r = 0; r < size(); ++r) {
+      std::vector<float> v(total);
+      for (float& x : v) x = value(rng_);
+      send[r].resize(total);
+      RoundFromFloat(v.data(), total, dtype, send[r].data());
+      recv[r].assign(counts[r], 0xFFFF);
+    }
+    RunOnRanks(size(), [&](int r) {
+      EXPECT_OK(comm(r)->ReduceScatterVTyped(dtype, send[r].data(), counts,
+                                             recv[r].data()));
+    });
+    int64_t at = 0;
+    for (int r = 0; r < size(); ++r) {
+      std::vector<float> sum(counts[r], 0.0f), part(counts[r]);
+      for (int q = 0; q < size(); ++q) {
+        WidenToFloat(dtype, send[q].data() + at, counts[r], part.data());
+        for (int64_t i = 0; i < counts[r]; ++i) sum[i] += part[i];
+      }
+      std::vector<uint16_t> want(counts[r]);
+      RoundFromFloat(sum.data(), counts[r], dtype, want.data());
+      EXPECT_EQ(recv[r], want) << DTypeName(dtype) << " rank " << r;
+      at += counts[r];
+    }
+    // Gather the reduced slices back: every rank holds every slice.
+    std::vector<std::vector<uint16_t>> all(size(),
+                                           std::vector<uint16_t>(total, 0));
+    RunOnRanks(size(), [&](int r) {
+      EXPECT_OK(comm(r)->AllGatherVTyped(dtype, recv[r].data(), counts,
+                                         all[r].data()));
+    });
+    std::vector<uint16_t> joined;
+    for (int r = 0; r < size(); ++r) {
+      joined.insert(joined.end(), recv[r].begin(), recv[r].end());
+    }
+    for (int r = 0; r < size(); ++r) EXPECT_EQ(all[r], joined);
   }
 }
 
