@@ -36,15 +36,6 @@
 namespace canzona::engine_test {
 namespace {
 
-// The Megatron model with every matrix on Muon (see the file comment).
-std::vector<ModelParam> MuonModel() {
-  std::vector<ModelParam> model = MegatronModel();
-  for (ModelParam& p : model) {
-    if (p.group == "soap" || p.group == "shampoo") p.group = "muon";
-  }
-  return model;
-}
-
 // Steps 1-3, then up to `last` (the last two as an overlapping trainer
 // drives them when `overlap_tail`) with the backend allocations counted;
 // every parameter within the precision's tolerance of the cpu reference.

@@ -123,6 +123,14 @@ std::vector<ModelParam> MegatronModel() {
   return m;
 }
 
+std::vector<ModelParam> MuonModel() {
+  std::vector<ModelParam> model = MegatronModel();
+  for (ModelParam& p : model) {
+    if (p.group == "soap" || p.group == "shampoo") p.group = "muon";
+  }
+  return model;
+}
+
 std::vector<ModelParam> HfModel() {
   std::vector<ModelParam> m;
   m.push_back({"model.embed_tokens.weight", {128, 64}, 0, "adamw"});

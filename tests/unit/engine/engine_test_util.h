@@ -48,6 +48,8 @@ struct ModelParam {
 // 128; fused qkv / gate_up (Megatron) or separate projections (HF).
 std::vector<ModelParam> MegatronModel();
 std::vector<ModelParam> HfModel();
+// MegatronModel with Muon for every matrix (AdamW for the rest).
+std::vector<ModelParam> MuonModel();
 
 struct JobConfig {
   std::string job_id;

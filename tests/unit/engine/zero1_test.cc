@@ -184,19 +184,10 @@ JobMemory Measure(const JobConfig& config) {
   return out;
 }
 
-// The model with Muon for every matrix and AdamW for the rest (Shampoo's
-// and SOAP's preconditioners are larger than the matrices they serve).
-std::vector<ModelParam> MuonModel() {
-  std::vector<ModelParam> model = MegatronModel();
-  for (ModelParam& p : model) {
-    if (p.group == "soap" || p.group == "shampoo") p.group = "muon";
-  }
-  return model;
-}
-
 // The ratios themselves are the memory benchmark's (tests/bench/
 // memory_bench.sh, real shapes); here: the bound on every buffer, and the
-// footprint falling with DP.
+// footprint falling with DP (Muon and AdamW: Shampoo's and SOAP's
+// preconditioners are larger than the matrices they serve).
 TEST(MemoryTest, NoBufferExceedsItsBoundAndMemoryFallsWithDp) {
   double last_ratio = 1e9;
   for (int dp : {1, 2, 4}) {
