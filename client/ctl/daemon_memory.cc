@@ -66,10 +66,7 @@ absl::StatusOr<int64_t> PrivateBytes(pid_t pid) {
   int64_t kib = 0;
   std::string line;
   while (std::getline(in, line)) {
-    if (!absl::StartsWith(line, "Private_Clean:") &&
-        !absl::StartsWith(line, "Private_Dirty:")) {
-      continue;
-    }
+    if (!absl::StartsWith(line, "Private_Dirty:")) continue;
     std::istringstream fields(line.substr(line.find(':') + 1));
     int64_t value = 0;
     fields >> value;

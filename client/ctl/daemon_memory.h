@@ -1,8 +1,9 @@
 // The memory a local daemon process holds, as the benchmarks measure it:
 // its pid found through the peer credentials of its unix socket
 // (SO_PEERCRED), and its private bytes from /proc/<pid>/smaps_rollup
-// (Private_Clean + Private_Dirty: what the process alone holds, so the
-// trainers' shared buffers it maps do not count).
+// (Private_Dirty: the memory the process alone has written, so neither the
+// trainers' shared buffers it maps nor the library code it has paged in
+// count).
 //
 //   CANZONA_ASSIGN_OR_RETURN(pid_t pid, DaemonPid("unix:/run/canzona.sock"));
 //   CANZONA_ASSIGN_OR_RETURN(int64_t bytes, PrivateBytes(pid));
