@@ -66,6 +66,8 @@ absl::StatusOr<LinkTier> ParseTier(const nlohmann::json& json,
                            Positive(*it, prefix, "latency_us"));
   CANZONA_ASSIGN_OR_RETURN(tier.bandwidth_gbps,
                            Positive(*it, prefix, "bandwidth_gbps"));
+  CANZONA_ASSIGN_OR_RETURN(tier.pair_gbps, Positive(*it, prefix, "pair_gbps",
+                                                    /*optional=*/true));
   CANZONA_ASSIGN_OR_RETURN(
       tier.aggregate_gbps,
       Positive(*it, prefix, "aggregate_gbps", /*optional=*/true));
@@ -75,6 +77,7 @@ absl::StatusOr<LinkTier> ParseTier(const nlohmann::json& json,
 nlohmann::json TierToJson(const LinkTier& tier) {
   nlohmann::json j = {{"latency_us", tier.latency_us},
                       {"bandwidth_gbps", tier.bandwidth_gbps}};
+  if (tier.pair_gbps > 0) j["pair_gbps"] = tier.pair_gbps;
   if (tier.aggregate_gbps > 0) j["aggregate_gbps"] = tier.aggregate_gbps;
   return j;
 }

@@ -18,7 +18,7 @@
 //     "memory_gbps": 2680,            // bytes read + written per second by
 //                                     // staging copies and element-wise passes
 //     "intra_node": {"latency_us": 1.5, "bandwidth_gbps": 360,
-//                    "aggregate_gbps": 0},   // optional node-wide cap
+//                    "pair_gbps": ..., "aggregate_gbps": ...},  // optional
 //     "inter_node": {"latency_us": 6, "bandwidth_gbps": 40},
 //     "rates": {"gemm_gflops": ..., "ns_gflops": ..., "eigh_gflops": ...,
 //               "adamw_gbps": ...},  // the planner's rates (cost_model.h)
@@ -55,6 +55,7 @@ const char* CommPlaneName(CommPlane plane);
 struct LinkTier {
   double latency_us = 0;      // one hop (a ring step, one message)
   double bandwidth_gbps = 0;  // per rank, one direction
+  double pair_gbps = 0;       // per pair, both directions; 0: no cap
   double aggregate_gbps = 0;  // node-wide cap on this tier; 0: none
 };
 

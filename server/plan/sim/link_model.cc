@@ -40,11 +40,12 @@ UnevenTime Uneven(const Link& link, const std::vector<int64_t>& counts,
   const CountStats s = Stats(counts);
   if (n <= 1 || s.total == 0) return t;
   const double per_call = RingLatency(link, n);
-  t.per_root_s = s.nonzero * per_call + s.total * elem_bytes / link.bytes_per_s;
-  t.padded_s = per_call + (n - 1) * s.max * elem_bytes / link.bytes_per_s;
+  t.per_root_s =
+      s.nonzero * per_call + s.total * elem_bytes / link.rank_bytes_per_s;
+  t.padded_s = per_call + (n - 1) * s.max * elem_bytes / link.rank_bytes_per_s;
   NcclCostModel cost;
   cost.launch_us = per_call * 1e6;
-  cost.bytes_per_us = link.bytes_per_s / 1e6 * 4.0 / elem_bytes;
+  cost.bytes_per_us = link.rank_bytes_per_s / 1e6 * 4.0 / elem_bytes;
   t.cost_model_choice = ChooseUneven(absl::MakeConstSpan(counts), cost);
   t.measured_choice =
       t.padded_s < t.per_root_s ? NcclUneven::kPadded : NcclUneven::kPerRoot;
@@ -55,21 +56,52 @@ UnevenTime Uneven(const Link& link, const std::vector<int64_t>& counts,
 }  // namespace
 
 Link MakeLink(const HardwareProfile& profile, const LinkTier& tier,
-              int node_streams) {
+              int group_ranks, int node_ranks) {
   Link link;
   link.launch_s = profile.collective_launch_us * 1e-6;
   link.hop_s = tier.latency_us * 1e-6;
-  double gbps = tier.bandwidth_gbps;
-  if (tier.aggregate_gbps > 0 && node_streams > 0) {
-    gbps = std::min(gbps, tier.aggregate_gbps / node_streams);
+  link.bytes_per_s = tier.bandwidth_gbps * 1e9;
+  link.rank_bytes_per_s = link.bytes_per_s;
+  link.pair_bytes_per_s = tier.pair_gbps * 1e9;
+  if (tier.aggregate_gbps > 0) {
+    const double share = static_cast<double>(std::max(group_ranks, 1)) /
+                         std::max(node_ranks, std::max(group_ranks, 1));
+    link.node_bytes_per_s = tier.aggregate_gbps * 1e9 * share;
+    link.rank_bytes_per_s =
+        std::min(link.rank_bytes_per_s,
+                 link.node_bytes_per_s / std::max(group_ranks, 1));
   }
-  link.bytes_per_s = gbps * 1e9;
   return link;
+}
+
+double FlowRound(const Link& link, const Flows& flows) {
+  const size_t n = flows.size();
+  double longest = 0, total = 0;
+  std::vector<double> recv(n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    double sent = 0;
+    for (size_t j = 0; j < n; ++j) {
+      if (i == j) continue;
+      sent += flows[i][j];
+      recv[j] += flows[i][j];
+      if (link.pair_bytes_per_s > 0 && j > i) {
+        longest = std::max(longest,
+                           (flows[i][j] + flows[j][i]) / link.pair_bytes_per_s);
+      }
+    }
+    total += sent;
+    longest = std::max(longest, sent / link.bytes_per_s);
+  }
+  for (double r : recv) longest = std::max(longest, r / link.bytes_per_s);
+  if (link.node_bytes_per_s > 0) {
+    longest = std::max(longest, total / link.node_bytes_per_s);
+  }
+  return link.hop_s + longest;
 }
 
 double NcclRingReduceScatter(const Link& link, int n, double chunk_bytes) {
   if (n <= 1) return 0;
-  return RingLatency(link, n) + (n - 1) * chunk_bytes / link.bytes_per_s;
+  return RingLatency(link, n) + (n - 1) * chunk_bytes / link.rank_bytes_per_s;
 }
 
 double NcclRingAllGather(const Link& link, int n, double chunk_bytes) {
@@ -79,14 +111,14 @@ double NcclRingAllGather(const Link& link, int n, double chunk_bytes) {
 double NcclRingAllReduce(const Link& link, int n, double bytes) {
   if (n <= 1) return 0;
   return link.launch_s + 2.0 * (n - 1) * link.hop_s +
-         2.0 * (n - 1) / n * bytes / link.bytes_per_s;
+         2.0 * (n - 1) / n * bytes / link.rank_bytes_per_s;
 }
 
 double NcclTreeAllReduce(const Link& link, int n, double bytes) {
   if (n <= 1) return 0;
   const double depth = std::ceil(std::log2(static_cast<double>(n)));
   return link.launch_s + 2.0 * depth * link.hop_s +
-         2.0 * bytes / link.bytes_per_s;
+         2.0 * bytes / link.rank_bytes_per_s;
 }
 
 double NcclAllReduce(const Link& link, int n, double bytes) {
@@ -112,15 +144,16 @@ double GlooReduceScatterV(const Link& link, const std::vector<int64_t>& counts,
   const int n = static_cast<int>(counts.size());
   const CountStats s = Stats(counts);
   if (n <= 1 || s.total == 0) return 0;
-  // Rank r sends everything but its slice and receives n-1 copies of it.
-  double busiest = 0;
-  for (int64_t c : counts) {
-    const double mine = static_cast<double>(c);
-    busiest = std::max(busiest, std::max(s.total - mine, (n - 1) * mine));
+  // Rank i sends slice j to rank j.
+  Flows flows(n, std::vector<double>(n, 0.0));
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      if (i != j) flows[i][j] = static_cast<double>(counts[j]) * elem_bytes;
+    }
   }
   // Summing n copies of the largest slice into one: read n, write one.
   const double sum_bytes = (n + 1) * s.max * elem_bytes;
-  return AllToAllV(link, n, busiest * elem_bytes) + sum_bytes / memory_bps;
+  return AllToAllV(link, flows) + sum_bytes / memory_bps;
 }
 
 double GlooAllGatherV(const Link& link, const std::vector<int64_t>& counts,
@@ -128,19 +161,28 @@ double GlooAllGatherV(const Link& link, const std::vector<int64_t>& counts,
   const int n = static_cast<int>(counts.size());
   const CountStats s = Stats(counts);
   if (n <= 1 || s.total == 0) return 0;
-  return link.launch_s +
-         (n - 1) * (link.hop_s + s.max * elem_bytes / link.bytes_per_s);
+  double t = link.launch_s;
+  for (int k = 0; k < n - 1; ++k) {
+    Flows flows(n, std::vector<double>(n, 0.0));
+    for (int i = 0; i < n; ++i) {
+      flows[i][(i + 1) % n] =
+          static_cast<double>(counts[((i - k) % n + n) % n]) * elem_bytes;
+    }
+    t += FlowRound(link, flows);
+  }
+  return t;
 }
 
 double GlooAllReduce(const Link& link, int n, double bytes) {
   if (n <= 1) return 0;
-  return link.launch_s +
-         2.0 * (n - 1) * (link.hop_s + bytes / n / link.bytes_per_s);
+  Flows flows(n, std::vector<double>(n, 0.0));
+  for (int i = 0; i < n; ++i) flows[i][(i + 1) % n] = bytes / n;
+  return link.launch_s + 2.0 * (n - 1) * FlowRound(link, flows);
 }
 
-double AllToAllV(const Link& link, int n, double max_bytes) {
-  if (n <= 1) return 0;
-  return link.launch_s + link.hop_s + max_bytes / link.bytes_per_s;
+double AllToAllV(const Link& link, const Flows& flows) {
+  if (flows.size() <= 1) return 0;
+  return link.launch_s + FlowRound(link, flows);
 }
 
 double AllReduce(CommPlane plane, const Link& link, int n, double bytes) {

@@ -19,19 +19,24 @@
 //     fed this link); from its third step it keeps the way it measured
 //     faster, which here is the faster modelled time.
 //     all-to-all-v:     launch + hop + max(bytes sent, received) / bw.
-//   Gloo (gloo_communicator.cc, Gloo's algorithms):
-//     reduce-scatter-v: an all-to-all-v (rank r receives n-1 copies of its
-//                       slice) plus the summation, at memory bandwidth;
-//     all-gather-v:     Gloo's ring, n-1 steps each moving the largest
-//                       slice: launch + (n-1) (hop + max(counts) / bw);
-//     all-reduce:       Gloo's ring, 2(n-1) steps of s/n:
-//                       launch + 2(n-1) (hop + s / (n bw));
-//     all-to-all-v:     as NCCL's.
+//   Gloo (gloo_communicator.cc, Gloo's algorithms), as rounds of flows
+//   (bytes from rank i to rank j, all of a round's flows at once):
+//     reduce-scatter-v: one all-to-all-v round (rank r receives the n-1
+//                       copies of its slice), then the summation at memory
+//                       bandwidth;
+//     all-gather-v:     Gloo's ring: n-1 rounds, in round k rank i sends
+//                       slice (i - k) mod n to rank i + 1;
+//     all-reduce:       Gloo's ring: 2(n-1) rounds of s/n to the right.
+//   all-to-all-v (either plane): one round of the caller's flows.
+//   A round costs hop + the longest of: a rank's bytes sent or received
+//   over the per-rank bandwidth; a pair's bytes (both directions) over the
+//   pair bandwidth; all bytes over the group's share of the node-wide cap
+//   (the caps a loopback link has: one TCP connection per pair, and the
+//   CPU of the machine); a collective adds its launch.
 //
 // `Link` is one tier of a HardwareProfile seen by one collective: the
-// slowest tier its group spans, with the bandwidth shared fairly among the
-// ranks of a node that move bytes at once when the tier has a node-wide
-// cap (a loopback "link" is the CPU of the machine).
+// slowest tier its group spans, with the node-wide cap shared among the
+// ranks of the node that move bytes at once.
 //
 // Thread-safety: pure functions.
 #ifndef CANZONA_SERVER_PLAN_SIM_LINK_MODEL_H_
@@ -48,13 +53,25 @@ namespace canzona::plan::sim {
 struct Link {
   double launch_s = 0;
   double hop_s = 0;
-  double bytes_per_s = 1;
+  double bytes_per_s = 1;       // per rank, one direction
+  double pair_bytes_per_s = 0;  // one pair, both directions; 0: no cap
+  double node_bytes_per_s = 0;  // all of the group's flows; 0: no cap
+  // What the closed-form (NCCL) times use: the per-rank rate capped by the
+  // rank's fair share of the node-wide cap.
+  double rank_bytes_per_s = 1;
 };
 
-// The link a collective sees on `tier` when `node_streams` ranks of its
-// busiest node move bytes on that tier at once.
+// The link a collective of `group_ranks` ranks sees on `tier` when
+// `node_ranks` ranks of its busiest node move bytes on that tier at once
+// (it gets group_ranks / node_ranks of the node-wide cap).
 Link MakeLink(const HardwareProfile& profile, const LinkTier& tier,
-              int node_streams);
+              int group_ranks, int node_ranks);
+
+// Bytes from rank i to rank j of a group in one round: flows[i][j].
+using Flows = std::vector<std::vector<double>>;
+
+// hop + the longest of the round's per-rank, per-pair and node-wide times.
+double FlowRound(const Link& link, const Flows& flows);
 
 // How an uneven collective was (or would be) run, with both ways' times.
 struct UnevenTime {
@@ -85,9 +102,9 @@ double GlooAllGatherV(const Link& link, const std::vector<int64_t>& counts,
                       int elem_bytes);
 double GlooAllReduce(const Link& link, int n, double bytes);
 
-// Either plane: an all-to-all-v whose busiest rank sends or receives
-// `max_bytes` (0 bytes: the call still synchronizes).
-double AllToAllV(const Link& link, int n, double max_bytes);
+// Either plane: one all-to-all-v of `flows` (no bytes: the call still
+// synchronizes).
+double AllToAllV(const Link& link, const Flows& flows);
 
 // The plane's even all-reduce (NcclAllReduce or GlooAllReduce).
 double AllReduce(CommPlane plane, const Link& link, int n, double bytes);

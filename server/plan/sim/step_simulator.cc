@@ -89,8 +89,11 @@ class Run {
   double Copy(const GpuState& g, double bytes) const {
     return 2 * bytes / memory_bps_ * g.slowdown;
   }
+  // The link of a group whose every node's ranks all communicate at once.
   Link LinkOf(const std::vector<int>& ranks) const {
-    return MakeLink(profile_, place_.Tier(ranks),
+    int here = 0;
+    for (int r : ranks) here += place_.Node(r) == place_.Node(ranks.front());
+    return MakeLink(profile_, place_.Tier(ranks), here,
                     place_.RanksOnNode(ranks.front()));
   }
   // How many ranks of a node mirror each simulated GPU on it (the other
@@ -273,7 +276,7 @@ class Run {
   void WorldReduction(bool rms) {
     std::vector<int> world;
     for (int r = 0; r < place_.world(); ++r) world.push_back(r);
-    const Link link = MakeLink(profile_, place_.Tier(world), 1);
+    const Link link = LinkOf(world);
     const double collective =
         AllReduce(profile_.comm, link, place_.world(), rms ? 4.0 : 8.0);
     double start = 0;
@@ -352,30 +355,32 @@ class Run {
     for (const MicroGroup* mg : mine) {
       PipelineGroup pg;
       pg.compute_s.assign(T, 0.0);
-      std::vector<double> send(T, 0), recv(T, 0);
+      // The gather moves gradient + parameter fragments to each host, the
+      // scatter the updated parameter fragments back; each packs or
+      // unpacks what it moves.
+      Flows gather(T, std::vector<double>(T, 0.0));
+      Flows scatter(T, std::vector<double>(T, 0.0));
+      std::vector<double> moved(T, 0.0);
       for (int i : mg->params) {
         const int host = plan_.tp_host[i];
         const double frag =
             static_cast<double>(ctx_.items[i].local_numel) * kStagingBytes;
         for (int t = 0; t < T; ++t) {
-          if (t != host) send[t] += frag;
+          if (t == host) continue;
+          gather[t][host] += 2 * frag;
+          scatter[host][t] += frag;
+          moved[t] += frag;
+          moved[host] += frag;
         }
-        recv[host] += (T - 1) * frag;
         // Assemble gradient and parameter, update, cut the result back.
         pg.compute_s[host] +=
             update_s_[i] * slowdown + 2 * 3 * frag * T / memory_bps_ * slowdown;
       }
-      double busiest = 0, packing = 0;
-      for (int t = 0; t < T; ++t) {
-        busiest = std::max(busiest, std::max(send[t], recv[t]));
-        packing = std::max(packing, std::max(send[t], recv[t]));
-      }
-      // The gather moves gradient + parameter fragments, the scatter the
-      // updated parameter fragments; each packs or unpacks what it moves.
-      pg.gather_s = AllToAllV(link, T, 2 * busiest) +
-                    2 * 2 * packing / memory_bps_ * slowdown;
+      const double packing = *std::max_element(moved.begin(), moved.end());
+      pg.gather_s =
+          AllToAllV(link, gather) + 2 * 2 * packing / memory_bps_ * slowdown;
       pg.scatter_s =
-          AllToAllV(link, T, busiest) + 2 * packing / memory_bps_ * slowdown;
+          AllToAllV(link, scatter) + 2 * packing / memory_bps_ * slowdown;
       groups.push_back(std::move(pg));
     }
     const PipelineSchedule p = ScheduleTpPipeline(groups, ready);
