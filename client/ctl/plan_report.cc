@@ -230,7 +230,8 @@ class Report {
     }
     const double left = 120, row = 22, w = kPageWidth;
     Svg svg(w, 30 + row * in_.strategies.size(), "steps");
-    auto x = [&](double t) { return left + (w - left - 20) * t / longest; };
+    // Room on the right for the total's label.
+    auto x = [&](double t) { return left + (w - left - 80) * t / longest; };
     double y = 8;
     for (const ReportStrategy& s : in_.strategies) {
       if (!s.simulation) continue;
@@ -445,8 +446,10 @@ class Report {
         std::vector<double> at(T, start);
         for (int i : groups[k]->params) {
           const int t = p.tp_host[i];
-          svg.Rect(x(at[t]), 18 + lane * t, x(at[t] + cost_[i]) - x(at[t]),
-                   lane - 2, PaletteColor(static_cast<int>(k)),
+          // A pixel of white between matrices shows where each ends.
+          svg.Rect(x(at[t]), 18 + lane * t,
+                   std::max(x(at[t] + cost_[i]) - x(at[t]) - 1, 0.5), lane - 2,
+                   PaletteColor(static_cast<int>(k)),
                    absl::StrFormat("group %d, tp %d: %s (%s)", k, t,
                                    in_.request->parameters[i].name,
                                    Objective(cost_[i])));

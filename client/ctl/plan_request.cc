@@ -54,6 +54,10 @@ void AddPlanFlags(CLI::App* cmd, PlanFlags* flags) {
   cmd->add_option("--dtype", flags->dtype, "parameter dtype: bf16, fp16, fp32")
       ->capture_default_str();
   cmd->add_option("--models-dir", flags->models_dir, kModelsDirHelp);
+  cmd->add_option("--layers", flags->layers,
+                  "keep this many layers of the model (0: all)");
+  cmd->add_option("--vocab", flags->vocab,
+                  "cut the vocabulary to this size (0: the model's)");
   cmd->add_option("--shard-group-size", flags->shard_group_size,
                   "hierarchical sharding: DP ranks per shard group (divides "
                   "--dp; 0 = flat)")

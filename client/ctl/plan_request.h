@@ -37,7 +37,7 @@ struct PlanFlags {
 };
 
 // Adds --model --layout --pp --dp --tp --optimizer --strategy --alpha
-// --rates --bucket-size --fuse-space --dtype --models-dir
+// --rates --bucket-size --fuse-space --dtype --models-dir --layers --vocab
 // --shard-group-size, defaulting to the values already in `flags`.
 void AddPlanFlags(CLI::App* cmd, PlanFlags* flags);
 

@@ -220,7 +220,13 @@ void Run(const SimulateOptions& o) {
     html = RenderPlanReport(in);
   }
   if (o.json) {
+    int64_t elements = 0;
+    for (const plan::ParamSpec& p : request.parameters) {
+      elements += plan::Numel(p.shape);
+    }
     nlohmann::json out = {{"model", o.plan.model},
+                          {"parameters", request.parameters.size()},
+                          {"elements", elements},
                           {"layout_name", o.plan.layout},
                           {"layers", o.plan.layers},
                           {"vocab", o.plan.vocab},
@@ -267,10 +273,6 @@ void AddSimulateCommand(CLI::App& app) {
       "Simulate a job's optimizer step phase by phase on a hardware profile, "
       "every strategy side by side");
   AddPlanFlags(cmd, &o->plan);
-  cmd->add_option("--layers", o->plan.layers,
-                  "keep this many layers of the model (0: all)");
-  cmd->add_option("--vocab", o->plan.vocab,
-                  "cut the vocabulary to this size (0: the model's)");
   cmd->add_option("--profile", o->profile,
                   "hardware profile: a name in the profiles directory "
                   "(h100-node, h200-node) or a .json path (canzonactl "

@@ -67,7 +67,7 @@ std::vector<double> Ticks(double max, int count) {
   const double raw = max / count;
   const double power = std::pow(10, std::floor(std::log10(raw)));
   double step = power;
-  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0}) {
     step = m * power;
     if (step >= raw) break;
   }

@@ -15,7 +15,11 @@ machine (a benchmark, not a test: it reports, it asserts nothing).
 3. `canzona_step_bench` (the in-process step benchmark: two engines, all
    five strategies at DP2 x TP2) against `simulate` per strategy.
 Prints one table: per configuration and phase, predicted, measured and
-predicted / measured, and whether each is within 25%.
+predicted / measured, and whether each is within 25%. The machine may be
+shared: the CPU time other processes used during each run is measured
+(/proc/stat) and the prediction counts it as background threads on the
+cores (hardware_profile.h); the prediction for an idle machine is shown
+beside it.
 """
 
 import argparse
@@ -64,6 +68,18 @@ def flag(flags, name, default):
     return flags[flags.index(name) + 1] if name in flags else default
 
 
+def loaded_profile(profile, other, out_dir, name):
+    """The profile with the other processes' load of a run as background
+    threads (hardware_profile.h): the machine as it was while measured."""
+    p = json.load(open(profile))
+    p["background_threads"] = round(other, 3)
+    path = os.path.join(out_dir, "profile-" + re.sub(r"\W+", "_", name) +
+                        ".json")
+    with open(path, "w") as f:
+        json.dump(p, f, indent=1)
+    return path
+
+
 def simulate(ctl, profile, flags, bucket, strategy, shard_group):
     cmd = [ctl, "simulate", "--profile", profile, "--json", "--dtype", "fp32",
            "--strategy", strategy, "--bucket-size", str(bucket),
@@ -97,22 +113,57 @@ def start_daemon(canzonad, workdir):
     raise SystemExit("canzonad not ready after 20 s")
 
 
-def rows_for(name, predicted, measured):
+class OtherLoad:
+    """CPU time used by processes other than this benchmark's (the daemon,
+    canzonactl and the step bench are this script's children), in cores,
+    averaged over the span: the machine is shared, and what others run
+    slows the measured steps down."""
+
+    def __init__(self, daemon_pid):
+        self.daemon_pid = daemon_pid
+        self.start = self._sample()
+
+    def _sample(self):
+        fields = open("/proc/stat").readline().split()[1:]
+        busy = sum(int(x) for i, x in enumerate(fields) if i not in (3, 4))
+        ours = 0
+        if self.daemon_pid:
+            stat = open(f"/proc/{self.daemon_pid}/stat").read()
+            parts = stat[stat.rindex(")") + 2:].split()
+            ours += int(parts[11]) + int(parts[12])
+        t = os.times()
+        ticks = os.sysconf("SC_CLK_TCK")
+        ours += (t.children_user + t.children_system + t.user + t.system) * \
+            ticks
+        return time.time(), busy, ours, ticks
+
+    def cores(self):
+        wall0, busy0, ours0, ticks = self.start
+        wall1, busy1, ours1, _ = self._sample()
+        other = (busy1 - busy0) - (ours1 - ours0)
+        return max(0.0, other / ticks / max(wall1 - wall0, 1e-9))
+
+
+def rows_for(name, idle, loaded, measured, other):
+    """Per phase: (name, phase, predicted with the run's other load,
+    measured, other load, predicted on an idle machine), in ms."""
     rows = []
     for phase in PHASES:
-        p = 1e3 * predicted.get(phase, 0.0)
+        p = 1e3 * loaded.get(phase, 0.0)
         m = measured.get(phase, 0.0)
         if p < 0.05 and m < 0.05:
             continue  # a phase this configuration does not have
-        rows.append((name, phase, p, m))
+        rows.append((name, phase, p, m, other, 1e3 * idle.get(phase, 0.0)))
     return rows
 
 
-def step_bench_rows(build, ctl, profile, steps):
+def step_bench_rows(build, ctl, profile, steps, out_dir):
     """canzona_step_bench: every strategy at DP2 x TP2 (its defaults)."""
     binary = os.path.join(build, "tests", "bench", "canzona_step_bench")
+    load = OtherLoad(None)
     out = run([binary, "--model=qwen3-0.6b", "--layers=2", "--vocab=4096",
                "--dp=2", "--tp=2", f"--steps={steps + 1}"])
+    other = load.cores()
     names = None
     rows = []
     for line in out.splitlines():
@@ -124,10 +175,13 @@ def step_bench_rows(build, ctl, profile, steps):
                                           "alpha", "cost"):
             values = [float(v[:-2]) for v in cols[1:1 + len(names)]]
             measured = dict(zip(names, values))
-            predicted = simulate(ctl, profile, ["--dp", "2", "--tp", "2"],
-                                 4000000, cols[0], 0)
-            rows += rows_for(f"step_bench dp2 tp2 {cols[0]}", predicted,
-                             measured)
+            flags = ["--dp", "2", "--tp", "2"]
+            idle = simulate(ctl, profile, flags, 4000000, cols[0], 0)
+            loaded = simulate(ctl, loaded_profile(profile, other, out_dir,
+                                                  "step_bench"),
+                              flags, 4000000, cols[0], 0)
+            rows += rows_for(f"step_bench dp2 tp2 {cols[0]}", idle, loaded,
+                             measured, other)
     return rows
 
 
@@ -173,7 +227,9 @@ def main():
             cmd = [ctl, "bench", "step", "--target", f"unix:{sock}", "--json",
                    "--steps", str(args.steps), "--warmup", str(args.warmup),
                    "--timeout", "600"] + MODEL + flags
+            load = OtherLoad(daemon.pid)
             bench = json.loads(run(cmd))
+            other = load.cores()
             with open(os.path.join(out_dir, name.replace(" ", "_") + ".json"),
                       "w") as f:
                 json.dump(bench, f, indent=1)
@@ -184,36 +240,47 @@ def main():
                 s = mode["shard_group_size"]
                 label = name if (s == 0) == (shard == 0) else \
                     name.replace(f" S={shard}", " flat")
-                predicted = simulate(ctl, profile, flags, bench["bucket_size"],
-                                     bench["strategy"], s)
-                rows += rows_for(label, predicted, mode["median_phase_ms"])
-            print(f"done: {name}", file=sys.stderr)
+                idle = simulate(ctl, profile, flags, bench["bucket_size"],
+                                bench["strategy"], s)
+                loaded = simulate(ctl, loaded_profile(profile, other, out_dir,
+                                                      name),
+                                  flags, bench["bucket_size"],
+                                  bench["strategy"], s)
+                rows += rows_for(label, idle, loaded, mode["median_phase_ms"],
+                                 other)
+            print(f"done: {name} (other processes used {other:.2f} cores)",
+                  file=sys.stderr)
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=30)
         shutil.rmtree(workdir, ignore_errors=True)
     if not args.no_step_bench and (not args.only or
                                    re.search(args.only, "step_bench")):
-        rows += step_bench_rows(build, ctl, profile, args.steps)
+        rows += step_bench_rows(build, ctl, profile, args.steps, out_dir)
 
     within = sum(1 for r in rows if r[3] > 0 and abs(r[2] / r[3] - 1) <= 0.25)
+    totals = [r for r in rows if r[1] == "total"]
+    within_totals = sum(1 for r in totals if abs(r[2] / r[3] - 1) <= 0.25)
     if args.markdown:
-        print("| configuration | phase | predicted | measured | pred / meas |")
-        print("| --- | --- | --- | --- | --- |")
+        print("| configuration | phase | predicted | measured | pred / meas "
+              "| other load (cores) | predicted, idle machine |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
     else:
         print(f"{'configuration':32} {'phase':15} {'predicted':>11} "
-              f"{'measured':>11} {'pred/meas':>10}")
-    for name, phase, p, m in rows:
+              f"{'measured':>11} {'pred/meas':>10} {'other load':>10} "
+              f"{'pred idle':>11}")
+    for name, phase, p, m, other, idle in rows:
         ratio = p / m if m > 0 else float("inf")
         mark = "" if abs(ratio - 1) <= 0.25 else " *"
         if args.markdown:
             print(f"| {name} | {phase} | {p:.1f} ms | {m:.1f} ms | "
-                  f"{ratio:.2f}{mark} |")
+                  f"{ratio:.2f}{mark} | {other:.2f} | {idle:.1f} ms |")
         else:
             print(f"{name:32} {phase:15} {p:9.1f}ms {m:9.1f}ms "
-                  f"{ratio:9.2f}{mark}")
-    print(f"{within} of {len(rows)} phase totals within 25% (* outside); "
-          f"load average at end {os.getloadavg()[0]:.2f}")
+                  f"{ratio:9.2f}{mark} {other:10.2f} {idle:9.1f}ms")
+    print(f"{within} of {len(rows)} phases and {within_totals} of "
+          f"{len(totals)} step totals within 25% (* outside); load average "
+          f"at end {os.getloadavg()[0]:.2f}")
     print(f"raw results: {out_dir}")
 
 

@@ -6,7 +6,7 @@
 namespace canzona::plan::sim {
 
 std::vector<double> SharedFinishTimes(const std::vector<double>& work,
-                                      int units) {
+                                      int units, double background) {
   std::vector<size_t> order(work.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
@@ -17,8 +17,8 @@ std::vector<double> SharedFinishTimes(const std::vector<double>& work,
   double now = 0, done = 0;  // work done so far by every job still active
   for (size_t i : order) {
     if (work[i] <= 0) continue;
-    const double rate =
-        std::min(1.0, static_cast<double>(std::max(units, 1)) / active);
+    const double rate = std::min(
+        1.0, static_cast<double>(std::max(units, 1)) / (active + background));
     now += (work[i] - done) / rate;
     done = work[i];
     finish[i] = now;
@@ -27,8 +27,9 @@ std::vector<double> SharedFinishTimes(const std::vector<double>& work,
   return finish;
 }
 
-double SharingSlowdown(int busy, int units) {
-  return busy > units ? static_cast<double>(busy) / std::max(units, 1) : 1.0;
+double SharingSlowdown(int busy, int units, double background) {
+  const double threads = busy + background;
+  return threads > units ? threads / std::max(units, 1) : 1.0;
 }
 
 }  // namespace canzona::plan::sim

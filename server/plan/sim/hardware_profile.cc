@@ -110,6 +110,13 @@ absl::StatusOr<HardwareProfile> ParseHardwareProfile(
   CANZONA_ASSIGN_OR_RETURN(p.ranks_per_node, Count(json, "ranks_per_node", 0));
   CANZONA_ASSIGN_OR_RETURN(p.compute_units_per_node,
                            Count(json, "compute_units_per_node", 1));
+  if (auto it = json.find("background_threads"); it != json.end()) {
+    if (!it->is_number() || !(it->get<double>() >= 0) ||
+        !std::isfinite(it->get<double>())) {
+      return Invalid("background_threads must be a number >= 0");
+    }
+    p.background_threads = it->get<double>();
+  }
   CANZONA_ASSIGN_OR_RETURN(p.collective_launch_us,
                            Positive(json, "", "collective_launch_us"));
   CANZONA_ASSIGN_OR_RETURN(p.memory_gbps, Positive(json, "", "memory_gbps"));
@@ -173,6 +180,9 @@ nlohmann::json HardwareProfileToJson(const HardwareProfile& profile) {
   j["comm"] = CommPlaneName(profile.comm);
   j["ranks_per_node"] = profile.ranks_per_node;
   j["compute_units_per_node"] = profile.compute_units_per_node;
+  if (profile.background_threads > 0) {
+    j["background_threads"] = profile.background_threads;
+  }
   j["collective_launch_us"] = profile.collective_launch_us;
   j["memory_gbps"] = profile.memory_gbps;
   j["intra_node"] = TierToJson(profile.intra_node);

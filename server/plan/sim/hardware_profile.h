@@ -14,6 +14,8 @@
 //                                     // 0: every rank on one node
 //     "compute_units_per_node": 8,    // ranks that compute at full rate at
 //                                     // once (GPUs; CPU cores / BLAS threads)
+//     "background_threads": 0,        // optional: other busy threads on a
+//                                     // shared machine's units (>= 0)
 //     "collective_launch_us": 10,     // fixed cost of every collective call
 //     "memory_gbps": 2680,            // bytes read + written per second by
 //                                     // staging copies and element-wise passes
@@ -65,6 +67,7 @@ struct HardwareProfile {
   CommPlane comm = CommPlane::kNccl;
   int ranks_per_node = 0;  // 0: one node holds every rank
   int compute_units_per_node = 1;
+  double background_threads = 0;  // other work sharing the units
   double collective_launch_us = 0;
   double memory_gbps = 0;
   LinkTier intra_node;

@@ -122,7 +122,8 @@ class Run {
           GpuState& g = At(s, d, t);
           g.rank = place_.GlobalRank(s, d, t);
           g.slowdown = SharingSlowdown(place_.RanksOnNode(g.rank),
-                                       profile_.compute_units_per_node);
+                                       profile_.compute_units_per_node,
+                                       profile_.background_threads);
           g.out.stage = s;
           g.out.dp = d;
           g.out.tp = t;
@@ -312,8 +313,8 @@ class Run {
       for (int m = 0; m < mirrors; ++m) {
         for (size_t i : members) work.push_back(gpus_[i].local_s);
       }
-      const std::vector<double> finish =
-          SharedFinishTimes(work, profile_.compute_units_per_node);
+      const std::vector<double> finish = SharedFinishTimes(
+          work, profile_.compute_units_per_node, profile_.background_threads);
       for (size_t k = 0; k < members.size(); ++k) {
         GpuState& g = gpus_[members[k]];
         AddSegment(g.out, Lane::kWorker, "local_compute", g.worker,
@@ -349,8 +350,8 @@ class Run {
     }
     const Link link = LinkOf(ranks);
     const int busy = place_.RanksOnNode(ranks.front());
-    const double slowdown =
-        SharingSlowdown(busy, profile_.compute_units_per_node);
+    const double slowdown = SharingSlowdown(
+        busy, profile_.compute_units_per_node, profile_.background_threads);
     std::vector<PipelineGroup> groups;
     for (const MicroGroup* mg : mine) {
       PipelineGroup pg;
