@@ -1,22 +1,28 @@
 #!/usr/bin/env python3
 """The paper's 256-GPU setting on paper (Canzona, arXiv 2602.06079:
-Qwen3 8B-32B on 256 GPUs, 5.8x lower optimizer-step latency and 1.57x
+Qwen3 8B-32B on 256 GPUs; 5.8x lower optimizer-step latency and 1.57x
 end-to-end over Megatron's layerwise optimizer).
 
   tests/bench/paper_setting.py --build-dir build [--profile h100-node]
       [--tokens 2097152] [--mfu 0.4]
 
 For Qwen3-8B/14B/32B at DP32 x TP8 and DP64 x TP4 (PP 1, megatron layout,
-bf16, Muon + AdamW, buckets of 4e8 elements) it runs `canzonactl simulate`
-on the profile and prints each strategy's predicted optimizer step, the
-ratios layerwise / cost, layerwise / alpha and sc / cost next to the
-paper's 5.8x, and the end-to-end ratio layerwise / cost for a stated
-forward + backward time: 6 x parameters x tokens per iteration over
-(256 GPUs x MFU x 989.4 TFLOP/s bf16 peak), the optimizer step not
-overlapped with it. It also prints the forward + backward time at which
-this prediction would give the paper's 1.57x. Every figure is a
-prediction of the model from the profile's stated assumptions; nothing is
-measured on a GPU.
+bf16 parameters and DP traffic, Muon + AdamW, buckets of 4e8 elements,
+every other planner default) it runs `canzonactl simulate --overlap` on
+the profile and prints two markdown tables:
+
+1. the predicted optimizer step of sc, layerwise, alpha and cost with
+   everything exposed, and the ratios layerwise / cost, layerwise / alpha,
+   sc / cost (the paper: 5.8x);
+2. the part of the step that overlap cannot hide (from the last gradient
+   reduction to the first parameter gather: norms, updates, TP pipeline),
+   its ratio, and the iteration layerwise / cost (the paper: 1.57x) for a
+   stated forward + backward: 6 x parameters x tokens per iteration over
+   256 GPUs x MFU x 989.4 TFLOP/s (H100 SXM dense bf16 peak), backward
+   2/3 of it, without overlap and with GradReady / WaitParams overlap.
+
+Every figure is a prediction of the model from the profile's stated
+assumptions; nothing here was measured on a GPU.
 """
 
 import argparse
@@ -26,7 +32,6 @@ import subprocess
 
 MODELS = ["qwen3-8b", "qwen3-14b", "qwen3-32b"]
 LAYOUTS = [(32, 8), (64, 4)]
-STRATEGIES = ["sc", "layerwise", "alpha", "cost"]
 PEAK_BF16 = 989.4e12  # H100 SXM dense bf16, NVIDIA datasheet
 
 
@@ -42,32 +47,50 @@ def main():
     rows = []
     for model in MODELS:
         for dp, tp in LAYOUTS:
+            # The trainer's compute needs the model size: ask once.
+            size = json.loads(subprocess.run(
+                [ctl, "simulate", "--model", model, "--dp", str(dp), "--tp",
+                 str(tp), "--profile", args.profile, "--json"], check=True,
+                capture_output=True, text=True).stdout)["elements"]
+            fwd_bwd = 6 * size * args.tokens / (256 * args.mfu * PEAK_BF16)
             out = json.loads(subprocess.run(
                 [ctl, "simulate", "--model", model, "--dp", str(dp), "--tp",
                  str(tp), "--profile", args.profile, "--dtype", "bf16",
-                 "--json"], check=True, capture_output=True, text=True).stdout)
-            step = {s["strategy"]: s["step_s"] for s in out["strategies"]}
-            rows.append((model, dp, tp, step, out["elements"]))
-    header = ("| model | DP x TP | sc | layerwise | alpha | cost | "
-              "layerwise / cost | layerwise / alpha | sc / cost | "
-              "fwd+bwd (assumed) | end-to-end layerwise / cost | "
-              "fwd+bwd for 1.57x |")
-    print(header)
-    print("|" + " --- |" * 12)
-    for model, dp, tp, step, n in rows:
-        fwd_bwd = 6 * n * args.tokens / (256 * args.mfu * PEAK_BF16)
-        lw, cost = step["layerwise"], step["cost"]
-        e2e = (fwd_bwd + lw) / (fwd_bwd + cost)
-        # (F + lw) / (F + cost) = 1.57  =>  F = (lw - 1.57 cost) / 0.57
-        f157 = (lw - 1.57 * cost) / 0.57
-        needed = f"{f157:.2f} s" if f157 > 0 else "none"
-        print(f"| {model} | {dp} x {tp} | {step['sc']:.3f} s | {lw:.3f} s | "
-              f"{step['alpha']:.3f} s | {cost:.3f} s | {lw / cost:.2f}x | "
-              f"{lw / step['alpha']:.2f}x | {step['sc'] / cost:.2f}x | "
-              f"{fwd_bwd:.2f} s | {e2e:.2f}x | {needed} |")
-    print(f"\nfwd+bwd = 6 x parameters x {args.tokens:.0f} tokens / "
-          f"(256 x {args.mfu} x {PEAK_BF16 / 1e12:.1f} TFLOP/s); profile "
-          f"{args.profile}; the optimizer step is not overlapped with it.")
+                 "--overlap", "--backward-ms", str(1e3 * fwd_bwd * 2 / 3),
+                 "--forward-ms", str(1e3 * fwd_bwd / 3), "--json"],
+                check=True, capture_output=True, text=True).stdout)
+            by = {s["strategy"]: s for s in out["strategies"]}
+            rows.append((model, dp, tp, size, fwd_bwd, by))
+
+    print("Optimizer step, everything exposed (predicted):\n")
+    print("| model | DP x TP | sc | layerwise | alpha | cost | "
+          "layerwise / cost | layerwise / alpha | sc / cost |")
+    print("|" + " --- |" * 9)
+    for model, dp, tp, _, _, by in rows:
+        step = {k: v["step_s"] for k, v in by.items()}
+        print(f"| {model} | {dp} x {tp} | {step['sc']:.3f} s | "
+              f"{step['layerwise']:.3f} s | {step['alpha']:.3f} s | "
+              f"{step['cost']:.3f} s | "
+              f"{step['layerwise'] / step['cost']:.2f}x | "
+              f"{step['layerwise'] / step['alpha']:.2f}x | "
+              f"{step['sc'] / step['cost']:.2f}x |")
+
+    print("\nWhat overlap cannot hide, and the iteration (predicted):\n")
+    print("| model | DP x TP | fwd+bwd (stated) | update span layerwise | "
+          "update span cost | ratio | iteration layerwise / cost, no "
+          "overlap | with overlap |")
+    print("|" + " --- |" * 8)
+    for model, dp, tp, _, fwd_bwd, by in rows:
+        lw, cost = by["layerwise"]["overlap"], by["cost"]["overlap"]
+        print(f"| {model} | {dp} x {tp} | {fwd_bwd:.2f} s | "
+              f"{lw['update_span_s']:.3f} s | {cost['update_span_s']:.3f} s "
+              f"| {lw['update_span_s'] / cost['update_span_s']:.2f}x | "
+              f"{lw['plain_iteration_s'] / cost['plain_iteration_s']:.3f}x | "
+              f"{lw['overlap_iteration_s'] / cost['overlap_iteration_s']:.3f}x"
+              " |")
+    print(f"\nprofile {args.profile}; fwd+bwd = 6 x parameters x "
+          f"{args.tokens:.0f} tokens / (256 x {args.mfu} x "
+          f"{PEAK_BF16 / 1e12:.1f} TFLOP/s), backward 2/3 of it.")
 
 
 if __name__ == "__main__":

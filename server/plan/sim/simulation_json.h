@@ -10,7 +10,8 @@
 //   buckets [{stage, elements, slice_imbalance, algorithm, reduce_s,
 //     gather_s, cross_s, nccl {reduce|gather: {per_root_s, padded_s,
 //     cost_model_choice, measured_choice}} (NCCL sliced buckets)}],
-//   overlap {forward_s, backward_s, dp_comm_s, plain_iteration_s,
+//   overlap {forward_s, backward_s, dp_comm_s, update_span_s,
+//     plain_iteration_s,
 //     plain_exposed_s, overlap_iteration_s, overlap_exposed_s,
 //     overlap_wait_params_s}.
 //

@@ -526,6 +526,7 @@ class Run {
     for (double x : g.reduce_b) reduce += x;
     for (double x : g.gather_b) gather += x;
     o.dp_comm_s = reduce + gather;
+    o.update_span_s = g.gathers_from - g.reduced_at;
     o.plain_iteration_s = o.backward_s + g.out.phases.total + o.forward_s;
     o.plain_exposed_s = o.dp_comm_s;
     if (!options_.overlap) return o;
@@ -537,8 +538,7 @@ class Run {
       lane = std::max(lane, ready) + g.reduce_b[b];
     }
     const double exposed_reduce = std::max(0.0, lane - o.backward_s);
-    const double update = g.gathers_from - g.reduced_at;
-    const double step_end = o.backward_s + exposed_reduce + update;
+    const double step_end = o.backward_s + exposed_reduce + o.update_span_s;
     // Forward waits for each bucket's gather, in gather order.
     double gathered = step_end, forward = step_end, waited = 0;
     const size_t ng = std::max<size_t>(1, g.gather_b.size());

@@ -125,7 +125,10 @@ struct BucketSimulation {
 struct SimOverlap {
   double forward_s = 0;
   double backward_s = 0;
-  double dp_comm_s = 0;          // reductions + gathers, on the DP lane
+  double dp_comm_s = 0;  // reductions + gathers, on the DP lane
+  // From the last reduction to the first gather (world reductions, the
+  // updates, the TP pipeline): what overlap cannot hide.
+  double update_span_s = 0;
   double plain_iteration_s = 0;  // backward + step + forward
   double plain_exposed_s = 0;    // DP communication the trainer waits for
   double overlap_iteration_s = 0;
