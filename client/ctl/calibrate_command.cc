@@ -2,7 +2,10 @@
 // profile for the step simulator (server/plan/sim/hardware_profile.h):
 // Gloo over loopback between in-process ranks (link_probe.h), one thread's
 // memory copy bandwidth, and the kernel rates of `bench kernels`
-// (kernel_rates.h) with the BLAS threads the daemon uses per rank.
+// (kernel_rates.h) with the BLAS threads the daemon uses per rank. Each
+// figure is its fastest run: what the machine does without interference
+// (a shared machine's other work is the profile's background_threads,
+// which the caller may set for the time it simulates).
 //
 //   canzonactl calibrate --out this-machine.json [--model qwen3-0.6b]
 //       [--min-time 0.5] [--ranks 4] [--cpu-threads 1] [--comm-host IP]
@@ -132,6 +135,7 @@ absl::Status RunCalibrate(const CalibrateOptions& o) {
 void AddCalibrateCommand(CLI::App& app) {
   auto o = std::make_shared<CalibrateOptions>();
   o->kernels.min_time = 0.5;
+  o->kernels.fastest = true;
   CLI::App* cmd = app.add_subcommand(
       "calibrate",
       "Measure this machine (loopback Gloo, memory, kernels) and write its "

@@ -51,6 +51,9 @@ absl::StatusOr<KernelRates> MeasureKernelRates(
 
   KernelRates out;
   out.bf16 = precision == NsPrecision::kBfloat16;
+  auto seconds = [&](const WorkloadTiming& t) {
+    return options.fastest ? t.min_seconds : t.median_seconds;
+  };
   for (const MatrixShape& shape : shapes) {
     CANZONA_ASSIGN_OR_RETURN(
         auto ns, KernelWorkload::NewtonSchulz(backend.get(), spec, 1,
@@ -64,9 +67,9 @@ absl::StatusOr<KernelRates> MeasureKernelRates(
                              KernelWorkload::Gemm(backend.get(), s, l, s));
     CANZONA_ASSIGN_OR_RETURN(WorkloadTiming gemm_time,
                              TimeWorkload(*gemm, options.min_time));
-    out.shapes.push_back({shape.rows, shape.cols, ns_time.median_seconds,
-                          ns->flops() / ns_time.median_seconds / 1e9,
-                          gemm->flops() / gemm_time.median_seconds / 1e9});
+    out.shapes.push_back({shape.rows, shape.cols, seconds(ns_time),
+                          ns->flops() / seconds(ns_time) / 1e9,
+                          gemm->flops() / seconds(gemm_time) / 1e9});
   }
   // Eigensolver and AdamW rates for the planner's cost model.
   out.eig_n =
@@ -91,8 +94,8 @@ absl::StatusOr<KernelRates> MeasureKernelRates(
   measured.device = backend->description();
   measured.gemm_gflops = gemm_best;
   measured.ns_gflops = ns_flops / ns_seconds;
-  measured.eigh_gflops = eig->flops() / eig_time.median_seconds / 1e9;
-  measured.adamw_gbps = adamw->bytes() / adamw_time.median_seconds / 1e9;
+  measured.eigh_gflops = eig->flops() / seconds(eig_time) / 1e9;
+  measured.adamw_gbps = adamw->bytes() / seconds(adamw_time) / 1e9;
   return out;
 }
 

@@ -25,6 +25,10 @@ struct KernelBenchOptions {
   double min_time = 1.0;
   int max_shapes = 0;  // 0: all distinct shapes
   int ns_steps = 5;
+  // Rates from each kernel's fastest run instead of its median: what the
+  // machine can do without interference (calibrate, on a shared machine,
+  // leaves other work to the simulator's background threads).
+  bool fastest = false;
 };
 
 struct ShapeRate {

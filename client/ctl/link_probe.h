@@ -31,17 +31,19 @@ struct LoopbackLink {
   double bandwidth_gbps = 0;  // one rank sending to one other
   double pair_gbps = 0;       // one pair, both ways at once (0: no cap)
   double aggregate_gbps = 0;  // every rank sending at once (0: no cap)
-  nlohmann::json raw;         // the medians behind the fit
+  nlohmann::json raw;         // the times behind the fit
 };
 
-// Fit (link_model.h): a 1-float all-gather-v over 2 and n ranks costs
-// launch + hop and launch + (n-1) hop; B bytes from one rank to another
+// Every figure is the fastest of its repeated runs: the machine without
+// interference. Fit (link_model.h): a 1-float all-gather-v over 2 and n ranks
+// costs launch + hop and launch + (n-1) hop; B bytes from one rank to another
 // cost launch + hop + B / bandwidth; both ways at once, 2 B over the pair's
 // cap when that is slower; n ranks each sending B to the n-1 others, n B
 // over the node's cap when that is slower still.
 absl::StatusOr<LoopbackLink> MeasureLoopback(const LoopbackOptions& options);
 
-// Bytes read + written per second by one thread's memcpy of large buffers.
+// Bytes read + written per second by one thread's memcpy of large buffers
+// (the fastest of its runs).
 double MeasureMemoryBandwidth(double min_time);
 
 }  // namespace canzona::ctl

@@ -5,12 +5,12 @@
 #include <utility>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "kernels/base/status_macros.h"
 #include "server/plan/planning_context.h"
 #include "server/plan/sim/compute_sharing.h"
 #include "server/plan/sim/placement.h"
 #include "server/plan/sim/tp_pipeline.h"
+#include "server/plan/sim/trainer_iteration.h"
 
 namespace canzona::plan::sim {
 namespace {
@@ -29,7 +29,6 @@ struct GpuState {
   double lane = 0;      // the DP lane's clock
   double slowdown = 1;  // sharing of the node's units by all its ranks
   int64_t stage_elements = 0;
-  int64_t scale_elements = 0;    // averaged after the reduction
   int64_t owned_elements = 0;    // owned parameters' local elements
   double local_s = 0;            // local updates at full rate
   std::vector<double> reduce_b;  // per bucket of its stage, lane seconds
@@ -329,30 +328,33 @@ class Run {
   void TpPipelines() {
     const int T = ctx_.T;
     if (T <= 1) return;
+    std::vector<TpGroup> lanes;
     for (int s = 0; s < ctx_.P; ++s) {
       for (int d = 0; d < ctx_.R; ++d) {
         std::vector<const MicroGroup*> mine;
         for (const MicroGroup& g : plan_.micro_groups) {
           if (g.stage == s && g.dp == d) mine.push_back(&g);
         }
-        if (!mine.empty()) Pipeline(s, d, mine);
+        if (!mine.empty()) lanes.push_back(Exchanges(s, d, mine));
       }
     }
+    ShareGroupCompute(lanes);
+    for (const TpGroup& lane : lanes) Schedule(lane);
   }
 
-  void Pipeline(int s, int d, const std::vector<const MicroGroup*>& mine) {
+  // One TP group's micro-groups: exchanges timed, compute at full rate.
+  struct TpGroup {
+    int stage = 0, dp = 0;
+    std::vector<PipelineGroup> groups;
+  };
+
+  TpGroup Exchanges(int s, int d, const std::vector<const MicroGroup*>& mine) {
     const int T = ctx_.T;
     std::vector<int> ranks;
-    std::vector<double> ready;
-    for (int t = 0; t < T; ++t) {
-      ranks.push_back(At(s, d, t).rank);
-      ready.push_back(At(s, d, t).worker);
-    }
+    for (int t = 0; t < T; ++t) ranks.push_back(At(s, d, t).rank);
     const Link link = LinkOf(ranks);
-    const int busy = place_.RanksOnNode(ranks.front());
-    const double slowdown = SharingSlowdown(
-        busy, profile_.compute_units_per_node, profile_.background_threads);
-    std::vector<PipelineGroup> groups;
+    const double slowdown = At(s, d, 0).slowdown;
+    TpGroup out{s, d, {}};
     for (const MicroGroup* mg : mine) {
       PipelineGroup pg;
       pg.compute_s.assign(T, 0.0);
@@ -374,19 +376,62 @@ class Run {
           moved[host] += frag;
         }
         // Assemble gradient and parameter, update, cut the result back.
-        pg.compute_s[host] +=
-            update_s_[i] * slowdown + 2 * 3 * frag * T / memory_bps_ * slowdown;
+        pg.compute_s[host] += update_s_[i] + 2 * 3 * frag * T / memory_bps_;
       }
       const double packing = *std::max_element(moved.begin(), moved.end());
       pg.gather_s =
           AllToAllV(link, gather) + 2 * 2 * packing / memory_bps_ * slowdown;
       pg.scatter_s =
           AllToAllV(link, scatter) + 2 * packing / memory_bps_ * slowdown;
-      groups.push_back(std::move(pg));
+      out.groups.push_back(std::move(pg));
     }
+    return out;
+  }
+
+  // The ranks of a node compute the same micro-group at about the same
+  // time (the exchanges keep the TP groups in step): they share the node's
+  // units for it, and a rank with less to do frees its share early.
+  void ShareGroupCompute(std::vector<TpGroup>& lanes) {
+    size_t depth = 0;
+    for (const TpGroup& l : lanes) depth = std::max(depth, l.groups.size());
+    for (size_t i = 0; i < depth; ++i) {
+      std::vector<std::vector<std::pair<TpGroup*, int>>> by_node(
+          place_.nodes());
+      for (TpGroup& l : lanes) {
+        if (i >= l.groups.size()) continue;
+        for (int t = 0; t < ctx_.T; ++t) {
+          by_node[place_.Node(At(l.stage, l.dp, t).rank)].push_back({&l, t});
+        }
+      }
+      for (const auto& members : by_node) {
+        if (members.empty()) continue;
+        const int mirrors = Mirrors(
+            At(members[0].first->stage, members[0].first->dp, members[0].second)
+                .rank);
+        std::vector<double> work;
+        for (int m = 0; m < mirrors; ++m) {
+          for (const auto& [lane, t] : members) {
+            work.push_back(lane->groups[i].compute_s[t]);
+          }
+        }
+        const std::vector<double> finish = SharedFinishTimes(
+            work, profile_.compute_units_per_node, profile_.background_threads);
+        for (size_t k = 0; k < members.size(); ++k) {
+          members[k].first->groups[i].compute_s[members[k].second] = finish[k];
+        }
+      }
+    }
+  }
+
+  void Schedule(const TpGroup& lane) {
+    const int T = ctx_.T;
+    std::vector<double> ready;
+    for (int t = 0; t < T; ++t)
+      ready.push_back(At(lane.stage, lane.dp, t).worker);
+    const std::vector<PipelineGroup>& groups = lane.groups;
     const PipelineSchedule p = ScheduleTpPipeline(groups, ready);
     for (int t = 0; t < T; ++t) {
-      GpuState& g = At(s, d, t);
+      GpuState& g = At(lane.stage, lane.dp, t);
       for (size_t i = 0; i < groups.size(); ++i) {
         AddSegment(g.out, Lane::kTp, "tp_gather",
                    i == 0 ? ready[t] : p.gather[i].start, p.gather[i].end);
@@ -517,46 +562,6 @@ class Run {
                        kStagingBytes);
   }
 
-  // The trainer's iteration around the slowest GPU's step.
-  SimOverlap Overlap(const GpuState& g) const {
-    SimOverlap o;
-    o.forward_s = options_.forward_s;
-    o.backward_s = options_.backward_s;
-    double reduce = 0, gather = 0;
-    for (double x : g.reduce_b) reduce += x;
-    for (double x : g.gather_b) gather += x;
-    o.dp_comm_s = reduce + gather;
-    o.update_span_s = g.gathers_from - g.reduced_at;
-    o.plain_iteration_s = o.backward_s + g.out.phases.total + o.forward_s;
-    o.plain_exposed_s = o.dp_comm_s;
-    if (!options_.overlap) return o;
-    // Reductions start as backward finishes each bucket.
-    const size_t nb = std::max<size_t>(1, g.reduce_b.size());
-    double lane = 0;
-    for (size_t b = 0; b < g.reduce_b.size(); ++b) {
-      const double ready = o.backward_s * (b + 1) / nb;
-      lane = std::max(lane, ready) + g.reduce_b[b];
-    }
-    const double exposed_reduce = std::max(0.0, lane - o.backward_s);
-    const double step_end = o.backward_s + exposed_reduce + o.update_span_s;
-    // Forward waits for each bucket's gather, in gather order.
-    double gathered = step_end, forward = step_end, waited = 0;
-    const size_t ng = std::max<size_t>(1, g.gather_b.size());
-    for (double x : g.gather_b) {
-      gathered += x;
-      if (gathered > forward) {
-        waited += gathered - forward;
-        forward = gathered;
-      }
-      forward += o.forward_s / ng;
-    }
-    if (g.gather_b.empty()) forward += o.forward_s;
-    o.overlap_iteration_s = forward;
-    o.overlap_wait_params_s = waited;
-    o.overlap_exposed_s = exposed_reduce + waited;
-    return o;
-  }
-
   StepSimulation Finish() {
     StepSimulation sim;
     sim.strategy = plan_.strategy;
@@ -573,7 +578,11 @@ class Run {
     }
     sim.slowest = static_cast<int>(slowest);
     sim.step_s = gpus_[slowest].out.phases.total;
-    sim.overlap = Overlap(gpus_[slowest]);
+    const GpuState& g = gpus_[slowest];
+    sim.overlap =
+        SimulateIteration({g.reduce_b, g.gather_b,
+                           g.gathers_from - g.reduced_at, g.out.phases.total},
+                          options_);
     sim.buckets = std::move(buckets_);
     for (GpuState& g : gpus_) sim.per_gpu.push_back(std::move(g.out));
     return sim;
