@@ -16,10 +16,11 @@ machine (a benchmark, not a test: it reports, it asserts nothing).
    five strategies at DP2 x TP2) against `simulate` per strategy.
 Prints one table: per configuration and phase, predicted, measured and
 predicted / measured, and whether each is within 25%. The machine may be
-shared: the CPU time other processes used during each run is measured
-(/proc/stat) and the prediction counts it as background threads on the
-cores (hardware_profile.h); the prediction for an idle machine is shown
-beside it.
+shared: the CPU time other processes and this benchmark used during each
+run are measured (/proc/stat) and turned into the other work's busy
+threads (background_threads), which the prediction shares the cores with
+(hardware_profile.h); the prediction for an idle machine is shown beside
+it.
 """
 
 import argparse
@@ -68,11 +69,12 @@ def flag(flags, name, default):
     return flags[flags.index(name) + 1] if name in flags else default
 
 
-def loaded_profile(profile, other, out_dir, name):
-    """The profile with the other processes' load of a run as background
-    threads (hardware_profile.h): the machine as it was while measured."""
+def loaded_profile(profile, background, out_dir, name):
+    """The profile with the other processes' work during a run as
+    background threads (hardware_profile.h): the machine as it was while
+    measured."""
     p = json.load(open(profile))
-    p["background_threads"] = round(other, 3)
+    p["background_threads"] = round(background, 3)
     path = os.path.join(out_dir, "profile-" + re.sub(r"\W+", "_", name) +
                         ".json")
     with open(path, "w") as f:
@@ -115,8 +117,8 @@ def start_daemon(canzonad, workdir):
 
 class OtherLoad:
     """CPU time used by processes other than this benchmark's (the daemon,
-    canzonactl and the step bench are this script's children), in cores,
-    averaged over the span: the machine is shared, and what others run
+    canzonactl and the step bench are this script's children) and by ours,
+    in cores averaged over a run: the machine is shared, and what others run
     slows the measured steps down."""
 
     def __init__(self, daemon_pid):
@@ -138,10 +140,24 @@ class OtherLoad:
         return time.time(), busy, ours, ticks
 
     def cores(self):
+        """(other processes' cores, this benchmark's cores)."""
         wall0, busy0, ours0, ticks = self.start
         wall1, busy1, ours1, _ = self._sample()
-        other = (busy1 - busy0) - (ours1 - ours0)
-        return max(0.0, other / ticks / max(wall1 - wall0, 1e-9))
+        span = max(wall1 - wall0, 1e-9) * ticks
+        ours = (ours1 - ours0) / span
+        return max(0.0, (busy1 - busy0) / span - ours), ours
+
+
+def background_threads(other, ours, ranks):
+    """The other work as busy threads on the cores (hardware_profile.h).
+    On saturated cores the scheduler shares them per runnable thread, so
+    the other work's share over ours is its threads over our ranks:
+    b = ranks x other / ours. With cores to spare, what it used is what it
+    wanted: b = other."""
+    cores = os.cpu_count()
+    if other + ours >= 0.9 * cores and ours > 0:
+        return ranks * other / ours
+    return other
 
 
 def rows_for(name, idle, loaded, measured, other):
@@ -163,7 +179,8 @@ def step_bench_rows(build, ctl, profile, steps, out_dir):
     load = OtherLoad(None)
     out = run([binary, "--model=qwen3-0.6b", "--layers=2", "--vocab=4096",
                "--dp=2", "--tp=2", f"--steps={steps + 1}"])
-    other = load.cores()
+    other, ours = load.cores()
+    background = background_threads(other, ours, 4)
     names = None
     rows = []
     for line in out.splitlines():
@@ -177,11 +194,11 @@ def step_bench_rows(build, ctl, profile, steps, out_dir):
             measured = dict(zip(names, values))
             flags = ["--dp", "2", "--tp", "2"]
             idle = simulate(ctl, profile, flags, 4000000, cols[0], 0)
-            loaded = simulate(ctl, loaded_profile(profile, other, out_dir,
-                                                  "step_bench"),
+            loaded = simulate(ctl, loaded_profile(profile, background,
+                                                  out_dir, "step_bench"),
                               flags, 4000000, cols[0], 0)
             rows += rows_for(f"step_bench dp2 tp2 {cols[0]}", idle, loaded,
-                             measured, other)
+                             measured, background)
     return rows
 
 
@@ -229,7 +246,9 @@ def main():
                    "--timeout", "600"] + MODEL + flags
             load = OtherLoad(daemon.pid)
             bench = json.loads(run(cmd))
-            other = load.cores()
+            other, ours = load.cores()
+            ranks = int(flag(flags, "--dp", "1")) * int(flag(flags, "--tp", "1"))
+            background = background_threads(other, ours, ranks)
             with open(os.path.join(out_dir, name.replace(" ", "_") + ".json"),
                       "w") as f:
                 json.dump(bench, f, indent=1)
@@ -242,13 +261,14 @@ def main():
                     name.replace(f" S={shard}", " flat")
                 idle = simulate(ctl, profile, flags, bench["bucket_size"],
                                 bench["strategy"], s)
-                loaded = simulate(ctl, loaded_profile(profile, other, out_dir,
-                                                      name),
+                loaded = simulate(ctl, loaded_profile(profile, background,
+                                                      out_dir, name),
                                   flags, bench["bucket_size"],
                                   bench["strategy"], s)
                 rows += rows_for(label, idle, loaded, mode["median_phase_ms"],
-                                 other)
-            print(f"done: {name} (other processes used {other:.2f} cores)",
+                                 background)
+            print(f"done: {name} (other processes {other:.2f} cores, ours "
+                  f"{ours:.2f}: {background:.2f} background threads)",
                   file=sys.stderr)
     finally:
         daemon.send_signal(signal.SIGTERM)
@@ -263,11 +283,11 @@ def main():
     within_totals = sum(1 for r in totals if abs(r[2] / r[3] - 1) <= 0.25)
     if args.markdown:
         print("| configuration | phase | predicted | measured | pred / meas "
-              "| other load (cores) | predicted, idle machine |")
+              "| background threads | predicted, idle machine |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
     else:
         print(f"{'configuration':32} {'phase':15} {'predicted':>11} "
-              f"{'measured':>11} {'pred/meas':>10} {'other load':>10} "
+              f"{'measured':>11} {'pred/meas':>10} {'background':>10} "
               f"{'pred idle':>11}")
     for name, phase, p, m, other, idle in rows:
         ratio = p / m if m > 0 else float("inf")
