@@ -104,8 +104,11 @@ absl::Status RunCalibrate(const CalibrateOptions& o) {
       {"compute_units_per_node", units},
       {"collective_launch_us", link.launch_us},
       {"memory_gbps", memory_gbps},
+      // Loopback is memcpy through the kernel: the cores' work.
       {"intra_node",
-       {{"latency_us", link.hop_us}, {"bandwidth_gbps", link.bandwidth_gbps}}},
+       {{"latency_us", link.hop_us},
+        {"bandwidth_gbps", link.bandwidth_gbps},
+        {"cpu_bound", true}}},
       {"rates", plan::RatesToJson(kernels.rates)},
       {"measured",
        {{"loopback", link.raw},

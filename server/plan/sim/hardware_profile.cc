@@ -71,6 +71,12 @@ absl::StatusOr<LinkTier> ParseTier(const nlohmann::json& json,
   CANZONA_ASSIGN_OR_RETURN(
       tier.aggregate_gbps,
       Positive(*it, prefix, "aggregate_gbps", /*optional=*/true));
+  if (auto c = it->find("cpu_bound"); c != it->end()) {
+    if (!c->is_boolean()) {
+      return Invalid(absl::StrCat(prefix, "cpu_bound must be true or false"));
+    }
+    tier.cpu_bound = c->get<bool>();
+  }
   return tier;
 }
 
@@ -79,6 +85,7 @@ nlohmann::json TierToJson(const LinkTier& tier) {
                       {"bandwidth_gbps", tier.bandwidth_gbps}};
   if (tier.pair_gbps > 0) j["pair_gbps"] = tier.pair_gbps;
   if (tier.aggregate_gbps > 0) j["aggregate_gbps"] = tier.aggregate_gbps;
+  if (tier.cpu_bound) j["cpu_bound"] = true;
   return j;
 }
 

@@ -27,10 +27,14 @@
 //     "description": "...", "sources": [...], "assumptions": [...]
 //   }
 //
-// Bandwidths are GB/s per rank in one direction; `aggregate_gbps` (0 or
-// absent: none) caps the bytes all ranks of a node move at once on that
-// tier (a loopback link is the CPU's, shared by every rank). `inter_node`
-// is required unless ranks_per_node is 0. Free-text keys (description,
+// Bandwidths are GB/s per rank in one direction. Optional caps (absent:
+// none): `pair_gbps`, the bytes one pair of ranks moves both ways together
+// (a TCP connection), and `aggregate_gbps`, the bytes all ranks of a node
+// move at once on that tier (a loopback link is the CPU's, shared by every
+// rank); `"cpu_bound": true` says the tier's transfers run on the compute
+// units, so `background_threads` (other work on a shared machine) slow them
+// as they slow compute. `inter_node` is required unless ranks_per_node is
+// 0. Free-text keys (description,
 // sources, assumptions) are carried to reports, never interpreted. Every
 // number must be positive; a missing or bad field is an INVALID_ARGUMENT
 // naming it (e.g. "intra_node.bandwidth_gbps must be positive").
@@ -59,6 +63,7 @@ struct LinkTier {
   double bandwidth_gbps = 0;  // per rank, one direction
   double pair_gbps = 0;       // per pair, both directions; 0: no cap
   double aggregate_gbps = 0;  // node-wide cap on this tier; 0: none
+  bool cpu_bound = false;     // transfers run on the compute units
 };
 
 struct HardwareProfile {

@@ -57,16 +57,22 @@ UnevenTime Uneven(const Link& link, const std::vector<int64_t>& counts,
 
 Link MakeLink(const HardwareProfile& profile, const LinkTier& tier,
               int group_ranks, int node_ranks) {
+  double slower = 1;
+  if (tier.cpu_bound && profile.background_threads > 0) {
+    const double units = std::max(profile.compute_units_per_node, 1);
+    slower = std::max(units, node_ranks + profile.background_threads) /
+             std::max(units, static_cast<double>(node_ranks));
+  }
   Link link;
-  link.launch_s = profile.collective_launch_us * 1e-6;
-  link.hop_s = tier.latency_us * 1e-6;
-  link.bytes_per_s = tier.bandwidth_gbps * 1e9;
+  link.launch_s = profile.collective_launch_us * 1e-6 * slower;
+  link.hop_s = tier.latency_us * 1e-6 * slower;
+  link.bytes_per_s = tier.bandwidth_gbps * 1e9 / slower;
   link.rank_bytes_per_s = link.bytes_per_s;
-  link.pair_bytes_per_s = tier.pair_gbps * 1e9;
+  link.pair_bytes_per_s = tier.pair_gbps * 1e9 / slower;
   if (tier.aggregate_gbps > 0) {
     const double share = static_cast<double>(std::max(group_ranks, 1)) /
                          std::max(node_ranks, std::max(group_ranks, 1));
-    link.node_bytes_per_s = tier.aggregate_gbps * 1e9 * share;
+    link.node_bytes_per_s = tier.aggregate_gbps * 1e9 * share / slower;
     link.rank_bytes_per_s =
         std::min(link.rank_bytes_per_s,
                  link.node_bytes_per_s / std::max(group_ranks, 1));

@@ -63,7 +63,10 @@ struct Link {
 
 // The link a collective of `group_ranks` ranks sees on `tier` when
 // `node_ranks` ranks of its busiest node move bytes on that tier at once
-// (it gets group_ranks / node_ranks of the node-wide cap).
+// (it gets group_ranks / node_ranks of the node-wide cap). A cpu_bound
+// tier with background threads runs slower by the share of the units they
+// take beyond what the node's own ranks (as calibrated) leave:
+// max(units, node_ranks + background) / max(units, node_ranks).
 Link MakeLink(const HardwareProfile& profile, const LinkTier& tier,
               int group_ranks, int node_ranks);
 

@@ -120,6 +120,25 @@ TEST(LinkModelTest, MakeLinkSharesTheNodeCap) {
   EXPECT_DOUBLE_EQ(MakeLink(profile, tier, 2, 4).rank_bytes_per_s, 4e9);
 }
 
+TEST(LinkModelTest, BackgroundThreadsSlowACpuBoundTier) {
+  HardwareProfile profile;
+  profile.collective_launch_us = 10;
+  profile.compute_units_per_node = 2;
+  profile.background_threads = 2;
+  LinkTier tier;
+  tier.latency_us = 2;
+  tier.bandwidth_gbps = 4;
+  // 4 ranks + 2 other threads on 2 units, against the 4 ranks calibrated:
+  // 6 / 4 slower.
+  tier.cpu_bound = true;
+  const Link loopback = MakeLink(profile, tier, 4, 4);
+  EXPECT_DOUBLE_EQ(loopback.bytes_per_s, 4e9 / 1.5);
+  EXPECT_DOUBLE_EQ(loopback.hop_s, 2e-6 * 1.5);
+  // A NIC or NVLink does not care.
+  tier.cpu_bound = false;
+  EXPECT_DOUBLE_EQ(MakeLink(profile, tier, 4, 4).bytes_per_s, 4e9);
+}
+
 TEST(LinkModelTest, GlooAllGatherIsARing) {
   Link link = Simple();
   // Two ranks, only rank 0 holds data: one round moving its slice.
