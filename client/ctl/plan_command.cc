@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "client/ctl/atomic_file.h"
 #include "client/ctl/commands.h"
+#include "client/ctl/format_units.h"
 #include "client/ctl/model_shapes.h"
 #include "client/ctl/plan_report.h"
 #include "client/ctl/plan_request.h"
@@ -79,26 +80,6 @@ Timed RunPlan(PlanRequest req, Strategy strategy) {
           std::chrono::duration<double, std::milli>(end - start).count()};
 }
 
-std::string Human(double v) {
-  const char* units[] = {"", "K", "M", "G", "T", "P", "E"};
-  int u = 0;
-  while (std::fabs(v) >= 1000 && u < 6) {
-    v /= 1000;
-    ++u;
-  }
-  return absl::StrFormat("%.3g%s", v, units[u]);
-}
-
-std::string Bytes(double v) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int u = 0;
-  while (std::fabs(v) >= 1024 && u < 5) {
-    v /= 1024;
-    ++u;
-  }
-  return absl::StrFormat("%.3g %s", v, units[u]);
-}
-
 // Prints a plan from its JSON form (plan_json.h), so a plan computed here
 // and a live job's plan fetched from a daemon print the same way.
 void PrintPlan(const nlohmann::json& p, const std::string& title) {
@@ -142,22 +123,23 @@ void PrintPlan(const nlohmann::json& p, const std::string& title) {
                                         : "rejected (start_anchored kept)");
   }
   std::cout << absl::StrFormat("  makespan      %s %s (%.4g s)   mean %s %s\n",
-                               Human(p["makespan"].get<double>()), unit,
+                               FormatSi(p["makespan"].get<double>()), unit,
                                p["makespan_seconds"].get<double>(),
-                               Human(p["mean"].get<double>()), unit);
+                               FormatSi(p["mean"].get<double>()), unit);
   std::cout << absl::StrFormat(
       "  LB            %s %s (binding: %s)   lower_bound %s %s (proven)\n",
-      Human(p["lb"].get<double>()), unit, p["lb_binding"].get<std::string>(),
-      Human(p["lower_bound"].get<double>()), unit);
+      FormatSi(p["lb"].get<double>()), unit, p["lb_binding"].get<std::string>(),
+      FormatSi(p["lower_bound"].get<double>()), unit);
   std::cout << absl::StrFormat(
       "  makespan/LB   %.4f   makespan/lower_bound %.4f   lower_bound/LB "
       "%.4f   max/mean %.4f\n",
       p["makespan_over_lb"].get<double>(),
       p["makespan_over_lower_bound"].get<double>(),
       p["lower_bound_over_lb"].get<double>(), p["max_over_mean"].get<double>());
-  std::cout << absl::StrFormat("  state memory  max %s  mean %s per GPU\n",
-                               Bytes(p["memory"]["max_bytes"].get<double>()),
-                               Bytes(p["memory"]["mean_bytes"].get<double>()));
+  std::cout << absl::StrFormat(
+      "  state memory  max %s  mean %s per GPU\n",
+      FormatBytes(p["memory"]["max_bytes"].get<double>()),
+      FormatBytes(p["memory"]["mean_bytes"].get<double>()));
   std::cout << "  comm per GPU per step (busiest GPU):\n";
   const nlohmann::json& comm = p["comm"];
   for (const auto& [kind, c] : comm.items()) {
@@ -167,18 +149,18 @@ void PrintPlan(const nlohmann::json& p, const std::string& title) {
     }
     std::cout << absl::StrFormat("    %-15s %6d calls  %s", kind,
                                  c["calls"].get<int64_t>(),
-                                 Bytes(c["bytes"].get<double>()));
+                                 FormatBytes(c["bytes"].get<double>()));
     if (c["padded_bytes"].get<double>() != c["bytes"].get<double>()) {
-      std::cout << absl::StrFormat("  (padded %s)",
-                                   Bytes(c["padded_bytes"].get<double>()));
+      std::cout << absl::StrFormat(
+          "  (padded %s)", FormatBytes(c["padded_bytes"].get<double>()));
     }
     std::cout << "\n";
   }
   if (hierarchical && p.contains("dp_traffic")) {
     std::cout << absl::StrFormat(
         "  DP traffic per GPU per step: intra-group %s  inter-group %s\n",
-        Bytes(p["dp_traffic"]["intra_group_bytes"].get<double>()),
-        Bytes(p["dp_traffic"]["inter_group_bytes"].get<double>()));
+        FormatBytes(p["dp_traffic"]["intra_group_bytes"].get<double>()),
+        FormatBytes(p["dp_traffic"]["inter_group_bytes"].get<double>()));
   }
   std::cout << absl::StrFormat(
       "  buckets %d   max slice imbalance (max/mean) %.4f\n",
@@ -189,8 +171,8 @@ void PrintPlan(const nlohmann::json& p, const std::string& title) {
       "  micro-groups %d (max %d per TP group)   largest group per-host load "
       "%s %s   TP pipeline %s %s\n",
       groups["count"].get<int>(), groups["max_per_tp_group"].get<int>(),
-      Human(groups["largest_host_load"].get<double>()), unit,
-      Human(groups["tp_pipeline_makespan"].get<double>()), unit);
+      FormatSi(groups["largest_host_load"].get<double>()), unit,
+      FormatSi(groups["tp_pipeline_makespan"].get<double>()), unit);
   std::cout << "  digest " << p["digest"].get<std::string>() << "\n";
   // Per-GPU table: all of them when small, else the busiest.
   const nlohmann::json& per_gpu = p["per_gpu"];
@@ -211,8 +193,9 @@ void PrintPlan(const nlohmann::json& p, const std::string& title) {
     const nlohmann::json& g = per_gpu[i];
     std::cout << absl::StrFormat(
         "    %5d %4d %4d %12s %11.4g %9s\n", g["stage"].get<int>(),
-        g["dp"].get<int>(), g["tp"].get<int>(), Human(g["flops"].get<double>()),
-        g["seconds"].get<double>(), Bytes(g["state_bytes"].get<double>()));
+        g["dp"].get<int>(), g["tp"].get<int>(),
+        FormatSi(g["flops"].get<double>()), g["seconds"].get<double>(),
+        FormatBytes(g["state_bytes"].get<double>()));
   }
 }
 
@@ -225,16 +208,16 @@ void PrintCompare(const std::vector<Timed>& plans) {
     const Plan& p = t.plan;
     std::cout << absl::StrFormat(
         "%-15s %12s %10.4f %12.4f %10.4f %12s %10.4f %8d %10.1f  %s\n",
-        plan::StrategyName(p.strategy), Human(p.makespan), p.makespan_over_lb(),
-        p.makespan_over_lower_bound(), p.max_over_mean(),
-        Bytes(p.memory_max_bytes), p.max_bucket_slice_imbalance,
+        plan::StrategyName(p.strategy), FormatSi(p.makespan),
+        p.makespan_over_lb(), p.makespan_over_lower_bound(), p.max_over_mean(),
+        FormatBytes(p.memory_max_bytes), p.max_bucket_slice_imbalance,
         p.micro_groups.size(), t.ms, p.digest);
   }
   if (!plans.empty()) {
     const Plan& p = plans.front().plan;
     std::cout << absl::StrFormat(
         "LB %s (binding: %s), proven lower_bound %s (lower_bound/LB %.4f)\n",
-        Human(p.lb), p.lb_binding, Human(p.lower_bound),
+        FormatSi(p.lb), p.lb_binding, FormatSi(p.lower_bound),
         p.lower_bound_over_lb());
   }
 }
@@ -271,8 +254,8 @@ void PrintComparison(const Plan& flat, const Plan& hier) {
   std::cout << absl::StrFormat("  %-38s %14s %14s %9s\n", "", "flat",
                                absl::StrCat("hier (S=", S, ")"), "hier/flat");
   auto bytes_row = [&](const char* name, double f, double h) {
-    std::cout << absl::StrFormat("  %-38s %14s %14s %s\n", name, Bytes(f),
-                                 Bytes(h), ratio(f, h));
+    std::cout << absl::StrFormat("  %-38s %14s %14s %s\n", name, FormatBytes(f),
+                                 FormatBytes(h), ratio(f, h));
   };
   bytes_row("optimizer state bytes per GPU (max)", flat.memory_max_bytes,
             hier.memory_max_bytes);
@@ -282,7 +265,7 @@ void PrintComparison(const Plan& flat, const Plan& hier) {
             hier.dp_traffic.inter_group_bytes);
   std::cout << absl::StrFormat("  %-38s %14s %14s %s\n",
                                absl::StrCat("makespan (", unit, ")"),
-                               Human(flat.makespan), Human(hier.makespan),
+                               FormatSi(flat.makespan), FormatSi(hier.makespan),
                                ratio(flat.makespan, hier.makespan));
   std::cout << absl::StrFormat(
       "  %-38s %14.4f %14.4f %s\n", "max/mean", flat.max_over_mean(),
@@ -417,9 +400,9 @@ void Run(const PlanOptions& o) {
   }
   if (o.plan.model.empty())
     Fail("--model is required (a name or a .json path)");
-  const Strategy strategy = OrFail(plan::ParseStrategy(o.plan.strategy));
   PlanRequest req = MakeRequest(o, o.plan.model, o.plan.layout, o.plan.pp,
                                 o.plan.dp, o.plan.tp);
+  const Strategy strategy = req.strategy;
   // Every strategy, for --compare and for the report's side-by-side loads.
   std::vector<Timed> plans;
   if (o.compare || !o.html.empty()) {
@@ -453,7 +436,11 @@ void Run(const PlanOptions& o) {
     WriteReport(o, req, plans, strategy);
     return;
   }
-  Timed t = RunPlan(req, strategy);
+  // The report already planned every strategy; else plan this one.
+  auto planned = std::find_if(plans.begin(), plans.end(), [&](const Timed& p) {
+    return p.plan.strategy == strategy;
+  });
+  Timed t = planned != plans.end() ? *planned : RunPlan(req, strategy);
   nlohmann::json j = plan::PlanToJson(t.plan, o.assignment);
   j["model"] = o.plan.model;
   j["layout_name"] = o.plan.layout;

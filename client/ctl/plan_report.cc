@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/ctl/format_units.h"
 #include "client/ctl/svg.h"
 
 namespace canzona::ctl {

@@ -17,11 +17,6 @@ namespace canzona::ctl {
 // & < > " ' escaped for HTML text and attribute values.
 std::string HtmlEscape(absl::string_view text);
 
-// "1.23 s", "45.6 ms", "789 us"; "12.3 GiB" ...; "4.56T" (SI).
-std::string FormatSeconds(double seconds);
-std::string FormatBytes(double bytes);
-std::string FormatSi(double value);
-
 // Up to about `count` round tick values in [0, max].
 std::vector<double> Ticks(double max, int count);
 

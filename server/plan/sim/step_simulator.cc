@@ -299,28 +299,45 @@ class Run {
     }
   }
 
-  // 3. Local updates; the ranks of a node share its compute units.
-  void LocalUpdates() {
+  // Finish times of `work[k]`, run by global rank `ranks[k]`, when the
+  // ranks of each node (and their mirrors in the other shard groups) all
+  // start it at once and share the node's compute units.
+  std::vector<double> ShareNodes(const std::vector<int>& ranks,
+                                 const std::vector<double>& work) const {
+    std::vector<double> finish(work.size(), 0.0);
     std::vector<std::vector<size_t>> by_node(place_.nodes());
-    for (size_t i = 0; i < gpus_.size(); ++i) {
-      by_node[place_.Node(gpus_[i].rank)].push_back(i);
+    for (size_t k = 0; k < ranks.size(); ++k) {
+      by_node[place_.Node(ranks[k])].push_back(k);
     }
     for (const std::vector<size_t>& members : by_node) {
       if (members.empty()) continue;
-      const int mirrors = Mirrors(gpus_[members.front()].rank);
-      std::vector<double> work;
+      const int mirrors = Mirrors(ranks[members.front()]);
+      std::vector<double> shared;
       for (int m = 0; m < mirrors; ++m) {
-        for (size_t i : members) work.push_back(gpus_[i].local_s);
+        for (size_t k : members) shared.push_back(work[k]);
       }
-      const std::vector<double> finish = SharedFinishTimes(
-          work, profile_.compute_units_per_node, profile_.background_threads);
-      for (size_t k = 0; k < members.size(); ++k) {
-        GpuState& g = gpus_[members[k]];
-        AddSegment(g.out, Lane::kWorker, "local_compute", g.worker,
-                   g.worker + finish[k]);
-        g.worker += finish[k];
-        g.out.phases.local_compute = finish[k];
-      }
+      const std::vector<double> done = SharedFinishTimes(
+          shared, profile_.compute_units_per_node, profile_.background_threads);
+      for (size_t j = 0; j < members.size(); ++j) finish[members[j]] = done[j];
+    }
+    return finish;
+  }
+
+  // 3. Local updates; the ranks of a node share its compute units.
+  void LocalUpdates() {
+    std::vector<int> ranks;
+    std::vector<double> work;
+    for (const GpuState& g : gpus_) {
+      ranks.push_back(g.rank);
+      work.push_back(g.local_s);
+    }
+    const std::vector<double> finish = ShareNodes(ranks, work);
+    for (size_t i = 0; i < gpus_.size(); ++i) {
+      GpuState& g = gpus_[i];
+      AddSegment(g.out, Lane::kWorker, "local_compute", g.worker,
+                 g.worker + finish[i]);
+      g.worker += finish[i];
+      g.out.phases.local_compute = finish[i];
     }
   }
 
@@ -395,31 +412,19 @@ class Run {
     size_t depth = 0;
     for (const TpGroup& l : lanes) depth = std::max(depth, l.groups.size());
     for (size_t i = 0; i < depth; ++i) {
-      std::vector<std::vector<std::pair<TpGroup*, int>>> by_node(
-          place_.nodes());
+      std::vector<double*> compute;  // group i's compute on each rank
+      std::vector<int> ranks;
+      std::vector<double> work;
       for (TpGroup& l : lanes) {
         if (i >= l.groups.size()) continue;
         for (int t = 0; t < ctx_.T; ++t) {
-          by_node[place_.Node(At(l.stage, l.dp, t).rank)].push_back({&l, t});
+          compute.push_back(&l.groups[i].compute_s[t]);
+          ranks.push_back(At(l.stage, l.dp, t).rank);
+          work.push_back(l.groups[i].compute_s[t]);
         }
       }
-      for (const auto& members : by_node) {
-        if (members.empty()) continue;
-        const int mirrors = Mirrors(
-            At(members[0].first->stage, members[0].first->dp, members[0].second)
-                .rank);
-        std::vector<double> work;
-        for (int m = 0; m < mirrors; ++m) {
-          for (const auto& [lane, t] : members) {
-            work.push_back(lane->groups[i].compute_s[t]);
-          }
-        }
-        const std::vector<double> finish = SharedFinishTimes(
-            work, profile_.compute_units_per_node, profile_.background_threads);
-        for (size_t k = 0; k < members.size(); ++k) {
-          members[k].first->groups[i].compute_s[members[k].second] = finish[k];
-        }
-      }
+      const std::vector<double> finish = ShareNodes(ranks, work);
+      for (size_t k = 0; k < compute.size(); ++k) *compute[k] = finish[k];
     }
   }
 

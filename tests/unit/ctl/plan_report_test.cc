@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "client/ctl/format_units.h"
 #include "client/ctl/svg.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -144,7 +145,7 @@ TEST(PlanReportTest, SelfContainedAndEscaped) {
   EXPECT_THAT(html, HasSubstr("a line &amp; more"));
 }
 
-TEST(SvgTest, FormatsAndTicks) {
+TEST(FormatTest, UnitsAndTicks) {
   EXPECT_EQ(FormatSeconds(1.5), "1.5 s");
   EXPECT_EQ(FormatSeconds(0.0123), "12.3 ms");
   EXPECT_EQ(FormatSeconds(4e-6), "4 us");
