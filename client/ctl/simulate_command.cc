@@ -7,7 +7,11 @@
 //
 //   canzonactl simulate --model qwen3-32b --dp 32 --tp 8 --profile h100-node
 //       [--strategy cost] [--dtype bf16] [--forward-ms F --backward-ms B]
-//       [--overlap] [--layers N --vocab V] [--json] [--html FILE]
+//       [--overlap] [--layers N --vocab V] [--rates rates.json] [--json]
+//       [--html FILE]
+// --rates (a `bench kernels --rates-out` file) plans in seconds, as
+// `plan --rates` does, and times the updates at those rates instead of the
+// profile's.
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -159,8 +163,13 @@ void Run(const SimulateOptions& o) {
   if (!(o.forward_ms >= 0)) Fail("--forward-ms must be >= 0");
   if (!(o.backward_ms >= 0)) Fail("--backward-ms must be >= 0");
   const plan::PlanRequest request = OrFail(MakePlanRequest(o.plan));
-  const sim::HardwareProfile profile = OrFail(
+  sim::HardwareProfile profile = OrFail(
       sim::LoadHardwareProfile(ResolveProfilesDir(o.profiles_dir), o.profile));
+  // Measured kernel rates (bench kernels --rates-out) replace the
+  // profile's: the plan balances seconds at them, the step is timed at them.
+  if (request.cost_model.calibrated()) {
+    profile.rates = request.cost_model.rates();
+  }
   const sim::StepSimulator simulator =
       OrFail(sim::StepSimulator::Create(request, profile));
   sim::SimOptions options;
