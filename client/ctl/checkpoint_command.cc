@@ -45,8 +45,8 @@ std::vector<RankCall> FindRanks(
   for (const auto& client : clients) {
     auto status = client->GetStatus();
     if (!status.ok()) {
-      throw CanzonactlExit(1, absl::StrCat(client->target(), ": ",
-                                           status.status().message()));
+      throw CanzonactlExit(
+          1, absl::StrCat(client->target(), ": ", status.status().message()));
     }
     for (const auto& j : status->jobs()) {
       if (j.job_id() != job) continue;
@@ -57,8 +57,8 @@ std::vector<RankCall> FindRanks(
     }
   }
   if (calls.empty()) {
-    throw CanzonactlExit(1, absl::StrCat("job '", job,
-                                         "' is not registered on any target"));
+    throw CanzonactlExit(
+        1, absl::StrCat("job '", job, "' is not registered on any target"));
   }
   if (static_cast<int>(calls.size()) != world) {
     throw CanzonactlExit(
@@ -105,7 +105,8 @@ void PrintSummary(const CheckpointSummary& s, const std::string& dir) {
       static_cast<long long>(m.layout.tp), m.strategy.c_str(),
       m.plan_digest.c_str());
   std::printf("shards %zu  files %llu bytes  state %lld bytes  params %zu\n",
-              m.shards.size(), static_cast<unsigned long long>(s.total_file_bytes),
+              m.shards.size(),
+              static_cast<unsigned long long>(s.total_file_bytes),
               static_cast<long long>(s.total_state_bytes), s.params.size());
   for (const auto& [kind, count] : s.kinds) {
     std::printf("  %-8s %lld parameters\n", kind.c_str(),
@@ -198,8 +199,8 @@ void AddCheckpointCommand(CLI::App& app) {
     auto clients = Connect(args->targets);
     std::vector<RankCall> calls = FindRanks(clients, args->job);
     CallAll(calls, [&](RankCall& c) {
-      auto r = c.client->SaveCheckpoint(args->job, c.rank, args->dir,
-                                        args->step);
+      auto r =
+          c.client->SaveCheckpoint(args->job, c.rank, args->dir, args->step);
       c.status = r.status();
       if (r.ok()) {
         c.summary = absl::StrFormat("%d records, %d bytes, %.3f s",

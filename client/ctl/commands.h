@@ -35,6 +35,10 @@ void AddBenchCommand(CLI::App& app);
 void AddBenchStepCommand(CLI::App* bench);
 void AddStatusCommand(CLI::App& app);
 void AddCheckpointCommand(CLI::App& app);
+// `canzonactl simulate` (simulate_command.cc), `canzonactl calibrate`
+// (calibrate_command.cc).
+void AddSimulateCommand(CLI::App& app);
+void AddCalibrateCommand(CLI::App& app);
 
 // How subcommands that talk to a daemon authenticate on TCP targets: the
 // job token (sent as a bearer token) and the CA of a TLS listener.

@@ -5,6 +5,8 @@
 //   canzonactl bench   step --overlap --shard-group-size S   (step vs daemons)
 //   canzonactl status  [--target ADDR]                       (a daemon's jobs)
 //   canzonactl checkpoint save|load|inspect ...              (checkpoints)
+//   canzonactl simulate --model ... --profile h100-node      (step on paper)
+//   canzonactl calibrate --out this-machine.json             (this machine)
 #include <cstdio>
 #include <exception>
 
@@ -19,6 +21,8 @@ int main(int argc, char** argv) {
   canzona::ctl::AddBenchCommand(app);
   canzona::ctl::AddStatusCommand(app);
   canzona::ctl::AddCheckpointCommand(app);
+  canzona::ctl::AddSimulateCommand(app);
+  canzona::ctl::AddCalibrateCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

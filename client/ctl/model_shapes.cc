@@ -17,22 +17,45 @@ const char kModelsDirHelp[] =
     "installed share/canzona/models beside this binary, else the source "
     "tree's server/plan/models)";
 
-std::string ResolveModelsDir(const std::string& flag) {
+const char kProfilesDirHelp[] =
+    "directory of hardware profiles (default: $CANZONA_PROFILES_DIR, else the "
+    "installed share/canzona/profiles beside this binary, else the source "
+    "tree's server/plan/sim/profiles)";
+
+namespace {
+
+// flag, else $env, else <dir of /proc/self/exe>/<installed> when it
+// exists, else the source tree's copy.
+std::string ResolveDataDir(const std::string& flag, const char* env,
+                           const char* installed_reldir,
+                           const char* source_dir) {
   if (!flag.empty()) return flag;
-  if (const char* env = std::getenv("CANZONA_MODELS_DIR"); env && *env) {
-    return env;
-  }
+  if (const char* value = std::getenv(env); value && *value) return value;
   std::error_code error;
   const std::filesystem::path exe =
       std::filesystem::read_symlink("/proc/self/exe", error);
   if (!error) {
     const std::filesystem::path installed =
-        (exe.parent_path() / CANZONA_MODELS_INSTALL_RELDIR).lexically_normal();
+        (exe.parent_path() / installed_reldir).lexically_normal();
     if (std::filesystem::is_directory(installed, error)) {
       return installed.string();
     }
   }
-  return CANZONA_MODELS_SOURCE_DIR;
+  return source_dir;
+}
+
+}  // namespace
+
+std::string ResolveModelsDir(const std::string& flag) {
+  return ResolveDataDir(flag, "CANZONA_MODELS_DIR",
+                        CANZONA_MODELS_INSTALL_RELDIR,
+                        CANZONA_MODELS_SOURCE_DIR);
+}
+
+std::string ResolveProfilesDir(const std::string& flag) {
+  return ResolveDataDir(flag, "CANZONA_PROFILES_DIR",
+                        CANZONA_PROFILES_INSTALL_RELDIR,
+                        CANZONA_PROFILES_SOURCE_DIR);
 }
 
 absl::StatusOr<std::vector<MatrixShape>> DistinctMatrixShapes(

@@ -1,6 +1,6 @@
-// Where model configs are found, and the distinct matrix-optimizer shapes of
-// a model config for kernel benchmarks (canzonactl bench kernels,
-// tests/bench).
+// Where model configs and hardware profiles are found, and the distinct
+// matrix-optimizer shapes of a model config for kernel benchmarks (canzonactl
+// bench kernels, tests/bench).
 //
 // Thread-safety: stateless functions.
 #ifndef CANZONA_CLIENT_CTL_MODEL_SHAPES_H_
@@ -33,6 +33,14 @@ std::string ResolveModelsDir(const std::string& flag);
 
 // --models-dir's help text, the same for every subcommand.
 extern const char kModelsDirHelp[];
+
+// The directory `--profile NAME` (the step simulator's hardware profiles,
+// server/plan/sim/hardware_profile.h) is looked up in, the same way:
+// `flag` (--profiles-dir), $CANZONA_PROFILES_DIR, the installed
+// <bin>/../share/canzona/profiles, the source tree's
+// server/plan/sim/profiles.
+std::string ResolveProfilesDir(const std::string& flag);
+extern const char kProfilesDirHelp[];
 
 // The whole (unsplit) 2-D hidden weights that a matrix optimizer updates,
 // Hugging Face layout, one entry per distinct shape, largest first.

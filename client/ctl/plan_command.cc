@@ -19,8 +19,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/ctl/atomic_file.h"
 #include "client/ctl/commands.h"
+#include "client/ctl/format_units.h"
 #include "client/ctl/model_shapes.h"
+#include "client/ctl/plan_report.h"
+#include "client/ctl/plan_request.h"
 #include "nlohmann/json.hpp"
 #include "server/plan/cost_model.h"
 #include "server/plan/model_config.h"
@@ -35,25 +39,13 @@ using plan::PlanRequest;
 using plan::Strategy;
 
 struct PlanOptions {
-  std::string model;
-  std::string layout = "megatron";
-  int pp = 1;
-  int dp = 1;
-  int tp = 1;
-  std::string optimizer = "muon";
-  std::string strategy = "cost";
-  double alpha = 1.0;
-  std::string rates;
-  double bucket_size = 4e8;
-  double fuse_space = 400.0 * 1024 * 1024;
-  std::string dtype = "bf16";
-  std::string models_dir;
+  PlanFlags plan;  // shared with simulate (plan_request.h)
   bool json = false;
   bool compare = false;
   bool grid = false;
   bool assignment = false;
-  int shard_group_size = 0;  // 0: flat
-  std::string target;        // a daemon: show its live job `job`'s plan
+  std::string html;    // --html FILE: the plan report (plan_report.h)
+  std::string target;  // a daemon: show its live job `job`'s plan
   std::string job;
 };
 
@@ -67,42 +59,11 @@ T OrFail(absl::StatusOr<T> value) {
   return *std::move(value);
 }
 
-std::string ModelsDir(const PlanOptions& o) {
-  return ResolveModelsDir(o.models_dir);
-}
-
-int64_t WholeCount(double value, const char* flag) {
-  if (!(value >= 1) || value != std::floor(value) || value > 9e18) {
-    Fail(absl::StrCat(flag, " must be a positive whole number"));
-  }
-  return static_cast<int64_t>(value);
-}
-
-// Common request (parameters, layout, cost model) for one model and layout.
+// The request of `model` at `layout_name` and pp x dp x tp.
 PlanRequest MakeRequest(const PlanOptions& o, const std::string& model,
                         const std::string& layout_name, int pp, int dp,
                         int tp) {
-  if (pp <= 0) Fail("--pp must be positive");
-  if (dp <= 0) Fail("--dp must be positive");
-  if (tp <= 0) Fail("--tp must be positive");
-  const auto layout = OrFail(plan::ParseModelLayout(layout_name));
-  const auto matrix_opt = OrFail(plan::ParseOptimizerKind(o.optimizer));
-  const auto dtype = OrFail(plan::ParseDType(o.dtype));
-  const auto config = OrFail(plan::LoadModelConfig(ModelsDir(o), model));
-  PlanRequest req;
-  req.layout = {pp, dp, tp};
-  req.parameters = OrFail(plan::BuildModelParameters(config, layout, matrix_opt,
-                                                     req.layout, dtype));
-  req.bucket_size = WholeCount(o.bucket_size, "--bucket-size");
-  req.fuse_space = WholeCount(o.fuse_space, "--fuse-space");
-  if (!(o.alpha >= 0 && o.alpha <= 1)) Fail("--alpha must be in [0, 1]");
-  req.alpha = o.alpha;
-  std::optional<plan::Rates> rates;
-  if (!o.rates.empty()) rates = OrFail(plan::LoadRatesFile(o.rates));
-  req.cost_model = plan::CostModel(plan::CostModelOptions{}, rates);
-  if (o.shard_group_size < 0) Fail("--shard-group-size must be >= 0");
-  req.shard_group_size = o.shard_group_size;
-  return req;
+  return OrFail(MakePlanRequest(o.plan, model, layout_name, pp, dp, tp));
 }
 
 struct Timed {
@@ -117,26 +78,6 @@ Timed RunPlan(PlanRequest req, Strategy strategy) {
   const auto end = std::chrono::steady_clock::now();
   return {std::move(plan),
           std::chrono::duration<double, std::milli>(end - start).count()};
-}
-
-std::string Human(double v) {
-  const char* units[] = {"", "K", "M", "G", "T", "P", "E"};
-  int u = 0;
-  while (std::fabs(v) >= 1000 && u < 6) {
-    v /= 1000;
-    ++u;
-  }
-  return absl::StrFormat("%.3g%s", v, units[u]);
-}
-
-std::string Bytes(double v) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int u = 0;
-  while (std::fabs(v) >= 1024 && u < 5) {
-    v /= 1024;
-    ++u;
-  }
-  return absl::StrFormat("%.3g %s", v, units[u]);
 }
 
 // Prints a plan from its JSON form (plan_json.h), so a plan computed here
@@ -182,22 +123,23 @@ void PrintPlan(const nlohmann::json& p, const std::string& title) {
                                         : "rejected (start_anchored kept)");
   }
   std::cout << absl::StrFormat("  makespan      %s %s (%.4g s)   mean %s %s\n",
-                               Human(p["makespan"].get<double>()), unit,
+                               FormatSi(p["makespan"].get<double>()), unit,
                                p["makespan_seconds"].get<double>(),
-                               Human(p["mean"].get<double>()), unit);
+                               FormatSi(p["mean"].get<double>()), unit);
   std::cout << absl::StrFormat(
       "  LB            %s %s (binding: %s)   lower_bound %s %s (proven)\n",
-      Human(p["lb"].get<double>()), unit, p["lb_binding"].get<std::string>(),
-      Human(p["lower_bound"].get<double>()), unit);
+      FormatSi(p["lb"].get<double>()), unit, p["lb_binding"].get<std::string>(),
+      FormatSi(p["lower_bound"].get<double>()), unit);
   std::cout << absl::StrFormat(
       "  makespan/LB   %.4f   makespan/lower_bound %.4f   lower_bound/LB "
       "%.4f   max/mean %.4f\n",
       p["makespan_over_lb"].get<double>(),
       p["makespan_over_lower_bound"].get<double>(),
       p["lower_bound_over_lb"].get<double>(), p["max_over_mean"].get<double>());
-  std::cout << absl::StrFormat("  state memory  max %s  mean %s per GPU\n",
-                               Bytes(p["memory"]["max_bytes"].get<double>()),
-                               Bytes(p["memory"]["mean_bytes"].get<double>()));
+  std::cout << absl::StrFormat(
+      "  state memory  max %s  mean %s per GPU\n",
+      FormatBytes(p["memory"]["max_bytes"].get<double>()),
+      FormatBytes(p["memory"]["mean_bytes"].get<double>()));
   std::cout << "  comm per GPU per step (busiest GPU):\n";
   const nlohmann::json& comm = p["comm"];
   for (const auto& [kind, c] : comm.items()) {
@@ -207,18 +149,18 @@ void PrintPlan(const nlohmann::json& p, const std::string& title) {
     }
     std::cout << absl::StrFormat("    %-15s %6d calls  %s", kind,
                                  c["calls"].get<int64_t>(),
-                                 Bytes(c["bytes"].get<double>()));
+                                 FormatBytes(c["bytes"].get<double>()));
     if (c["padded_bytes"].get<double>() != c["bytes"].get<double>()) {
-      std::cout << absl::StrFormat("  (padded %s)",
-                                   Bytes(c["padded_bytes"].get<double>()));
+      std::cout << absl::StrFormat(
+          "  (padded %s)", FormatBytes(c["padded_bytes"].get<double>()));
     }
     std::cout << "\n";
   }
   if (hierarchical && p.contains("dp_traffic")) {
     std::cout << absl::StrFormat(
         "  DP traffic per GPU per step: intra-group %s  inter-group %s\n",
-        Bytes(p["dp_traffic"]["intra_group_bytes"].get<double>()),
-        Bytes(p["dp_traffic"]["inter_group_bytes"].get<double>()));
+        FormatBytes(p["dp_traffic"]["intra_group_bytes"].get<double>()),
+        FormatBytes(p["dp_traffic"]["inter_group_bytes"].get<double>()));
   }
   std::cout << absl::StrFormat(
       "  buckets %d   max slice imbalance (max/mean) %.4f\n",
@@ -229,8 +171,8 @@ void PrintPlan(const nlohmann::json& p, const std::string& title) {
       "  micro-groups %d (max %d per TP group)   largest group per-host load "
       "%s %s   TP pipeline %s %s\n",
       groups["count"].get<int>(), groups["max_per_tp_group"].get<int>(),
-      Human(groups["largest_host_load"].get<double>()), unit,
-      Human(groups["tp_pipeline_makespan"].get<double>()), unit);
+      FormatSi(groups["largest_host_load"].get<double>()), unit,
+      FormatSi(groups["tp_pipeline_makespan"].get<double>()), unit);
   std::cout << "  digest " << p["digest"].get<std::string>() << "\n";
   // Per-GPU table: all of them when small, else the busiest.
   const nlohmann::json& per_gpu = p["per_gpu"];
@@ -251,8 +193,9 @@ void PrintPlan(const nlohmann::json& p, const std::string& title) {
     const nlohmann::json& g = per_gpu[i];
     std::cout << absl::StrFormat(
         "    %5d %4d %4d %12s %11.4g %9s\n", g["stage"].get<int>(),
-        g["dp"].get<int>(), g["tp"].get<int>(), Human(g["flops"].get<double>()),
-        g["seconds"].get<double>(), Bytes(g["state_bytes"].get<double>()));
+        g["dp"].get<int>(), g["tp"].get<int>(),
+        FormatSi(g["flops"].get<double>()), g["seconds"].get<double>(),
+        FormatBytes(g["state_bytes"].get<double>()));
   }
 }
 
@@ -265,16 +208,16 @@ void PrintCompare(const std::vector<Timed>& plans) {
     const Plan& p = t.plan;
     std::cout << absl::StrFormat(
         "%-15s %12s %10.4f %12.4f %10.4f %12s %10.4f %8d %10.1f  %s\n",
-        plan::StrategyName(p.strategy), Human(p.makespan), p.makespan_over_lb(),
-        p.makespan_over_lower_bound(), p.max_over_mean(),
-        Bytes(p.memory_max_bytes), p.max_bucket_slice_imbalance,
+        plan::StrategyName(p.strategy), FormatSi(p.makespan),
+        p.makespan_over_lb(), p.makespan_over_lower_bound(), p.max_over_mean(),
+        FormatBytes(p.memory_max_bytes), p.max_bucket_slice_imbalance,
         p.micro_groups.size(), t.ms, p.digest);
   }
   if (!plans.empty()) {
     const Plan& p = plans.front().plan;
     std::cout << absl::StrFormat(
         "LB %s (binding: %s), proven lower_bound %s (lower_bound/LB %.4f)\n",
-        Human(p.lb), p.lb_binding, Human(p.lower_bound),
+        FormatSi(p.lb), p.lb_binding, FormatSi(p.lower_bound),
         p.lower_bound_over_lb());
   }
 }
@@ -311,8 +254,8 @@ void PrintComparison(const Plan& flat, const Plan& hier) {
   std::cout << absl::StrFormat("  %-38s %14s %14s %9s\n", "", "flat",
                                absl::StrCat("hier (S=", S, ")"), "hier/flat");
   auto bytes_row = [&](const char* name, double f, double h) {
-    std::cout << absl::StrFormat("  %-38s %14s %14s %s\n", name, Bytes(f),
-                                 Bytes(h), ratio(f, h));
+    std::cout << absl::StrFormat("  %-38s %14s %14s %s\n", name, FormatBytes(f),
+                                 FormatBytes(h), ratio(f, h));
   };
   bytes_row("optimizer state bytes per GPU (max)", flat.memory_max_bytes,
             hier.memory_max_bytes);
@@ -322,7 +265,7 @@ void PrintComparison(const Plan& flat, const Plan& hier) {
             hier.dp_traffic.inter_group_bytes);
   std::cout << absl::StrFormat("  %-38s %14s %14s %s\n",
                                absl::StrCat("makespan (", unit, ")"),
-                               Human(flat.makespan), Human(hier.makespan),
+                               FormatSi(flat.makespan), FormatSi(hier.makespan),
                                ratio(flat.makespan, hier.makespan));
   std::cout << absl::StrFormat(
       "  %-38s %14.4f %14.4f %s\n", "max/mean", flat.max_over_mean(),
@@ -349,10 +292,10 @@ void RunGrid(const PlanOptions& o) {
   for (const auto& model : models) {
     for (const auto& layout : layouts) {
       for (auto [dp, tp] : sizes) {
-        PlanRequest req = MakeRequest(o, model, layout, o.pp, dp, tp);
+        PlanRequest req = MakeRequest(o, model, layout, o.plan.pp, dp, tp);
         nlohmann::json row = {{"model", model},
                               {"layout", layout},
-                              {"pp", o.pp},
+                              {"pp", o.plan.pp},
                               {"dp", dp},
                               {"tp", tp}};
         std::string line;
@@ -413,27 +356,58 @@ void RunLive(const PlanOptions& o) {
   }
 }
 
+// --html: the plan report (plan_report.h) of every strategy, `strategy`
+// in detail; written last, so a failed command writes nothing.
+void WriteReport(const PlanOptions& o, const PlanRequest& req,
+                 const std::vector<Timed>& plans, Strategy strategy) {
+  if (o.html.empty()) return;
+  ReportInput in;
+  in.title = absl::StrCat("canzonactl plan: ", o.plan.model);
+  const plan::ParallelLayout& l = req.layout;
+  in.context = {absl::StrFormat(
+      "%s layout, pp %d x dp %d x tp %d%s, %s, %s, bucket %g elements, "
+      "objective %s",
+      o.plan.layout, l.pp, l.dp, l.tp,
+      req.shard_group_size != 0 && req.shard_group_size != l.dp
+          ? absl::StrFormat(", shard groups of %d", req.shard_group_size)
+          : std::string(),
+      o.plan.optimizer, o.plan.dtype, static_cast<double>(req.bucket_size),
+      req.cost_model.calibrated() ? "seconds (calibrated)" : "flops")};
+  in.request = &req;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    in.strategies.push_back({&plans[i].plan, nullptr});
+    if (plans[i].plan.strategy == strategy) in.detail = i;
+  }
+  absl::Status written = WriteFileAtomically(o.html, RenderPlanReport(in));
+  if (!written.ok()) Fail(absl::StrCat("--html: ", written.message()));
+}
+
 void Run(const PlanOptions& o) {
   if (!o.target.empty() || !o.job.empty()) {
-    if (o.shard_group_size != 0) {
+    if (o.plan.shard_group_size != 0) {
       Fail("--shard-group-size does not apply to a live job's plan");
     }
+    if (!o.html.empty()) Fail("--html does not apply to a live job's plan");
     RunLive(o);
     return;
   }
   if (o.grid) {
-    if (o.shard_group_size != 0)
+    if (o.plan.shard_group_size != 0)
       Fail("--shard-group-size does not apply to --grid");
+    if (!o.html.empty()) Fail("--html does not apply to --grid");
     RunGrid(o);
     return;
   }
-  if (o.model.empty()) Fail("--model is required (a name or a .json path)");
-  const Strategy strategy = OrFail(plan::ParseStrategy(o.strategy));
-  PlanRequest req = MakeRequest(o, o.model, o.layout, o.pp, o.dp, o.tp);
-  if (o.compare) {
-    std::vector<Timed> plans;
+  if (o.plan.model.empty())
+    Fail("--model is required (a name or a .json path)");
+  PlanRequest req = MakeRequest(o, o.plan.model, o.plan.layout, o.plan.pp,
+                                o.plan.dp, o.plan.tp);
+  const Strategy strategy = req.strategy;
+  // Every strategy, for --compare and for the report's side-by-side loads.
+  std::vector<Timed> plans;
+  if (o.compare || !o.html.empty()) {
     const bool hierarchical =
-        o.shard_group_size != 0 && o.shard_group_size != o.dp;
+        o.plan.shard_group_size != 0 && o.plan.shard_group_size != o.plan.dp;
     for (Strategy s : plan::AllStrategies()) {
       // sc and layerwise do not slice buckets: no hierarchical form.
       if (hierarchical && (s == Strategy::kSc || s == Strategy::kLayerwise)) {
@@ -441,28 +415,35 @@ void Run(const PlanOptions& o) {
       }
       plans.push_back(RunPlan(req, s));
     }
+  }
+  if (o.compare) {
     if (o.json) {
       nlohmann::json out = nlohmann::json::array();
       for (const Timed& t : plans) {
         nlohmann::json j = plan::PlanToJson(t.plan, o.assignment);
-        j["model"] = o.model;
-        j["layout_name"] = o.layout;
+        j["model"] = o.plan.model;
+        j["layout_name"] = o.plan.layout;
         j["planning_ms"] = t.ms;
         out.push_back(std::move(j));
       }
       std::cout << out.dump(2) << "\n";
     } else {
       std::cout << absl::StrFormat("%s, layout %s, pp %d dp %d tp %d, %s\n",
-                                   o.model, o.layout, o.pp, o.dp, o.tp,
-                                   o.optimizer);
+                                   o.plan.model, o.plan.layout, o.plan.pp,
+                                   o.plan.dp, o.plan.tp, o.plan.optimizer);
       PrintCompare(plans);
     }
+    WriteReport(o, req, plans, strategy);
     return;
   }
-  Timed t = RunPlan(req, strategy);
+  // The report already planned every strategy; else plan this one.
+  auto planned = std::find_if(plans.begin(), plans.end(), [&](const Timed& p) {
+    return p.plan.strategy == strategy;
+  });
+  Timed t = planned != plans.end() ? *planned : RunPlan(req, strategy);
   nlohmann::json j = plan::PlanToJson(t.plan, o.assignment);
-  j["model"] = o.model;
-  j["layout_name"] = o.layout;
+  j["model"] = o.plan.model;
+  j["layout_name"] = o.plan.layout;
   j["planning_ms"] = t.ms;
   // Hierarchical: also the flat plan, with link groups of S for its tiers.
   std::optional<Timed> flat;
@@ -479,10 +460,11 @@ void Run(const PlanOptions& o) {
   if (o.json) {
     std::cout << j.dump(2) << "\n";
   } else {
-    PrintPlan(j, absl::StrFormat("%s, layout %s, %s", o.model, o.layout,
-                                 o.optimizer));
+    PrintPlan(j, absl::StrFormat("%s, layout %s, %s", o.plan.model,
+                                 o.plan.layout, o.plan.optimizer));
     if (flat) PrintComparison(flat->plan, t.plan);
   }
+  WriteReport(o, req, plans, strategy);
 }
 
 }  // namespace
@@ -491,34 +473,7 @@ void AddPlanCommand(CLI::App& app) {
   auto opts = std::make_shared<PlanOptions>();
   CLI::App* cmd = app.add_subcommand(
       "plan", "Plan a model's optimizer work over PP x DP x TP GPUs");
-  cmd->add_option("--model", opts->model,
-                  "model name in the models directory, or a .json path");
-  cmd->add_option("--layout", opts->layout, "megatron or hf")
-      ->capture_default_str();
-  cmd->add_option("--pp", opts->pp, "pipeline stages")->capture_default_str();
-  cmd->add_option("--dp", opts->dp, "data-parallel size")
-      ->capture_default_str();
-  cmd->add_option("--tp", opts->tp, "tensor-parallel size")
-      ->capture_default_str();
-  cmd->add_option("--optimizer", opts->optimizer,
-                  "matrix optimizer: muon, shampoo, soap (adamw: all AdamW)")
-      ->capture_default_str();
-  cmd->add_option("--strategy", opts->strategy,
-                  "sc, layerwise, start_anchored, alpha, cost")
-      ->capture_default_str();
-  cmd->add_option("--alpha", opts->alpha, "alpha strategy: 0 comm .. 1 compute")
-      ->capture_default_str();
-  cmd->add_option("--rates", opts->rates,
-                  "calibrated rates JSON (canzonactl bench kernels)");
-  cmd->add_option("--bucket-size", opts->bucket_size,
-                  "DDP bucket size in elements")
-      ->capture_default_str();
-  cmd->add_option("--fuse-space", opts->fuse_space,
-                  "micro-group fuse space, elements per host slot")
-      ->capture_default_str();
-  cmd->add_option("--dtype", opts->dtype, "parameter dtype: bf16, fp16, fp32")
-      ->capture_default_str();
-  cmd->add_option("--models-dir", opts->models_dir, kModelsDirHelp);
+  AddPlanFlags(cmd, &opts->plan);
   cmd->add_flag("--json", opts->json, "one JSON object (array with --compare)");
   cmd->add_flag("--compare", opts->compare, "all strategies side by side");
   cmd->add_flag("--grid", opts->grid,
@@ -526,10 +481,10 @@ void AddPlanCommand(CLI::App& app) {
                 "layouts x (dp,tp) grid, all strategies");
   cmd->add_flag("--assignment", opts->assignment,
                 "with --json: include each parameter's (dp, tp)");
-  cmd->add_option("--shard-group-size", opts->shard_group_size,
-                  "hierarchical sharding: DP ranks per shard group (divides "
-                  "--dp; 0 = flat); S < dp also prints flat vs hierarchical")
-      ->capture_default_str();
+  cmd->add_option("--html", opts->html,
+                  "also write the plan report: one self-contained HTML file "
+                  "(every strategy's per-GPU loads, the bucket cuts, the "
+                  "micro-groups, memory per GPU)");
   AddConnectFlags(cmd);
   cmd->add_option("--target", opts->target,
                   "a daemon's address: show the live plan of --job there");

@@ -87,6 +87,12 @@ struct LocalParam {
   int64_t local_numel = 0;
 };
 
+// The daemon's phase times (PhaseTimes) this bench reports, in order.
+constexpr int kPhases = 7;
+const char* const kPhaseNames[kPhases] = {
+    "reduce_scatter", "local_compute", "tp_gather", "tp_compute",
+    "tp_scatter",     "all_gather",    "total"};
+
 // One measured iteration of one rank, in seconds.
 struct Sample {
   double wall = 0;
@@ -94,6 +100,7 @@ struct Sample {
   double wait = 0;  // blocked in WaitParams
   double dp_comm = 0;
   double dp_comm_exposed = 0;
+  double phases[kPhases] = {};  // the response's PhaseTimes
 };
 
 struct RankResult {
@@ -118,6 +125,9 @@ struct ModeResult {
   int64_t master_bytes = 0, state_bytes = 0, buffer_bytes = 0;
   double daemon_bytes_per_rank = -1;
   int64_t param_bytes = 0;
+  // Per phase: the slowest rank's time in each step, median over steps
+  // (as canzona_step_bench reports them).
+  double median_phase_ms[kPhases] = {};
 };
 
 double Median(std::vector<double> v) {
@@ -222,8 +232,13 @@ absl::Status RunIterations(const StepBenchOptions& o, const Mode& mode,
           absl::StrCat("step ", k, ": ", response.status().message()));
     }
     s.step = Seconds(step_start);
-    s.dp_comm = response->seconds().dp_comm();
-    s.dp_comm_exposed = response->seconds().dp_comm_exposed();
+    const v1::PhaseTimes& t = response->seconds();
+    s.dp_comm = t.dp_comm();
+    s.dp_comm_exposed = t.dp_comm_exposed();
+    const double phases[kPhases] = {
+        t.reduce_scatter(), t.local_compute(), t.tp_gather(), t.tp_compute(),
+        t.tp_scatter(),     t.all_gather(),    t.total()};
+    std::copy(phases, phases + kPhases, s.phases);
     if (!overlap) {
       Compute(o.forward_ms, o.busy);
     } else {
@@ -365,11 +380,7 @@ absl::StatusOr<std::vector<LocalParam>> ModelParams(const StepBenchOptions& o) {
     p.split_dim = spec.tp_split_dim;
     p.group =
         spec.optimizer == plan::OptimizerKind::kAdamW ? "adamw" : o.optimizer;
-    p.local_numel = 1;
-    for (size_t d = 0; d < spec.shape.size(); ++d) {
-      const bool split = o.tp > 1 && static_cast<int>(d) == spec.tp_split_dim;
-      p.local_numel *= split ? spec.shape[d] / o.tp : spec.shape[d];
-    }
+    p.local_numel = plan::LocalNumel(spec, o.tp);
     params.push_back(std::move(p));
   }
   return params;
@@ -404,6 +415,17 @@ ModeResult Summarize(const Mode& mode, const std::vector<RankResult>& ranks) {
     wall.push_back(w);
     step.push_back(s);
     wait.push_back(p);
+  }
+  for (int p = 0; p < kPhases; ++p) {
+    std::vector<double> slowest;
+    for (size_t i = 0; i < n; ++i) {
+      double m = 0;
+      for (const RankResult& rank : ranks) {
+        m = std::max(m, rank.samples[i].phases[p]);
+      }
+      slowest.push_back(m);
+    }
+    r.median_phase_ms[p] = 1e3 * Median(slowest);
   }
   r.median_iteration_ms = 1e3 * Median(wall);
   r.median_step_ms = 1e3 * Median(step);
@@ -566,8 +588,13 @@ void RunStepBench(StepBenchOptions o) {
                           {"busy", o.busy},
                           {"modes", nlohmann::json::array()}};
     for (const ModeResult& r : results) {
+      nlohmann::json phases = nlohmann::json::object();
+      for (int p = 0; p < kPhases; ++p) {
+        phases[kPhaseNames[p]] = r.median_phase_ms[p];
+      }
       out["modes"].push_back(
           {{"mode", r.mode.name},
+           {"median_phase_ms", std::move(phases)},
            {"shard_group_size", r.mode.shard_group_size},
            {"overlap", r.mode.overlap},
            {"buckets", r.buckets},
@@ -626,6 +653,15 @@ void RunStepBench(StepBenchOptions o) {
       "state, buffers: what Register reported; daemon: the local daemons' "
       "private memory growth over the mode (SO_PEERCRED + smaps_rollup) per "
       "rank\n");
+  std::printf("daemon phases (ms; per step the slowest rank, median):\n");
+  std::printf("%-14s", "mode");
+  for (const char* name : kPhaseNames) std::printf(" %14s", name);
+  std::printf("\n");
+  for (const ModeResult& r : results) {
+    std::printf("%-14s", r.mode.name.c_str());
+    for (double ms : r.median_phase_ms) std::printf(" %14.1f", ms);
+    std::printf("\n");
+  }
 }
 
 }  // namespace

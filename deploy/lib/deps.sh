@@ -23,6 +23,9 @@ CANZONA_DEBIAN_PACKAGES=(
   # The GPU bundle (tests/gpu/bundle): RPATHs, the archive, and the bare
   # Debian chroot of tests/run.sh's bundle stage.
   patchelf xz-utils debootstrap
+  # The HTML plan report's test (tests/unit/ctl): a headless browser and
+  # the PNG reader that checks its screenshots.
+  chromium python3-pil
   # tests/run.sh's sanitizer stage: clang 14, its ASan/UBSan/LSan and
   # libFuzzer runtimes (libclang_rt.*, FuzzedDataProvider.h), and
   # llvm-symbolizer for symbolized reports.

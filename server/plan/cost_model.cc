@@ -7,15 +7,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "server/plan/parameter.h"
 
 namespace canzona::plan {
 namespace {
-
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
 
 // Rows and cols of the matrix view: first dim x product of the rest, as
 // every matrix optimizer flattens conv-like tensors.

@@ -29,6 +29,19 @@ struct ParallelLayout {
   int tp = 1;
 };
 
+inline int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Elements of the parameter's shard on one of `tp` TP ranks: numel / tp
+// when it is split over TP (tp > 1), else numel.
+inline int64_t LocalNumel(const ParamSpec& p, int tp) {
+  const int64_t n = Numel(p.shape);
+  return p.tp_split_dim >= 0 && tp > 1 ? n / tp : n;
+}
+
 }  // namespace canzona::plan
 
 #endif  // CANZONA_SERVER_PLAN_PARAMETER_H_

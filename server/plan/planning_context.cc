@@ -19,12 +19,6 @@ absl::Status Invalid(const std::string& message) {
   return absl::InvalidArgumentError(message);
 }
 
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 }  // namespace
 
 absl::Status Validate(const PlanRequest& req) {
@@ -130,8 +124,7 @@ Context MakeContext(const PlanRequest& req) {
     it.full_flops = work.flops;
     it.full_seconds = work.seconds;
     it.full_state = model.StateBytes(p.optimizer, p.shape, p.dtype);
-    const int64_t numel = Numel(p.shape);
-    it.local_numel = it.split ? numel / ctx.T : numel;
+    it.local_numel = LocalNumel(p, ctx.T);
     it.elem_bytes = DTypeBytes(p.dtype);
     // Split AdamW shards are updated where they lie: 1/T per TP rank.
     const double share = (it.split && !it.hosted) ? 1.0 / ctx.T : 1.0;
