@@ -212,6 +212,8 @@ class Backend {
                          float eps, float weight_decay, int64_t step,
                          const float* g, float* p, float* m, float* v);
   // Sum of squares accumulated in double; returns to the host (waits).
+  // Non-finite exactly when an element of x is (squares of floats summed
+  // in double cannot overflow), which the step relies on.
   absl::StatusOr<double> SumSquares(int64_t n, const float* x);
   // Returns true when every element is finite (waits).
   absl::StatusOr<bool> AllFinite(int64_t n, const float* x);
