@@ -299,8 +299,8 @@ class Run {
     for (size_t i = 0; i < gpus_.size(); ++i) {
       GpuState& g = gpus_[i];
       began[i] = g.worker;
-      g.worker += 2 * kStagingBytes * g.owned_elements / memory_bps_ *
-                  g.slowdown;
+      g.worker +=
+          2 * kStagingBytes * g.owned_elements / memory_bps_ * g.slowdown;
       start = std::max(start, g.worker);
     }
     for (size_t i = 0; i < gpus_.size(); ++i) {
@@ -318,8 +318,8 @@ class Run {
   void UpdateSizePass() {
     for (GpuState& g : gpus_) {
       const double began = g.worker;
-      g.worker += 6 * kStagingBytes * g.owned_elements / memory_bps_ *
-                  g.slowdown;
+      g.worker +=
+          6 * kStagingBytes * g.owned_elements / memory_bps_ * g.slowdown;
       AddSegment(g.out, Lane::kWorker, "world", began, g.worker);
       g.out.phases.world += g.worker - began;
     }
