@@ -282,6 +282,32 @@ TEST_P(BackendConformanceTest, AllFiniteDetectsNanAndInfAnywhere) {
   }
 }
 
+// The step decides "any non-finite gradient?" from the gradient's sum of
+// squares (rank_step.cc): that holds only if the double accumulation never
+// overflows on finite input, even at the largest floats.
+TEST_P(BackendConformanceTest, SumSquaresIsNonFiniteExactlyWhenAnElementIs) {
+  const float kMax = std::numeric_limits<float>::max();
+  for (int64_t n : {int64_t{1003}, (int64_t{1} << 20) + 3}) {
+    std::vector<float> x = RandomNormal(n, 7200, 0.0f, 1e30f);
+    for (int64_t i = 0; i < n; i += 97) x[i] = (i % 2 == 0) ? kMax : -kMax;
+    DeviceBuffer dx = Upload(x);
+    ASSERT_OK_AND_ASSIGN(double sum, backend_->SumSquares(n, dx.data()));
+    EXPECT_TRUE(std::isfinite(sum)) << n;
+    EXPECT_GT(sum, static_cast<double>(kMax) * kMax) << n;
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                      std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity()}) {
+      for (int64_t pos : {int64_t{0}, int64_t{500}, n / 2, n - 1}) {
+        std::vector<float> y = x;
+        y[pos] = bad;
+        DeviceBuffer dy = Upload(y);
+        ASSERT_OK_AND_ASSIGN(double s, backend_->SumSquares(n, dy.data()));
+        EXPECT_FALSE(std::isfinite(s)) << bad << " at " << pos << " of " << n;
+      }
+    }
+  }
+}
+
 // ---- Matrix helpers ---------------------------------------------------------
 
 const Shape kMatrixShapes[] = {{1, 7},   {7, 1},    {13, 5},  {5, 13},
