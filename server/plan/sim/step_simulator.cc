@@ -30,6 +30,8 @@ struct GpuState {
   double slowdown = 1;  // sharing of the node's units by all its ranks
   int64_t stage_elements = 0;
   int64_t owned_elements = 0;    // owned parameters' local elements
+  int64_t master_elements = 0;   // of those, 16-bit ones (fp32 masters)
+  int64_t largest_owned = 0;     // the largest owned parameter's elements
   double local_s = 0;            // local updates at full rate
   std::vector<double> reduce_b;  // per bucket of its stage, lane seconds
   std::vector<double> gather_b;  // in gather order
@@ -138,6 +140,10 @@ class Run {
           g.stage_elements += it.local_numel;
           if (!Owns(static_cast<int>(i), d)) continue;
           g.owned_elements += it.local_numel;
+          if (it.elem_bytes < kStagingBytes) {
+            g.master_elements += it.local_numel;
+          }
+          g.largest_owned = std::max(g.largest_owned, it.local_numel);
           const double whole = update_s_[i];
           if (!it.hosted) {
             g.local_s += it.split ? whole / T : whole;
@@ -149,22 +155,14 @@ class Run {
       }
     }
     // ZeRO-1 (server/DESIGN.md section 5.1): fp32 gradients for what the
-    // GPU owns, fp32 masters of them when the trainer's dtype is 16-bit,
-    // and the largest owned parameter's old values (the update's size).
+    // GPU owns, fp32 masters of its 16-bit parameters, and the largest
+    // owned parameter's old values (the update's size).
     for (GpuState& g : gpus_) {
-      double largest = 0;
-      bool narrow = false;
-      for (size_t i = 0; i < ctx_.items.size(); ++i) {
-        const Item& it = ctx_.items[i];
-        if (it.stage != g.out.stage || !Owns(static_cast<int>(i), g.out.dp)) {
-          continue;
-        }
-        largest = std::max(largest, static_cast<double>(it.local_numel));
-        narrow = narrow || it.elem_bytes < kStagingBytes;
-      }
-      const double owned = static_cast<double>(g.owned_elements);
-      g.out.memory_bytes = plan_.per_gpu[&g - gpus_.data()].state_bytes +
-                           kStagingBytes * (owned * (narrow ? 2 : 1) + largest);
+      g.out.memory_bytes =
+          plan_.per_gpu[&g - gpus_.data()].state_bytes +
+          kStagingBytes *
+              static_cast<double>(g.owned_elements + g.master_elements +
+                                  g.largest_owned);
     }
   }
 
