@@ -103,7 +103,7 @@ class Report {
     const plan::PlanRequest& req = *in.request;
     for (const plan::ParamSpec& p : req.parameters) {
       local_.push_back(plan::LocalNumel(p, req.layout.tp));
-      const plan::ParamWork w = req.cost_model.Work(p.optimizer, p.shape);
+      const plan::ParamWork w = plan::WorkOf(req.cost_model, p);
       cost_.push_back(req.cost_model.Objective(w));
     }
   }

@@ -2,15 +2,19 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "kernels/base/status_macros.h"
 #include "server/optim/update_rule.h"
 
 namespace canzona {
 namespace {
+
+constexpr absl::string_view kBlocksField = "blocks=";
 
 plan::OptimizerKind PlanKind(OptimizerKind kind) {
   switch (kind) {
@@ -49,6 +53,13 @@ absl::StatusOr<std::shared_ptr<const JobPlan>> BuildJobPlan(
       spec.dtype = m.dtype;
       spec.optimizer = PlanKind(config->second.kind);
       spec.tp_split_dim = m.split;
+      if (!m.blocks.empty()) {
+        CANZONA_ASSIGN_OR_RETURN(std::vector<MatrixBlock> blocks,
+                                 LayOutBlocks(m.blocks, m.shape, m.name));
+        for (const MatrixBlock& block : blocks) {
+          spec.block_shapes.push_back(block.shape);
+        }
+      }
       spec.pp_stage = s;
       request.parameters.push_back(std::move(spec));
       jp->total_numel += m.numel;
@@ -76,7 +87,23 @@ std::string CanonicalParam(const v1::Parameter& p) {
   // parameter-list agreement unchanged).
   const DType dtype = DTypeOf(p.dtype());
   if (dtype != DType::kFloat32) absl::StrAppend(&line, "|", DTypeName(dtype));
+  const BlockSpec blocks = BlockSpecOf(p);
+  if (!blocks.empty()) {
+    absl::StrAppend(&line, "|", kBlocksField, EncodeBlockSpec(blocks));
+  }
   return line;
+}
+
+BlockSpec BlockSpecOf(const v1::Parameter& p) {
+  BlockSpec spec;
+  if (!p.has_blocks()) return spec;
+  const v1::Blocks& b = p.blocks();
+  spec.dim = b.dim();
+  spec.sizes.assign(b.sizes().begin(), b.sizes().end());
+  spec.repeat = b.repeat() == 0 ? 1 : b.repeat();
+  spec.merge_repeats = b.merge_repeats();
+  spec.names.assign(b.names().begin(), b.names().end());
+  return spec;
 }
 
 DType DTypeOf(v1::DType dtype) {
@@ -93,7 +120,7 @@ DType DTypeOf(v1::DType dtype) {
 absl::StatusOr<ParamMeta> ParseParamLine(absl::string_view line, int stage,
                                          int tp) {
   std::vector<std::string> f = absl::StrSplit(line, '|');
-  if (f.size() != 4 && f.size() != 5) {
+  if (f.size() < 4 || f.size() > 6) {
     return absl::InternalError(absl::StrCat("bad parameter line '", line, "'"));
   }
   ParamMeta m;
@@ -109,8 +136,17 @@ absl::StatusOr<ParamMeta> ParseParamLine(absl::string_view line, int stage,
     return absl::InternalError(absl::StrCat("bad split in '", line, "'"));
   }
   m.group = f[3];
-  if (f.size() == 5) {
-    absl::StatusOr<DType> dtype = ParseDType(f[4]);
+  for (size_t k = 4; k < f.size(); ++k) {
+    absl::string_view field = f[k];
+    if (absl::ConsumePrefix(&field, kBlocksField)) {
+      absl::StatusOr<BlockSpec> blocks = ParseBlockSpec(field);
+      if (!blocks.ok()) {
+        return absl::InternalError(absl::StrCat("bad blocks in '", line, "'"));
+      }
+      m.blocks = *std::move(blocks);
+      continue;
+    }
+    absl::StatusOr<DType> dtype = ParseDType(field);
     if (!dtype.ok()) {
       return absl::InternalError(absl::StrCat("bad dtype in '", line, "'"));
     }
@@ -121,6 +157,19 @@ absl::StatusOr<ParamMeta> ParseParamLine(absl::string_view line, int stage,
   m.local_shape = m.shape;
   if (m.split >= 0) m.local_shape[m.split] /= tp;
   m.local_numel = NumElements(m.local_shape);
+  // Megatron's fc1 shards hold [gate_t; up_t]: not one run of the whole.
+  if (m.split >= 0 && m.split == m.blocks.dim && tp > 1 && !m.blocks.empty() &&
+      m.blocks.repeat == 1 && m.blocks.sizes.size() > 1) {
+    for (int j = 0; j < tp; ++j) {
+      absl::StatusOr<std::vector<Segment>> segments =
+          FragmentSegments(m.blocks, m.shape, m.split, tp, j);
+      if (!segments.ok()) {
+        return absl::InternalError(absl::StrCat(
+            "bad blocks in '", line, "': ", segments.status().message()));
+      }
+      m.fragments.push_back(*std::move(segments));
+    }
+  }
   return m;
 }
 

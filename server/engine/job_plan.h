@@ -3,7 +3,8 @@
 // and the job settings. Every daemon builds the same JobPlan from the same
 // inputs (the ranks then compare the plan digests).
 //
-// The canonical parameter line ("name|d0,d1|tp_split_dim|group") is how a
+// The canonical parameter line ("name|d0,d1|tp_split_dim|group", then
+// "|bf16" for 16-bit parameters and "|blocks=..." for blocked ones) is how a
 // rank states its stage's parameters on the control plane; CanonicalParam
 // writes it and ParseParamLine reads it back.
 //
@@ -25,6 +26,7 @@
 #include "canzona/v1/optimizer_service.pb.h"
 #include "kernels/base/dtype.h"
 #include "server/engine/job_settings.h"
+#include "server/optim/matrix_blocks.h"
 #include "server/optim/optimizer_config.h"
 #include "server/plan/planner.h"
 
@@ -43,6 +45,11 @@ struct ParamMeta {
   // The trainer's element type; the daemon keeps fp32 master weights of
   // what it owns when it is not kFloat32.
   DType dtype = DType::kFloat32;
+  // The fused matrix's blocks (empty: one matrix), and where each TP
+  // rank's fragment lies along the split dimension when that is not one
+  // contiguous run (fc1 [gate_t; up_t]); empty otherwise.
+  BlockSpec blocks;
+  std::vector<std::vector<Segment>> fragments;
 };
 
 struct JobPlan {
@@ -59,6 +66,8 @@ absl::StatusOr<std::shared_ptr<const JobPlan>> BuildJobPlan(
     const JobSettings& settings, const std::vector<std::string>& stage_plists);
 
 std::string CanonicalParam(const canzona::v1::Parameter& p);
+// The parameter's block spec as the proto gives it (repeat 0 read as 1).
+BlockSpec BlockSpecOf(const canzona::v1::Parameter& p);
 // The element type of a validated parameter (DTYPE_FLOAT32, _BFLOAT16 or
 // _FLOAT16).
 DType DTypeOf(canzona::v1::DType dtype);

@@ -14,6 +14,7 @@
 #include "kernels/base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "server/checkpoint/checkpoint.h"
+#include "server/engine/block_records.h"
 #include "server/engine/fragments.h"
 #include "server/engine/register_request.h"
 #include "spdlog/spdlog.h"
@@ -106,11 +107,7 @@ absl::Status GatherFragments(RankRuntime& rt, const ParamMeta& m,
 
 // Mixed precision: the fp32 master weights of a bf16 / fp16 parameter are
 // the master copies of the ranks that hold it (each TP rank holds its
-// fragment of a TP-split one). Records carry them whole, as the tensor
-// kMasterTensor with the trainer's dtype in the counter kMasterDType, so
-// that they reshard like element-wise state.
-constexpr char kMasterTensor[] = "master";
-constexpr char kMasterDType[] = "master_dtype";
+// fragment of a TP-split one). Records carry them whole (block_records.h).
 
 bool HoldsMaster(const RankRuntime& rt, const JobPlan& jp, int i) {
   return rt.layout.dp_owned[i] && jp.params[i].dtype != DType::kFloat32;
@@ -343,8 +340,17 @@ absl::StatusOr<v1::SaveCheckpointResponse> SaveRankCheckpoint(
     if (HoldsMaster(rt, *jp, i)) {
       AddMaster(jp->params[i], jp->params[i].shape, std::move(master), *state);
     }
-    if (local.ok()) {
-      local = writer->Add(jp->params[i].name, rule.config(), *state);
+    if (!local.ok()) continue;
+    // A fused matrix with blocks: one record per block.
+    absl::StatusOr<std::vector<std::pair<std::string, OptimizerState>>> parts =
+        SplitRecord(jp->params[i], *std::move(state), *rt.host);
+    if (!parts.ok()) {
+      local = parts.status();
+      continue;
+    }
+    for (auto& [name, part] : *parts) {
+      if (!local.ok()) break;
+      local = writer->Add(name, rule.config(), part);
       ++records;
     }
   }
@@ -412,11 +418,22 @@ absl::StatusOr<v1::LoadCheckpointResponse> LoadRankCheckpoint(
       const bool holds_state = HoldingOf(rt, jp, i) != Holding::kNone;
       if (!holds_state && !holds_master) continue;
       const ParamMeta& m = jp.params[i];
-      absl::StatusOr<CheckpointRecord> record = reader->Load(m.name);
-      if (absl::IsNotFound(record.status())) {
-        return absl::NotFoundError(absl::StrCat(
-            "checkpoint ", dir, " has no state for parameter '", m.name, "'"));
+      // A fused matrix with blocks comes from its blocks' records.
+      CANZONA_ASSIGN_OR_RETURN(std::vector<std::string> names, RecordNames(m));
+      std::vector<CheckpointRecord> parts;
+      for (const std::string& name : names) {
+        absl::StatusOr<CheckpointRecord> part = reader->Load(name);
+        if (absl::IsNotFound(part.status())) {
+          return absl::NotFoundError(absl::StrCat(
+              "checkpoint ", dir, " has no state for ",
+              name == m.name ? "" : absl::StrCat("block '", name, "' of "),
+              "parameter '", m.name, "'"));
+        }
+        CANZONA_RETURN_IF_ERROR(part.status());
+        parts.push_back(*std::move(part));
       }
+      absl::StatusOr<CheckpointRecord> record =
+          JoinRecords(m, std::move(parts), *rt.host);
       CANZONA_RETURN_IF_ERROR(record.status());
       CANZONA_ASSIGN_OR_RETURN(std::optional<std::vector<float>> master,
                                TakeMaster(m, m.shape, record->state,

@@ -209,12 +209,16 @@ absl::Status CreateRules(const RankSetup& setup, RankRuntime& rt) {
            NumElements(rt.layout.state_shape[b]);
   });
   rt.rule_scratch = std::make_unique<SharedScratch>(rt.backend.get());
+  rt.block_gather = std::make_unique<SharedScratch>(rt.backend.get());
   for (int i : order) {
     const ParamMeta& m = jp.params[i];
+    // Blocks apply to whole matrices (element-wise fragments have none).
+    const bool whole = rt.layout.state_shape[i] == m.shape;
     absl::StatusOr<std::unique_ptr<UpdateRule>> rule =
-        UpdateRule::Create(setup.settings->configs.at(m.group),
-                           rt.layout.state_shape[i], rt.backend.get(),
-                           rt.rule_scratch.get());
+        UpdateRule::CreateBlocked(
+            setup.settings->configs.at(m.group), rt.layout.state_shape[i],
+            whole ? m.blocks : BlockSpec{}, m.name, rt.backend.get(),
+            rt.rule_scratch.get(), rt.block_gather.get());
     if (!rule.ok()) {
       return absl::Status(
           rule.status().code(),
@@ -356,6 +360,7 @@ void AccountMemory(const RankSetup& setup, RankRuntime& rt) {
   }
   buffers += rt.buckets->buffer_bytes();
   buffers += rt.rule_scratch->bytes();
+  buffers += rt.block_gather->bytes();
   buffers += rt.backend->workspace_bytes();
   for (int g = 0; g < rt.tp->groups(); ++g) {
     const GroupBuffers& b = rt.tp->buffers(g);

@@ -65,6 +65,9 @@ struct RankRuntime {
   // The rules' scratch, shared by all of them (declared first: it outlives
   // them).
   std::unique_ptr<SharedScratch> rule_scratch;
+  // Where blocked rules gather blocks whose rows are not contiguous (q of
+  // every query group) while they step; shared like rule_scratch.
+  std::unique_ptr<SharedScratch> block_gather;
   std::map<int, std::unique_ptr<UpdateRule>> rules;  // by plan index
   int owned_params = 0;  // parameters whose update rule (state) is here
   int64_t state_bytes = 0;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "kernels/base/status_macros.h"
 #include "server/engine/job_plan.h"
+#include "server/optim/matrix_blocks.h"
 #include "server/optim/optimizer_config.h"
 
 namespace canzona {
@@ -161,6 +162,41 @@ absl::Status ValidateGroups(const v1::RegisterRequest& request,
   return absl::OkStatus();
 }
 
+// A fused matrix's blocks: a matrix optimizer, a pattern that tiles the
+// dimension, and a TP split that cuts no repeat (query group) or block.
+absl::Status ValidateBlocks(const v1::Parameter& p, const std::string& where,
+                            const JobSettings& settings, OptimizerKind kind) {
+  if (!IsMatrix(kind)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ".blocks: group '", p.group(), "' uses ",
+        OptimizerKindName(kind),
+        ", which updates element-wise; blocks need a matrix optimizer "
+        "(muon, shampoo, soap)"));
+  }
+  const BlockSpec spec = BlockSpecOf(p);
+  if (p.blocks().repeat() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".blocks.repeat: ", p.blocks().repeat(), " < 0"));
+  }
+  const std::vector<int64_t> shape(p.shape().begin(), p.shape().end());
+  absl::StatusOr<std::vector<MatrixBlock>> blocks =
+      LayOutBlocks(spec, shape, p.name());
+  if (!blocks.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".", blocks.status().message()));
+  }
+  const int tp = settings.layout.tp();
+  if (p.tp_split_dim() >= 0) {
+    absl::StatusOr<std::vector<Segment>> fragment =
+        FragmentSegments(spec, shape, p.tp_split_dim(), tp, 0);
+    if (!fragment.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".", fragment.status().message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // One parameter's metadata after its name; returns its local (TP fragment)
 // element count.
 absl::StatusOr<int64_t> ValidateParameter(const v1::Parameter& p,
@@ -210,6 +246,10 @@ absl::StatusOr<int64_t> ValidateParameter(const v1::Parameter& p,
     return absl::InvalidArgumentError(absl::StrCat(
         where, ".shape: optimizer ", OptimizerKindName(config->second.kind),
         " needs a 2-D shape"));
+  }
+  if (p.has_blocks()) {
+    CANZONA_RETURN_IF_ERROR(
+        ValidateBlocks(p, where, settings, config->second.kind));
   }
   return split >= 0 ? elements / tp : elements;
 }

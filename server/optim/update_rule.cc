@@ -129,8 +129,8 @@ absl::StatusOr<std::unique_ptr<UpdateRule>> UpdateRule::Create(
   switch (config.kind) {
     case OptimizerKind::kMuon: {
       CANZONA_ASSIGN_OR_RETURN(
-          impl, MuonRule::Create(config.muon, shape[0], shape[1], backend,
-                                 scratch));
+          impl,
+          MuonRule::Create(config.muon, shape[0], shape[1], backend, scratch));
       break;
     }
     case OptimizerKind::kAdamW: {
@@ -175,19 +175,63 @@ absl::StatusOr<double> EffectiveLr(const OptimizerConfig& config,
 
 absl::Status UpdateRule::Step(float* param, const float* grad,
                               const StepOptions& options) {
+  if (impl_ == nullptr) return StepBlocks(param, grad, options);
   CANZONA_ASSIGN_OR_RETURN(double lr, EffectiveLr(config_, options));
   return impl_->Step(param, grad, lr);
 }
 
 absl::StatusOr<OptimizerState> UpdateRule::SaveState() const {
-  return impl_->SaveState();
+  if (impl_ != nullptr) return impl_->SaveState();
+  std::vector<OptimizerState> states;
+  for (const auto& rule : block_rules_) {
+    CANZONA_ASSIGN_OR_RETURN(OptimizerState state, rule->SaveState());
+    states.push_back(std::move(state));
+  }
+  return JoinBlockStates(config_.kind, std::move(states));
 }
 
 absl::Status UpdateRule::LoadState(const OptimizerState& state) {
-  return impl_->LoadState(state);
+  if (impl_ != nullptr) return impl_->LoadState(state);
+  if (state.kind != config_.kind) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state holds ", OptimizerKindName(state.kind),
+                     ", the rule is ", OptimizerKindName(config_.kind)));
+  }
+  // All blocks or none: a block that refuses its state puts the earlier
+  // ones back.
+  std::vector<OptimizerState> next = SplitBlockStates(state, blocks_.size());
+  size_t names = state.counters.size() + state.tensors.size(), split = 0;
+  for (const OptimizerState& s : next) {
+    split += s.counters.size() + s.tensors.size();
+  }
+  if (split != names) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state: ", names - split,
+                     " tensors or counters name no block of ", blocks_.size()));
+  }
+  std::vector<OptimizerState> before;
+  for (size_t k = 0; k < block_rules_.size(); ++k) {
+    CANZONA_ASSIGN_OR_RETURN(OptimizerState old, block_rules_[k]->SaveState());
+    absl::Status loaded = block_rules_[k]->LoadState(next[k]);
+    if (!loaded.ok()) {
+      for (size_t j = 0; j < before.size(); ++j) {
+        block_rules_[j]->LoadState(before[j]).IgnoreError();
+      }
+      return absl::Status(loaded.code(),
+                          absl::StrCat("block ", k, " '", blocks_[k].name,
+                                       "': ", loaded.message()));
+    }
+    before.push_back(std::move(old));
+  }
+  return absl::OkStatus();
 }
 
-int64_t UpdateRule::state_bytes() const { return impl_->state_bytes(); }
+int64_t UpdateRule::state_bytes() const {
+  if (impl_ != nullptr) return impl_->state_bytes();
+  int64_t bytes = 0;
+  for (const auto& rule : block_rules_) bytes += rule->state_bytes();
+  return bytes;
+}
 
 absl::Status StepMuonBatch(absl::Span<UpdateRule* const> rules,
                            absl::Span<float* const> params,
@@ -202,6 +246,11 @@ absl::Status StepMuonBatch(absl::Span<UpdateRule* const> rules,
   const UpdateRule& first = *rules[0];
   for (size_t i = 0; i < rules.size(); ++i) {
     const UpdateRule& rule = *rules[i];
+    if (rule.impl_ == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("StepMuonBatch: rule ", i,
+                       " is blocked (it batches its own blocks)"));
+    }
     if (rule.config_.kind != OptimizerKind::kMuon) {
       return absl::InvalidArgumentError(
           absl::StrCat("StepMuonBatch: rule ", i, " is ",

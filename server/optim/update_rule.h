@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
+#include "server/optim/matrix_blocks.h"
 #include "server/optim/optimizer_config.h"
 
 namespace canzona {
@@ -98,6 +99,19 @@ class UpdateRule {
       const OptimizerConfig& config, absl::Span<const int64_t> shape,
       Backend* backend, SharedScratch* scratch = nullptr);
 
+  // One rule per block of a fused matrix (server/optim/matrix_blocks.h):
+  // each block has its own state and its own update, scaled from its own
+  // shape, as if it were a separate parameter; same-shape Muon blocks step
+  // in one batched Newton-Schulz. Blocks whose rows are not contiguous in
+  // the whole matrix are copied into `gather` while they step (null: the
+  // rule's own memory), shared like `scratch` by rules that never step at
+  // the same time. INVALID_ARGUMENT for adamw or a spec the shape cannot
+  // take. An empty spec gives Create's rule.
+  static absl::StatusOr<std::unique_ptr<UpdateRule>> CreateBlocked(
+      const OptimizerConfig& config, absl::Span<const int64_t> shape,
+      const BlockSpec& spec, absl::string_view parameter, Backend* backend,
+      SharedScratch* scratch = nullptr, SharedScratch* gather = nullptr);
+
   ~UpdateRule();
   UpdateRule(const UpdateRule&) = delete;
   UpdateRule& operator=(const UpdateRule&) = delete;
@@ -115,6 +129,11 @@ class UpdateRule {
 
   // Bytes of persistent state in backend memory (scratch excluded).
   int64_t state_bytes() const;
+
+  // The blocks of a blocked rule (empty otherwise). Its state is every
+  // block's, each tensor and counter named "block<k>/<name>"
+  // (SplitBlockStates, JoinBlockStates).
+  const std::vector<MatrixBlock>& blocks() const { return blocks_; }
   const OptimizerConfig& config() const { return config_; }
   absl::Span<const int64_t> shape() const { return shape_; }
   Backend* backend() const { return backend_; }
@@ -128,11 +147,46 @@ class UpdateRule {
   UpdateRule(const OptimizerConfig& config, std::vector<int64_t> shape,
              Backend* backend, std::unique_ptr<optim_internal::RuleImpl> impl);
 
+  absl::Status StepBlocks(float* param, const float* grad,
+                          const StepOptions& options);
+
   OptimizerConfig config_;
   std::vector<int64_t> shape_;
   Backend* backend_;
-  std::unique_ptr<optim_internal::RuleImpl> impl_;
+  std::unique_ptr<optim_internal::RuleImpl> impl_;  // null when blocked
+
+  // Blocked rules only: the blocks, their rules, which blocks step
+  // together (same shape, batched Newton-Schulz), where gathered blocks
+  // live while they step, and per-step pointer arrays (reused: steady-
+  // state steps allocate nothing).
+  int block_dim_ = 0;
+  std::vector<MatrixBlock> blocks_;
+  std::vector<std::unique_ptr<UpdateRule>> block_rules_;
+  std::vector<std::vector<int>> batches_;
+  std::vector<int64_t> gather_offset_;  // -1: rows contiguous in place
+  float* gather_ = nullptr;             // 2 x gathered floats (param, grad)
+  int64_t gathered_ = 0;
+  DeviceBuffer own_gather_;
+  std::vector<float*> block_params_;
+  std::vector<const float*> block_grads_;
+  std::vector<UpdateRule*> batch_rules_;
+  std::vector<float*> batch_params_;
+  std::vector<const float*> batch_grads_;
 };
+
+// A blocked rule's state cut into one state per block (as a rule of the
+// block's shape holds it; tensors and counters of no block are dropped),
+// and such states put back together.
+std::vector<OptimizerState> SplitBlockStates(const OptimizerState& state,
+                                             size_t blocks);
+OptimizerState JoinBlockStates(OptimizerKind kind,
+                               std::vector<OptimizerState> states);
+
+// Copies `block`'s rows or columns (along `dim`) between the whole matrix
+// of `shape` and the contiguous block (to_block), or back, on `backend`.
+absl::Status MoveBlock(Backend& backend, absl::Span<const int64_t> shape,
+                       int dim, const MatrixBlock& block, float* whole,
+                       float* contiguous, bool to_block);
 
 // Muon on several same-shape matrices at once: one batched Newton-Schulz
 // instead of one per matrix. Every rule must be a muon rule with the same

@@ -254,4 +254,30 @@ double CostModel::StateBytes(OptimizerKind kind,
   return 4 * floats;
 }
 
+ParamWork WorkOf(const CostModel& model, const ParamSpec& p) {
+  if (p.block_shapes.empty()) return model.Work(p.optimizer, p.shape);
+  ParamWork sum;
+  for (const std::vector<int64_t>& shape : p.block_shapes) {
+    const ParamWork w = model.Work(p.optimizer, shape);
+    sum.gemm_flops += w.gemm_flops;
+    sum.eigen_flops += w.eigen_flops;
+    sum.mem_bytes += w.mem_bytes;
+    sum.flops += w.flops;
+    sum.seconds += w.seconds;
+  }
+  return sum;
+}
+
+double StateBytesOf(const CostModel& model, const ParamSpec& p) {
+  if (p.block_shapes.empty()) {
+    return model.StateBytes(p.optimizer, p.shape, p.dtype);
+  }
+  double bytes = 0;
+  for (const std::vector<int64_t>& shape : p.block_shapes) {
+    bytes += model.StateBytes(p.optimizer, shape, DType::kFloat32);
+  }
+  if (p.dtype != DType::kFloat32) bytes += 4.0 * Numel(p.shape);
+  return bytes;
+}
+
 }  // namespace canzona::plan

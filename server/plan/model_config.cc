@@ -11,8 +11,8 @@
 namespace canzona::plan {
 namespace {
 
-absl::Status ReadInt(const nlohmann::json& json, const char* key,
-                     bool required, int64_t* out) {
+absl::Status ReadInt(const nlohmann::json& json, const char* key, bool required,
+                     int64_t* out) {
   auto it = json.find(key);
   if (it == json.end() || it->is_null()) {
     if (required) {
@@ -48,10 +48,15 @@ class ParamListBuilder {
   ParamListBuilder(OptimizerKind matrix_opt, DType dtype)
       : matrix_opt_(matrix_opt), dtype_(dtype) {}
 
+  // `blocks`: the row counts of a fused matrix's blocks (Megatron's qkv
+  // as q, k, v; fc1 as gate, up), each updated as its own matrix.
   void Matrix(std::string name, int64_t rows, int64_t cols, int split,
-              int stage) {
+              int stage, const std::vector<int64_t>& blocks = {}) {
     params_.push_back(
         {std::move(name), {rows, cols}, dtype_, matrix_opt_, split, stage});
+    for (int64_t block_rows : blocks) {
+      params_.back().block_shapes.push_back({block_rows, cols});
+    }
   }
   void AdamW(std::string name, std::vector<int64_t> shape, int split,
              int stage) {
@@ -87,11 +92,12 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const nlohmann::json& json) {
   if (auto it = json.find("name"); it != json.end() && it->is_string()) {
     config.name = it->get<std::string>();
   }
-  if (auto it = json.find("architecture"); it != json.end() && it->is_string()) {
+  if (auto it = json.find("architecture");
+      it != json.end() && it->is_string()) {
     config.architecture = it->get<std::string>();
   }
-  auto status = ReadInt(json, "num_hidden_layers", true,
-                        &config.num_hidden_layers);
+  auto status =
+      ReadInt(json, "num_hidden_layers", true, &config.num_hidden_layers);
   if (status.ok()) {
     status = ReadInt(json, "hidden_size", true, &config.hidden_size);
   }
@@ -100,8 +106,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const nlohmann::json& json) {
         ReadInt(json, "intermediate_size", true, &config.intermediate_size);
   }
   if (status.ok()) {
-    status = ReadInt(json, "num_attention_heads", true,
-                     &config.num_attention_heads);
+    status =
+        ReadInt(json, "num_attention_heads", true, &config.num_attention_heads);
   }
   if (status.ok()) {
     config.num_key_value_heads = config.num_attention_heads;
@@ -145,7 +151,8 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& models_dir,
   const bool is_path = absl::EndsWith(name_or_path, ".json") ||
                        name_or_path.find('/') != std::string::npos;
   const std::string path =
-      is_path ? name_or_path : absl::StrCat(models_dir, "/", name_or_path, ".json");
+      is_path ? name_or_path
+              : absl::StrCat(models_dir, "/", name_or_path, ".json");
   std::ifstream in(path);
   if (!in) {
     if (is_path) {
@@ -175,9 +182,12 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& models_dir,
 absl::StatusOr<std::vector<ParamSpec>> BuildModelParameters(
     const ModelConfig& config, ModelLayout layout, OptimizerKind matrix_opt,
     const ParallelLayout& parallel, DType dtype) {
-  if (parallel.pp <= 0) return absl::InvalidArgumentError("pp must be positive");
-  if (parallel.dp <= 0) return absl::InvalidArgumentError("dp must be positive");
-  if (parallel.tp <= 0) return absl::InvalidArgumentError("tp must be positive");
+  if (parallel.pp <= 0)
+    return absl::InvalidArgumentError("pp must be positive");
+  if (parallel.dp <= 0)
+    return absl::InvalidArgumentError("dp must be positive");
+  if (parallel.tp <= 0)
+    return absl::InvalidArgumentError("tp must be positive");
   if (!IsMatrixOptimizer(matrix_opt)) {
     // AdamW everywhere is allowed: nothing is hosted, everything is sliced.
   }
@@ -197,19 +207,21 @@ absl::StatusOr<std::vector<ParamSpec>> BuildModelParameters(
   if (status.ok() && kv % tp != 0 && tp % kv != 0) {
     // Megatron needs kv % tp == 0; with tp a multiple of kv the KV heads are
     // replicated (tp / kv copies), which keeps the fused shapes splittable.
-    status = absl::InvalidArgumentError(absl::StrCat(
-        "tp ", tp, " does not divide kv heads ", kv, " (nor do they divide tp)"));
+    status = absl::InvalidArgumentError(
+        absl::StrCat("tp ", tp, " does not divide kv heads ", kv,
+                     " (nor do they divide tp)"));
   }
   if (status.ok() && heads % kv != 0) {
     status = absl::InvalidArgumentError(absl::StrCat(
         "kv heads ", kv, " do not divide attention heads ", heads));
   }
   if (status.ok() && !config.is_moe()) {
-    status = CheckDivides(config.intermediate_size, "intermediate size", tp, "tp");
+    status =
+        CheckDivides(config.intermediate_size, "intermediate size", tp, "tp");
   }
   if (status.ok() && config.is_moe()) {
-    status = CheckDivides(config.moe_intermediate_size,
-                          "moe intermediate size", tp, "tp");
+    status = CheckDivides(config.moe_intermediate_size, "moe intermediate size",
+                          tp, "tp");
   }
   if (!status.ok()) return status;
 
@@ -230,8 +242,9 @@ absl::StatusOr<std::vector<ParamSpec>> BuildModelParameters(
     if (mega) {
       const std::string p = absl::StrCat("decoder.layers.", l, ".");
       b.AdamW(p + "input_layernorm.weight", {hidden}, -1, stage);
+      // Blocks as a Hugging Face layout updates them (q, k, v; gate, up).
       b.Matrix(p + "self_attention.linear_qkv.weight", (heads + 2 * kv) * hd,
-               hidden, 0, stage);
+               hidden, 0, stage, {heads * hd, kv * hd, kv * hd});
       b.AdamW(p + "self_attention.q_layernorm.weight", {hd}, -1, stage);
       b.AdamW(p + "self_attention.k_layernorm.weight", {hd}, -1, stage);
       b.Matrix(p + "self_attention.linear_proj.weight", hidden, heads * hd, 1,
@@ -244,12 +257,14 @@ absl::StatusOr<std::vector<ParamSpec>> BuildModelParameters(
         for (int64_t e = 0; e < config.num_experts; ++e) {
           const std::string ep =
               absl::StrCat(p, "mlp.experts.local_experts.", e, ".");
-          b.Matrix(ep + "linear_fc1.weight", 2 * im, hidden, 0, stage);
+          b.Matrix(ep + "linear_fc1.weight", 2 * im, hidden, 0, stage,
+                   {im, im});
           b.Matrix(ep + "linear_fc2.weight", hidden, im, 1, stage);
         }
       } else {
         const int64_t im = config.intermediate_size;
-        b.Matrix(p + "mlp.linear_fc1.weight", 2 * im, hidden, 0, stage);
+        b.Matrix(p + "mlp.linear_fc1.weight", 2 * im, hidden, 0, stage,
+                 {im, im});
         b.Matrix(p + "mlp.linear_fc2.weight", hidden, im, 1, stage);
       }
     } else {

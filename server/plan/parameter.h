@@ -20,6 +20,9 @@ struct ParamSpec {
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   int tp_split_dim = -1;  // -1: replicated over TP; 0 or 1: split dim
   int pp_stage = 0;       // pipeline stage that holds it
+  // A fused matrix's blocks (server/optim/matrix_blocks.h), each updated
+  // as its own matrix: the cost is theirs. Empty: one matrix.
+  std::vector<std::vector<int64_t>> block_shapes;
 };
 
 // PP x DP x TP sizes of the job.
@@ -28,6 +31,13 @@ struct ParallelLayout {
   int dp = 1;
   int tp = 1;
 };
+
+// The parameter's per-step work and state bytes under `model`: its
+// blocks' when it has blocks (each updated as its own matrix), the whole
+// matrix's otherwise (plus an fp32 master copy for 16-bit parameters
+// either way).
+ParamWork WorkOf(const CostModel& model, const ParamSpec& p);
+double StateBytesOf(const CostModel& model, const ParamSpec& p);
 
 inline int64_t Numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;

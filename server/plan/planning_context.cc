@@ -119,11 +119,11 @@ Context MakeContext(const PlanRequest& req) {
     it.stage = p.pp_stage;
     it.split = p.tp_split_dim >= 0 && ctx.T > 1;
     it.hosted = IsMatrixOptimizer(p.optimizer) && it.split;
-    const ParamWork work = model.Work(p.optimizer, p.shape);
+    const ParamWork work = WorkOf(model, p);
     it.full_cost = model.Objective(work);
     it.full_flops = work.flops;
     it.full_seconds = work.seconds;
-    it.full_state = model.StateBytes(p.optimizer, p.shape, p.dtype);
+    it.full_state = StateBytesOf(model, p);
     it.local_numel = LocalNumel(p, ctx.T);
     it.elem_bytes = DTypeBytes(p.dtype);
     // Split AdamW shards are updated where they lie: 1/T per TP rank.

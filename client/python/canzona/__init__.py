@@ -18,6 +18,8 @@ CANZONA_TRANSPORT=bridge) through a ``canzona-bridge`` child process
 standard library; CUDA IPC uses torch and the CUDA runtime through ctypes.
 """
 
+from canzona._blocks import (blocks, head_blocks, megatron_fc1_blocks,
+                             megatron_qkv_blocks)
 from canzona._client import Client, default_target
 from canzona._cuda import CudaEvent
 from canzona._errors import CanzonaError
@@ -26,4 +28,5 @@ from canzona._shm import SharedBuffer
 __version__ = "0.1.0"
 
 __all__ = ["Client", "CanzonaError", "CudaEvent", "SharedBuffer",
-           "default_target", "__version__"]
+           "blocks", "default_target", "head_blocks", "megatron_fc1_blocks",
+           "megatron_qkv_blocks", "__version__"]

@@ -192,7 +192,8 @@ class Client:
         ("cuda", device pointer, nbytes[, event handle])), and optionally
         dtype ("float32", the default, "bfloat16" or "float16": the
         buffers' element type; the daemon keeps fp32 master weights of
-        bf16 / fp16 parameters).
+        bf16 / fp16 parameters) and blocks (a fused matrix's blocks, from
+        canzona.blocks / megatron_qkv_blocks / megatron_fc1_blocks).
         shard_group_size: hierarchical sharding (0: flat). max_grad_norm:
         clip the gradients at this global L2 norm in every step (0: no
         clipping). grad_reduce_dtype: None (DP sums in the parameters'
@@ -223,7 +224,7 @@ class Client:
             if dtype not in _DTYPES:
                 raise ValueError("parameter %s dtype: %r is not one of %s"
                                  % (name, dtype, sorted(_DTYPES)))
-            request_parameters.append({
+            entry = {
                 "name": name,
                 "shape": [int(d) for d in p["shape"]],
                 "dtype": _DTYPES[dtype],
@@ -231,7 +232,16 @@ class Client:
                 "group": str(p["group"]),
                 "param": _buffer_ref(p["param"], "parameter %s param" % name),
                 "grad": _buffer_ref(p["grad"], "parameter %s grad" % name),
-            })
+            }
+            if p.get("blocks"):
+                spec = dict(p["blocks"])
+                entry["blocks"] = {
+                    "dim": int(spec.get("dim", 0)),
+                    "sizes": [str(int(s)) for s in spec["sizes"]],
+                    "repeat": str(int(spec.get("repeat", 1))),
+                    "merge_repeats": bool(spec.get("merge_repeats", False)),
+                    "names": [str(n) for n in spec.get("names", [])]}
+            request_parameters.append(entry)
         r = self._call("Register", {
             "job_id": job_id, "job_token": self._job_token,
             "layout": {"pp": int(pp), "dp": int(dp), "tp": int(tp)},

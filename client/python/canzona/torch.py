@@ -161,6 +161,11 @@ class Optimizer(torch.optim.Optimizer):
       grad_reduce_dtype: None (data-parallel gradient sums in the
         parameters' dtype) or torch.float32 (Megatron's
         grad_reduce_in_fp32).
+      blocks: {name: spec} of fused matrices whose blocks the matrix rules
+        update one by one (``canzona.megatron_qkv_blocks``,
+        ``canzona.megatron_fc1_blocks``, ``canzona.head_blocks``): Muon,
+        Shampoo and SOAP then treat Megatron's linear_qkv and linear_fc1
+        as a Hugging Face layout's q, k, v, gate and up.
     """
 
     def __init__(self, named_parameters, groups, route=None, *, layout=None,
@@ -168,8 +173,13 @@ class Optimizer(torch.optim.Optimizer):
                  job_token=None, tls_ca=None, strategy="cost", alpha=0.0,
                  bucket_size=0, connect_timeout=10.0, step_timeout=600.0,
                  shard_group_size=0, module=None, max_grad_norm=0.0,
-                 grad_reduce_dtype=None):
+                 grad_reduce_dtype=None, blocks=None):
         named = list(named_parameters)
+        blocks = dict(blocks or {})
+        unknown_blocks = set(blocks) - {name for name, _ in named}
+        if unknown_blocks:
+            raise ValueError("blocks: no parameter named %s"
+                             % sorted(unknown_blocks))
         if not named:
             raise ValueError("named_parameters: empty")
         if not groups:
@@ -323,7 +333,8 @@ class Optimizer(torch.optim.Optimizer):
                 parameters.append({
                     "name": name, "shape": shape, "tp_split_dim": split,
                     "group": group, "param": param_ref, "grad": grad_ref,
-                    "dtype": _DTYPE_NAMES[self.dtype]})
+                    "dtype": _DTYPE_NAMES[self.dtype],
+                    "blocks": blocks.get(name)})
 
             param_groups = []
             for gname, (kind, spec) in self._groups.items():

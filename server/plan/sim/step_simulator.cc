@@ -671,7 +671,7 @@ absl::StatusOr<StepSimulator> StepSimulator::Create(
   // The planner's cost model, timed at the profile's rates.
   const CostModel timed(request.cost_model.options(), profile.rates);
   for (const ParamSpec& p : request.parameters) {
-    sim.update_s_.push_back(timed.Work(p.optimizer, p.shape).seconds);
+    sim.update_s_.push_back(WorkOf(timed, p).seconds);
   }
   return sim;
 }

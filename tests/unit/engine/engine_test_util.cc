@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <thread>
 #include <utility>
@@ -50,12 +51,39 @@ std::vector<int64_t> LocalShape(const ModelParam& p, int tp) {
   return s;
 }
 
+// Megatron's row shard j of a fused matrix whose blocks are each split
+// (fc1: [gate_j; up_j]) as (first row, rows) runs; empty for the others.
+std::vector<std::pair<int64_t, int64_t>> BlockRows(const ModelParam& p, int tp,
+                                                   int j) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  if (p.split != 0 || p.blocks.empty() || p.blocks.dim != 0 ||
+      p.blocks.repeat != 1 || p.blocks.sizes.size() < 2) {
+    return runs;
+  }
+  int64_t at = 0;
+  for (int64_t size : p.blocks.sizes) {
+    runs.push_back({at + j * size / tp, size / tp});
+    at += size;
+  }
+  return runs;
+}
+
 // Fragment j of a full tensor split over tp along p.split.
 std::vector<float> Fragment(const ModelParam& p, int tp, int j,
                             const std::vector<float>& full) {
   if (p.split < 0) return full;
   const int64_t ln = Numel(p.shape) / tp;
   std::vector<float> out(ln);
+  if (const auto runs = BlockRows(p, tp, j); !runs.empty()) {
+    const int64_t cols = p.shape[1];
+    int64_t at = 0;
+    for (auto [first, rows] : runs) {
+      std::memcpy(out.data() + at * cols, full.data() + first * cols,
+                  rows * cols * sizeof(float));
+      at += rows;
+    }
+    return out;
+  }
   if (p.split == 0 || p.shape.size() == 1) {
     std::memcpy(out.data(), full.data() + j * ln, ln * sizeof(float));
     return out;
@@ -71,6 +99,16 @@ std::vector<float> Fragment(const ModelParam& p, int tp, int j,
 void PutFragment(const ModelParam& p, int tp, int j,
                  const std::vector<float>& frag, std::vector<float>* full) {
   const int64_t ln = Numel(p.shape) / tp;
+  if (const auto runs = BlockRows(p, tp, j); !runs.empty()) {
+    const int64_t cols = p.shape[1];
+    int64_t at = 0;
+    for (auto [first, rows] : runs) {
+      std::memcpy(full->data() + first * cols, frag.data() + at * cols,
+                  rows * cols * sizeof(float));
+      at += rows;
+    }
+    return;
+  }
   if (p.split == 0 || p.shape.size() == 1) {
     std::memcpy(full->data() + j * ln, frag.data(), ln * sizeof(float));
     return;
@@ -201,7 +239,51 @@ Cluster::~Cluster() {
   for (auto& e : engines) e->Shutdown();
 }
 
+namespace {
+
+// A fused parameter's values from its separate parameters' `values`.
+std::vector<float> Fuse(
+    const ModelParam& p,
+    const std::function<std::vector<float>(const ModelParam&)>& values) {
+  std::vector<float> out;
+  const int64_t cols = p.shape[1];
+  for (const RowsOf& rows : p.fused) {
+    const std::vector<float> v = values(ModelParam{rows.name, rows.shape});
+    out.insert(out.end(), v.begin() + rows.first * cols,
+               v.begin() + (rows.first + rows.count) * cols);
+  }
+  return out;
+}
+
+}  // namespace
+
+Params Unfuse(const std::vector<ModelParam>& fused_params,
+              const Params& fused) {
+  Params out;
+  for (const ModelParam& p : fused_params) {
+    const std::vector<float>& v = fused.at(p.name);
+    if (p.fused.empty()) {
+      out[p.name] = v;
+      continue;
+    }
+    const int64_t cols = p.shape[1];
+    int64_t at = 0;
+    for (const RowsOf& rows : p.fused) {
+      std::vector<float>& part = out[rows.name];
+      part.resize(Numel(rows.shape));
+      std::copy(v.begin() + at * cols, v.begin() + (at + rows.count) * cols,
+                part.begin() + rows.first * cols);
+      at += rows.count;
+    }
+  }
+  return out;
+}
+
 std::vector<float> InitialParam(const JobConfig& config, const ModelParam& p) {
+  if (!p.fused.empty()) {
+    return Fuse(p,
+                [&](const ModelParam& q) { return InitialParam(config, q); });
+  }
   std::vector<float> v(Numel(p.shape));
   const uint64_t base = SplitMix(config.seed ^ NameHash(p.name));
   for (size_t e = 0; e < v.size(); ++e) {
@@ -214,6 +296,11 @@ std::vector<float> InitialParam(const JobConfig& config, const ModelParam& p) {
 
 std::vector<float> FullGrad(const JobConfig& config, const ModelParam& p,
                             int step, int dp_rank) {
+  if (!p.fused.empty()) {
+    return Fuse(p, [&](const ModelParam& q) {
+      return FullGrad(config, q, step, dp_rank);
+    });
+  }
   if (config.layout_free_grads) {
     // g_d = G + (2d + 1 - dp) H: the DP sum is dp G exactly.
     JobConfig plain = config;
@@ -300,9 +387,10 @@ absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
     const bool fragmented = p.name == fragment_param && p.split >= 0;
     for (int j = 0; j < (fragmented ? config.tp : 1); ++j) {
       CANZONA_ASSIGN_OR_RETURN(
-          auto rule, UpdateRule::Create(
-                         oc, fragmented ? LocalShape(p, config.tp) : p.shape,
-                         backend.get()));
+          auto rule,
+          UpdateRule::CreateBlocked(
+              oc, fragmented ? LocalShape(p, config.tp) : p.shape,
+              fragmented ? BlockSpec{} : p.blocks, p.name, backend.get()));
       rules[k].push_back(std::move(rule));
     }
   }
@@ -481,6 +569,14 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
                                                     : v1::DTYPE_FLOAT32);
     q->set_tp_split_dim(p.split);
     q->set_group(p.group);
+    if (!p.blocks.empty()) {
+      v1::Blocks* b = q->mutable_blocks();
+      b->set_dim(p.blocks.dim);
+      for (int64_t size : p.blocks.sizes) b->add_sizes(size);
+      b->set_repeat(p.blocks.repeat);
+      b->set_merge_repeats(p.blocks.merge_repeats);
+      for (const std::string& name : p.blocks.names) b->add_names(name);
+    }
     const int unit = DTypeBytes(config_.dtype);
     const uint64_t bytes = static_cast<uint64_t>(local_numel_[i]) * unit;
     if (config_.cuda_ipc) {

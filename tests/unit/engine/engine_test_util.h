@@ -34,15 +34,39 @@
 #include "server/comm/nccl_api.h"
 #include "server/control/kv_store.h"
 #include "server/engine/engine.h"
+#include "server/optim/matrix_blocks.h"
 
 namespace canzona::engine_test {
+
+// Every value of the reference: full matrices per parameter, by name.
+using Params = std::map<std::string, std::vector<float>>;
+
+// Rows [first, first + count) of a separate parameter `name` of `shape`.
+struct RowsOf {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t first = 0;
+  int64_t count = 0;
+};
 
 struct ModelParam {
   std::string name;
   std::vector<int64_t> shape;
   int split = -1;
   std::string group;
+  // A fused matrix's blocks (RegisterRequest Parameter.blocks); under TP
+  // the trainer shards it as Megatron does (a pattern that does not repeat
+  // is split block by block: [gate_t; up_t]).
+  BlockSpec blocks;
+  // A fused matrix's rows in order, taken from the separate parameters of
+  // the same model in an unfused layout: its initial values and gradients
+  // are theirs, so both layouts train on the same numbers.
+  std::vector<RowsOf> fused;
 };
+
+// The separate (unfused) parameters of `fused_params` with the values of
+// `fused` (by fused name); the other parameters as they are.
+Params Unfuse(const std::vector<ModelParam>& fused_params, const Params& fused);
 
 // hidden 64, 2 layers, 4 query heads and 2 kv heads of 16, ffn 128, vocab
 // 128; fused qkv / gate_up (Megatron) or separate projections (HF).
@@ -149,9 +173,6 @@ struct Cluster {
   InMemoryKvStore kv;
   std::unique_ptr<Engine> engines[2];
 };
-
-// Every value of the reference: full matrices per parameter, by name.
-using Params = std::map<std::string, std::vector<float>>;
 
 // The initial full parameters and the full gradient of (step, dp rank).
 std::vector<float> InitialParam(const JobConfig& config, const ModelParam& p);
