@@ -85,6 +85,10 @@ struct EngineOptions {
   // a fake over host memory to run the IPC path without a GPU.
   CudaIpcOpener* cuda_ipc = nullptr;
   int cuda_devices = -1;
+  // Same-shape Muon matrices a rank updates itself step in one batched
+  // Newton-Schulz (MoE experts); false: one call per matrix (the
+  // benchmark's baseline). Results are the same.
+  bool batch_updates = true;
 };
 
 // The node's CUDA devices (EngineOptions::cuda_devices overrides).

@@ -231,6 +231,23 @@ absl::Status CreateRules(const RankSetup& setup, RankRuntime& rt) {
   return absl::OkStatus();
 }
 
+// Same-shape Muon updates step together; a batch's old values (for the
+// update RMS) need `before` to hold all its members.
+absl::Status BatchUpdates(const RankSetup& setup, RankRuntime& rt) {
+  rt.local_batches =
+      BatchLocalUpdates(*rt.plan, rt.layout, rt.rules, rt.owned,
+                        {.enabled = setup.batch_updates,
+                         .in_place = rt.staging == rt.backend.get()});
+  int64_t largest = 0;
+  for (const UpdateBatch& b : rt.local_batches) {
+    if (b.params.size() > 1) largest = std::max(largest, b.elements);
+  }
+  if (largest > rt.before.size()) {
+    CANZONA_ASSIGN_OR_RETURN(rt.before, rt.staging->Allocate(largest));
+  }
+  return absl::OkStatus();
+}
+
 // The DP collectives (DP lane) with their scratch and calibration.
 absl::Status CreateBucketCollectives(const RankSetup& setup, RankRuntime& rt,
                                      Copiers& copiers, Groups& groups,
@@ -425,6 +442,7 @@ absl::StatusOr<std::unique_ptr<RankRuntime>> SetupRank(
   rt->world = std::move(groups.world.comm);
   CANZONA_RETURN_IF_ERROR(AllocateOwned(setup, *rt));
   CANZONA_RETURN_IF_ERROR(CreateRules(setup, *rt));
+  CANZONA_RETURN_IF_ERROR(BatchUpdates(setup, *rt));
   CANZONA_RETURN_IF_ERROR(CreateBucketCollectives(setup, *rt, copiers, groups,
                                                   std::move(calibration)));
   CANZONA_RETURN_IF_ERROR(CreateTpLane(setup, *rt, copiers, groups));

@@ -43,6 +43,7 @@
 #include "server/engine/stage_copier.h"
 #include "server/engine/tp_lane.h"
 #include "server/engine/trainer_buffers.h"
+#include "server/engine/update_batches.h"
 #include "server/metrics/registry.h"
 #include "server/optim/shared_scratch.h"
 #include "server/optim/update_rule.h"
@@ -69,6 +70,9 @@ struct RankRuntime {
   // every query group) while they step; shared like rule_scratch.
   std::unique_ptr<SharedScratch> block_gather;
   std::map<int, std::unique_ptr<UpdateRule>> rules;  // by plan index
+  // The local updates (DP-owned, not TP-hosted), same-shape Muon
+  // matrices batched (update_batches.h).
+  std::vector<UpdateBatch> local_batches;
   int owned_params = 0;  // parameters whose update rule (state) is here
   int64_t state_bytes = 0;
   // cuda compute with host (Gloo) staging: each update copies its
@@ -144,6 +148,9 @@ struct RankSetup {
   std::string comm_host = "127.0.0.1";
   absl::Duration step_timeout = absl::Seconds(60);
   MetricsRegistry* metrics = nullptr;
+  // Same-shape Muon updates in one batched Newton-Schulz (false: one
+  // call per matrix; EngineOptions::batch_updates).
+  bool batch_updates = true;
   // Called with each communicator as soon as it exists, so that a failure
   // elsewhere can abort it even while setup still runs.
   std::function<void(Communicator*)> on_communicator;

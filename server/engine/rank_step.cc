@@ -171,18 +171,42 @@ class RankStep {
     return CountUpdate(param, before, n);
   }
 
-  // 4. Owned parameters that are not TP-hosted or redundant.
+  // 4. Owned parameters that are not TP-hosted or redundant; same-shape
+  // Muon matrices in one batched Newton-Schulz.
   absl::Status UpdateLocal() {
     const absl::Time t0 = absl::Now();
-    for (int i : layout_.local_params) {
-      if (!layout_.dp_owned[i] || layout_.mode[i] != UpdateMode::kLocal) {
+    for (const UpdateBatch& batch : rt_.local_batches) {
+      if (batch.params.size() == 1) {
+        const int i = batch.params[0];
+        CANZONA_RETURN_IF_ERROR(UpdateLocalParam(i, rt_.owned.param_at[i],
+                                                 rt_.owned.grad_at[i],
+                                                 jp_.params[i].local_numel));
         continue;
       }
-      CANZONA_RETURN_IF_ERROR(UpdateLocalParam(i, rt_.owned.param_at[i],
-                                               rt_.owned.grad_at[i],
-                                               jp_.params[i].local_numel));
+      CANZONA_RETURN_IF_ERROR(UpdateBatched(batch));
     }
     times_->set_local_compute(Seconds(t0, absl::Now()));
+    return absl::OkStatus();
+  }
+
+  // A batch's members keep their old values side by side in `before`.
+  absl::Status UpdateBatched(const UpdateBatch& batch) {
+    Backend& staging = *rt_.staging;
+    const int64_t n = jp_.params[batch.params[0]].local_numel;
+    float* before = rt_.before.data();
+    for (size_t k = 0; k < batch.params.size(); ++k) {
+      if (!layout_.update_counted[batch.params[k]]) continue;
+      CANZONA_RETURN_IF_ERROR(
+          staging.Copy(batch.param_ptrs[k], n, before + k * n));
+    }
+    CANZONA_RETURN_IF_ERROR(StepMuonBatch(batch.rules, batch.param_ptrs,
+                                          batch.grad_ptrs,
+                                          OptionsFor(batch.params[0])));
+    for (size_t k = 0; k < batch.params.size(); ++k) {
+      if (!layout_.update_counted[batch.params[k]]) continue;
+      CANZONA_RETURN_IF_ERROR(
+          CountUpdate(batch.param_ptrs[k], before + k * n, n));
+    }
     return absl::OkStatus();
   }
 

@@ -92,6 +92,7 @@ absl::Status Registration::Setup(Job& job, LocalRank& rank) const {
   setup.comm_host = options_.comm_host;
   setup.step_timeout = options_.step_timeout;
   setup.metrics = options_.metrics;
+  setup.batch_updates = options_.batch_updates;
   setup.on_communicator = [&rank](Communicator* c) { rank.AddComm(c); };
   CANZONA_ASSIGN_OR_RETURN(rank.rt, SetupRank(setup, &rank.response));
   BucketCollectives* buckets = rank.rt->buckets.get();

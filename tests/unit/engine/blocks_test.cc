@@ -24,73 +24,9 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr int kSteps = 4;
+// The per-head model: 8 heads of 8 over hidden 64.
+constexpr int64_t kHidden = 64, kHeadDim = 8, kHeads = 8;
 // hidden 64; 8 query heads and 4 query groups (kv heads) of 8; ffn 64.
-constexpr int64_t kHidden = 64, kHeadDim = 8, kHeads = 8, kGroups = 4,
-                  kFfn = 64;
-
-struct Layouts {
-  std::vector<ModelParam> hf;        // separate q, k, v, gate, up
-  std::vector<ModelParam> megatron;  // fused, with blocks
-};
-
-// One model in both layouts, every matrix on `optimizer`. The non-fused
-// parameters share names so both layouts hold the same numbers.
-Layouts TwoLayouts(const std::string& optimizer, bool blocks = true) {
-  Layouts m;
-  const auto both = [&](ModelParam p) {
-    m.hf.push_back(p);
-    m.megatron.push_back(p);
-  };
-  both({"embedding.weight", {128, kHidden}, 0, "adamw"});
-  const int64_t q_per_group = kHeads / kGroups * kHeadDim;
-  for (int l = 0; l < 2; ++l) {
-    const std::string p = absl::StrCat("layers.", l, ".");
-    both({p + "input_layernorm.weight", {kHidden}, -1, "adamw"});
-    const std::string q = p + "self_attn.q_proj.weight";
-    const std::string k = p + "self_attn.k_proj.weight";
-    const std::string v = p + "self_attn.v_proj.weight";
-    m.hf.push_back({q, {kHeads * kHeadDim, kHidden}, 0, optimizer});
-    m.hf.push_back({k, {kGroups * kHeadDim, kHidden}, 0, optimizer});
-    m.hf.push_back({v, {kGroups * kHeadDim, kHidden}, 0, optimizer});
-    ModelParam qkv{p + "self_attention.linear_qkv.weight",
-                   {kHeads * kHeadDim + 2 * kGroups * kHeadDim, kHidden},
-                   0,
-                   optimizer};
-    for (int64_t g = 0; g < kGroups; ++g) {
-      qkv.fused.push_back(
-          {q, m.hf[m.hf.size() - 3].shape, g * q_per_group, q_per_group});
-      qkv.fused.push_back(
-          {k, m.hf[m.hf.size() - 2].shape, g * kHeadDim, kHeadDim});
-      qkv.fused.push_back(
-          {v, m.hf[m.hf.size() - 1].shape, g * kHeadDim, kHeadDim});
-    }
-    if (blocks) {
-      qkv.blocks = {.dim = 0,
-                    .sizes = {q_per_group, kHeadDim, kHeadDim},
-                    .repeat = kGroups,
-                    .merge_repeats = true,
-                    .names = {q, k, v}};
-    }
-    m.megatron.push_back(qkv);
-    both({p + "self_attn.o_proj.weight", {kHidden, kHidden}, 1, optimizer});
-    both({p + "post_attention_layernorm.weight", {kHidden}, -1, "adamw"});
-    const std::string gate = p + "mlp.gate_proj.weight";
-    const std::string up = p + "mlp.up_proj.weight";
-    m.hf.push_back({gate, {kFfn, kHidden}, 0, optimizer});
-    m.hf.push_back({up, {kFfn, kHidden}, 0, optimizer});
-    ModelParam fc1{
-        p + "mlp.linear_fc1.weight", {2 * kFfn, kHidden}, 0, optimizer};
-    fc1.fused = {{gate, {kFfn, kHidden}, 0, kFfn},
-                 {up, {kFfn, kHidden}, 0, kFfn}};
-    if (blocks)
-      fc1.blocks = {.dim = 0, .sizes = {kFfn, kFfn}, .names = {gate, up}};
-    m.megatron.push_back(fc1);
-    both({p + "mlp.down_proj.weight", {kHidden, kFfn}, 1, optimizer});
-  }
-  both({"norm.weight", {kHidden}, -1, "adamw"});
-  return m;
-}
-
 absl::StatusOr<Params> Train(Cluster& cluster, const std::string& stem, int dp,
                              int tp, std::vector<ModelParam> params) {
   JobConfig config = MakeJobConfig(stem, dp, tp, "cost", std::move(params));
@@ -118,7 +54,7 @@ class FusedEqualsSeparateTest
 TEST_P(FusedEqualsSeparateTest, BitwiseAfterUnfusing) {
   const auto& [optimizer, dp, tp] = GetParam();
   Cluster cluster;
-  const Layouts layouts = TwoLayouts(optimizer);
+  const FusedLayouts layouts = FusedAndSeparate(optimizer);
   ASSERT_OK_AND_ASSIGN(Params hf, Train(cluster, "hf", dp, tp, layouts.hf));
   ASSERT_OK_AND_ASSIGN(Params fused,
                        Train(cluster, "mg", dp, tp, layouts.megatron));
@@ -155,7 +91,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, FusedEqualsSeparateTest,
 
 TEST(BlocksTest, FusedWithoutBlocksIsADifferentOptimizer) {
   Cluster cluster;
-  const Layouts layouts = TwoLayouts("muon", /*blocks=*/false);
+  const FusedLayouts layouts = FusedAndSeparate("muon", /*blocks=*/false);
   ASSERT_OK_AND_ASSIGN(Params hf, Train(cluster, "hf", 1, 2, layouts.hf));
   ASSERT_OK_AND_ASSIGN(Params fused,
                        Train(cluster, "mg", 1, 2, layouts.megatron));
@@ -211,7 +147,7 @@ TEST(BlocksTest, BadBlocksAreRefusedBeforeAnythingRegisters) {
        ".blocks.names: 2 names for 3 blocks"},
   };
   for (const Case& c : cases) {
-    std::vector<ModelParam> params = TwoLayouts("muon").megatron;
+    std::vector<ModelParam> params = FusedAndSeparate("muon").megatron;
     ASSERT_EQ(params[2].name, "layers.0.self_attention.linear_qkv.weight");
     c.mutate(params[2]);
     JobConfig config = MakeJobConfig("bad", 1, c.tp, "cost", params);

@@ -166,6 +166,81 @@ TEST(CheckpointTest, CheckpointsMoveBetweenTheNcclAndGlooDataPlanes) {
   ResumeChain({config, gloo, back}, /*load=*/true, {&first, nullptr, &third});
 }
 
+// A fused run with blocks saves each block under its name: an unfused run
+// loads it (and the other way round), in another TP layout, and goes on
+// bitwise like the uninterrupted run; bf16, so the fp32 master weights
+// travel per block too.
+TEST(CheckpointTest, FusedAndUnfusedLayoutsLoadEachOther) {
+  const FusedLayouts models = FusedAndSeparate("soap");
+  struct Move {
+    std::vector<ModelParam> from;
+    int from_tp;
+    std::vector<ModelParam> to;
+    int to_tp;
+  };
+  for (const Move& move : {Move{models.megatron, 2, models.hf, 1},
+                           Move{models.hf, 1, models.megatron, 4}}) {
+    TempDir tmp;
+    const bool from_fused = move.from.size() < move.to.size();
+    SCOPED_TRACE(from_fused ? "fused -> unfused" : "unfused -> fused");
+    // The uninterrupted run: 4 steps, saved after 2.
+    Params whole;
+    Params saved;
+    {
+      Cluster cluster;
+      JobConfig config =
+          MakeJobConfig("from", 1, move.from_tp, "cost", move.from);
+      config.dtype = DType::kBFloat16;
+      JobRun run(config);
+      ASSERT_OK(run.Init());
+      ASSERT_OK(run.RegisterAll(cluster));
+      ASSERT_OK(run.RunSteps(cluster, 1, 2));
+      ASSERT_OK(SaveAll(run, cluster, tmp.Sub("ckpt"), 2));
+      saved = run.GatherParams();
+      ASSERT_OK(run.RunSteps(cluster, 3, 4));
+      whole = run.GatherParams();
+    }
+    const std::vector<ModelParam>& fused = from_fused ? move.from : move.to;
+    if (from_fused) {
+      saved = Unfuse(fused, saved);
+      whole = Unfuse(fused, whole);
+    }
+    // The other layout resumes from the checkpoint and the step-2 values.
+    Cluster cluster;
+    JobConfig config = MakeJobConfig("to", 1, move.to_tp, "cost", move.to);
+    config.dtype = DType::kBFloat16;
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    ASSERT_OK(LoadAll(run, cluster, tmp.Sub("ckpt")));
+    Params start;
+    for (const ModelParam& p : move.to) {
+      if (p.fused.empty()) {
+        start[p.name] = saved.at(p.name);
+        continue;
+      }
+      // Fuse the step-2 values as the trainer's model holds them.
+      std::vector<float>& v = start[p.name];
+      for (const RowsOf& rows : p.fused) {
+        const std::vector<float>& src = saved.at(rows.name);
+        const int64_t cols = p.shape[1];
+        v.insert(v.end(), src.begin() + rows.first * cols,
+                 src.begin() + (rows.first + rows.count) * cols);
+      }
+    }
+    for (auto& rank : run.ranks()) rank->SetParams(start);
+    ASSERT_OK(run.RunSteps(cluster, 3, 4));
+    Params resumed = run.GatherParams();
+    if (!from_fused) resumed = Unfuse(fused, resumed);
+    for (const auto& [name, values] : whole) {
+      EXPECT_EQ(resumed.at(name), values) << name;
+    }
+    // The step-2 values differ from the result: steps 3 and 4 ran.
+    EXPECT_NE(saved.at("layers.1.mlp.up_proj.weight"),
+              whole.at("layers.1.mlp.up_proj.weight"));
+  }
+}
+
 TEST(CheckpointTest, ResumeWithoutTheStateDiffers) {
   const JobConfig config = Config("control", 2, 2, "cost");
   JobConfig again = config;

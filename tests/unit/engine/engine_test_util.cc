@@ -161,6 +161,27 @@ std::vector<ModelParam> MegatronModel() {
   return m;
 }
 
+std::vector<ModelParam> MoeModel(int experts, int layers) {
+  std::vector<ModelParam> m;
+  m.push_back({"embedding.word_embeddings.weight", {128, 64}, 0, "adamw"});
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = absl::StrCat("decoder.layers.", l, ".");
+    m.push_back({p + "input_layernorm.weight", {64}, -1, "adamw"});
+    m.push_back({p + "self_attention.linear_qkv.weight", {128, 64}, 0, "muon"});
+    m.push_back({p + "self_attention.linear_proj.weight", {64, 64}, 1, "muon"});
+    m.push_back({p + "pre_mlp_layernorm.weight", {64}, -1, "adamw"});
+    m.push_back({p + "mlp.router.weight", {experts, 64}, -1, "adamw"});
+    for (int e = 0; e < experts; ++e) {
+      const std::string ep =
+          absl::StrCat(p, "mlp.experts.local_experts.", e, ".");
+      m.push_back({ep + "linear_fc1.weight", {64, 64}, -1, "muon"});
+      m.push_back({ep + "linear_fc2.weight", {64, 32}, -1, "muon"});
+    }
+  }
+  m.push_back({"decoder.final_layernorm.weight", {64}, -1, "adamw"});
+  return m;
+}
+
 std::vector<ModelParam> MuonModel() {
   std::vector<ModelParam> model = MegatronModel();
   for (ModelParam& p : model) {
@@ -191,6 +212,64 @@ std::vector<ModelParam> HfModel() {
   return m;
 }
 
+FusedLayouts FusedAndSeparate(const std::string& optimizer, bool blocks) {
+  constexpr int64_t kHidden = 64, kHeadDim = 8, kHeads = 8, kGroups = 4,
+                    kFfn = 64;
+  FusedLayouts m;
+  const auto both = [&](ModelParam p) {
+    m.hf.push_back(p);
+    m.megatron.push_back(p);
+  };
+  both({"embedding.weight", {128, kHidden}, 0, "adamw"});
+  const int64_t q_per_group = kHeads / kGroups * kHeadDim;
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = absl::StrCat("layers.", l, ".");
+    both({p + "input_layernorm.weight", {kHidden}, -1, "adamw"});
+    const std::string q = p + "self_attn.q_proj.weight";
+    const std::string k = p + "self_attn.k_proj.weight";
+    const std::string v = p + "self_attn.v_proj.weight";
+    m.hf.push_back({q, {kHeads * kHeadDim, kHidden}, 0, optimizer});
+    m.hf.push_back({k, {kGroups * kHeadDim, kHidden}, 0, optimizer});
+    m.hf.push_back({v, {kGroups * kHeadDim, kHidden}, 0, optimizer});
+    ModelParam qkv{p + "self_attention.linear_qkv.weight",
+                   {kHeads * kHeadDim + 2 * kGroups * kHeadDim, kHidden},
+                   0,
+                   optimizer};
+    for (int64_t g = 0; g < kGroups; ++g) {
+      qkv.fused.push_back(
+          {q, m.hf[m.hf.size() - 3].shape, g * q_per_group, q_per_group});
+      qkv.fused.push_back(
+          {k, m.hf[m.hf.size() - 2].shape, g * kHeadDim, kHeadDim});
+      qkv.fused.push_back(
+          {v, m.hf[m.hf.size() - 1].shape, g * kHeadDim, kHeadDim});
+    }
+    if (blocks) {
+      qkv.blocks = {.dim = 0,
+                    .sizes = {q_per_group, kHeadDim, kHeadDim},
+                    .repeat = kGroups,
+                    .merge_repeats = true,
+                    .names = {q, k, v}};
+    }
+    m.megatron.push_back(qkv);
+    both({p + "self_attn.o_proj.weight", {kHidden, kHidden}, 1, optimizer});
+    both({p + "post_attention_layernorm.weight", {kHidden}, -1, "adamw"});
+    const std::string gate = p + "mlp.gate_proj.weight";
+    const std::string up = p + "mlp.up_proj.weight";
+    m.hf.push_back({gate, {kFfn, kHidden}, 0, optimizer});
+    m.hf.push_back({up, {kFfn, kHidden}, 0, optimizer});
+    ModelParam fc1{
+        p + "mlp.linear_fc1.weight", {2 * kFfn, kHidden}, 0, optimizer};
+    fc1.fused = {{gate, {kFfn, kHidden}, 0, kFfn},
+                 {up, {kFfn, kHidden}, 0, kFfn}};
+    if (blocks)
+      fc1.blocks = {.dim = 0, .sizes = {kFfn, kFfn}, .names = {gate, up}};
+    m.megatron.push_back(fc1);
+    both({p + "mlp.down_proj.weight", {kHidden, kFfn}, 1, optimizer});
+  }
+  both({"norm.weight", {kHidden}, -1, "adamw"});
+  return m;
+}
+
 std::string UniqueJobId(const std::string& stem) {
   // pid and counter alone collide with the leftovers (in /dev/shm) of an
   // earlier process with the same pid that was killed mid-test.
@@ -214,10 +293,11 @@ JobConfig MakeJobConfig(const std::string& stem, int dp, int tp,
 
 Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
                  const std::string& backend, CudaIpcOpener* cuda_ipc,
-                 NcclApi* nccl) {
+                 NcclApi* nccl, bool batch_updates) {
   for (int i = 0; i < 2; ++i) {
     EngineOptions options;
     options.backend = backend;
+    options.batch_updates = batch_updates;
     if (nccl != nullptr) {
       options.comm = "nccl";
       options.nccl_api = nccl;

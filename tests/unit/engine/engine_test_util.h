@@ -72,6 +72,22 @@ Params Unfuse(const std::vector<ModelParam>& fused_params, const Params& fused);
 // 128; fused qkv / gate_up (Megatron) or separate projections (HF).
 std::vector<ModelParam> MegatronModel();
 std::vector<ModelParam> HfModel();
+// One model (hidden 64; 8 query heads in 4 query groups of 8; ffn 64; 2
+// layers) in two layouts, every matrix on `optimizer`: Hugging Face's
+// separate q, k, v, gate and up, and Megatron's fused linear_qkv and
+// linear_fc1 (with blocks named after the separate parameters, or none).
+// The other parameters share names, and the fused ones take their values
+// from the separate ones (ModelParam::fused): both train on the same
+// numbers.
+struct FusedLayouts {
+  std::vector<ModelParam> hf;
+  std::vector<ModelParam> megatron;
+};
+FusedLayouts FusedAndSeparate(const std::string& optimizer, bool blocks = true);
+// A small MoE model: per layer a router and `experts` experts of one
+// shape (fc1 [64, 64], fc2 [64, 32]) on Muon, attention on Muon, the rest
+// AdamW; the experts are TP-replicated (expert parallelism's habit).
+std::vector<ModelParam> MoeModel(int experts, int layers = 2);
 // MegatronModel with Muon for every matrix (AdamW for the rest).
 std::vector<ModelParam> MuonModel();
 
@@ -165,10 +181,12 @@ struct Cluster {
   // `cuda_ipc`: a fake IPC layer for jobs with JobConfig::cuda_ipc.
   // `nccl`: the engines run comm "nccl" over this NcclApi (a FakeNcclApi
   // in data mode: host memory as device memory).
+  // `batch_updates`: EngineOptions::batch_updates.
   explicit Cluster(absl::Duration step_timeout = absl::Seconds(20),
                    absl::Duration register_timeout = absl::Seconds(20),
                    const std::string& backend = "cpu",
-                   CudaIpcOpener* cuda_ipc = nullptr, NcclApi* nccl = nullptr);
+                   CudaIpcOpener* cuda_ipc = nullptr, NcclApi* nccl = nullptr,
+                   bool batch_updates = true);
   ~Cluster();
   InMemoryKvStore kv;
   std::unique_ptr<Engine> engines[2];

@@ -1,0 +1,48 @@
+#include "server/engine/update_batches.h"
+
+#include <string>
+#include <tuple>
+#include <utility>
+
+namespace canzona {
+
+std::vector<UpdateBatch> BatchLocalUpdates(
+    const JobPlan& jp, const RankLayout& layout,
+    const std::map<int, std::unique_ptr<UpdateRule>>& rules,
+    const OwnedBuffers& owned, const BatchOptions& options) {
+  std::vector<UpdateBatch> batches;
+  // The open batch of each (group, shape).
+  std::map<std::tuple<std::string, std::vector<int64_t>>, size_t> open;
+  for (int i : layout.local_params) {
+    if (!layout.dp_owned[i] || layout.mode[i] != UpdateMode::kLocal) continue;
+    auto rule = rules.find(i);
+    if (rule == rules.end()) continue;
+    UpdateRule* r = rule->second.get();
+    const ParamMeta& m = jp.params[i];
+    const int64_t n = m.local_numel;
+    const bool batchable = options.enabled && options.in_place &&
+                           r->config().kind == OptimizerKind::kMuon &&
+                           r->blocks().empty() && n <= options.max_elements;
+    size_t at = batches.size();
+    if (batchable) {
+      auto key = std::make_tuple(m.group, m.shape);
+      auto it = open.find(key);
+      if (it != open.end() &&
+          batches[it->second].elements + n <= options.max_elements) {
+        at = it->second;
+      } else {
+        open[key] = batches.size();
+      }
+    }
+    if (at == batches.size()) batches.emplace_back();
+    UpdateBatch& b = batches[at];
+    b.params.push_back(i);
+    b.rules.push_back(r);
+    b.param_ptrs.push_back(owned.param_at[i]);
+    b.grad_ptrs.push_back(owned.grad_at[i]);
+    b.elements += n;
+  }
+  return batches;
+}
+
+}  // namespace canzona

@@ -1,0 +1,59 @@
+// Batched local updates: the same-shape Muon matrices a rank updates
+// itself (DP-owned, not TP-hosted) step together in one batched
+// Newton-Schulz (StepMuonBatch: one strided-batched call per iteration on
+// cuda, where 128 experts x 48 layers of one shape are otherwise
+// launch-bound; the same per-matrix arithmetic on cpu, so results are
+// bitwise those of one call per matrix).
+//
+//   rt.local_batches = BatchLocalUpdates(jp, layout, rt.rules, rt.owned,
+//                                        {.enabled = true, ...});
+//
+// Thread-safety: built at setup, then read by the rank's worker only.
+#ifndef CANZONA_SERVER_ENGINE_UPDATE_BATCHES_H_
+#define CANZONA_SERVER_ENGINE_UPDATE_BATCHES_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "server/engine/job_plan.h"
+#include "server/engine/owned_buffers.h"
+#include "server/engine/rank_layout.h"
+#include "server/optim/update_rule.h"
+
+namespace canzona {
+
+// Parameters updated together; one member: a plain update. The pointer
+// arrays are filled once (owned buffers never move), so a step allocates
+// nothing.
+struct UpdateBatch {
+  std::vector<int> params;  // plan indices, local_params order
+  std::vector<UpdateRule*> rules;
+  std::vector<float*> param_ptrs;
+  std::vector<const float*> grad_ptrs;
+  int64_t elements = 0;  // of every member together
+};
+
+struct BatchOptions {
+  // False: every update alone (the per-matrix baseline of the benchmark).
+  bool enabled = true;
+  // The update runs in place in staging memory (see RankRuntime::Update);
+  // batches need it.
+  bool in_place = true;
+  // Floats one batch may span: its members' old values are kept aside for
+  // the update RMS, and batched Newton-Schulz works on all at once.
+  int64_t max_elements = int64_t{1} << 24;
+};
+
+// Every DP-owned local update of the rank (layout.mode kLocal), in
+// local_params order of each batch's first member. Members share the
+// optimizer group and shape and are unblocked Muon rules.
+std::vector<UpdateBatch> BatchLocalUpdates(
+    const JobPlan& jp, const RankLayout& layout,
+    const std::map<int, std::unique_ptr<UpdateRule>>& rules,
+    const OwnedBuffers& owned, const BatchOptions& options);
+
+}  // namespace canzona
+
+#endif  // CANZONA_SERVER_ENGINE_UPDATE_BATCHES_H_

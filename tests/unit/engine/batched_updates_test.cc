@@ -1,0 +1,122 @@
+// Batched local updates (update_batches.h): same-shape Muon matrices (MoE
+// experts) step in one batched Newton-Schulz, bitwise equal to one update
+// per matrix on the cpu backend, single process or distributed.
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "server/engine/rank_layout.h"
+#include "server/engine/update_batches.h"
+#include "tests/matchers/status_matchers.h"
+#include "tests/unit/engine/engine_test_util.h"
+#include "tests/unit/engine/parts_test_util.h"
+
+namespace canzona::engine_test {
+namespace {
+
+namespace v1 = ::canzona::v1;
+using ::testing::Each;
+using ::testing::SizeIs;
+
+constexpr int kSteps = 4;
+
+TEST(BatchLocalUpdatesTest, ExpertsOfOneShapeShareABatch) {
+  JobConfig config = MakeJobConfig("batches", 1, 1, "cost", MoeModel(6, 2));
+  ASSERT_OK_AND_ASSIGN(RankSpec spec, SpecOf(config, 0));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const JobPlan> jp,
+                       BuildJobPlan(spec.settings, {spec.plist}));
+  ASSERT_OK_AND_ASSIGN(RankLayout layout,
+                       LayoutRank(*jp, spec.settings, spec.coords));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Backend> cpu,
+                       CreateBackend(BackendKind::kCpu));
+  std::map<int, std::unique_ptr<UpdateRule>> rules;
+  for (int i : layout.local_params) {
+    const ParamMeta& m = jp->params[i];
+    ASSERT_OK_AND_ASSIGN(
+        rules[i], UpdateRule::Create(spec.settings.configs.at(m.group), m.shape,
+                                     cpu.get()));
+  }
+  OwnedBuffers owned;
+  owned.param_at.assign(jp->params.size(), nullptr);
+  owned.grad_at.assign(jp->params.size(), nullptr);
+
+  const std::vector<UpdateBatch> batched =
+      BatchLocalUpdates(*jp, layout, rules, owned, {});
+  // Per layer: one batch of 6 fc1, one of 6 fc2 ... and the two layers'
+  // experts of one shape join (same group and shape): 12 + 12.
+  std::map<std::vector<int64_t>, size_t> largest;
+  std::set<int> seen;
+  for (const UpdateBatch& b : batched) {
+    const std::vector<int64_t>& shape = jp->params[b.params[0]].shape;
+    largest[shape] = std::max(largest[shape], b.params.size());
+    for (int i : b.params) {
+      EXPECT_TRUE(seen.insert(i).second) << "twice: " << i;
+      EXPECT_EQ(jp->params[i].shape, shape);
+      EXPECT_EQ(jp->params[i].group, jp->params[b.params[0]].group);
+    }
+  }
+  EXPECT_EQ(seen.size(), layout.local_params.size());
+  EXPECT_EQ(largest[(std::vector<int64_t>{64, 32})], 12u);
+  // linear_qkv [128, 64] (muon) and the embedding [128, 64] (adamw) do not
+  // mix; AdamW is never batched.
+  for (const UpdateBatch& b : batched) {
+    if (jp->params[b.params[0]].group == "adamw") {
+      EXPECT_THAT(b.params, SizeIs(1));
+    }
+  }
+  // Disabled, or capped at one expert's worth: one update per matrix.
+  for (const BatchOptions& options :
+       {BatchOptions{.enabled = false}, BatchOptions{.in_place = false},
+        BatchOptions{.max_elements = 64 * 32}}) {
+    for (const UpdateBatch& b :
+         BatchLocalUpdates(*jp, layout, rules, owned, options)) {
+      EXPECT_THAT(b.params, SizeIs(1));
+    }
+  }
+}
+
+class BatchedEqualsPerMatrixTest
+    : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(BatchedEqualsPerMatrixTest, BitwiseAgainstTheReference) {
+  const auto [dp, tp] = GetParam();
+  Params results[2];
+  int64_t buffers[2] = {0, 0};
+  for (bool batch : {false, true}) {
+    Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr,
+                    nullptr, batch);
+    JobRun run(MakeJobConfig("moe", dp, tp, "cost", MoeModel(8)));
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RunAll(cluster, kSteps));
+    // The single-process reference updates one matrix at a time.
+    ASSERT_OK_AND_ASSIGN(Params ref, Reference(run.config(), kSteps, {}));
+    EXPECT_OK(run.Compare(ref, /*bitwise=*/true)) << "batch " << batch;
+    results[batch] = run.GatherParams();
+    for (const auto& r : run.registered) buffers[batch] += r.buffer_bytes();
+    // The update RMS counts every member of a batch too.
+    for (const auto& rank : run.responses) {
+      EXPECT_GT(rank.back().update_rms(), 0);
+    }
+    ASSERT_OK(run.Deregister(cluster));
+  }
+  EXPECT_EQ(results[0], results[1]);
+  // Batches keep their members' old values side by side: more buffer.
+  EXPECT_GT(buffers[1], buffers[0]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, BatchedEqualsPerMatrixTest,
+                         ::testing::Values(std::make_pair(1, 1),
+                                           std::make_pair(2, 1),
+                                           std::make_pair(2, 2)),
+                         [](const auto& info) {
+                           return "dp" + std::to_string(info.param.first) +
+                                  "_tp" + std::to_string(info.param.second);
+                         });
+
+}  // namespace
+}  // namespace canzona::engine_test
