@@ -435,3 +435,77 @@ def test_bad_use_raises_clear_errors(daemon):
     status = canzona.Client(daemon).status()
     assert any(j["job_id"] == opt.job_id for j in status["jobs"])
     opt.close()
+
+
+def _fused_and_separate(seed):
+    """One attention + MLP's weights (8 heads in 4 query groups of 8 over
+    hidden 64; ffn 48) as separate q, k, v, gate, up and as Megatron's fused
+    linear_qkv (per group: q heads, k, v) and linear_fc1 ([gate; up])."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(rows, 64, generator=g) * 0.1
+               for rows in (64, 32, 32))
+    gate, up = (torch.randn(48, 64, generator=g) * 0.1 for _ in range(2))
+
+    def fuse_qkv(q, k, v):
+        parts = []
+        for group in range(4):
+            parts += [q[16 * group:16 * group + 16], k[8 * group:8 * group + 8],
+                      v[8 * group:8 * group + 8]]
+        return torch.cat(parts)
+
+    separate = {"q_proj": q, "k_proj": k, "v_proj": v, "gate_proj": gate,
+                "up_proj": up}
+    fused = {"linear_qkv": fuse_qkv(q, k, v),
+             "linear_fc1": torch.cat([gate, up])}
+    return separate, fused, fuse_qkv
+
+
+def test_megatron_blocks_train_like_separate_matrices(daemon):
+    """canzona.torch with blocks: Megatron's fused qkv / fc1 train bitwise
+    like separate q, k, v, gate, up under Muon; without blocks they do
+    not."""
+    os.environ["CANZONA_TARGET"] = daemon
+    separate, fused, fuse_qkv = _fused_and_separate(0)
+    grads = [_fused_and_separate(s + 1) for s in range(3)]
+    blocks = {"linear_qkv": canzona.megatron_qkv_blocks(8, 4, 8),
+              "linear_fc1": canzona.megatron_fc1_blocks(48)}
+    assert blocks["linear_qkv"]["sizes"] == [16, 8, 8]
+
+    def train(values, grad_of, with_blocks):
+        params = {n: torch.nn.Parameter(t.clone()) for n, t in values.items()}
+        opt = ct.Muon(list(params.items()), lr=0.02,
+                      job_id="blocks-" + uuid.uuid4().hex[:8],
+                      blocks=blocks if with_blocks else None)
+        try:
+            for step in range(3):
+                opt.zero_grad()
+                # d/dp sum(p * G) = G: backward delivers exactly G.
+                loss = sum((p * grad_of(step)[n]).sum()
+                           for n, p in params.items())
+                loss.backward()
+                opt.step()
+            return {n: p.detach().clone() for n, p in params.items()}
+        finally:
+            opt.close()
+
+    want = train(separate, lambda s: grads[s][0], False)
+    want_fused = {"linear_qkv": fuse_qkv(want["q_proj"], want["k_proj"],
+                                         want["v_proj"]),
+                  "linear_fc1": torch.cat([want["gate_proj"],
+                                           want["up_proj"]])}
+    got = train(fused, lambda s: grads[s][1], True)
+    for name in fused:
+        assert torch.equal(got[name], want_fused[name]), name
+    control = train(fused, lambda s: grads[s][1], False)
+    assert not torch.equal(control["linear_qkv"], want_fused["linear_qkv"])
+    # Blocks for a parameter that does not exist, and blocks the daemon
+    # refuses (a size that does not tile the rows), name the problem.
+    with pytest.raises(ValueError, match="no parameter named"):
+        ct.Muon([("w", torch.nn.Parameter(torch.randn(4, 4)))],
+                blocks={"x": canzona.megatron_fc1_blocks(2)})
+    with pytest.raises(canzona.CanzonaError) as error:
+        ct.Muon([("w", torch.nn.Parameter(torch.randn(6, 4)))],
+                job_id="bad-blocks-" + uuid.uuid4().hex[:8],
+                blocks={"w": canzona.blocks([2, 2])})
+    assert error.value.code == "INVALID_ARGUMENT"
+    assert "'w'.blocks.sizes" in str(error.value)

@@ -520,9 +520,12 @@ absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
 
 TrainerRank::TrainerRank(const JobConfig& config, int global)
     : config_(config), global_(global) {
-  dp_ = global / config.tp;
+  pp_ = global / (config.dp * config.tp);
+  dp_ = (global / config.tp) % config.dp;
   tp_ = global % config.tp;
 }
+
+bool TrainerRank::Holds(const ModelParam& p) const { return p.stage == pp_; }
 
 int TrainerRank::engine_index() const {
   return config_.world() == 1 ? 0 : (global_ < config_.world() / 2 ? 0 : 1);
@@ -531,7 +534,8 @@ int TrainerRank::engine_index() const {
 absl::Status TrainerRank::Init() {
   int64_t total = 0;
   for (const ModelParam& p : config_.params) {
-    const int64_t n = Numel(LocalShape(p, config_.tp));
+    // Another pipeline stage's parameter takes no room here.
+    const int64_t n = Holds(p) ? Numel(LocalShape(p, config_.tp)) : 0;
     offsets_.push_back(total);
     grad_offsets_.push_back(total + n);
     local_numel_.push_back(n);
@@ -554,6 +558,7 @@ absl::Status TrainerRank::Init() {
           static_cast<uint64_t>(total) * DTypeBytes(config_.dtype)));
   shm_ = std::make_unique<SharedMemory>(std::move(shm));
   for (size_t i = 0; i < config_.params.size(); ++i) {
+    if (!Holds(config_.params[i])) continue;
     Put(offsets_[i],
         Shard(config_.params[i], InitialParam(config_, config_.params[i])));
   }
@@ -587,7 +592,7 @@ void TrainerRank::SetParams(
     const std::map<std::string, std::vector<float>>& full) {
   for (size_t i = 0; i < config_.params.size(); ++i) {
     const ModelParam& p = config_.params[i];
-    Put(offsets_[i], Shard(p, full.at(p.name)));
+    if (Holds(p)) Put(offsets_[i], Shard(p, full.at(p.name)));
   }
 }
 
@@ -599,6 +604,7 @@ void TrainerRank::WriteGrads(int step) {
 
 void TrainerRank::WriteGrads(int step, const std::vector<int>& params) {
   for (int i : params) {
+    if (!Holds(config_.params[i])) continue;
     std::vector<float> shard = Shard(
         config_.params[i], FullGrad(config_, config_.params[i], step, dp_));
     if (step == config_.nan_step && global_ == config_.nan_global_rank &&
@@ -613,10 +619,10 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
   v1::RegisterRequest r;
   r.set_job_id(config_.job_id);
   r.set_job_token(config_.token);
-  r.mutable_layout()->set_pp(1);
+  r.mutable_layout()->set_pp(config_.pp);
   r.mutable_layout()->set_dp(config_.dp);
   r.mutable_layout()->set_tp(config_.tp);
-  r.mutable_rank()->set_pp_rank(0);
+  r.mutable_rank()->set_pp_rank(pp_);
   r.mutable_rank()->set_dp_rank(dp_);
   r.mutable_rank()->set_tp_rank(tp_);
   r.set_strategy(config_.strategy);
@@ -641,6 +647,7 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
   }
   for (size_t i = 0; i < config_.params.size(); ++i) {
     const ModelParam& p = config_.params[i];
+    if (!Holds(p)) continue;  // another pipeline stage's
     v1::Parameter* q = r.add_parameters();
     q->set_name(p.name);
     for (int64_t d : p.shape) q->add_shape(d);
@@ -691,7 +698,7 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
 v1::StepRequest TrainerRank::MakeStep(int64_t step) const {
   v1::StepRequest s;
   s.set_job_id(config_.job_id);
-  s.mutable_rank()->set_pp_rank(0);
+  s.mutable_rank()->set_pp_rank(pp_);
   s.mutable_rank()->set_dp_rank(dp_);
   s.mutable_rank()->set_tp_rank(tp_);
   s.set_step(step);
@@ -921,7 +928,7 @@ Params JobRun::GatherParams() const {
     const ModelParam& p = config_.params[i];
     std::vector<float> full(Numel(p.shape));
     for (const auto& rank : ranks_) {
-      if (rank->dp_rank() != 0) continue;
+      if (rank->dp_rank() != 0 || !rank->Holds(p)) continue;
       if (p.split < 0) {
         if (rank->tp_rank() == 0) full = rank->ParamBuffer(static_cast<int>(i));
         continue;
@@ -939,6 +946,7 @@ absl::Status JobRun::Compare(const Params& reference, bool bitwise,
   for (const auto& rank : ranks_) {
     for (size_t i = 0; i < config_.params.size(); ++i) {
       const ModelParam& p = config_.params[i];
+      if (!rank->Holds(p)) continue;
       const std::vector<float> want =
           Rounded(config_.dtype, rank->Shard(p, reference.at(p.name)));
       const std::vector<float> got = rank->ParamBuffer(static_cast<int>(i));
@@ -973,6 +981,7 @@ absl::Status JobRun::Deregister(Cluster& cluster) {
     v1::DeregisterRequest r;
     r.set_job_id(config_.job_id);
     r.set_job_token(config_.token);
+    r.mutable_rank()->set_pp_rank(rank->pp_rank());
     r.mutable_rank()->set_dp_rank(rank->dp_rank());
     r.mutable_rank()->set_tp_rank(rank->tp_rank());
     CANZONA_RETURN_IF_ERROR(

@@ -62,6 +62,8 @@ struct ModelParam {
   // the same model in an unfused layout: its initial values and gradients
   // are theirs, so both layouts train on the same numbers.
   std::vector<RowsOf> fused;
+  // The pipeline stage that holds it (JobConfig::pp).
+  int stage = 0;
 };
 
 // The separate (unfused) parameters of `fused_params` with the values of
@@ -93,6 +95,10 @@ std::vector<ModelParam> MuonModel();
 
 struct JobConfig {
   std::string job_id;
+  // Pipeline stages: rank g is (g / (dp tp), g / tp % dp, g % tp); a stage
+  // registers its parameters only (ModelParam::stage). Overlapped steps
+  // (RunStepsOverlapped) need pp 1.
+  int pp = 1;
   int dp = 1;
   int tp = 1;
   std::string strategy = "cost";
@@ -133,7 +139,7 @@ struct JobConfig {
   double max_grad_norm = 0;
   std::map<int64_t, double> step_max_grad_norm;
   bool grad_reduce_fp32 = false;
-  int world() const { return dp * tp; }
+  int world() const { return pp * dp * tp; }
 };
 
 // CUDA IPC over host memory: a "handle" carries a pointer and size in this
@@ -239,11 +245,14 @@ class TrainerRank {
   absl::Status Init();  // creates and fills the shm object
 
   int global() const { return global_; }
+  int pp_rank() const { return pp_; }
   int dp_rank() const { return dp_; }
   int tp_rank() const { return tp_; }
   // Which of the two engines serves it: the first half of the world on 0.
   int engine_index() const;
   canzona::v1::RegisterRequest MakeRegister() const;
+  // Whether this rank's pipeline stage holds `p`.
+  bool Holds(const ModelParam& p) const;
   canzona::v1::StepRequest MakeStep(int64_t step) const;
   void WriteGrads(int step);
   // Only the gradients of these parameters (indices into config().params):
@@ -260,7 +269,7 @@ class TrainerRank {
 
  private:
   JobConfig config_;
-  int global_, dp_, tp_;
+  int global_, pp_, dp_, tp_;
   // Elements written in the job's dtype at element `at` of the shm object,
   // and read back widened.
   void Put(int64_t at, const std::vector<float>& values);
