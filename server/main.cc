@@ -68,6 +68,7 @@ struct DaemonFlags {
   std::string ready_file;
   std::string metrics_address = "127.0.0.1:9464";
   int cpu_threads = 1;
+  bool batch_updates = true;
   double step_timeout_s = 60;
   double register_timeout_s = 120;
   double checkpoint_timeout_s = 600;
@@ -257,6 +258,7 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
   options.max_parameters_per_job = flags.max_parameters_per_job;
   options.max_bytes_per_job = flags.max_bytes_per_job;
   options.step_timeout = absl::Seconds(flags.step_timeout_s);
+  options.batch_updates = flags.batch_updates;
   options.register_timeout = absl::Seconds(flags.register_timeout_s);
   options.checkpoint_timeout = absl::Seconds(flags.checkpoint_timeout_s);
   options.checkpoint_root = flags.checkpoint_root;
@@ -395,6 +397,10 @@ int main(int argc, char** argv) {
          "BLAS threads per cpu device worker (one worker per local rank)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--batch-updates", flags.batch_updates,
+                 "same-shape Muon matrices a rank updates itself (MoE "
+                 "experts) step in one batched Newton-Schulz")
+      ->capture_default_str();
   app.add_option("--step-timeout", flags.step_timeout_s,
                  "seconds a step waits for its peers")
       ->capture_default_str()

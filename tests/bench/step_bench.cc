@@ -79,8 +79,7 @@ bool Parse(int argc, char** argv, Flags& f) {
     }
   }
   return f.layers > 0 && f.vocab > 0 && f.dp > 0 && f.tp > 0 && f.steps > 1 &&
-         (f.batching == "on" || f.batching == "off" ||
-          f.batching == "compare");
+         (f.batching == "on" || f.batching == "off" || f.batching == "compare");
 }
 
 double Median(std::vector<double> v) {

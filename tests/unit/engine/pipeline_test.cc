@@ -70,21 +70,21 @@ TEST_P(PipelineTest, EqualsTheSingleProcessReference) {
   ASSERT_OK(run.Deregister(cluster));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, PipelineTest,
-    ::testing::Values(std::make_tuple(2, 1, 1, false),
-                      std::make_tuple(2, 2, 1, false),
-                      std::make_tuple(2, 2, 2, false),
-                      std::make_tuple(4, 1, 1, false),
-                      std::make_tuple(2, 2, 1, true),
-                      std::make_tuple(2, 1, 2, true),
-                      std::make_tuple(4, 1, 1, true)),
-    [](const auto& info) {
-      return absl::StrCat("pp", std::get<0>(info.param), "_dp",
-                          std::get<1>(info.param), "_tp",
-                          std::get<2>(info.param),
-                          std::get<3>(info.param) ? "_clip" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Layouts, PipelineTest,
+                         ::testing::Values(std::make_tuple(2, 1, 1, false),
+                                           std::make_tuple(2, 2, 1, false),
+                                           std::make_tuple(2, 2, 2, false),
+                                           std::make_tuple(4, 1, 1, false),
+                                           std::make_tuple(2, 2, 1, true),
+                                           std::make_tuple(2, 1, 2, true),
+                                           std::make_tuple(4, 1, 1, true)),
+                         [](const auto& info) {
+                           return absl::StrCat(
+                               "pp", std::get<0>(info.param), "_dp",
+                               std::get<1>(info.param), "_tp",
+                               std::get<2>(info.param),
+                               std::get<3>(info.param) ? "_clip" : "");
+                         });
 
 TEST(PipelineTest, WithoutTheOtherStagesNormTheClipDiffers) {
   // Negative control: a reference that clips each stage by its own norm.
