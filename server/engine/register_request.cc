@@ -300,6 +300,19 @@ absl::StatusOr<RankSpec> ValidateRegisterRequest(
     out.local_numel.push_back(local);
     absl::StrAppend(&out.plist, j ? "\n" : "", CanonicalParam(p));
   }
+  // Checkpoint records are named after parameters and blocks: no block
+  // may take another's name or a parameter's.
+  std::set<std::string> block_names;
+  for (int j = 0; j < request.parameters_size(); ++j) {
+    const v1::Parameter& p = request.parameters(j);
+    for (const std::string& name : p.blocks().names()) {
+      if (names.count(name) || !block_names.insert(name).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameters[", j, "] '", p.name(), "'.blocks.names: '", name,
+            "' is already the name of a parameter or block"));
+      }
+    }
+  }
   return out;
 }
 

@@ -32,22 +32,36 @@ absl::Status CheckSpec(const BlockSpec& spec, absl::Span<const int64_t> shape) {
     return absl::InvalidArgumentError("blocks.sizes: empty");
   }
   for (int64_t s : spec.sizes) {
-    if (s < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("blocks.sizes: size ", s, " < 1"));
+    if (s < 1 || s > shape[spec.dim]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "blocks.sizes: size ", s, " outside [1, ", shape[spec.dim], "]"));
     }
-    if (s > shape[spec.dim]) break;  // the sum check below names it
   }
-  if (spec.repeat < 1) {
+  if (spec.repeat < 1 || spec.repeat > shape[spec.dim]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "blocks.repeat: ", spec.repeat, " outside [1, ", shape[spec.dim], "]"));
+  }
+  // Bounded so that a request cannot make the daemon lay out billions.
+  constexpr int64_t kMaxBlocks = int64_t{1} << 16;
+  const int64_t pieces = static_cast<int64_t>(spec.sizes.size());
+  if (pieces > kMaxBlocks ||
+      (!spec.merge_repeats && spec.repeat > kMaxBlocks / pieces)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("blocks.repeat: ", spec.repeat, " < 1"));
+        absl::StrCat("blocks: ", pieces, " sizes x repeat ", spec.repeat,
+                     " make more than ", kMaxBlocks, " blocks"));
   }
+  // Without overflow: the sizes (at most 2^16 of at most 2^40) and the
+  // repeat are each at most the dimension.
   const int64_t length = PatternLength(spec);
-  if (length > shape[spec.dim] || length * spec.repeat != shape[spec.dim]) {
+  if (length > shape[spec.dim] || shape[spec.dim] % length != 0 ||
+      shape[spec.dim] / length != spec.repeat) {
     return absl::InvalidArgumentError(absl::StrCat(
         "blocks.sizes: [", absl::StrJoin(spec.sizes, ", "), "] x repeat ",
-        spec.repeat, " covers ", length * spec.repeat, " of dimension ",
-        spec.dim, " (", shape[spec.dim], ")"));
+        spec.repeat, " covers ",
+        length > shape[spec.dim] || spec.repeat > shape[spec.dim] / length
+            ? std::string("more than the dimension")
+            : std::to_string(length * spec.repeat),
+        " of dimension ", spec.dim, " (", shape[spec.dim], ")"));
   }
   if (!spec.names.empty()) {
     if (static_cast<int64_t>(spec.names.size()) != spec.block_count()) {

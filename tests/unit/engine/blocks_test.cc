@@ -145,6 +145,10 @@ TEST(BlocksTest, BadBlocksAreRefusedBeforeAnythingRegisters) {
        "uses adamw"},
       {"names", 1, [](ModelParam& p) { p.blocks.names.pop_back(); },
        ".blocks.names: 2 names for 3 blocks"},
+      {"name taken", 1,
+       [](ModelParam& p) { p.blocks.names[0] = "embedding.weight"; },
+       ".blocks.names: 'embedding.weight' is already the name of a "
+       "parameter or block"},
   };
   for (const Case& c : cases) {
     std::vector<ModelParam> params = FusedAndSeparate("muon").megatron;
