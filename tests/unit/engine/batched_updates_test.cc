@@ -19,8 +19,6 @@
 namespace canzona::engine_test {
 namespace {
 
-namespace v1 = ::canzona::v1;
-using ::testing::Each;
 using ::testing::SizeIs;
 
 constexpr int kSteps = 4;
