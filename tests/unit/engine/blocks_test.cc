@@ -62,12 +62,11 @@ TEST_P(FusedEqualsSeparateTest, BitwiseAfterUnfusing) {
   EXPECT_EQ(unfused.size(), hf.size());
   EXPECT_EQ(FirstDifference(hf, unfused), "");
   // Training moved them: the comparison is not of initial values.
-  const Params start = [&] {
-    Params p;
-    JobConfig c = MakeJobConfig("init", dp, tp, "cost", layouts.hf);
-    for (const ModelParam& m : layouts.hf) p[m.name] = InitialParam(c, m);
-    return p;
-  }();
+  Params start;
+  const JobConfig initial = MakeJobConfig("init", dp, tp, "cost", layouts.hf);
+  for (const ModelParam& m : layouts.hf) {
+    start[m.name] = InitialParam(initial, m);
+  }
   EXPECT_NE(FirstDifference(hf, start), "");
 }
 
