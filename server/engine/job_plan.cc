@@ -167,7 +167,7 @@ absl::StatusOr<ParamMeta> ParseParamLine(absl::string_view line, int stage,
         return absl::InternalError(absl::StrCat(
             "bad blocks in '", line, "': ", segments.status().message()));
       }
-      m.fragments.push_back(*std::move(segments));
+      m.fragments.push_back({"", m.local_shape, *std::move(segments)});
     }
   }
   return m;

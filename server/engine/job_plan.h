@@ -45,11 +45,12 @@ struct ParamMeta {
   // The trainer's element type; the daemon keeps fp32 master weights of
   // what it owns when it is not kFloat32.
   DType dtype = DType::kFloat32;
-  // The fused matrix's blocks (empty: one matrix), and where each TP
-  // rank's fragment lies along the split dimension when that is not one
-  // contiguous run (fc1 [gate_t; up_t]); empty otherwise.
+  // The fused matrix's blocks (empty: one matrix), and each TP rank's
+  // fragment as a block of the whole (shape local_shape, its runs along the
+  // split dimension) when it is not one contiguous run (fc1 [gate_t;
+  // up_t]); empty otherwise.
   BlockSpec blocks;
-  std::vector<std::vector<Segment>> fragments;
+  std::vector<MatrixBlock> fragments;
 };
 
 struct JobPlan {

@@ -213,21 +213,9 @@ TEST(CheckpointTest, FusedAndUnfusedLayoutsLoadEachOther) {
     ASSERT_OK(run.Init());
     ASSERT_OK(run.RegisterAll(cluster));
     ASSERT_OK(LoadAll(run, cluster, tmp.Sub("ckpt")));
+    // The step-2 values as the trainer's model holds them.
     Params start;
-    for (const ModelParam& p : move.to) {
-      if (p.fused.empty()) {
-        start[p.name] = saved.at(p.name);
-        continue;
-      }
-      // Fuse the step-2 values as the trainer's model holds them.
-      std::vector<float>& v = start[p.name];
-      for (const RowsOf& rows : p.fused) {
-        const std::vector<float>& src = saved.at(rows.name);
-        const int64_t cols = p.shape[1];
-        v.insert(v.end(), src.begin() + rows.first * cols,
-                 src.begin() + (rows.first + rows.count) * cols);
-      }
-    }
+    for (const ModelParam& p : move.to) start[p.name] = Fused(p, saved);
     for (auto& rank : run.ranks()) rank->SetParams(start);
     ASSERT_OK(run.RunSteps(cluster, 3, 4));
     Params resumed = run.GatherParams();

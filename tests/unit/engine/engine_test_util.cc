@@ -359,6 +359,11 @@ Params Unfuse(const std::vector<ModelParam>& fused_params,
   return out;
 }
 
+std::vector<float> Fused(const ModelParam& p, const Params& separate) {
+  if (p.fused.empty()) return separate.at(p.name);
+  return Fuse(p, [&](const ModelParam& q) { return separate.at(q.name); });
+}
+
 std::vector<float> InitialParam(const JobConfig& config, const ModelParam& p) {
   if (!p.fused.empty()) {
     return Fuse(p,

@@ -69,6 +69,8 @@ struct ModelParam {
 // The separate (unfused) parameters of `fused_params` with the values of
 // `fused` (by fused name); the other parameters as they are.
 Params Unfuse(const std::vector<ModelParam>& fused_params, const Params& fused);
+// `p`'s values from the separate parameters' (p's own when not fused).
+std::vector<float> Fused(const ModelParam& p, const Params& separate);
 
 // hidden 64, 2 layers, 4 query heads and 2 kv heads of 16, ffn 128, vocab
 // 128; fused qkv / gate_up (Megatron) or separate projections (HF).
