@@ -282,8 +282,10 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
                                          : "--unix-socket: ",
                                      listener.status().message()));
   }
+  // Local trainers' Steps without gRPC (AttachStepDoorbell).
+  StepDoorbells doorbells(engine.get());
   OptimizerServiceImpl optimizer_service(engine.get(), &metrics,
-                                         &(*listener)->peers());
+                                         &(*listener)->peers(), &doorbells);
   // On the unix socket the control plane serves only this daemon's user;
   // on TCP the bearer token guards it.
   if (local_store != nullptr) {
@@ -342,6 +344,8 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
   spdlog::info("signal {}: shutting down", signal_number);
   (void)NotifyStopping();
   engine->Shutdown();
+  // After the engine answered the steps in flight.
+  doorbells.StopAll();
   if (control_service != nullptr) control_service->CancelPendingWaits();
   (*listener)->Stop();  // no new connections; removes the socket file
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));

@@ -3,11 +3,12 @@
 // (GradReady / async Step / WaitParams) hides, what hierarchical sharding
 // (shard_group_size) does to the step latency, and the daemons' memory per
 // rank (what Register reports by kind, and the private memory the local
-// daemons grew by, next to the rank's parameter bytes).
+// daemons grew by, next to the rank's parameter bytes), and with --doorbell
+// the Step round trip over gRPC against the step doorbell.
 //
 //   canzonactl bench step [--target unix:/a.sock --target unix:/b.sock]
 //       [--model qwen3-0.6b --layers 2 --vocab 4096] [--dp 2 --tp 1]
-//       [--backward-ms 20 --forward-ms 10] [--overlap]
+//       [--backward-ms 20 --forward-ms 10] [--overlap] [--doorbell]
 //       [--shard-group-size S] [--steps 10 --warmup 2] [--json]
 //
 // Ranks are threads of this process, each with its own Client to the daemon
@@ -64,6 +65,7 @@ struct StepBenchOptions {
   double forward_ms = 10;
   bool busy = false;
   bool overlap = false;
+  bool doorbell = false;
   int shard_group_size = 0;  // 0: flat only
   double timeout_s = 300;
   bool json = false;
@@ -76,6 +78,7 @@ struct Mode {
   std::string name;
   int shard_group_size = 0;  // 0: flat
   bool overlap = false;
+  bool doorbell = false;  // Steps through the rank's step doorbell
 };
 
 // One parameter as every rank of a TP position holds it.
@@ -346,8 +349,18 @@ absl::Status RunRank(const StepBenchOptions& o, const Mode& mode,
   }
   out.buckets = registered->buckets_size();
   out.registered = *registered;
-  absl::Status status =
-      RunIterations(o, mode, job_id, request.rank(), out.buckets, client, out);
+  absl::Status status = absl::OkStatus();
+  if (mode.doorbell) {
+    status = client.AttachStepDoorbell(job_id, request.rank());
+    if (!status.ok()) {
+      status = absl::Status(status.code(), absl::StrCat("attach doorbell: ",
+                                                        status.message()));
+    }
+  }
+  if (status.ok()) {
+    status = RunIterations(o, mode, job_id, request.rank(), out.buckets,
+                           client, out);
+  }
   probe.Arrive();
   absl::Status left = client.Deregister(job_id, request.rank());
   if (status.ok() && !left.ok()) {
@@ -473,6 +486,9 @@ void RunStepBench(StepBenchOptions o) {
                               : s == 0                ? "flat/"
                                        : absl::StrCat("S=", s, "/");
     modes.push_back({absl::StrCat(shard, "plain"), s, false});
+    if (o.doorbell) {
+      modes.push_back({absl::StrCat(shard, "doorbell"), s, false, true});
+    }
     if (o.overlap) modes.push_back({absl::StrCat(shard, "overlap"), s, true});
   }
 
@@ -597,6 +613,7 @@ void RunStepBench(StepBenchOptions o) {
            {"median_phase_ms", std::move(phases)},
            {"shard_group_size", r.mode.shard_group_size},
            {"overlap", r.mode.overlap},
+           {"doorbell", r.mode.doorbell},
            {"buckets", r.buckets},
            {"median_iteration_ms", r.median_iteration_ms},
            {"median_step_ms", r.median_step_ms},
@@ -623,7 +640,7 @@ void RunStepBench(StepBenchOptions o) {
               "iter ms", "step ms", "wait ms", "dp_comm ms", "exposed ms",
               "exp/total", "vs first");
   for (const ModeResult& r : results) {
-    std::printf("%-14s %7d %10.1f %9.1f %9.1f %12.1f %12.1f %10.3f %8.3fx\n",
+    std::printf("%-14s %7d %10.3f %9.3f %9.1f %12.1f %12.1f %10.3f %8.3fx\n",
                 r.mode.name.c_str(), r.buckets, r.median_iteration_ms,
                 r.median_step_ms, r.median_wait_ms, r.dp_comm_ms_per_step,
                 r.exposed_ms_per_step, r.exposed_over_total,
@@ -721,6 +738,10 @@ void AddBenchStepCommand(CLI::App* bench) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--busy", o->busy,
                 "spin during simulated compute instead of sleeping");
+  cmd->add_flag("--doorbell", o->doorbell,
+                "after mode plain, run mode doorbell: the same Steps through "
+                "each rank's step doorbell (shared memory, no gRPC; "
+                "unix-socket targets)");
   cmd->add_flag("--overlap", o->overlap,
                 "run mode plain, then mode overlap (GradReady per bucket, "
                 "async Step, WaitParams per bucket)");

@@ -11,7 +11,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "canzona/v1/optimizer_service.grpc.pb.h"
+#include "proto/shm/step_doorbell.h"
 
 namespace canzona {
 namespace {
@@ -47,6 +49,19 @@ absl::StatusOr<std::string> CaPem(const std::string& tls_ca) {
   }
   return text.str();
 }
+
+std::string RankKey(const std::string& job_id,
+                    const canzona::v1::RankCoordinates& r) {
+  return absl::StrCat(job_id, "/", r.pp_rank(), ".", r.dp_rank(), ".",
+                      r.tp_rank());
+}
+
+// A rank's doorbell: one Step in it at a time.
+struct DoorbellSlot {
+  explicit DoorbellSlot(StepDoorbell bell) : bell(std::move(bell)) {}
+  absl::Mutex mu;
+  StepDoorbell bell ABSL_GUARDED_BY(mu);
+};
 
 }  // namespace
 
@@ -95,9 +110,21 @@ class Client::Impl {
     return response;
   }
 
+  // The attached doorbell of the request's rank, or null.
+  std::shared_ptr<DoorbellSlot> DoorbellOf(
+      const canzona::v1::StepRequest& request) ABSL_LOCKS_EXCLUDED(mu) {
+    absl::MutexLock lock(&mu);
+    auto it = doorbells.find(RankKey(request.job_id(), request.rank()));
+    return it == doorbells.end() ? nullptr : it->second;
+  }
+
   const std::string target;
   // "Bearer <job token>", sent with every call; empty: none.
   const std::string authorization;
+  absl::Mutex mu;
+  // By RankKey.
+  std::map<std::string, std::shared_ptr<DoorbellSlot>> doorbells
+      ABSL_GUARDED_BY(mu);
   std::unique_ptr<Stub> stub;
 };
 
@@ -166,7 +193,55 @@ absl::StatusOr<canzona::v1::RegisterResponse> Client::Register(
 
 absl::StatusOr<canzona::v1::StepResponse> Client::Step(
     const canzona::v1::StepRequest& request) {
-  return impl_->Call(&Impl::Stub::Step, request, options_.step_timeout);
+  std::shared_ptr<DoorbellSlot> slot = impl_->DoorbellOf(request);
+  if (slot == nullptr) {
+    return impl_->Call(&Impl::Stub::Step, request, options_.step_timeout);
+  }
+  std::string bytes;
+  if (!request.SerializeToString(&bytes)) {
+    return absl::InvalidArgumentError("step request: cannot serialize");
+  }
+  absl::StatusOr<std::string> reply;
+  {
+    absl::MutexLock lock(&slot->mu);
+    reply = slot->bell.Call(bytes, absl::Now() + options_.step_timeout);
+  }
+  if (!reply.ok()) return reply.status();
+  canzona::v1::StepResponse response;
+  if (!response.ParseFromString(*reply)) {
+    return absl::InternalError(
+        "step doorbell: the daemon's answer is not a StepResponse");
+  }
+  return response;
+}
+
+absl::Status Client::AttachStepDoorbell(
+    const std::string& job_id, const canzona::v1::RankCoordinates& rank) {
+  if (!IsUnixTarget(target_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "AttachStepDoorbell: a step doorbell is shared memory on the "
+        "daemon's node; ", target_, " is not its unix socket"));
+  }
+  // The name's rank field is past any world's ranks and unique per
+  // process, and its seq counts this process's doorbells (several Clients
+  // may share a process), so it never takes another object's name.
+  constexpr int64_t kDoorbellRanks = int64_t{1} << 40;
+  static std::atomic<int64_t> doorbells_created{0};
+  absl::StatusOr<StepDoorbell> bell = StepDoorbell::Create(
+      ShmName(job_id, kDoorbellRanks + ::getpid(), doorbells_created++));
+  if (!bell.ok()) return bell.status();
+  canzona::v1::AttachStepDoorbellRequest request;
+  request.set_job_id(job_id);
+  *request.mutable_rank() = rank;
+  request.set_shm_name(bell->name());
+  absl::Status attached =
+      impl_->Call(&Impl::Stub::AttachStepDoorbell, request, absl::Seconds(30))
+          .status();
+  if (!attached.ok()) return attached;
+  auto slot = std::make_shared<DoorbellSlot>(*std::move(bell));
+  absl::MutexLock lock(&impl_->mu);
+  impl_->doorbells[RankKey(job_id, rank)] = std::move(slot);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<canzona::v1::GetPlanResponse> Client::GetPlan(

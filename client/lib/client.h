@@ -14,11 +14,13 @@
 //     CANZONA_ASSIGN_OR_RETURN(auto result, client->Step(job, rank, k));
 //   }
 //
-// Thread-safety: a Client is thread-safe (gRPC stubs are); SharedTensors are
-// plain memory owned by the caller.
+// Thread-safety: a Client is thread-safe (gRPC stubs are; a rank's step
+// doorbell carries one Step at a time); SharedTensors are plain memory
+// owned by the caller.
 #ifndef CANZONA_CLIENT_LIB_CLIENT_H_
 #define CANZONA_CLIENT_LIB_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -105,8 +107,18 @@ class Client {
 
   absl::StatusOr<canzona::v1::RegisterResponse> Register(
       canzona::v1::RegisterRequest request);
+  // Through the rank's step doorbell when one is attached (the same
+  // request, checks and answer), over gRPC otherwise.
   absl::StatusOr<canzona::v1::StepResponse> Step(
       const canzona::v1::StepRequest& request);
+  // Creates a step doorbell (proto/shm/step_doorbell.h) for this rank of a
+  // registered job and hands it to the daemon: later Steps of the rank skip
+  // gRPC (two futex wake-ups instead of a unary call completed from the
+  // daemon's worker; the step's fixed cost in README "The step's fixed
+  // overhead"). Only on the daemon's unix socket (FAILED_PRECONDITION on
+  // TCP); a second call replaces the rank's doorbell.
+  absl::Status AttachStepDoorbell(const std::string& job_id,
+                                  const canzona::v1::RankCoordinates& rank);
   absl::StatusOr<canzona::v1::GetPlanResponse> GetPlan(
       const std::string& job_id);
   absl::Status Deregister(const std::string& job_id,
@@ -147,7 +159,7 @@ class Client {
   const std::string target_;
   const Options options_;
   std::unique_ptr<Impl> impl_;
-  int64_t next_seq_ = 0;
+  std::atomic<int64_t> next_seq_{0};
 };
 
 }  // namespace canzona

@@ -61,8 +61,8 @@ absl::StatusOr<PeerInfo> PeerOf(absl::string_view grpc_peer,
 
 OptimizerServiceImpl::OptimizerServiceImpl(
     Engine* engine, MetricsRegistry* metrics,
-    const PeerCredentialsRegistry* unix_peers)
-    : engine_(engine), unix_peers_(unix_peers) {
+    const PeerCredentialsRegistry* unix_peers, StepDoorbells* doorbells)
+    : engine_(engine), unix_peers_(unix_peers), doorbells_(doorbells) {
   if (metrics != nullptr) {
     requests_ = CanzonaMetrics::Register(metrics).rpc_requests_total;
   }
@@ -109,6 +109,9 @@ grpc::ServerUnaryReactor* OptimizerServiceImpl::Deregister(
     canzona::v1::DeregisterResponse* /*response*/) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Status status = engine_->Deregister(*request);
+  if (status.ok() && doorbells_ != nullptr) {
+    doorbells_->Detach(request->job_id(), request->rank());
+  }
   Count(requests_, "Deregister", status);
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
@@ -182,6 +185,27 @@ grpc::ServerUnaryReactor* OptimizerServiceImpl::WaitParams(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   engine_->WaitParams(*request,
                       Completion(reactor, response, requests_, "WaitParams"));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* OptimizerServiceImpl::AttachStepDoorbell(
+    grpc::CallbackServerContext* context,
+    const canzona::v1::AttachStepDoorbellRequest* request,
+    canzona::v1::AttachStepDoorbellResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status;
+  if (doorbells_ == nullptr) {
+    status = absl::UnimplementedError(
+        "AttachStepDoorbell: this server serves no step doorbells");
+  } else if (absl::StatusOr<PeerInfo> peer =
+                 PeerOf(context->peer(), unix_peers_);
+             !peer.ok()) {
+    status = peer.status();
+  } else {
+    status = doorbells_->Attach(*request, *peer);
+  }
+  Count(requests_, "AttachStepDoorbell", status);
+  reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 

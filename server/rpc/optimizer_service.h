@@ -26,6 +26,7 @@
 #include "canzona/v1/optimizer_service.grpc.pb.h"
 #include "server/engine/engine.h"
 #include "server/metrics/registry.h"
+#include "server/rpc/step_doorbells.h"
 #include "server/rpc/unix_socket_listener.h"
 
 namespace canzona {
@@ -40,9 +41,13 @@ absl::StatusOr<PeerInfo> PeerOf(absl::string_view grpc_peer,
 class OptimizerServiceImpl final
     : public canzona::v1::OptimizerService::CallbackService {
  public:
+  // With `doorbells`, AttachStepDoorbell attaches there and Deregister
+  // detaches the rank's doorbell; without, AttachStepDoorbell is
+  // UNIMPLEMENTED.
   explicit OptimizerServiceImpl(
       Engine* engine, MetricsRegistry* metrics = nullptr,
-      const PeerCredentialsRegistry* unix_peers = nullptr);
+      const PeerCredentialsRegistry* unix_peers = nullptr,
+      StepDoorbells* doorbells = nullptr);
 
   grpc::ServerUnaryReactor* Register(
       grpc::CallbackServerContext* context,
@@ -87,11 +92,16 @@ class OptimizerServiceImpl final
       grpc::CallbackServerContext* context,
       const canzona::v1::WaitParamsRequest* request,
       canzona::v1::WaitParamsResponse* response) override;
+  grpc::ServerUnaryReactor* AttachStepDoorbell(
+      grpc::CallbackServerContext* context,
+      const canzona::v1::AttachStepDoorbellRequest* request,
+      canzona::v1::AttachStepDoorbellResponse* response) override;
 
  private:
   Engine* engine_;
   // Not owned; null: no daemon-owned unix socket.
   const PeerCredentialsRegistry* unix_peers_ = nullptr;
+  StepDoorbells* doorbells_ = nullptr;  // not owned
   // canzona_rpc_requests_total{method, code}; null without a registry.
   Family<Counter>* requests_ = nullptr;
 };

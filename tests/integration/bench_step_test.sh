@@ -45,18 +45,20 @@ cat >"$DIR/tiny.json" <<'EOF'
 EOF
 ARGS=(bench step --target "unix:$DIR/d.sock" --model "$DIR/tiny.json"
   --layers 1 --vocab 256 --steps 3 --warmup 1 --backward-ms 2
-  --forward-ms 1 --overlap --shard-group-size 1 --dp 2 --timeout 30)
+  --forward-ms 1 --overlap --doorbell --shard-group-size 1 --dp 2
+  --timeout 30)
 
 "$CANZONACTL" "${ARGS[@]}" >"$DIR/out.txt" 2>&1 ||
   { cat "$DIR/out.txt" >&2; fail "bench step exited $?"; }
 cat "$DIR/out.txt"
-for mode in flat/plain flat/overlap S=1/plain S=1/overlap; do
+MODES="flat/plain flat/doorbell flat/overlap S=1/plain S=1/doorbell S=1/overlap"
+for mode in $MODES; do
   grep -q "^$mode " "$DIR/out.txt" || fail "no row for mode $mode"
 done
 
 "$CANZONACTL" "${ARGS[@]}" --json >"$DIR/out.json" 2>"$DIR/err.txt" ||
   { cat "$DIR/err.txt" >&2; fail "bench step --json failed"; }
-for mode in flat/plain flat/overlap S=1/plain S=1/overlap; do
+for mode in $MODES; do
   grep -q "\"mode\": \"$mode\"" "$DIR/out.json" ||
     fail "no JSON entry for mode $mode"
 done

@@ -69,6 +69,11 @@ class OptimizerServiceStub(object):
                 request_serializer=canzona_dot_v1_dot_optimizer__service__pb2.WaitParamsRequest.SerializeToString,
                 response_deserializer=canzona_dot_v1_dot_optimizer__service__pb2.WaitParamsResponse.FromString,
                 )
+        self.AttachStepDoorbell = channel.unary_unary(
+                '/canzona.v1.OptimizerService/AttachStepDoorbell',
+                request_serializer=canzona_dot_v1_dot_optimizer__service__pb2.AttachStepDoorbellRequest.SerializeToString,
+                response_deserializer=canzona_dot_v1_dot_optimizer__service__pb2.AttachStepDoorbellResponse.FromString,
+                )
 
 
 class OptimizerServiceServicer(object):
@@ -164,6 +169,17 @@ class OptimizerServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AttachStepDoorbell(self, request, context):
+        """A trainer on the daemon's node (its unix socket) hands the daemon a
+        step doorbell it created (proto/shm/step_doorbell.h): from then on it
+        may send this rank's Steps through the shared memory instead of gRPC,
+        with the same requests, checks and answers. Until Deregister, or a new
+        doorbell for the same rank.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OptimizerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -221,6 +237,11 @@ def add_OptimizerServiceServicer_to_server(servicer, server):
                     servicer.WaitParams,
                     request_deserializer=canzona_dot_v1_dot_optimizer__service__pb2.WaitParamsRequest.FromString,
                     response_serializer=canzona_dot_v1_dot_optimizer__service__pb2.WaitParamsResponse.SerializeToString,
+            ),
+            'AttachStepDoorbell': grpc.unary_unary_rpc_method_handler(
+                    servicer.AttachStepDoorbell,
+                    request_deserializer=canzona_dot_v1_dot_optimizer__service__pb2.AttachStepDoorbellRequest.FromString,
+                    response_serializer=canzona_dot_v1_dot_optimizer__service__pb2.AttachStepDoorbellResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -416,5 +437,22 @@ class OptimizerService(object):
         return grpc.experimental.unary_unary(request, target, '/canzona.v1.OptimizerService/WaitParams',
             canzona_dot_v1_dot_optimizer__service__pb2.WaitParamsRequest.SerializeToString,
             canzona_dot_v1_dot_optimizer__service__pb2.WaitParamsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def AttachStepDoorbell(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/canzona.v1.OptimizerService/AttachStepDoorbell',
+            canzona_dot_v1_dot_optimizer__service__pb2.AttachStepDoorbellRequest.SerializeToString,
+            canzona_dot_v1_dot_optimizer__service__pb2.AttachStepDoorbellResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
