@@ -26,6 +26,15 @@ within float tolerance).
 
     tests/bench/torch_peers.py --canzonad build/server/canzonad \\
         --world 2 --size medium --steps 20 [--json out.json]
+    sudo tests/bench/torch_peers.py --world 4 --size narrow --nodes \\
+        --link-mbit 1000    # one namespace, link and canzonad per rank
+
+--nodes puts every rank (and, for canzona, its own canzonad) in a network
+namespace of its own, joined to the others by a veth pair shaped with tc
+tbf at --link-mbit both ways: one link per node, as on a cluster with one
+GPU per node (DDP's Gloo and the daemons' Gloo both cross it). Size
+"narrow" (16 layers of hidden 64, 16 x 4 tokens per rank) moves many bytes
+per flop, where the link decides.
 
 A benchmark, not a test: it asserts nothing but that every mode ran.
 Standard library + torch + the canzona package (PYTHONPATH=client/python).
@@ -36,6 +45,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -55,6 +65,9 @@ SIZES = {
     "small": (64, 2, 4, 2, 16, 128, 256, 32, 8),
     "medium": (256, 4, 8, 4, 32, 768, 1024, 64, 8),
     "large": (512, 8, 8, 4, 64, 1536, 2048, 64, 8),
+    # Many small matrices and few tokens: little compute per byte moved,
+    # where the link decides (Muon's matrices are 98% of the elements).
+    "narrow": (64, 16, 4, 2, 16, 256, 256, 16, 4),
 }
 LR, ADAMW_LR, ADAMW_WD, MOMENTUM = 0.02, 3e-3, 0.01, 0.95
 
@@ -354,21 +367,35 @@ def summarize(mode, ranks, daemon_bytes_per_rank):
     }
 
 
-def start_daemon(canzonad, workdir, device):
-    sock = os.path.join(workdir, "d.sock")
-    ready = os.path.join(workdir, "d.ready")
-    log = open(os.path.join(workdir, "daemon.log"), "w")
-    proc = subprocess.Popen(
-        [canzonad, "--unix-socket", sock, "--ready-file", ready,
-         "--metrics-address", "", "--step-timeout", "600",
-         "--register-timeout", "600",
-         "--backend", "cuda" if device == "cuda" else "cpu"] +
-        (["--comm", "nccl"] if device == "cuda" else []),
-        stdout=log, stderr=subprocess.STDOUT,
-        env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+def start_daemon(canzonad, workdir, device, name="d", node=None,
+                 coordinator=None):
+    """One canzonad; on `node` (a Nodes index) inside that node's network
+    namespace, talking Gloo over its shaped link (node 0 coordinates)."""
+    sock = os.path.join(workdir, name + ".sock")
+    ready = os.path.join(workdir, name + ".ready")
+    log = open(os.path.join(workdir, name + ".log"), "w")
+    cmd = [canzonad, "--unix-socket", sock, "--ready-file", ready,
+           "--metrics-address", "", "--step-timeout", "600",
+           "--register-timeout", "600", "--daemon-id", name,
+           "--backend", "cuda" if device == "cuda" else "cpu"]
+    if device == "cuda":
+        cmd += ["--comm", "nccl"]
+    prefix = []
+    if node is not None:
+        host = Nodes.address(node)
+        prefix = ["ip", "netns", "exec", NODES.namespace(node)]
+        cmd += ["--comm-host", host]
+        cmd += (["--coordinator", coordinator] if coordinator
+                else ["--listen", host + ":0"])
+    proc = subprocess.Popen(prefix + cmd, stdout=log,
+                            stderr=subprocess.STDOUT,
+                            env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
     for _ in range(300):
         if os.path.exists(ready) and os.path.getsize(ready) > 0:
-            return proc, "unix:" + sock
+            time.sleep(0.05)  # written whole (it is small)
+            with open(ready) as f:
+                port = json.load(f).get("tcp_port", 0)
+            return proc, "unix:" + sock, port
         if proc.poll() is not None:
             break
         time.sleep(0.05)
@@ -376,36 +403,125 @@ def start_daemon(canzonad, workdir, device):
     sys.exit("torch_peers.py: canzonad did not start (see %s)" % log.name)
 
 
+class Nodes:
+    """--nodes: one network namespace per rank ("node"), each joined to a
+    bridge by its own veth pair shaped at --link-mbit in both directions
+    (tc tbf), so every rank has a link of its own, as on a cluster with one
+    GPU per node. Needs root, `ip` and `tc`; removed again by close()."""
+
+    def __init__(self, world, mbit):
+        self.tag = "%d" % os.getpid()
+        self.world = world
+        self.bridge = "czpb" + self.tag
+        self.made = []
+        burst = max(262144, mbit * 1000000 // 8 // 250)
+        shape = ["tbf", "rate", "%dmbit" % mbit, "burst", str(burst),
+                 "latency", "100ms"]
+        try:
+            self._ip("link", "add", self.bridge, "type", "bridge")
+            self.made.append(("link", self.bridge))
+            self._ip("link", "set", self.bridge, "up")
+            for i in range(world):
+                ns, outer, inner = (self.namespace(i), "czpo%s_%d" % (
+                    self.tag, i), self.interface(i))
+                self._ip("netns", "add", ns)
+                self.made.append(("netns", ns))
+                self._ip("link", "add", outer, "type", "veth", "peer",
+                         "name", inner)
+                self._ip("link", "set", inner, "netns", ns)
+                self._ip("-n", ns, "addr", "add", self.address(i) + "/24",
+                         "dev", inner)
+                self._ip("-n", ns, "link", "set", "lo", "up")
+                self._ip("-n", ns, "link", "set", inner, "up")
+                self._ip("link", "set", outer, "master", self.bridge)
+                self._ip("link", "set", outer, "up")
+                # Egress of the node, and of the bridge towards it.
+                self._run(["ip", "netns", "exec", ns, "tc", "qdisc", "add",
+                           "dev", inner, "root"] + shape)
+                self._run(["tc", "qdisc", "add", "dev", outer, "root"] +
+                          shape)
+        except Exception:
+            self.close()
+            raise
+
+    def namespace(self, i):
+        return "czpn%s_%d" % (self.tag, i)
+
+    def interface(self, i):
+        """The node's end of its link (what Gloo must bind to)."""
+        return "czpi%s_%d" % (self.tag, i)
+
+    @staticmethod
+    def address(i):
+        return "10.79.0.%d" % (i + 1)
+
+    def _run(self, cmd):
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError("%s: %s" % (" ".join(cmd), r.stderr.strip()))
+
+    def _ip(self, *args):
+        self._run(["ip"] + list(args))
+
+    def close(self):
+        for kind, name in reversed(self.made):
+            subprocess.run(["ip", kind, "del", name], capture_output=True)
+        self.made = []
+
+
+NODES = None  # the Nodes of this run, with --nodes
+
+
 def run_mode(args, mode, workdir):
-    daemon = None
-    target = args.target
-    if mode.startswith("canzona") and target is None:
-        daemon, target = start_daemon(args.canzonad, workdir, args.device)
-    before = private_bytes(daemon.pid) if daemon else None
+    daemons = []
+    targets = [args.target] * args.world
+    if mode.startswith("canzona") and args.target is None:
+        if NODES is None:
+            proc, target, _ = start_daemon(args.canzonad, workdir,
+                                           args.device)
+            daemons, targets = [proc], [target] * args.world
+        else:
+            # One daemon per node, node 0's coordinating.
+            coordinator = None
+            targets = []
+            for i in range(args.world):
+                proc, target, port = start_daemon(
+                    args.canzonad, workdir, args.device, "%s-d%d" % (mode, i),
+                    node=i, coordinator=coordinator)
+                if i == 0:
+                    coordinator = "%s:%d" % (Nodes.address(0), port)
+                daemons.append(proc)
+                targets.append(target)
+    before = sum(private_bytes(d.pid) for d in daemons) if daemons else None
     port = free_port()
     job = "peers-%s-%d" % (mode.replace("_", "-"), os.getpid())
     procs, outs = [], []
     for rank in range(args.world):
         out = os.path.join(workdir, "%s-%d.json" % (mode, rank))
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   MASTER_ADDR=("127.0.0.1" if NODES is None
+                                else Nodes.address(0)),
+                   MASTER_PORT=str(port),
                    OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker",
                "--mode", mode, "--size", args.size, "--optimizer",
                args.optimizer, "--steps", str(args.steps), "--warmup",
                str(args.warmup), "--device", args.device, "--job-id", job,
                "--out", out]
-        if target:
-            cmd += ["--target", target]
+        if targets[rank]:
+            cmd += ["--target", targets[rank]]
+        if NODES is not None:
+            cmd = ["ip", "netns", "exec", NODES.namespace(rank)] + cmd
+            env["GLOO_SOCKET_IFNAME"] = NODES.interface(rank)
         procs.append(subprocess.Popen(cmd, env=env))
         outs.append(out)
-    # The daemon's peak private memory while the ranks run.
+    # The daemons' peak private memory while the ranks run.
     peak = None
-    while daemon is not None and any(p.poll() is None for p in procs):
-        peak = max(peak or 0, private_bytes(daemon.pid))
+    while daemons and any(p.poll() is None for p in procs):
+        peak = max(peak or 0, sum(private_bytes(d.pid) for d in daemons))
         time.sleep(0.05)
     failed = [p.wait() for p in procs]
-    if daemon is not None:
+    for daemon in daemons:
         daemon.terminate()
         daemon.wait()
     if any(failed):
@@ -434,6 +550,11 @@ def main():
     p.add_argument("--target", default=None,
                    help="a running canzonad instead of starting one per mode")
     p.add_argument("--json", default=None)
+    p.add_argument("--nodes", action="store_true",
+                   help="one network namespace per rank with its own shaped "
+                        "link (and one canzonad per rank): needs root")
+    p.add_argument("--link-mbit", type=int, default=1000,
+                   help="with --nodes: each node's link rate, Mbit/s")
     # Worker side.
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mode", help=argparse.SUPPRESS)
@@ -456,16 +577,33 @@ def main():
     if args.target is None and any(m.startswith("canzona") for m in modes) \
             and not os.access(args.canzonad, os.X_OK):
         p.error("--canzonad: %s is not executable" % args.canzonad)
+    if args.nodes:
+        if os.geteuid() != 0 or not shutil.which("ip") or \
+                not shutil.which("tc"):
+            p.error("--nodes: needs root, ip and tc (iproute2)")
+        if args.link_mbit < 1:
+            p.error("--link-mbit must be >= 1")
+    global NODES
+    # A SIGTERM (timeout, Ctrl-C's cousin) still removes the namespaces.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workdir = tempfile.mkdtemp(prefix="canzona-peers.")
+    os.chmod(workdir, 0o755)
     try:
+        if args.nodes:
+            NODES = Nodes(args.world, args.link_mbit)
         rows = [run_mode(args, m, workdir) for m in modes]
     finally:
+        if NODES is not None:
+            NODES.close()
         shutil.rmtree(workdir, ignore_errors=True)
     print("%s decoder (%s), %d ranks on %s, %s, %d steps after %d warm-up; "
           "medians of the slowest rank" % (args.size, SIZES[args.size],
                                            args.world, args.device,
                                            args.optimizer, args.steps,
                                            args.warmup))
+    if args.nodes:
+        print("one node per rank: its own %d Mbit/s link (tbf, both ways) "
+              "and its own canzonad" % args.link_mbit)
     base = {r["mode"]: r for r in rows}
     print("%-16s %10s %10s %10s %10s %10s %12s %10s %10s" % (
         "mode", "iter ms", "optim ms", "exposed ms", "vs repl", "vs rr",
@@ -486,6 +624,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"size": args.size, "world": args.world,
+                       "nodes": args.nodes,
+                       "link_mbit": args.link_mbit if args.nodes else None,
                        "optimizer": args.optimizer, "device": args.device,
                        "steps": args.steps, "modes": rows}, f, indent=2)
 
