@@ -201,6 +201,16 @@ absl::Status StepDoorbells::Attach(const v1::AttachStepDoorbellRequest& request,
   {
     absl::MutexLock lock(&mu_);
     if (stopped_) return absl::UnavailableError("canzonad is shutting down");
+    // The limit counts the doorbells that stay: not the ones whose trainer
+    // is gone, nor the one this attach replaces.
+    int staying = 0;
+    for (const auto& [k, served] : served_) {
+      if (!served->finished() && k != key) ++staying;
+    }
+    if (staying >= max_doorbells_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "this daemon serves at most ", max_doorbells_, " step doorbells"));
+    }
     for (auto it = served_.begin(); it != served_.end();) {
       if (it->second->finished() || it->first == key) {
         retired.push_back(std::move(it->second));
@@ -208,14 +218,6 @@ absl::Status StepDoorbells::Attach(const v1::AttachStepDoorbellRequest& request,
       } else {
         ++it;
       }
-    }
-    if (static_cast<int>(served_.size()) >= max_doorbells_) {
-      // Put back what was only being replaced: nothing changes on error.
-      for (std::unique_ptr<Served>& s : retired) {
-        if (!s->finished()) served_.emplace(key, std::move(s));
-      }
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "this daemon serves at most ", max_doorbells_, " step doorbells"));
     }
     served_.emplace(
         key, std::make_unique<Served>(

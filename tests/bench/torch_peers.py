@@ -391,8 +391,7 @@ def start_daemon(canzonad, workdir, device, name="d", node=None,
                             stderr=subprocess.STDOUT,
                             env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
     for _ in range(300):
-        if os.path.exists(ready) and os.path.getsize(ready) > 0:
-            time.sleep(0.05)  # written whole (it is small)
+        if os.path.exists(ready):  # canzonad renames it into place whole
             with open(ready) as f:
                 port = json.load(f).get("tcp_port", 0)
             return proc, "unix:" + sock, port

@@ -243,6 +243,47 @@ TEST_F(StepDoorbellServiceTest, BadAttachmentsAndRequestsAreRefusedCleanly) {
   EXPECT_EQ(doorbells_->size(), 0);
 }
 
+TEST_F(StepDoorbellServiceTest, TheLimitCountsOnlyTheDoorbellsThatStay) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<security_test::TinyJob> jobs;
+  for (const char* name : {"capa", "capb"}) {
+    ASSERT_OK_AND_ASSIGN(
+        security_test::TinyJob job,
+        security_test::MakeTinyJob(*client, absl::StrCat(name, ::getpid()), 1,
+                                   0, 1, kNumel));
+    ASSERT_OK(client->Register(job.request).status());
+    jobs.push_back(std::move(job));
+  }
+  StepDoorbells one(engine_.get(), /*max_doorbells=*/1);
+  PeerInfo peer;
+  peer.uid = ::geteuid();
+  peer.pid = ::getpid();
+  std::vector<StepDoorbell> bells;
+  auto attach = [&](const security_test::TinyJob& job) {
+    absl::StatusOr<StepDoorbell> bell = StepDoorbell::Create(
+        ShmName(job.request.job_id(), 0, 454545 + bells.size()));
+    EXPECT_OK(bell.status());
+    v1::AttachStepDoorbellRequest request;
+    request.set_job_id(job.request.job_id());
+    *request.mutable_rank() = job.request.rank();
+    request.set_shm_name(bell->name());
+    bells.push_back(*std::move(bell));
+    return one.Attach(request, peer);
+  };
+  ASSERT_OK(attach(jobs[0]));
+  EXPECT_THAT(attach(jobs[1]), StatusIs(absl::StatusCode::kResourceExhausted,
+                                        HasSubstr("at most 1 step doorbells")));
+  EXPECT_EQ(one.size(), 1);
+  // Replacing the rank's own doorbell is not one more.
+  ASSERT_OK(attach(jobs[0]));
+  EXPECT_EQ(one.size(), 1);
+  one.StopAll();
+  for (const security_test::TinyJob& job : jobs) {
+    ASSERT_OK(client->Deregister(job.request.job_id(), job.request.rank()));
+  }
+}
+
 TEST_F(StepDoorbellServiceTest, ADoorbellOfAnExitedTrainerStopsByItself) {
   std::unique_ptr<Client> client = Connect();
   ASSERT_NE(client, nullptr);
