@@ -220,7 +220,8 @@ absl::Status Client::AttachStepDoorbell(
   if (!IsUnixTarget(target_)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "AttachStepDoorbell: a step doorbell is shared memory on the "
-        "daemon's node; ", target_, " is not its unix socket"));
+        "daemon's node; ",
+        target_, " is not its unix socket"));
   }
   // The name's rank field is past any world's ranks and unique per
   // process, and its seq counts this process's doorbells (several Clients
@@ -257,8 +258,15 @@ absl::Status Client::Deregister(const std::string& job_id,
   request.set_job_id(job_id);
   request.set_job_token(options_.job_token);
   *request.mutable_rank() = rank;
-  return impl_->Call(&Impl::Stub::Deregister, request, absl::Seconds(30))
-      .status();
+  absl::Status status =
+      impl_->Call(&Impl::Stub::Deregister, request, absl::Seconds(30)).status();
+  if (status.ok()) {
+    // The daemon detached the rank's doorbell: its next job steps over
+    // gRPC until it attaches a new one.
+    absl::MutexLock lock(&impl_->mu);
+    impl_->doorbells.erase(RankKey(job_id, rank));
+  }
+  return status;
 }
 
 absl::StatusOr<canzona::v1::GetStatusResponse> Client::GetStatus() {

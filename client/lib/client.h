@@ -116,7 +116,7 @@ class Client {
   // gRPC (two futex wake-ups instead of a unary call completed from the
   // daemon's worker; the step's fixed cost in README "The step's fixed
   // overhead"). Only on the daemon's unix socket (FAILED_PRECONDITION on
-  // TCP); a second call replaces the rank's doorbell.
+  // TCP); a second call replaces the rank's doorbell, Deregister drops it.
   absl::Status AttachStepDoorbell(const std::string& job_id,
                                   const canzona::v1::RankCoordinates& rank);
   absl::StatusOr<canzona::v1::GetPlanResponse> GetPlan(

@@ -243,6 +243,25 @@ TEST_F(StepDoorbellServiceTest, BadAttachmentsAndRequestsAreRefusedCleanly) {
   EXPECT_EQ(doorbells_->size(), 0);
 }
 
+TEST_F(StepDoorbellServiceTest, AfterDeregisterStepsGoOverGrpcAgain) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  const std::string job_id = absl::StrCat("againbell", ::getpid());
+  ASSERT_OK_AND_ASSIGN(
+      security_test::TinyJob job,
+      security_test::MakeTinyJob(*client, job_id, 1, 0, 1, kNumel));
+  ASSERT_OK(client->Register(job.request).status());
+  ASSERT_OK(client->AttachStepDoorbell(job_id, job.request.rank()));
+  ASSERT_OK(client->Step(security_test::TinyStep(job.request, 1)).status());
+  ASSERT_OK(client->Deregister(job_id, job.request.rank()));
+  EXPECT_EQ(doorbells_->size(), 0);
+  // The daemon detached the doorbell, so the client no longer uses it (it
+  // would never answer): the next Step goes over gRPC and the engine says
+  // the job is gone.
+  EXPECT_THAT(client->Step(security_test::TinyStep(job.request, 2)),
+              StatusIs(absl::StatusCode::kNotFound));
+}
+
 TEST_F(StepDoorbellServiceTest, TheLimitCountsOnlyTheDoorbellsThatStay) {
   std::unique_ptr<Client> client = Connect();
   ASSERT_NE(client, nullptr);
