@@ -198,7 +198,8 @@ def run_rank(args):
         import canzona.torch as ct
         extra = {"module": model} if mode == "canzona_overlap" else {}
         named = model.named_parameters()
-        common = dict(job_id=args.job_id, target=args.target, **extra)
+        common = dict(job_id=args.job_id, target=args.target,
+                      bucket_size=args.bucket_size, **extra)
         if kind == "muon":
             opt = ct.Muon(named, lr=LR, adamw_lr=ADAMW_LR,
                           adamw_weight_decay=ADAMW_WD, **common)
@@ -279,10 +280,12 @@ def run_rank(args):
         t_bwd = time.perf_counter()
         gathered = 0.0
         waited = 0.0
+        phases = None
         if opt is not None:
             opt.step()
             opt.zero_grad()
             waited = opt.last_step["seconds"]["dp_comm_exposed"]
+            phases = opt.last_step["seconds"]
         else:
             with torch.no_grad():
                 adamw.step()
@@ -295,7 +298,8 @@ def run_rank(args):
             samples.append({"iteration": t_end - t_start,
                             "backward": t_bwd - t_fwd,
                             "optimizer": t_end - t_bwd,
-                            "gathered": gathered, "waited": waited})
+                            "gathered": gathered, "waited": waited,
+                            "phases": phases})
     if local is not None:
         # The same backward with DDP's all-reduce off (no_sync), on fresh
         # batches; the optimizer does not run.
@@ -354,6 +358,15 @@ def summarize(mode, ranks, daemon_bytes_per_rank):
         iteration.append(slow_iter)
         optimizer.append(slow_opt)
         exposed.append(slow_exposed)
+    # The daemon's named phases (canzona modes): per step the slowest
+    # rank's, then the median over steps.
+    phases = None
+    if ranks[0]["samples"][0].get("phases"):
+        phases = {
+            name: 1e3 * statistics.median(
+                max(r["samples"][i]["phases"][name] for r in ranks)
+                for i in range(steps))
+            for name in ranks[0]["samples"][0]["phases"]}
     return {
         "mode": mode,
         "median_iteration_ms": 1e3 * statistics.median(iteration),
@@ -364,6 +377,7 @@ def summarize(mode, ranks, daemon_bytes_per_rank):
                                         if daemon_bytes_per_rank is not None
                                         else None),
         "final_loss": ranks[0]["final_loss"],
+        "daemon_phases_ms": phases,
     }
 
 
@@ -506,7 +520,7 @@ def run_mode(args, mode, workdir):
                "--mode", mode, "--size", args.size, "--optimizer",
                args.optimizer, "--steps", str(args.steps), "--warmup",
                str(args.warmup), "--device", args.device, "--job-id", job,
-               "--out", out]
+               "--out", out, "--bucket-size", str(args.bucket_size)]
         if targets[rank]:
             cmd += ["--target", targets[rank]]
         if NODES is not None:
@@ -544,6 +558,9 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--bucket-size", type=int, default=0,
+                   help="canzona modes: elements per gradient bucket (0: the "
+                        "optimizer's default)")
     p.add_argument("--canzonad", default=os.path.join(ROOT, "build", "server",
                                                       "canzonad"))
     p.add_argument("--target", default=None,
@@ -620,13 +637,20 @@ def main():
             "%.1f" % daemon if daemon is not None else "-", r["final_loss"]))
     print("vs repl / vs rr: the peer's iteration time over this mode's "
           "(> 1: faster than the peer)")
+    for r in rows:
+        if r["daemon_phases_ms"]:
+            named = ("reduce_scatter", "local_compute", "all_gather", "wait",
+                     "total", "dp_comm_exposed")
+            print("%-16s daemon ms: %s" % (r["mode"], ", ".join(
+                "%s %.1f" % (n, r["daemon_phases_ms"][n]) for n in named)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"size": args.size, "world": args.world,
                        "nodes": args.nodes,
                        "link_mbit": args.link_mbit if args.nodes else None,
                        "optimizer": args.optimizer, "device": args.device,
-                       "steps": args.steps, "modes": rows}, f, indent=2)
+                       "steps": args.steps, "bucket_size": args.bucket_size,
+                       "modes": rows}, f, indent=2)
 
 
 if __name__ == "__main__":
