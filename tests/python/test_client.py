@@ -42,10 +42,11 @@ def floats(buffer):
 SHAPES = {"w": (8, 6), "b": (6,)}
 
 
-def run_job(client, job, steps=3, seed=7):
+def run_job(client, job, steps=3, seed=7, doorbell=False):
     """Registers an 8x6 Muon matrix and a 6-vector (AdamW) in one shared
-    buffer, runs `steps` steps on seeded random gradients, round-trips the
-    state through export / import and a checkpoint; returns what it saw."""
+    buffer, runs `steps` steps on seeded random gradients (through a step
+    doorbell with `doorbell`), round-trips the state through export /
+    import and a checkpoint; returns what it saw."""
     rng = random.Random(seed)
     sizes = {n: (s[0] * s[1] if len(s) == 2 else s[0])
              for n, s in SHAPES.items()}
@@ -68,6 +69,8 @@ def run_job(client, job, steps=3, seed=7):
         job, (1, 1, 1), (0, 0, 0),
         [("muon", "muon", {"lr": "0.02"}), ("adamw", "adamw", {"lr": "0.01"})],
         parameters)
+    if doorbell:
+        client.attach_step_doorbell(job, (0, 0, 0))
     stats = []
     for step in range(1, steps + 1):
         for p, g, n in views.values():
@@ -409,6 +412,193 @@ def test_a_dead_bridge_fails_calls_with_its_status(daemon):
     else:
         pytest.fail("calls still succeed after the bridge died")
     client.close()
+
+
+# -- the step doorbell --------------------------------------------------------
+
+def doorbell_path(client, job):
+    [(bell, _)] = [v for k, v in client._doorbells.items() if k[0] == job]
+    return "/dev/shm" + bell.name
+
+
+def test_doorbell_steps_equal_grpc_steps(daemon):
+    """The same seeded job stepped over gRPC and through the doorbell:
+    bitwise the same parameters and statistics."""
+    require_transport("grpc")
+    runs = {}
+    for doorbell in (False, True):
+        with canzona.Client(daemon, transport="grpc") as client:
+            assert client.step_doorbell_supported()
+            methods = []
+            call = client._transport.call
+
+            def counting(method, request, call=call, methods=methods):
+                methods.append(method)
+                return call(method, request)
+
+            client._transport.call = counting
+            runs[doorbell] = run_job(client, job_name("bell"),
+                                     doorbell=doorbell)
+            # Steps through the doorbell never reach gRPC.
+            assert methods.count("Step") == (0 if doorbell else 3)
+    a, b = runs[False], runs[True]
+    assert a["params"] == b["params"]
+    assert a["params"]["w"] != pytest.approx([0.0] * 48)
+    for sa, sb in zip(a["stats"], b["stats"]):
+        assert sa.keys() == sb.keys()
+        assert sa["seconds"].keys() == sb["seconds"].keys()
+        assert sb["seconds"]["total"] > 0
+        for key in ("grad_norm", "update_rms", "skipped_nonfinite",
+                    "clip_factor"):
+            assert sa[key] == sb[key], key
+    assert a["exported"]["state"] == b["exported"]["state"]
+
+
+def test_doorbell_errors_change_nothing_then_deregister_detaches(daemon):
+    require_transport("grpc")
+    with canzona.Client(daemon, transport="grpc") as client:
+        job = job_name("bell-bad")
+        buffer = client.allocate(job, 0, 32)
+        data = floats(buffer)
+        data[0:4] = memoryview(struct.pack("4f", 0.5, -0.25, 1.5, 2.0)).cast(
+            "f")
+        client.register(job, (1, 1, 1), (0, 0, 0), [("a", "adamw", {})],
+                        [{"name": "v", "shape": [4], "tp_split_dim": -1,
+                          "group": "a", "param": (buffer.name, 0, 16),
+                          "grad": (buffer.name, 16, 16)}])
+        # Not attached: an unknown job or rank is refused by name, and no
+        # object is left behind.
+        before = set(os.listdir("/dev/shm"))
+        with pytest.raises(canzona.CanzonaError) as error:
+            client.attach_step_doorbell(job_name("nobody"), (0, 0, 0))
+        assert error.value.code == "NOT_FOUND" and "job_id" in str(error.value)
+        with pytest.raises(canzona.CanzonaError) as error:
+            client.attach_step_doorbell(job, (0, 1, 0))
+        assert error.value.code in ("NOT_FOUND", "INVALID_ARGUMENT")
+        assert "rank" in str(error.value)
+        assert set(os.listdir("/dev/shm")) == before
+        client.attach_step_doorbell(job, (0, 0, 0))
+        path = doorbell_path(client, job)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        data[4:8] = memoryview(struct.pack("4f", 0.3, -0.7, 0.1, 0.9)).cast(
+            "f")
+        start = list(data[0:4])
+        # The daemon's own errors come back through shared memory.
+        with pytest.raises(canzona.CanzonaError) as error:
+            client.step(job, (0, 0, 0), 2)
+        assert error.value.code == "FAILED_PRECONDITION"
+        assert "step out of order" in str(error.value)
+        with pytest.raises(canzona.CanzonaError) as error:
+            client.step(job, (0, 0, 0), 1, grad_scale=-1.0)
+        assert error.value.code == "INVALID_ARGUMENT"
+        assert "grad_scale" in str(error.value)
+        with pytest.raises(canzona.CanzonaError) as error:
+            client.step(job, (0, 0, 0), 1, {"nope": 0.1})
+        assert error.value.code == "INVALID_ARGUMENT" and "nope" in str(
+            error.value)
+        assert list(data[0:4]) == start
+        first = client.step(job, (0, 0, 0), 1)
+        assert first["grad_norm"] == pytest.approx(
+            (0.3**2 + 0.7**2 + 0.1**2 + 0.9**2) ** 0.5, rel=1e-6)
+        assert list(data[0:4]) != start
+        client.deregister(job, (0, 0, 0))
+        # Deregister detached it on both sides: the object is gone and the
+        # next step is gRPC's answer.
+        assert not os.path.exists(path)
+        with pytest.raises(canzona.CanzonaError) as error:
+            client.step(job, (0, 0, 0), 2)
+        assert error.value.code == "NOT_FOUND"
+        del data
+        buffer.close()
+
+
+def test_doorbell_needs_grpc_and_a_unix_socket(daemon):
+    require_transport("bridge")
+    with canzona.Client(daemon, transport="bridge") as client:
+        assert not client.step_doorbell_supported()
+        with pytest.raises(canzona.CanzonaError) as error:
+            client.attach_step_doorbell("j", (0, 0, 0))
+        assert error.value.code == "FAILED_PRECONDITION"
+        assert "grpc transport" in str(error.value)
+
+
+def test_doorbell_protocol_against_a_scripted_daemon():
+    """The client side of the protocol with this test as the daemon: the
+    header words, the payload areas, status codes, the deadline and the
+    heartbeat."""
+    from canzona import _doorbell
+    if not _doorbell.supported():
+        pytest.skip("no doorbell on this platform")
+    bell = _doorbell.StepDoorbell(job_name("proto"))
+    path = "/dev/shm" + bell.name
+    try:
+        with open(path, "r+b") as f:
+            import mmap
+            m = mmap.mmap(f.fileno(), 0)
+        assert len(m) == 4096 + 2 * 65536
+        assert struct.unpack_from("<II", m, 0) == (0x42445A43, 1)
+
+        def words():
+            return struct.unpack_from("<IIIIIi", m, 8)
+
+        def serve(status, payload, seq_offset=0):
+            while True:
+                request_seq = words()[0]
+                if request_seq != words()[1]:
+                    break
+                time.sleep(0.001)
+            n = words()[3]
+            got.append(bytes(m[4096:4096 + n]))
+            m[4096 + 65536:4096 + 65536 + len(payload)] = payload
+            struct.pack_into("<Ii", m, 24, len(payload), status)
+            struct.pack_into("<I", m, 12, request_seq + seq_offset)
+
+        got = []
+        for status, payload, expect in [
+                (0, b"\x01\x02answer", b"\x01\x02answer"),
+                (9, b"step out of order", ("FAILED_PRECONDITION",
+                                           "step out of order")),
+                (77, b"odd", ("UNKNOWN", "doorbell status 77: odd"))]:
+            t = threading.Thread(target=serve, args=(status, payload))
+            t.start()
+            try:
+                result = bell.call(b"req-%d" % status, 5.0)
+                assert result == expect
+            except canzona.CanzonaError as e:
+                assert (e.code, str(e)) == expect
+            t.join()
+        assert got == [b"req-0", b"req-9", b"req-77"]
+        with pytest.raises(canzona.CanzonaError) as error:
+            bell.call(b"x" * (65536 + 1), 1.0)
+        assert error.value.code == "INVALID_ARGUMENT"
+        # Nobody answers: the deadline, or the silent heartbeat first.
+        with pytest.raises(canzona.CanzonaError) as error:
+            bell.call(b"late", 0.2)
+        assert error.value.code == "DEADLINE_EXCEEDED"
+        with pytest.raises(canzona.CanzonaError) as error:
+            bell.call(b"silent", 30.0, daemon_silence=0.2)
+        assert error.value.code == "UNAVAILABLE"
+        # A beating heartbeat keeps the call waiting past the silence.
+        stop = threading.Event()
+
+        def beat():
+            while not stop.is_set():
+                struct.pack_into("<I", m, 16, words()[2] + 1)
+                time.sleep(0.02)
+
+        beater = threading.Thread(target=beat)
+        beater.start()
+        started = time.monotonic()
+        with pytest.raises(canzona.CanzonaError) as error:
+            bell.call(b"slow", 0.6, daemon_silence=0.2)
+        stop.set()
+        beater.join()
+        assert error.value.code == "DEADLINE_EXCEEDED"
+        assert time.monotonic() - started >= 0.55
+        m.close()
+    finally:
+        bell.close()
+    assert not os.path.exists(path)
 
 
 # -- shared memory ------------------------------------------------------------

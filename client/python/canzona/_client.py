@@ -19,6 +19,7 @@ import os
 import threading
 
 from canzona import _cuda
+from canzona import _doorbell
 from canzona._errors import CanzonaError
 from canzona._shm import SharedBuffer, shm_name
 
@@ -30,6 +31,10 @@ _PHASES = ("reduce_scatter", "local_compute", "tp_gather", "tp_compute",
 # Element types of parameter buffers, by the names torch and numpy use.
 _DTYPES = {"float32": "DTYPE_FLOAT32", "bfloat16": "DTYPE_BFLOAT16",
            "float16": "DTYPE_FLOAT16"}
+
+
+def is_unix_target(target):
+    return target.startswith("unix:") or target.startswith("unix-abstract:")
 
 
 def default_target():
@@ -151,6 +156,10 @@ class Client:
             transport)
         self._seq = itertools.count()
         self._seq_lock = threading.Lock()
+        self._step_timeout = step_timeout
+        # (job_id, rank) -> (StepDoorbell, the lock one caller holds).
+        self._doorbells = {}
+        self._doorbells_lock = threading.Lock()
 
     @property
     def transport(self):
@@ -159,6 +168,11 @@ class Client:
 
     def close(self):
         """Ends the connection (and a bridge child); idempotent."""
+        with self._doorbells_lock:
+            doorbells, self._doorbells = self._doorbells, {}
+        for bell, lock in doorbells.values():
+            with lock:
+                bell.close()
         self._transport.close()
 
     def __enter__(self):
@@ -270,12 +284,23 @@ class Client:
         step's update). With async_params it returns after the update and
         the parameters arrive per bucket (wait_params). max_grad_norm > 0
         clips this step at that norm instead of the job's."""
-        r = self._call("Step", {
-            "job_id": job_id, "rank": _rank(rank), "step": int(step),
-            "lr": {str(g): _double(v) for g, v in (lr or {}).items()},
-            "grad_scale": _double(grad_scale),
-            "async_params": bool(async_params),
-            "max_grad_norm": _double(max_grad_norm)})
+        with self._doorbells_lock:
+            attached = self._doorbells.get((job_id, tuple(rank)))
+        if attached is not None:
+            bell, lock = attached
+            request = _doorbell.encode_step(job_id, rank, step, lr,
+                                            grad_scale, async_params,
+                                            max_grad_norm)
+            with lock:
+                r = _doorbell.decode_step(
+                    bell.call(request, self._step_timeout), _PHASES)
+        else:
+            r = self._call("Step", {
+                "job_id": job_id, "rank": _rank(rank), "step": int(step),
+                "lr": {str(g): _double(v) for g, v in (lr or {}).items()},
+                "grad_scale": _double(grad_scale),
+                "async_params": bool(async_params),
+                "max_grad_norm": _double(max_grad_norm)})
         seconds = r.get("seconds", {})
         return {
             "seconds": {p: float(seconds.get(p, 0.0)) for p in _PHASES},
@@ -284,6 +309,47 @@ class Client:
             "skipped_nonfinite": bool(r.get("skipped_nonfinite", False)),
             "clip_factor": float(r.get("clip_factor", 1.0)),
         }
+
+    def attach_step_doorbell(self, job_id, rank):
+        """From now on this rank's steps ring a doorbell in shared memory
+        instead of making a gRPC call (a local daemon, after register).
+        FAILED_PRECONDITION where that cannot work: a TCP target, or a
+        platform without the doorbell (see ``step_doorbell_supported``)."""
+        if not is_unix_target(self.target):
+            raise CanzonaError(
+                "attach_step_doorbell: a step doorbell is shared memory on "
+                "the daemon's node; %s is not its unix socket" % self.target,
+                "FAILED_PRECONDITION")
+        if not self.step_doorbell_supported():
+            raise CanzonaError(
+                "attach_step_doorbell: needs the grpc transport (the daemon "
+                "watches the attaching process), Linux on x86-64 and "
+                "protobuf", "FAILED_PRECONDITION")
+        bell = _doorbell.StepDoorbell(job_id)
+        try:
+            self._call("AttachStepDoorbell", {
+                "job_id": job_id, "rank": _rank(rank), "shm_name": bell.name})
+        except BaseException:
+            bell.close()
+            raise
+        with self._doorbells_lock:
+            previous = self._doorbells.get((job_id, tuple(rank)))
+            self._doorbells[(job_id, tuple(rank))] = (bell, threading.Lock())
+        if previous is not None:
+            with previous[1]:
+                previous[0].close()
+
+    def step_doorbell_supported(self):
+        """Whether attach_step_doorbell can work from here (it also needs
+        the daemon's unix socket as the target)."""
+        return self.transport == "grpc" and _doorbell.supported()
+
+    def _drop_doorbell(self, job_id, rank):
+        with self._doorbells_lock:
+            attached = self._doorbells.pop((job_id, tuple(rank)), None)
+        if attached is not None:
+            with attached[1]:
+                attached[0].close()
 
     def grad_ready(self, job_id, rank, step, buckets):
         """Backward finished these buckets of ``step``: the daemon starts
@@ -309,6 +375,9 @@ class Client:
         self._call("Deregister", {"job_id": job_id,
                                   "job_token": self._job_token,
                                   "rank": _rank(rank)})
+        # The daemon detached the rank's doorbell: steps of a later job go
+        # over gRPC until it attaches a new one.
+        self._drop_doorbell(job_id, rank)
 
     def status(self):
         """The daemon's jobs, ranks and last step times (GetStatusResponse

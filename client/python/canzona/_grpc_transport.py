@@ -13,6 +13,7 @@ Thread-safety: thread-safe (gRPC channels and stubs are).
 import grpc
 from google.protobuf import json_format
 
+from canzona._client import is_unix_target
 from canzona._errors import CanzonaError
 from canzona._proto import optimizer_service_pb2 as _pb
 from canzona._proto import optimizer_service_pb2_grpc as _pb_grpc
@@ -29,10 +30,6 @@ _DEADLINES = {
     "ImportState": "checkpoint_timeout",
 }
 _DEFAULT_DEADLINE = 30.0
-
-
-def _is_unix(target):
-    return target.startswith("unix:") or target.startswith("unix-abstract:")
 
 
 def _ca_pem(tls_ca):
@@ -72,7 +69,7 @@ class GrpcTransport:
         target = options.target
         self._target = target
         channel_options = [("grpc.max_receive_message_length", -1)]
-        tls = bool(options.tls_ca) and not _is_unix(target)
+        tls = bool(options.tls_ca) and not is_unix_target(target)
         if tls:
             credentials = grpc.ssl_channel_credentials(
                 root_certificates=_ca_pem(options.tls_ca).encode())

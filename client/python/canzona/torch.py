@@ -56,6 +56,7 @@ import torch
 
 import canzona
 from canzona import CanzonaError
+from canzona._client import is_unix_target
 
 __all__ = ["Optimizer", "Muon", "Shampoo", "SOAP", "default_route",
            "CanzonaError"]
@@ -158,6 +159,9 @@ class Optimizer(torch.optim.Optimizer):
         turns clipping off. ``step(max_grad_norm=...)`` overrides it for one
         step; ``last_step`` holds the pre-clip "grad_norm" and the
         "clip_factor".
+      step_doorbell: step through a shared-memory doorbell instead of a
+        gRPC call where that works (the local daemon's unix socket, the
+        grpc transport, Linux on x86-64); False: always gRPC.
       grad_reduce_dtype: None (data-parallel gradient sums in the
         parameters' dtype) or torch.float32 (Megatron's
         grad_reduce_in_fp32).
@@ -173,7 +177,7 @@ class Optimizer(torch.optim.Optimizer):
                  job_token=None, tls_ca=None, strategy="cost", alpha=0.0,
                  bucket_size=0, connect_timeout=10.0, step_timeout=600.0,
                  shard_group_size=0, module=None, max_grad_norm=0.0,
-                 grad_reduce_dtype=None, blocks=None):
+                 grad_reduce_dtype=None, blocks=None, step_doorbell=True):
         named = list(named_parameters)
         blocks = dict(blocks or {})
         unknown_blocks = set(blocks) - {name for name, _ in named}
@@ -353,6 +357,9 @@ class Optimizer(torch.optim.Optimizer):
                 max_grad_norm=max_grad_norm,
                 grad_reduce_dtype=("float32" if grad_reduce_dtype is not None
                                    else None))
+            if (step_doorbell and self.client.step_doorbell_supported() and
+                    is_unix_target(self.client.target)):
+                self.client.attach_step_doorbell(self.job_id, self.rank)
         except BaseException:
             self.client.close()  # ends a canzona-bridge child now
             raise
