@@ -434,7 +434,14 @@ def test_bad_use_raises_clear_errors(daemon):
     assert plan["layout"]["dp"] == 1 and digest
     status = canzona.Client(daemon).status()
     assert any(j["job_id"] == opt.job_id for j in status["jobs"])
+    path = "/dev/shm" + opt._buffer.name
+    assert os.path.exists(path)
+    before = [p.detach().clone() for p in model.parameters()]
     opt.close()
+    # close() removes the buffer's name; the parameters still read it.
+    assert not os.path.exists(path)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    opt.close()  # idempotent
 
 
 def _fused_and_separate(seed):

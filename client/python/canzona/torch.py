@@ -581,8 +581,9 @@ class Optimizer(torch.optim.Optimizer):
         return result
 
     def close(self):
-        """Deregisters this rank (the job ends when its last rank leaves)
-        and closes the client."""
+        """Deregisters this rank (the job ends when its last rank leaves),
+        closes the client and removes the shared buffer's name (the
+        parameters stay usable: the mapping lives as long as they do)."""
         if not self._closed:
             self._closed = True
             for handle in self._hooks:
@@ -592,6 +593,11 @@ class Optimizer(torch.optim.Optimizer):
                 self.client.deregister(self.job_id, self.rank)
             finally:
                 self.client.close()
+                # Otherwise only garbage collection or a normal interpreter
+                # exit unlinks it, and a trainer that leaves with os._exit
+                # (or is killed) would leave the whole buffer in /dev/shm.
+                if isinstance(self._buffer, canzona.SharedBuffer):
+                    self._buffer.unlink()
 
 
 def _matrix_optimizer(kind, named_parameters, matrix_settings, adamw_settings,
