@@ -19,33 +19,13 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-
-
-def start_daemon(canzonad, workdir):
-    sock = os.path.join(workdir, "d.sock")
-    ready = os.path.join(workdir, "ready.json")
-    log = open(os.path.join(workdir, "d.log"), "w")
-    proc = subprocess.Popen(
-        [canzonad, "--unix-socket", sock, "--ready-file", ready,
-         "--metrics-address", "", "--backend", "cpu"],
-        stdout=log, stderr=subprocess.STDOUT,
-        env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
-    for _ in range(400):
-        if os.path.exists(ready):  # renamed into place whole
-            return proc, "unix:" + sock
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    sys.exit("python_step.py: canzonad did not start (see %s)" % log.name)
+# The daemon the way the peers benchmark starts it (this folder is on
+# sys.path as the script's own); it also puts client/python on sys.path.
+from torch_peers import ROOT, start_daemon
 
 
 def percentile(values, q):
@@ -76,7 +56,7 @@ def main():
     torch.set_num_threads(1)
     os.environ.update(RANK="0", WORLD_SIZE="1")
     workdir = tempfile.mkdtemp(prefix="canzona-pystep-")
-    daemon, target = start_daemon(args.canzonad, workdir)
+    daemon, target, _ = start_daemon(args.canzonad, workdir, "cpu")
     try:
         models, opts = {}, {}
         for mode, doorbell in (("grpc", False), ("doorbell", True)):

@@ -130,6 +130,13 @@ def _buffer_ref(ref, where):
                     "bytes": int(ref[2])}}
 
 
+def _retire(attached):
+    """Closes a (doorbell, lock) pair once its caller, if any, is done."""
+    bell, lock = attached
+    with lock:
+        bell.close()
+
+
 class Client:
     """A connection to one canzonad (thread-safe).
 
@@ -170,9 +177,8 @@ class Client:
         """Ends the connection (and a bridge child); idempotent."""
         with self._doorbells_lock:
             doorbells, self._doorbells = self._doorbells, {}
-        for bell, lock in doorbells.values():
-            with lock:
-                bell.close()
+        for attached in doorbells.values():
+            _retire(attached)
         self._transport.close()
 
     def __enter__(self):
@@ -336,20 +342,20 @@ class Client:
             previous = self._doorbells.get((job_id, tuple(rank)))
             self._doorbells[(job_id, tuple(rank))] = (bell, threading.Lock())
         if previous is not None:
-            with previous[1]:
-                previous[0].close()
+            _retire(previous)
 
     def step_doorbell_supported(self):
-        """Whether attach_step_doorbell can work from here (it also needs
-        the daemon's unix socket as the target)."""
-        return self.transport == "grpc" and _doorbell.supported()
+        """Whether attach_step_doorbell can work from here: the daemon's
+        unix socket as the target, the grpc transport (the daemon watches
+        the attaching process), Linux on x86-64 and protobuf."""
+        return (is_unix_target(self.target) and self.transport == "grpc" and
+                _doorbell.supported())
 
     def _drop_doorbell(self, job_id, rank):
         with self._doorbells_lock:
             attached = self._doorbells.pop((job_id, tuple(rank)), None)
         if attached is not None:
-            with attached[1]:
-                attached[0].close()
+            _retire(attached)
 
     def grad_ready(self, job_id, rank, step, buckets):
         """Backward finished these buckets of ``step``: the daemon starts

@@ -56,7 +56,6 @@ import torch
 
 import canzona
 from canzona import CanzonaError
-from canzona._client import is_unix_target
 
 __all__ = ["Optimizer", "Muon", "Shampoo", "SOAP", "default_route",
            "CanzonaError"]
@@ -357,8 +356,7 @@ class Optimizer(torch.optim.Optimizer):
                 max_grad_norm=max_grad_norm,
                 grad_reduce_dtype=("float32" if grad_reduce_dtype is not None
                                    else None))
-            if (step_doorbell and self.client.step_doorbell_supported() and
-                    is_unix_target(self.client.target)):
+            if step_doorbell and self.client.step_doorbell_supported():
                 self.client.attach_step_doorbell(self.job_id, self.rank)
         except BaseException:
             self.client.close()  # ends a canzona-bridge child now
