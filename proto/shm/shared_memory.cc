@@ -28,6 +28,8 @@ bool AllDigits(absl::string_view s) {
   return true;
 }
 
+}  // namespace
+
 absl::Status ErrnoStatus(absl::string_view what, const std::string& name,
                          int err) {
   std::string message = absl::StrCat(what, " ", name, ": ", std::strerror(err));
@@ -48,8 +50,6 @@ absl::Status ErrnoStatus(absl::string_view what, const std::string& name,
       return absl::InternalError(message);
   }
 }
-
-}  // namespace
 
 std::string ShmName(absl::string_view job_id, int64_t rank, int64_t seq) {
   return absl::StrCat(kPrefix, job_id, ".", rank, ".", seq);

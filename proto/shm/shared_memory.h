@@ -38,6 +38,11 @@ namespace canzona {
 std::string ShmName(absl::string_view job_id, int64_t rank, int64_t seq);
 // INVALID_ARGUMENT naming the problem unless `name` matches the pattern.
 absl::Status ValidateShmName(absl::string_view name);
+// A failed system call `what` on object `name` as a status whose code says
+// what a caller can do about it (NOT_FOUND, PERMISSION_DENIED,
+// RESOURCE_EXHAUSTED...).
+absl::Status ErrnoStatus(absl::string_view what, const std::string& name,
+                         int err);
 
 class SharedMemory {
  public:

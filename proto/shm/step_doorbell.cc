@@ -1,10 +1,14 @@
 #include "proto/shm/step_doorbell.h"
 
+#include <fcntl.h>
 #include <linux/futex.h>
+#include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <utility>
@@ -36,7 +40,9 @@ struct StepDoorbell::Header {
 namespace {
 
 constexpr uint32_t kMagic = 0x42445a43;  // "CZDB"
-constexpr uint32_t kVersion = 1;
+// 2: the daemon holds the serving lock (a version 1 daemon would not, and
+// a trainer would take it for gone).
+constexpr uint32_t kVersion = 2;
 constexpr uint64_t kHeaderBytes = 4096;
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
@@ -59,10 +65,34 @@ void FutexWakeAll(std::atomic<uint32_t>& word) {
   syscall(SYS_futex, Word(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
 
+// The object `name` opened again, for flock(2) only.
+absl::StatusOr<int> OpenForLock(const std::string& name) {
+  const int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) {
+    return ErrnoStatus("shm_open (serving lock)", name, errno);
+  }
+  return fd;
+}
+
 }  // namespace
 
 uint64_t StepDoorbell::ObjectBytes() {
   return kHeaderBytes + 2 * static_cast<uint64_t>(kMaxPayloadBytes);
+}
+
+StepDoorbell& StepDoorbell::operator=(StepDoorbell&& other) noexcept {
+  if (this != &other) {
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+    shm_ = std::move(other.shm_);
+    lock_fd_ = std::exchange(other.lock_fd_, -1);
+    last_request_ = other.last_request_;
+  }
+  return *this;
+}
+
+StepDoorbell::~StepDoorbell() {
+  // Closing the last descriptor of the daemon's open file drops its lock.
+  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
 StepDoorbell::Header& StepDoorbell::header() const {
@@ -80,7 +110,9 @@ char* StepDoorbell::response_area() const {
 absl::StatusOr<StepDoorbell> StepDoorbell::Create(const std::string& name) {
   absl::StatusOr<SharedMemory> shm = SharedMemory::Create(name, ObjectBytes());
   if (!shm.ok()) return shm.status();
-  StepDoorbell bell(*std::move(shm));
+  absl::StatusOr<int> lock_fd = OpenForLock(name);
+  if (!lock_fd.ok()) return lock_fd.status();
+  StepDoorbell bell(*std::move(shm), *lock_fd);
   // The object is zero-filled: the atomics start at 0.
   Header& h = bell.header();
   h.magic = kMagic;
@@ -94,17 +126,34 @@ absl::StatusOr<StepDoorbell> StepDoorbell::Attach(SharedMemory shm) {
         absl::StrCat("shared memory '", shm.name(), "' is ", shm.size(),
                      " bytes, not a step doorbell (", ObjectBytes(), ")"));
   }
-  StepDoorbell bell(std::move(shm));
-  const Header& h = bell.header();
+  const Header& h = *static_cast<const Header*>(shm.data());
   if (h.magic != kMagic || h.version != kVersion) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "shared memory '", bell.name(),
+        "shared memory '", shm.name(),
         "' is not a step doorbell of protocol version ", kVersion));
+  }
+  absl::StatusOr<int> lock_fd = OpenForLock(shm.name());
+  if (!lock_fd.ok()) return lock_fd.status();
+  StepDoorbell bell(std::move(shm), *lock_fd);
+  // Shared: a new daemon-side doorbell for the same object (a replaced
+  // attachment) takes it while the old one still holds it.
+  if (::flock(bell.lock_fd_, LOCK_SH | LOCK_NB) != 0) {
+    return ErrnoStatus("flock (serving lock)", bell.name(), errno);
   }
   // Requests the trainer sent before attaching are not answered.
   bell.last_request_ =
       bell.header().request_seq.load(std::memory_order_acquire);
   return bell;
+}
+
+bool StepDoorbell::DaemonHoldsLock() const {
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) == 0) {
+    ::flock(lock_fd_, LOCK_UN);
+    return false;
+  }
+  // EWOULDBLOCK: held. Any other error says nothing about the daemon, so
+  // the heartbeat decides.
+  return true;
 }
 
 absl::StatusOr<std::string> StepDoorbell::Call(absl::string_view request,
@@ -124,6 +173,9 @@ absl::StatusOr<std::string> StepDoorbell::Call(absl::string_view request,
 
   uint32_t beat = h.heartbeat.load(std::memory_order_relaxed);
   absl::Time beat_seen = absl::Now();
+  // The lock is probed only once a wait did not bring the answer, so a
+  // prompt step costs no extra system call.
+  bool waited = false;
   while (true) {
     const uint32_t answered = h.response_seq.load(std::memory_order_acquire);
     if (answered == seq) break;
@@ -131,6 +183,11 @@ absl::StatusOr<std::string> StepDoorbell::Call(absl::string_view request,
     if (now >= deadline) {
       return absl::DeadlineExceededError(
           "the daemon did not answer the step doorbell before the deadline");
+    }
+    if (waited && !DaemonHoldsLock()) {
+      return absl::UnavailableError(
+          absl::StrCat("canzonad no longer serves the step doorbell '", name(),
+                       "' (it exited or detached the doorbell)"));
     }
     if (const uint32_t b = h.heartbeat.load(std::memory_order_relaxed);
         b != beat) {
@@ -142,6 +199,7 @@ absl::StatusOr<std::string> StepDoorbell::Call(absl::string_view request,
           "' (no heartbeat for ", absl::FormatDuration(daemon_silence), ")"));
     }
     FutexWait(h.response_seq, answered, std::min(kCallTick, deadline - now));
+    waited = true;
   }
   const uint32_t bytes = std::min(h.response_bytes, kMaxPayloadBytes);
   std::string payload(response_area(), bytes);

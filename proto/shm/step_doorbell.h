@@ -23,6 +23,14 @@
 // Everything the daemon reads from the object is untrusted: sizes are
 // bounded and the bytes are copied out before they are parsed.
 //
+// Liveness: while a daemon serves the doorbell it holds a shared flock(2)
+// on the object, which the kernel drops the moment the daemon exits,
+// however it exits, and which works across PID namespaces (a trainer pod
+// and a DaemonSet pod share only the file). A waiting trainer that can take
+// the lock exclusively knows nobody serves it and fails within a tick, not
+// after the heartbeat's silence; the heartbeat still catches a daemon
+// that is alive but stuck.
+//
 // Thread-safety: one trainer thread calls Call at a time; one daemon thread
 // calls WaitRequest and Respond, Heartbeat may come from any daemon thread.
 // The object's words are atomics; the payload areas are handed over by the
@@ -34,6 +42,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -61,20 +70,28 @@ class StepDoorbell {
   // mode 0600, unlinked when the doorbell is destroyed).
   static absl::StatusOr<StepDoorbell> Create(const std::string& name);
   // Daemon: takes a mapped object; INVALID_ARGUMENT unless it is a
-  // doorbell of this protocol version and size.
+  // doorbell of this protocol version and size. Holds the serving lock
+  // until the returned doorbell is destroyed.
   static absl::StatusOr<StepDoorbell> Attach(SharedMemory shm);
   // The object's size (what Create sizes and Attach requires).
   static uint64_t ObjectBytes();
 
-  StepDoorbell(StepDoorbell&&) = default;
-  StepDoorbell& operator=(StepDoorbell&&) = default;
+  StepDoorbell(StepDoorbell&& other) noexcept
+      : shm_(std::move(other.shm_)),
+        lock_fd_(std::exchange(other.lock_fd_, -1)),
+        last_request_(other.last_request_) {}
+  StepDoorbell& operator=(StepDoorbell&& other) noexcept;
+  StepDoorbell(const StepDoorbell&) = delete;
+  StepDoorbell& operator=(const StepDoorbell&) = delete;
+  ~StepDoorbell();
 
   const std::string& name() const { return shm_.name(); }
 
   // Trainer: sends `request` and waits for the daemon's answer: its
   // response bytes, or the status it answered with. DEADLINE_EXCEEDED past
-  // `deadline`; UNAVAILABLE when the daemon's heartbeat stops for
-  // `daemon_silence` (it died or detached the doorbell).
+  // `deadline`; UNAVAILABLE as soon as no daemon holds the serving lock
+  // (it exited or detached the doorbell), or when its heartbeat stops for
+  // `daemon_silence` (it hangs).
   absl::StatusOr<std::string> Call(
       absl::string_view request, absl::Time deadline,
       absl::Duration daemon_silence = kDaemonSilence);
@@ -93,12 +110,18 @@ class StepDoorbell {
 
  private:
   struct Header;
-  explicit StepDoorbell(SharedMemory shm) : shm_(std::move(shm)) {}
+  StepDoorbell(SharedMemory shm, int lock_fd)
+      : shm_(std::move(shm)), lock_fd_(lock_fd) {}
   Header& header() const;
+  // Trainer: whether some process holds the serving lock.
+  bool DaemonHoldsLock() const;
   char* request_area() const;
   char* response_area() const;
 
   SharedMemory shm_;
+  // The object opened once more for flock(2): the daemon's holds the shared
+  // serving lock, the trainer's probes it. -1 once moved from.
+  int lock_fd_ = -1;
   uint32_t last_request_ = 0;  // daemon: the last request it took
 };
 

@@ -524,19 +524,23 @@ def test_doorbell_needs_grpc_and_a_unix_socket(daemon):
 
 def test_doorbell_protocol_against_a_scripted_daemon():
     """The client side of the protocol with this test as the daemon: the
-    header words, the payload areas, status codes, the deadline and the
-    heartbeat."""
+    header words, the payload areas, status codes, the deadline, the
+    heartbeat and the serving lock."""
     from canzona import _doorbell
     if not _doorbell.supported():
         pytest.skip("no doorbell on this platform")
     bell = _doorbell.StepDoorbell(job_name("proto"))
     path = "/dev/shm" + bell.name
     try:
-        with open(path, "r+b") as f:
-            import mmap
-            m = mmap.mmap(f.fileno(), 0)
+        import fcntl
+        import mmap
+        # The daemon's descriptor: it maps the object and holds the
+        # serving lock while it serves.
+        served = open(path, "r+b")
+        m = mmap.mmap(served.fileno(), 0)
+        fcntl.flock(served, fcntl.LOCK_SH)
         assert len(m) == 4096 + 2 * 65536
-        assert struct.unpack_from("<II", m, 0) == (0x42445A43, 1)
+        assert struct.unpack_from("<II", m, 0) == (0x42445A43, 2)
 
         def words():
             return struct.unpack_from("<IIIIIi", m, 8)
@@ -595,7 +599,15 @@ def test_doorbell_protocol_against_a_scripted_daemon():
         beater.join()
         assert error.value.code == "DEADLINE_EXCEEDED"
         assert time.monotonic() - started >= 0.55
+        # The daemon lets go of the lock (it exited or detached; Python's
+        # mmap holds a dup of the descriptor, so that goes too): the call
+        # fails then, not after the heartbeat's silence nor at the deadline.
         m.close()
+        served.close()
+        with pytest.raises(canzona.CanzonaError) as error:
+            bell.call(b"gone", 20.0, daemon_silence=3600.0)
+        assert error.value.code == "UNAVAILABLE"
+        assert "no longer serves" in str(error.value)
     finally:
         bell.close()
     assert not os.path.exists(path)

@@ -13,7 +13,10 @@ must agree on it byte for byte:
 - a call writes the serialized StepRequest and request_bytes, bumps
   request_seq and wakes it; the daemon writes the serialized StepResponse
   (or, for a status that is not OK, its message), response_bytes and
-  status_code, then sets response_seq to the request's seq and wakes it.
+  status_code, then sets response_seq to the request's seq and wakes it;
+- while the daemon serves the doorbell it holds a shared flock(2) on the
+  object; a waiting call that can take it exclusively knows nobody serves
+  it (the daemon exited or detached it) and fails at once.
 
 Python writes the words with plain 32-bit stores and reads them with plain
 loads, which order as release / acquire only on x86-64 (total store
@@ -26,6 +29,7 @@ lock per doorbell).
 
 import ctypes
 import ctypes.util
+import fcntl
 import itertools
 import os
 import platform
@@ -33,10 +37,10 @@ import threading
 import time
 
 from canzona._errors import CanzonaError
-from canzona._shm import SharedBuffer, shm_name
+from canzona._shm import SHM_DIR, SharedBuffer, shm_name
 
 _MAGIC = 0x42445A43  # "CZDB"
-_VERSION = 1
+_VERSION = 2  # 2: the serving lock
 _HEADER_BYTES = 4096
 MAX_PAYLOAD_BYTES = 64 * 1024
 OBJECT_BYTES = _HEADER_BYTES + 2 * MAX_PAYLOAD_BYTES
@@ -96,8 +100,9 @@ def supported():
 
 
 class StepDoorbell:
-    """Owns the shared-memory object (unlinked at close) and the ctypes
-    views of its header words."""
+    """Owns the shared-memory object (unlinked at close), the ctypes
+    views of its header words and a descriptor that probes the serving
+    lock."""
 
     def __init__(self, job_id):
         with _created_lock:
@@ -112,12 +117,30 @@ class StepDoorbell:
         magic.value = _MAGIC
         version.value = _VERSION
         del magic, version, words
+        try:
+            self._lock_fd = os.open(SHM_DIR + self._shm.name,
+                                    os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            name, self._lock_fd = self._shm.name, None
+            self.close()
+            raise CanzonaError("shm_open (serving lock) %s: %s"
+                               % (name, e.strerror), "INTERNAL") from None
         self._futex = _syscall()
         self._timespec = _Timespec()
 
     @property
     def name(self):
         return self._shm.name
+
+    def _daemon_holds_lock(self):
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            # Held (EWOULDBLOCK), or an error that says nothing about the
+            # daemon: the heartbeat decides.
+            return True
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        return False
 
     def _wake(self, word):
         self._futex(ctypes.c_long(_SYS_FUTEX_X86_64),
@@ -138,8 +161,9 @@ class StepDoorbell:
     def call(self, request, timeout, daemon_silence=DAEMON_SILENCE):
         """Sends ``request`` (bytes) and returns the daemon's response bytes;
         CanzonaError with the daemon's status, DEADLINE_EXCEEDED past
-        ``timeout`` seconds, UNAVAILABLE after ``daemon_silence`` seconds
-        without a heartbeat (the daemon died or detached the doorbell)."""
+        ``timeout`` seconds, UNAVAILABLE as soon as no daemon holds the
+        serving lock (it exited or detached the doorbell) or after
+        ``daemon_silence`` seconds without a heartbeat (it hangs)."""
         if len(request) > MAX_PAYLOAD_BYTES:
             raise CanzonaError(
                 "step request of %d bytes exceeds the doorbell's %d"
@@ -154,6 +178,8 @@ class StepDoorbell:
         now = time.monotonic()
         deadline = now + timeout
         beat, beat_seen = self._heartbeat.value, now
+        # The lock is probed only once a wait did not bring the answer.
+        waited = False
         while True:
             answered = self._response_seq.value
             if answered == seq:
@@ -163,6 +189,11 @@ class StepDoorbell:
                 raise CanzonaError("the daemon did not answer the step "
                                    "doorbell before the deadline",
                                    "DEADLINE_EXCEEDED")
+            if waited and not self._daemon_holds_lock():
+                raise CanzonaError(
+                    "canzonad no longer serves the step doorbell '%s' (it "
+                    "exited or detached the doorbell)" % self.name,
+                    "UNAVAILABLE")
             b = self._heartbeat.value
             if b != beat:
                 beat, beat_seen = b, now
@@ -173,6 +204,7 @@ class StepDoorbell:
                     "UNAVAILABLE")
             self._wait(self._response_seq, answered,
                        min(_TICK, deadline - now))
+            waited = True
         n = min(self._response_bytes.value, MAX_PAYLOAD_BYTES)
         payload = self._shm[_RESPONSE_AREA:_RESPONSE_AREA + n]
         code = self._status_code.value
@@ -186,6 +218,9 @@ class StepDoorbell:
 
     def close(self):
         """Unlinks and unmaps the object (idempotent)."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
         if self._shm is None:
             return
         # The ctypes views export the mapping: drop them first.

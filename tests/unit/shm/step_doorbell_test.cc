@@ -1,9 +1,11 @@
 // The step doorbell's protocol on its own: a trainer thread's Call meets a
 // daemon thread's WaitRequest / Respond through one shared-memory object
 // mapped twice, statuses travel with their codes, and a doorbell that is
-// not one, a silent daemon or a deadline give clear errors.
+// not one, a silent daemon, a daemon gone or a deadline give clear errors.
 #include "proto/shm/step_doorbell.h"
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -122,6 +124,49 @@ TEST(StepDoorbellTest, NoAnswerIsADeadlineAndASilentDaemonIsUnavailable) {
                                  absl::Milliseconds(300)),
               StatusIs(absl::StatusCode::kUnavailable,
                        HasSubstr("stopped serving the step doorbell")));
+}
+
+TEST(StepDoorbellTest, ADaemonThatLetsGoIsUnavailableAtOnce) {
+  ASSERT_OK_AND_ASSIGN(Pair bells, MakePair());
+  // The daemon side detaches (its doorbell is destroyed): the call fails
+  // on the serving lock, long before the hour of heartbeat silence.
+  { StepDoorbell gone = std::move(bells.daemon); }
+  EXPECT_THAT(
+      bells.trainer.Call("x", absl::Now() + absl::Seconds(20), absl::Hours(1)),
+      StatusIs(absl::StatusCode::kUnavailable,
+               HasSubstr("no longer serves the step doorbell")));
+}
+
+TEST(StepDoorbellTest, ADaemonProcessThatDiesIsUnavailableAtOnce) {
+  ASSERT_OK_AND_ASSIGN(StepDoorbell trainer, StepDoorbell::Create(Name()));
+  int attached[2];
+  ASSERT_EQ(::pipe(attached), 0);
+  const pid_t daemon = ::fork();
+  ASSERT_GE(daemon, 0);
+  if (daemon == 0) {
+    // Another process attaches and is then killed, as a crashed canzonad.
+    absl::StatusOr<SharedMemory> shm = SharedMemory::Open(trainer.name());
+    if (!shm.ok()) ::_exit(1);
+    absl::StatusOr<StepDoorbell> bell = StepDoorbell::Attach(*std::move(shm));
+    const char ok = bell.ok() ? 'y' : 'n';
+    if (::write(attached[1], &ok, 1) != 1) ::_exit(1);
+    while (true) ::pause();
+  }
+  ::close(attached[1]);
+  char ok = 0;
+  ASSERT_EQ(::read(attached[0], &ok, 1), 1);
+  ::close(attached[0]);
+  ASSERT_EQ(ok, 'y');
+  // Alive but not answering: its lock keeps the call waiting.
+  EXPECT_THAT(
+      trainer.Call("x", absl::Now() + absl::Milliseconds(300), absl::Hours(1)),
+      StatusIs(absl::StatusCode::kDeadlineExceeded));
+  ASSERT_EQ(::kill(daemon, SIGKILL), 0);
+  ASSERT_EQ(::waitpid(daemon, nullptr, 0), daemon);
+  EXPECT_THAT(
+      trainer.Call("x", absl::Now() + absl::Seconds(20), absl::Hours(1)),
+      StatusIs(absl::StatusCode::kUnavailable,
+               HasSubstr("it exited or detached")));
 }
 
 TEST(StepDoorbellTest, AttachRefusesWhatIsNotADoorbell) {
