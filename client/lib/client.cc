@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "canzona/v1/optimizer_service.grpc.pb.h"
+#include "proto/rank_names.h"
 #include "proto/shm/step_doorbell.h"
 
 namespace canzona {
@@ -48,12 +49,6 @@ absl::StatusOr<std::string> CaPem(const std::string& tls_ca) {
         "tls_ca: cannot read a PEM certificate from '", tls_ca, "'"));
   }
   return text.str();
-}
-
-std::string RankKey(const std::string& job_id,
-                    const canzona::v1::RankCoordinates& r) {
-  return absl::StrCat(job_id, "/", r.pp_rank(), ".", r.dp_rank(), ".",
-                      r.tp_rank());
 }
 
 // A rank's doorbell: one Step in it at a time.

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status_macros.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "proto/rank_names.h"
 #include "server/comm/gloo_communicator.h"
 #include "server/engine/communicator_factory.h"
 #include "server/engine/register_request.h"

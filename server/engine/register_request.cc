@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/base/status_macros.h"
+#include "proto/rank_names.h"
 #include "server/engine/job_plan.h"
 #include "server/optim/matrix_blocks.h"
 #include "server/optim/optimizer_config.h"
@@ -325,11 +326,6 @@ bool ValidJobId(absl::string_view id) {
     }
   }
   return true;
-}
-
-std::string RankString(const v1::RankCoordinates& r) {
-  return absl::StrCat("(pp ", r.pp_rank(), ", dp ", r.dp_rank(), ", tp ",
-                      r.tp_rank(), ")");
 }
 
 absl::Status CheckRankInLayout(const v1::WorldLayout& l,

@@ -52,9 +52,6 @@ absl::StatusOr<RankSpec> ValidateRegisterRequest(
 // [A-Za-z0-9_-]{1,64}: job ids go into control-plane keys and shm names.
 bool ValidJobId(absl::string_view id);
 
-// "(pp 0, dp 1, tp 0)", for messages.
-std::string RankString(const canzona::v1::RankCoordinates& coords);
-
 // INVALID_ARGUMENT "rank (...) outside the layout" unless every coordinate
 // lies inside `layout`.
 absl::Status CheckRankInLayout(const canzona::v1::WorldLayout& layout,

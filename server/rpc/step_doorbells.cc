@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "proto/rank_names.h"
 #include "proto/shm/shared_memory.h"
 #include "proto/shm/step_doorbell.h"
 #include "spdlog/spdlog.h"
@@ -23,16 +24,6 @@ namespace v1 = ::canzona::v1;
 // How often an idle doorbell thread looks at its stop flag and whether its
 // trainer is still alive (and beats the heartbeat the trainer watches).
 constexpr absl::Duration kTick = absl::Milliseconds(100);
-
-std::string RankText(const v1::RankCoordinates& r) {
-  return absl::StrCat("(pp ", r.pp_rank(), ", dp ", r.dp_rank(), ", tp ",
-                      r.tp_rank(), ")");
-}
-
-std::string Key(const std::string& job_id, const v1::RankCoordinates& r) {
-  return absl::StrCat(job_id, "/", r.pp_rank(), ".", r.dp_rank(), ".",
-                      r.tp_rank());
-}
 
 bool SameRank(const v1::RankCoordinates& a, const v1::RankCoordinates& b) {
   return a.pp_rank() == b.pp_rank() && a.dp_rank() == b.dp_rank() &&
@@ -48,7 +39,7 @@ absl::Status CheckLocalRank(Engine& engine, const std::string& job_id,
     for (const v1::RankStatus& local : job.local_ranks()) {
       if (SameRank(local.rank(), rank)) return absl::OkStatus();
     }
-    return absl::NotFoundError(absl::StrCat("rank: ", RankText(rank),
+    return absl::NotFoundError(absl::StrCat("rank: ", RankString(rank),
                                             " of job '", job_id,
                                             "' is not registered here"));
   }
@@ -134,8 +125,8 @@ class StepDoorbells::Served {
           got.seq,
           absl::InvalidArgumentError(absl::StrCat(
               "job_id/rank: this step doorbell serves job '", request_.job_id(),
-              "' rank ", RankText(request_.rank()), ", not job '",
-              request.job_id(), "' rank ", RankText(request.rank()))),
+              "' rank ", RankString(request_.rank()), ", not job '",
+              request.job_id(), "' rank ", RankString(request.rank()))),
           {});
       return;
     }
@@ -196,7 +187,7 @@ absl::Status StepDoorbells::Attach(const v1::AttachStepDoorbellRequest& request,
     return absl::InvalidArgumentError(
         absl::StrCat("shm_name: ", bell.status().message()));
   }
-  const std::string key = Key(request.job_id(), request.rank());
+  const std::string key = RankKey(request.job_id(), request.rank());
   std::vector<std::unique_ptr<Served>> retired;
   {
     absl::MutexLock lock(&mu_);
@@ -226,7 +217,7 @@ absl::Status StepDoorbells::Attach(const v1::AttachStepDoorbellRequest& request,
   }
   retired.clear();  // joins outside the lock
   spdlog::info("step doorbell {} attached: job={} rank={} ({})",
-               request.shm_name(), request.job_id(), RankText(request.rank()),
+               request.shm_name(), request.job_id(), RankString(request.rank()),
                peer.address);
   return absl::OkStatus();
 }
@@ -236,7 +227,7 @@ void StepDoorbells::Detach(const std::string& job_id,
   std::unique_ptr<Served> retired;
   {
     absl::MutexLock lock(&mu_);
-    auto it = served_.find(Key(job_id, rank));
+    auto it = served_.find(RankKey(job_id, rank));
     if (it == served_.end()) return;
     retired = std::move(it->second);
     served_.erase(it);
