@@ -4,7 +4,8 @@
 // (shard_group_size) does to the step latency, and the daemons' memory per
 // rank (what Register reports by kind, and the private memory the local
 // daemons grew by, next to the rank's parameter bytes), and with --doorbell
-// the Step round trip over gRPC against the step doorbell.
+// the step calls over gRPC against the step doorbell (mode doorbell, and
+// with --overlap mode overlap_doorbell).
 //
 //   canzonactl bench step [--target unix:/a.sock --target unix:/b.sock]
 //       [--model qwen3-0.6b --layers 2 --vocab 4096] [--dp 2 --tp 1]
@@ -78,7 +79,7 @@ struct Mode {
   std::string name;
   int shard_group_size = 0;  // 0: flat
   bool overlap = false;
-  bool doorbell = false;  // Steps through the rank's step doorbell
+  bool doorbell = false;  // step calls through the rank's step doorbell
 };
 
 // One parameter as every rank of a TP position holds it.
@@ -353,13 +354,13 @@ absl::Status RunRank(const StepBenchOptions& o, const Mode& mode,
   if (mode.doorbell) {
     status = client.AttachStepDoorbell(job_id, request.rank());
     if (!status.ok()) {
-      status = absl::Status(status.code(), absl::StrCat("attach doorbell: ",
-                                                        status.message()));
+      status = absl::Status(
+          status.code(), absl::StrCat("attach doorbell: ", status.message()));
     }
   }
   if (status.ok()) {
-    status = RunIterations(o, mode, job_id, request.rank(), out.buckets,
-                           client, out);
+    status = RunIterations(o, mode, job_id, request.rank(), out.buckets, client,
+                           out);
   }
   probe.Arrive();
   absl::Status left = client.Deregister(job_id, request.rank());
@@ -490,6 +491,9 @@ void RunStepBench(StepBenchOptions o) {
       modes.push_back({absl::StrCat(shard, "doorbell"), s, false, true});
     }
     if (o.overlap) modes.push_back({absl::StrCat(shard, "overlap"), s, true});
+    if (o.overlap && o.doorbell) {
+      modes.push_back({absl::StrCat(shard, "overlap_doorbell"), s, true, true});
+    }
   }
 
   // One client per rank, to the daemon serving its block of ranks.
@@ -741,7 +745,8 @@ void AddBenchStepCommand(CLI::App* bench) {
   cmd->add_flag("--doorbell", o->doorbell,
                 "after mode plain, run mode doorbell: the same Steps through "
                 "each rank's step doorbell (shared memory, no gRPC; "
-                "unix-socket targets)");
+                "unix-socket targets); with --overlap also mode "
+                "overlap_doorbell (GradReady, Step, WaitParams through it)");
   cmd->add_flag("--overlap", o->overlap,
                 "run mode plain, then mode overlap (GradReady per bucket, "
                 "async Step, WaitParams per bucket)");

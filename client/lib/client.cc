@@ -51,7 +51,7 @@ absl::StatusOr<std::string> CaPem(const std::string& tls_ca) {
   return text.str();
 }
 
-// A rank's doorbell: one Step in it at a time.
+// A rank's doorbell: one call in it at a time.
 struct DoorbellSlot {
   explicit DoorbellSlot(StepDoorbell bell) : bell(std::move(bell)) {}
   absl::Mutex mu;
@@ -105,12 +105,39 @@ class Client::Impl {
     return response;
   }
 
-  // The attached doorbell of the request's rank, or null.
-  std::shared_ptr<DoorbellSlot> DoorbellOf(
-      const canzona::v1::StepRequest& request) ABSL_LOCKS_EXCLUDED(mu) {
-    absl::MutexLock lock(&mu);
-    auto it = doorbells.find(RankKey(request.job_id(), request.rank()));
-    return it == doorbells.end() ? nullptr : it->second;
+  // A step call (Step, GradReady, WaitParams): through the rank's doorbell
+  // when one is attached, else over gRPC; the same answer either way.
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> StepCall(
+      StepDoorbell::Method doorbell_method,
+      grpc::Status (Stub::*grpc_method)(grpc::ClientContext*, const Request&,
+                                        Response*),
+      const Request& request, absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu) {
+    std::shared_ptr<DoorbellSlot> slot;
+    {
+      absl::MutexLock lock(&mu);
+      auto it = doorbells.find(RankKey(request.job_id(), request.rank()));
+      if (it != doorbells.end()) slot = it->second;
+    }
+    if (slot == nullptr) return Call(grpc_method, request, timeout);
+    std::string bytes;
+    if (!request.SerializeToString(&bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Request::descriptor()->name(), ": cannot serialize"));
+    }
+    absl::StatusOr<std::string> reply;
+    {
+      absl::MutexLock lock(&slot->mu);
+      reply = slot->bell.Call(doorbell_method, bytes, absl::Now() + timeout);
+    }
+    if (!reply.ok()) return reply.status();
+    Response response;
+    if (!response.ParseFromString(*reply)) {
+      return absl::InternalError(
+          absl::StrCat("step doorbell: the daemon's answer is not a ",
+                       Response::descriptor()->name()));
+    }
+    return response;
   }
 
   const std::string target;
@@ -188,26 +215,8 @@ absl::StatusOr<canzona::v1::RegisterResponse> Client::Register(
 
 absl::StatusOr<canzona::v1::StepResponse> Client::Step(
     const canzona::v1::StepRequest& request) {
-  std::shared_ptr<DoorbellSlot> slot = impl_->DoorbellOf(request);
-  if (slot == nullptr) {
-    return impl_->Call(&Impl::Stub::Step, request, options_.step_timeout);
-  }
-  std::string bytes;
-  if (!request.SerializeToString(&bytes)) {
-    return absl::InvalidArgumentError("step request: cannot serialize");
-  }
-  absl::StatusOr<std::string> reply;
-  {
-    absl::MutexLock lock(&slot->mu);
-    reply = slot->bell.Call(bytes, absl::Now() + options_.step_timeout);
-  }
-  if (!reply.ok()) return reply.status();
-  canzona::v1::StepResponse response;
-  if (!response.ParseFromString(*reply)) {
-    return absl::InternalError(
-        "step doorbell: the daemon's answer is not a StepResponse");
-  }
-  return response;
+  return impl_->StepCall(StepDoorbell::Method::kStep, &Impl::Stub::Step,
+                         request, options_.step_timeout);
 }
 
 absl::Status Client::AttachStepDoorbell(
@@ -315,7 +324,9 @@ absl::Status Client::GradReady(const std::string& job_id,
   *request.mutable_rank() = rank;
   request.set_step(step);
   for (int b : buckets) request.add_buckets(b);
-  return impl_->Call(&Impl::Stub::GradReady, request, options_.step_timeout)
+  return impl_
+      ->StepCall(StepDoorbell::Method::kGradReady, &Impl::Stub::GradReady,
+                 request, options_.step_timeout)
       .status();
 }
 
@@ -327,7 +338,9 @@ absl::StatusOr<canzona::v1::WaitParamsResponse> Client::WaitParams(
   *request.mutable_rank() = rank;
   request.set_step(step);
   request.set_bucket(bucket);
-  return impl_->Call(&Impl::Stub::WaitParams, request, options_.step_timeout);
+  return impl_->StepCall(StepDoorbell::Method::kWaitParams,
+                         &Impl::Stub::WaitParams, request,
+                         options_.step_timeout);
 }
 
 }  // namespace canzona

@@ -15,7 +15,7 @@
 //   }
 //
 // Thread-safety: a Client is thread-safe (gRPC stubs are; a rank's step
-// doorbell carries one Step at a time); SharedTensors are plain memory
+// doorbell carries one call at a time); SharedTensors are plain memory
 // owned by the caller.
 #ifndef CANZONA_CLIENT_LIB_CLIENT_H_
 #define CANZONA_CLIENT_LIB_CLIENT_H_
@@ -112,11 +112,12 @@ class Client {
   absl::StatusOr<canzona::v1::StepResponse> Step(
       const canzona::v1::StepRequest& request);
   // Creates a step doorbell (proto/shm/step_doorbell.h) for this rank of a
-  // registered job and hands it to the daemon: later Steps of the rank skip
-  // gRPC (two futex wake-ups instead of a unary call completed from the
-  // daemon's worker; the step's fixed cost in README "The step's fixed
-  // overhead"). Only on the daemon's unix socket (FAILED_PRECONDITION on
-  // TCP); a second call replaces the rank's doorbell, Deregister drops it.
+  // registered job and hands it to the daemon: later Step, GradReady and
+  // WaitParams calls of the rank skip gRPC (two futex wake-ups instead of a
+  // unary call completed from the daemon's worker; the step's fixed cost in
+  // README "The step's fixed overhead"). Only on the daemon's unix socket
+  // (FAILED_PRECONDITION on TCP); a second call replaces the rank's doorbell,
+  // Deregister drops it.
   absl::Status AttachStepDoorbell(const std::string& job_id,
                                   const canzona::v1::RankCoordinates& rank);
   absl::StatusOr<canzona::v1::GetPlanResponse> GetPlan(
@@ -142,7 +143,8 @@ class Client {
   // Overlap (optimizer_service.proto): tell the daemon that backward has
   // finished these buckets of step `step` (RegisterResponse.buckets), and
   // wait for a bucket's updated parameters (-1: all) after an
-  // async_params Step.
+  // async_params Step. Like Step, through the rank's doorbell when one is
+  // attached.
   absl::Status GradReady(const std::string& job_id,
                          const canzona::v1::RankCoordinates& rank, int64_t step,
                          absl::Span<const int> buckets);

@@ -35,13 +35,15 @@ struct StepDoorbell::Header {
   uint32_t request_bytes;
   uint32_t response_bytes;
   int32_t status_code;
+  // Trainer: the request's Method, written with request_bytes.
+  uint32_t request_method;
 };
 
 namespace {
 
 constexpr uint32_t kMagic = 0x42445a43;  // "CZDB"
 // 2: the daemon holds the serving lock (a version 1 daemon would not, and
-// a trainer would take it for gone).
+// a trainer would take it for gone), and a request carries its Method.
 constexpr uint32_t kVersion = 2;
 constexpr uint64_t kHeaderBytes = 4096;
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
@@ -156,17 +158,19 @@ bool StepDoorbell::DaemonHoldsLock() const {
   return true;
 }
 
-absl::StatusOr<std::string> StepDoorbell::Call(absl::string_view request,
+absl::StatusOr<std::string> StepDoorbell::Call(Method method,
+                                               absl::string_view request,
                                                absl::Time deadline,
                                                absl::Duration daemon_silence) {
   if (request.size() > kMaxPayloadBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("step request of ", request.size(),
+        absl::StrCat("doorbell request of ", request.size(),
                      " bytes exceeds the doorbell's ", kMaxPayloadBytes));
   }
   Header& h = header();
   std::memcpy(request_area(), request.data(), request.size());
   h.request_bytes = static_cast<uint32_t>(request.size());
+  h.request_method = static_cast<uint32_t>(method);
   const uint32_t seq = h.request_seq.load(std::memory_order_relaxed) + 1;
   h.request_seq.store(seq, std::memory_order_release);
   FutexWakeAll(h.request_seq);
@@ -226,7 +230,7 @@ std::optional<StepDoorbell::Request> StepDoorbell::WaitRequest(
   last_request_ = seq;
   // Untrusted: a size past the area is cut to it (the parse then fails).
   const uint32_t bytes = std::min(h.request_bytes, kMaxPayloadBytes);
-  return Request{seq, std::string(request_area(), bytes)};
+  return Request{seq, h.request_method, std::string(request_area(), bytes)};
 }
 
 void StepDoorbell::Respond(uint32_t seq, const absl::Status& status,

@@ -1,14 +1,17 @@
 // StepDoorbell: a one-slot request/response channel in a shared-memory
-// object, woken with futexes, that carries a local trainer's Step calls to
-// its daemon without gRPC. A unary gRPC call completed from the daemon's
+// object, woken with futexes, that carries a local trainer's step calls
+// (Step, and the overlap mode's GradReady and WaitParams) to its daemon
+// without gRPC. A unary gRPC call completed from the daemon's
 // worker thread costs ~0.2 ms on a small VM (gRPC's floor plus a
 // cross-thread completion); the doorbell costs two futex wake-ups. Like the
 // tensor buffers, it is part of the trainer <-> daemon protocol, so both
 // sides link this one implementation.
 //
-// The bytes are a serialized canzona.v1.StepRequest one way and a status
-// plus a serialized StepResponse the other: the daemon parses what it reads
-// exactly as the gRPC adapter does, so there is one Step path behind both.
+// The bytes are the call's serialized canzona.v1 request (StepRequest,
+// GradReadyRequest, WaitParamsRequest: the Method word says which) one way
+// and a status plus its serialized response the other: the daemon parses
+// what it reads exactly as the gRPC adapter does, so there is one path
+// behind both.
 //
 //   // trainer (creates the object; attaches it with AttachStepDoorbell)
 //   CANZONA_ASSIGN_OR_RETURN(StepDoorbell bell, StepDoorbell::Create(name));
@@ -61,8 +64,14 @@ class StepDoorbell {
   // up (the daemon beats every WaitRequest tick and while a step runs).
   static constexpr absl::Duration kDaemonSilence = absl::Seconds(10);
 
+  // Which call a request is (its word in the object; values are
+  // protocol).
+  enum class Method : uint32_t { kStep = 0, kGradReady = 1, kWaitParams = 2 };
+
   struct Request {
     uint32_t seq;
+    // Untrusted: any value the trainer wrote, named or not.
+    uint32_t method;
     std::string bytes;
   };
 
@@ -93,8 +102,14 @@ class StepDoorbell {
   // (it exited or detached the doorbell), or when its heartbeat stops for
   // `daemon_silence` (it hangs).
   absl::StatusOr<std::string> Call(
-      absl::string_view request, absl::Time deadline,
+      Method method, absl::string_view request, absl::Time deadline,
       absl::Duration daemon_silence = kDaemonSilence);
+  // A Step call.
+  absl::StatusOr<std::string> Call(
+      absl::string_view request, absl::Time deadline,
+      absl::Duration daemon_silence = kDaemonSilence) {
+    return Call(Method::kStep, request, deadline, daemon_silence);
+  }
 
   // Daemon: the next request, or nullopt after `tick` without one (the
   // caller checks whether to go on). Beats the heartbeat.

@@ -47,23 +47,25 @@ absl::Status CheckLocalRank(Engine& engine, const std::string& job_id,
       absl::StrCat("job_id: no job '", job_id, "' on this daemon"));
 }
 
-// One step's answer, written once: by the engine's completion, or by the
+// One call's answer, written once: by the engine's completion, or by the
 // doorbell thread when it stops before the engine answered.
 struct Answer {
   std::atomic<bool> given{false};
   absl::Notification done;
 };
 
+template <typename Response>
 void Give(StepDoorbell& bell, Answer& answer, uint32_t seq,
-          const absl::StatusOr<v1::StepResponse>& result) {
+          const absl::StatusOr<Response>& result) {
   if (answer.given.exchange(true)) return;
   if (!result.ok()) {
     bell.Respond(seq, result.status(), {});
   } else if (std::string bytes; !result->SerializeToString(&bytes) ||
                                 bytes.size() > StepDoorbell::kMaxPayloadBytes) {
     bell.Respond(seq,
-                 absl::InternalError("the step response does not fit the "
-                                     "doorbell; use the gRPC Step"),
+                 absl::InternalError(
+                     absl::StrCat("the ", Response::descriptor()->name(),
+                                  " does not fit the doorbell; use gRPC")),
                  {});
   } else {
     bell.Respond(seq, absl::OkStatus(), bytes);
@@ -110,13 +112,34 @@ class StepDoorbells::Served {
   }
 
   void Handle(const StepDoorbell::Request& got) {
-    v1::StepRequest request;
+    using Method = StepDoorbell::Method;
+    switch (got.method) {
+      case static_cast<uint32_t>(Method::kStep):
+        return Serve(got, &Engine::Step);
+      case static_cast<uint32_t>(Method::kGradReady):
+        return Serve(got, &Engine::GradReady);
+      case static_cast<uint32_t>(Method::kWaitParams):
+        return Serve(got, &Engine::WaitParams);
+      default:
+        bell_->Respond(got.seq,
+                       absl::InvalidArgumentError(absl::StrCat(
+                           "step doorbell: unknown method ", got.method)),
+                       {});
+    }
+  }
+
+  // Parses the request the method takes, checks it is the attached rank's
+  // and hands it to the engine, whose completion answers the trainer.
+  template <typename Request, typename Response>
+  void Serve(const StepDoorbell::Request& got,
+             void (Engine::*method)(const Request&, Callback<Response>)) {
+    Request request;
     if (!request.ParseFromString(got.bytes)) {
-      bell_->Respond(
-          got.seq,
-          absl::InvalidArgumentError("step doorbell: the request is not a "
-                                     "canzona.v1.StepRequest"),
-          {});
+      bell_->Respond(got.seq,
+                     absl::InvalidArgumentError(
+                         absl::StrCat("step doorbell: the request is not a ",
+                                      Request::descriptor()->full_name())),
+                     {});
       return;
     }
     if (request.job_id() != request_.job_id() ||
@@ -132,15 +155,16 @@ class StepDoorbells::Served {
     }
     auto answer = std::make_shared<Answer>();
     const uint32_t seq = got.seq;
-    engine_->Step(request, [bell = bell_, answer,
-                            seq](absl::StatusOr<v1::StepResponse> result) {
-      Give(*bell, *answer, seq, result);
-    });
+    (engine_->*method)(
+        request, [bell = bell_, answer, seq](absl::StatusOr<Response> result) {
+          Give(*bell, *answer, seq, result);
+        });
     while (!answer->done.WaitForNotificationWithTimeout(kTick)) {
       bell_->Heartbeat();
       if (stop_.load()) {
         Give(*bell_, *answer, seq,
-             absl::UnavailableError("canzonad stopped serving this doorbell"));
+             absl::StatusOr<Response>(absl::UnavailableError(
+                 "canzonad stopped serving this doorbell")));
         return;
       }
     }

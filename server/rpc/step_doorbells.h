@@ -1,11 +1,12 @@
 // StepDoorbells: the step doorbells (proto/shm/step_doorbell.h) that local
 // trainers attached, the second thin adapter (beside the gRPC service) in
-// front of Engine::Step. Each doorbell has its own thread: it reads a
-// request, parses it as the StepRequest it must be, checks that it is the
-// attached rank's, hands it to Engine::Step and waits for the answer, which
-// the engine's completion writes straight into the shared memory (so the
-// trainer wakes from the worker thread, with no gRPC completion between).
-// One step per doorbell is in flight at a time.
+// front of Engine::Step, Engine::GradReady and Engine::WaitParams. Each
+// doorbell has its own thread: it reads a request, parses it as the
+// request its method word names, checks that it is the attached rank's,
+// hands it to the engine and waits for the answer, which the engine's
+// completion writes straight into the shared memory (so the trainer wakes
+// from the worker thread, with no gRPC completion between). One call per
+// doorbell is in flight at a time.
 //
 //   StepDoorbells doorbells(engine.get());
 //   absl::Status s = doorbells.Attach(request, peer);  // AttachStepDoorbell

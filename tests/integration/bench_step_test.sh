@@ -51,7 +51,8 @@ ARGS=(bench step --target "unix:$DIR/d.sock" --model "$DIR/tiny.json"
 "$CANZONACTL" "${ARGS[@]}" >"$DIR/out.txt" 2>&1 ||
   { cat "$DIR/out.txt" >&2; fail "bench step exited $?"; }
 cat "$DIR/out.txt"
-MODES="flat/plain flat/doorbell flat/overlap S=1/plain S=1/doorbell S=1/overlap"
+MODES="flat/plain flat/doorbell flat/overlap flat/overlap_doorbell S=1/plain
+  S=1/doorbell S=1/overlap S=1/overlap_doorbell"
 for mode in $MODES; do
   grep -q "^$mode " "$DIR/out.txt" || fail "no row for mode $mode"
 done

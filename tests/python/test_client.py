@@ -42,11 +42,13 @@ def floats(buffer):
 SHAPES = {"w": (8, 6), "b": (6,)}
 
 
-def run_job(client, job, steps=3, seed=7, doorbell=False):
+def run_job(client, job, steps=3, seed=7, doorbell=False, overlap=False):
     """Registers an 8x6 Muon matrix and a 6-vector (AdamW) in one shared
     buffer, runs `steps` steps on seeded random gradients (through a step
-    doorbell with `doorbell`), round-trips the state through export /
-    import and a checkpoint; returns what it saw."""
+    doorbell with `doorbell`; with `overlap`, one bucket per parameter
+    reported with grad_ready, an async step and wait_params), round-trips
+    the state through export / import and a checkpoint; returns what it
+    saw."""
     rng = random.Random(seed)
     sizes = {n: (s[0] * s[1] if len(s) == 2 else s[0])
              for n, s in SHAPES.items()}
@@ -68,7 +70,10 @@ def run_job(client, job, steps=3, seed=7, doorbell=False):
     registered = client.register(
         job, (1, 1, 1), (0, 0, 0),
         [("muon", "muon", {"lr": "0.02"}), ("adamw", "adamw", {"lr": "0.01"})],
-        parameters)
+        parameters, bucket_size=6 if overlap else 0)
+    buckets = len(registered["buckets"])
+    if overlap:
+        assert buckets == 2
     if doorbell:
         client.attach_step_doorbell(job, (0, 0, 0))
     stats = []
@@ -76,7 +81,14 @@ def run_job(client, job, steps=3, seed=7, doorbell=False):
         for p, g, n in views.values():
             for k in range(n):
                 data[g + k] = rng.uniform(-1, 1)
-        stats.append(client.step(job, (0, 0, 0), step, {"muon": 0.02}))
+        if overlap:
+            for b in range(buckets):
+                client.grad_ready(job, (0, 0, 0), step, [b])
+        stats.append(client.step(job, (0, 0, 0), step, {"muon": 0.02},
+                                 async_params=overlap))
+        if overlap:
+            for b in reversed(range(buckets)):
+                assert client.wait_params(job, (0, 0, 0), step, b) >= 0.0
     params = {name: list(data[p:p + n]) for name, (p, g, n) in views.items()}
     exported = client.export_state(job, (0, 0, 0))
     imported = client.import_state(job, (0, 0, 0), exported["state"],
@@ -421,9 +433,11 @@ def doorbell_path(client, job):
     return "/dev/shm" + bell.name
 
 
-def test_doorbell_steps_equal_grpc_steps(daemon):
-    """The same seeded job stepped over gRPC and through the doorbell:
-    bitwise the same parameters and statistics."""
+@pytest.mark.parametrize("overlap", [False, True])
+def test_doorbell_steps_equal_grpc_steps(daemon, overlap):
+    """The same seeded job stepped over gRPC and through the doorbell (with
+    overlap: grad_ready and wait_params too): bitwise the same parameters
+    and statistics."""
     require_transport("grpc")
     runs = {}
     for doorbell in (False, True):
@@ -438,12 +452,20 @@ def test_doorbell_steps_equal_grpc_steps(daemon):
 
             client._transport.call = counting
             runs[doorbell] = run_job(client, job_name("bell"),
-                                     doorbell=doorbell)
-            # Steps through the doorbell never reach gRPC.
-            assert methods.count("Step") == (0 if doorbell else 3)
+                                     doorbell=doorbell, overlap=overlap)
+            # Step calls through the doorbell never reach gRPC.
+            per_step = {"Step": 1, "GradReady": 2 if overlap else 0,
+                        "WaitParams": 2 if overlap else 0}
+            for method, count in per_step.items():
+                assert methods.count(method) == (0 if doorbell else
+                                                 3 * count), method
     a, b = runs[False], runs[True]
     assert a["params"] == b["params"]
     assert a["params"]["w"] != pytest.approx([0.0] * 48)
+    if overlap:  # overlap changes when, not what
+        with canzona.Client(daemon, transport="grpc") as client:
+            plain = run_job(client, job_name("bell-plain"))
+        assert plain["params"] == a["params"]
     for sa, sb in zip(a["stats"], b["stats"]):
         assert sa.keys() == sb.keys()
         assert sa["seconds"].keys() == sb["seconds"].keys()
@@ -553,11 +575,12 @@ def test_doorbell_protocol_against_a_scripted_daemon():
                 time.sleep(0.001)
             n = words()[3]
             got.append(bytes(m[4096:4096 + n]))
+            methods.append(struct.unpack_from("<I", m, 32)[0])
             m[4096 + 65536:4096 + 65536 + len(payload)] = payload
             struct.pack_into("<Ii", m, 24, len(payload), status)
             struct.pack_into("<I", m, 12, request_seq + seq_offset)
 
-        got = []
+        got, methods = [], []
         for status, payload, expect in [
                 (0, b"\x01\x02answer", b"\x01\x02answer"),
                 (9, b"step out of order", ("FAILED_PRECONDITION",
@@ -566,12 +589,15 @@ def test_doorbell_protocol_against_a_scripted_daemon():
             t = threading.Thread(target=serve, args=(status, payload))
             t.start()
             try:
-                result = bell.call(b"req-%d" % status, 5.0)
+                result = bell.call(b"req-%d" % status, 5.0,
+                                   method=status % 3)
                 assert result == expect
             except canzona.CanzonaError as e:
                 assert (e.code, str(e)) == expect
             t.join()
         assert got == [b"req-0", b"req-9", b"req-77"]
+        assert methods == [_doorbell.STEP, _doorbell.STEP,
+                           _doorbell.WAIT_PARAMS]
         with pytest.raises(canzona.CanzonaError) as error:
             bell.call(b"x" * (65536 + 1), 1.0)
         assert error.value.code == "INVALID_ARGUMENT"

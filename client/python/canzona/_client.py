@@ -137,6 +137,14 @@ def _retire(attached):
         bell.close()
 
 
+def _ring(attached, method, request, timeout):
+    """One call through an attached (doorbell, lock) pair: its response
+    bytes."""
+    bell, lock = attached
+    with lock:
+        return bell.call(request, timeout, method=method)
+
+
 class Client:
     """A connection to one canzonad (thread-safe).
 
@@ -290,16 +298,13 @@ class Client:
         step's update). With async_params it returns after the update and
         the parameters arrive per bucket (wait_params). max_grad_norm > 0
         clips this step at that norm instead of the job's."""
-        with self._doorbells_lock:
-            attached = self._doorbells.get((job_id, tuple(rank)))
+        attached = self._doorbell_of(job_id, rank)
         if attached is not None:
-            bell, lock = attached
-            request = _doorbell.encode_step(job_id, rank, step, lr,
-                                            grad_scale, async_params,
-                                            max_grad_norm)
-            with lock:
-                r = _doorbell.decode_step(
-                    bell.call(request, self._step_timeout), _PHASES)
+            r = _doorbell.decode_step(_ring(
+                attached, _doorbell.STEP,
+                _doorbell.encode_step(job_id, rank, step, lr, grad_scale,
+                                      async_params, max_grad_norm),
+                self._step_timeout), _PHASES)
         else:
             r = self._call("Step", {
                 "job_id": job_id, "rank": _rank(rank), "step": int(step),
@@ -317,7 +322,8 @@ class Client:
         }
 
     def attach_step_doorbell(self, job_id, rank):
-        """From now on this rank's steps ring a doorbell in shared memory
+        """From now on this rank's step calls (step, grad_ready,
+        wait_params) ring a doorbell in shared memory
         instead of making a gRPC call (a local daemon, after register).
         FAILED_PRECONDITION where that cannot work: a TCP target, or a
         platform without the doorbell (see ``step_doorbell_supported``)."""
@@ -351,6 +357,11 @@ class Client:
         return (is_unix_target(self.target) and self.transport == "grpc" and
                 _doorbell.supported())
 
+    def _doorbell_of(self, job_id, rank):
+        """The rank's attached (doorbell, lock), or None."""
+        with self._doorbells_lock:
+            return self._doorbells.get((job_id, tuple(rank)))
+
     def _drop_doorbell(self, job_id, rank):
         with self._doorbells_lock:
             attached = self._doorbells.pop((job_id, tuple(rank)), None)
@@ -359,14 +370,28 @@ class Client:
 
     def grad_ready(self, job_id, rank, step, buckets):
         """Backward finished these buckets of ``step``: the daemon starts
-        their reduction now (before step())."""
+        their reduction now (before step()). Through the rank's doorbell
+        when one is attached, like step()."""
+        attached = self._doorbell_of(job_id, rank)
+        if attached is not None:
+            _ring(attached, _doorbell.GRAD_READY,
+                  _doorbell.encode_grad_ready(job_id, rank, step, buckets),
+                  self._step_timeout)
+            return
         self._call("GradReady", {
             "job_id": job_id, "rank": _rank(rank), "step": int(step),
             "buckets": [int(b) for b in buckets]})
 
     def wait_params(self, job_id, rank, step, bucket=-1):
         """Blocks until ``bucket`` (-1: all) holds step ``step``'s update;
-        returns the seconds it waited."""
+        returns the seconds it waited. Through the rank's doorbell when one
+        is attached."""
+        attached = self._doorbell_of(job_id, rank)
+        if attached is not None:
+            return float(_doorbell.decode_wait_params(_ring(
+                attached, _doorbell.WAIT_PARAMS,
+                _doorbell.encode_wait_params(job_id, rank, step, bucket),
+                self._step_timeout)))
         r = self._call("WaitParams", {
             "job_id": job_id, "rank": _rank(rank), "step": int(step),
             "bucket": int(bucket)})

@@ -1,5 +1,6 @@
-"""The step doorbell from Python: a local trainer's Step through shared
-memory and futexes instead of a gRPC call.
+"""The step doorbell from Python: a local trainer's step calls (Step,
+GradReady, WaitParams) through shared memory and futexes instead of gRPC
+calls.
 
 The protocol is the C++ one (proto/shm/step_doorbell.{h,cc}); both sides
 must agree on it byte for byte:
@@ -8,12 +9,14 @@ must agree on it byte for byte:
   response area, created by the trainer (mode 0600) and named like its
   tensor buffers; the daemon maps it after AttachStepDoorbell;
 - header words (native-endian uint32 / int32): magic "CZDB" at 0,
-  version 1 at 4, request_seq at 8, response_seq at 12, heartbeat at 16,
-  request_bytes at 20, response_bytes at 24, status_code at 28;
-- a call writes the serialized StepRequest and request_bytes, bumps
-  request_seq and wakes it; the daemon writes the serialized StepResponse
-  (or, for a status that is not OK, its message), response_bytes and
-  status_code, then sets response_seq to the request's seq and wakes it;
+  version 2 at 4, request_seq at 8, response_seq at 12, heartbeat at 16,
+  request_bytes at 20, response_bytes at 24, status_code at 28,
+  request_method at 32 (STEP 0, GRAD_READY 1, WAIT_PARAMS 2);
+- a call writes the serialized request (StepRequest, GradReadyRequest,
+  WaitParamsRequest), request_bytes and request_method, bumps request_seq
+  and wakes it; the daemon writes the serialized response (or, for a
+  status that is not OK, its message), response_bytes and status_code,
+  then sets response_seq to the request's seq and wakes it;
 - while the daemon serves the doorbell it holds a shared flock(2) on the
   object; a waiting call that can take it exclusively knows nobody serves
   it (the daemon exited or detached it) and fails at once.
@@ -45,6 +48,8 @@ _HEADER_BYTES = 4096
 MAX_PAYLOAD_BYTES = 64 * 1024
 OBJECT_BYTES = _HEADER_BYTES + 2 * MAX_PAYLOAD_BYTES
 _REQUEST_AREA = _HEADER_BYTES
+# The request_method word's values (StepDoorbell::Method).
+STEP, GRAD_READY, WAIT_PARAMS = 0, 1, 2
 _RESPONSE_AREA = _HEADER_BYTES + MAX_PAYLOAD_BYTES
 # Without a heartbeat for this long the daemon is gone (the C++ client's
 # StepDoorbell::kDaemonSilence).
@@ -114,6 +119,7 @@ class StepDoorbell:
         (magic, version, self._request_seq, self._response_seq,
          self._heartbeat, self._request_bytes, self._response_bytes) = words
         self._status_code = ctypes.c_int32.from_buffer(self._shm, 28)
+        self._request_method = ctypes.c_uint32.from_buffer(self._shm, 32)
         magic.value = _MAGIC
         version.value = _VERSION
         del magic, version, words
@@ -158,8 +164,10 @@ class StepDoorbell:
                     ctypes.c_int(_FUTEX_WAIT), ctypes.c_uint32(expected),
                     ctypes.byref(ts), None, ctypes.c_int(0))
 
-    def call(self, request, timeout, daemon_silence=DAEMON_SILENCE):
-        """Sends ``request`` (bytes) and returns the daemon's response bytes;
+    def call(self, request, timeout, daemon_silence=DAEMON_SILENCE,
+             method=STEP):
+        """Sends ``request`` (the serialized request of ``method``) and
+        returns the daemon's response bytes;
         CanzonaError with the daemon's status, DEADLINE_EXCEEDED past
         ``timeout`` seconds, UNAVAILABLE as soon as no daemon holds the
         serving lock (it exited or detached the doorbell) or after
@@ -172,6 +180,7 @@ class StepDoorbell:
             raise CanzonaError("step doorbell is closed", "FAILED_PRECONDITION")
         self._shm[_REQUEST_AREA:_REQUEST_AREA + len(request)] = request
         self._request_bytes.value = len(request)
+        self._request_method.value = method
         seq = (self._request_seq.value + 1) & 0xFFFFFFFF
         self._request_seq.value = seq
         self._wake(self._request_seq)
@@ -225,9 +234,16 @@ class StepDoorbell:
             return
         # The ctypes views export the mapping: drop them first.
         del (self._request_seq, self._response_seq, self._heartbeat,
-             self._request_bytes, self._response_bytes, self._status_code)
+             self._request_bytes, self._response_bytes, self._status_code,
+             self._request_method)
         self._shm.close()
         self._shm = None
+
+
+def _set_rank(request, rank):
+    pp, dp, tp = rank
+    request.rank.pp_rank, request.rank.dp_rank, request.rank.tp_rank = (
+        int(pp), int(dp), int(tp))
 
 
 def encode_step(job_id, rank, step, lr, grad_scale, async_params,
@@ -238,23 +254,49 @@ def encode_step(job_id, rank, step, lr, grad_scale, async_params,
                              grad_scale=float(grad_scale),
                              async_params=bool(async_params),
                              max_grad_norm=float(max_grad_norm))
-    pp, dp, tp = rank
-    request.rank.pp_rank, request.rank.dp_rank, request.rank.tp_rank = (
-        int(pp), int(dp), int(tp))
+    _set_rank(request, rank)
     for group, value in (lr or {}).items():
         request.lr[str(group)] = float(value)
     return request.SerializeToString()
+
+
+def encode_grad_ready(job_id, rank, step, buckets):
+    """A serialized GradReadyRequest."""
+    from canzona._proto import optimizer_service_pb2 as pb
+    request = pb.GradReadyRequest(job_id=job_id, step=int(step),
+                                  buckets=[int(b) for b in buckets])
+    _set_rank(request, rank)
+    return request.SerializeToString()
+
+
+def encode_wait_params(job_id, rank, step, bucket):
+    """A serialized WaitParamsRequest."""
+    from canzona._proto import optimizer_service_pb2 as pb
+    request = pb.WaitParamsRequest(job_id=job_id, step=int(step),
+                                   bucket=int(bucket))
+    _set_rank(request, rank)
+    return request.SerializeToString()
+
+
+def _parse(message_class, payload):
+    try:
+        return message_class.FromString(payload)
+    except Exception as e:  # DecodeError; the daemon wrote garbage
+        raise CanzonaError("step doorbell: unreadable %s (%s)"
+                           % (message_class.__name__, e), "INTERNAL") from None
+
+
+def decode_wait_params(payload):
+    """The seconds a serialized WaitParamsResponse says the rank waited."""
+    from canzona._proto import optimizer_service_pb2 as pb
+    return _parse(pb.WaitParamsResponse, payload).waited_seconds
 
 
 def decode_step(payload, phases):
     """A serialized StepResponse as the JSON-mapping dict Client.step reads
     (the phases it reports, the statistics)."""
     from canzona._proto import optimizer_service_pb2 as pb
-    try:
-        r = pb.StepResponse.FromString(payload)
-    except Exception as e:  # DecodeError; the daemon wrote garbage
-        raise CanzonaError("step doorbell: unreadable StepResponse (%s)" % e,
-                           "INTERNAL") from None
+    r = _parse(pb.StepResponse, payload)
     return {"seconds": {p: getattr(r.seconds, p) for p in phases},
             "grad_norm": r.grad_norm, "update_rms": r.update_rms,
             "skipped_nonfinite": r.skipped_nonfinite,

@@ -82,9 +82,12 @@ class StepDoorbellServiceTest : public ::testing::Test {
 
   // Runs a DP2 AdamW job of random parameters and, per step, random
   // gradients (the same seeds for every job); rank r steps through its
-  // doorbell when doorbell[r]. The parameters after kSteps, rank by rank.
+  // doorbell when doorbell[r]. With `overlap`, one bucket per parameter,
+  // reported with GradReady, an async Step and WaitParams (which go
+  // through the doorbell too). The parameters after kSteps, rank by rank.
   std::vector<std::vector<float>> RunJob(const std::string& job_id,
-                                         const bool doorbell[2]) {
+                                         const bool doorbell[2],
+                                         bool overlap = false) {
     std::vector<std::vector<float>> result(2);
     auto rank = [&](int r) {
       std::unique_ptr<Client> client = Connect();
@@ -97,7 +100,10 @@ class StepDoorbellServiceTest : public ::testing::Test {
       for (int i = 0; i < kParams; ++i) {
         for (float& x : job.tensors[2 * i].span()) x = normal(params);
       }
-      ASSERT_OK(client->Register(job.request).status());
+      if (overlap) job.request.set_bucket_size(kNumel);
+      ASSERT_OK_AND_ASSIGN(v1::RegisterResponse registered,
+                           client->Register(job.request));
+      if (overlap) ASSERT_EQ(registered.buckets_size(), kParams);
       if (doorbell[r]) {
         ASSERT_OK(client->AttachStepDoorbell(job_id, job.request.rank()));
       }
@@ -106,7 +112,19 @@ class StepDoorbellServiceTest : public ::testing::Test {
         for (int i = 0; i < kParams; ++i) {
           for (float& x : job.tensors[2 * i + 1].span()) x = normal(grads);
         }
-        ASSERT_OK(client->Step(security_test::TinyStep(job.request, k)));
+        v1::StepRequest step = security_test::TinyStep(job.request, k);
+        if (!overlap) {
+          ASSERT_OK(client->Step(step));
+          continue;
+        }
+        for (int b = 0; b < registered.buckets_size(); ++b) {
+          ASSERT_OK(client->GradReady(job_id, job.request.rank(), k, {b}));
+        }
+        step.set_async_params(true);
+        ASSERT_OK(client->Step(step));
+        for (int b = registered.buckets_size() - 1; b >= 0; --b) {
+          ASSERT_OK(client->WaitParams(job_id, job.request.rank(), k, b));
+        }
       }
       for (int i = 0; i < kParams; ++i) {
         absl::Span<const float> p = job.tensors[2 * i].span();
@@ -152,6 +170,116 @@ TEST_F(StepDoorbellServiceTest, DoorbellStepsEqualGrpcStepsBitwise) {
   }
   // Deregister detached every doorbell.
   EXPECT_EQ(doorbells_->size(), 0);
+}
+
+TEST_F(StepDoorbellServiceTest, OverlapCallsThroughTheDoorbellEqualGrpc) {
+  const bool grpc_only[2] = {false, false};
+  const bool doorbells[2] = {true, true};
+  const std::string pid = absl::StrCat(::getpid());
+  const auto plain = RunJob("plain" + pid, grpc_only);
+  const auto reference = RunJob("ovgrpc" + pid, grpc_only, /*overlap=*/true);
+  const auto got = RunJob("ovbell" + pid, doorbells, /*overlap=*/true);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(got[r].size(), reference[r].size());
+    // Overlap changes when, not what: all three end bitwise equal.
+    EXPECT_EQ(std::memcmp(reference[r].data(), plain[r].data(),
+                          got[r].size() * sizeof(float)),
+              0)
+        << "rank " << r << ": overlap over gRPC differs from plain steps";
+    EXPECT_EQ(std::memcmp(got[r].data(), reference[r].data(),
+                          got[r].size() * sizeof(float)),
+              0)
+        << "rank " << r << ": overlap through the doorbell differs";
+  }
+}
+
+TEST_F(StepDoorbellServiceTest, EveryStepCallRidesTheDoorbellAndIsChecked) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  const std::string job_id = absl::StrCat("methods", ::getpid());
+  ASSERT_OK_AND_ASSIGN(
+      security_test::TinyJob job,
+      security_test::MakeTinyJob(*client, job_id, 1, 0, 1, kNumel));
+  ASSERT_OK(client->Register(job.request).status());
+  // A doorbell rung by hand, so nothing can fall back to gRPC.
+  ASSERT_OK_AND_ASSIGN(StepDoorbell bell,
+                       StepDoorbell::Create(ShmName(job_id, 0, 424242)));
+  v1::AttachStepDoorbellRequest attach;
+  attach.set_job_id(job_id);
+  *attach.mutable_rank() = job.request.rank();
+  attach.set_shm_name(bell.name());
+  PeerInfo peer;
+  peer.uid = ::geteuid();
+  peer.pid = ::getpid();
+  ASSERT_OK(doorbells_->Attach(attach, peer));
+  using Method = StepDoorbell::Method;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  std::mt19937 random(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : job.tensors[1].span()) x = normal(random);
+  const std::vector<float> before(job.tensors[0].span().begin(),
+                                  job.tensors[0].span().end());
+
+  v1::GradReadyRequest ready;
+  ready.set_job_id(job_id);
+  *ready.mutable_rank() = job.request.rank();
+  ready.set_step(1);
+  ready.add_buckets(0);
+  ASSERT_OK_AND_ASSIGN(
+      std::string ready_reply,
+      bell.Call(Method::kGradReady, ready.SerializeAsString(), deadline));
+  EXPECT_TRUE(v1::GradReadyResponse().ParseFromString(ready_reply));
+  // A bucket the rank does not have: the engine's own refusal.
+  v1::GradReadyRequest bad_bucket = ready;
+  bad_bucket.set_buckets(0, 7);
+  EXPECT_THAT(
+      bell.Call(Method::kGradReady, bad_bucket.SerializeAsString(), deadline),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bucket")));
+
+  v1::StepRequest step = security_test::TinyStep(job.request, 1);
+  step.set_async_params(true);
+  ASSERT_OK_AND_ASSIGN(
+      std::string step_reply,
+      bell.Call(Method::kStep, step.SerializeAsString(), deadline));
+  v1::StepResponse stepped;
+  ASSERT_TRUE(stepped.ParseFromString(step_reply));
+  EXPECT_GT(stepped.grad_norm(), 0.0);
+
+  v1::WaitParamsRequest wait;
+  wait.set_job_id(job_id);
+  *wait.mutable_rank() = job.request.rank();
+  wait.set_step(1);
+  wait.set_bucket(-1);
+  ASSERT_OK_AND_ASSIGN(
+      std::string wait_reply,
+      bell.Call(Method::kWaitParams, wait.SerializeAsString(), deadline));
+  v1::WaitParamsResponse waited;
+  EXPECT_TRUE(waited.ParseFromString(wait_reply));
+  EXPECT_GE(waited.waited_seconds(), 0.0);
+  // The update is in place once WaitParams answered.
+  for (size_t i = 0; i < before.size(); ++i) {
+    ASSERT_NE(job.tensors[0].span()[i], before[i]) << "element " << i;
+  }
+
+  // Another rank's call, bytes of another message, an unknown method.
+  v1::WaitParamsRequest other = wait;
+  other.mutable_rank()->set_dp_rank(1);
+  EXPECT_THAT(
+      bell.Call(Method::kWaitParams, other.SerializeAsString(), deadline),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job_id/rank")));
+  EXPECT_THAT(bell.Call(Method::kGradReady, "\xff\xff", deadline),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("not a canzona.v1.GradReadyRequest")));
+  EXPECT_THAT(
+      bell.Call(static_cast<Method>(9), step.SerializeAsString(), deadline),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("unknown method 9")));
+  // And the doorbell still serves: step 2.
+  step.set_step(2);
+  step.set_async_params(false);
+  ASSERT_OK(
+      bell.Call(Method::kStep, step.SerializeAsString(), deadline).status());
+  ASSERT_OK(client->Deregister(job_id, job.request.rank()));
 }
 
 TEST_F(StepDoorbellServiceTest, BadAttachmentsAndRequestsAreRefusedCleanly) {

@@ -58,23 +58,26 @@ TEST(StepDoorbellTest, CallsReachTheDaemonAndAnswersComeBackInOrder) {
             request->seq,
             absl::FailedPreconditionError("refused " + request->bytes), {});
       } else {
-        bells.daemon.Respond(request->seq, absl::OkStatus(),
-                             "echo " + request->bytes);
+        bells.daemon.Respond(
+            request->seq, absl::OkStatus(),
+            absl::StrCat("echo ", request->method, " ", request->bytes));
       }
     }
   });
   for (int i = 0; i < kCalls; ++i) {
     // Sizes 1 .. kCalls, binary bytes included.
     std::string payload(i + 1, static_cast<char>(i));
+    // The methods in turn: the method word travels with the bytes.
+    const auto method = static_cast<StepDoorbell::Method>(i % 3);
     absl::StatusOr<std::string> reply =
-        bells.trainer.Call(payload, absl::Now() + absl::Seconds(30));
+        bells.trainer.Call(method, payload, absl::Now() + absl::Seconds(30));
     if (payload.size() % 3 == 0) {
       EXPECT_THAT(reply, StatusIs(absl::StatusCode::kFailedPrecondition,
                                   HasSubstr("refused")));
       EXPECT_EQ(reply.status().message(), "refused " + payload);
     } else {
       ASSERT_OK(reply.status());
-      EXPECT_EQ(*reply, "echo " + payload);
+      EXPECT_EQ(*reply, absl::StrCat("echo ", i % 3, " ", payload));
     }
   }
   daemon.join();
