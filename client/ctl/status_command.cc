@@ -62,20 +62,21 @@ void AddStatusCommand(CLI::App& app) {
           job.job_id().c_str(), job.layout().pp(), job.layout().dp(),
           job.layout().tp(), job.strategy().c_str(), job.state().c_str(),
           job.registered_ranks(), job.plan_digest().c_str());
-      std::printf("  %-10s %6s %9s %9s %9s %9s %9s %9s %9s %9s\n", "rank",
-                  "steps", "rs_ms", "local_ms", "gather_ms", "tp_ms",
-                  "scatter_ms", "ag_ms", "wait_ms", "total_ms");
+      std::printf("  %-10s %6s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "rank",
+                  "steps", "rs_ms", "world_ms", "local_ms", "gather_ms",
+                  "tp_ms", "scatter_ms", "ag_ms", "wait_ms", "total_ms");
       for (const auto& rank : job.local_ranks()) {
         const auto& s = rank.last_step_seconds();
         std::printf(
-            "  %-10s %6lld %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f\n",
+            "  %-10s %6lld %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f "
+            "%9.3f\n",
             absl::StrCat(rank.rank().pp_rank(), ".", rank.rank().dp_rank(), ".",
                          rank.rank().tp_rank())
                 .c_str(),
             static_cast<long long>(rank.steps_done()), 1e3 * s.reduce_scatter(),
-            1e3 * s.local_compute(), 1e3 * s.tp_gather(), 1e3 * s.tp_compute(),
-            1e3 * s.tp_scatter(), 1e3 * s.all_gather(), 1e3 * s.wait(),
-            1e3 * s.total());
+            1e3 * s.world_reduce(), 1e3 * s.local_compute(),
+            1e3 * s.tp_gather(), 1e3 * s.tp_compute(), 1e3 * s.tp_scatter(),
+            1e3 * s.all_gather(), 1e3 * s.wait(), 1e3 * s.total());
       }
     }
   });

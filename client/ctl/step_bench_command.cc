@@ -41,6 +41,7 @@
 #include "kernels/base/dtype.h"
 #include "kernels/base/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "proto/step_phases.h"
 #include "server/plan/cost_model.h"
 #include "server/plan/model_config.h"
 #include "server/plan/parameter.h"
@@ -91,11 +92,8 @@ struct LocalParam {
   int64_t local_numel = 0;
 };
 
-// The daemon's phase times (PhaseTimes) this bench reports, in order.
-constexpr int kPhases = 7;
-const char* const kPhaseNames[kPhases] = {
-    "reduce_scatter", "local_compute", "tp_gather", "tp_compute",
-    "tp_scatter",     "all_gather",    "total"};
+// The daemon's phase times this bench reports (kStepPhases).
+constexpr int kPhases = static_cast<int>(kStepPhases.size());
 
 // One measured iteration of one rank, in seconds.
 struct Sample {
@@ -239,10 +237,9 @@ absl::Status RunIterations(const StepBenchOptions& o, const Mode& mode,
     const v1::PhaseTimes& t = response->seconds();
     s.dp_comm = t.dp_comm();
     s.dp_comm_exposed = t.dp_comm_exposed();
-    const double phases[kPhases] = {
-        t.reduce_scatter(), t.local_compute(), t.tp_gather(), t.tp_compute(),
-        t.tp_scatter(),     t.all_gather(),    t.total()};
-    std::copy(phases, phases + kPhases, s.phases);
+    for (int p = 0; p < kPhases; ++p) {
+      s.phases[p] = (t.*kStepPhases[p].seconds)();
+    }
     if (!overlap) {
       Compute(o.forward_ms, o.busy);
     } else {
@@ -610,7 +607,7 @@ void RunStepBench(StepBenchOptions o) {
     for (const ModeResult& r : results) {
       nlohmann::json phases = nlohmann::json::object();
       for (int p = 0; p < kPhases; ++p) {
-        phases[kPhaseNames[p]] = r.median_phase_ms[p];
+        phases[kStepPhases[p].name] = r.median_phase_ms[p];
       }
       out["modes"].push_back(
           {{"mode", r.mode.name},
@@ -640,11 +637,11 @@ void RunStepBench(StepBenchOptions o) {
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
-  std::printf("%-14s %7s %10s %9s %9s %12s %12s %10s %9s\n", "mode", "buckets",
+  std::printf("%-21s %7s %10s %9s %9s %12s %12s %10s %9s\n", "mode", "buckets",
               "iter ms", "step ms", "wait ms", "dp_comm ms", "exposed ms",
               "exp/total", "vs first");
   for (const ModeResult& r : results) {
-    std::printf("%-14s %7d %10.3f %9.3f %9.1f %12.1f %12.1f %10.3f %8.3fx\n",
+    std::printf("%-21s %7d %10.3f %9.3f %9.1f %12.1f %12.1f %10.3f %8.3fx\n",
                 r.mode.name.c_str(), r.buckets, r.median_iteration_ms,
                 r.median_step_ms, r.median_wait_ms, r.dp_comm_ms_per_step,
                 r.exposed_ms_per_step, r.exposed_over_total,
@@ -655,11 +652,11 @@ void RunStepBench(StepBenchOptions o) {
       "dp_comm, exposed: per rank and step; exp/total: sum exposed / sum "
       "dp_comm; vs first: iteration time / the first mode's\n");
   constexpr double kMiB = 1024.0 * 1024.0;
-  std::printf("\n%-14s %10s %10s %10s %10s %12s %12s\n", "mode", "params MiB",
+  std::printf("\n%-21s %10s %10s %10s %10s %12s %12s\n", "mode", "params MiB",
               "master MiB", "state MiB", "buffers MiB", "daemon MiB",
               "daemon/params");
   for (const ModeResult& r : results) {
-    std::printf("%-14s %10.2f %10.2f %10.2f %11.2f", r.mode.name.c_str(),
+    std::printf("%-21s %10.2f %10.2f %10.2f %11.2f", r.mode.name.c_str(),
                 r.param_bytes / kMiB, r.master_bytes / kMiB,
                 r.state_bytes / kMiB, r.buffer_bytes / kMiB);
     if (r.daemon_bytes_per_rank >= 0) {
@@ -675,11 +672,13 @@ void RunStepBench(StepBenchOptions o) {
       "private memory growth over the mode (SO_PEERCRED + smaps_rollup) per "
       "rank\n");
   std::printf("daemon phases (ms; per step the slowest rank, median):\n");
-  std::printf("%-14s", "mode");
-  for (const char* name : kPhaseNames) std::printf(" %14s", name);
+  std::printf("%-21s", "mode");
+  for (const StepPhase& phase : kStepPhases) {
+    std::printf(" %14s", phase.name);
+  }
   std::printf("\n");
   for (const ModeResult& r : results) {
-    std::printf("%-14s", r.mode.name.c_str());
+    std::printf("%-21s", r.mode.name.c_str());
     for (double ms : r.median_phase_ms) std::printf(" %14.1f", ms);
     std::printf("\n");
   }

@@ -4,11 +4,9 @@ namespace canzona {
 
 RankMetrics::RankMetrics(const CanzonaMetrics& m, const std::string& job,
                          const std::string& rank) {
-  static constexpr const char* kNames[kPhases] = {
-      "reduce_scatter", "local_compute", "tp_gather", "tp_compute",
-      "tp_scatter",     "all_gather",    "wait",      "total"};
-  for (int i = 0; i < kPhases; ++i) {
-    phase_[i] = m.step_phase_seconds->WithLabels({job, rank, kNames[i]});
+  for (size_t i = 0; i < kStepPhases.size(); ++i) {
+    phase_[i] =
+        m.step_phase_seconds->WithLabels({job, rank, kStepPhases[i].name});
   }
   steps_ = m.steps_total->WithLabels({job, rank});
   skipped_ = m.steps_skipped_total->WithLabels({job, rank});
@@ -22,10 +20,9 @@ RankMetrics::RankMetrics(const CanzonaMetrics& m, const std::string& job,
 void RankMetrics::RecordStep(const canzona::v1::StepResponse& response,
                              double tp_comm_s, double tp_hidden_s) {
   const canzona::v1::PhaseTimes& t = response.seconds();
-  const double values[kPhases] = {
-      t.reduce_scatter(), t.local_compute(), t.tp_gather(), t.tp_compute(),
-      t.tp_scatter(),     t.all_gather(),    t.wait(),      t.total()};
-  for (int i = 0; i < kPhases; ++i) phase_[i]->Observe(values[i]);
+  for (size_t i = 0; i < kStepPhases.size(); ++i) {
+    phase_[i]->Observe((t.*kStepPhases[i].seconds)());
+  }
   steps_->Increment();
   if (response.skipped_nonfinite()) {
     skipped_->Increment();

@@ -8,9 +8,11 @@
 #ifndef CANZONA_SERVER_ENGINE_RANK_METRICS_H_
 #define CANZONA_SERVER_ENGINE_RANK_METRICS_H_
 
+#include <array>
 #include <string>
 
 #include "canzona/v1/optimizer_service.pb.h"
+#include "proto/step_phases.h"
 #include "server/metrics/canzona_metrics.h"
 
 namespace canzona {
@@ -24,8 +26,7 @@ class RankMetrics {
                   double tp_hidden_s);
 
  private:
-  static constexpr int kPhases = 8;
-  Histogram* phase_[kPhases] = {};  // PhaseTimes order, then total
+  std::array<Histogram*, kStepPhases.size()> phase_ = {};  // kStepPhases
   Counter* steps_ = nullptr;
   Counter* skipped_ = nullptr;
   Gauge* overlap_ = nullptr;

@@ -114,7 +114,9 @@ class RankStep {
     float values[5] = {nonfinite, static_cast<float>(sumsq),
                        static_cast<float>(rt_.pending_update_sumsq),
                        static_cast<float>(clip), clip > 0 ? 1.0f : 0.0f};
+    const absl::Time t0 = absl::Now();
     CANZONA_RETURN_IF_ERROR(rt_.WorldSum(values, 5));
+    times_->set_world_reduce(Seconds(t0, absl::Now()));
     rt_.pending_update_sumsq = 0;
     response_->set_update_rms(
         jp_.total_numel > 0

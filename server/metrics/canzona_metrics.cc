@@ -11,8 +11,9 @@ CanzonaMetrics CanzonaMetrics::Register(MetricsRegistry* r) {
   CanzonaMetrics m;
   m.step_phase_seconds = r->AddHistogram(
       "canzona_step_phase_seconds",
-      "Seconds per optimizer step phase (reduce_scatter, local_compute, "
-      "tp_gather, tp_compute, tp_scatter, all_gather, wait, total).",
+      "Seconds per optimizer step phase (reduce_scatter, world_reduce, "
+      "local_compute, tp_gather, tp_compute, tp_scatter, all_gather, wait, "
+      "total).",
       {"job", "rank", "phase"}, StepPhaseBuckets());
   m.steps_total = r->AddCounter("canzona_steps_total",
                                 "Optimizer steps finished (skipped included).",

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/ctl/model_shapes.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "proto/step_phases.h"
 #include "server/plan/model_config.h"
 #include "tests/unit/engine/engine_test_util.h"
 
@@ -87,21 +88,31 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// The named phases, the step's time outside them (the world reduction,
-// averaging, clipping, handoffs: the service's fixed cost), and the total.
-constexpr int kPhases = 9;
-const char* kPhaseNames[kPhases] = {
-    "reduce_scatter", "local_compute", "tp_gather", "tp_compute", "tp_scatter",
-    "all_gather",     "wait",          "other",     "total"};
+// The named phases (kStepPhases) with, before the total, the step's time
+// outside them (handoffs, the average, clipping: the service's fixed cost).
+std::vector<std::string> PhaseNames() {
+  std::vector<std::string> names;
+  for (const StepPhase& phase : kStepPhases) {
+    if (std::string(phase.name) == "total") names.push_back("other");
+    names.push_back(phase.name);
+  }
+  return names;
+}
 
 std::vector<double> PhaseValues(const canzona::v1::StepResponse& r) {
   const auto& s = r.seconds();
-  const double named = s.reduce_scatter() + s.local_compute() + s.tp_gather() +
-                       s.tp_compute() + s.tp_scatter() + s.all_gather() +
-                       s.wait();
-  return {s.reduce_scatter(), s.local_compute(), s.tp_gather(),
-          s.tp_compute(),     s.tp_scatter(),    s.all_gather(),
-          s.wait(),           s.total() - named, s.total()};
+  std::vector<double> values;
+  double named = 0;
+  for (const StepPhase& phase : kStepPhases) {
+    const double seconds = (s.*phase.seconds)();
+    if (std::string(phase.name) == "total") {
+      values.push_back(seconds - named);
+    } else {
+      named += seconds;
+    }
+    values.push_back(seconds);
+  }
+  return values;
 }
 
 }  // namespace
@@ -160,7 +171,9 @@ int main(int argc, char** argv) {
       f.model.c_str(), f.layers, f.vocab, f.layout.c_str(), model.size(),
       numel / 1e6, f.dp, f.tp, f.optimizer.c_str(), f.steps, f.steps);
   std::printf("%-15s", f.batching == "compare" ? "updates" : "strategy");
-  for (const char* name : kPhaseNames) std::printf(" %11s", name);
+  for (const std::string& name : PhaseNames()) {
+    std::printf(" %11s", name.c_str());
+  }
   std::printf(" %9s\n", f.batching == "compare" ? "speed-up" : "vs sc");
   struct Run {
     std::string label;
@@ -201,8 +214,9 @@ int main(int argc, char** argv) {
     }
     // Per step, the slowest rank's time per phase; then the median over steps
     // (step 1 warms caches and allocators, so it is left out).
-    std::vector<double> medians(kPhases);
-    for (int phase = 0; phase < kPhases; ++phase) {
+    const int phases = static_cast<int>(PhaseNames().size());
+    std::vector<double> medians(phases);
+    for (int phase = 0; phase < phases; ++phase) {
       std::vector<double> per_step;
       for (int s = 1; s < f.steps; ++s) {
         double slowest = 0;
@@ -213,10 +227,10 @@ int main(int argc, char** argv) {
       }
       medians[phase] = Median(per_step);
     }
-    if (first_total == 0) first_total = medians[kPhases - 1];
+    if (first_total == 0) first_total = medians.back();
     std::printf("%-15s", r.label.c_str());
     for (double m : medians) std::printf(" %9.2fms", 1e3 * m);
-    std::printf(" %8.2fx\n", first_total / medians[kPhases - 1]);
+    std::printf(" %8.2fx\n", first_total / medians.back());
     (void)run.Deregister(cluster);
   }
   return 0;

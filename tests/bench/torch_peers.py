@@ -639,8 +639,8 @@ def main():
           "(> 1: faster than the peer)")
     for r in rows:
         if r["daemon_phases_ms"]:
-            named = ("reduce_scatter", "local_compute", "all_gather", "wait",
-                     "total", "dp_comm_exposed")
+            named = ("reduce_scatter", "world_reduce", "local_compute",
+                     "all_gather", "wait", "total", "dp_comm_exposed")
             print("%-16s daemon ms: %s" % (r["mode"], ", ".join(
                 "%s %.1f" % (n, r["daemon_phases_ms"][n]) for n in named)))
     if args.json:

@@ -154,8 +154,8 @@ TEST(MetricsIntegrationTest, LiveDaemonExportsTheContractAndPassesPromtool) {
     EXPECT_EQ(value(absl::StrCat("canzona_steps_total{", jr, "}")), kSteps);
     EXPECT_EQ(value(absl::StrCat("canzona_steps_skipped_total{", jr, "}")), 0);
     for (const char* phase :
-         {"reduce_scatter", "local_compute", "tp_gather", "tp_compute",
-          "tp_scatter", "all_gather", "wait", "total"}) {
+         {"reduce_scatter", "world_reduce", "local_compute", "tp_gather",
+          "tp_compute", "tp_scatter", "all_gather", "wait", "total"}) {
       EXPECT_EQ(value(absl::StrCat("canzona_step_phase_seconds_count{", jr,
                                    ",phase=\"", phase, "\"}")),
                 kSteps)

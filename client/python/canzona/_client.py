@@ -24,9 +24,9 @@ from canzona._errors import CanzonaError
 from canzona._shm import SharedBuffer, shm_name
 
 _TRANSPORTS = ("auto", "grpc", "bridge")
-_PHASES = ("reduce_scatter", "local_compute", "tp_gather", "tp_compute",
-           "tp_scatter", "all_gather", "wait", "total", "dp_comm",
-           "dp_comm_exposed")
+_PHASES = ("reduce_scatter", "world_reduce", "local_compute", "tp_gather",
+           "tp_compute", "tp_scatter", "all_gather", "wait", "total",
+           "dp_comm", "dp_comm_exposed")
 
 # Element types of parameter buffers, by the names torch and numpy use.
 _DTYPES = {"float32": "DTYPE_FLOAT32", "bfloat16": "DTYPE_BFLOAT16",
