@@ -158,8 +158,9 @@ class Optimizer(torch.optim.Optimizer):
         turns clipping off. ``step(max_grad_norm=...)`` overrides it for one
         step; ``last_step`` holds the pre-clip "grad_norm" and the
         "clip_factor".
-      step_doorbell: step through a shared-memory doorbell instead of a
-        gRPC call where that works (the local daemon's unix socket, the
+      step_doorbell: step (and report buckets / wait for parameters, with
+        module=) through a shared-memory doorbell instead of gRPC calls
+        where that works (the local daemon's unix socket, the
         grpc transport, Linux on x86-64); False: always gRPC.
       grad_reduce_dtype: None (data-parallel gradient sums in the
         parameters' dtype) or torch.float32 (Megatron's
