@@ -21,6 +21,7 @@
 #include "client/lib/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/base/status_macros.h"
 #include "server/control/kv_store.h"
 #include "server/engine/engine_impl.h"
 #include "server/rpc/optimizer_service.h"
@@ -78,6 +79,33 @@ class StepDoorbellServiceTest : public ::testing::Test {
         Client::Connect("unix:" + listener_->path(), options);
     EXPECT_OK(client.status());
     return client.ok() ? *std::move(client) : nullptr;
+  }
+
+  // What AttachStepDoorbell carries for `bell` and the job's rank, and a
+  // caller on the unix socket as SO_PEERCRED reports it.
+  static v1::AttachStepDoorbellRequest AttachRequest(
+      const StepDoorbell& bell, const v1::RegisterRequest& job) {
+    v1::AttachStepDoorbellRequest request;
+    request.set_job_id(job.job_id());
+    *request.mutable_rank() = job.rank();
+    request.set_shm_name(bell.name());
+    return request;
+  }
+  static PeerInfo LocalPeer(pid_t pid) {
+    PeerInfo peer;
+    peer.uid = ::geteuid();
+    peer.pid = pid;
+    return peer;
+  }
+
+  // A registered one-rank job of one kNumel-element parameter.
+  absl::StatusOr<security_test::TinyJob> RegisterTinyJob(
+      Client& client, const std::string& job_id) {
+    CANZONA_ASSIGN_OR_RETURN(
+        security_test::TinyJob job,
+        security_test::MakeTinyJob(client, job_id, 1, 0, 1, kNumel));
+    CANZONA_RETURN_IF_ERROR(client.Register(job.request).status());
+    return job;
   }
 
   // Runs a DP2 AdamW job of random parameters and, per step, random
@@ -197,21 +225,13 @@ TEST_F(StepDoorbellServiceTest, EveryStepCallRidesTheDoorbellAndIsChecked) {
   std::unique_ptr<Client> client = Connect();
   ASSERT_NE(client, nullptr);
   const std::string job_id = absl::StrCat("methods", ::getpid());
-  ASSERT_OK_AND_ASSIGN(
-      security_test::TinyJob job,
-      security_test::MakeTinyJob(*client, job_id, 1, 0, 1, kNumel));
-  ASSERT_OK(client->Register(job.request).status());
+  ASSERT_OK_AND_ASSIGN(security_test::TinyJob job,
+                       RegisterTinyJob(*client, job_id));
   // A doorbell rung by hand, so nothing can fall back to gRPC.
   ASSERT_OK_AND_ASSIGN(StepDoorbell bell,
                        StepDoorbell::Create(ShmName(job_id, 0, 424242)));
-  v1::AttachStepDoorbellRequest attach;
-  attach.set_job_id(job_id);
-  *attach.mutable_rank() = job.request.rank();
-  attach.set_shm_name(bell.name());
-  PeerInfo peer;
-  peer.uid = ::geteuid();
-  peer.pid = ::getpid();
-  ASSERT_OK(doorbells_->Attach(attach, peer));
+  ASSERT_OK(doorbells_->Attach(AttachRequest(bell, job.request),
+                               LocalPeer(::getpid())));
   using Method = StepDoorbell::Method;
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   std::mt19937 random(7);
@@ -375,10 +395,8 @@ TEST_F(StepDoorbellServiceTest, AfterDeregisterStepsGoOverGrpcAgain) {
   std::unique_ptr<Client> client = Connect();
   ASSERT_NE(client, nullptr);
   const std::string job_id = absl::StrCat("againbell", ::getpid());
-  ASSERT_OK_AND_ASSIGN(
-      security_test::TinyJob job,
-      security_test::MakeTinyJob(*client, job_id, 1, 0, 1, kNumel));
-  ASSERT_OK(client->Register(job.request).status());
+  ASSERT_OK_AND_ASSIGN(security_test::TinyJob job,
+                       RegisterTinyJob(*client, job_id));
   ASSERT_OK(client->AttachStepDoorbell(job_id, job.request.rank()));
   ASSERT_OK(client->Step(security_test::TinyStep(job.request, 1)).status());
   ASSERT_OK(client->Deregister(job_id, job.request.rank()));
@@ -403,20 +421,14 @@ TEST_F(StepDoorbellServiceTest, TheLimitCountsOnlyTheDoorbellsThatStay) {
     jobs.push_back(std::move(job));
   }
   StepDoorbells one(engine_.get(), /*max_doorbells=*/1);
-  PeerInfo peer;
-  peer.uid = ::geteuid();
-  peer.pid = ::getpid();
   std::vector<StepDoorbell> bells;
   auto attach = [&](const security_test::TinyJob& job) {
     absl::StatusOr<StepDoorbell> bell = StepDoorbell::Create(
         ShmName(job.request.job_id(), 0, 454545 + bells.size()));
     EXPECT_OK(bell.status());
-    v1::AttachStepDoorbellRequest request;
-    request.set_job_id(job.request.job_id());
-    *request.mutable_rank() = job.request.rank();
-    request.set_shm_name(bell->name());
     bells.push_back(*std::move(bell));
-    return one.Attach(request, peer);
+    return one.Attach(AttachRequest(bells.back(), job.request),
+                      LocalPeer(::getpid()));
   };
   ASSERT_OK(attach(jobs[0]));
   EXPECT_THAT(attach(jobs[1]), StatusIs(absl::StatusCode::kResourceExhausted,
@@ -435,10 +447,8 @@ TEST_F(StepDoorbellServiceTest, ADoorbellOfAnExitedTrainerStopsByItself) {
   std::unique_ptr<Client> client = Connect();
   ASSERT_NE(client, nullptr);
   const std::string job_id = absl::StrCat("gonebell", ::getpid());
-  ASSERT_OK_AND_ASSIGN(
-      security_test::TinyJob job,
-      security_test::MakeTinyJob(*client, job_id, 1, 0, 1, kNumel));
-  ASSERT_OK(client->Register(job.request).status());
+  ASSERT_OK_AND_ASSIGN(security_test::TinyJob job,
+                       RegisterTinyJob(*client, job_id));
   // A pid that has exited (and been reaped).
   const pid_t child = ::fork();
   if (child == 0) ::_exit(0);
@@ -446,14 +456,8 @@ TEST_F(StepDoorbellServiceTest, ADoorbellOfAnExitedTrainerStopsByItself) {
   ASSERT_EQ(::waitpid(child, nullptr, 0), child);
   ASSERT_OK_AND_ASSIGN(StepDoorbell bell,
                        StepDoorbell::Create(ShmName(job_id, 0, 434343)));
-  v1::AttachStepDoorbellRequest request;
-  request.set_job_id(job_id);
-  *request.mutable_rank() = job.request.rank();
-  request.set_shm_name(bell.name());
-  PeerInfo peer;
-  peer.uid = ::geteuid();
-  peer.pid = child;
-  ASSERT_OK(doorbells_->Attach(request, peer));
+  ASSERT_OK(
+      doorbells_->Attach(AttachRequest(bell, job.request), LocalPeer(child)));
   const absl::Time give_up = absl::Now() + absl::Seconds(20);
   while (doorbells_->size() > 0 && absl::Now() < give_up) {
     absl::SleepFor(absl::Milliseconds(20));
