@@ -11,6 +11,7 @@
 #define CANZONA_PROTO_STEP_PHASES_H_
 
 #include <array>
+#include <string_view>
 
 #include "canzona/v1/optimizer_service.pb.h"
 
@@ -22,8 +23,8 @@ struct StepPhase {
 };
 
 // "wait" (for the daemon's other local ranks to arrive) comes first in
-// time but is listed after the work; "total" is the whole step, phases and
-// what lies between them.
+// time but is listed after the work; "total", always last, is the whole
+// step, phases and what lies between them.
 inline constexpr std::array<StepPhase, 9> kStepPhases = {{
     {"reduce_scatter", &canzona::v1::PhaseTimes::reduce_scatter},
     {"world_reduce", &canzona::v1::PhaseTimes::world_reduce},
@@ -35,6 +36,7 @@ inline constexpr std::array<StepPhase, 9> kStepPhases = {{
     {"wait", &canzona::v1::PhaseTimes::wait},
     {"total", &canzona::v1::PhaseTimes::total},
 }};
+static_assert(std::string_view(kStepPhases.back().name) == "total");
 
 }  // namespace canzona
 

@@ -90,12 +90,14 @@ double Median(std::vector<double> v) {
 
 // The named phases (kStepPhases) with, before the total, the step's time
 // outside them (handoffs, the average, clipping: the service's fixed cost).
+// kStepPhases ends with the total.
+constexpr size_t kNamed = kStepPhases.size() - 1;
+
 std::vector<std::string> PhaseNames() {
   std::vector<std::string> names;
-  for (const StepPhase& phase : kStepPhases) {
-    if (std::string(phase.name) == "total") names.push_back("other");
-    names.push_back(phase.name);
-  }
+  for (size_t i = 0; i < kNamed; ++i) names.push_back(kStepPhases[i].name);
+  names.push_back("other");
+  names.push_back(kStepPhases.back().name);
   return names;
 }
 
@@ -103,15 +105,13 @@ std::vector<double> PhaseValues(const canzona::v1::StepResponse& r) {
   const auto& s = r.seconds();
   std::vector<double> values;
   double named = 0;
-  for (const StepPhase& phase : kStepPhases) {
-    const double seconds = (s.*phase.seconds)();
-    if (std::string(phase.name) == "total") {
-      values.push_back(seconds - named);
-    } else {
-      named += seconds;
-    }
-    values.push_back(seconds);
+  for (size_t i = 0; i < kNamed; ++i) {
+    values.push_back((s.*kStepPhases[i].seconds)());
+    named += values.back();
   }
+  const double total = (s.*kStepPhases.back().seconds)();
+  values.push_back(total - named);
+  values.push_back(total);
   return values;
 }
 

@@ -43,7 +43,7 @@ from canzona._errors import CanzonaError
 from canzona._shm import SHM_DIR, SharedBuffer, shm_name
 
 _MAGIC = 0x42445A43  # "CZDB"
-_VERSION = 2  # 2: the serving lock
+_VERSION = 2  # 2: the serving lock and the request_method word
 _HEADER_BYTES = 4096
 MAX_PAYLOAD_BYTES = 64 * 1024
 OBJECT_BYTES = _HEADER_BYTES + 2 * MAX_PAYLOAD_BYTES
@@ -174,7 +174,7 @@ class StepDoorbell:
         ``daemon_silence`` seconds without a heartbeat (it hangs)."""
         if len(request) > MAX_PAYLOAD_BYTES:
             raise CanzonaError(
-                "step request of %d bytes exceeds the doorbell's %d"
+                "doorbell request of %d bytes exceeds the doorbell's %d"
                 % (len(request), MAX_PAYLOAD_BYTES), "INVALID_ARGUMENT")
         if self._shm is None:
             raise CanzonaError("step doorbell is closed", "FAILED_PRECONDITION")
