@@ -9,7 +9,7 @@
 //   canzonad --listen 127.0.0.1:7070                      # coordinator
 //   canzonad --unix-socket /tmp/b.sock --coordinator 127.0.0.1:7070
 //
-// Security (README "Security"): the unix socket is 0660 (group
+// Security (deploy/README.md, "Security"): the unix socket is 0660 (group
 // --socket-group) and every connection's SO_PEERCRED uid must own the
 // shared memory it registers; TCP calls need "authorization: Bearer
 // <job token>" when a token is set, and use TLS with --tls-cert/--tls-key.
@@ -73,7 +73,7 @@ struct DaemonFlags {
   double register_timeout_s = 120;
   double checkpoint_timeout_s = 600;
   std::string checkpoint_root;
-  // Security and limits (README "Security").
+  // Security and limits (deploy/README.md, "Security").
   std::string socket_group;
   std::string tls_cert;
   std::string tls_key;

@@ -115,8 +115,8 @@ class Client {
   // registered job and hands it to the daemon: later Step, GradReady and
   // WaitParams calls of the rank skip gRPC (two futex wake-ups instead of a
   // unary call completed from the daemon's worker; the step's fixed cost in
-  // README "The step's fixed overhead"). Only on the daemon's unix socket
-  // (FAILED_PRECONDITION on TCP); a second call replaces the rank's doorbell,
+  // tests/bench/RESULTS.md, "The step's fixed overhead"). Only on the
+  // daemon's unix socket (FAILED_PRECONDITION on TCP); a second call replaces the rank's doorbell,
   // Deregister drops it.
   absl::Status AttachStepDoorbell(const std::string& job_id,
                                   const canzona::v1::RankCoordinates& rank);

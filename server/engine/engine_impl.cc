@@ -1,6 +1,6 @@
 // The Engine facade: validates each call, finds its job and rank, and
 // hands the work to the rank's worker; the parts live in their own files
-// (see the table in README.md, "Architecture").
+// (see the table in server/DESIGN.md section 2.5).
 #include "server/engine/engine_impl.h"
 
 #include <algorithm>

@@ -115,9 +115,9 @@ const char* CallName(Call call) {
   return "?";
 }
 
-// The codes a client may get from each call (engine.h, the README's API
-// section): bad input, auth, limits, missing shm objects, disagreement
-// with the job, peers that never come (DEADLINE_EXCEEDED), jobs failed
+// The codes a client may get from each call (engine.h; server/README.md,
+// "canzonad"; the proto's comments): bad input, auth, limits, missing shm
+// objects, disagreement with the job, peers that never come (DEADLINE_EXCEEDED), jobs failed
 // by another rank (ABORTED), shutdown (UNAVAILABLE). INTERNAL or UNKNOWN
 // means the daemon broke its own invariants on client input: a bug.
 bool ExpectedCode(Call call, Code code) {

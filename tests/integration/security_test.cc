@@ -1,4 +1,4 @@
-// Security of real canzonad processes (README "Security"): the unix socket's
+// Security of real canzonad processes (deploy/README.md, "Security"): the unix socket's
 // mode and group, the bearer token on every RPC of the TCP trainer API and
 // control plane, TLS between clients, daemons and the coordinator, and the
 // limits (message size, jobs, parameters and bytes per job), each one a

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and packs the Canzona GPU bundle: one archive (tar.xz, < 60 MiB)
 # that runs every GPU check on a machine where nothing can be built
-# (README "GPU bundle").
+# (tests/gpu/bundle/README.md).
 #
 #   tests/gpu/bundle/make_bundle.sh [--build-dir DIR] [--out FILE] [--no-build] [--jobs N]
 #

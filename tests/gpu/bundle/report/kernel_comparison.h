@@ -1,7 +1,7 @@
 // Our Newton-Schulz (canzonactl bench kernels) against PyTorch's NS5 on the
 // same shapes and GPU (tests/gpu/torch_ns_bench.py), and against the GEMM
 // rate measured on that GPU: the two goals of the GPU data plane, >= 1.5x
-// torch's time and >= 60% of the GEMM rate (README "GPU data plane").
+// torch's time and >= 60% of the GEMM rate (tests/gpu/bundle/README.md).
 //
 //   nlohmann::json rows = CompareKernels(results);
 //
