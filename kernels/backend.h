@@ -43,10 +43,21 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "kernels/allocation_registry.h"
 
 namespace canzona {
 
 enum class BackendKind { kCpu, kCuda };
+
+// Where a backend's memory lives, which decides how its entry points check
+// the ranges they are given (kernels/allocation_registry.h):
+//  - kHost (cpu): host memory is the backend's memory; a range may be one
+//    of its allocations or any other host memory, but never one that
+//    starts in an allocation and leaves it, or runs into one.
+//  - kDevice (cuda, and the tests' device-like backend): every device
+//    argument lies inside one of its live allocations or memory registered
+//    with it (RegisterMemory); every host argument lies outside them all.
+enum class MemorySpace { kHost, kDevice };
 
 // "cpu" / "cuda".
 absl::string_view BackendKindName(BackendKind kind);
@@ -80,6 +91,38 @@ struct NewtonSchulzSpec {
 
 class Backend;
 
+// Foreign memory registered with a backend (Backend::RegisterMemory) for as
+// long as this handle lives. Move-only; the backend must outlive it.
+//
+// Thread-safety: as the owning Backend.
+class RegisteredMemory {
+ public:
+  RegisteredMemory() = default;
+  RegisteredMemory(AllocationRegistry* registry, const void* begin)
+      : registry_(registry), begin_(begin) {}
+  RegisteredMemory(RegisteredMemory&& other) noexcept {
+    *this = std::move(other);
+  }
+  RegisteredMemory& operator=(RegisteredMemory&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      registry_ = other.registry_;
+      begin_ = other.begin_;
+      other.registry_ = nullptr;
+    }
+    return *this;
+  }
+  ~RegisteredMemory() { Reset(); }
+  void Reset() {
+    if (registry_ != nullptr) registry_->Remove(begin_);
+    registry_ = nullptr;
+  }
+
+ private:
+  AllocationRegistry* registry_ = nullptr;
+  const void* begin_ = nullptr;
+};
+
 // A float32 array in a backend's memory space. Move-only; returns its memory
 // to the backend on destruction. The backend must outlive the buffer.
 //
@@ -97,6 +140,8 @@ class DeviceBuffer {
 
   float* data() const { return data_; }
   int64_t size() const { return size_; }
+  // The backend whose memory this is (null when empty).
+  Backend* owner() const { return owner_; }
   bool empty() const { return size_ == 0; }
   inline void Reset();
 
@@ -126,6 +171,22 @@ class Backend {
   // that order other streams after it with events; null for backends that
   // finish every call before returning (cpu).
   virtual void* native_stream() const { return nullptr; }
+  // Where the backend's memory lives (see MemorySpace).
+  virtual MemorySpace memory_space() const = 0;
+
+  // ---- Memory ranges ------------------------------------------------------
+  // Every entry point below checks each range it is given against these:
+  // the backend's live allocations (exactly what Allocate was asked for)
+  // and the memory registered with it. A violation is INVALID_ARGUMENT
+  // naming the method, the argument, the range and the allocation.
+  const AllocationRegistry& allocations() const { return allocations_; }
+  // Registers [begin, begin + bytes), memory the backend did not allocate
+  // but whose ranges its callers pass (a trainer's CUDA IPC or shared
+  // memory buffers), until the returned handle goes. INVALID_ARGUMENT when
+  // it overlaps a live allocation or registration.
+  absl::StatusOr<RegisteredMemory> RegisterMemory(const void* begin,
+                                                  int64_t bytes,
+                                                  absl::string_view label);
 
   // ---- Memory -------------------------------------------------------------
   // Zero-filled float32 array of `count` elements (count >= 0).
@@ -215,6 +276,13 @@ class Backend {
   // Non-finite exactly when an element of x is (squares of floats summed
   // in double cannot overflow), which the step relies on.
   absl::StatusOr<double> SumSquares(int64_t n, const float* x);
+  // SumSquares of several vectors (xs[k] of ns[k] elements, into out[k]),
+  // with one wait for all of them where SumSquares waits once each: the
+  // step's finiteness and norm pass over every gradient is one host round
+  // trip. Each sum is bitwise SumSquares's.
+  absl::Status SumSquaresMany(absl::Span<const float* const> xs,
+                              absl::Span<const int64_t> ns,
+                              absl::Span<double> out);
   // Returns true when every element is finite (waits).
   absl::StatusOr<bool> AllFinite(int64_t n, const float* x);
 
@@ -243,8 +311,21 @@ class Backend {
   friend class DeviceBuffer;
   // Returns memory obtained by DoAllocate. Never fails visibly.
   virtual void Free(float* data, int64_t size) = 0;
+  // Where the host reaches a buffer DoAllocate returned, when not at its
+  // address (AllocationRegistry::Allocation::alias): the entry points hand
+  // the Do-methods that address. Null for real memory (every production
+  // backend).
+  virtual const void* HostAlias(const float* /*data*/) const { return nullptr; }
 
  private:
+  // Forgets a buffer's allocation, then frees it (DeviceBuffer::Reset).
+  void Release(float* data, int64_t size) {
+    allocations_.Remove(data);
+    Free(data, size);
+  }
+
+  AllocationRegistry allocations_;
+
   // ---- Implementations, one per public method ----------------------------
   // Called only with arguments the public method accepted and never for a
   // call that touches no element: every size below is >= 0, every pointer
@@ -323,6 +404,11 @@ class Backend {
                                    int64_t step, const float* g, float* p,
                                    float* m, float* v) = 0;
   virtual absl::StatusOr<double> DoSumSquares(int64_t n, const float* x) = 0;
+  // xs, ns and out of one size, each ns[k] >= 0 (a zero sum for 0); by
+  // default DoSumSquares once each (a backend that waits per call batches).
+  virtual absl::Status DoSumSquaresMany(absl::Span<const float* const> xs,
+                                        absl::Span<const int64_t> ns,
+                                        absl::Span<double> out);
   virtual absl::StatusOr<bool> DoAllFinite(int64_t n, const float* x) = 0;
 
   // n > 0.
@@ -358,7 +444,7 @@ inline DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
 }
 
 inline void DeviceBuffer::Reset() {
-  if (owner_ != nullptr && data_ != nullptr) owner_->Free(data_, size_);
+  if (owner_ != nullptr && data_ != nullptr) owner_->Release(data_, size_);
   owner_ = nullptr;
   data_ = nullptr;
   size_ = 0;

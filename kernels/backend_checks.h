@@ -28,6 +28,14 @@ inline int64_t SatMul(int64_t a, int64_t b) {
   return a * b;
 }
 
+// Sum of non-negative sizes, saturating like SatMul.
+inline int64_t SatAdd(int64_t a, int64_t b) {
+  if (a > std::numeric_limits<int64_t>::max() - b) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return a + b;
+}
+
 // `what` names the method, e.g. "Gemm"; `field` the argument, e.g. "m".
 inline absl::Status NonNegative(absl::string_view what, absl::string_view field,
                                 int64_t value) {

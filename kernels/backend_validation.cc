@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -85,7 +87,89 @@ absl::Status CheckCopy(absl::string_view what, absl::string_view src_name,
   return checks::Pointer(what, dst_name, dst, count);
 }
 
+// ---- Ranges -----------------------------------------------------------------
+
+// Which side of the backend a pointer argument is on.
+enum class Side { kBackend, kHost };
+
+// One pointer argument of an entry point, bound to the entry point's own
+// variable: the check may redirect it to where the host reaches the bytes
+// (a cpu backend standing in for a GPU hands out addresses the host cannot
+// dereference; AllocationRegistry::Allocation::alias).
+struct Range {
+  template <typename T>
+  Range(absl::string_view name, T*& p, int64_t elements,
+        Side side = Side::kBackend)
+      : name(name),
+        // float* and const float* are similar types: one may be accessed
+        // through the other.
+        slot(reinterpret_cast<const float**>(const_cast<const T**>(&p))),
+        elements(elements),
+        side(side) {}
+  absl::string_view name;
+  const float** slot;
+  int64_t elements;  // floats spanned (0: none touched)
+  Side side;
+};
+
+// Floats a rows x cols row-major operand with leading dimension ld spans,
+// and `batch` of them `stride` apart.
+int64_t Spanned(int64_t rows, int64_t cols, int64_t ld, int64_t batch = 1,
+                int64_t stride = 0) {
+  if (rows == 0 || cols == 0 || batch == 0) return 0;
+  const int64_t one = checks::SatAdd(SatMul(rows - 1, ld), cols);
+  return checks::SatAdd(SatMul(batch - 1, stride), one);
+}
+
+// Each range against the backend's allocations (see MemorySpace): on a
+// device, backend arguments inside one allocation and host arguments
+// outside all of them; on the host, neither may leave or run into one.
+absl::Status CheckRanges(const Backend& backend, absl::string_view what,
+                         std::initializer_list<Range> ranges) {
+  const AllocationRegistry& registry = backend.allocations();
+  const bool device = backend.memory_space() == MemorySpace::kDevice;
+  for (const Range& r : ranges) {
+    const int64_t bytes = SatMul(r.elements, sizeof(float));
+    const void* resolved = *r.slot;
+    if (!device) {
+      CANZONA_RETURN_IF_ERROR(
+          registry.CheckContained(what, r.name, *r.slot, bytes, &resolved));
+    } else if (r.side == Side::kBackend) {
+      CANZONA_RETURN_IF_ERROR(
+          registry.CheckInside(what, r.name, *r.slot, bytes, &resolved));
+    } else {
+      CANZONA_RETURN_IF_ERROR(
+          registry.CheckOutside(what, r.name, *r.slot, bytes));
+    }
+    *r.slot = static_cast<const float*>(resolved);
+  }
+  return absl::OkStatus();
+}
+
+// A (strided-batched) GEMM's three operands: op(A) is m x k, stored k x m
+// when transposed; op(B) k x n likewise; C m x n.
+absl::Status CheckGemmRanges(const Backend& backend, absl::string_view what,
+                             Transpose trans_a, Transpose trans_b, int64_t m,
+                             int64_t n, int64_t k, const float*& a, int64_t lda,
+                             int64_t stride_a, const float*& b, int64_t ldb,
+                             int64_t stride_b, float*& c, int64_t ldc,
+                             int64_t stride_c, int64_t batch) {
+  const bool ta = trans_a == Transpose::kYes, tb = trans_b == Transpose::kYes;
+  return CheckRanges(
+      backend, what,
+      {{"a", a, Spanned(ta ? k : m, ta ? m : k, lda, batch, stride_a)},
+       {"b", b, Spanned(tb ? n : k, tb ? k : n, ldb, batch, stride_b)},
+       {"c", c, Spanned(m, n, ldc, batch, stride_c)}});
+}
+
 }  // namespace
+
+absl::StatusOr<RegisteredMemory> Backend::RegisterMemory(
+    const void* begin, int64_t bytes, absl::string_view label) {
+  CANZONA_RETURN_IF_ERROR(allocations_.Add(
+      begin, bytes, label, HostAlias(static_cast<const float*>(begin))));
+  return RegisteredMemory(&allocations_, begin);
+}
 
 // ---- Memory -----------------------------------------------------------------
 
@@ -100,7 +184,15 @@ absl::StatusOr<DeviceBuffer> Backend::Allocate(int64_t count) {
         "Allocate: ", count, " floats exceed the addressable size"));
   }
   backend_internal::NoteAllocationSize(count);
-  return DoAllocate(count);
+  CANZONA_ASSIGN_OR_RETURN(DeviceBuffer buffer, DoAllocate(count));
+  // A forwarding backend (a test's counting wrapper) returns its inner
+  // backend's buffer, which that backend has registered.
+  if (buffer.owner() == this) {
+    CANZONA_RETURN_IF_ERROR(allocations_.Add(
+        buffer.data(), SatMul(count, sizeof(float)),
+        absl::StrCat("Allocate(", count, ")"), HostAlias(buffer.data())));
+  }
+  return buffer;
 }
 
 absl::Status Backend::CopyFromHost(const float* host, int64_t count,
@@ -108,6 +200,9 @@ absl::Status Backend::CopyFromHost(const float* host, int64_t count,
   CANZONA_RETURN_IF_ERROR(
       CheckCopy("CopyFromHost", "host", host, count, "dst", dst));
   if (count == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(
+      CheckRanges(*this, "CopyFromHost",
+                  {{"host", host, count, Side::kHost}, {"dst", dst, count}}));
   return DoCopyFromHost(host, count, dst);
 }
 
@@ -115,12 +210,17 @@ absl::Status Backend::CopyToHost(const float* src, int64_t count, float* host) {
   CANZONA_RETURN_IF_ERROR(
       CheckCopy("CopyToHost", "src", src, count, "host", host));
   if (count == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(
+      CheckRanges(*this, "CopyToHost",
+                  {{"src", src, count}, {"host", host, count, Side::kHost}}));
   return DoCopyToHost(src, count, host);
 }
 
 absl::Status Backend::Copy(const float* src, int64_t count, float* dst) {
   CANZONA_RETURN_IF_ERROR(CheckCopy("Copy", "src", src, count, "dst", dst));
   if (count == 0 || src == dst) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(
+      CheckRanges(*this, "Copy", {{"src", src, count}, {"dst", dst, count}}));
   return DoCopy(src, count, dst);
 }
 
@@ -132,6 +232,10 @@ absl::Status Backend::Copy2D(int64_t rows, int64_t cols, const float* src,
   CANZONA_RETURN_IF_ERROR(checks::LeadingDim(kWhat, "src_ld", src_ld, cols));
   CANZONA_RETURN_IF_ERROR(checks::LeadingDim(kWhat, "dst_ld", dst_ld, cols));
   if (rows == 0 || cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(
+      CheckRanges(*this, kWhat,
+                  {{"src", src, Spanned(rows, cols, src_ld)},
+                   {"dst", dst, Spanned(rows, cols, dst_ld)}}));
   return DoCopy2D(rows, cols, src, src_ld, dst, dst_ld);
 }
 
@@ -139,6 +243,7 @@ absl::Status Backend::Fill(float value, int64_t count, float* dst) {
   CANZONA_RETURN_IF_ERROR(checks::NonNegative("Fill", "count", count));
   CANZONA_RETURN_IF_ERROR(checks::Pointer("Fill", "dst", dst, count));
   if (count == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckRanges(*this, "Fill", {{"dst", dst, count}}));
   return DoFill(value, count, dst);
 }
 
@@ -153,6 +258,9 @@ absl::Status Backend::Gemm(Transpose trans_a, Transpose trans_b, int64_t m,
   CANZONA_RETURN_IF_ERROR(CheckGemm("Gemm", trans_a, trans_b, m, n, k, a, lda,
                                     b, ldb, c, ldc, /*batch=*/1));
   if (m == 0 || n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckGemmRanges(*this, "Gemm", trans_a, trans_b, m, n,
+                                          k, a, lda, 0, b, ldb, 0, c, ldc, 0,
+                                          /*batch=*/1));
   return DoGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -170,6 +278,9 @@ absl::Status Backend::GemmStridedBatched(
   CANZONA_RETURN_IF_ERROR(CheckGemm(kWhat, trans_a, trans_b, m, n, k, a, lda, b,
                                     ldb, c, ldc, batch));
   if (m == 0 || n == 0 || batch == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckGemmRanges(*this, kWhat, trans_a, trans_b, m, n,
+                                          k, a, lda, stride_a, b, ldb, stride_b,
+                                          c, ldc, stride_c, batch));
   return DoGemmStridedBatched(trans_a, trans_b, m, n, k, alpha, a, lda,
                               stride_a, b, ldb, stride_b, beta, c, ldc,
                               stride_c, batch);
@@ -187,6 +298,11 @@ absl::Status Backend::Syrk(Transpose trans, int64_t n, int64_t k, float alpha,
   CANZONA_RETURN_IF_ERROR(
       CheckMatrix(kWhat, "c", "ldc", c, SatMul(n, n), ldc, n));
   if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckRanges(
+      *this, kWhat,
+      {{"a", a,
+        trans == Transpose::kYes ? Spanned(k, n, lda) : Spanned(n, k, lda)},
+       {"c", c, Spanned(n, n, ldc)}}));
   return DoSyrk(trans, n, k, alpha, a, lda, beta, c, ldc);
 }
 
@@ -198,6 +314,8 @@ absl::Status Backend::SymmetricEigen(int64_t n, float* a, float* eigenvalues,
   CANZONA_RETURN_IF_ERROR(
       checks::Pointer(kWhat, "eigenvalues", eigenvalues, n));
   if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckRanges(
+      *this, kWhat, {{"a", a, SatMul(n, n)}, {"eigenvalues", eigenvalues, n}}));
   return DoSymmetricEigen(n, a, eigenvalues, precision);
 }
 
@@ -208,6 +326,8 @@ absl::Status Backend::QrOrthonormalize(int64_t rows, int64_t cols, float* a) {
   CANZONA_RETURN_IF_ERROR(checks::ThinQrShape(kWhat, rows, cols));
   CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, SatMul(rows, cols)));
   if (cols == 0) return absl::OkStatus();  // rows >= cols: nothing to do
+  CANZONA_RETURN_IF_ERROR(
+      CheckRanges(*this, kWhat, {{"a", a, SatMul(rows, cols)}}));
   return DoQrOrthonormalize(rows, cols, a);
 }
 
@@ -223,6 +343,8 @@ absl::Status Backend::NewtonSchulz(const NewtonSchulzSpec& spec, int64_t batch,
   CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "output", output, total));
   CANZONA_RETURN_IF_ERROR(CheckSupported(spec));
   if (total == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckRanges(
+      *this, kWhat, {{"input", input, total}, {"output", output, total}}));
   return DoNewtonSchulz(spec, batch, rows, cols, input, output);
 }
 
@@ -245,6 +367,8 @@ absl::Status Backend::Lerp(int64_t n, const float* a, const float* b,
   CANZONA_RETURN_IF_ERROR(
       CheckVectors("Lerp", n, {{"a", a}, {"b", b}, {"out", out}}));
   if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(
+      CheckRanges(*this, "Lerp", {{"a", a, n}, {"b", b, n}, {"out", out, n}}));
   return DoLerp(n, a, b, weight, out);
 }
 
@@ -252,12 +376,15 @@ absl::Status Backend::Axpby(int64_t n, float alpha, const float* x, float beta,
                             float* y) {
   CANZONA_RETURN_IF_ERROR(CheckVectors("Axpby", n, {{"x", x}, {"y", y}}));
   if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(
+      CheckRanges(*this, "Axpby", {{"x", x, n}, {"y", y, n}}));
   return DoAxpby(n, alpha, x, beta, y);
 }
 
 absl::Status Backend::Scale(int64_t n, float alpha, float* x) {
   CANZONA_RETURN_IF_ERROR(CheckVectors("Scale", n, {{"x", x}}));
   if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckRanges(*this, "Scale", {{"x", x, n}}));
   return DoScale(n, alpha, x);
 }
 
@@ -265,6 +392,8 @@ absl::Status Backend::EmaSquare(int64_t n, float decay, float weight,
                                 const float* g, float* v) {
   CANZONA_RETURN_IF_ERROR(CheckVectors("EmaSquare", n, {{"g", g}, {"v", v}}));
   if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(
+      CheckRanges(*this, "EmaSquare", {{"g", g, n}, {"v", v, n}}));
   return DoEmaSquare(n, decay, weight, g, v);
 }
 
@@ -274,6 +403,8 @@ absl::Status Backend::AdamDirection(int64_t n, const float* m, float m_scale,
   CANZONA_RETURN_IF_ERROR(
       CheckVectors("AdamDirection", n, {{"m", m}, {"v", v}, {"out", out}}));
   if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckRanges(
+      *this, "AdamDirection", {{"m", m, n}, {"v", v, n}, {"out", out, n}}));
   return DoAdamDirection(n, m, m_scale, v, v_scale, eps, out);
 }
 
@@ -287,18 +418,57 @@ absl::Status Backend::AdamWStep(int64_t n, float lr, float beta1, float beta2,
   CANZONA_RETURN_IF_ERROR(
       CheckVectors(kWhat, n, {{"g", g}, {"p", p}, {"m", m}, {"v", v}}));
   if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckRanges(
+      *this, kWhat, {{"g", g, n}, {"p", p, n}, {"m", m, n}, {"v", v, n}}));
   return DoAdamWStep(n, lr, beta1, beta2, eps, weight_decay, step, g, p, m, v);
 }
 
 absl::StatusOr<double> Backend::SumSquares(int64_t n, const float* x) {
   CANZONA_RETURN_IF_ERROR(CheckVectors("SumSquares", n, {{"x", x}}));
   if (n == 0) return 0.0;
+  CANZONA_RETURN_IF_ERROR(CheckRanges(*this, "SumSquares", {{"x", x, n}}));
   return DoSumSquares(n, x);
+}
+
+absl::Status Backend::SumSquaresMany(absl::Span<const float* const> xs,
+                                     absl::Span<const int64_t> ns,
+                                     absl::Span<double> out) {
+  constexpr absl::string_view kWhat = "SumSquaresMany";
+  if (ns.size() != xs.size() || out.size() != xs.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": ns has ", ns.size(), " and out ", out.size(),
+                     " entries for ", xs.size(), " vectors"));
+  }
+  std::vector<const float*> resolved(xs.begin(), xs.end());
+  for (size_t k = 0; k < xs.size(); ++k) {
+    const std::string n_name = absl::StrCat("ns[", k, "]");
+    const std::string x_name = absl::StrCat("xs[", k, "]");
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, n_name, ns[k]));
+    CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, x_name, xs[k], ns[k]));
+    CANZONA_RETURN_IF_ERROR(
+        CheckRanges(*this, kWhat, {{x_name, resolved[k], ns[k]}}));
+  }
+  if (xs.empty()) return absl::OkStatus();
+  return DoSumSquaresMany(resolved, ns, out);
+}
+
+absl::Status Backend::DoSumSquaresMany(absl::Span<const float* const> xs,
+                                       absl::Span<const int64_t> ns,
+                                       absl::Span<double> out) {
+  for (size_t k = 0; k < xs.size(); ++k) {
+    if (ns[k] == 0) {
+      out[k] = 0;
+      continue;
+    }
+    CANZONA_ASSIGN_OR_RETURN(out[k], DoSumSquares(ns[k], xs[k]));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<bool> Backend::AllFinite(int64_t n, const float* x) {
   CANZONA_RETURN_IF_ERROR(CheckVectors("AllFinite", n, {{"x", x}}));
   if (n == 0) return true;
+  CANZONA_RETURN_IF_ERROR(CheckRanges(*this, "AllFinite", {{"x", x, n}}));
   return DoAllFinite(n, x);
 }
 
@@ -308,6 +478,8 @@ absl::Status Backend::AddIdentity(int64_t n, float alpha, float* a) {
   CANZONA_RETURN_IF_ERROR(checks::NonNegative("AddIdentity", "n", n));
   CANZONA_RETURN_IF_ERROR(checks::Pointer("AddIdentity", "a", a, SatMul(n, n)));
   if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(
+      CheckRanges(*this, "AddIdentity", {{"a", a, SatMul(n, n)}}));
   return DoAddIdentity(n, alpha, a);
 }
 
@@ -320,6 +492,8 @@ absl::Status Backend::ScaleColumns(int64_t rows, int64_t cols, const float* d,
   CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "d", d, rows == 0 ? 0 : cols));
   CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "a", a, SatMul(rows, cols)));
   if (rows == 0 || cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckRanges(
+      *this, kWhat, {{"d", d, cols}, {"a", a, SatMul(rows, cols)}}));
   return DoScaleColumns(rows, cols, d, a);
 }
 
@@ -331,6 +505,10 @@ absl::Status Backend::ColumnDots(int64_t rows, int64_t cols, const float* a,
   CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "out", out, cols));
   // Not empty when only rows == 0: the dots are then zeros to be written.
   if (cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckRanges(*this, kWhat,
+                                      {{"a", a, SatMul(rows, cols)},
+                                       {"b", b, SatMul(rows, cols)},
+                                       {"out", out, cols}}));
   return DoColumnDots(rows, cols, a, b, out);
 }
 
@@ -342,6 +520,9 @@ absl::Status Backend::GatherColumns(int64_t rows, int64_t cols,
       CheckMatrices(kWhat, rows, cols, {{"src", src}, {"dst", dst}}));
   CANZONA_RETURN_IF_ERROR(checks::Permutation(kWhat, perm, cols));
   if (rows == 0 || cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckRanges(
+      *this, kWhat,
+      {{"src", src, SatMul(rows, cols)}, {"dst", dst, SatMul(rows, cols)}}));
   return DoGatherColumns(rows, cols, perm, src, dst);
 }
 
@@ -353,6 +534,9 @@ absl::Status Backend::GatherRows(int64_t rows, int64_t cols,
       CheckMatrices(kWhat, rows, cols, {{"src", src}, {"dst", dst}}));
   CANZONA_RETURN_IF_ERROR(checks::Permutation(kWhat, perm, rows));
   if (rows == 0 || cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckRanges(
+      *this, kWhat,
+      {{"src", src, SatMul(rows, cols)}, {"dst", dst, SatMul(rows, cols)}}));
   return DoGatherRows(rows, cols, perm, src, dst);
 }
 
@@ -361,6 +545,9 @@ absl::Status Backend::Transpose2D(int64_t rows, int64_t cols, const float* src,
   CANZONA_RETURN_IF_ERROR(
       CheckMatrices("Transpose2D", rows, cols, {{"src", src}, {"dst", dst}}));
   if (rows == 0 || cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckRanges(
+      *this, "Transpose2D",
+      {{"src", src, SatMul(rows, cols)}, {"dst", dst, SatMul(rows, cols)}}));
   return DoTranspose2D(rows, cols, src, dst);
 }
 

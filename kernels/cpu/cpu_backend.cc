@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 #include <lapacke.h>
+#include <sanitizer/asan_interface.h>
 
 #include <algorithm>
 #include <array>
@@ -22,6 +23,7 @@
 #include "kernels/backend.h"
 #include "kernels/backend_checks.h"
 #include "kernels/base/status_macros.h"
+#include "kernels/cpu/device_like_memory.h"
 
 namespace canzona {
 namespace {
@@ -102,9 +104,10 @@ T* Scratch(std::vector<T>& v, int64_t n) {
 // Distinct CpuBackend objects may be used concurrently.
 class CpuBackend final : public Backend {
  public:
-  CpuBackend() = default;
+  explicit CpuBackend(MemorySpace space) : space_(space) {}
 
   BackendKind kind() const override { return BackendKind::kCpu; }
+  MemorySpace memory_space() const override { return space_; }
 
   std::string description() const override {
     const char* config = openblas_get_config();
@@ -113,7 +116,19 @@ class CpuBackend final : public Backend {
   }
 
  protected:
-  void Free(float* data, int64_t /*size*/) override { std::free(data); }
+  void Free(float* data, int64_t size) override {
+    if (space_ == MemorySpace::kDevice) {
+      float* host =
+          const_cast<float*>(static_cast<const float*>(HostAlias(data)));
+      device_like::Unmap(data, Bytes(size));
+      data = host;
+    }
+    ASAN_UNPOISON_MEMORY_REGION(data + size, Padded(size) - Bytes(size));
+    std::free(data);
+  }
+  const void* HostAlias(const float* p) const override {
+    return space_ == MemorySpace::kDevice ? device_like::HostAlias(p) : nullptr;
+  }
 
  private:
   // The float32 loops below are all this backend has; a precision it lacks
@@ -126,18 +141,39 @@ class CpuBackend final : public Backend {
 
   // ---- Memory -------------------------------------------------------------
 
+  static size_t Bytes(int64_t count) {
+    return static_cast<size_t>(count) * sizeof(float);
+  }
+  // aligned_alloc requires the size to be a multiple of the alignment; the
+  // entry point bounds count * sizeof(float), so this cannot wrap.
+  static size_t Padded(int64_t count) {
+    return (Bytes(count) + kAlignment - 1) / kAlignment * kAlignment;
+  }
+
   absl::StatusOr<DeviceBuffer> DoAllocate(int64_t count) override {
-    // aligned_alloc requires the size to be a multiple of the alignment;
-    // the entry point bounds count * sizeof(float), so this cannot wrap.
-    const size_t bytes =
-        (static_cast<size_t>(count) * sizeof(float) + kAlignment - 1) /
-        kAlignment * kAlignment;
+    const size_t bytes = Padded(count);
     void* p = std::aligned_alloc(kAlignment, bytes);
     if (p == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "Allocate: cannot allocate ", count, " floats (", bytes, " bytes)"));
     }
-    std::memset(p, 0, bytes);
+    // The buffer is exactly `count` floats, as on a device: the range
+    // checks use that size, and AddressSanitizer sees any access to the
+    // alignment padding.
+    std::memset(p, 0, Bytes(count));
+    ASAN_POISON_MEMORY_REGION(static_cast<char*>(p) + Bytes(count),
+                              bytes - Bytes(count));
+    if (space_ == MemorySpace::kDevice) {
+      // Standing in for a GPU: hand out an address the host cannot touch;
+      // the entry points pass this memory's alias to the kernels below.
+      absl::StatusOr<void*> device = device_like::Map(
+          p, static_cast<int64_t>(Bytes(count)), "cpu backend as a device");
+      if (!device.ok()) {
+        std::free(p);
+        return device.status();
+      }
+      p = *device;
+    }
     backend_internal::CountAllocation();
     return DeviceBuffer(this, static_cast<float*>(p), count);
   }
@@ -253,7 +289,8 @@ class CpuBackend final : public Backend {
 
   int64_t workspace_bytes() const override {
     int64_t bytes = 0;
-    for (const std::vector<float>* v : {&ns_x_, &ns_y_, &ns_a_, &ns_b_, &tau_}) {
+    for (const std::vector<float>* v :
+         {&ns_x_, &ns_y_, &ns_a_, &ns_b_, &tau_}) {
       bytes += static_cast<int64_t>(v->capacity() * sizeof(float));
     }
     for (const std::vector<double>* v : {&eig_a_, &eig_w_, &col_acc_}) {
@@ -568,12 +605,14 @@ class CpuBackend final : public Backend {
   std::vector<double> eig_a_;
   std::vector<double> eig_w_;
   std::vector<double> col_acc_;
+
+  const MemorySpace space_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend() {
-  return std::unique_ptr<Backend>(std::make_unique<CpuBackend>());
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(MemorySpace space) {
+  return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(space));
 }
 
 void SetCpuBlasThreads(int threads) {

@@ -14,7 +14,12 @@
 
 namespace canzona {
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend();
+// `space` kDevice makes the backend stand in for a GPU in tests without
+// one: the same kernels on host memory, with device memory's range rules
+// (MemorySpace): every kernel argument inside its allocations or memory
+// registered with it, every host argument of a copy outside them.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(
+    MemorySpace space = MemorySpace::kHost);
 
 // Threads OpenBLAS uses inside each call, process-wide. A daemon runs one
 // device worker per local rank, each calling BLAS concurrently: one thread

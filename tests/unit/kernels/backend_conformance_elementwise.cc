@@ -2,12 +2,14 @@
 // helpers against float64 references. Sizes cover a single element, a
 // vector-width tail (7), odd mid sizes and grid-stride sizes; offset 1
 // makes every pointer unaligned for vector loads.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -22,6 +24,8 @@ using ::canzona::backend_reference::RandomNormal;
 using ::canzona::backend_reference::RandomPermutation;
 using ::canzona::backend_reference::Shape;
 using ::canzona::backend_reference::ShapeName;
+using ::canzona::testing::StatusIs;
+using ::testing::HasSubstr;
 
 const int64_t kSizes[] = {1, 7, 1003, 65537, int64_t{1} << 20};
 const int64_t kOffsets[] = {0, 1};
@@ -255,6 +259,54 @@ TEST_P(BackendConformanceTest, SumSquaresAccumulatesInDouble) {
     ASSERT_OK_AND_ASSIGN(double s, backend_->SumSquares(small, dx.data()));
     EXPECT_DOUBLE_EQ(s, r) << small;
   }
+}
+
+// Several vectors in one call (the step's norm pass): each sum bitwise the
+// one SumSquares gives, against a long-double reference on fresh data; an
+// empty vector sums to 0 and a non-finite element shows in its own sum only.
+TEST_P(BackendConformanceTest, SumSquaresManyEqualsSumSquaresEach) {
+  const std::vector<int64_t> ns = {1003, 0, 7, (int64_t{1} << 16) + 5, 1};
+  std::vector<DeviceBuffer> buffers;
+  std::vector<std::vector<float>> hosts;
+  std::vector<const float*> xs;
+  for (size_t k = 0; k < ns.size(); ++k) {
+    hosts.push_back(RandomNormal(std::max<int64_t>(ns[k], 1),
+                                 7300 + static_cast<uint32_t>(k), 0.5f, 2.0f));
+    if (k == 3) hosts[k][ns[k] / 2] = std::numeric_limits<float>::infinity();
+    buffers.push_back(Upload(hosts[k]));
+    xs.push_back(buffers.back().data());
+  }
+  std::vector<double> sums(ns.size(), -1.0);
+  ASSERT_OK(backend_->SumSquaresMany(xs, ns, absl::MakeSpan(sums)));
+  for (size_t k = 0; k < ns.size(); ++k) {
+    ASSERT_OK_AND_ASSIGN(double one, backend_->SumSquares(ns[k], xs[k]));
+    if (k == 3) {
+      EXPECT_TRUE(std::isinf(sums[k]));
+      continue;
+    }
+    EXPECT_EQ(sums[k], one) << k;  // bitwise, 0 for the empty one
+    long double ref = 0.0L;
+    for (int64_t i = 0; i < ns[k]; ++i) {
+      ref += static_cast<long double>(hosts[k][i]) * hosts[k][i];
+    }
+    EXPECT_NEAR(sums[k], static_cast<double>(ref),
+                1e-12 * static_cast<double>(ref))
+        << k;
+  }
+  EXPECT_GT(sums[0], 0.0);
+  // Mismatched sizes and a bad count name the field; nothing is written.
+  std::vector<double> two(2, -1.0);
+  EXPECT_THAT(backend_->SumSquaresMany(xs, ns, absl::MakeSpan(two)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("SumSquaresMany: ns has 5 and out 2")));
+  const std::vector<int64_t> bad = {1003, -1, 7, 5, 1};
+  EXPECT_THAT(backend_->SumSquaresMany(xs, bad, absl::MakeSpan(sums)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("SumSquaresMany: ns[1] must be >= 0")));
+  const std::vector<int64_t> past = {1004, 0, 7, 5, 1};
+  EXPECT_THAT(backend_->SumSquaresMany(xs, past, absl::MakeSpan(sums)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("SumSquaresMany: xs[0]")));
 }
 
 TEST_P(BackendConformanceTest, AllFiniteDetectsNanAndInfAnywhere) {

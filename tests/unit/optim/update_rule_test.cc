@@ -588,6 +588,7 @@ class CountingBackend : public Backend {
 
   BackendKind kind() const override { return inner_->kind(); }
   std::string description() const override { return inner_->description(); }
+  MemorySpace memory_space() const override { return inner_->memory_space(); }
 
  private:
   absl::StatusOr<DeviceBuffer> DoAllocate(int64_t count) override {
