@@ -171,6 +171,12 @@ class NcclApi {
                                    NcclStream stream) = 0;
   virtual absl::Status MemsetAsync(void* dst, int value, int64_t bytes,
                                    NcclStream stream) = 0;
+  // cudaHostRegister(cudaHostRegisterDefault) / cudaHostUnregister:
+  // page-locks host memory the device copies to and from (a trainer's
+  // shared-memory buffers on the NCCL plane), so those copies are DMA at
+  // the link's rate and truly asynchronous, until unregistered.
+  virtual absl::Status HostRegister(void* ptr, int64_t bytes) = 0;
+  virtual absl::Status HostUnregister(void* ptr) = 0;
   // `n` elements of `from` at `src` as `to` into `dst` on `stream` (device
   // memory: a conversion kernel; widening is exact, narrowing rounds to
   // nearest even like kernels/base/dtype.h). The ranges do not overlap.

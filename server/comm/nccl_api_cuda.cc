@@ -201,6 +201,14 @@ class RealApi : public NcclApi {
         cudaMemsetAsync(dst, value, static_cast<size_t>(bytes), stream),
         "cudaMemsetAsync");
   }
+  absl::Status HostRegister(void* ptr, int64_t bytes) override {
+    return CudaStatus(cudaHostRegister(ptr, static_cast<size_t>(bytes),
+                                       cudaHostRegisterDefault),
+                      "cudaHostRegister");
+  }
+  absl::Status HostUnregister(void* ptr) override {
+    return CudaStatus(cudaHostUnregister(ptr), "cudaHostUnregister");
+  }
   absl::Status ConvertAsync(DType from, const void* src, DType to, void* dst,
                             int64_t n, NcclStream stream) override {
     return CudaStatus(ConvertDTypeAsync(stream, from, src, to, dst, n),

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/comm/gloo_communicator.h"
 #include "server/engine/local_communicator.h"
+#include "server/engine/range_checked_communicator.h"
 #include "server/metrics/canzona_metrics.h"
 
 namespace canzona {
@@ -27,7 +28,7 @@ absl::StatusOr<MadeCommunicator> CommunicatorFactory::Make(
         options_.control, absl::StrCat(prefix, "nccl/", name), options_.nccl,
         NcclLocalRank{rank, options_.device, copier.stream()}, size, o);
   } else if (size == 1) {
-    return MadeCommunicator{CreateLocalCommunicator()};
+    comm = CreateLocalCommunicator();
   } else {
     GlooOptions gloo;
     gloo.hostname = options_.gloo_host;
@@ -45,6 +46,10 @@ absl::StatusOr<MadeCommunicator> CommunicatorFactory::Make(
   made.nccl = options_.nccl != nullptr
                   ? dynamic_cast<NcclCommunicator*>(comm->get())
                   : nullptr;
+  if (options_.staging != nullptr) {
+    *comm = std::make_unique<RangeCheckedCommunicator>(
+        *std::move(comm), options_.staging, options_.nccl != nullptr);
+  }
   if (options_.metrics != nullptr && size > 1) {
     auto counting = std::make_unique<CountingCommunicator>(
         *std::move(comm), CanzonaMetrics::Register(options_.metrics),

@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kernels/allocation_registry.h"
 #include "server/comm/communicator.h"
 #include "server/comm/nccl_api.h"
 #include "server/comm/nccl_communicator.h"
@@ -54,6 +55,9 @@ class CommunicatorFactory {
     std::string gloo_host = "127.0.0.1";
     absl::Duration timeout = absl::Seconds(60);
     MetricsRegistry* metrics = nullptr;  // not owned; null: no counting
+    // The rank's staging memory: every collective's ranges are checked
+    // against it (RangeCheckedCommunicator). Not owned; null: unchecked.
+    const AllocationRegistry* staging = nullptr;
   };
 
   explicit CommunicatorFactory(Options options);

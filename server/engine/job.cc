@@ -29,6 +29,11 @@ void LocalRank::AbortComms() {
   for (Communicator* c : comms_) c->Abort();
 }
 
+void LocalRank::ForgetComms() {
+  absl::MutexLock lock(&comm_mu_);
+  comms_.clear();
+}
+
 void LocalRank::SetLane(std::unique_ptr<DpLane> lane) {
   absl::MutexLock lock(&comm_mu_);
   lane_ = std::move(lane);

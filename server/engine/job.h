@@ -80,6 +80,9 @@ class LocalRank {
   // (another thread on failure or shutdown).
   void AddComm(Communicator* comm) ABSL_LOCKS_EXCLUDED(comm_mu_);
   void AbortComms() ABSL_LOCKS_EXCLUDED(comm_mu_);
+  // Drops the communicators AddComm recorded (a failed setup is about to
+  // destroy them); an abort from then on has none to break.
+  void ForgetComms() ABSL_LOCKS_EXCLUDED(comm_mu_);
   // The DP lane: set once at setup, before the job is ready, and kept until
   // the rank is destroyed, so RPC threads may use lane() once they saw the
   // job ready; FailLane reaches it from any thread.

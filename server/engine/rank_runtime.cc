@@ -4,8 +4,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status_macros.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "proto/rank_names.h"
 #include "server/comm/gloo_communicator.h"
@@ -30,12 +32,13 @@ absl::Status RankRuntime::Update(int i, float* param, const float* grad,
   return backend->CopyToHost(p, n, param);
 }
 
-absl::Status RankRuntime::WorldSum(float* values, int n) {
+absl::Status RankRuntime::WorldSum(WorldValues& values) {
   float* staged = scalars.data();
-  CANZONA_RETURN_IF_ERROR(staging->CopyFromHost(values, n, staged));
+  CANZONA_RETURN_IF_ERROR(
+      staging->CopyFromHost(values.data(), kWorldValues, staged));
   CANZONA_RETURN_IF_ERROR(staging->Synchronize());
-  CANZONA_RETURN_IF_ERROR(world->AllReduce(staged, n));
-  return staging->CopyToHost(staged, n, values);
+  CANZONA_RETURN_IF_ERROR(world->AllReduce(staged, kWorldValues));
+  return staging->CopyToHost(staged, kWorldValues, values.data());
 }
 
 namespace {
@@ -57,9 +60,19 @@ absl::Status CreateBackends(const RankSetup& setup, RankRuntime& rt) {
   } else {
     rt.device = devices > 0 ? setup.global % devices : 0;
   }
-  CANZONA_ASSIGN_OR_RETURN(rt.backend,
-                           CreateBackendByName(setup.backend, rt.device));
-  if (rt.backend->kind() == BackendKind::kCpu) {
+  if (setup.nccl && setup.backend == "cpu") {
+    // Only tests run the NCCL plane on the cpu backend (over a fake NCCL,
+    // EngineOptions::nccl_api). It stands in for the GPU with device
+    // memory's rules: kernels and collectives only on its buffers and the
+    // registered trainer memory, host memory only across a copy; host work
+    // gets a cpu backend of its own, as beside a GPU.
+    CANZONA_ASSIGN_OR_RETURN(rt.backend,
+                             CreateCpuBackend(MemorySpace::kDevice));
+  } else {
+    CANZONA_ASSIGN_OR_RETURN(rt.backend,
+                             CreateBackendByName(setup.backend, rt.device));
+  }
+  if (rt.backend->memory_space() == MemorySpace::kHost) {
     rt.host = rt.backend.get();
   } else {
     CANZONA_ASSIGN_OR_RETURN(rt.host_backend, CreateBackend(BackendKind::kCpu));
@@ -73,6 +86,20 @@ absl::Status CreateBackends(const RankSetup& setup, RankRuntime& rt) {
     CANZONA_ASSIGN_OR_RETURN(rt.pci_bus_id, setup.pci_bus_id(rt.device));
   }
   rt.staging = setup.nccl ? rt.backend.get() : rt.host;
+  // Trainer memory the data plane addresses in place (shared memory on the
+  // host plane, CUDA IPC on the device plane) is the staging backend's to
+  // check ranges against; the other kind is on the far side of a copy.
+  const TrainerBuffers* trainer = setup.trainer;
+  if (trainer != nullptr && trainer->Addressable(setup.nccl)) {
+    for (const TrainerBuffers::MemoryRange& r : trainer->MemoryRanges()) {
+      CANZONA_ASSIGN_OR_RETURN(
+          RegisteredMemory registered,
+          rt.staging->RegisterMemory(r.begin, r.bytes,
+                                     absl::StrCat("trainer buffers of rank ",
+                                                  RankString(setup.coords))));
+      rt.trainer_memory.push_back(std::move(registered));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -90,9 +117,10 @@ absl::StatusOr<Copiers> CreateDataPlane(const RankSetup& setup,
         setup.job_id, "' runs on comm 'nccl'"));
   }
   if (!setup.nccl) {
-    copiers.dp = CreateHostStageCopier();
-    copiers.tp = CreateHostStageCopier();
-    copiers.world = CreateHostStageCopier();
+    const AllocationRegistry* staging = &rt.staging->allocations();
+    copiers.dp = CreateHostStageCopier(staging);
+    copiers.tp = CreateHostStageCopier(staging);
+    copiers.world = CreateHostStageCopier(staging);
     return copiers;
   }
   NcclApi* api = setup.nccl_api;
@@ -108,9 +136,14 @@ absl::StatusOr<Copiers> CreateDataPlane(const RankSetup& setup,
     }
   }
   rt.nccl_api = api;
+  if (setup.trainer != nullptr && !setup.trainer->on_device()) {
+    rt.pinned_trainer_memory = PinnedHostMemory::Pin(
+        api, rt.device, setup.trainer->SharedMemoryMappings());
+  }
   for (auto* copier : {&copiers.dp, &copiers.tp, &copiers.world}) {
     CANZONA_ASSIGN_OR_RETURN(
-        *copier, CreateDeviceStageCopier(api, rt.device, setup.step_timeout));
+        *copier, CreateDeviceStageCopier(api, rt.device, setup.step_timeout,
+                                         &rt.staging->allocations()));
   }
   return copiers;
 }
@@ -135,6 +168,7 @@ absl::StatusOr<Groups> CreateCommunicators(const RankSetup& setup,
   options.gloo_host = setup.comm_host;
   options.timeout = setup.step_timeout;
   options.metrics = setup.metrics;
+  options.staging = &rt.staging->allocations();
   const CommunicatorFactory factory(std::move(options));
   const RankLayout& layout = rt.layout;
   const int pp = setup.coords.pp_rank(), t = setup.coords.tp_rank();
@@ -152,20 +186,22 @@ absl::StatusOr<Groups> CreateCommunicators(const RankSetup& setup,
                        return calibration->Choose(counts, cost);
                      },
                      layout.dp_scratch));
-  setup.on_communicator(groups.dp.comm.get());
   CANZONA_ASSIGN_OR_RETURN(
       groups.tp,
       factory.Make(absl::StrCat("tp.", pp, ".", setup.coords.dp_rank()), t, TP,
                    *copiers.tp));
-  setup.on_communicator(groups.tp.comm.get());
   CANZONA_ASSIGN_OR_RETURN(
       groups.world, factory.Make("world", setup.global, setup.settings->world,
                                  *copiers.world));
-  setup.on_communicator(groups.world.comm.get());
   CANZONA_ASSIGN_OR_RETURN(
       groups.cross, factory.Make(absl::StrCat("xdp.", pp, ".", t, ".p", d),
                                  layout.shard_group, DP / S, *copiers.dp));
-  setup.on_communicator(groups.cross.comm.get());
+  // Reported once all four exist: a failure above destroys the ones made
+  // so far here, where nobody else holds them.
+  for (const MadeCommunicator* made :
+       {&groups.dp, &groups.tp, &groups.world, &groups.cross}) {
+    setup.on_communicator(made->comm.get());
+  }
   return groups;
 }
 
@@ -179,7 +215,8 @@ absl::Status AllocateOwned(const RankSetup& setup, RankRuntime& rt) {
                                         &rt.owned_memory, &rt.owned));
   CANZONA_ASSIGN_OR_RETURN(rt.before,
                            staging.Allocate(layout.max_counted_local));
-  CANZONA_ASSIGN_OR_RETURN(rt.scalars, staging.Allocate(4));
+  CANZONA_ASSIGN_OR_RETURN(rt.scalars,
+                           staging.Allocate(RankRuntime::kWorldValues));
   CANZONA_ASSIGN_OR_RETURN(rt.redundant_send,
                            staging.Allocate(2 * layout.max_redundant));
   CANZONA_ASSIGN_OR_RETURN(
@@ -439,6 +476,11 @@ absl::StatusOr<std::unique_ptr<RankRuntime>> SetupRank(
   CANZONA_ASSIGN_OR_RETURN(
       Groups groups,
       CreateCommunicators(setup, *rt, copiers, calibration.get()));
+  // From here on, a failed setup destroys communicators another thread may
+  // abort (on_communicator): the engine forgets them first.
+  absl::Cleanup forget = [&setup] {
+    if (setup.on_failure) setup.on_failure();
+  };
   rt->world_copier = std::move(copiers.world);
   rt->world = std::move(groups.world.comm);
   CANZONA_RETURN_IF_ERROR(AllocateOwned(setup, *rt));
@@ -459,6 +501,7 @@ absl::StatusOr<std::unique_ptr<RankRuntime>> SetupRank(
   AccountMemory(setup, *rt);
   RegisterMetrics(setup, *rt);
   Describe(*rt, response);
+  std::move(forget).Cancel();
   spdlog::info(
       "rank ready: job={} rank={} owned={} bytes: master={} state={} "
       "buffers={} micro_groups={}",

@@ -20,11 +20,13 @@
 #ifndef CANZONA_SERVER_ENGINE_RANK_RUNTIME_H_
 #define CANZONA_SERVER_ENGINE_RANK_RUNTIME_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -38,6 +40,7 @@
 #include "server/engine/job_plan.h"
 #include "server/engine/job_settings.h"
 #include "server/engine/owned_buffers.h"
+#include "server/engine/pinned_host_memory.h"
 #include "server/engine/rank_layout.h"
 #include "server/engine/rank_metrics.h"
 #include "server/engine/stage_copier.h"
@@ -55,7 +58,13 @@ struct RankRuntime {
   std::unique_ptr<Backend> host_backend;  // cpu, when `backend` is not
   Backend* host = nullptr;                // a cpu backend
   Backend* staging = nullptr;             // host, or backend when resident
-  NcclApi* nccl_api = nullptr;            // set exactly on the NCCL plane
+  // The trainer's buffers, registered with `staging` where its
+  // collectives and kernels address them in place (range checks).
+  std::vector<RegisteredMemory> trainer_memory;
+  NcclApi* nccl_api = nullptr;  // set exactly on the NCCL plane
+  // The NCCL plane's trainer shared memory, page-locked while the rank
+  // lives (destroyed after everything that copies from it).
+  std::unique_ptr<PinnedHostMemory> pinned_trainer_memory;
   // The rank's GPU: where its updates run (cuda) or its trainer's buffers
   // live (CUDA IPC), and its PCI bus id (empty: no GPU involved).
   int device = 0;
@@ -119,8 +128,14 @@ struct RankRuntime {
   // (the copy back synchronizes, so `param` is final on return).
   absl::Status Update(int i, float* param, const float* grad,
                       const StepOptions& options);
-  // Sums `n` host floats over the job's ranks (through staging memory).
-  absl::Status WorldSum(float* values, int n);
+  // The step's one world reduction: [non-finite flag, the gradient's and
+  // the previous update's sums of squares, the clip norm, how many ranks
+  // clip]. `scalars` holds exactly these (the type keeps the two in step:
+  // a fifth value once overran a 4-float buffer on the GPU).
+  static constexpr int kWorldValues = 5;
+  using WorldValues = std::array<float, kWorldValues>;
+  // Sums `values` over the job's ranks (through staging memory).
+  absl::Status WorldSum(WorldValues& values);
   // The fp32 bytes of `buffer`.
   static int64_t Bytes(const DeviceBuffer& buffer) {
     return buffer.size() * static_cast<int64_t>(sizeof(float));
@@ -151,9 +166,13 @@ struct RankSetup {
   // Same-shape Muon updates in one batched Newton-Schulz (false: one
   // call per matrix; EngineOptions::batch_updates).
   bool batch_updates = true;
-  // Called with each communicator as soon as it exists, so that a failure
-  // elsewhere can abort it even while setup still runs.
+  // Called with each communicator once the rank's groups exist, so that a
+  // failure elsewhere can abort them even while setup still runs.
   std::function<void(Communicator*)> on_communicator;
+  // Called when setup fails after on_communicator, before those
+  // communicators are destroyed: whoever holds them forgets them (else an
+  // abort of the failed job would use them after they are freed).
+  std::function<void()> on_failure;
 };
 
 // Builds the rank's runtime and fills `response` (plan digest, owned

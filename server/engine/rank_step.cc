@@ -98,24 +98,35 @@ class RankStep {
     Backend& staging = *rt_.staging;
     double sumsq = 0;
     float nonfinite = 0;
-    // One pass per gradient: squares of floats summed in double cannot
-    // overflow (at most 1.2e77 each), so the sum is finite exactly when
+    // One pass over every gradient, with one wait for all of them (on a
+    // GPU, one host round trip): squares of floats summed in double cannot
+    // overflow (at most 1.2e77 each), so a sum is finite exactly when
     // every element is.
+    std::vector<int> params;
+    std::vector<const float*> grads;
+    std::vector<int64_t> counts;
     for (int i : layout_.local_params) {
       const float* g = rt_.owned.grad_at[i];
       if (g == nullptr) continue;
-      const int64_t n = jp_.params[i].local_numel;
-      CANZONA_ASSIGN_OR_RETURN(double s, staging.SumSquares(n, g));
-      if (!std::isfinite(s)) nonfinite = 1;
-      if (layout_.counted[i]) sumsq += s;
+      params.push_back(i);
+      grads.push_back(g);
+      counts.push_back(jp_.params[i].local_numel);
+    }
+    std::vector<double> sums(params.size());
+    CANZONA_RETURN_IF_ERROR(
+        staging.SumSquaresMany(grads, counts, absl::MakeSpan(sums)));
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (!std::isfinite(sums[k])) nonfinite = 1;
+      if (layout_.counted[params[k]]) sumsq += sums[k];
     }
     const double clip = request_.max_grad_norm() > 0 ? request_.max_grad_norm()
                                                      : context_.max_grad_norm;
-    float values[5] = {nonfinite, static_cast<float>(sumsq),
-                       static_cast<float>(rt_.pending_update_sumsq),
-                       static_cast<float>(clip), clip > 0 ? 1.0f : 0.0f};
+    RankRuntime::WorldValues values = {
+        nonfinite, static_cast<float>(sumsq),
+        static_cast<float>(rt_.pending_update_sumsq), static_cast<float>(clip),
+        clip > 0 ? 1.0f : 0.0f};
     const absl::Time t0 = absl::Now();
-    CANZONA_RETURN_IF_ERROR(rt_.WorldSum(values, 5));
+    CANZONA_RETURN_IF_ERROR(rt_.WorldSum(values));
     times_->set_world_reduce(Seconds(t0, absl::Now()));
     rt_.pending_update_sumsq = 0;
     response_->set_update_rms(

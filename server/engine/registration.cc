@@ -95,6 +95,7 @@ absl::Status Registration::Setup(Job& job, LocalRank& rank) const {
   setup.metrics = options_.metrics;
   setup.batch_updates = options_.batch_updates;
   setup.on_communicator = [&rank](Communicator* c) { rank.AddComm(c); };
+  setup.on_failure = [&rank] { rank.ForgetComms(); };
   CANZONA_ASSIGN_OR_RETURN(rank.rt, SetupRank(setup, &rank.response));
   BucketCollectives* buckets = rank.rt->buckets.get();
   rank.SetLane(std::make_unique<DpLane>(

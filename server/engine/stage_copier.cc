@@ -10,16 +10,36 @@
 namespace canzona {
 namespace {
 
+// A copy's two sides, each inside one staging allocation or outside them
+// all (host memory on the other side of the copy).
+absl::Status CheckCopy(const AllocationRegistry& staging,
+                       absl::string_view what, const void* dst, const void* src,
+                       int64_t bytes) {
+  CANZONA_RETURN_IF_ERROR(staging.CheckContained(what, "src", src, bytes));
+  return staging.CheckContained(what, "dst", dst, bytes);
+}
+
 class HostStageCopier final : public StageCopier {
  public:
+  explicit HostStageCopier(const AllocationRegistry* staging)
+      : staging_(*staging) {}
+
   absl::Status Copy(void* dst, const void* src, int64_t bytes) override {
-    if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+    if (bytes <= 0) return absl::OkStatus();
+    CANZONA_RETURN_IF_ERROR(
+        CheckCopy(staging_, "StageCopier::Copy", dst, src, bytes));
+    std::memcpy(dst, src, static_cast<size_t>(bytes));
     return absl::OkStatus();
   }
   absl::Status Convert(DType from, const void* src, DType to, void* dst,
                        int64_t n) override {
     if (n <= 0) return absl::OkStatus();
     if (from == to) return Copy(dst, src, n * DTypeBytes(to));
+    constexpr absl::string_view kWhat = "StageCopier::Convert";
+    CANZONA_RETURN_IF_ERROR(
+        staging_.CheckContained(kWhat, "src", src, n * DTypeBytes(from)));
+    CANZONA_RETURN_IF_ERROR(
+        staging_.CheckContained(kWhat, "dst", dst, n * DTypeBytes(to)));
     if (from == DType::kFloat32) {
       RoundFromFloat(static_cast<const float*>(src), n, to, dst);
     } else if (to == DType::kFloat32) {
@@ -36,13 +56,18 @@ class HostStageCopier final : public StageCopier {
   }
   absl::Status Finish() override { return absl::OkStatus(); }
   NcclStream stream() const override { return nullptr; }
+
+ private:
+  const AllocationRegistry& staging_;
 };
 
 class DeviceStageCopier final : public StageCopier {
  public:
   DeviceStageCopier(NcclApi* api, int device, absl::Duration timeout,
-                    NcclStream stream, NcclEvent done)
-      : api_(api),
+                    NcclStream stream, NcclEvent done,
+                    const AllocationRegistry* staging)
+      : staging_(*staging),
+        api_(api),
         device_(device),
         timeout_(timeout),
         stream_(stream),
@@ -55,15 +80,23 @@ class DeviceStageCopier final : public StageCopier {
 
   absl::Status Copy(void* dst, const void* src, int64_t bytes) override {
     if (bytes <= 0) return absl::OkStatus();
+    CANZONA_RETURN_IF_ERROR(
+        CheckCopy(staging_, "StageCopier::Copy", dst, src, bytes));
     CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
     return api_->MemcpyAsync(dst, src, bytes, stream_);
   }
   absl::Status Convert(DType from, const void* src, DType to, void* dst,
                        int64_t n) override {
     if (n <= 0) return absl::OkStatus();
+    if (from == to) return Copy(dst, src, n * DTypeBytes(to));
+    // A conversion kernel reads and writes device memory only (a trainer's
+    // pageable shared memory is not addressable from the device).
+    constexpr absl::string_view kWhat = "StageCopier::Convert";
+    CANZONA_RETURN_IF_ERROR(
+        staging_.CheckInside(kWhat, "src", src, n * DTypeBytes(from)));
+    CANZONA_RETURN_IF_ERROR(
+        staging_.CheckInside(kWhat, "dst", dst, n * DTypeBytes(to)));
     CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
-    if (from == to)
-      return api_->MemcpyAsync(dst, src, n * DTypeBytes(to), stream_);
     return api_->ConvertAsync(from, src, to, dst, n, stream_);
   }
   absl::Status WaitEvent(NcclEvent event) override {
@@ -93,6 +126,7 @@ class DeviceStageCopier final : public StageCopier {
   NcclStream stream() const override { return stream_; }
 
  private:
+  const AllocationRegistry& staging_;
   NcclApi* const api_;
   const int device_;
   const absl::Duration timeout_;
@@ -102,13 +136,16 @@ class DeviceStageCopier final : public StageCopier {
 
 }  // namespace
 
-std::unique_ptr<StageCopier> CreateHostStageCopier() {
-  return std::make_unique<HostStageCopier>();
+std::unique_ptr<StageCopier> CreateHostStageCopier(
+    const AllocationRegistry* staging) {
+  return std::make_unique<HostStageCopier>(staging);
 }
 
 absl::StatusOr<std::unique_ptr<StageCopier>> CreateDeviceStageCopier(
-    NcclApi* api, int device, absl::Duration timeout) {
+    NcclApi* api, int device, absl::Duration timeout,
+    const AllocationRegistry* staging) {
   if (api == nullptr) return absl::InvalidArgumentError("api is null");
+  if (staging == nullptr) return absl::InvalidArgumentError("staging is null");
   CANZONA_RETURN_IF_ERROR(api->SetDevice(device));
   CANZONA_ASSIGN_OR_RETURN(NcclStream stream, api->StreamCreate());
   absl::StatusOr<NcclEvent> done = api->EventCreate();
@@ -117,7 +154,7 @@ absl::StatusOr<std::unique_ptr<StageCopier>> CreateDeviceStageCopier(
     return done.status();
   }
   return std::unique_ptr<StageCopier>(
-      new DeviceStageCopier(api, device, timeout, stream, *done));
+      new DeviceStageCopier(api, device, timeout, stream, *done, staging));
 }
 
 }  // namespace canzona

@@ -15,6 +15,13 @@
 //   CANZONA_RETURN_IF_ERROR(dp->ReduceScatterV(staging, counts, mine));
 //   CANZONA_RETURN_IF_ERROR(c->Finish());   // before another thread reads
 //
+// Every range is checked against the staging backend's allocations and the
+// memory registered with it (kernels/allocation_registry.h): a copy's sides
+// each lie inside one allocation or outside all of them (a host <-> device
+// copy); a device conversion, a kernel, reads and writes inside them only.
+// A violation is INVALID_ARGUMENT naming the copier's method, the side and
+// the allocation, before anything is enqueued.
+//
 // Thread-safety: one thread at a time (like the communicators it serves).
 #ifndef CANZONA_SERVER_ENGINE_STAGE_COPIER_H_
 #define CANZONA_SERVER_ENGINE_STAGE_COPIER_H_
@@ -25,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "kernels/allocation_registry.h"
 #include "kernels/base/dtype.h"
 #include "server/comm/nccl_api.h"
 
@@ -51,12 +59,16 @@ class StageCopier {
   virtual NcclStream stream() const = 0;
 };
 
-std::unique_ptr<StageCopier> CreateHostStageCopier();
+// `staging` (the staging backend's allocations, Backend::allocations())
+// must outlive the copier.
+std::unique_ptr<StageCopier> CreateHostStageCopier(
+    const AllocationRegistry* staging);
 
-// A copier with its own non-blocking stream on `device`; `api` must
-// outlive it.
+// A copier with its own non-blocking stream on `device`; `api` and
+// `staging` must outlive it.
 absl::StatusOr<std::unique_ptr<StageCopier>> CreateDeviceStageCopier(
-    NcclApi* api, int device, absl::Duration timeout);
+    NcclApi* api, int device, absl::Duration timeout,
+    const AllocationRegistry* staging);
 
 }  // namespace canzona
 

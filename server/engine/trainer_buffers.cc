@@ -1,5 +1,7 @@
 #include "server/engine/trainer_buffers.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -234,6 +236,40 @@ absl::Status TrainerBuffers::Write(DType from, const void* src, int j,
   std::vector<char> host(n * DTypeBytes(dtype));
   CANZONA_RETURN_IF_ERROR(copier.Convert(from, src, dtype, host.data(), n));
   return opener_->CopyFromHost(device_, host.data(), host.size(), dst);
+}
+
+std::vector<TrainerBuffers::MemoryRange> TrainerBuffers::SharedMemoryMappings()
+    const {
+  std::vector<MemoryRange> mappings;
+  for (const SharedMemory& mapped : shm_) {
+    mappings.push_back({mapped.data(), static_cast<int64_t>(mapped.size())});
+  }
+  return mappings;
+}
+
+std::vector<TrainerBuffers::MemoryRange> TrainerBuffers::MemoryRanges() const {
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;  // [begin, end)
+  for (int j = 0; j < count(); ++j) {
+    const auto bytes =
+        static_cast<uintptr_t>(numel_[j] * DTypeBytes(dtype_[j]));
+    for (const void* p : {param_[j], grad_[j]}) {
+      if (p == nullptr || bytes == 0) continue;
+      const auto b = reinterpret_cast<uintptr_t>(p);
+      spans.emplace_back(b, b + bytes);
+    }
+  }
+  std::sort(spans.begin(), spans.end());
+  std::vector<MemoryRange> ranges;
+  for (size_t k = 0; k < spans.size();) {
+    const uintptr_t begin = spans[k].first;
+    uintptr_t end = spans[k].second;
+    for (++k; k < spans.size() && spans[k].first <= end; ++k) {
+      end = std::max(end, spans[k].second);
+    }
+    ranges.push_back({reinterpret_cast<const void*>(begin),
+                      static_cast<int64_t>(end - begin)});
+  }
+  return ranges;
 }
 
 }  // namespace canzona

@@ -98,6 +98,18 @@ class TrainerBuffers {
   // null otherwise.
   const void* Run(absl::Span<const int> js, bool grads) const;
 
+  // The trainer memory the buffers cover, as the fewest ranges: buffers
+  // back to back (a bucket laid out in order) merge into one, so a run of
+  // them is one range to the range checks (Backend::RegisterMemory).
+  struct MemoryRange {
+    const void* begin;
+    int64_t bytes;
+  };
+  std::vector<MemoryRange> MemoryRanges() const;
+  // The shared-memory objects mapped whole (page-aligned; none for CUDA
+  // IPC buffers): what the NCCL plane page-locks for its copies.
+  std::vector<MemoryRange> SharedMemoryMappings() const;
+
   // `n` elements of parameter j's trainer memory `src` into staging `dst`
   // as `as` (widened exactly, or a plain copy in the trainer's dtype), and
   // staging `src` of `from` back into trainer memory `dst` (rounded to

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "kernels/base/dtype.h"
 #include "kernels/base/status_macros.h"
+#include "kernels/cpu/device_like_memory.h"
 #include "server/comm/comm_args.h"
 
 namespace canzona::testing {
@@ -340,6 +341,24 @@ absl::Status FakeNcclApi::DataCall(const char* name, Kind kind,
   if (count < 0) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": negative count"));
   }
+  if (options_.simulate_data) {
+    // Device-like memory (the cpu backend standing in for a GPU) is worked
+    // on at its host alias, and its ranges are checked as the device's.
+    const int64_t unit = DTypeBytes(FromNcclDataType(dtype));
+    const int64_t n = (*c)->world->nranks;
+    const int64_t send_count = kind == Kind::kReduceScatter ? n * count : count;
+    const int64_t recv_count = kind == Kind::kAllGather ? n * count : count;
+    if (send != nullptr) {
+      CANZONA_ASSIGN_OR_RETURN(
+          send,
+          device_like::HostAddress(send, send_count * unit, name, "send"));
+    }
+    if (recv != nullptr) {
+      CANZONA_ASSIGN_OR_RETURN(
+          recv,
+          device_like::HostAddress(recv, recv_count * unit, name, "recv"));
+    }
+  }
   auto op = std::make_unique<Op>();
   op->kind = kind;
   op->comm = *c;
@@ -616,6 +635,12 @@ absl::Status FakeNcclApi::MemcpyAsync(void* dst, const void* src, int64_t bytes,
   call.stream = stream;
   absl::Status status = RecordLocked(std::move(call));
   if (!status.ok()) return status;
+  if (options_.simulate_data) {
+    CANZONA_ASSIGN_OR_RETURN(
+        dst, device_like::HostAddress(dst, bytes, "cudaMemcpyAsync", "dst"));
+    CANZONA_ASSIGN_OR_RETURN(
+        src, device_like::HostAddress(src, bytes, "cudaMemcpyAsync", "src"));
+  }
   std::unique_ptr<Entry> entry = NewEntryLocked();
   entry->local = [dst, src, bytes]() {
     if (bytes > 0) std::memmove(dst, src, static_cast<size_t>(bytes));
@@ -638,6 +663,14 @@ absl::Status FakeNcclApi::ConvertAsync(DType from, const void* src, DType to,
   call.stream = stream;
   absl::Status status = RecordLocked(std::move(call));
   if (!status.ok()) return status;
+  if (options_.simulate_data && n > 0) {
+    CANZONA_ASSIGN_OR_RETURN(
+        src, device_like::HostAddress(src, n * DTypeBytes(from),
+                                      "ConvertDTypeAsync", "src"));
+    CANZONA_ASSIGN_OR_RETURN(
+        dst, device_like::HostAddress(dst, n * DTypeBytes(to),
+                                      "ConvertDTypeAsync", "dst"));
+  }
   std::unique_ptr<Entry> entry = NewEntryLocked();
   entry->local = [from, src, to, dst, n]() {
     if (n <= 0) return;
@@ -662,6 +695,10 @@ absl::Status FakeNcclApi::MemsetAsync(void* dst, int value, int64_t bytes,
   call.stream = stream;
   absl::Status status = RecordLocked(std::move(call));
   if (!status.ok()) return status;
+  if (options_.simulate_data) {
+    CANZONA_ASSIGN_OR_RETURN(
+        dst, device_like::HostAddress(dst, bytes, "cudaMemsetAsync", "dst"));
+  }
   std::unique_ptr<Entry> entry = NewEntryLocked();
   entry->local = [dst, value, bytes]() {
     if (bytes > 0) std::memset(dst, value, static_cast<size_t>(bytes));
@@ -669,6 +706,47 @@ absl::Status FakeNcclApi::MemsetAsync(void* dst, int value, int64_t bytes,
   PushLocked(stream, std::move(entry));
   ProgressLocked();
   return absl::OkStatus();
+}
+
+absl::Status FakeNcclApi::HostRegister(void* ptr, int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "cudaHostRegister";
+  call.count = bytes;
+  call.recv = ptr;
+  CANZONA_RETURN_IF_ERROR(RecordLocked(std::move(call)));
+  if (ptr == nullptr || bytes <= 0) {
+    return absl::InvalidArgumentError("cudaHostRegister: empty range");
+  }
+  const auto b = reinterpret_cast<uintptr_t>(ptr);
+  for (const auto& [p, n] : host_registered_) {
+    const auto q = reinterpret_cast<uintptr_t>(p);
+    if (b < q + static_cast<uintptr_t>(n) &&
+        q < b + static_cast<uintptr_t>(bytes)) {
+      return absl::AlreadyExistsError(
+          "cudaHostRegister: cudaErrorHostMemoryAlreadyRegistered");
+    }
+  }
+  host_registered_[ptr] = bytes;
+  return absl::OkStatus();
+}
+
+absl::Status FakeNcclApi::HostUnregister(void* ptr) {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "cudaHostUnregister";
+  call.recv = ptr;
+  CANZONA_RETURN_IF_ERROR(RecordLocked(std::move(call)));
+  if (host_registered_.erase(ptr) == 0) {
+    return absl::InvalidArgumentError(
+        "cudaHostUnregister: cudaErrorHostMemoryNotRegistered");
+  }
+  return absl::OkStatus();
+}
+
+int64_t FakeNcclApi::host_registered() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(host_registered_.size());
 }
 
 void FakeNcclApi::PushLocked(NcclStream stream, std::unique_ptr<Entry> entry) {

@@ -13,7 +13,11 @@
 // group of any size can run alone; the call record is what tests check.
 //
 // Data mode: "device" pointers are host memory (Malloc returns host memory
-// filled with NaN bytes). Work is queued per stream in order; a copy runs
+// filled with NaN bytes), or device-like memory (kernels/cpu/
+// device_like_memory.h: the cpu backend standing in for a GPU), which the
+// fake reaches at its host alias after checking each range as a device
+// would (INVALID_ARGUMENT, like cudaErrorInvalidValue, for a range that
+// leaves its buffer). Work is queued per stream in order; a copy runs
 // when it reaches its stream's head; an NCCL operation runs when every rank
 // of its communicator has the matching operation (collectives: k-th
 // collective of each rank; send/recv: k-th send from i to j with the k-th
@@ -177,6 +181,12 @@ class FakeNcclApi : public NcclApi {
                             int64_t n, NcclStream stream) override;
   absl::Status MemsetAsync(void* dst, int value, int64_t bytes,
                            NcclStream stream) override;
+  // Recorded ("cudaHostRegister": recv = ptr, count = bytes); registering
+  // a range twice or unregistering one never registered fails, as CUDA's.
+  absl::Status HostRegister(void* ptr, int64_t bytes) override;
+  absl::Status HostUnregister(void* ptr) override;
+  // Host ranges registered now.
+  int64_t host_registered() const;
 
  private:
   enum class Kind {
@@ -303,6 +313,7 @@ class FakeNcclApi : public NcclApi {
   std::map<NcclStream, StreamState> streams_ ABSL_GUARDED_BY(mu_);
   std::map<NcclEvent, EventState> events_ ABSL_GUARDED_BY(mu_);
   std::set<void*> allocations_ ABSL_GUARDED_BY(mu_);
+  std::map<void*, int64_t> host_registered_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace canzona::testing

@@ -67,7 +67,7 @@ class BucketCollectivesTest : public ::testing::TestWithParam<Case> {
                               /*device_staging=*/false, *r.backend, &r.memory,
                               &r.owned));
       BucketCollectives::Parts parts;
-      parts.copier = CreateHostStageCopier();
+      parts.copier = CreateHostStageCopier(&r.backend->allocations());
       parts.dp = group_.TakeCommunicator(d);
       parts.cross = CreateLocalCommunicator();
       parts.calibration = std::make_unique<UnevenCalibration>();

@@ -34,10 +34,14 @@ CommunicatorFactory::Options Gloo(KvStore* kv, MetricsRegistry* metrics,
   return o;
 }
 
+// The staging memory the copiers check ranges against: none is allocated
+// here, so every range is host memory outside it.
+const AllocationRegistry host_memory;
+
 TEST(CommunicatorFactoryTest, OneRankGlooGroupsNeedNoRendezvous) {
   InMemoryKvStore kv;
   MetricsRegistry metrics;
-  auto copier = CreateHostStageCopier();
+  auto copier = CreateHostStageCopier(&host_memory);
   const CommunicatorFactory factory(Gloo(&kv, &metrics, 0));
   ASSERT_OK_AND_ASSIGN(MadeCommunicator made,
                        factory.Make("tp.0.0", 0, 1, *copier));
@@ -57,7 +61,7 @@ TEST(CommunicatorFactoryTest, GlooGroupsRendezvousUnderTheJobAndCountBytes) {
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      auto copier = CreateHostStageCopier();
+      auto copier = CreateHostStageCopier(&host_memory);
       const CommunicatorFactory factory(Gloo(&kv, &metrics, r));
       absl::StatusOr<MadeCommunicator> m =
           factory.Make("dp.0.0", r, 2, *copier);
@@ -83,8 +87,9 @@ TEST(CommunicatorFactoryTest, GlooGroupsRendezvousUnderTheJobAndCountBytes) {
 TEST(CommunicatorFactoryTest, NcclGroupsRunOnTheCopiersStream) {
   InMemoryKvStore kv;
   ::canzona::testing::FakeNcclApi nccl;
-  ASSERT_OK_AND_ASSIGN(auto copier,
-                       CreateDeviceStageCopier(&nccl, 0, absl::Seconds(5)));
+  ASSERT_OK_AND_ASSIGN(
+      auto copier,
+      CreateDeviceStageCopier(&nccl, 0, absl::Seconds(5), &host_memory));
   CommunicatorFactory::Options o = Gloo(&kv, nullptr, 0);
   o.nccl = &nccl;
   const CommunicatorFactory factory(o);
@@ -99,7 +104,7 @@ TEST(CommunicatorFactoryTest, NcclGroupsRunOnTheCopiersStream) {
 
 TEST(CommunicatorFactoryTest, FailuresNameTheGroup) {
   InMemoryKvStore kv;
-  auto copier = CreateHostStageCopier();
+  auto copier = CreateHostStageCopier(&host_memory);
   CommunicatorFactory::Options o = Gloo(&kv, nullptr, 0);
   o.timeout = absl::Milliseconds(200);
   const CommunicatorFactory factory(o);

@@ -189,6 +189,30 @@ absl::Status StepAll(Cluster& cluster, JobRun& run, int step) {
   return absl::OkStatus();
 }
 
+// A setup that fails after the rank's communicators exist (bf16
+// Newton-Schulz on the cpu backend, found by the rules) fails the job with
+// the reason, and the job's failure aborts nothing that setup already
+// freed: the daemon once crashed here (an abort through a dangling
+// communicator). A good job then registers and steps on the same engines.
+TEST(EngineTest, SetupFailingAfterItsCommunicatorsLeavesTheEngineServing) {
+  Cluster cluster;
+  JobConfig bad = MakeJobConfig("setup-fails", 2, 1, "cost");
+  bad.muon_ns_precision = "bf16";
+  JobRun failing(bad);
+  ASSERT_OK(failing.Init());
+  EXPECT_THAT(failing.RegisterAll(cluster),
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       HasSubstr("supports only float32")));
+  const JobConfig good = MakeJobConfig("after-failed-setup", 2, 1, "cost");
+  JobRun run(good);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  ASSERT_OK(run.RunSteps(cluster, 1, 2));
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(good, 2, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+  ASSERT_OK(run.Deregister(cluster));
+}
+
 TEST(EngineTest, BadInputIsRejectedWithoutChangingState) {
   Cluster cluster;
   // dp 2 x tp 2: ranks 0, 1 on engine 0, ranks 2, 3 on engine 1.

@@ -1,16 +1,19 @@
 // The NCCL data plane (EngineOptions::comm "nccl") without a GPU: the
-// engine's device-resident step runs over FakeNcclApi in data mode (host
-// memory standing in for device memory, collectives summed in rank order)
-// with the cpu backend as the "device". Checked: every strategy's steps are
-// bitwise equal to the single-process reference; the translation of the
-// plan into NCCL calls (one reduce-scatter-v per bucket in bucket order,
-// one all-gather-v per bucket in reverse order, their element counts, the
-// same sequence on every rank, one world all-reduce); uneven buckets timed
-// per-root and padded, then run the way the DP group measured faster; no
-// allocation in
-// steady-state steps; CUDA IPC buffers copied on the stream after a
-// stream wait on the trainer's event, never through the host; settings
-// validated.
+// engine's device-resident step runs over FakeNcclApi in data mode
+// (collectives summed in rank order) with the cpu backend standing in for
+// the GPU under device memory's rules: its buffers are device-like memory
+// the host cannot dereference, every kernel, copy, conversion and
+// collective range is checked against the allocations as a driver would,
+// and host work has a cpu backend of its own (server/DESIGN.md 4.6).
+// Checked: every strategy's steps are bitwise equal to the single-process
+// reference; the translation of the plan into NCCL calls (one
+// reduce-scatter-v per bucket in bucket order, one all-gather-v per bucket
+// in reverse order, their element counts, the same sequence on every rank,
+// one world all-reduce); uneven buckets timed per-root and padded, then run
+// the way the DP group measured faster; no allocation in steady-state
+// steps; CUDA IPC buffers copied on the stream after a
+// stream wait on the trainer's event, never through the host; shared-memory
+// trainer buffers page-locked while their rank lives; settings validated.
 #include <map>
 #include <memory>
 #include <string>
@@ -19,6 +22,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -294,6 +299,30 @@ TEST_F(NcclJobTest, SteadyStateStepsAllocateNothing) {
   ASSERT_OK(run.Deregister(cluster_));
 }
 
+// Host (shared-memory) trainer buffers on the NCCL plane are page-locked
+// for the device while their rank lives, each mapped object once, so that
+// the staging copies are asynchronous DMA; a deregistered rank unpins them
+// when it goes (after its linger, JobRegistry::Options::linger, 5 s).
+TEST_F(NcclJobTest, SharedMemoryTrainerBuffersArePinnedWhileTheRankLives) {
+  const JobConfig config = MakeJobConfig("nccl-pinned", 2, 1, "cost");
+  ASSERT_OK(Register(config));
+  JobRun& run = *run_;
+  const std::vector<FakeNcclCall> pins = nccl_.calls_named("cudaHostRegister");
+  EXPECT_GE(pins.size(), static_cast<size_t>(config.world()));
+  EXPECT_EQ(nccl_.host_registered(), static_cast<int64_t>(pins.size()));
+  for (const FakeNcclCall& c : pins) EXPECT_GT(c.count, 0);
+  ASSERT_OK(run.RunSteps(cluster_, 1, 2));
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 2, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+  ASSERT_OK(run.Deregister(cluster_));
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (nccl_.host_registered() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(nccl_.host_registered(), 0);
+  EXPECT_EQ(nccl_.calls_named("cudaHostUnregister").size(), pins.size());
+}
+
 TEST(NcclEngineTest, IpcBuffersMoveOnTheStreamAfterWaitingForTheEvent) {
   SetCpuBlasThreads(1);
   FakeCudaIpc ipc;
@@ -314,6 +343,8 @@ TEST(NcclEngineTest, IpcBuffersMoveOnTheStreamAfterWaitingForTheEvent) {
     EXPECT_GT(nccl.calls_named("cudaStreamWaitEvent").size(), 0u);
     EXPECT_EQ(ipc.event_waits.load(), 0);
     EXPECT_EQ(ipc.copied_bytes.load(), 0);
+    // Device memory needs no pinning.
+    EXPECT_TRUE(nccl.calls_named("cudaHostRegister").empty());
     ASSERT_OK(run.Deregister(cluster));
   }
 }

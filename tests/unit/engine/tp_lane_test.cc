@@ -75,7 +75,7 @@ class TpLaneTest : public ::testing::Test {
         r.owned.param_at[i] = r.params.data() + r.layout.offset[i];
       }
       TpLane::Parts parts;
-      parts.copier = CreateHostStageCopier();
+      parts.copier = CreateHostStageCopier(&r.backend->allocations());
       parts.tp.comm = group_.TakeCommunicator(t);
       for (const GroupLayout& g : r.layout.groups) {
         GroupBuffers b;
