@@ -563,10 +563,6 @@ void EngineImpl::ImportState(const v1::ImportStateRequest& request,
 
 }  // namespace
 
-int NodeCudaDevices(const EngineOptions& options) {
-  return options.cuda_devices >= 0 ? options.cuda_devices : CudaDeviceCount();
-}
-
 absl::StatusOr<std::unique_ptr<Engine>> CreateEngine(EngineOptions options) {
   if (options.control == nullptr) {
     return absl::InvalidArgumentError("control: a KvStore is required");

@@ -22,7 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "canzona/v1/optimizer_service.pb.h"
-#include "server/engine/engine_impl.h"
+#include "server/engine/engine_options.h"
 #include "server/engine/job.h"
 #include "server/engine/job_agreement.h"
 #include "server/engine/job_registry.h"

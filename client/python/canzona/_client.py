@@ -21,31 +21,16 @@ import threading
 from canzona import _cuda
 from canzona import _doorbell
 from canzona._errors import CanzonaError
+from canzona._phases import DP_COMM, STEP_PHASES
 from canzona._shm import SharedBuffer, shm_name
+from canzona._targets import default_target, is_unix_target
 
 _TRANSPORTS = ("auto", "grpc", "bridge")
-_PHASES = ("reduce_scatter", "world_reduce", "local_compute", "tp_gather",
-           "tp_compute", "tp_scatter", "all_gather", "wait", "total",
-           "dp_comm", "dp_comm_exposed")
+_PHASES = STEP_PHASES + DP_COMM
 
 # Element types of parameter buffers, by the names torch and numpy use.
 _DTYPES = {"float32": "DTYPE_FLOAT32", "bfloat16": "DTYPE_BFLOAT16",
            "float16": "DTYPE_FLOAT16"}
-
-
-def is_unix_target(target):
-    return target.startswith("unix:") or target.startswith("unix-abstract:")
-
-
-def default_target():
-    """The daemon address: $CANZONA_TARGET, else the local daemon's socket."""
-    target = os.environ.get("CANZONA_TARGET")
-    if target:
-        return target
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return "unix:%s/canzona/canzonad.sock" % runtime
-    return "unix:/tmp/canzona-%d/canzonad.sock" % os.getuid()
 
 
 class Options:

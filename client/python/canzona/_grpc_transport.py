@@ -13,10 +13,10 @@ Thread-safety: thread-safe (gRPC channels and stubs are).
 import grpc
 from google.protobuf import json_format
 
-from canzona._client import is_unix_target
 from canzona._errors import CanzonaError
 from canzona._proto import optimizer_service_pb2 as _pb
 from canzona._proto import optimizer_service_pb2_grpc as _pb_grpc
+from canzona._targets import is_unix_target
 
 # Methods whose deadline is one of the options' (the others get 30 s).
 _DEADLINES = {

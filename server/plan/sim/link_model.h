@@ -45,7 +45,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "server/comm/nccl_communicator.h"
+#include "server/comm/nccl_uneven.h"
 #include "server/plan/sim/hardware_profile.h"
 
 namespace canzona::plan::sim {

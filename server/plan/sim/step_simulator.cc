@@ -304,8 +304,8 @@ class Run {
     for (size_t i = 0; i < gpus_.size(); ++i) {
       GpuState& g = gpus_[i];
       g.worker = start + collective;
-      AddSegment(g.out, Lane::kWorker, "world", began[i], g.worker);
-      g.out.phases.world += g.worker - began[i];
+      AddSegment(g.out, Lane::kWorker, "world_reduce", began[i], g.worker);
+      g.out.phases.world_reduce += g.worker - began[i];
     }
   }
 
@@ -318,8 +318,8 @@ class Run {
       const double began = g.worker;
       g.worker +=
           6 * kStagingBytes * g.owned_elements / memory_bps_ * g.slowdown;
-      AddSegment(g.out, Lane::kWorker, "world", began, g.worker);
-      g.out.phases.world += g.worker - began;
+      AddSegment(g.out, Lane::kWorker, "world_reduce", began, g.worker);
+      g.out.phases.world_reduce += g.worker - began;
     }
   }
 
@@ -634,7 +634,7 @@ class Run {
 const std::vector<PhaseField>& PhaseFields() {
   static const std::vector<PhaseField> fields = {
       {"reduce_scatter", &PhaseSeconds::reduce_scatter},
-      {"world", &PhaseSeconds::world},
+      {"world_reduce", &PhaseSeconds::world_reduce},
       {"local_compute", &PhaseSeconds::local_compute},
       {"tp_gather", &PhaseSeconds::tp_gather},
       {"tp_compute", &PhaseSeconds::tp_compute},

@@ -67,10 +67,11 @@ struct SimOptions {
   bool overlap = false;
 };
 
-// The phases as PhaseTimes names them, plus the world reductions.
+// The phases the simulator models, named as PhaseTimes and kStepPhases
+// (proto/step_phases.h) name them; tests/unit/plan/sim checks the names.
 struct PhaseSeconds {
   double reduce_scatter = 0;
-  double world = 0;
+  double world_reduce = 0;
   double local_compute = 0;
   double tp_gather = 0;
   double tp_compute = 0;
