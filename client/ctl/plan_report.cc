@@ -57,7 +57,7 @@ struct PhaseStyle {
 const std::vector<PhaseStyle>& Phases() {
   static const std::vector<PhaseStyle> phases = {
       {"reduce_scatter", "#4e79a7"}, {"cross_all_reduce", "#76b7b2"},
-      {"world", "#bab0ac"},          {"local_compute", "#59a14f"},
+      {"world_reduce", "#bab0ac"},   {"local_compute", "#59a14f"},
       {"tp_gather", "#f28e2b"},      {"tp_compute", "#e15759"},
       {"tp_scatter", "#edc948"},     {"all_gather", "#b07aa1"}};
   return phases;
@@ -239,11 +239,11 @@ class Report {
       const GpuSimulation& g = s.simulation->per_gpu[s.simulation->slowest];
       const plan::sim::PhaseSeconds& p = g.phases;
       const double pipeline =
-          std::max(0.0, p.total - p.reduce_scatter - p.world - p.local_compute -
-                            p.all_gather);
+          std::max(0.0, p.total - p.reduce_scatter - p.world_reduce -
+                            p.local_compute - p.all_gather);
       const std::pair<const char*, double> parts[] = {
           {"reduce_scatter", p.reduce_scatter},
-          {"world", p.world},
+          {"world_reduce", p.world_reduce},
           {"local_compute", p.local_compute},
           {"tp_compute", pipeline},
           {"all_gather", p.all_gather}};

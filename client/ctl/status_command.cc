@@ -7,10 +7,21 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/ctl/commands.h"
 #include "client/lib/client.h"
+#include "proto/step_phases.h"
 
 namespace canzona::ctl {
+namespace {
+
+// A phase's column: its name and "_ms", at least 9 wide.
+int ColumnWidth(const StepPhase& phase) {
+  const int named = static_cast<int>(std::string(phase.name).size()) + 3;
+  return named > 9 ? named : 9;
+}
+
+}  // namespace
 
 ConnectFlags& GlobalConnectFlags() {
   static ConnectFlags flags;
@@ -62,21 +73,25 @@ void AddStatusCommand(CLI::App& app) {
           job.job_id().c_str(), job.layout().pp(), job.layout().dp(),
           job.layout().tp(), job.strategy().c_str(), job.state().c_str(),
           job.registered_ranks(), job.plan_digest().c_str());
-      std::printf("  %-10s %6s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n", "rank",
-                  "steps", "rs_ms", "world_ms", "local_ms", "gather_ms",
-                  "tp_ms", "scatter_ms", "ag_ms", "wait_ms", "total_ms");
+      // One column per phase of kStepPhases, in milliseconds.
+      std::string header = absl::StrFormat("  %-10s %6s", "rank", "steps");
+      for (const StepPhase& phase : kStepPhases) {
+        absl::StrAppendFormat(&header, " %*s", ColumnWidth(phase),
+                              absl::StrCat(phase.name, "_ms"));
+      }
+      std::printf("%s\n", header.c_str());
       for (const auto& rank : job.local_ranks()) {
         const auto& s = rank.last_step_seconds();
-        std::printf(
-            "  %-10s %6lld %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f "
-            "%9.3f\n",
+        std::string line = absl::StrFormat(
+            "  %-10s %6d",
             absl::StrCat(rank.rank().pp_rank(), ".", rank.rank().dp_rank(), ".",
-                         rank.rank().tp_rank())
-                .c_str(),
-            static_cast<long long>(rank.steps_done()), 1e3 * s.reduce_scatter(),
-            1e3 * s.world_reduce(), 1e3 * s.local_compute(),
-            1e3 * s.tp_gather(), 1e3 * s.tp_compute(), 1e3 * s.tp_scatter(),
-            1e3 * s.all_gather(), 1e3 * s.wait(), 1e3 * s.total());
+                         rank.rank().tp_rank()),
+            rank.steps_done());
+        for (const StepPhase& phase : kStepPhases) {
+          absl::StrAppendFormat(&line, " %*.3f", ColumnWidth(phase),
+                                1e3 * (s.*phase.seconds)());
+        }
+        std::printf("%s\n", line.c_str());
       }
     }
   });

@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/lib/client.h"
+#include "proto/step_phases.h"
 
 namespace {
 
@@ -63,13 +64,9 @@ struct Shared {
   std::mutex mu;
   std::vector<double> losses;  // summed over DP groups
   std::vector<std::vector<double>> phase_samples =
-      std::vector<std::vector<double>>(8);
+      std::vector<std::vector<double>>(canzona::kStepPhases.size());
   std::string failure;
 };
-
-constexpr const char* kPhases[] = {
-    "reduce_scatter", "local_compute", "tp_gather", "tp_compute",
-    "tp_scatter",     "all_gather",    "wait",      "total"};
 
 void Fill(std::vector<float>& v, std::mt19937& rng, float scale) {
   std::normal_distribution<float> normal(0.0f, scale);
@@ -279,10 +276,9 @@ bool RunRankSteps(const Options& o, const std::vector<std::string>& targets,
     std::lock_guard<std::mutex> lock(shared.mu);
     if (tp == 0) shared.losses[static_cast<size_t>(step - 1)] += loss / o.dp;
     const auto& s = result->seconds();
-    const double values[] = {
-        s.reduce_scatter(), s.local_compute(), s.tp_gather(), s.tp_compute(),
-        s.tp_scatter(),     s.all_gather(),    s.wait(),      s.total()};
-    for (int i = 0; i < 8; ++i) shared.phase_samples[i].push_back(values[i]);
+    for (size_t i = 0; i < canzona::kStepPhases.size(); ++i) {
+      shared.phase_samples[i].push_back((s.*canzona::kStepPhases[i].seconds)());
+    }
   }
   (void)(*client)->Deregister(o.job, request.rank());
   return true;
@@ -362,8 +358,8 @@ int main(int argc, char** argv) {
   std::printf(
       "optimizer step latency per phase (ms, over all ranks and steps):\n");
   std::printf("  %-15s %10s %10s\n", "phase", "p50", "p99");
-  for (int i = 0; i < 8; ++i) {
-    std::printf("  %-15s %10.3f %10.3f\n", kPhases[i],
+  for (size_t i = 0; i < canzona::kStepPhases.size(); ++i) {
+    std::printf("  %-15s %10.3f %10.3f\n", canzona::kStepPhases[i].name,
                 1e3 * Percentile(shared.phase_samples[i], 0.5),
                 1e3 * Percentile(shared.phase_samples[i], 0.99));
   }

@@ -1,6 +1,27 @@
 #include "server/metrics/canzona_metrics.h"
 
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "proto/step_phases.h"
+
 namespace canzona {
+namespace {
+
+// "Seconds per optimizer step phase (reduce_scatter, ..., total)." from the
+// one list of phases.
+std::string StepPhaseHelp() {
+  return absl::StrCat(
+      "Seconds per optimizer step phase (",
+      absl::StrJoin(kStepPhases, ", ",
+                    [](std::string* out, const StepPhase& phase) {
+                      out->append(phase.name);
+                    }),
+      ").");
+}
+
+}  // namespace
 
 std::vector<double> StepPhaseBuckets() {
   return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -9,12 +30,9 @@ std::vector<double> StepPhaseBuckets() {
 
 CanzonaMetrics CanzonaMetrics::Register(MetricsRegistry* r) {
   CanzonaMetrics m;
-  m.step_phase_seconds = r->AddHistogram(
-      "canzona_step_phase_seconds",
-      "Seconds per optimizer step phase (reduce_scatter, world_reduce, "
-      "local_compute, tp_gather, tp_compute, tp_scatter, all_gather, wait, "
-      "total).",
-      {"job", "rank", "phase"}, StepPhaseBuckets());
+  m.step_phase_seconds =
+      r->AddHistogram("canzona_step_phase_seconds", StepPhaseHelp(),
+                      {"job", "rank", "phase"}, StepPhaseBuckets());
   m.steps_total = r->AddCounter("canzona_steps_total",
                                 "Optimizer steps finished (skipped included).",
                                 {"job", "rank"});

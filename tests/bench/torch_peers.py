@@ -639,8 +639,10 @@ def main():
           "(> 1: faster than the peer)")
     for r in rows:
         if r["daemon_phases_ms"]:
-            named = ("reduce_scatter", "world_reduce", "local_compute",
-                     "all_gather", "wait", "total", "dp_comm_exposed")
+            # Data parallel only: the TP phases are zero.
+            from canzona._phases import STEP_PHASES
+            named = [p for p in STEP_PHASES if not p.startswith("tp_")]
+            named.append("dp_comm_exposed")
             print("%-16s daemon ms: %s" % (r["mode"], ", ".join(
                 "%s %.1f" % (n, r["daemon_phases_ms"][n]) for n in named)))
     if args.json:

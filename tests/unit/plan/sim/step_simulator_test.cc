@@ -89,9 +89,10 @@ TEST(StepSimulatorTest, OneRankRunsTheCostModelsWork) {
   EXPECT_EQ(s.slowest_per_phase.tp_gather, 0);
   EXPECT_GT(s.step_s, s.slowest_per_phase.local_compute);
   const PhaseSeconds& ph = s.per_gpu[0].phases;
-  EXPECT_NEAR(ph.total,
-              ph.reduce_scatter + ph.world + ph.local_compute + ph.all_gather,
-              1e-12);
+  EXPECT_NEAR(
+      ph.total,
+      ph.reduce_scatter + ph.world_reduce + ph.local_compute + ph.all_gather,
+      1e-12);
 }
 
 TEST(StepSimulatorTest, RanksShareTheNodesComputeUnits) {
