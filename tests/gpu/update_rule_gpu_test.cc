@@ -1,11 +1,15 @@
-// The update rules on the cuda backend against the same rules on the cpu
-// backend, on well-conditioned gradients: G_t = U diag(s_t) V^T with fixed
-// random orthogonal U, V and singular values spread over [1, 2], so the
-// Shampoo and SOAP factors have eigenvalue gaps of about 1.5% of their norm
-// and their eigenbases are determined to ~1e-5 in fp32 (cuSOLVER and
-// LAPACK may differ only by that and by column signs, which the rules'
-// results do not depend on). Tolerance 1e-4 of the parameter's magnitude
-// after four steps. Skips without a CUDA device.
+// The update rules on the cuda backend against a float64 reference of each
+// rule (tests/unit/optim/reference.h, independent of both backends) and
+// against the cpu backend, on well-conditioned gradients: G_t = U diag(s_t)
+// V^T with fixed random orthogonal U, V and singular values spread over
+// [1, 2], so the Shampoo and SOAP factors have eigenvalue gaps of about
+// 1.5% of their norm and their eigenbases are determined to ~1e-5 in fp32
+// (cuSOLVER and LAPACK may differ only by that and by column signs, which
+// the rules' results do not depend on). Tolerance 1e-4 of the parameter's
+// magnitude after four steps: four steps of at most lr each, moved by
+// fp32 bases good to ~1e-5 (the cpu backend meets it, checked here too, so
+// a failure says which backend left the reference). Skips without a CUDA
+// device.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -21,6 +25,7 @@
 #include "server/optim/optimizer_config.h"
 #include "server/optim/update_rule.h"
 #include "tests/matchers/status_matchers.h"
+#include "tests/unit/optim/reference.h"
 
 namespace canzona {
 namespace {
@@ -96,6 +101,52 @@ absl::StatusOr<std::vector<float>> RunRule(
   return host;
 }
 
+// The same steps in float64 (tests/unit/optim/reference.h).
+absl::StatusOr<std::vector<float>> RunReference(
+    OptimizerKind kind,
+    const std::vector<std::pair<std::string, std::string>>& settings, int rows,
+    int cols, const std::vector<std::vector<float>>& grads) {
+  CANZONA_ASSIGN_OR_RETURN(OptimizerConfig config,
+                           MakeOptimizerConfig(kind, settings));
+  std::unique_ptr<optim_test::RefRule> ref;
+  switch (kind) {
+    case OptimizerKind::kMuon:
+      ref = std::make_unique<optim_test::MuonRef>(config.muon, rows, cols);
+      break;
+    case OptimizerKind::kAdamW:
+      ref = std::make_unique<optim_test::AdamWRef>(config.adamw,
+                                                   int64_t{rows} * cols);
+      break;
+    case OptimizerKind::kShampoo:
+      ref =
+          std::make_unique<optim_test::ShampooRef>(config.shampoo, rows, cols);
+      break;
+    case OptimizerKind::kSoap:
+      ref = std::make_unique<optim_test::SoapRef>(config.soap, rows, cols);
+      break;
+  }
+  const int64_t n = static_cast<int64_t>(rows) * cols;
+  std::vector<float> initial(n);
+  for (int64_t i = 0; i < n; ++i) initial[i] = Initial(i);
+  optim_test::Mat p = optim_test::FromFloats(rows, cols, initial);
+  for (const std::vector<float>& grad : grads) {
+    ref->Step(p, optim_test::FromFloats(rows, cols, grad),
+              ConfigLearningRate(config));
+  }
+  std::vector<float> out(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(p.a[i]);
+  return out;
+}
+
+// The largest difference between two parameter vectors.
+float Worst(const std::vector<float>& a, const std::vector<float>& b) {
+  float worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::fabs(a[i] - b[i]));
+  }
+  return worst;
+}
+
 struct Case {
   std::string name;
   OptimizerKind kind;
@@ -115,19 +166,26 @@ TEST_P(UpdateRuleGpuTest, CudaMatchesCpuOnWellConditionedGradients) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Backend> cpu,
                        CreateBackend(BackendKind::kCpu));
   const auto grads = Gradients(c.rows, c.cols, /*seed=*/7);
+  ASSERT_OK_AND_ASSIGN(std::vector<float> reference,
+                       RunReference(c.kind, c.settings, c.rows, c.cols, grads));
   ASSERT_OK_AND_ASSIGN(
       std::vector<float> want,
       RunRule(*cpu, c.kind, c.settings, c.rows, c.cols, grads));
   ASSERT_OK_AND_ASSIGN(
       std::vector<float> got,
       RunRule(*cuda, c.kind, c.settings, c.rows, c.cols, grads));
-  float scale = 0, worst = 0, moved = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    scale = std::max(scale, std::fabs(want[i]));
-    worst = std::max(worst, std::fabs(got[i] - want[i]));
-    moved = std::max(moved, std::fabs(want[i] - Initial(i)));
+  float scale = 0, moved = 0;
+  for (size_t i = 0; i < reference.size(); ++i) {
+    scale = std::max(scale, std::fabs(reference[i]));
+    moved = std::max(moved, std::fabs(reference[i] - Initial(i)));
   }
-  EXPECT_LE(worst, 1e-4f * scale) << c.name;
+  const float cuda_error = Worst(got, reference);
+  const float cpu_error = Worst(want, reference);
+  EXPECT_LE(cuda_error, 1e-4f * scale)
+      << c.name << ": cuda against float64 (cpu against float64: " << cpu_error
+      << ")";
+  EXPECT_LE(cpu_error, 1e-4f * scale) << c.name << ": cpu against float64";
+  EXPECT_LE(Worst(got, want), 1e-4f * scale) << c.name << ": cuda against cpu";
   // The rule moved the parameters (a no-op would pass the comparison).
   EXPECT_GT(moved, 1e-3f * scale) << c.name;
 }
