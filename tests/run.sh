@@ -27,6 +27,22 @@ canzona_cuda_path
 
 build="${BUILD_DIR:-$root/build}"
 jobs="${CANZONA_JOBS:-$(nproc)}"
+
+# Stage times, printed at the end (and on failure): where CI's minutes go.
+stage_times=()
+stage_start=0
+stage_done() {
+  stage_times+=("$(printf '%-26s %5d s' "$1" $((SECONDS - stage_start)))")
+  stage_start=$SECONDS
+}
+print_stage_times() {
+  ((${#stage_times[@]} > 0)) || return 0
+  echo "canzona: stage times"
+  printf '  %s\n' "${stage_times[@]}"
+  printf '  %-26s %5d s\n' "total" "$SECONDS"
+}
+trap print_stage_times EXIT
+stage_done "install dependencies"
 # OpenBLAS threads compete with ctest's parallel jobs on small machines.
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 
@@ -35,7 +51,9 @@ if [[ "${CANZONA_SANITIZERS_ONLY:-0}" != 1 ]]; then
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build/configure.log" 2>&1 \
     || { cat "$build/configure.log"; exit 1; }
   cmake --build "$build" -j "$jobs"
+  stage_done "normal: configure + build"
   (cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 900 "$@")
+  stage_done "normal: ctest"
 fi
 
 # --- Bundle stage ------------------------------------------------------------
@@ -59,6 +77,7 @@ if [[ "${CANZONA_SKIP_BUNDLE:-0}" != 1 && "${CANZONA_SANITIZERS_ONLY:-0}" != 1 ]
   else
     echo "canzona: bundle stage passed in $((SECONDS - bundle_start)) s"
   fi
+  stage_done "bundle: chroot smoke"
 fi
 
 if [[ "${CANZONA_SKIP_SANITIZERS:-0}" == 1 ]]; then
@@ -87,6 +106,7 @@ mapfile -t unit_targets < <(sed -n 's/^canzona_add_test(\([A-Za-z0-9_]*\).*/\1/p
   "$root"/tests/unit/*/CMakeLists.txt)
 cmake --build "$asan" -j "$jobs" --target canzonactl tp_mlp_trainer "${unit_targets[@]}" \
   canzona_request_fuzzer canzona_soak_bench
+stage_done "sanitizers: configure + build"
 
 san_dir="$root/tests/sanitizers"
 # The same flags as tests/sanitizers/sanitizer_options.cc compiles in, made
@@ -107,4 +127,5 @@ while IFS= read -r line; do
 done <"$san_dir/known_failures.txt"
 (cd "$asan" && ctest --output-on-failure -j "$jobs" --timeout 900 \
   -L 'unit|fuzz|soak' -E "$exclude")
+stage_done "sanitizers: ctest"
 echo "canzona: sanitizer stage passed in $((SECONDS - san_start)) s"
