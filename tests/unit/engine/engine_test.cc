@@ -190,7 +190,7 @@ absl::Status StepAll(Cluster& cluster, JobRun& run, int step) {
 }
 
 // A setup that fails after the rank's communicators exist (bf16
-// Newton-Schulz on the cpu backend, found by the rules) fails the job with
+// Newton-Schulz on the cpu backend, refused by the rules) fails the job with
 // the reason, and the job's failure aborts nothing that setup already
 // freed: the daemon once crashed here (an abort through a dangling
 // communicator). A good job then registers and steps on the same engines.
@@ -201,8 +201,8 @@ TEST(EngineTest, SetupFailingAfterItsCommunicatorsLeavesTheEngineServing) {
   JobRun failing(bad);
   ASSERT_OK(failing.Init());
   EXPECT_THAT(failing.RegisterAll(cluster),
-              StatusIs(absl::StatusCode::kUnimplemented,
-                       HasSubstr("supports only float32")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("ns_precision: bf16 needs the cuda backend")));
   const JobConfig good = MakeJobConfig("after-failed-setup", 2, 1, "cost");
   JobRun run(good);
   ASSERT_OK(run.Init());
