@@ -93,9 +93,15 @@ class Terminated(BaseException):
     """SIGTERM (the runner's timeout): stop, but write what was measured."""
 
 
+# Set by the handler: a cleanup that raises on the way out (closing the
+# optimizer mid-step) must not turn the stop into an ordinary row failure.
+STOP = {}
+
+
 def on_sigterm(signum, frame):
     del signum, frame
-    raise Terminated("terminated by SIGTERM (time limit?)")
+    STOP["why"] = "terminated by SIGTERM (time limit?)"
+    raise Terminated(STOP["why"])
 
 
 def load_example():
@@ -322,15 +328,6 @@ def run_row(torch, canzona_torch, example, args, size, dtype_name, muon_cls,
     shape = shape_of(size, args)
     config = make_config(example, shape, args)
     row["shape"] = shape
-    elapsed = time.monotonic() - started
-    if state.get("daemon_lost"):
-        row.update(status="failed", reason="not run: the daemon was lost "
-                   "earlier (%s)" % state["daemon_lost"])
-        return row
-    if elapsed >= args.budget:
-        row["reason"] = "time budget spent (%.0f s of %d s)" % (
-            elapsed, args.budget)
-        return row
     # The parameter count without building the model (the example's
     # Decoder: embeddings, lm_head, final norm, per layer 4 attention and
     # 3 MLP matrices and 4 norms).
@@ -340,6 +337,15 @@ def run_row(torch, canzona_torch, example, args, size, dtype_name, muon_cls,
     row["matrix_params"] = matrices
     row["params"] = (matrices + 2 * shape["vocab"] * h + h +
                      shape["layers"] * (2 * h + 2 * d))
+    elapsed = time.monotonic() - started
+    if state.get("daemon_lost"):
+        row.update(status="failed", reason="not run: the daemon was lost "
+                   "earlier (%s)" % state["daemon_lost"])
+        return row
+    if elapsed >= args.budget:
+        row["reason"] = "time budget spent (%.0f s of %d s)" % (
+            elapsed, args.budget)
+        return row
     problems, skips = [], []
     for side in ("torch", "canzona"):
         failure = None
@@ -356,6 +362,8 @@ def run_row(torch, canzona_torch, example, args, size, dtype_name, muon_cls,
                 state["daemon_lost"] = failure[1]
             if not failure[0]:
                 traceback.print_exc()
+        if STOP:
+            raise Terminated(STOP["why"])
         # The exception and its frames (and their tensors) are gone here.
         free_memory(torch, device)
         if failure is not None:
@@ -514,9 +522,10 @@ def main():
             run(args, result)
         except BaseException as e:  # noqa: BLE001  Terminated included
             traceback.print_exc()
-            result.update(status="failed",
-                          reason="%s: %s (%s)" % (type(e).__name__, e,
-                                                  result["reason"]))
+            reason = "%s: %s" % (type(e).__name__, e)
+            if result["reason"]:  # "stopped after N of M rows"
+                reason += " (%s)" % result["reason"]
+            result.update(status="failed", reason=reason)
         finally:
             if daemon is not None:
                 daemon.terminate()
