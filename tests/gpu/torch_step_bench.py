@@ -414,6 +414,9 @@ def run(args, result):
         return
     result["device"] = (torch.cuda.get_device_name(0)
                         if args.device == "cuda" else "cpu")
+    # torch's defaults, left as they are (both sides' forward and backward).
+    result["settings"]["tf32_matmul"] = bool(
+        torch.backends.cuda.matmul.allow_tf32)
     muon_cls = getattr(torch.optim, "Muon", None)
     if muon_cls is None:
         if not args.allow_builtin_muon:
