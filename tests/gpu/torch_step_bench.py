@@ -421,7 +421,8 @@ def run(args, result):
     if muon_cls is None:
         if not args.allow_builtin_muon:
             result.update(status="skipped", reason=(
-                "torch %s has no torch.optim.Muon (>= 2.9)" % torch.__version__))
+                "torch %s has no torch.optim.Muon (>= 2.9)" %
+                torch.__version__))
             return
         muon_cls = torch_check.builtin_muon(torch)
         result["reference"] = ("built-in copy of torch.optim.Muon's "
