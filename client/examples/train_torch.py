@@ -48,7 +48,8 @@ class RMSNorm(nn.Module):
 def rope(x, positions):
     """Rotary position embedding over the last dimension (pairs of halves)."""
     half = x.shape[-1] // 2
-    freqs = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float32) / half))
+    freqs = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float32,
+                                          device=x.device) / half))
     angles = positions[:, None].float() * freqs[None, :]
     # In the activations' dtype, so a bf16 / fp16 model stays in it.
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
@@ -73,7 +74,7 @@ class Attention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(b, t, c.heads, c.head_dim))
         k = self.k_norm(self.k_proj(x).view(b, t, c.kv_heads, c.head_dim))
         v = self.v_proj(x).view(b, t, c.kv_heads, c.head_dim)
-        positions = torch.arange(t)
+        positions = torch.arange(t, device=x.device)
         q = rope(q.transpose(1, 2), positions)
         k = rope(k.transpose(1, 2), positions)
         v = v.transpose(1, 2)
@@ -81,7 +82,7 @@ class Attention(nn.Module):
         k = k.repeat_interleave(repeat, dim=1)
         v = v.repeat_interleave(repeat, dim=1)
         scores = q @ k.transpose(-1, -2) / math.sqrt(c.head_dim)
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(mask, float("-inf"))
         out = F.softmax(scores, dim=-1) @ v
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))

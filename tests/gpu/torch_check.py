@@ -304,13 +304,16 @@ class Float32MuonNs:
         self.module._zeropower_via_newtonschulz = self.original
 
 
-def start_daemon(args, workdir):
+def start_daemon(args, workdir, extra_args=()):
+    """args.canzonad --backend args.backend [extra_args] on a private
+    socket in workdir; (process, target) once it is ready."""
     socket = os.path.join(workdir, "canzonad.sock")
     ready = os.path.join(workdir, "ready")
     log = open(os.path.join(workdir, "canzonad.log"), "w")
     proc = subprocess.Popen(
         [args.canzonad, "--unix-socket", socket, "--ready-file", ready,
-         "--metrics-address", "", "--backend", args.backend],
+         "--metrics-address", "", "--backend", args.backend] +
+        list(extra_args),
         stdout=log, stderr=subprocess.STDOUT)
     for _ in range(300):
         if os.path.exists(ready) and os.path.getsize(ready) > 0:

@@ -8,7 +8,7 @@
   - every gpu-labelled test binary ran, nothing failed, and its tests that
     need a GPU reported skipped;
   - the GPU checks (bench kernels, torch NS5, the cuda step benchmarks, the
-    PyTorch check) are skipped because there is no GPU;
+    PyTorch check and step benchmark) are skipped because there is no GPU;
   - with --no-python: the Python checks are skipped for want of python3.
 
     check_report.py REPORT_DIR [--gpu-tests N] [--no-python]
@@ -20,7 +20,8 @@ import os
 import sys
 
 GPU_CHECKS = ("bench-kernels-bf16", "bench-kernels-fp32", "torch-ns5",
-              "step-cuda-nccl-ws1", "step-cuda-gloo-dp2", "torch-check")
+              "step-cuda-nccl-ws1", "step-cuda-gloo-dp2", "torch-check",
+              "torch-step-bench")
 CPU_CHECKS = ("cpu-step-bench", "cpu-tp-mlp-trainer")
 PYTHON_CHECKS = ("torch-check", "python-example-trainer")
 

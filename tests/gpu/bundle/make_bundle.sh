@@ -117,7 +117,8 @@ cp "$root"/server/plan/models/*.json "$top/share/canzona/models/"
 cp "$here/tiny_model.json" "$top/share/canzona/bundle/tiny-model.json"
 cp "$here/run.sh" "$top/run.sh"
 cp "$here/runner_checks.sh" "$here/runner_environment.sh" "$top/share/canzona/bundle/"
-cp "$here/probe_python.py" "$root/tests/gpu/torch_ns_bench.py" "$root/tests/gpu/torch_check.py" "$top/checks/"
+cp "$here/probe_python.py" "$root/tests/gpu/torch_ns_bench.py" "$root/tests/gpu/torch_check.py" \
+  "$root/tests/gpu/torch_step_bench.py" "$top/checks/"
 
 # The Python package (pure Python, its gRPC stubs committed) and its
 # pyproject, without caches or build leftovers; its one compiled helper is

@@ -22,7 +22,9 @@
 #   step        canzonactl bench step against canzonad --backend cuda with
 #               --comm nccl (world size 1) and --comm gloo (DP2 on one GPU)
 #   torch       checks/torch_check.py: canzona.torch vs torch.optim.Muon +
-#               AdamW on the GPU; the Python example trainer on a cpu daemon
+#               AdamW on the GPU; checks/torch_step_bench.py: their step and
+#               iteration times at 100M / Qwen3-0.6B / Qwen3-8B shapes; the
+#               Python example trainer on a cpu daemon
 # Without a GPU the GPU checks are skipped ("no GPU") and the rest runs;
 # without python3 / torch / the canzona package the Python checks are
 # skipped with the reason.
@@ -33,7 +35,7 @@
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-usage() { sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 report=""
 budget=480
@@ -178,6 +180,21 @@ else
     env PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
     "$python" "$here/checks/torch_check.py" --target "$(sock d0)" --device cuda --steps 20 \
     --out "$report/data/torch-check.json"
+fi
+# canzona.torch's opt.step() and whole iteration against torch.optim.Muon +
+# AdamW at 100M / Qwen3-0.6B / Qwen3-8B shapes, fp32 and bf16 models (the
+# goals are judged in the report); sizes that do not fit are skipped rows.
+if ((!gpu)); then
+  skip torch-step-bench torch torch_step_bench "$no_gpu"
+elif [[ -n "$canzona_reason$torch_reason" ]]; then
+  skip torch-step-bench torch torch_step_bench "${canzona_reason:-$torch_reason}"
+else
+  with_daemons torch-step-bench torch torch_step_bench 180 data/torch-step-bench.json \
+    "--backend cuda --comm nccl --step-timeout 120 --register-timeout 120" -- \
+    env PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+    "$python" "$here/checks/torch_step_bench.py" --target "$(sock d0)" --device cuda \
+    --sizes 100m,0.6b,8b --dtypes fp32,bf16 --warmup 3 --steps 5 --budget 150 \
+    --models-dir "$models" --out "$report/data/torch-step-bench.json"
 fi
 if [[ -n "$canzona_reason" ]]; then
   skip python-example-trainer torch generic "$canzona_reason"

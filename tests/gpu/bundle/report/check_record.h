@@ -35,7 +35,7 @@ struct CheckRecord {
   std::string name;   // "gpu-test canzona_gpu_test"
   std::string group;  // "gpu tests", "kernels", ...
   // How its output is read: gtest, kernels, torch_ns, step, torch_check,
-  // trainer or generic (exit status only).
+  // torch_step_bench, trainer or generic (exit status only).
   std::string kind = "generic";
   bool ran = false;    // false: skipped before it started
   std::string reason;  // why it did not run

@@ -271,7 +271,8 @@ CheckResult EvaluateCheck(const CheckRecord& record,
   if (record.kind == "kernels" || record.kind == "step") {
     return EvaluateJsonTool(record, report_dir, std::move(result));
   }
-  if (record.kind == "torch_ns" || record.kind == "torch_check") {
+  if (record.kind == "torch_ns" || record.kind == "torch_check" ||
+      record.kind == "torch_step_bench") {
     return EvaluateSelfJudged(record, report_dir, std::move(result));
   }
   if (record.kind == "trainer") {

@@ -30,7 +30,8 @@ struct CheckResult {
   // Failed or skipped: why. Passed: a note ("3 skipped") or empty.
   std::string reason;
   // Per kind: gtest {tests, passed, failed, skipped, failed_tests,
-  // skip_reasons}; kernels, step, torch_ns, torch_check: their JSON output
+  // skip_reasons}; kernels, step, torch_ns, torch_check, torch_step_bench:
+  // their JSON output
   // (step: the modes' medians); trainer {first_loss, last_loss, steps}.
   nlohmann::json figures = nlohmann::json::object();
 };

@@ -9,6 +9,7 @@
 #include "tests/gpu/bundle/report/check_record.h"
 #include "tests/gpu/bundle/report/check_result.h"
 #include "tests/gpu/bundle/report/kernel_comparison.h"
+#include "tests/gpu/bundle/report/torch_step_comparison.h"
 
 namespace canzona::bundle {
 namespace {
@@ -92,6 +93,7 @@ absl::StatusOr<nlohmann::json> BuildReport(
                        {"skipped", skipped},
                        {"total", passed + failed + skipped}};
   report["newton_schulz"] = CompareKernels(results);
+  report["torch_step_bench"] = CompareTorchSteps(results);
   return report;
 }
 

@@ -8,7 +8,8 @@
 // report.json: {schema, bundle{}, machine{}, gpu{}, run{}, cuda_libraries[],
 // checks[{name, group, kind, status, reason, duration_s, limit_s, command,
 // log, data, figures}], summary{passed, failed, skipped, total},
-// newton_schulz[] (kernel_comparison.h)}. env.txt keys bundle_*, machine_*,
+// newton_schulz[] (kernel_comparison.h), torch_step_bench{} (null without
+// that check; torch_step_comparison.h)}. env.txt keys bundle_*, machine_*,
 // gpu_*, run_* land in the object of that prefix; cudalib.<soname>.<field>
 // in cuda_libraries.
 //

@@ -1,7 +1,7 @@
 // The bundle report writer (canzona-bundle-report) on report directories
 // written here the way the runner writes them: record parsing, each kind's
 // outcome, the Newton-Schulz comparison's arithmetic, the assembled report
-// and its Markdown.
+// and its Markdown, the optimizer step benchmark's table and goals.
 #include "tests/gpu/bundle/report/report.h"
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 #include "tests/gpu/bundle/report/check_record.h"
 #include "tests/gpu/bundle/report/check_result.h"
 #include "tests/gpu/bundle/report/kernel_comparison.h"
+#include "tests/gpu/bundle/report/torch_step_comparison.h"
 #include "tests/matchers/status_matchers.h"
 
 namespace canzona::bundle {
@@ -321,6 +322,138 @@ TEST_F(ReportDir, BuildsTheReportAndItsMarkdown) {
   Write("checks/04-bad.rec", "name=x\n");
   EXPECT_THAT(BuildReport(dir_), StatusIs(absl::StatusCode::kInvalidArgument,
                                           HasSubstr("04-bad.rec")));
+}
+
+// torch_step_bench.py's JSON: five rows, one skipped for memory; the
+// script's own ratio in the first row is wrong on purpose (the report
+// computes its ratios from the medians).
+constexpr char kTorchStepBench[] = R"({
+  "status": "passed", "reason": "8b fp32: out of memory: torch side: ...",
+  "torch": "2.9.0+cu130", "device": "NVIDIA H200",
+  "reference": "torch.optim.Muon + torch.optim.AdamW",
+  "rows": [
+    {"size": "100m", "dtype": "fp32", "status": "measured", "reason": "",
+     "params": 105000000, "canzona_step_ms": 2, "torch_step_ms": 5,
+     "step_ratio": 99, "canzona_iteration_ms": 10, "torch_iteration_ms": 14},
+    {"size": "0.6b", "dtype": "fp32", "status": "measured", "reason": "",
+     "params": 751632384, "canzona_step_ms": 4, "torch_step_ms": 14,
+     "canzona_iteration_ms": 20, "torch_iteration_ms": 28},
+    {"size": "0.6b", "dtype": "bf16", "status": "measured", "reason": "",
+     "params": 751632384, "canzona_step_ms": 5, "torch_step_ms": 10,
+     "canzona_iteration_ms": 20, "torch_iteration_ms": 32},
+    {"size": "8b", "dtype": "fp32", "status": "skipped",
+     "reason": "out of memory: torch side: OutOfMemoryError: CUDA oom",
+     "params": 8190735360, "canzona_step_ms": 120, "torch_step_ms": null},
+    {"size": "8b", "dtype": "bf16", "status": "measured", "reason": "",
+     "params": 8190735360, "canzona_step_ms": 100, "torch_step_ms": 160,
+     "canzona_iteration_ms": 900, "torch_iteration_ms": 960}]})";
+
+TEST_F(ReportDir, TorchStepBenchTableAndGoals) {
+  Write("env.txt", "gpu_present=1\ngpu_name=NVIDIA H200\n");
+  Write("checks/01-bench.rec",
+        "name=torch-step-bench\nkind=torch_step_bench\nstate=ran\n"
+        "exit_code=0\nlog=logs/bench.log\ndata=data/bench.json\n");
+  Write("logs/bench.log", "");
+  Write("data/bench.json", kTorchStepBench);
+  ASSERT_OK_AND_ASSIGN(json report, BuildReport(dir_));
+  EXPECT_EQ(report["checks"][0]["status"], "passed");
+  const json& bench = report["torch_step_bench"];
+  EXPECT_EQ(bench["device"], "NVIDIA H200");
+  ASSERT_EQ(bench["rows"].size(), 5u);
+  EXPECT_NEAR(bench["rows"][0]["step_ratio"].get<double>(), 2.5, 1e-12);
+  EXPECT_NEAR(bench["rows"][0]["iteration_ratio"].get<double>(), 1.4, 1e-12);
+  EXPECT_TRUE(bench["rows"][3]["step_ratio"].is_null());
+  EXPECT_EQ(bench["rows"][3]["status"], "skipped");
+  // Three goals, each for fp32 and bf16.
+  ASSERT_EQ(bench["goals"].size(), 6u);
+  auto goal = [&](const char* measure, const char* size, const char* dtype) {
+    for (const json& g : bench["goals"]) {
+      if (g["measure"] == measure && g["size"] == size && g["dtype"] == dtype) {
+        return g;
+      }
+    }
+    return json();
+  };
+  EXPECT_EQ(goal("step", "0.6b", "fp32")["status"], "met");
+  EXPECT_EQ(goal("step", "0.6b", "bf16")["status"], "not met");
+  EXPECT_EQ(goal("step", "8b", "fp32")["status"], "not measured");
+  EXPECT_EQ(goal("step", "8b", "bf16")["status"], "met");
+  EXPECT_EQ(goal("iteration", "0.6b", "fp32")["status"], "not met");
+  EXPECT_EQ(goal("iteration", "0.6b", "bf16")["status"], "met");
+  EXPECT_NEAR(goal("iteration", "0.6b", "bf16")["ratio"].get<double>(), 1.6,
+              1e-12);
+
+  const std::string md = RenderMarkdown(report);
+  EXPECT_THAT(md, HasSubstr("## Optimizer step: canzona.torch vs "
+                            "torch.optim.Muon + AdamW\n\nOn **NVIDIA H200**"));
+  EXPECT_THAT(md, HasSubstr("| 100m | fp32 | 105.0 M | 2.000 | 5.000 | 2.50x | "
+                            "10.000 | 14.000 | 1.40x | measured |\n"));
+  EXPECT_THAT(md, HasSubstr("| 0.6b | fp32 | 751.6 M | 4.000 | 14.000 | 3.50x "
+                            "| 20.000 | 28.000 | 1.40x | measured |\n"));
+  EXPECT_THAT(md, HasSubstr("| 8b | fp32 | 8190.7 M | 120.000 | – | – | – | – "
+                            "| – | skipped: out of memory: torch side: "
+                            "OutOfMemoryError: CUDA oom |\n"));
+  EXPECT_THAT(md, HasSubstr("- step >= 3.0x faster than torch at 0.6b, fp32: "
+                            "**met** (3.50x)\n"));
+  EXPECT_THAT(md, HasSubstr("- step >= 3.0x faster than torch at 0.6b, bf16: "
+                            "**not met** (2.00x)\n"));
+  EXPECT_THAT(md, HasSubstr("- step >= 1.5x faster than torch at 8b, fp32: "
+                            "**not measured** (skipped: out of memory: torch "
+                            "side: OutOfMemoryError: CUDA oom)\n"));
+  EXPECT_THAT(md, HasSubstr("- step >= 1.5x faster than torch at 8b, bf16: "
+                            "**met** (1.60x)\n"));
+  EXPECT_THAT(md, HasSubstr("- iteration >= 1.5x faster than torch at 0.6b, "
+                            "fp32: **not met** (1.40x)\n"));
+  EXPECT_THAT(md, HasSubstr("- iteration >= 1.5x faster than torch at 0.6b, "
+                            "bf16: **met** (1.60x)\n"));
+}
+
+TEST_F(ReportDir, TorchStepBenchNotRunLeavesEveryGoalNotMeasured) {
+  Write("checks/01-bench.rec",
+        "name=torch-step-bench\nkind=torch_step_bench\nstate=skipped\n"
+        "reason=no GPU (no nvidia-smi)\n");
+  ASSERT_OK_AND_ASSIGN(json report, BuildReport(dir_));
+  const json& bench = report["torch_step_bench"];
+  EXPECT_TRUE(bench["rows"].empty());
+  ASSERT_EQ(bench["goals"].size(), 6u);
+  for (const json& g : bench["goals"]) {
+    EXPECT_EQ(g["status"], "not measured");
+    EXPECT_EQ(g["reason"], "check skipped: no GPU (no nvidia-smi)");
+  }
+  const std::string md = RenderMarkdown(report);
+  EXPECT_THAT(md, HasSubstr("Nothing measured: skipped (no GPU (no "
+                            "nvidia-smi))."));
+  EXPECT_THAT(md, HasSubstr("- step >= 3.0x faster than torch at 0.6b, fp32: "
+                            "**not measured** (check skipped: no GPU"));
+  // Without the check there is no section.
+  std::filesystem::remove(dir_ / "checks/01-bench.rec");
+  ASSERT_OK_AND_ASSIGN(report, BuildReport(dir_));
+  EXPECT_TRUE(report["torch_step_bench"].is_null());
+  EXPECT_THAT(RenderMarkdown(report),
+              ::testing::Not(HasSubstr("Optimizer step")));
+}
+
+TEST_F(ReportDir, TorchStepBenchSmokeShapesJudgeNoGoal) {
+  Write("checks/01-bench.rec",
+        "name=torch-step-bench\nkind=torch_step_bench\nstate=ran\n"
+        "exit_code=0\nlog=logs/bench.log\ndata=data/bench.json\n");
+  Write("logs/bench.log", "");
+  Write("data/bench.json",
+        R"({"status": "passed", "device": "cpu", "rows": [
+            {"size": "0.6b", "dtype": "fp32", "status": "measured",
+             "shapes_overridden": true, "params": 69856,
+             "canzona_step_ms": 1.0, "torch_step_ms": 9.0,
+             "canzona_iteration_ms": 2.0, "torch_iteration_ms": 9.0}]})");
+  ASSERT_OK_AND_ASSIGN(json report, BuildReport(dir_));
+  const json& bench = report["torch_step_bench"];
+  EXPECT_NEAR(bench["rows"][0]["step_ratio"].get<double>(), 9.0, 1e-12);
+  for (const json& g : bench["goals"]) {
+    EXPECT_EQ(g["status"], "not measured");
+  }
+  const std::string md = RenderMarkdown(report);
+  EXPECT_THAT(md, HasSubstr("| 4.50x | measured (shapes overridden) |\n"));
+  EXPECT_THAT(md, HasSubstr("- step >= 3.0x faster than torch at 0.6b, fp32: "
+                            "**not measured** (shapes overridden"));
 }
 
 }  // namespace
