@@ -123,9 +123,10 @@ class Report {
                       "</p>\n");
     }
     absl::StrAppend(&html, "<div id=\"info\">hover a bar for details</div>\n");
-    absl::StrAppend(&html, Summary(), NewtonSchulz(), Loads());
+    absl::StrAppend(&html, Summary(), Loads());
     if (simulated()) absl::StrAppend(&html, Steps(), Gantt());
-    absl::StrAppend(&html, Buckets(), Groups(), Memory());
+    // Last, so the charts above keep their place on the page.
+    absl::StrAppend(&html, Buckets(), Groups(), Memory(), NewtonSchulz());
     absl::StrAppend(&html, "<script>", kScript,
                     "</script>\n</body>\n</html>\n");
     return html;
