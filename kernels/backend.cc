@@ -21,4 +21,17 @@ absl::StatusOr<BackendKind> ParseBackendKind(absl::string_view name) {
       "backend: unknown value \"", name, "\" (expected cpu or cuda)"));
 }
 
+NsAlgorithm ResolvedNsAlgorithm(const NewtonSchulzSpec& spec, BackendKind kind,
+                                int64_t rows, int64_t cols) {
+  // cuda bf16 runs Gram's s x s products in TF32 on float32 operands, about
+  // half its bf16 rate; everything else runs them at the X products' rate.
+  const double weight =
+      kind == BackendKind::kCuda && spec.precision == NsPrecision::kBfloat16
+          ? 2.0
+          : 1.0;
+  return ResolveNsAlgorithm(spec.algorithm, rows, cols,
+                            static_cast<int64_t>(spec.coefficients.size()),
+                            weight);
+}
+
 }  // namespace canzona

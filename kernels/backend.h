@@ -44,6 +44,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/allocation_registry.h"
+#include "kernels/ns_algorithm.h"
 
 namespace canzona {
 
@@ -82,12 +83,25 @@ enum class EigenPrecision { kFloat32, kFloat64 };
 //     A = X X^T; B = b A + c A A; X = a X + B X
 // applied to the wide orientation of the matrix (transposed when
 // rows > cols, transposed back afterwards).
+//
+// `algorithm` kGram computes the same polynomial through the s x s Gram
+// matrix (kernels/ns_algorithm.h): R = X X^T once, per step
+// P = a I + b R + c R R, Q <- P Q, R <- P R P, finally X <- Q X. R and the
+// products that feed Q stay float32 at either precision (R squares X's
+// conditioning; bf16 would lose the small singular values). kAuto picks per
+// shape with ResolveNsAlgorithm.
 struct NewtonSchulzSpec {
   std::vector<std::array<float, 3>> coefficients;  // one triple per step
   float norm_scale = 1.0f;
   float norm_eps = 1e-7f;
   NsPrecision precision = NsPrecision::kFloat32;
+  NsAlgorithm algorithm = NsAlgorithm::kStandard;
 };
+
+// The algorithm `spec` runs as on `batch` rows x cols matrices on a backend
+// of `kind` (kAuto resolved with that backend's s x s product cost).
+NsAlgorithm ResolvedNsAlgorithm(const NewtonSchulzSpec& spec, BackendKind kind,
+                                int64_t rows, int64_t cols);
 
 class Backend;
 

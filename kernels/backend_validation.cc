@@ -53,6 +53,21 @@ absl::Status CheckGemm(absl::string_view what, Transpose trans_a,
   return CheckMatrix(what, "c", "ldc", c, SatMul(batch, SatMul(m, n)), ldc, n);
 }
 
+// The spec's algorithm is one of the enum's values (a cast from a wire
+// integer could be anything).
+absl::Status CheckNsAlgorithm(absl::string_view what,
+                              const NewtonSchulzSpec& spec) {
+  switch (spec.algorithm) {
+    case NsAlgorithm::kStandard:
+    case NsAlgorithm::kGram:
+    case NsAlgorithm::kAuto:
+      return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": spec.algorithm = ", static_cast<int>(spec.algorithm),
+      " is not standard, gram or auto"));
+}
+
 // Checks an elementwise kernel's size and its operands: each named pointer
 // addresses n elements.
 absl::Status CheckVectors(
@@ -341,6 +356,7 @@ absl::Status Backend::NewtonSchulz(const NewtonSchulzSpec& spec, int64_t batch,
   const int64_t total = SatMul(batch, SatMul(rows, cols));
   CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "input", input, total));
   CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "output", output, total));
+  CANZONA_RETURN_IF_ERROR(CheckNsAlgorithm(kWhat, spec));
   CANZONA_RETURN_IF_ERROR(CheckSupported(spec));
   if (total == 0) return absl::OkStatus();
   CANZONA_RETURN_IF_ERROR(CheckRanges(
@@ -355,6 +371,7 @@ absl::Status Backend::ReserveNewtonSchulz(const NewtonSchulzSpec& spec,
   CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "batch", batch));
   CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "rows", rows));
   CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "cols", cols));
+  CANZONA_RETURN_IF_ERROR(CheckNsAlgorithm(kWhat, spec));
   CANZONA_RETURN_IF_ERROR(CheckSupported(spec));
   if (SatMul(batch, SatMul(rows, cols)) == 0) return absl::OkStatus();
   return DoReserveNewtonSchulz(spec, batch, rows, cols);

@@ -1,11 +1,15 @@
 // canzonactl bench kernels: Newton-Schulz throughput on a model's matrix
-// shapes next to the same backend's plain GEMM rate, plus the eigensolver
-// and AdamW rates; optionally writes the planner's calibrated rates file.
+// shapes next to the same backend's plain GEMM rate, the Gram iteration's
+// time beside the standard one's (and which one ns_algorithm=auto runs),
+// optionally N same-shape matrices per-matrix vs batched (--batch N), plus
+// the eigensolver and AdamW rates; optionally writes the planner's
+// calibrated rates file.
 // (canzonactl bench step, overlap and hierarchical sharding against running
 // daemons, lives in step_bench_command.cc.)
 //
 //   canzonactl bench kernels --model qwen3-0.6b [--backend auto|cpu|cuda]
 //       [--precision auto|fp32|bf16] [--min-time 1] [--max-shapes N]
+//       [--batch N]
 //       [--rates-out rates.json] [--json]
 #include <cstdio>
 #include <memory>
@@ -45,19 +49,53 @@ absl::Status RunKernelBench(const BenchOptions& options) {
                                {"ns_seconds", r.ns_seconds},
                                {"ns_gflops", r.ns_gflops},
                                {"gemm_gflops", r.gemm_gflops},
-                               {"ns_over_gemm", r.ns_gflops / r.gemm_gflops}});
+                               {"ns_over_gemm", r.ns_gflops / r.gemm_gflops},
+                               {"gram_seconds", r.gram_seconds},
+                               {"gram_speedup", r.ns_seconds / r.gram_seconds},
+                               {"auto", r.auto_algorithm}});
+      if (options.kernels.batch > 0) {
+        out["shapes"].back()["batch"] = {
+            {"matrices", options.kernels.batch},
+            {"standard_single_seconds", r.standard_single_seconds},
+            {"standard_batched_seconds", r.standard_batched_seconds},
+            {"gram_single_seconds", r.gram_single_seconds},
+            {"gram_batched_seconds", r.gram_batched_seconds}};
+      }
     }
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     std::printf("backend: %s   model: %s   Newton-Schulz: %d steps, %s\n",
                 measured.rates.device.c_str(), options.kernels.model.c_str(),
                 options.kernels.ns_steps, precision);
-    std::printf("%-14s %12s %12s %12s %10s\n", "shape", "NS ms", "NS GFLOP/s",
-                "GEMM GFLOP/s", "NS/GEMM");
+    // NS is the standard iteration; gram ms and std/gram time the Gram
+    // iteration on the same shape, same run; auto names what
+    // ns_algorithm=auto runs there (kernels/ns_algorithm.h).
+    std::printf("%-14s %12s %12s %12s %10s %10s %9s %9s\n", "shape", "NS ms",
+                "NS GFLOP/s", "GEMM GFLOP/s", "NS/GEMM", "gram ms", "std/gram",
+                "auto");
     for (const ShapeRate& r : measured.shapes) {
-      std::printf("%-14s %12.2f %12.1f %12.1f %10.2f\n",
+      std::printf("%-14s %12.2f %12.1f %12.1f %10.2f %10.2f %9.2f %9s\n",
                   absl::StrCat(r.rows, "x", r.cols).c_str(), r.ns_seconds * 1e3,
-                  r.ns_gflops, r.gemm_gflops, r.ns_gflops / r.gemm_gflops);
+                  r.ns_gflops, r.gemm_gflops, r.ns_gflops / r.gemm_gflops,
+                  r.gram_seconds * 1e3, r.ns_seconds / r.gram_seconds,
+                  r.auto_algorithm.c_str());
+    }
+    if (options.kernels.batch > 0) {
+      std::printf(
+          "%d same-shape matrices: %d calls of one vs one batched call (ms)\n",
+          options.kernels.batch, options.kernels.batch);
+      std::printf("%-14s %12s %12s %9s %12s %12s %9s\n", "shape", "std single",
+                  "std batched", "speedup", "gram single", "gram batched",
+                  "speedup");
+      for (const ShapeRate& r : measured.shapes) {
+        std::printf("%-14s %12.2f %12.2f %9.2f %12.2f %12.2f %9.2f\n",
+                    absl::StrCat(r.rows, "x", r.cols).c_str(),
+                    r.standard_single_seconds * 1e3,
+                    r.standard_batched_seconds * 1e3,
+                    r.standard_single_seconds / r.standard_batched_seconds,
+                    r.gram_single_seconds * 1e3, r.gram_batched_seconds * 1e3,
+                    r.gram_single_seconds / r.gram_batched_seconds);
+      }
     }
     std::printf("eigh %lldx%lld: %.1f GFLOP/s (9 n^3)   adamw: %.1f GB/s\n",
                 static_cast<long long>(measured.eig_n),
@@ -82,6 +120,8 @@ void AddBenchCommand(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   auto options = std::make_shared<BenchOptions>();
+  // bench kernels shows the Gram iteration beside the standard one.
+  options->kernels.compare_algorithms = true;
   CLI::App* kernels = bench->add_subcommand(
       "kernels", "Newton-Schulz vs GEMM rates on a model's matrix shapes");
   kernels
@@ -102,6 +142,11 @@ void AddBenchCommand(CLI::App& app) {
                    "seconds to time each kernel")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  kernels
+      ->add_option("--batch", options->kernels.batch,
+                   "also time N same-shape matrices: N calls vs one batched "
+                   "call, standard and gram (0: off)")
+      ->check(CLI::NonNegativeNumber);
   kernels
       ->add_option("--max-shapes", options->kernels.max_shapes,
                    "time only the N largest distinct shapes (0: all)")

@@ -48,6 +48,12 @@ absl::StatusOr<KernelRates> MeasureKernelRates(
   CANZONA_ASSIGN_OR_RETURN(NewtonSchulzSpec spec,
                            NewtonSchulzSpecFor(muon.muon, backend->kind()));
   spec.precision = precision;
+  // The rates are the standard iteration's (whatever auto would pick).
+  spec.algorithm = NsAlgorithm::kStandard;
+  NewtonSchulzSpec gram_spec = spec;
+  gram_spec.algorithm = NsAlgorithm::kGram;
+  NewtonSchulzSpec auto_spec = spec;
+  auto_spec.algorithm = NsAlgorithm::kAuto;
 
   KernelRates out;
   out.bf16 = precision == NsPrecision::kBfloat16;
@@ -67,9 +73,45 @@ absl::StatusOr<KernelRates> MeasureKernelRates(
                              KernelWorkload::Gemm(backend.get(), s, l, s));
     CANZONA_ASSIGN_OR_RETURN(WorkloadTiming gemm_time,
                              TimeWorkload(*gemm, options.min_time));
-    out.shapes.push_back({shape.rows, shape.cols, seconds(ns_time),
-                          ns->flops() / seconds(ns_time) / 1e9,
-                          gemm->flops() / seconds(gemm_time) / 1e9});
+    ShapeRate rate;
+    rate.rows = shape.rows;
+    rate.cols = shape.cols;
+    rate.ns_seconds = seconds(ns_time);
+    rate.ns_gflops = ns->flops() / seconds(ns_time) / 1e9;
+    rate.gemm_gflops = gemm->flops() / seconds(gemm_time) / 1e9;
+    if (options.compare_algorithms) {
+      CANZONA_ASSIGN_OR_RETURN(
+          auto gram, KernelWorkload::NewtonSchulz(backend.get(), gram_spec, 1,
+                                                  shape.rows, shape.cols));
+      CANZONA_ASSIGN_OR_RETURN(WorkloadTiming gram_time,
+                               TimeWorkload(*gram, options.min_time));
+      rate.gram_seconds = seconds(gram_time);
+      rate.auto_algorithm = NsAlgorithmName(ResolvedNsAlgorithm(
+          auto_spec, backend->kind(), shape.rows, shape.cols));
+    }
+    if (options.batch > 0) {
+      // One batched call against `batch` calls of one matrix each (the
+      // single workload times one matrix).
+      for (const NewtonSchulzSpec* s : {&spec, &gram_spec}) {
+        CANZONA_ASSIGN_OR_RETURN(
+            auto single, KernelWorkload::NewtonSchulz(backend.get(), *s, 1,
+                                                      shape.rows, shape.cols));
+        CANZONA_ASSIGN_OR_RETURN(WorkloadTiming single_time,
+                                 TimeWorkload(*single, options.min_time));
+        CANZONA_ASSIGN_OR_RETURN(
+            auto batched,
+            KernelWorkload::NewtonSchulz(backend.get(), *s, options.batch,
+                                         shape.rows, shape.cols));
+        CANZONA_ASSIGN_OR_RETURN(WorkloadTiming batched_time,
+                                 TimeWorkload(*batched, options.min_time));
+        const bool is_gram = s->algorithm == NsAlgorithm::kGram;
+        (is_gram ? rate.gram_single_seconds : rate.standard_single_seconds) =
+            options.batch * seconds(single_time);
+        (is_gram ? rate.gram_batched_seconds : rate.standard_batched_seconds) =
+            seconds(batched_time);
+      }
+    }
+    out.shapes.push_back(rate);
   }
   // Eigensolver and AdamW rates for the planner's cost model.
   out.eig_n =

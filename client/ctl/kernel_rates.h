@@ -29,11 +29,26 @@ struct KernelBenchOptions {
   // machine can do without interference (calibrate, on a shared machine,
   // leaves other work to the simulator's background threads).
   bool fastest = false;
+  // Also time the Gram iteration on each shape and name the one
+  // ns_algorithm=auto picks (bench kernels; calibrate skips it).
+  bool compare_algorithms = false;
+  // > 0: also time `batch` same-shape matrices one call each against one
+  // batched call (StepMuonBatch's path), both algorithms, on each shape.
+  int batch = 0;
 };
 
+// ns_* figures are the standard iteration's: the planner's ns_gflops is
+// its rate, and converts the Gram iteration's cost the same way.
 struct ShapeRate {
   int64_t rows = 0, cols = 0;
   double ns_seconds = 0, ns_gflops = 0, gemm_gflops = 0;
+  // compare_algorithms: the Gram iteration's time and auto's choice.
+  double gram_seconds = 0;
+  std::string auto_algorithm;
+  // batch > 0: seconds for `batch` matrices, per-matrix calls and one
+  // batched call, standard and gram.
+  double standard_single_seconds = 0, standard_batched_seconds = 0;
+  double gram_single_seconds = 0, gram_batched_seconds = 0;
 };
 
 struct KernelRates {

@@ -11,14 +11,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/ctl/atomic_file.h"
 #include "client/ctl/commands.h"
 #include "client/ctl/format_units.h"
@@ -219,6 +222,29 @@ void PrintCompare(const std::vector<Timed>& plans) {
         "LB %s (binding: %s), proven lower_bound %s (lower_bound/LB %.4f)\n",
         FormatSi(p.lb), p.lb_binding, FormatSi(p.lower_bound),
         p.lower_bound_over_lb());
+  }
+}
+
+// Which Newton-Schulz iteration each Muon matrix gets (the cost model's
+// choice, kernels/ns_algorithm.h), one line per distinct shape; a fused
+// matrix's blocks count as their own matrices.
+void PrintNsAlgorithms(const PlanRequest& req) {
+  std::map<std::pair<std::vector<int64_t>, std::string>, int> counts;
+  for (const plan::ParamSpec& p : req.parameters) {
+    if (p.optimizer != plan::OptimizerKind::kMuon) continue;
+    const std::vector<std::vector<int64_t>> shapes =
+        p.block_shapes.empty() ? std::vector<std::vector<int64_t>>{p.shape}
+                               : p.block_shapes;
+    for (const std::vector<int64_t>& shape : shapes) {
+      ++counts[{shape, NsAlgorithmName(req.cost_model.MuonNsAlgorithm(shape))}];
+    }
+  }
+  if (counts.empty()) return;
+  std::cout << "  Newton-Schulz per Muon matrix (ns_algorithm=auto):\n";
+  for (const auto& [key, count] : counts) {
+    std::cout << absl::StrFormat("    %-16s x%-5d %s\n",
+                                 absl::StrJoin(key.first, "x"), count,
+                                 key.second);
   }
 }
 
@@ -462,6 +488,7 @@ void Run(const PlanOptions& o) {
   } else {
     PrintPlan(j, absl::StrFormat("%s, layout %s, %s", o.plan.model,
                                  o.plan.layout, o.plan.optimizer));
+    PrintNsAlgorithms(req);
     if (flat) PrintComparison(flat->plan, t.plan);
   }
   WriteReport(o, req, plans, strategy);

@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/ctl/format_units.h"
 #include "client/ctl/svg.h"
 
@@ -121,7 +125,8 @@ class Report {
     absl::StrAppend(&html, "<div id=\"info\">hover a bar for details</div>\n");
     absl::StrAppend(&html, Summary(), Loads());
     if (simulated()) absl::StrAppend(&html, Steps(), Gantt());
-    absl::StrAppend(&html, Buckets(), Groups(), Memory());
+    // Last, so the charts above keep their place on the page.
+    absl::StrAppend(&html, Buckets(), Groups(), Memory(), NewtonSchulz());
     absl::StrAppend(&html, "<script>", kScript,
                     "</script>\n</body>\n</html>\n");
     return html;
@@ -174,6 +179,34 @@ class Report {
                         "</td>");
       }
       out += "</tr>\n";
+    }
+    return out + "</table>\n";
+  }
+
+  // Which Newton-Schulz iteration each Muon matrix shape gets (the cost
+  // model's ns_algorithm=auto choice, kernels/ns_algorithm.h); a fused
+  // matrix's blocks count as their own matrices. Empty without Muon.
+  std::string NewtonSchulz() const {
+    std::map<std::pair<std::vector<int64_t>, std::string>, int> counts;
+    const plan::PlanRequest& req = *in_.request;
+    for (const plan::ParamSpec& p : req.parameters) {
+      if (p.optimizer != plan::OptimizerKind::kMuon) continue;
+      for (const std::vector<int64_t>& shape :
+           p.block_shapes.empty() ? std::vector<std::vector<int64_t>>{p.shape}
+                                  : p.block_shapes) {
+        ++counts[{shape,
+                  NsAlgorithmName(req.cost_model.MuonNsAlgorithm(shape))}];
+      }
+    }
+    if (counts.empty()) return "";
+    std::string out =
+        "<h2>Newton-Schulz per Muon matrix (ns_algorithm=auto)</h2>\n"
+        "<table class=\"ns\"><tr><th>shape</th><th>matrices</th>"
+        "<th>algorithm</th></tr>\n";
+    for (const auto& [key, count] : counts) {
+      absl::StrAppend(&out, "<tr><td>", absl::StrJoin(key.first, " x "),
+                      "</td><td>", count, "</td><td>", key.second,
+                      "</td></tr>\n");
     }
     return out + "</table>\n";
   }

@@ -24,6 +24,7 @@
 #include "kernels/backend_checks.h"
 #include "kernels/base/status_macros.h"
 #include "kernels/cpu/device_like_memory.h"
+#include "kernels/cpu/gram_newton_schulz.h"
 
 namespace canzona {
 namespace {
@@ -296,18 +297,22 @@ class CpuBackend final : public Backend {
     for (const std::vector<double>* v : {&eig_a_, &eig_w_, &col_acc_}) {
       bytes += static_cast<int64_t>(v->capacity() * sizeof(double));
     }
-    return bytes;
+    return bytes + gram_ws_.bytes();
   }
 
-  absl::Status DoReserveNewtonSchulz(const NewtonSchulzSpec& /*spec*/,
+  absl::Status DoReserveNewtonSchulz(const NewtonSchulzSpec& spec,
                                      int64_t /*batch*/, int64_t rows,
                                      int64_t cols) override {
     // The matrices run one at a time: the workspace DoNewtonSchulz takes.
     const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
     Scratch(ns_x_, m * n);
     Scratch(ns_y_, m * n);
-    Scratch(ns_a_, m * m);
-    Scratch(ns_b_, m * m);
+    if (ResolvedNsAlgorithm(spec, kind(), rows, cols) == NsAlgorithm::kGram) {
+      gram_ws_.Reserve(m);
+    } else {
+      Scratch(ns_a_, m * m);
+      Scratch(ns_b_, m * m);
+    }
     return absl::OkStatus();
   }
 
@@ -324,10 +329,14 @@ class CpuBackend final : public Backend {
     const bool transposed = rows > cols;
     const int64_t m = transposed ? cols : rows;
     const int64_t n = transposed ? rows : cols;
+    // Gram (kernels/ns_algorithm.h) replaces the per-step loop below; its
+    // s x s buffers are its own.
+    const bool gram =
+        ResolvedNsAlgorithm(spec, kind(), rows, cols) == NsAlgorithm::kGram;
     float* x = Scratch(ns_x_, m * n);
     float* y = Scratch(ns_y_, m * n);
-    float* gram = Scratch(ns_a_, m * m);
-    float* poly = Scratch(ns_b_, m * m);
+    float* gram_xx = gram ? nullptr : Scratch(ns_a_, m * m);
+    float* poly = gram ? nullptr : Scratch(ns_b_, m * m);
     const size_t x_bytes = static_cast<size_t>(m * n) * sizeof(float);
     const size_t gram_bytes = static_cast<size_t>(m * m) * sizeof(float);
 
@@ -349,13 +358,20 @@ class CpuBackend final : public Backend {
       const float denom = spec.norm_scale * norm + spec.norm_eps;
       for (int64_t j = 0; j < m * n; ++j) x[j] = x[j] / denom;
 
-      for (const std::array<float, 3>& abc : spec.coefficients) {
+      if (gram && !spec.coefficients.empty()) {
+        if (cpu_internal::GramNewtonSchulz(spec, m, n, x, y, gram_ws_) == y) {
+          std::swap(x, y);
+        }
+      }
+      for (const std::array<float, 3>& abc :
+           gram ? absl::Span<const std::array<float, 3>>()
+                : absl::MakeConstSpan(spec.coefficients)) {
         // A = X X^T (ssyrk: half the flops of sgemm), both triangles.
-        SyrkUnchecked(Transpose::kNo, m, n, 1.0f, x, n, 0.0f, gram, m);
+        SyrkUnchecked(Transpose::kNo, m, n, 1.0f, x, n, 0.0f, gram_xx, m);
         // B = b A + c A A.
-        std::memcpy(poly, gram, gram_bytes);
-        GemmUnchecked(Transpose::kNo, Transpose::kNo, m, m, m, abc[2], gram, m,
-                      gram, m, abc[1], poly, m);
+        std::memcpy(poly, gram_xx, gram_bytes);
+        GemmUnchecked(Transpose::kNo, Transpose::kNo, m, m, m, abc[2], gram_xx,
+                      m, gram_xx, m, abc[1], poly, m);
         // X = a X + B X, into the second buffer since sgemm's C must not
         // alias its inputs.
         std::memcpy(y, x, x_bytes);
@@ -601,6 +617,7 @@ class CpuBackend final : public Backend {
   std::vector<float> ns_y_;
   std::vector<float> ns_a_;
   std::vector<float> ns_b_;
+  cpu_internal::GramWorkspace gram_ws_;  // the Gram iteration's s x s buffers
   std::vector<float> tau_;
   std::vector<double> eig_a_;
   std::vector<double> eig_w_;

@@ -643,7 +643,9 @@ absl::Status CudaBackend::DoReserveNewtonSchulz(const NewtonSchulzSpec& spec,
                                                 int64_t cols) {
   CANZONA_RETURN_IF_ERROR(Activate());
   return Reserve(ns_ws_, cuda_internal::NewtonSchulzWorkspaceBytes(
-                             spec.precision, batch, rows, cols))
+                             spec.precision,
+                             ResolvedNsAlgorithm(spec, kind(), rows, cols),
+                             batch, rows, cols))
       .status();
 }
 
@@ -657,13 +659,14 @@ absl::Status CudaBackend::DoNewtonSchulz(const NewtonSchulzSpec& spec,
                                          int64_t cols, const float* input,
                                          float* output) {
   CANZONA_RETURN_IF_ERROR(Activate());
+  const NsAlgorithm algorithm = ResolvedNsAlgorithm(spec, kind(), rows, cols);
   const size_t bytes = cuda_internal::NewtonSchulzWorkspaceBytes(
-      spec.precision, batch, rows, cols);
+      spec.precision, algorithm, batch, rows, cols);
   CANZONA_ASSIGN_OR_RETURN(void* ws, Reserve(ns_ws_, bytes));
   const cuda_internal::NsContext ctx{stream_, cublas_, num_sms_};
   auto run = [&] {
-    return cuda_internal::RunNewtonSchulz(ctx, spec, batch, rows, cols, input,
-                                          output, ws);
+    return cuda_internal::RunNewtonSchulz(ctx, spec, algorithm, batch, rows,
+                                          cols, input, output, ws);
   };
   if (!ns_graphs_enabled_) return run();
   if (ws != ns_graphs_workspace_) {
@@ -671,12 +674,12 @@ absl::Status CudaBackend::DoNewtonSchulz(const NewtonSchulzSpec& spec,
     ns_graphs_workspace_ = ws;
   }
   // Everything the captured launches depend on.
-  std::string key =
-      absl::StrCat(static_cast<int>(spec.precision), ":", batch, ":", rows, ":",
-                   cols, ":", reinterpret_cast<uintptr_t>(input), ":",
-                   reinterpret_cast<uintptr_t>(output), ":",
-                   absl::bit_cast<uint32_t>(spec.norm_scale), ":",
-                   absl::bit_cast<uint32_t>(spec.norm_eps));
+  std::string key = absl::StrCat(
+      static_cast<int>(spec.precision), ":", static_cast<int>(algorithm), ":",
+      batch, ":", rows, ":", cols, ":", reinterpret_cast<uintptr_t>(input), ":",
+      reinterpret_cast<uintptr_t>(output), ":",
+      absl::bit_cast<uint32_t>(spec.norm_scale), ":",
+      absl::bit_cast<uint32_t>(spec.norm_eps));
   for (const auto& c : spec.coefficients) {
     absl::StrAppend(&key, ":", absl::bit_cast<uint32_t>(c[0]), ",",
                     absl::bit_cast<uint32_t>(c[1]), ",",

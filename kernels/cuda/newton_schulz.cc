@@ -4,13 +4,16 @@
 #include <cuda_runtime_api.h>
 #include <library_types.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
 
+#include "absl/types/span.h"
 #include "kernels/base/cuda_status.h"
 #include "kernels/base/status_macros.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/cuda/gram_newton_schulz.h"
 
 namespace canzona::cuda_internal {
 namespace {
@@ -24,13 +27,14 @@ size_t RoundUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 // Byte offsets of the workspace regions, each 256-byte aligned (cuBLAS
 // prefers aligned operands; the norm kernel reads float4).
+// The Gram iteration's s x s buffers take the place of A and B.
 struct Layout {
   size_t x0 = 0, x1 = 0, a = 0, b = 0, partials = 0, denom = 0, total = 0;
   int parts = 1;
 };
 
-Layout MakeLayout(NsPrecision precision, int64_t batch, int64_t rows,
-                  int64_t cols) {
+Layout MakeLayout(NsPrecision precision, NsAlgorithm algorithm, int64_t batch,
+                  int64_t rows, int64_t cols) {
   const size_t elem = precision == NsPrecision::kBfloat16 ? 2 : 4;
   const int64_t n = rows < cols ? rows : cols;
   const size_t x_bytes =
@@ -44,9 +48,14 @@ Layout MakeLayout(NsPrecision precision, int64_t batch, int64_t rows,
   l.x1 = off;
   off += x_bytes;
   l.a = off;
-  off += a_bytes;
-  l.b = off;
-  off += a_bytes;
+  if (algorithm == NsAlgorithm::kGram) {
+    off += RoundUp(GramWorkspaceBytes(precision, batch, n));
+    l.b = l.a;
+  } else {
+    off += a_bytes;
+    l.b = off;
+    off += a_bytes;
+  }
   l.partials = off;
   off += RoundUp(static_cast<size_t>(batch) * l.parts * sizeof(double));
   l.denom = off;
@@ -55,15 +64,15 @@ Layout MakeLayout(NsPrecision precision, int64_t batch, int64_t rows,
   return l;
 }
 
-// Column-major GEMM C = alpha op(A) op(B) + beta C over `batch` strided
-// matrices, in bf16 (tensor cores, float32 accumulate) or float32 (no TF32:
-// the handle is in CUBLAS_DEFAULT_MATH).
-absl::Status BatchedGemm(const NsContext& ctx, bool bf16, cublasOperation_t ta,
-                         cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
-                         float alpha, const void* a, int64_t lda,
-                         int64_t stride_a, const void* b, int64_t ldb,
-                         int64_t stride_b, float beta, void* c, int64_t ldc,
-                         int64_t stride_c, int64_t batch) {
+}  // namespace
+
+absl::Status NsBatchedGemm(const NsContext& ctx, bool bf16,
+                           cublasOperation_t ta, cublasOperation_t tb,
+                           int64_t m, int64_t n, int64_t k, float alpha,
+                           const void* a, int64_t lda, int64_t stride_a,
+                           const void* b, int64_t ldb, int64_t stride_b,
+                           float beta, void* c, int64_t ldc, int64_t stride_c,
+                           int64_t batch) {
   if (bf16) {
     CANZONA_CUDA_RETURN_IF_ERROR(cublasGemmStridedBatchedEx_64(
         ctx.cublas, ta, tb, m, n, k, &alpha, a, CUDA_R_16BF, lda, stride_a, b,
@@ -78,16 +87,14 @@ absl::Status BatchedGemm(const NsContext& ctx, bool bf16, cublasOperation_t ta,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-size_t NewtonSchulzWorkspaceBytes(NsPrecision precision, int64_t batch,
-                                  int64_t rows, int64_t cols) {
-  return MakeLayout(precision, batch, rows, cols).total;
+size_t NewtonSchulzWorkspaceBytes(NsPrecision precision, NsAlgorithm algorithm,
+                                  int64_t batch, int64_t rows, int64_t cols) {
+  return MakeLayout(precision, algorithm, batch, rows, cols).total;
 }
 
 absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
-                             int64_t batch, int64_t rows, int64_t cols,
-                             const float* input, float* output,
+                             NsAlgorithm algorithm, int64_t batch, int64_t rows,
+                             int64_t cols, const float* input, float* output,
                              void* workspace) {
   const bool bf16 = spec.precision == NsPrecision::kBfloat16;
   const NsElement elem = bf16 ? NsElement::kBfloat16 : NsElement::kFloat32;
@@ -97,7 +104,8 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
   const bool transpose = rows > cols;
   const int64_t n = transpose ? cols : rows;
   const int64_t m = transpose ? rows : cols;
-  const Layout layout = MakeLayout(spec.precision, batch, rows, cols);
+  const Layout layout =
+      MakeLayout(spec.precision, algorithm, batch, rows, cols);
   char* base = static_cast<char*>(workspace);
   void* x = base + layout.x0;
   void* x_next = base + layout.x1;
@@ -132,7 +140,14 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
   // GEMM launch wins. Untuned threshold (~512^3 multiply-adds).
   const bool use_syrk =
       !bf16 && (batch == 1 || n * n * m >= (int64_t{1} << 27));
-  for (const auto& [ca, cb, cc] : spec.coefficients) {
+  if (algorithm == NsAlgorithm::kGram) {
+    // The whole iteration (gram_newton_schulz.h); x ends on the result.
+    CANZONA_RETURN_IF_ERROR(RunGramSteps(ctx, spec, batch, n, m, x, x_next, a));
+  }
+  const auto standard_steps = algorithm == NsAlgorithm::kGram
+                                  ? absl::Span<const std::array<float, 3>>()
+                                  : absl::MakeConstSpan(spec.coefficients);
+  for (const auto& [ca, cb, cc] : standard_steps) {
     if (use_syrk) {
       const float one = 1.0f, zero = 0.0f;
       for (int64_t i = 0; i < batch; ++i) {
@@ -145,9 +160,9 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
       CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::MirrorUpperToLower(
           cfg, batch, n, static_cast<float*>(a), n, sa));
     } else {
-      CANZONA_RETURN_IF_ERROR(BatchedGemm(ctx, bf16, CUBLAS_OP_T, CUBLAS_OP_N,
-                                          n, n, m, 1.0f, x, m, sx, x, m, sx,
-                                          0.0f, a, n, sa, batch));
+      CANZONA_RETURN_IF_ERROR(NsBatchedGemm(ctx, bf16, CUBLAS_OP_T, CUBLAS_OP_N,
+                                            n, n, m, 1.0f, x, m, sx, x, m, sx,
+                                            0.0f, a, n, sa, batch));
     }
     // cuBLAS forbids C aliasing an input, so "b A" enters as beta * C with C
     // a copy of A (cheap: n x n next to the n x n x n GEMM). beta == 0 never
@@ -156,18 +171,18 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
       CANZONA_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(b, a, a_bytes, cudaMemcpyDeviceToDevice, ctx.stream));
     }
-    CANZONA_RETURN_IF_ERROR(BatchedGemm(ctx, bf16, CUBLAS_OP_N, CUBLAS_OP_N, n,
-                                        n, n, cc, a, n, sa, a, n, sa, cb, b, n,
-                                        sa, batch));
+    CANZONA_RETURN_IF_ERROR(NsBatchedGemm(ctx, bf16, CUBLAS_OP_N, CUBLAS_OP_N,
+                                          n, n, n, cc, a, n, sa, a, n, sa, cb,
+                                          b, n, sa, batch));
     // Same trick for "a X": X_next starts as a copy of X (one read + write
     // of X, against 2 n^2 m flops for the GEMM).
     if (ca != 0.0f) {
       CANZONA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
           x_next, x, x_bytes, cudaMemcpyDeviceToDevice, ctx.stream));
     }
-    CANZONA_RETURN_IF_ERROR(BatchedGemm(ctx, bf16, CUBLAS_OP_N, CUBLAS_OP_N, m,
-                                        n, n, 1.0f, x, m, sx, b, n, sa, ca,
-                                        x_next, m, sx, batch));
+    CANZONA_RETURN_IF_ERROR(NsBatchedGemm(ctx, bf16, CUBLAS_OP_N, CUBLAS_OP_N,
+                                          m, n, n, 1.0f, x, m, sx, b, n, sa, ca,
+                                          x_next, m, sx, batch));
     std::swap(x, x_next);
   }
 

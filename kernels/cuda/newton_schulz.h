@@ -32,18 +32,31 @@ struct NsContext {
   int num_sms = 1;
 };
 
-// Device workspace bytes RunNewtonSchulz needs for this problem.
-size_t NewtonSchulzWorkspaceBytes(NsPrecision precision, int64_t batch,
-                                  int64_t rows, int64_t cols);
+// Device workspace bytes RunNewtonSchulz needs for this problem;
+// `algorithm` is kStandard or kGram (resolved, never kAuto).
+size_t NewtonSchulzWorkspaceBytes(NsPrecision precision, NsAlgorithm algorithm,
+                                  int64_t batch, int64_t rows, int64_t cols);
 
 // Orthogonalizes `batch` contiguous rows x cols float32 matrices from `input`
-// into `output` (may alias). `workspace` holds NewtonSchulzWorkspaceBytes
-// bytes of device memory that no queued work still uses. Arguments must
-// already be validated and non-empty.
+// into `output` (may alias) with `algorithm` (kStandard or kGram; the Gram
+// steps are gram_newton_schulz.h's). `workspace` holds
+// NewtonSchulzWorkspaceBytes bytes of device memory that no queued work
+// still uses. Arguments must already be validated and non-empty.
 absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
-                             int64_t batch, int64_t rows, int64_t cols,
-                             const float* input, float* output,
+                             NsAlgorithm algorithm, int64_t batch, int64_t rows,
+                             int64_t cols, const float* input, float* output,
                              void* workspace);
+
+// Column-major GEMM C = alpha op(A) op(B) + beta C over `batch` strided
+// matrices, in bf16 (tensor cores, float32 accumulate) or float32 (no TF32:
+// the handle is in CUBLAS_DEFAULT_MATH).
+absl::Status NsBatchedGemm(const NsContext& ctx, bool bf16,
+                           cublasOperation_t ta, cublasOperation_t tb,
+                           int64_t m, int64_t n, int64_t k, float alpha,
+                           const void* a, int64_t lda, int64_t stride_a,
+                           const void* b, int64_t ldb, int64_t stride_b,
+                           float beta, void* c, int64_t ldc, int64_t stride_c,
+                           int64_t batch);
 
 }  // namespace canzona::cuda_internal
 

@@ -196,6 +196,10 @@ const std::vector<Field>& FieldsOf(OptimizerKind kind) {
           {NsPrecisionOption::kAuto, NsPrecisionOption::kFp32,
            NsPrecisionOption::kBf16},
           NsPrecisionOptionName),
+      EnumField<MuonOptions, NsAlgorithm>(
+          "ns_algorithm", Muon, &MuonOptions::ns_algorithm,
+          {NsAlgorithm::kStandard, NsAlgorithm::kGram, NsAlgorithm::kAuto},
+          NsAlgorithmOptionName),
   };
   static const auto* const adamw = new std::vector<Field>{
       DoubleField<AdamWOptions>("lr", AdamW, &AdamWOptions::lr, NonNegative,
@@ -338,6 +342,10 @@ absl::string_view NsPrecisionOptionName(NsPrecisionOption value) {
       return "bf16";
   }
   return "unknown";
+}
+
+absl::string_view NsAlgorithmOptionName(NsAlgorithm value) {
+  return NsAlgorithmName(value);
 }
 
 absl::string_view GraftingName(Grafting value) {

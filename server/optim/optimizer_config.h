@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "kernels/ns_algorithm.h"
 
 namespace canzona {
 
@@ -54,6 +55,9 @@ struct MuonOptions {
   double weight_decay = 0.0;
   double eps = 1e-7;
   NsPrecisionOption ns_precision = NsPrecisionOption::kAuto;
+  // standard | gram | auto: auto picks gram per matrix where
+  // kernels/ns_algorithm.h's cost rule predicts a win from the shape.
+  NsAlgorithm ns_algorithm = NsAlgorithm::kAuto;
   bool operator==(const MuonOptions&) const = default;
 };
 
@@ -144,6 +148,7 @@ std::vector<std::pair<std::string, std::string>> ConfigSettings(
 absl::string_view NsCoefficientsName(NsCoefficients value);
 absl::string_view MuonScaleName(MuonScale value);
 absl::string_view NsPrecisionOptionName(NsPrecisionOption value);
+absl::string_view NsAlgorithmOptionName(NsAlgorithm value);
 absl::string_view GraftingName(Grafting value);
 
 }  // namespace canzona

@@ -92,6 +92,9 @@ absl::StatusOr<NewtonSchulzSpec> NewtonSchulzSpecFor(const MuonOptions& options,
       spec.precision = NsPrecision::kBfloat16;
       break;
   }
+  // kAuto stays kAuto: the backend resolves it per matrix shape (the same
+  // rule the planner's cost model applies, kernels/ns_algorithm.h).
+  spec.algorithm = options.ns_algorithm;
   return spec;
 }
 

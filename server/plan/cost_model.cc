@@ -22,6 +22,13 @@ std::pair<double, double> MatrixDims(const std::vector<int64_t>& shape) {
   return {rows, cols};
 }
 
+// Gram's s x s products relative to its X products (GramNsCost): the same
+// rate on cpu (fp32 everywhere), half on cuda (TF32 against bf16), which
+// nominal rates describe.
+double SmallProductWeight(const Rates& rates) {
+  return rates.backend == "cpu" ? 1.0 : 2.0;
+}
+
 // Sizes of the blocks a dimension of length `n` splits into under a
 // maximum block length `b`: (count of full blocks, remainder).
 std::vector<std::pair<double, double>> Blocks(double n, double b) {
@@ -165,10 +172,16 @@ ParamWork CostModel::Work(OptimizerKind kind,
       work.flops = 10 * numel;
       break;
     case OptimizerKind::kMuon: {
-      const double s = std::min(m, n);
-      const double l = std::max(m, n);
-      ns_flops = options_.muon_ns_steps *
-                 (2 * s * s * l + 2 * s * s * s + 2 * s * s * l);
+      // The flops of the algorithm the backend runs; Gram's s x s products
+      // count twice where they run at half the rate (GramNsCost's weight),
+      // so ns_gflops converts either to seconds.
+      const int64_t rows = static_cast<int64_t>(m);
+      const int64_t cols = static_cast<int64_t>(n);
+      work.ns_algorithm = MuonNsAlgorithm(shape);
+      ns_flops = work.ns_algorithm == NsAlgorithm::kGram
+                     ? GramNsCost(rows, cols, options_.muon_ns_steps,
+                                  SmallProductWeight(rates_))
+                     : StandardNsFlops(rows, cols, options_.muon_ns_steps);
       work.gemm_flops = ns_flops;
       // Momentum, Nesterov lerp and the parameter update.
       work.mem_bytes = 24 * numel;
@@ -215,6 +228,14 @@ ParamWork CostModel::Work(OptimizerKind kind,
                  work.eigen_flops / (rates_.eigh_gflops * 1e9) +
                  work.mem_bytes / (rates_.adamw_gbps * 1e9);
   return work;
+}
+
+NsAlgorithm CostModel::MuonNsAlgorithm(
+    const std::vector<int64_t>& shape) const {
+  auto [m, n] = MatrixDims(shape);
+  return ResolveNsAlgorithm(options_.muon_ns_algorithm, static_cast<int64_t>(m),
+                            static_cast<int64_t>(n), options_.muon_ns_steps,
+                            SmallProductWeight(rates_));
 }
 
 double CostModel::StateBytes(OptimizerKind kind,

@@ -10,7 +10,10 @@
 //   - memory bytes  (AdamW and every other element-wise pass).
 // Flop counts follow server/DESIGN.md section 4.3 (X X^T counted as
 // 2 s^2 l even though the kernel uses SYRK: the SYRK saving is a
-// kernel-rate matter and calibrated rates absorb it). AdamW counts as
+// kernel-rate matter and calibrated rates absorb it). A Muon matrix costs
+// the Newton-Schulz algorithm its backend runs (kernels/ns_algorithm.h:
+// the `auto` rule picks gram for long matrices with a side >= 2048, which
+// roughly halves a 25600 x 5120 matrix's work). AdamW counts as
 // `10 * numel` flop-equivalents when planning in flops.
 //
 // Rates file (JSON, written by `canzonactl bench kernels`, read by
@@ -46,6 +49,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/base/dtype.h"
+#include "kernels/ns_algorithm.h"
 #include "nlohmann/json.hpp"
 
 namespace canzona::plan {
@@ -86,6 +90,8 @@ nlohmann::json RatesToJson(const Rates& rates);
 // Knobs of the flop model (defaults: canonical public implementations).
 struct CostModelOptions {
   int muon_ns_steps = 5;
+  // Muon's ns_algorithm (its default, auto: resolved per shape).
+  NsAlgorithm muon_ns_algorithm = NsAlgorithm::kAuto;
   int shampoo_max_preconditioner_dim = 1024;  // Distributed Shampoo default
   int shampoo_precondition_frequency = 1;     // Distributed Shampoo default
   int soap_max_precond_dim = 10000;           // nikhilvyas/SOAP default
@@ -99,6 +105,8 @@ struct ParamWork {
   double mem_bytes = 0;    // element-wise traffic
   double flops = 0;        // planning flops: gemm + eigen + 10 numel (AdamW)
   double seconds = 0;      // with the model's rates
+  // Muon: the Newton-Schulz iteration the matrix gets (never kAuto).
+  NsAlgorithm ns_algorithm = NsAlgorithm::kStandard;
 };
 
 // Per-matrix cost and optimizer-state size.
@@ -121,6 +129,12 @@ class CostModel {
     return calibrated_ ? work.seconds : work.flops;
   }
   const Rates& rates() const { return rates_; }
+  // The Newton-Schulz algorithm a Muon matrix of `shape` runs with these
+  // options and rates: on a cpu backend (rates.backend "cpu") Gram's s x s
+  // products run at its X products' rate; elsewhere (cuda, nominal) in
+  // TF32 at about half the bf16 rate (kernels/backend.cc,
+  // ResolvedNsAlgorithm).
+  NsAlgorithm MuonNsAlgorithm(const std::vector<int64_t>& shape) const;
   const CostModelOptions& options() const { return options_; }
 
  private:

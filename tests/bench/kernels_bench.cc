@@ -50,7 +50,21 @@ void Register(Backend* backend, NsPrecision precision, int64_t rows,
   auto spec = NewtonSchulzSpecFor(muon->muon, backend->kind());
   if (!spec.ok()) return;
   spec->precision = precision;
+  // The standard iteration under its usual name (figures stay comparable);
+  // the Gram iteration beside it, prefixed gram/.
+  spec->algorithm = NsAlgorithm::kStandard;
   const std::string device(BackendKindName(backend->kind()));
+  NewtonSchulzSpec gram_spec = *spec;
+  gram_spec.algorithm = NsAlgorithm::kGram;
+  auto gram = KernelWorkload::NewtonSchulz(backend, gram_spec, 1, rows, cols);
+  if (gram.ok()) {
+    KernelWorkload* gram_ptr = gram->release();
+    benchmark::RegisterBenchmark(
+        absl::StrCat(device, "/gram/", gram_ptr->name()).c_str(),
+        [gram_ptr](benchmark::State& st) { RunWorkload(st, gram_ptr); })
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  }
   auto ns = KernelWorkload::NewtonSchulz(backend, *spec, 1, rows, cols);
   const int64_t s = std::min(rows, cols), l = std::max(rows, cols);
   auto gemm = KernelWorkload::Gemm(backend, s, l, s);

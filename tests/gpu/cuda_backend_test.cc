@@ -182,6 +182,33 @@ TEST_P(CudaNewtonSchulzTest, Bfloat16MatchesFloat64Reference) {
   }
 }
 
+// The Gram iteration, batched (one strided-batched call per product), at
+// both precisions: fp32 within the fp32 tolerance of the float64 standard
+// iteration; bf16 (R and Q float32, TF32 products) within the bf16 one.
+TEST_P(CudaNewtonSchulzTest, GramMatchesFloat64Reference) {
+  const auto [batch, rows, cols] = GetParam();
+  const int64_t per = rows * cols;
+  const std::vector<float> x = RandomNormal(batch * per, 102);
+  for (NsPrecision precision :
+       {NsPrecision::kFloat32, NsPrecision::kBfloat16}) {
+    NewtonSchulzSpec spec = QuinticSpec(precision);
+    spec.algorithm = NsAlgorithm::kGram;
+    ASSERT_OK_AND_ASSIGN(
+        std::vector<float> got,
+        RunNewtonSchulz(*cuda_, spec, batch, rows, cols, x, false));
+    for (int64_t i = 0; i < batch; ++i) {
+      const std::vector<float> in(x.begin() + i * per,
+                                  x.begin() + (i + 1) * per);
+      const std::vector<float> out(got.begin() + i * per,
+                                   got.begin() + (i + 1) * per);
+      EXPECT_LE(RelativeError(out, NewtonSchulzReference(spec, in, rows, cols)),
+                precision == NsPrecision::kFloat32 ? kFp32Tol : kBf16NsTol)
+          << "matrix " << i
+          << " bf16=" << (precision == NsPrecision::kBfloat16);
+    }
+  }
+}
+
 TEST_P(CudaNewtonSchulzTest, InPlaceEqualsOutOfPlace) {
   const auto [batch, rows, cols] = GetParam();
   const std::vector<float> x = RandomNormal(batch * rows * cols, 101);

@@ -30,8 +30,9 @@ rounding only -- amplified where the problem is ill-conditioned:
   (identity basis), are a function of the data. Eigenvector signs do not
   matter (the projected moments flip alike, and Householder QR's Q does not
   depend on the signs of its input's columns).
-* Muon's ns_precision is validated but not emulated (Newton-Schulz runs in
-  float64 here; the daemon's cpu backend runs fp32, bf16 is cuda-only).
+* Muon's ns_precision and ns_algorithm are validated but not emulated
+  (Newton-Schulz runs the standard iteration in float64 here; the daemon's
+  cpu backend runs fp32, bf16 is cuda-only; gram is the same polynomial).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "weight_decay": 0.0,
         "eps": 1e-7,
         "ns_precision": "auto",
+        "ns_algorithm": "auto",
     },
     "adamw": {
         "lr": 1e-3,
@@ -141,6 +143,7 @@ _FIELDS: dict[str, dict[str, tuple]] = {
         "weight_decay": ("float", _non_negative, ">= 0"),
         "eps": ("float", _positive, "> 0"),
         "ns_precision": ("enum", ("auto", "fp32", "bf16"), None),
+        "ns_algorithm": ("enum", ("standard", "gram", "auto"), None),
     },
     "adamw": {
         "lr": ("float", _non_negative, ">= 0"),

@@ -97,6 +97,15 @@ MUON_CASES = [
         {"ns_precision": "fp32", "lr": 0.05, "ns_steps": 3, "momentum": 0.0},
     ),
     Case("tall_64x32_momentum_0.8", "muon", (64, 32), {"momentum": 0.8, "nesterov": "true"}),
+    # The Gram iteration computes the standard polynomial: same reference.
+    Case("gram_wide_quintic", "muon", (12, 40), {"ns_algorithm": "gram", "ns_coefficients": "quintic"}),
+    Case(
+        "gram_tall_polar_express",
+        "muon",
+        (40, 12),
+        {"ns_algorithm": "gram", "ns_coefficients": "polar_express"},
+    ),
+    Case("standard_explicit", "muon", (12, 40), {"ns_algorithm": "standard"}),
 ]
 
 ADAMW_CASES = [
@@ -424,6 +433,7 @@ BAD_SETTINGS = [
     ("muon", {"ns_steps": 0}),
     ("muon", {"nesterov": "yes"}),
     ("muon", {"ns_coefficients": "cubic"}),
+    ("muon", {"ns_algorithm": "syrk"}),
     ("muon", {"eps": 0}),
     ("muon", {"lr": -1}),
     ("adamw", {"beta2": 1}),

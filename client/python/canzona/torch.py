@@ -63,7 +63,7 @@ __all__ = ["Optimizer", "Muon", "Shampoo", "SOAP", "default_route",
 # Hyperparameters each optimizer accepts (the daemon's `--set` keys).
 _SETTINGS = {
     "muon": {"lr", "momentum", "nesterov", "ns_steps", "ns_coefficients",
-             "scale", "weight_decay", "eps", "ns_precision"},
+             "scale", "weight_decay", "eps", "ns_precision", "ns_algorithm"},
     "adamw": {"lr", "beta1", "beta2", "eps", "weight_decay"},
     "shampoo": {"lr", "beta1", "beta2", "epsilon", "weight_decay",
                 "max_preconditioner_dim", "precondition_frequency",

@@ -75,7 +75,10 @@ struct Fixture {
   std::vector<plan::Plan> plans;
   std::vector<plan::sim::StepSimulation> sims;
 
-  Fixture() {
+  // `extra` parameters join Request()'s before planning.
+  explicit Fixture(const std::vector<plan::ParamSpec>& extra = {}) {
+    request.parameters.insert(request.parameters.end(), extra.begin(),
+                              extra.end());
     auto simulator = plan::sim::StepSimulator::Create(request, Profile());
     EXPECT_TRUE(simulator.ok()) << simulator.status();
     for (plan::Strategy s : plan::AllStrategies()) {
@@ -122,6 +125,23 @@ TEST(PlanReportTest, SimulatedReportHasEverySection) {
   // One load bar per GPU and strategy at least.
   EXPECT_GE(Count(html, "<rect"), 5 * 4);
   EXPECT_THAT(html, HasSubstr("test-profile"));
+}
+
+TEST(PlanReportTest, NamesTheNewtonSchulzAlgorithmPerMuonShape) {
+  EXPECT_THAT(Fixture().Render(false),
+              HasSubstr("<tr><td>256 x 128</td><td>3</td><td>standard</td>"));
+  // A long matrix with a side >= 2048: auto runs the Gram iteration.
+  const Fixture f({{"mlp.down",
+                    {2048, 10240},
+                    plan::DType::kFloat32,
+                    plan::OptimizerKind::kMuon,
+                    1,
+                    0}});
+  const std::string html = f.Render(false);
+  EXPECT_THAT(html,
+              HasSubstr("<tr><td>2048 x 10240</td><td>1</td><td>gram</td>"));
+  EXPECT_THAT(html,
+              HasSubstr("<tr><td>128 x 256</td><td>3</td><td>standard</td>"));
 }
 
 TEST(PlanReportTest, PlanOnlyReportHasNoTimeline) {

@@ -102,6 +102,9 @@ TEST_F(ReplayTest, OutputEqualsInProcessRulesForEveryOptimizer) {
   } cases[] = {
       {"muon", "lr=0.02,momentum=0.9", {12, 20}},
       {"muon", "ns_coefficients=polar_express,scale=match_rms_adamw", {20, 12}},
+      {"muon", "ns_algorithm=gram,ns_coefficients=quintic", {12, 20}},
+      {"muon", "ns_algorithm=gram", {20, 12}},
+      {"muon", "ns_algorithm=standard", {12, 20}},
       {"adamw", "lr=0.01,weight_decay=0.1", {7}},
       {"adamw", "", {2, 3, 5}},
       {"shampoo", "lr=0.01,precondition_frequency=2", {9, 6}},
@@ -172,6 +175,8 @@ TEST_F(ReplayTest, BadInputExitsTwoNamingTheProblemAndWritesNothing) {
       {"replay --optimizer muon --set ns_coefficients=cubic" + good_inputs +
            out,
        "ns_coefficients"},
+      {"replay --optimizer muon --set ns_algorithm=syrk" + good_inputs + out,
+       "ns_algorithm"},
       {"replay --optimizer muon" + good_inputs, "--out"},
       {"replay --optimizer muon --backend tpu" + good_inputs + out, "tpu"},
   };

@@ -120,6 +120,51 @@ Matrix NewtonSchulzReference(const NewtonSchulzSpec& spec,
   return transposed ? TransposeOf(x, m, n) : x;
 }
 
+std::vector<double> SingularValues(const Matrix& x, int64_t rows,
+                                   int64_t cols) {
+  const bool wide = rows <= cols;
+  const int64_t n = wide ? rows : cols;
+  const Matrix xt = TransposeOf(x, rows, cols);
+  Matrix g =
+      wide ? MatMul(x, xt, rows, rows, cols) : MatMul(xt, x, cols, cols, rows);
+  // Cyclic Jacobi rotations until the off-diagonal part is negligible.
+  for (int sweep = 0; sweep < 100; ++sweep) {
+    double off = 0.0, diag = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      diag += g[i * n + i] * g[i * n + i];
+      for (int64_t j = 0; j < n; ++j) {
+        if (i != j) off += g[i * n + j] * g[i * n + j];
+      }
+    }
+    if (off <= 1e-30 * diag || off == 0.0) break;
+    for (int64_t p = 0; p < n; ++p) {
+      for (int64_t q = p + 1; q < n; ++q) {
+        const double apq = g[p * n + q];
+        if (apq == 0.0) continue;
+        const double theta = (g[q * n + q] - g[p * n + p]) / (2.0 * apq);
+        const double t = (theta >= 0 ? 1.0 : -1.0) /
+                         (std::abs(theta) + std::sqrt(theta * theta + 1.0));
+        const double c = 1.0 / std::sqrt(t * t + 1.0), s = t * c;
+        for (int64_t k = 0; k < n; ++k) {  // columns p, q
+          const double gkp = g[k * n + p], gkq = g[k * n + q];
+          g[k * n + p] = c * gkp - s * gkq;
+          g[k * n + q] = s * gkp + c * gkq;
+        }
+        for (int64_t k = 0; k < n; ++k) {  // rows p, q
+          const double gpk = g[p * n + k], gqk = g[q * n + k];
+          g[p * n + k] = c * gpk - s * gqk;
+          g[q * n + k] = s * gpk + c * gqk;
+        }
+      }
+    }
+  }
+  std::vector<double> sv(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    sv[i] = std::sqrt(std::max(0.0, g[i * n + i]));
+  std::sort(sv.rbegin(), sv.rend());
+  return sv;
+}
+
 NewtonSchulzSpec QuinticSpec(NsPrecision precision) {
   NewtonSchulzSpec spec;
   spec.coefficients.assign(5, {3.4445f, -4.7750f, 2.0315f});

@@ -54,6 +54,11 @@ Matrix NewtonSchulzReference(const NewtonSchulzSpec& spec,
 // The classic quintic coefficients (3.4445, -4.7750, 2.0315), 5 steps.
 NewtonSchulzSpec QuinticSpec(NsPrecision precision = NsPrecision::kFloat32);
 
+// Singular values of the rows x cols matrix x, descending (min(rows, cols)
+// of them): square roots of the eigenvalues of its smaller Gram matrix, by
+// cyclic Jacobi in double.
+std::vector<double> SingularValues(const Matrix& x, int64_t rows, int64_t cols);
+
 // Residual ||A Q - Q diag(lam)||_F / ||A||_F and ||Q^T Q - I||_F of an
 // eigendecomposition with eigenvectors as the columns of q.
 std::pair<double, double> EigenErrors(const std::vector<float>& a,

@@ -47,6 +47,7 @@ TEST(OptimizerConfigTest, DefaultsAreTheReferenceImplementations) {
   EXPECT_EQ(muon.muon.weight_decay, 0.0);
   EXPECT_EQ(muon.muon.eps, 1e-7);
   EXPECT_EQ(muon.muon.ns_precision, NsPrecisionOption::kAuto);
+  EXPECT_EQ(muon.muon.ns_algorithm, NsAlgorithm::kAuto);
 
   const AdamWOptions adamw;
   EXPECT_EQ(adamw.beta1, 0.9);
@@ -116,7 +117,8 @@ TEST(MakeOptimizerConfigTest, AppliesSettings) {
                            {"ns_steps", "7"},
                            {"ns_coefficients", "polar_express"},
                            {"scale", "match_rms_adamw"},
-                           {"ns_precision", "fp32"}}));
+                           {"ns_precision", "fp32"},
+                           {"ns_algorithm", "gram"}}));
   EXPECT_EQ(config.muon.lr, 0.05);
   EXPECT_EQ(config.muon.momentum, 0.9);
   EXPECT_FALSE(config.muon.nesterov);
@@ -124,6 +126,7 @@ TEST(MakeOptimizerConfigTest, AppliesSettings) {
   EXPECT_EQ(config.muon.ns_coefficients, NsCoefficients::kPolarExpress);
   EXPECT_EQ(config.muon.scale, MuonScale::kMatchRmsAdamW);
   EXPECT_EQ(config.muon.ns_precision, NsPrecisionOption::kFp32);
+  EXPECT_EQ(config.muon.ns_algorithm, NsAlgorithm::kGram);
 
   ASSERT_OK_AND_ASSIGN(OptimizerConfig shampoo,
                        MakeOptimizerConfig(OptimizerKind::kShampoo,
@@ -145,6 +148,16 @@ TEST(MakeOptimizerConfigTest, ErrorsNameTheKey) {
   EXPECT_THAT(
       MakeOptimizerConfig(OptimizerKind::kMuon, {{"ns_coefficients", "cubic"}}),
       StatusIs(kInvalid, HasSubstr("ns_coefficients")));
+  for (const char* bad : {"syrk", "Gram", "GRAM", "standard ", "1"}) {
+    EXPECT_THAT(
+        MakeOptimizerConfig(OptimizerKind::kMuon, {{"ns_algorithm", bad}}),
+        StatusIs(kInvalid, HasSubstr("ns_algorithm")))
+        << bad;
+  }
+  // Muon's only: AdamW has no Newton-Schulz.
+  EXPECT_THAT(
+      MakeOptimizerConfig(OptimizerKind::kAdamW, {{"ns_algorithm", "gram"}}),
+      StatusIs(kInvalid, HasSubstr("ns_algorithm")));
   EXPECT_THAT(MakeOptimizerConfig(OptimizerKind::kMuon, {{"ns_steps", "2.5"}}),
               StatusIs(kInvalid, HasSubstr("ns_steps")));
   EXPECT_THAT(MakeOptimizerConfig(OptimizerKind::kAdamW, {{"lr", "nan"}}),
@@ -180,6 +193,8 @@ TEST(MakeOptimizerConfigTest, ConfigSettingsRoundTrips) {
   const std::vector<std::pair<OptimizerKind, Settings>> cases = {
       {OptimizerKind::kMuon,
        {{"lr", "0.013"}, {"ns_coefficients", "quintic"}, {"eps", "3e-9"}}},
+      {OptimizerKind::kMuon, {{"ns_algorithm", "standard"}}},
+      {OptimizerKind::kMuon, {{"ns_algorithm", "gram"}}},
       {OptimizerKind::kAdamW, {{"lr", "0.1"}, {"beta2", "0.98"}}},
       {OptimizerKind::kShampoo,
        {{"grafting", "none"},

@@ -272,6 +272,34 @@ INSTANTIATE_TEST_SUITE_P(
              {{"ns_precision", "fp32"}, {"eps", "1e-5"}, {"lr", "0.05"}},
              {9, 9},
              5,
+             1e-4},
+        // The Gram iteration is the same polynomial: the same float64
+        // reference and tolerance, tall and wide, every coefficient set.
+        Case{"gram_wide_defaults",
+             kMuon,
+             {{"ns_algorithm", "gram"}},
+             {12, 40},
+             6,
+             1e-4},
+        Case{"gram_tall_quintic",
+             kMuon,
+             {{"ns_algorithm", "gram"}, {"ns_coefficients", "quintic"}},
+             {40, 12},
+             5,
+             1e-4},
+        Case{"gram_polar_express_7_steps",
+             kMuon,
+             {{"ns_algorithm", "gram"},
+              {"ns_coefficients", "polar_express"},
+              {"ns_steps", "7"}},
+             {17, 31},
+             5,
+             1e-4},
+        Case{"standard_explicit",
+             kMuon,
+             {{"ns_algorithm", "standard"}},
+             {12, 40},
+             5,
              1e-4}),
     [](const auto& info) { return info.param.name; });
 
@@ -452,10 +480,18 @@ TEST(NewtonSchulzBandTest, SingularValuesInTheCoefficientSetsBand) {
   const std::vector<double> sigma_in = optim_test::SingularValues(x);
   const double frob = optim_test::FrobeniusNorm(x);
 
-  for (NsCoefficients set : {NsCoefficients::kSimple, NsCoefficients::kQuintic,
-                             NsCoefficients::kPolarExpress}) {
+  for (const auto& [set, algorithm] :
+       std::vector<std::pair<NsCoefficients, NsAlgorithm>>{
+           {NsCoefficients::kSimple, NsAlgorithm::kStandard},
+           {NsCoefficients::kQuintic, NsAlgorithm::kStandard},
+           {NsCoefficients::kPolarExpress, NsAlgorithm::kStandard},
+           {NsCoefficients::kSimple, NsAlgorithm::kGram},
+           {NsCoefficients::kQuintic, NsAlgorithm::kGram},
+           {NsCoefficients::kPolarExpress, NsAlgorithm::kGram}}) {
+    SCOPED_TRACE(NsAlgorithmName(algorithm));
     MuonOptions options;
     options.ns_coefficients = set;
+    options.ns_algorithm = algorithm;
     ASSERT_OK_AND_ASSIGN(NewtonSchulzSpec spec,
                          NewtonSchulzSpecFor(options, BackendKind::kCpu));
     ASSERT_EQ(spec.coefficients.size(), 5u);
@@ -488,9 +524,11 @@ TEST(NewtonSchulzBandTest, SingularValuesInTheCoefficientSetsBand) {
     // 1e-4: float32 rounding of five iterations (observed ~1e-6); the grid
     // step is 5e-6 in the input.
     constexpr double kSlack = 1e-4;
-    std::printf("[ ns band   ] %-14s band [%.4f, %.4f] output [%.4f, %.4f]\n",
-                std::string(NsCoefficientsName(set)).c_str(), band_min,
-                band_max, sigma.back(), sigma.front());
+    std::printf(
+        "[ ns band   ] %-14s %-8s band [%.4f, %.4f] output [%.4f, %.4f]\n",
+        std::string(NsCoefficientsName(set)).c_str(),
+        NsAlgorithmName(algorithm), band_min, band_max, sigma.back(),
+        sigma.front());
     EXPECT_GE(sigma.back(), band_min - kSlack) << NsCoefficientsName(set);
     EXPECT_LE(sigma.front(), band_max + kSlack) << NsCoefficientsName(set);
   }
@@ -545,6 +583,12 @@ TEST(UpdateRuleTest, NewtonSchulzSpecResolution) {
                        NewtonSchulzSpecFor(o, BackendKind::kCpu));
   EXPECT_EQ(quintic.coefficients[5], quintic.coefficients[0]);
   EXPECT_EQ(quintic.coefficients[6], quintic.coefficients[1]);
+  // ns_algorithm passes through; auto is resolved per shape by the backend.
+  EXPECT_EQ(quintic.algorithm, NsAlgorithm::kAuto);
+  o.ns_algorithm = NsAlgorithm::kGram;
+  ASSERT_OK_AND_ASSIGN(NewtonSchulzSpec gram,
+                       NewtonSchulzSpecFor(o, BackendKind::kCuda));
+  EXPECT_EQ(gram.algorithm, NsAlgorithm::kGram);
 }
 
 TEST(UpdateRuleTest, StateBytesAndNames) {
@@ -849,9 +893,13 @@ TEST(UpdateRuleStateTest, RejectedLoadChangesNothing) {
 
 // ---- Batched Muon and the lr override ---------------------------------------
 
-TEST(StepMuonBatchTest, EqualsPerMatrixSteps) {
-  const OptimizerConfig config =
-      Config(kMuon, {{"ns_coefficients", "quintic"}, {"weight_decay", "0.1"}});
+class StepMuonBatchTest : public ::testing::TestWithParam<const char*> {};
+
+// Batched steps equal per-matrix steps with either algorithm.
+TEST_P(StepMuonBatchTest, EqualsPerMatrixSteps) {
+  const OptimizerConfig config = Config(kMuon, {{"ns_coefficients", "quintic"},
+                                                {"weight_decay", "0.1"},
+                                                {"ns_algorithm", GetParam()}});
   const std::vector<int64_t> shape = {14, 10};
   const int64_t n = 140, batch = 3;
   std::unique_ptr<Backend> backend = CpuBackend();
@@ -914,6 +962,9 @@ TEST(StepMuonBatchTest, EqualsPerMatrixSteps) {
   EXPECT_THAT(StepMuonBatch(mixed, two_params, two_grads, {}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("adamw")));
 }
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, StepMuonBatchTest,
+                         ::testing::Values("standard", "gram"));
 
 TEST(StepOptionsTest, LrOverrideScalesTheUpdate) {
   for (OptimizerKind kind : {kMuon, kAdamW, kShampoo, kSoap}) {

@@ -21,6 +21,45 @@ TEST(CostModelTest, MuonFlopsFollowDesign) {
   EXPECT_DOUBLE_EQ(model.Objective(w), w.flops);
 }
 
+TEST(CostModelTest, MuonCostFollowsTheChosenNewtonSchulzAlgorithm) {
+  // Qwen3-32B's MLP matrix: auto picks gram, whose cost (TF32 s x s products
+  // counted twice on the nominal cuda rates) is under 0.9x the standard's.
+  CostModel model;
+  const std::vector<int64_t> mlp = {25600, 5120};
+  const ParamWork w = model.Work(OptimizerKind::kMuon, mlp);
+  EXPECT_EQ(w.ns_algorithm, NsAlgorithm::kGram);
+  EXPECT_DOUBLE_EQ(w.gemm_flops, GramNsCost(25600, 5120, 5, 2.0));
+  const double standard = StandardNsFlops(25600, 5120, 5);
+  EXPECT_LT(w.gemm_flops, 0.9 * standard);
+  EXPECT_EQ(model.Work(OptimizerKind::kMuon, {5120, 25600}).ns_algorithm,
+            NsAlgorithm::kGram);
+  // A cpu rates file: fp32 everywhere, about 0.6x the standard's flops.
+  auto cpu = ParseRates(nlohmann::json{{"backend", "cpu"},
+                                       {"gemm_gflops", 100.0},
+                                       {"ns_gflops", 50.0},
+                                       {"eigh_gflops", 10.0},
+                                       {"adamw_gbps", 20.0}});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const ParamWork c = CostModel(CostModelOptions{}, *cpu).Work(
+      OptimizerKind::kMuon, mlp);
+  EXPECT_EQ(c.ns_algorithm, NsAlgorithm::kGram);
+  EXPECT_DOUBLE_EQ(c.gemm_flops, GramNsCost(25600, 5120, 5, 1.0));
+  EXPECT_NEAR(c.gemm_flops / standard, 68.0 / 110.0, 1e-12);
+  EXPECT_DOUBLE_EQ(c.seconds, c.gemm_flops / 50e9 + 24.0 * 25600 * 5120 / 20e9);
+  // Square and small matrices keep the standard iteration.
+  EXPECT_EQ(model.Work(OptimizerKind::kMuon, {5120, 5120}).ns_algorithm,
+            NsAlgorithm::kStandard);
+  EXPECT_EQ(model.Work(OptimizerKind::kMuon, {1024, 8192}).ns_algorithm,
+            NsAlgorithm::kStandard);
+  // ns_algorithm=standard: the standard flops whatever the shape.
+  CostModelOptions options;
+  options.muon_ns_algorithm = NsAlgorithm::kStandard;
+  const ParamWork s = CostModel(options, std::nullopt).Work(
+      OptimizerKind::kMuon, mlp);
+  EXPECT_EQ(s.ns_algorithm, NsAlgorithm::kStandard);
+  EXPECT_DOUBLE_EQ(s.gemm_flops, standard);
+}
+
 TEST(CostModelTest, AdamWIsTenPerElement) {
   CostModel model;
   EXPECT_DOUBLE_EQ(model.Work(OptimizerKind::kAdamW, {100, 3}).flops, 3000);
