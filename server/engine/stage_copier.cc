@@ -19,6 +19,22 @@ absl::Status CheckCopy(const AllocationRegistry& staging,
   return staging.CheckContained(what, "dst", dst, bytes);
 }
 
+// A conversion's two sides: on the device (a kernel) inside the staging
+// allocations, on the host inside one or outside them all.
+absl::Status CheckConvert(const AllocationRegistry& staging, bool device,
+                          DType from, const void* src, DType to,
+                          const void* dst, int64_t n) {
+  constexpr absl::string_view kWhat = "StageCopier::Convert";
+  const int64_t src_bytes = n * DTypeBytes(from);
+  const int64_t dst_bytes = n * DTypeBytes(to);
+  if (device) {
+    CANZONA_RETURN_IF_ERROR(staging.CheckInside(kWhat, "src", src, src_bytes));
+    return staging.CheckInside(kWhat, "dst", dst, dst_bytes);
+  }
+  CANZONA_RETURN_IF_ERROR(staging.CheckContained(kWhat, "src", src, src_bytes));
+  return staging.CheckContained(kWhat, "dst", dst, dst_bytes);
+}
+
 class HostStageCopier final : public StageCopier {
  public:
   explicit HostStageCopier(const AllocationRegistry* staging)
@@ -35,11 +51,8 @@ class HostStageCopier final : public StageCopier {
                        int64_t n) override {
     if (n <= 0) return absl::OkStatus();
     if (from == to) return Copy(dst, src, n * DTypeBytes(to));
-    constexpr absl::string_view kWhat = "StageCopier::Convert";
     CANZONA_RETURN_IF_ERROR(
-        staging_.CheckContained(kWhat, "src", src, n * DTypeBytes(from)));
-    CANZONA_RETURN_IF_ERROR(
-        staging_.CheckContained(kWhat, "dst", dst, n * DTypeBytes(to)));
+        CheckConvert(staging_, /*device=*/false, from, src, to, dst, n));
     if (from == DType::kFloat32) {
       RoundFromFloat(static_cast<const float*>(src), n, to, dst);
     } else if (to == DType::kFloat32) {
@@ -91,11 +104,8 @@ class DeviceStageCopier final : public StageCopier {
     if (from == to) return Copy(dst, src, n * DTypeBytes(to));
     // A conversion kernel reads and writes device memory only (a trainer's
     // pageable shared memory is not addressable from the device).
-    constexpr absl::string_view kWhat = "StageCopier::Convert";
     CANZONA_RETURN_IF_ERROR(
-        staging_.CheckInside(kWhat, "src", src, n * DTypeBytes(from)));
-    CANZONA_RETURN_IF_ERROR(
-        staging_.CheckInside(kWhat, "dst", dst, n * DTypeBytes(to)));
+        CheckConvert(staging_, /*device=*/true, from, src, to, dst, n));
     CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
     return api_->ConvertAsync(from, src, to, dst, n, stream_);
   }
