@@ -325,8 +325,9 @@ class Backend {
   friend class DeviceBuffer;
   // Returns memory obtained by DoAllocate. Never fails visibly.
   virtual void Free(float* data, int64_t size) = 0;
-  // Where the host reaches a buffer DoAllocate returned, when not at its
-  // address (AllocationRegistry::Allocation::alias): the entry points hand
+  // Where the host reaches the bytes at `data` (a buffer DoAllocate
+  // returned, or memory registered with RegisterMemory), when not at
+  // `data` (AllocationRegistry::Allocation::alias): the entry points hand
   // the Do-methods that address. Null for real memory (every production
   // backend).
   virtual const void* HostAlias(const float* /*data*/) const { return nullptr; }
