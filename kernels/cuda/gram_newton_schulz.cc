@@ -19,16 +19,13 @@ namespace {
 using cuda_kernels::LaunchConfig;
 using cuda_kernels::NsElement;
 
-constexpr size_t kAlign = 256;
-size_t RoundUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
 // The five float32 s x s buffers, then Q in bf16 for the final product.
 struct GramLayout {
   size_t r = 0, z = 0, q = 0, q_next = 0, rz = 0, q_bf16 = 0, total = 0;
 };
 
 GramLayout MakeGramLayout(NsPrecision precision, int64_t batch, int64_t n) {
-  const size_t f32 = RoundUp(static_cast<size_t>(batch * n * n) * 4);
+  const size_t f32 = WorkspaceRoundUp(static_cast<size_t>(batch * n * n) * 4);
   GramLayout l;
   size_t off = 0;
   for (size_t* region : {&l.r, &l.z, &l.q, &l.q_next, &l.rz}) {
@@ -37,7 +34,7 @@ GramLayout MakeGramLayout(NsPrecision precision, int64_t batch, int64_t n) {
   }
   l.q_bf16 = off;
   if (precision == NsPrecision::kBfloat16) {
-    off += RoundUp(static_cast<size_t>(batch * n * n) * 2);
+    off += WorkspaceRoundUp(static_cast<size_t>(batch * n * n) * 2);
   }
   l.total = off;
   return l;

@@ -21,10 +21,6 @@ namespace {
 using cuda_kernels::LaunchConfig;
 using cuda_kernels::NsElement;
 
-constexpr size_t kAlign = 256;
-
-size_t RoundUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
 // Byte offsets of the workspace regions, each 256-byte aligned (cuBLAS
 // prefers aligned operands; the norm kernel reads float4).
 // The Gram iteration's s x s buffers take the place of A and B.
@@ -38,8 +34,9 @@ Layout MakeLayout(NsPrecision precision, NsAlgorithm algorithm, int64_t batch,
   const size_t elem = precision == NsPrecision::kBfloat16 ? 2 : 4;
   const int64_t n = rows < cols ? rows : cols;
   const size_t x_bytes =
-      RoundUp(static_cast<size_t>(batch * rows * cols) * elem);
-  const size_t a_bytes = RoundUp(static_cast<size_t>(batch * n * n) * elem);
+      WorkspaceRoundUp(static_cast<size_t>(batch * rows * cols) * elem);
+  const size_t a_bytes =
+      WorkspaceRoundUp(static_cast<size_t>(batch * n * n) * elem);
   Layout l;
   l.parts = cuda_kernels::NsNormParts(rows * cols);
   size_t off = 0;
@@ -49,7 +46,7 @@ Layout MakeLayout(NsPrecision precision, NsAlgorithm algorithm, int64_t batch,
   off += x_bytes;
   l.a = off;
   if (algorithm == NsAlgorithm::kGram) {
-    off += RoundUp(GramWorkspaceBytes(precision, batch, n));
+    off += WorkspaceRoundUp(GramWorkspaceBytes(precision, batch, n));
     l.b = l.a;
   } else {
     off += a_bytes;
@@ -57,9 +54,10 @@ Layout MakeLayout(NsPrecision precision, NsAlgorithm algorithm, int64_t batch,
     off += a_bytes;
   }
   l.partials = off;
-  off += RoundUp(static_cast<size_t>(batch) * l.parts * sizeof(double));
+  off +=
+      WorkspaceRoundUp(static_cast<size_t>(batch) * l.parts * sizeof(double));
   l.denom = off;
-  off += RoundUp(static_cast<size_t>(batch) * sizeof(float));
+  off += WorkspaceRoundUp(static_cast<size_t>(batch) * sizeof(float));
   l.total = off;
   return l;
 }

@@ -26,6 +26,13 @@
 
 namespace canzona::cuda_internal {
 
+// Workspace parts start on 256-byte boundaries (cuBLAS and vectorized
+// kernels want aligned operands): `bytes` rounded up to the next one.
+inline size_t WorkspaceRoundUp(size_t bytes) {
+  constexpr size_t kAlign = 256;
+  return (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
 struct NsContext {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;  // bound to `stream`
