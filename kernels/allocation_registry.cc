@@ -8,12 +8,12 @@
 namespace canzona {
 namespace {
 
-std::string Range(uintptr_t begin, int64_t bytes) {
+std::string FormatRange(uintptr_t begin, int64_t bytes) {
   return absl::StrFormat("[0x%x, +%d bytes)", begin, bytes);
 }
 
 std::string Describe(const AllocationRegistry::Allocation& a) {
-  return absl::StrCat(Range(a.begin, a.bytes), " (", a.label, ")");
+  return absl::StrCat(FormatRange(a.begin, a.bytes), " (", a.label, ")");
 }
 
 }  // namespace
@@ -24,21 +24,21 @@ absl::Status AllocationRegistry::Add(const void* begin, int64_t bytes,
   const auto b = reinterpret_cast<uintptr_t>(begin);
   if (begin == nullptr || bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cannot register ", Range(b, bytes), " (", label, "): empty"));
+        "cannot register ", FormatRange(b, bytes), " (", label, "): empty"));
   }
   absl::MutexLock lock(&mu_);
   auto next = allocations_.lower_bound(b);
   if (next != allocations_.end() &&
       next->first < b + static_cast<uintptr_t>(bytes)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cannot register ", Range(b, bytes), " (", label,
+        absl::StrCat("cannot register ", FormatRange(b, bytes), " (", label,
                      "): it overlaps ", Describe(next->second)));
   }
   if (next != allocations_.begin()) {
     const Allocation& before = std::prev(next)->second;
     if (before.begin + static_cast<uintptr_t>(before.bytes) > b) {
       return absl::InvalidArgumentError(
-          absl::StrCat("cannot register ", Range(b, bytes), " (", label,
+          absl::StrCat("cannot register ", FormatRange(b, bytes), " (", label,
                        "): it overlaps ", Describe(before)));
     }
   }
@@ -115,13 +115,13 @@ absl::Status AllocationRegistry::Check(Rule rule, absl::string_view what,
     const uintptr_t end = holder->begin + static_cast<uintptr_t>(holder->bytes);
     if (rule == Rule::kOutside) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": ", arg, " ", Range(b, bytes),
+          what, ": ", arg, " ", FormatRange(b, bytes),
           " must be memory outside the backend, but lies in its allocation ",
           Describe(*holder)));
     }
     if (e > end) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": ", arg, " ", Range(b, bytes), " runs ", e - end,
+          what, ": ", arg, " ", FormatRange(b, bytes), " runs ", e - end,
           " bytes past the end of its allocation ", Describe(*holder)));
     }
     if (resolved != nullptr && holder->alias != 0) {
@@ -132,12 +132,12 @@ absl::Status AllocationRegistry::Check(Rule rule, absl::string_view what,
   }
   if (rule == Rule::kInside) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ": ", arg, " ", Range(b, bytes),
+        absl::StrCat(what, ": ", arg, " ", FormatRange(b, bytes),
                      " lies in no live allocation of the backend"));
   }
   if (next != allocations_.end() && next->first < e) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ": ", arg, " ", Range(b, bytes),
+        absl::StrCat(what, ": ", arg, " ", FormatRange(b, bytes),
                      " runs into the allocation ", Describe(next->second)));
   }
   return absl::OkStatus();

@@ -15,6 +15,7 @@
 #include "server/plan/plan_json.h"
 #include "server/plan/planner.h"
 #include "tests/matchers/status_matchers.h"
+#include "tests/unit/plan/models_dir.h"
 
 namespace canzona::plan {
 namespace {
@@ -25,9 +26,6 @@ using ::testing::HasSubstr;
 
 constexpr Strategy kSliced[] = {Strategy::kStartAnchored, Strategy::kAlpha,
                                 Strategy::kCost};
-
-// The source tree's server/plan/models (compiled in).
-std::string ModelsDir() { return CANZONA_PLAN_TEST_MODELS_DIR; }
 
 // Real Qwen3 parameters (megatron layout, Muon) at the given layout.
 PlanRequest QwenRequest(const std::string& model, ParallelLayout layout,

@@ -5,6 +5,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/matchers/status_matchers.h"
+#include "tests/unit/plan/models_dir.h"
 
 namespace canzona::plan {
 namespace {
@@ -12,9 +13,6 @@ namespace {
 using ::canzona::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-// The source tree's server/plan/models (compiled in).
-std::string ModelsDir() { return CANZONA_PLAN_TEST_MODELS_DIR; }
 
 const ParamSpec* Find(const std::vector<ParamSpec>& params,
                       const std::string& name) {
