@@ -283,4 +283,12 @@ CheckResult EvaluateCheck(const CheckRecord& record,
   return result;
 }
 
+double PositiveFigure(const nlohmann::json& row, const char* key) {
+  if (!row.is_object() || !row.contains(key) || !row[key].is_number()) {
+    return 0;
+  }
+  const double value = row[key].get<double>();
+  return value > 0 ? value : 0;
+}
+
 }  // namespace canzona::bundle

@@ -39,6 +39,10 @@ struct CheckResult {
 CheckResult EvaluateCheck(const CheckRecord& record,
                           const std::filesystem::path& report_dir);
 
+// A figure row's number under `key` when it is positive, else 0 (absent,
+// not a number, or not measured): the comparisons' ratios skip zeros.
+double PositiveFigure(const nlohmann::json& row, const char* key);
+
 }  // namespace canzona::bundle
 
 #endif  // CANZONA_TESTS_GPU_BUNDLE_REPORT_CHECK_RESULT_H_

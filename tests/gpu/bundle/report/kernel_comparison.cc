@@ -26,13 +26,6 @@ nlohmann::json TorchRow(const std::vector<CheckResult>& results,
   return nullptr;
 }
 
-double Positive(const nlohmann::json& row, const char* key) {
-  if (!row.is_object() || !row.contains(key) || !row[key].is_number()) {
-    return 0;
-  }
-  return std::max(0.0, row[key].get<double>());
-}
-
 }  // namespace
 
 nlohmann::json CompareKernels(const std::vector<CheckResult>& results) {
@@ -42,9 +35,9 @@ nlohmann::json CompareKernels(const std::vector<CheckResult>& results) {
     const std::string precision = r.figures.value("ns_precision", "");
     for (const auto& shape :
          r.figures.value("shapes", nlohmann::json::array())) {
-      const double ours_ms = 1e3 * Positive(shape, "ns_seconds");
-      const double ours_gflops = Positive(shape, "ns_gflops");
-      const double our_gemm = Positive(shape, "gemm_gflops");
+      const double ours_ms = 1e3 * PositiveFigure(shape, "ns_seconds");
+      const double ours_gflops = PositiveFigure(shape, "ns_gflops");
+      const double our_gemm = PositiveFigure(shape, "gemm_gflops");
       nlohmann::json row = {{"precision", precision},
                             {"rows", shape.value("rows", 0)},
                             {"cols", shape.value("cols", 0)},
@@ -60,8 +53,8 @@ nlohmann::json CompareKernels(const std::vector<CheckResult>& results) {
                             {"fraction_of_gemm", nullptr},
                             {"gemm_goal_met", nullptr}};
       const nlohmann::json torch = TorchRow(results, precision, shape);
-      const double torch_ms = Positive(torch, "ns_ms");
-      const double addmm_ms = Positive(torch, "ns_addmm_ms");
+      const double torch_ms = PositiveFigure(torch, "ns_ms");
+      const double addmm_ms = PositiveFigure(torch, "ns_addmm_ms");
       if (torch_ms > 0) row["torch_ms"] = torch_ms;
       if (addmm_ms > 0) row["torch_addmm_ms"] = addmm_ms;
       double best_torch = torch_ms;
@@ -77,8 +70,9 @@ nlohmann::json CompareKernels(const std::vector<CheckResult>& results) {
       if (precision == "fp32" && our_gemm > 0) {
         gemm = our_gemm;
         row["gemm_reference"] = "our fp32 GEMM";
-      } else if (precision == "bf16" && Positive(torch, "gemm_gflops") > 0) {
-        gemm = Positive(torch, "gemm_gflops");
+      } else if (precision == "bf16" &&
+                 PositiveFigure(torch, "gemm_gflops") > 0) {
+        gemm = PositiveFigure(torch, "gemm_gflops");
         row["gemm_reference"] = "torch bf16 GEMM";
       }
       if (gemm > 0 && ours_gflops > 0) {

@@ -9,18 +9,10 @@ namespace {
 
 using nlohmann::json;
 
-double Positive(const json& row, const char* key) {
-  if (!row.is_object() || !row.contains(key) || !row[key].is_number()) {
-    return 0;
-  }
-  const double value = row[key].get<double>();
-  return value > 0 ? value : 0;
-}
-
 // torch's median over ours, or null.
 json Ratio(const json& row, const char* ours_key, const char* torch_key) {
-  const double ours = Positive(row, ours_key);
-  const double torch = Positive(row, torch_key);
+  const double ours = PositiveFigure(row, ours_key);
+  const double torch = PositiveFigure(row, torch_key);
   if (ours == 0 || torch == 0) return nullptr;
   return torch / ours;
 }
