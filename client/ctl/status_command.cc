@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "client/ctl/commands.h"
 #include "client/lib/client.h"
-#include "proto/step_phases.h"
+#include "proto/names/step_phases.h"
 
 namespace canzona::ctl {
 namespace {

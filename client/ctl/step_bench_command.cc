@@ -41,7 +41,7 @@
 #include "kernels/base/dtype.h"
 #include "kernels/base/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "proto/step_phases.h"
+#include "proto/names/step_phases.h"
 #include "server/plan/cost_model.h"
 #include "server/plan/model_config.h"
 #include "server/plan/parameter.h"

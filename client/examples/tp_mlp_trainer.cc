@@ -27,7 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/lib/client.h"
-#include "proto/step_phases.h"
+#include "proto/names/step_phases.h"
 
 namespace {
 

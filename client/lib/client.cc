@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "canzona/v1/optimizer_service.grpc.pb.h"
-#include "proto/rank_names.h"
-#include "proto/shm/step_doorbell.h"
+#include "proto/names/rank_names.h"
+#include "proto/shared_memory/step_doorbell.h"
 
 namespace canzona {
 namespace {

@@ -32,7 +32,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "canzona/v1/optimizer_service.pb.h"
-#include "proto/shm/shared_memory.h"
+#include "proto/shared_memory/shared_memory.h"
 
 namespace canzona {
 
@@ -111,7 +111,7 @@ class Client {
   // request, checks and answer), over gRPC otherwise.
   absl::StatusOr<canzona::v1::StepResponse> Step(
       const canzona::v1::StepRequest& request);
-  // Creates a step doorbell (proto/shm/step_doorbell.h) for this rank of a
+  // Creates a step doorbell (proto/shared_memory/step_doorbell.h) for this rank of a
   // registered job and hands it to the daemon: later Step, GradReady and
   // WaitParams calls of the rank skip gRPC (two futex wake-ups instead of a
   // unary call completed from the daemon's worker; the step's fixed cost in

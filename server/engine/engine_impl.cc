@@ -22,7 +22,7 @@
 #include "absl/time/time.h"
 #include "kernels/base/status_macros.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "proto/rank_names.h"
+#include "proto/names/rank_names.h"
 #include "server/engine/cuda_ipc_registry.h"
 #include "server/engine/job.h"
 #include "server/engine/job_agreement.h"

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "proto/rank_names.h"
+#include "proto/names/rank_names.h"
 #include "server/engine/register_request.h"
 
 namespace canzona {

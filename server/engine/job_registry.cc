@@ -7,7 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "proto/rank_names.h"
+#include "proto/names/rank_names.h"
 #include "server/engine/job_agreement.h"
 #include "spdlog/spdlog.h"
 

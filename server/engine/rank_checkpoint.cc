@@ -13,7 +13,7 @@
 #include "absl/time/clock.h"
 #include "kernels/base/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "proto/rank_names.h"
+#include "proto/names/rank_names.h"
 #include "server/checkpoint/checkpoint.h"
 #include "server/engine/block_records.h"
 #include "server/engine/fragments.h"

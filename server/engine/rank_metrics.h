@@ -12,7 +12,7 @@
 #include <string>
 
 #include "canzona/v1/optimizer_service.pb.h"
-#include "proto/step_phases.h"
+#include "proto/names/step_phases.h"
 #include "server/metrics/canzona_metrics.h"
 
 namespace canzona {

@@ -9,7 +9,7 @@
 #include "kernels/base/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "proto/rank_names.h"
+#include "proto/names/rank_names.h"
 #include "server/comm/gloo_communicator.h"
 #include "server/engine/communicator_factory.h"
 #include "server/engine/register_request.h"

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/base/status_macros.h"
-#include "proto/rank_names.h"
+#include "proto/names/rank_names.h"
 #include "server/engine/job_plan.h"
 #include "server/optim/matrix_blocks.h"
 #include "server/optim/optimizer_config.h"

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/base/status_macros.h"
-#include "proto/rank_names.h"
+#include "proto/names/rank_names.h"
 #include "server/engine/rank_runtime.h"
 #include "server/engine/register_request.h"
 #include "server/metrics/canzona_metrics.h"

@@ -39,7 +39,7 @@
 #include "canzona/v1/optimizer_service.pb.h"
 #include "kernels/base/dtype.h"
 #include "kernels/cuda/cuda_ipc.h"
-#include "proto/shm/shared_memory.h"
+#include "proto/shared_memory/shared_memory.h"
 #include "server/engine/cuda_ipc_registry.h"
 #include "server/engine/stage_copier.h"
 

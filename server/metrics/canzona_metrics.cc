@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "proto/step_phases.h"
+#include "proto/names/step_phases.h"
 
 namespace canzona {
 namespace {

@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "proto/rank_names.h"
-#include "proto/shm/shared_memory.h"
-#include "proto/shm/step_doorbell.h"
+#include "proto/names/rank_names.h"
+#include "proto/shared_memory/shared_memory.h"
+#include "proto/shared_memory/step_doorbell.h"
 #include "spdlog/spdlog.h"
 
 namespace canzona {

@@ -1,4 +1,4 @@
-// StepDoorbells: the step doorbells (proto/shm/step_doorbell.h) that local
+// StepDoorbells: the step doorbells (proto/shared_memory/step_doorbell.h) that local
 // trainers attached, the second thin adapter (beside the gRPC service) in
 // front of Engine::Step, Engine::GradReady and Engine::WaitParams. Each
 // doorbell has its own thread: it reads a request, parses it as the

@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/ctl/model_shapes.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "proto/step_phases.h"
+#include "proto/names/step_phases.h"
 #include "server/plan/model_config.h"
 #include "tests/unit/engine/engine_test_util.h"
 

@@ -58,7 +58,7 @@
 #include "canzona/v1/optimizer_service.pb.h"
 #include "google/protobuf/stubs/logging.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "proto/shm/shared_memory.h"
+#include "proto/shared_memory/shared_memory.h"
 #include "server/control/kv_store.h"
 #include "server/engine/engine.h"
 #include "server/engine/engine_impl.h"

@@ -8,7 +8,9 @@ below (tests/ may include anything). Within them:
     communicator: of server/comm/ only the pure nccl_uneven.h;
   - the engine's registration (server/engine/registration.*) reads its
     settings from engine_options.h, not the engine's implementation;
-  - the Python package (client/python/canzona) has no import cycle.
+  - the Python package (client/python/canzona) has no import cycle;
+  - proto/ keeps hand-written C++ in folders named for what it is
+    (proto/shared_memory, proto/names), never beside the .proto files.
 
     python3 tests/layering/check_includes.py [--root DIR]
 """
@@ -55,6 +57,15 @@ def rules(path, included):
     if (re.match(r"server/engine/registration\.(h|cc)$", path)
             and included == "server/engine/engine_impl.h"):
         yield "%s includes engine_impl.h: use engine_options.h" % path
+
+
+def proto_folders(root):
+    """Hand-written C++ at proto/'s top or beside the .proto files."""
+    for path in files(root, "proto"):
+        folder = os.path.dirname(path)
+        if folder == "proto" or folder.startswith("proto/canzona"):
+            yield ("%s: hand-written C++ in proto/ belongs in a folder named "
+                   "for what it is (proto/shared_memory, proto/names)" % path)
 
 
 def python_cycles(root):
@@ -110,6 +121,7 @@ def main():
             for included in includes(root, path):
                 checked += 1
                 problems.extend(rules(path, included))
+    problems.extend(proto_folders(root))
     problems.extend(python_cycles(root))
     for problem in problems:
         print("check_includes: " + problem)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fails when a list of the step's phases drifts from proto/step_phases.h.
+"""Fails when a list of the step's phases drifts from proto/names/step_phases.h.
 
 kStepPhases is the one list: C++ users include it; the Python package keeps
 a copy (canzona/_phases.py) that must equal it; the step simulator's phases
@@ -27,15 +27,15 @@ def main():
     root = parser.parse_args().root
     problems = []
 
-    header = read(root, "proto/step_phases.h")
+    header = read(root, "proto/names/step_phases.h")
     entries = re.findall(r'\{"(\w+)", &canzona::v1::PhaseTimes::(\w+)\}',
                          header)
     phases = [name for name, _ in entries]
     if not phases or phases[-1] != "total":
-        problems.append("proto/step_phases.h: no kStepPhases ending in total")
+        problems.append("proto/names/step_phases.h: no kStepPhases ending in total")
     for name, accessor in entries:
         if name != accessor:
-            problems.append("proto/step_phases.h: %s reads PhaseTimes::%s"
+            problems.append("proto/names/step_phases.h: %s reads PhaseTimes::%s"
                             % (name, accessor))
 
     sys.path.insert(0, os.path.join(root, "client", "python"))

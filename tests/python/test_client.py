@@ -1,6 +1,6 @@
 """canzona.Client over both transports (grpcio and canzona-bridge) against a
 real canzonad, the bridge's line protocol and process lifetime, the shared
-memory (proto/shm's rules) and the CUDA IPC export (over a fake libcudart /
+memory (proto/shared_memory's rules) and the CUDA IPC export (over a fake libcudart /
 libcuda, fake_cuda.c). Needs no torch.
 
 Run by ctest (label python) from the source tree (python_client) and from

@@ -2,7 +2,7 @@
 GradReady, WaitParams) through shared memory and futexes instead of gRPC
 calls.
 
-The protocol is the C++ one (proto/shm/step_doorbell.{h,cc}); both sides
+The protocol is the C++ one (proto/shared_memory/step_doorbell.{h,cc}); both sides
 must agree on it byte for byte:
 
 - the object is a 4096-byte header, a 64 KiB request area and a 64 KiB

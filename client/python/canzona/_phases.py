@@ -1,6 +1,6 @@
 """The optimizer step's named phases, as the daemon reports them.
 
-The Python copy of the one list in proto/step_phases.h (``kStepPhases``), in
+The Python copy of the one list in proto/names/step_phases.h (``kStepPhases``), in
 the order a step runs them, ``total`` (the whole step) last;
 tests/python/check_phases.py fails when the two drift.
 """

@@ -1,6 +1,6 @@
 """POSIX shared memory the daemon maps, with the standard library only.
 
-The same protocol as proto/shm/shared_memory.{h,cc} (the C++ side both the
+The same protocol as proto/shared_memory/shared_memory.{h,cc} (the C++ side both the
 daemon and the C++ client link): objects are named
 "/canzona.<job>.<rank>.<seq>" (job: [A-Za-z0-9_-]{1,64}; rank, seq:
 digits), created with O_CREAT | O_EXCL and mode 0600, sized with ftruncate
@@ -32,7 +32,7 @@ SHM_DIR = "/dev/shm"
 _PREFIX = "/canzona."
 _JOB = re.compile(r"[A-Za-z0-9_-]+")
 
-# errno -> status code, as proto/shm's ErrnoStatus maps them.
+# errno -> status code, as proto/shared_memory's ErrnoStatus maps them.
 _ERRNO_CODES = {
     errno.ENOENT: "NOT_FOUND",
     errno.EEXIST: "ALREADY_EXISTS",

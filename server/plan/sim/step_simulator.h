@@ -68,7 +68,7 @@ struct SimOptions {
 };
 
 // The phases the simulator models, named as PhaseTimes and kStepPhases
-// (proto/step_phases.h) name them; tests/unit/plan/sim checks the names.
+// (proto/names/step_phases.h) name them; tests/unit/plan/sim checks the names.
 struct PhaseSeconds {
   double reduce_scatter = 0;
   double world_reduce = 0;

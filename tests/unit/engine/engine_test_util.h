@@ -30,7 +30,7 @@
 #include "absl/time/time.h"
 #include "kernels/base/dtype.h"
 #include "kernels/cuda/cuda_ipc.h"
-#include "proto/shm/shared_memory.h"
+#include "proto/shared_memory/shared_memory.h"
 #include "server/comm/nccl_api.h"
 #include "server/control/kv_store.h"
 #include "server/engine/engine.h"

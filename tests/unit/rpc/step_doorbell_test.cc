@@ -2,7 +2,7 @@
 // the daemon's real unix socket (SO_PEERCRED), service and engine: the same
 // parameters bit for bit, the same checks, and bad attachments or requests
 // answered with a status naming the field while the daemon keeps serving.
-#include "proto/shm/step_doorbell.h"
+#include "proto/shared_memory/step_doorbell.h"
 
 #include <grpcpp/grpcpp.h>
 #include <sys/stat.h>

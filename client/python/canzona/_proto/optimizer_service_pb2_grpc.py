@@ -171,7 +171,7 @@ class OptimizerServiceServicer(object):
 
     def AttachStepDoorbell(self, request, context):
         """A trainer on the daemon's node (its unix socket) hands the daemon a
-        step doorbell it created (proto/shm/step_doorbell.h): from then on it
+        step doorbell it created (proto/shared_memory/step_doorbell.h): from then on it
         may send this rank's Steps through the shared memory instead of gRPC,
         with the same requests, checks and answers. Until Deregister, or a new
         doorbell for the same rank.

@@ -1,4 +1,4 @@
-#include "proto/rank_names.h"
+#include "proto/names/rank_names.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,4 +1,4 @@
-#include "proto/shm/step_doorbell.h"
+#include "proto/shared_memory/step_doorbell.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>

@@ -1,4 +1,4 @@
-#include "proto/shm/shared_memory.h"
+#include "proto/shared_memory/shared_memory.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

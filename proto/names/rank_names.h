@@ -4,8 +4,8 @@
 // beside the API they format.
 //
 // Thread-safety: pure functions.
-#ifndef CANZONA_PROTO_RANK_NAMES_H_
-#define CANZONA_PROTO_RANK_NAMES_H_
+#ifndef CANZONA_PROTO_NAMES_RANK_NAMES_H_
+#define CANZONA_PROTO_NAMES_RANK_NAMES_H_
 
 #include <string>
 
@@ -23,4 +23,4 @@ std::string RankKey(absl::string_view job_id,
 
 }  // namespace canzona
 
-#endif  // CANZONA_PROTO_RANK_NAMES_H_
+#endif  // CANZONA_PROTO_NAMES_RANK_NAMES_H_

@@ -7,8 +7,8 @@
 //   }
 //
 // Thread-safety: constant data.
-#ifndef CANZONA_PROTO_STEP_PHASES_H_
-#define CANZONA_PROTO_STEP_PHASES_H_
+#ifndef CANZONA_PROTO_NAMES_STEP_PHASES_H_
+#define CANZONA_PROTO_NAMES_STEP_PHASES_H_
 
 #include <array>
 #include <string_view>
@@ -40,4 +40,4 @@ static_assert(std::string_view(kStepPhases.back().name) == "total");
 
 }  // namespace canzona
 
-#endif  // CANZONA_PROTO_STEP_PHASES_H_
+#endif  // CANZONA_PROTO_NAMES_STEP_PHASES_H_

@@ -2,7 +2,7 @@
 // daemon thread's WaitRequest / Respond through one shared-memory object
 // mapped twice, statuses travel with their codes, and a doorbell that is
 // not one, a silent daemon, a daemon gone or a deadline give clear errors.
-#include "proto/shm/step_doorbell.h"
+#include "proto/shared_memory/step_doorbell.h"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -38,8 +38,8 @@
 // calls WaitRequest and Respond, Heartbeat may come from any daemon thread.
 // The object's words are atomics; the payload areas are handed over by the
 // sequence numbers (release / acquire).
-#ifndef CANZONA_PROTO_SHM_STEP_DOORBELL_H_
-#define CANZONA_PROTO_SHM_STEP_DOORBELL_H_
+#ifndef CANZONA_PROTO_SHARED_MEMORY_STEP_DOORBELL_H_
+#define CANZONA_PROTO_SHARED_MEMORY_STEP_DOORBELL_H_
 
 #include <atomic>
 #include <cstdint>
@@ -51,7 +51,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "proto/shm/shared_memory.h"
+#include "proto/shared_memory/shared_memory.h"
 
 namespace canzona {
 
@@ -142,4 +142,4 @@ class StepDoorbell {
 
 }  // namespace canzona
 
-#endif  // CANZONA_PROTO_SHM_STEP_DOORBELL_H_
+#endif  // CANZONA_PROTO_SHARED_MEMORY_STEP_DOORBELL_H_

@@ -19,8 +19,8 @@
 // Thread-safety: a SharedMemory object is not synchronized (move-only
 // handle); what the bytes mean and who writes them when is the step
 // protocol's business.
-#ifndef CANZONA_PROTO_SHM_SHARED_MEMORY_H_
-#define CANZONA_PROTO_SHM_SHARED_MEMORY_H_
+#ifndef CANZONA_PROTO_SHARED_MEMORY_SHARED_MEMORY_H_
+#define CANZONA_PROTO_SHARED_MEMORY_SHARED_MEMORY_H_
 
 #include <sys/types.h>
 
@@ -97,4 +97,4 @@ class SharedMemory {
 
 }  // namespace canzona
 
-#endif  // CANZONA_PROTO_SHM_SHARED_MEMORY_H_
+#endif  // CANZONA_PROTO_SHARED_MEMORY_SHARED_MEMORY_H_
