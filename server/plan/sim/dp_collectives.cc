@@ -63,12 +63,13 @@ void DpCollectives::ReduceBuckets() {
       std::vector<double> before(R);
       for (int d = 0; d < R; ++d) {
         GpuState& g = gpus_.At(s, d, t);
-        before[d] = g.lane;
+        before[d] = g.dp_lane;
         const double copy =
             gpus_.Copy(g, arrays * bucket.elements * (eb + kStagingBytes) / 2);
-        AddSegment(g.out, Lane::kDp, "reduce_scatter", g.lane, g.lane + copy);
-        g.lane += copy;
-        start = std::max(start, g.lane);
+        AddSegment(g.out, Lane::kDp, "reduce_scatter", g.dp_lane,
+                   g.dp_lane + copy);
+        g.dp_lane += copy;
+        start = std::max(start, g.dp_lane);
       }
       const double end = start + collective;
       double cross_max = 0;
@@ -86,11 +87,11 @@ void DpCollectives::ReduceBuckets() {
                             static_cast<double>(counts[d]) * eb);
         }
         cross_max = std::max(cross_max, cross);
-        AddSegment(g.out, Lane::kDp, "reduce_scatter", g.lane, end + mine);
+        AddSegment(g.out, Lane::kDp, "reduce_scatter", g.dp_lane, end + mine);
         AddSegment(g.out, Lane::kDp, "cross_all_reduce", end + mine,
                    end + mine + cross);
-        g.lane = end + mine + cross;
-        g.reduce_b.push_back(g.lane - before[d]);
+        g.dp_lane = end + mine + cross;
+        g.reduce_b.push_back(g.dp_lane - before[d]);
       }
       if (t == 0) {
         out.reduce_s = collective;
@@ -101,12 +102,12 @@ void DpCollectives::ReduceBuckets() {
   // The worker waits for its lane, then averages what it owns.
   for (size_t i = 0; i < gpus_.size(); ++i) {
     GpuState& g = gpus_[i];
-    g.reduced_at = g.lane;
+    g.reduced_at = g.dp_lane;
     const int64_t scaled =
         in_.sliced ? OwnedSlices(g) : static_cast<int64_t>(g.stage_elements);
     const double scale = gpus_.Copy(g, scaled * kStagingBytes);
-    AddSegment(g.out, Lane::kWorker, "reduce_scatter", 0, g.lane + scale);
-    g.worker = g.lane + scale;
+    AddSegment(g.out, Lane::kWorker, "reduce_scatter", 0, g.dp_lane + scale);
+    g.worker = g.dp_lane + scale;
     g.out.phases.reduce_scatter = g.worker;
   }
 }
@@ -123,8 +124,8 @@ int64_t DpCollectives::OwnedSlices(const GpuState& g) const {
 void DpCollectives::GatherBuckets() {
   const int R = in_.ctx.R, T = in_.ctx.T;
   for (GpuState& g : gpus_) {
-    g.lane = std::max(g.lane, g.worker);
-    g.gathers_from = g.lane;
+    g.dp_lane = std::max(g.dp_lane, g.worker);
+    g.gathers_from = g.dp_lane;
   }
   for (int s = 0; s < in_.ctx.P; ++s) {
     const std::vector<int>& order = in_.ctx.stage_buckets[s];
@@ -139,7 +140,7 @@ void DpCollectives::GatherBuckets() {
         double start = 0;
         for (int d = 0; d < R; ++d) {
           group.push_back(gpus_.At(s, d, t).rank);
-          start = std::max(start, gpus_.At(s, d, t).lane);
+          start = std::max(start, gpus_.At(s, d, t).dp_lane);
         }
         const Link link = in_.LinkOf(group);
         double collective = 0;
@@ -161,17 +162,17 @@ void DpCollectives::GatherBuckets() {
           const double copy =
               gpus_.Copy(g, bucket.elements * (eb + kStagingBytes) / 2);
           const double end = start + collective + copy;
-          AddSegment(g.out, Lane::kDp, "all_gather", g.lane, end);
-          g.gather_b.push_back(end - g.lane);
-          g.lane = end;
+          AddSegment(g.out, Lane::kDp, "all_gather", g.dp_lane, end);
+          g.gather_b.push_back(end - g.dp_lane);
+          g.dp_lane = end;
         }
       }
     }
   }
   for (GpuState& g : gpus_) {
-    AddSegment(g.out, Lane::kWorker, "all_gather", g.worker, g.lane);
-    g.out.phases.all_gather = g.lane - g.worker;
-    g.out.phases.total = g.lane;
+    AddSegment(g.out, Lane::kWorker, "all_gather", g.worker, g.dp_lane);
+    g.out.phases.all_gather = g.dp_lane - g.worker;
+    g.out.phases.total = g.dp_lane;
   }
 }
 

@@ -57,7 +57,7 @@ SimulatedGpus::SimulatedGpus(const StepInputs& in) : in_(in) {
         g.largest_owned = std::max(g.largest_owned, it.local_numel);
         const double whole = in_.update_s[i];
         if (!it.hosted) {
-          g.local_s += it.split ? whole / T : whole;
+          g.dp_owned_s += it.split ? whole / T : whole;
           g.out.update_s += it.split ? whole / T : whole;
         } else if (in_.Redundant(static_cast<int>(i)) ||
                    in_.plan.tp_host[i] == t) {

@@ -25,13 +25,13 @@ namespace canzona::plan::sim::internal {
 struct GpuState {
   int rank = 0;         // global rank
   double worker = 0;    // the worker thread's clock
-  double lane = 0;      // the DP lane's clock
+  double dp_lane = 0;   // the DP lane's clock
   double slowdown = 1;  // sharing of the node's units by all its ranks
   int64_t stage_elements = 0;
   int64_t owned_elements = 0;    // owned parameters' local elements
   int64_t master_elements = 0;   // of those, 16-bit ones (fp32 masters)
   int64_t largest_owned = 0;     // the largest owned parameter's elements
-  double local_s = 0;            // local updates at full rate
+  double dp_owned_s = 0;         // DP-owned updates at full rate
   std::vector<double> reduce_b;  // per bucket of its stage, lane seconds
   std::vector<double> gather_b;  // in gather order
   double reduced_at = 0;         // DP lane done with the reductions

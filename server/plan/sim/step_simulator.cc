@@ -48,7 +48,7 @@ class SimulatedStep {
   StepSimulation Simulate() {
     dp_.ReduceBuckets();
     world_.Reduce();
-    updates_.LocalUpdates();
+    updates_.DpOwnedUpdates();
     updates_.TpPipelines();
     updates_.RedundantUpdates();
     world_.UpdateSizePass();

@@ -9,12 +9,12 @@
 
 namespace canzona::plan::sim::internal {
 
-void UpdatePhases::LocalUpdates() {
+void UpdatePhases::DpOwnedUpdates() {
   std::vector<int> ranks;
   std::vector<double> work;
   for (const GpuState& g : gpus_) {
     ranks.push_back(g.rank);
-    work.push_back(g.local_s);
+    work.push_back(g.dp_owned_s);
   }
   const std::vector<double> finish = gpus_.ShareNodes(ranks, work);
   for (size_t i = 0; i < gpus_.size(); ++i) {
@@ -29,18 +29,18 @@ void UpdatePhases::LocalUpdates() {
 void UpdatePhases::TpPipelines() {
   const int T = in_.ctx.T;
   if (T <= 1) return;
-  std::vector<TpGroup> lanes;
+  std::vector<TpGroup> tp_groups;
   for (int s = 0; s < in_.ctx.P; ++s) {
     for (int d = 0; d < in_.ctx.R; ++d) {
       std::vector<const MicroGroup*> mine;
       for (const MicroGroup& g : in_.plan.micro_groups) {
         if (g.stage == s && g.dp == d) mine.push_back(&g);
       }
-      if (!mine.empty()) lanes.push_back(Exchanges(s, d, mine));
+      if (!mine.empty()) tp_groups.push_back(Exchanges(s, d, mine));
     }
   }
-  ShareGroupCompute(lanes);
-  for (const TpGroup& lane : lanes) Schedule(lane);
+  ShareGroupCompute(tp_groups);
+  for (const TpGroup& tp_group : tp_groups) Schedule(tp_group);
 }
 
 UpdatePhases::TpGroup UpdatePhases::Exchanges(
@@ -54,25 +54,26 @@ UpdatePhases::TpGroup UpdatePhases::Exchanges(
   for (const MicroGroup* mg : mine) {
     PipelineGroup pg;
     pg.compute_s.assign(T, 0.0);
-    // The gather moves gradient + parameter fragments to each host, the
+    // The gather moves gradient + parameter fragments to each TP host, the
     // scatter the updated parameter fragments back; each packs or
     // unpacks what it moves.
     Flows gather(T, std::vector<double>(T, 0.0));
     Flows scatter(T, std::vector<double>(T, 0.0));
     std::vector<double> moved(T, 0.0);
     for (int i : mg->params) {
-      const int host = in_.plan.tp_host[i];
+      const int tp_host = in_.plan.tp_host[i];
       const double frag =
           static_cast<double>(in_.ctx.items[i].local_numel) * kStagingBytes;
       for (int t = 0; t < T; ++t) {
-        if (t == host) continue;
-        gather[t][host] += 2 * frag;
-        scatter[host][t] += frag;
+        if (t == tp_host) continue;
+        gather[t][tp_host] += 2 * frag;
+        scatter[tp_host][t] += frag;
         moved[t] += frag;
-        moved[host] += frag;
+        moved[tp_host] += frag;
       }
       // Assemble gradient and parameter, update, cut the result back.
-      pg.compute_s[host] += in_.update_s[i] + 2 * 3 * frag * T / in_.memory_bps;
+      pg.compute_s[tp_host] +=
+          in_.update_s[i] + 2 * 3 * frag * T / in_.memory_bps;
     }
     const double packing = *std::max_element(moved.begin(), moved.end());
     pg.gather_s =
@@ -84,19 +85,19 @@ UpdatePhases::TpGroup UpdatePhases::Exchanges(
   return out;
 }
 
-void UpdatePhases::ShareGroupCompute(std::vector<TpGroup>& lanes) {
+void UpdatePhases::ShareGroupCompute(std::vector<TpGroup>& tp_groups) {
   size_t depth = 0;
-  for (const TpGroup& l : lanes) depth = std::max(depth, l.groups.size());
+  for (const TpGroup& tp : tp_groups) depth = std::max(depth, tp.groups.size());
   for (size_t i = 0; i < depth; ++i) {
     std::vector<double*> compute;  // group i's compute on each rank
     std::vector<int> ranks;
     std::vector<double> work;
-    for (TpGroup& l : lanes) {
-      if (i >= l.groups.size()) continue;
+    for (TpGroup& tp : tp_groups) {
+      if (i >= tp.groups.size()) continue;
       for (int t = 0; t < in_.ctx.T; ++t) {
-        compute.push_back(&l.groups[i].compute_s[t]);
-        ranks.push_back(gpus_.At(l.stage, l.dp, t).rank);
-        work.push_back(l.groups[i].compute_s[t]);
+        compute.push_back(&tp.groups[i].compute_s[t]);
+        ranks.push_back(gpus_.At(tp.stage, tp.dp, t).rank);
+        work.push_back(tp.groups[i].compute_s[t]);
       }
     }
     const std::vector<double> finish = gpus_.ShareNodes(ranks, work);
@@ -104,15 +105,15 @@ void UpdatePhases::ShareGroupCompute(std::vector<TpGroup>& lanes) {
   }
 }
 
-void UpdatePhases::Schedule(const TpGroup& lane) {
+void UpdatePhases::Schedule(const TpGroup& tp_group) {
   const int T = in_.ctx.T;
   std::vector<double> ready;
   for (int t = 0; t < T; ++t)
-    ready.push_back(gpus_.At(lane.stage, lane.dp, t).worker);
-  const std::vector<PipelineGroup>& groups = lane.groups;
+    ready.push_back(gpus_.At(tp_group.stage, tp_group.dp, t).worker);
+  const std::vector<PipelineGroup>& groups = tp_group.groups;
   const PipelineSchedule p = ScheduleTpPipeline(groups, ready);
   for (int t = 0; t < T; ++t) {
-    GpuState& g = gpus_.At(lane.stage, lane.dp, t);
+    GpuState& g = gpus_.At(tp_group.stage, tp_group.dp, t);
     for (size_t i = 0; i < groups.size(); ++i) {
       AddSegment(g.out, Lane::kTp, "tp_gather",
                  i == 0 ? ready[t] : p.gather[i].start, p.gather[i].end);

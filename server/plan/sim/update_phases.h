@@ -1,6 +1,6 @@
 // The update phases of one simulated step (internal to the step
 // simulator), between the world reduction and the gathers
-// (step_simulator.h, phases 3 and 4): the local updates, each TP
+// (step_simulator.h, phases 3 and 4): the DP-owned updates, each TP
 // group's micro-group pipeline, and for sc / layerwise the redundant
 // updates of TP-split matrices. All of them run on the worker (the TP
 // exchanges on the TP lane).
@@ -26,8 +26,8 @@ class UpdatePhases {
   UpdatePhases(const StepInputs& in, SimulatedGpus& gpus)
       : in_(in), gpus_(gpus) {}
 
-  // 3. Local updates; the ranks of a node share its compute units.
-  void LocalUpdates();
+  // 3. DP-owned updates; the ranks of a node share its compute units.
+  void DpOwnedUpdates();
   // 4a. Each TP group's micro-group pipeline.
   void TpPipelines();
   // 4b. sc / layerwise: every TP rank gathers each TP-split matrix it owns
@@ -45,8 +45,8 @@ class UpdatePhases {
   // The ranks of a node compute the same micro-group at about the same
   // time (the exchanges keep the TP groups in step): they share the node's
   // units for it, and a rank with less to do frees its share early.
-  void ShareGroupCompute(std::vector<TpGroup>& lanes);
-  void Schedule(const TpGroup& lane);
+  void ShareGroupCompute(std::vector<TpGroup>& tp_groups);
+  void Schedule(const TpGroup& tp_group);
 
   const StepInputs& in_;
   SimulatedGpus& gpus_;
