@@ -170,7 +170,7 @@ class StepSimulator {
   StepSimulator() = default;
 
   std::unique_ptr<PlanRequest> request_;  // the context points into it
-  std::unique_ptr<internal::Context> context_;
+  std::unique_ptr<plan::internal::Context> context_;
   HardwareProfile profile_;
   std::vector<double> update_s_;  // per parameter, whole update, full rate
 };
