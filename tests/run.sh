@@ -49,8 +49,11 @@ export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 if [[ "${CANZONA_SANITIZERS_ONLY:-0}" != 1 ]]; then
   mkdir -p "$build"
   # -g1 (line tables, function names): symbolized backtraces, also in the
-  # GPU bundle, at 20-40 % less compile time than -g.
+  # GPU bundle, at 20-40 % less compile time than -g. Unity builds (8 files
+  # a translation unit) parse and instantiate the shared headers once per
+  # batch instead of once per file: CI's builds take about half the time.
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_UNITY_BUILD=ON \
     "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" >"$build/configure.log" 2>&1 \
     || { cat "$build/configure.log"; exit 1; }
@@ -98,7 +101,7 @@ asan="${build%/}-asan"
 mkdir -p "$asan"
 # -O1 with line tables: symbolized reports at a fraction of -g's build time.
 cmake -S "$root" -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DCMAKE_UNITY_BUILD=ON -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
   -DCANZONA_ENABLE_CUDA=OFF -DCANZONA_SANITIZE=address,undefined -DCANZONA_FUZZ=ON \
