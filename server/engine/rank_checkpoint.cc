@@ -237,7 +237,7 @@ void MoveToStep(Job& job, LocalRank& rank, int64_t step) {
   progress.next_step = step + 1;
   rank.lane().Reset(step);
   // No update of this run precedes the next step.
-  rank.rt->pending_update_sumsq = 0;
+  rank.rt->pending_update.Clear();
 }
 
 // Global rank 0's decision on a save: the manifest, if every rank saved at

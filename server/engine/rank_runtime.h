@@ -40,6 +40,7 @@
 #include "server/engine/job_plan.h"
 #include "server/engine/job_settings.h"
 #include "server/engine/owned_buffers.h"
+#include "server/engine/pending_update.h"
 #include "server/engine/pinned_host_memory.h"
 #include "server/engine/rank_layout.h"
 #include "server/engine/rank_metrics.h"
@@ -109,7 +110,7 @@ struct RankRuntime {
   int64_t buffer_bytes = 0;
   // The last step's update sum of squares (counted once job-wide), summed
   // over the world with the next step's gradient norm.
-  double pending_update_sumsq = 0;
+  PendingUpdate pending_update;
   // The world reductions' copier (stream), declared before the
   // communicator, which is destroyed first.
   std::unique_ptr<StageCopier> world_copier;

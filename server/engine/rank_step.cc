@@ -57,7 +57,7 @@ class RankStep {
         rt_.tp->Run([this](int group) { return UpdateHosted(group); }, times_));
     CANZONA_RETURN_IF_ERROR(UpdateRedundant());
     // The next step's world reduction carries this update's size.
-    rt_.pending_update_sumsq = update_sumsq_;
+    rt_.pending_update.Add(update_sumsq_);
     // The DP lane reads the parameters from here on.
     CANZONA_RETURN_IF_ERROR(rt_.staging->Synchronize());
     return Gather();
@@ -123,12 +123,11 @@ class RankStep {
                                                      : context_.max_grad_norm;
     RankRuntime::WorldValues values = {
         nonfinite, static_cast<float>(sumsq),
-        static_cast<float>(rt_.pending_update_sumsq), static_cast<float>(clip),
+        static_cast<float>(rt_.pending_update.Take()), static_cast<float>(clip),
         clip > 0 ? 1.0f : 0.0f};
     const absl::Time t0 = absl::Now();
     CANZONA_RETURN_IF_ERROR(rt_.WorldSum(values));
     times_->set_world_reduce(Seconds(t0, absl::Now()));
-    rt_.pending_update_sumsq = 0;
     response_->set_update_rms(
         jp_.total_numel > 0
             ? std::sqrt(static_cast<double>(values[2]) / jp_.total_numel)
