@@ -267,7 +267,7 @@ void EngineImpl::RunStep(std::shared_ptr<Job> job,
     const StepContext context{job->id, job->settings.layout.dp(),
                               job->settings.world, job->settings.max_grad_norm,
                               options_.step_timeout};
-    status = RunRankStep(*rank, *rank->rt->plan, context, request, &response);
+    status = RunRankStep(*rank, rank->rt->plan(), context, request, &response);
   }
   if (!status.ok()) {
     if (registry_.closed()) {
@@ -302,10 +302,11 @@ void EngineImpl::RunStep(std::shared_ptr<Job> job,
     times->set_dp_comm(comm);
     times->set_dp_comm_exposed(exposed);
   }
-  if (RankRuntime& rt = *rank->rt; rt.metrics != nullptr) {
+  if (RankRuntime& rt = *rank->rt; rt.metrics() != nullptr) {
     const bool skipped = response.skipped_nonfinite();
-    rt.metrics->RecordStep(response, skipped ? 0 : rt.tp->comm_seconds(),
-                           skipped ? 0 : rt.tp->hidden_seconds());
+    rt.metrics()->RecordStep(response,
+                             skipped ? 0 : rt.tp_lane().comm_seconds(),
+                             skipped ? 0 : rt.tp_lane().hidden_seconds());
   }
   {
     absl::MutexLock lock(&job->mu);

@@ -28,7 +28,7 @@ class RankStep {
            const v1::StepRequest& request, v1::StepResponse* response)
       : rank_(rank),
         rt_(*rank.rt),
-        layout_(rt_.layout),
+        layout_(rt_.layout()),
         jp_(jp),
         context_(context),
         request_(request),
@@ -53,13 +53,13 @@ class RankStep {
     }
     CANZONA_RETURN_IF_ERROR(Clip());
     CANZONA_RETURN_IF_ERROR(UpdateLocal());
-    CANZONA_RETURN_IF_ERROR(
-        rt_.tp->Run([this](int group) { return UpdateHosted(group); }, times_));
+    CANZONA_RETURN_IF_ERROR(rt_.tp_lane().Run(
+        [this](int group) { return UpdateHosted(group); }, times_));
     CANZONA_RETURN_IF_ERROR(UpdateRedundant());
     // The next step's world reduction carries this update's size.
-    rt_.pending_update.Add(update_sumsq_);
+    rt_.pending_update().Add(update_sumsq_);
     // The DP lane reads the parameters from here on.
-    CANZONA_RETURN_IF_ERROR(rt_.staging->Synchronize());
+    CANZONA_RETURN_IF_ERROR(rt_.staging().Synchronize());
     return Gather();
   }
 
@@ -83,8 +83,8 @@ class RankStep {
     const float factor = static_cast<float>(scale / context_.dp_size);
     // x * 1 is x: at DP1 without a loss scale there is nothing to do.
     if (factor != 1.0f) {
-      CANZONA_RETURN_IF_ERROR(
-          rt_.staging->Scale(layout_.owned_elements, factor, rt_.owned.grads));
+      CANZONA_RETURN_IF_ERROR(rt_.staging().Scale(layout_.owned_elements,
+                                                  factor, rt_.owned().grads));
     }
     times_->set_reduce_scatter(waited + Seconds(t0, absl::Now()));
     return absl::OkStatus();
@@ -95,7 +95,7 @@ class RankStep {
   // clip norm and how many ranks asked for one]. Sets grad_norm,
   // update_rms and the clip factor. False: skip the step.
   absl::StatusOr<bool> CheckGradients() {
-    Backend& staging = *rt_.staging;
+    Backend& staging = rt_.staging();
     double sumsq = 0;
     float nonfinite = 0;
     // One pass over every gradient, with one wait for all of them (on a
@@ -106,7 +106,7 @@ class RankStep {
     std::vector<const float*> grads;
     std::vector<int64_t> counts;
     for (int i : layout_.local_params) {
-      const float* g = rt_.owned.grad_at[i];
+      const float* g = rt_.owned().grad_at[i];
       if (g == nullptr) continue;
       params.push_back(i);
       grads.push_back(g);
@@ -123,8 +123,8 @@ class RankStep {
                                                      : context_.max_grad_norm;
     RankRuntime::WorldValues values = {
         nonfinite, static_cast<float>(sumsq),
-        static_cast<float>(rt_.pending_update.Take()), static_cast<float>(clip),
-        clip > 0 ? 1.0f : 0.0f};
+        static_cast<float>(rt_.pending_update().Take()),
+        static_cast<float>(clip), clip > 0 ? 1.0f : 0.0f};
     const absl::Time t0 = absl::Now();
     CANZONA_RETURN_IF_ERROR(rt_.WorldSum(values));
     times_->set_world_reduce(Seconds(t0, absl::Now()));
@@ -155,14 +155,14 @@ class RankStep {
       factor = std::min(1.0, clip_norm_ / (grad_norm_ + 1e-6));
     response_->set_clip_factor(factor);
     if (factor >= 1) return absl::OkStatus();
-    return rt_.staging->Scale(layout_.owned_elements,
-                              static_cast<float>(factor), rt_.owned.grads);
+    return rt_.staging().Scale(layout_.owned_elements,
+                               static_cast<float>(factor), rt_.owned().grads);
   }
 
   // The squared size of an update from its new values and the old ones,
   // which it overwrites with the difference (scratch no longer needed).
   absl::Status CountUpdate(const float* after, float* before, int64_t n) {
-    Backend& staging = *rt_.staging;
+    Backend& staging = rt_.staging();
     CANZONA_RETURN_IF_ERROR(staging.Axpby(n, 1.0f, after, -1.0f, before));
     CANZONA_ASSIGN_OR_RETURN(double s, staging.SumSquares(n, before));
     update_sumsq_ += s;
@@ -177,8 +177,8 @@ class RankStep {
     if (!layout_.update_counted[i]) {
       return rt_.Update(i, param, grad, OptionsFor(i));
     }
-    Backend& staging = *rt_.staging;
-    float* before = rt_.before.data();
+    Backend& staging = rt_.staging();
+    float* before = rt_.update_before();
     CANZONA_RETURN_IF_ERROR(staging.Copy(param, n, before));
     CANZONA_RETURN_IF_ERROR(rt_.Update(i, param, grad, OptionsFor(i)));
     return CountUpdate(param, before, n);
@@ -188,11 +188,11 @@ class RankStep {
   // Muon matrices in one batched Newton-Schulz.
   absl::Status UpdateLocal() {
     const absl::Time t0 = absl::Now();
-    for (const UpdateBatch& batch : rt_.local_batches) {
+    for (const UpdateBatch& batch : rt_.local_batches()) {
       if (batch.params.size() == 1) {
         const int i = batch.params[0];
-        CANZONA_RETURN_IF_ERROR(UpdateLocalParam(i, rt_.owned.param_at[i],
-                                                 rt_.owned.grad_at[i],
+        CANZONA_RETURN_IF_ERROR(UpdateLocalParam(i, rt_.owned().param_at[i],
+                                                 rt_.owned().grad_at[i],
                                                  jp_.params[i].local_numel));
         continue;
       }
@@ -204,9 +204,9 @@ class RankStep {
 
   // A batch's members keep their old values side by side in `before`.
   absl::Status UpdateBatched(const UpdateBatch& batch) {
-    Backend& staging = *rt_.staging;
+    Backend& staging = rt_.staging();
     const int64_t n = jp_.params[batch.params[0]].local_numel;
-    float* before = rt_.before.data();
+    float* before = rt_.update_before();
     for (size_t k = 0; k < batch.params.size(); ++k) {
       if (!layout_.update_counted[batch.params[k]]) continue;
       CANZONA_RETURN_IF_ERROR(
@@ -227,8 +227,8 @@ class RankStep {
   // matrix from the fragments the gather brought, runs its rule, and packs
   // the updated fragments per rank.
   absl::Status UpdateHosted(int g) {
-    Backend& staging = *rt_.staging;
-    GroupBuffers& b = rt_.tp->buffers(g);
+    Backend& staging = rt_.staging();
+    GroupBuffers& b = rt_.tp_lane().buffers(g);
     const GroupLayout& group = layout_.groups[g];
     const int TP = layout_.tp_size;
     int64_t at = 0;  // offset of the parameter in each rank's slice
@@ -239,16 +239,16 @@ class RankStep {
       for (int j = 0; j < TP; ++j) {
         float* frag = b.recv.data() + 2 * group.hosted_here * j + 2 * at;
         CANZONA_RETURN_IF_ERROR(
-            MoveFragment(staging, m, TP, j, frag, rt_.whole_grad.data(), true));
-        CANZONA_RETURN_IF_ERROR(MoveFragment(staging, m, TP, j, frag + n,
-                                             rt_.whole_param.data(), true));
+            MoveFragment(staging, m, TP, j, frag, rt_.whole_grad(), true));
+        CANZONA_RETURN_IF_ERROR(
+            MoveFragment(staging, m, TP, j, frag + n, rt_.whole_param(), true));
       }
-      CANZONA_RETURN_IF_ERROR(rt_.Update(i, rt_.whole_param.data(),
-                                         rt_.whole_grad.data(), OptionsFor(i)));
+      CANZONA_RETURN_IF_ERROR(
+          rt_.Update(i, rt_.whole_param(), rt_.whole_grad(), OptionsFor(i)));
       for (int j = 0; j < TP; ++j) {
         float* updated = b.back.data() + group.hosted_here * j + at;
-        CANZONA_RETURN_IF_ERROR(MoveFragment(staging, m, TP, j, updated,
-                                             rt_.whole_param.data(), false));
+        CANZONA_RETURN_IF_ERROR(
+            MoveFragment(staging, m, TP, j, updated, rt_.whole_param(), false));
         // The old fragment came in the gather (no longer needed).
         if (layout_.update_counted[i]) {
           float* old = b.recv.data() + 2 * group.hosted_here * j + 2 * at + n;
@@ -263,40 +263,40 @@ class RankStep {
   // 5b. sc / layerwise: every TP rank gathers the whole matrix and updates
   // it (the redundancy Canzona removes), keeping its own fragment.
   absl::Status UpdateRedundant() {
-    Backend& staging = *rt_.staging;
+    Backend& staging = rt_.staging();
     const int TP = layout_.tp_size, t = layout_.tp_rank;
     for (int i : layout_.redundant) {
       const ParamMeta& m = jp_.params[i];
       const int64_t ln = m.local_numel;
       const absl::Time g0 = absl::Now();
-      float* send = rt_.redundant_send.data();
-      float* recv = rt_.redundant_recv.data();
-      CANZONA_RETURN_IF_ERROR(staging.Copy(rt_.owned.grad_at[i], ln, send));
+      float* send = rt_.redundant_send();
+      float* recv = rt_.redundant_recv();
+      CANZONA_RETURN_IF_ERROR(staging.Copy(rt_.owned().grad_at[i], ln, send));
       CANZONA_RETURN_IF_ERROR(
-          staging.Copy(rt_.owned.param_at[i], ln, send + ln));
+          staging.Copy(rt_.owned().param_at[i], ln, send + ln));
       CANZONA_RETURN_IF_ERROR(staging.Synchronize());  // tp reads it
       const std::vector<int64_t> counts(TP, 2 * ln);
       CANZONA_RETURN_IF_ERROR(
-          rt_.tp->communicator().AllGatherV(send, counts, recv));
+          rt_.tp_lane().communicator().AllGatherV(send, counts, recv));
       for (int j = 0; j < TP; ++j) {
         float* frag = recv + 2 * ln * j;
         CANZONA_RETURN_IF_ERROR(
-            MoveFragment(staging, m, TP, j, frag, rt_.whole_grad.data(), true));
+            MoveFragment(staging, m, TP, j, frag, rt_.whole_grad(), true));
         CANZONA_RETURN_IF_ERROR(MoveFragment(staging, m, TP, j, frag + ln,
-                                             rt_.whole_param.data(), true));
+                                             rt_.whole_param(), true));
       }
       const absl::Time c0 = absl::Now();
       times_->set_tp_gather(times_->tp_gather() + Seconds(g0, c0));
-      CANZONA_RETURN_IF_ERROR(rt_.Update(i, rt_.whole_param.data(),
-                                         rt_.whole_grad.data(), OptionsFor(i)));
+      CANZONA_RETURN_IF_ERROR(
+          rt_.Update(i, rt_.whole_param(), rt_.whole_grad(), OptionsFor(i)));
       CANZONA_RETURN_IF_ERROR(MoveFragment(staging, m, TP, t,
-                                           rt_.owned.param_at[i],
-                                           rt_.whole_param.data(), false));
+                                           rt_.owned().param_at[i],
+                                           rt_.whole_param(), false));
       if (layout_.update_counted[i]) {
         // Against the old fragments the gather brought (send: scratch).
         for (int j = 0; j < TP; ++j) {
-          CANZONA_RETURN_IF_ERROR(MoveFragment(staging, m, TP, j, send,
-                                               rt_.whole_param.data(), false));
+          CANZONA_RETURN_IF_ERROR(
+              MoveFragment(staging, m, TP, j, send, rt_.whole_param(), false));
           CANZONA_RETURN_IF_ERROR(
               CountUpdate(send, recv + 2 * ln * j + ln, ln));
         }
