@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -16,8 +15,6 @@
 namespace canzona {
 namespace {
 
-namespace v1 = ::canzona::v1;
-
 double Seconds(absl::Time from, absl::Time to) {
   return absl::ToDoubleSeconds(to - from);
 }
@@ -25,30 +22,26 @@ double Seconds(absl::Time from, absl::Time to) {
 class RankStep {
  public:
   RankStep(LocalRank& rank, const JobPlan& jp, const StepContext& context,
-           const v1::StepRequest& request, v1::StepResponse* response)
+           const RankStepRequest& request, RankStepResult* result)
       : rank_(rank),
         rt_(*rank.rt),
         layout_(rt_.layout()),
         jp_(jp),
         context_(context),
         request_(request),
-        response_(response),
-        times_(response->mutable_seconds()) {
-    for (const auto& [group, value] : request.lr()) {
-      lr_[group] = static_cast<float>(value);
-    }
-  }
+        result_(result),
+        times_(&result->seconds) {}
 
   absl::Status Run() {
     CANZONA_RETURN_IF_ERROR(AverageGradients());
     CANZONA_ASSIGN_OR_RETURN(bool finite, CheckGradients());
     if (!finite) {
       // Nothing changed: the trainer's parameters stay as they are.
-      rank_.lane().StartGathers(request_.step(), layout_.gather_order, false);
-      response_->set_skipped_nonfinite(true);
-      response_->set_grad_norm(std::nan(""));
+      rank_.lane().StartGathers(request_.step, layout_.gather_order, false);
+      result_->skipped_nonfinite = true;
+      result_->grad_norm = std::nan("");
       spdlog::warn("step skipped (non-finite gradient): job={} rank={} step={}",
-                   context_.job_id, RankString(rank_.coords), request_.step());
+                   context_.job_id, RankString(rank_.coords), request_.step);
       return absl::OkStatus();
     }
     CANZONA_RETURN_IF_ERROR(Clip());
@@ -66,8 +59,8 @@ class RankStep {
  private:
   StepOptions OptionsFor(int i) const {
     StepOptions o;
-    auto it = lr_.find(jp_.params[i].group);
-    if (it != lr_.end()) o.lr = it->second;
+    auto it = request_.lr.find(jp_.params[i].group);
+    if (it != request_.lr.end()) o.lr = it->second;
     return o;
   }
 
@@ -76,17 +69,16 @@ class RankStep {
   absl::Status AverageGradients() {
     double waited = 0;
     CANZONA_RETURN_IF_ERROR(rank_.lane().WaitReduced(
-        request_.step(), absl::Now() + context_.timeout, &waited));
+        request_.step, absl::Now() + context_.timeout, &waited));
     const absl::Time t0 = absl::Now();
-    const double scale =
-        request_.grad_scale() == 0 ? 1.0 : request_.grad_scale();
+    const double scale = request_.grad_scale == 0 ? 1.0 : request_.grad_scale;
     const float factor = static_cast<float>(scale / context_.dp_size);
     // x * 1 is x: at DP1 without a loss scale there is nothing to do.
     if (factor != 1.0f) {
       CANZONA_RETURN_IF_ERROR(rt_.staging().Scale(layout_.owned_elements,
                                                   factor, rt_.owned().grads));
     }
-    times_->set_reduce_scatter(waited + Seconds(t0, absl::Now()));
+    times_->reduce_scatter = waited + Seconds(t0, absl::Now());
     return absl::OkStatus();
   }
 
@@ -119,19 +111,19 @@ class RankStep {
       if (!std::isfinite(sums[k])) nonfinite = 1;
       if (layout_.counted[params[k]]) sumsq += sums[k];
     }
-    const double clip = request_.max_grad_norm() > 0 ? request_.max_grad_norm()
-                                                     : context_.max_grad_norm;
+    const double clip = request_.max_grad_norm > 0 ? request_.max_grad_norm
+                                                   : context_.max_grad_norm;
     RankRuntime::WorldValues values = {
         nonfinite, static_cast<float>(sumsq),
         static_cast<float>(rt_.pending_update().Take()),
         static_cast<float>(clip), clip > 0 ? 1.0f : 0.0f};
     const absl::Time t0 = absl::Now();
     CANZONA_RETURN_IF_ERROR(rt_.WorldSum(values));
-    times_->set_world_reduce(Seconds(t0, absl::Now()));
-    response_->set_update_rms(
+    times_->world_reduce = Seconds(t0, absl::Now());
+    result_->update_rms =
         jp_.total_numel > 0
             ? std::sqrt(static_cast<double>(values[2]) / jp_.total_numel)
-            : 0);
+            : 0;
     // Every rank sees the same sums, so every rank decides alike.
     const int world = context_.world;
     if (values[4] > 0 && values[4] < static_cast<float>(world)) {
@@ -143,7 +135,7 @@ class RankStep {
     clip_norm_ = values[4] > 0 ? static_cast<double>(values[3]) / world : 0;
     if (values[0] > 0) return false;
     grad_norm_ = std::sqrt(static_cast<double>(values[1]));
-    response_->set_grad_norm(grad_norm_);
+    result_->grad_norm = grad_norm_;
     return true;
   }
 
@@ -153,7 +145,7 @@ class RankStep {
     double factor = 1;
     if (clip_norm_ > 0)
       factor = std::min(1.0, clip_norm_ / (grad_norm_ + 1e-6));
-    response_->set_clip_factor(factor);
+    result_->clip_factor = factor;
     if (factor >= 1) return absl::OkStatus();
     return rt_.staging().Scale(layout_.owned_elements,
                                static_cast<float>(factor), rt_.owned().grads);
@@ -198,7 +190,7 @@ class RankStep {
       }
       CANZONA_RETURN_IF_ERROR(UpdateBatched(batch));
     }
-    times_->set_local_compute(Seconds(t0, absl::Now()));
+    times_->local_compute = Seconds(t0, absl::Now());
     return absl::OkStatus();
   }
 
@@ -286,7 +278,7 @@ class RankStep {
                                              rt_.whole_param(), true));
       }
       const absl::Time c0 = absl::Now();
-      times_->set_tp_gather(times_->tp_gather() + Seconds(g0, c0));
+      times_->tp_gather += Seconds(g0, c0);
       CANZONA_RETURN_IF_ERROR(
           rt_.Update(i, rt_.whole_param(), rt_.whole_grad(), OptionsFor(i)));
       CANZONA_RETURN_IF_ERROR(MoveFragment(staging, m, TP, t,
@@ -301,7 +293,7 @@ class RankStep {
               CountUpdate(send, recv + 2 * ln * j + ln, ln));
         }
       }
-      times_->set_tp_compute(times_->tp_compute() + Seconds(c0, absl::Now()));
+      times_->tp_compute += Seconds(c0, absl::Now());
     }
     return absl::OkStatus();
   }
@@ -310,12 +302,12 @@ class RankStep {
   // the last bucket first, as the next forward needs them. With
   // async_params the trainer waits per bucket (WaitParams) instead.
   absl::Status Gather() {
-    rank_.lane().StartGathers(request_.step(), layout_.gather_order, true);
-    if (request_.async_params()) return absl::OkStatus();
+    rank_.lane().StartGathers(request_.step, layout_.gather_order, true);
+    if (request_.async_params) return absl::OkStatus();
     double waited = 0;
     CANZONA_RETURN_IF_ERROR(rank_.lane().WaitGathered(
-        request_.step(), absl::Now() + context_.timeout, &waited));
-    times_->set_all_gather(waited);
+        request_.step, absl::Now() + context_.timeout, &waited));
+    times_->all_gather = waited;
     return absl::OkStatus();
   }
 
@@ -324,10 +316,9 @@ class RankStep {
   const RankLayout& layout_;
   const JobPlan& jp_;
   const StepContext& context_;
-  const v1::StepRequest& request_;
-  v1::StepResponse* const response_;
-  v1::PhaseTimes* const times_;
-  std::map<std::string, float> lr_;
+  const RankStepRequest& request_;
+  RankStepResult* const result_;
+  PhaseSeconds* const times_;
   double grad_norm_ = 0;
   double clip_norm_ = 0;  // 0: no clipping this step
   double update_sumsq_ = 0;
@@ -337,9 +328,9 @@ class RankStep {
 
 absl::Status RunRankStep(LocalRank& rank, const JobPlan& jp,
                          const StepContext& context,
-                         const v1::StepRequest& request,
-                         v1::StepResponse* response) {
-  return RankStep(rank, jp, context, request, response).Run();
+                         const RankStepRequest& request,
+                         RankStepResult* result) {
+  return RankStep(rank, jp, context, request, result).Run();
 }
 
 }  // namespace canzona
