@@ -5,7 +5,7 @@
 // blocks are named like a Hugging Face run's q_proj, k_proj and v_proj
 // therefore saves what that run loads, and loads what it saves.
 //
-//   for (auto& [name, state] : SplitRecord(m, std::move(whole), *rt.host))
+//   for (auto& [name, state] : SplitRecord(m, std::move(whole), rt.host()))
 //     writer->Add(name, config, state);
 //
 // Thread-safety: pure functions over the given host backend.

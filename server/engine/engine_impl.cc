@@ -31,6 +31,7 @@
 #include "server/engine/rank_step.h"
 #include "server/engine/register_request.h"
 #include "server/engine/registration.h"
+#include "server/engine/step_messages.h"
 #include "server/engine/trainer_buffers.h"
 #include "server/engine/trainer_watcher.h"
 #include "server/plan/plan_json.h"
@@ -261,13 +262,14 @@ void EngineImpl::RunStep(std::shared_ptr<Job> job,
   absl::Status status =
       job->AwaitLocalArrivals(k, start + options_.step_timeout,
                               options_.step_timeout, registry_.closed_flag());
-  v1::StepResponse response;
-  response.mutable_seconds()->set_wait(Seconds(start, absl::Now()));
+  RankStepResult result;
+  result.seconds.wait = Seconds(start, absl::Now());
   if (status.ok()) {
     const StepContext context{job->id, job->settings.layout.dp(),
                               job->settings.world, job->settings.max_grad_norm,
                               options_.step_timeout};
-    status = RunRankStep(*rank, *rank->rt->plan, context, request, &response);
+    status = RunRankStep(*rank, rank->rt->plan(), context,
+                         ToRankStepRequest(request), &result);
   }
   if (!status.ok()) {
     if (registry_.closed()) {
@@ -294,24 +296,20 @@ void EngineImpl::RunStep(std::shared_ptr<Job> job,
     RunAfterStep(*job, *rank, -1);
     return;
   }
-  v1::PhaseTimes* times = response.mutable_seconds();
-  times->set_total(Seconds(start, absl::Now()));
-  {
-    double comm = 0, exposed = 0;
-    rank->lane().TakeTimes(&comm, &exposed);
-    times->set_dp_comm(comm);
-    times->set_dp_comm_exposed(exposed);
+  PhaseSeconds& times = result.seconds;
+  times.total = Seconds(start, absl::Now());
+  rank->lane().TakeTimes(&times.dp_comm, &times.dp_comm_exposed);
+  if (RankRuntime& rt = *rank->rt; rt.metrics() != nullptr) {
+    const bool skipped = result.skipped_nonfinite;
+    rt.metrics()->RecordStep(result, skipped ? 0 : rt.tp_lane().comm_seconds(),
+                             skipped ? 0 : rt.tp_lane().hidden_seconds());
   }
-  if (RankRuntime& rt = *rank->rt; rt.metrics != nullptr) {
-    const bool skipped = response.skipped_nonfinite();
-    rt.metrics->RecordStep(response, skipped ? 0 : rt.tp->comm_seconds(),
-                           skipped ? 0 : rt.tp->hidden_seconds());
-  }
+  const v1::StepResponse response = ToStepResponse(result);
   {
     absl::MutexLock lock(&job->mu);
     RankProgress& progress = job->progress(*rank);
     progress.steps_done = k;
-    progress.last = *times;
+    progress.last = response.seconds();
   }
   done(response);
   RunAfterStep(*job, *rank, k);

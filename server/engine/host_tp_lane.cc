@@ -33,7 +33,7 @@ class HostTpLane final : public TpLane {
     if (thread_.joinable()) thread_.join();
   }
 
-  absl::Status Run(const Compute& compute, v1::PhaseTimes* times) override;
+  absl::Status Run(const Compute& compute, PhaseSeconds* times) override;
 
  private:
   absl::Status Gather(int i, double* seconds);
@@ -49,7 +49,7 @@ class HostTpLane final : public TpLane {
   // group i-1 overlap the compute of group i.
   void Communicate(int n) ABSL_LOCKS_EXCLUDED(mu_);
   bool WaitComputed(int k) ABSL_LOCKS_EXCLUDED(mu_);
-  void Publish(v1::PhaseTimes* times, absl::Time start, double gather_s,
+  void Publish(PhaseSeconds* times, absl::Time start, double gather_s,
                double compute_s, double scatter_s);
 
   absl::Mutex mu_;
@@ -102,7 +102,7 @@ absl::Status HostTpLane::ComputeGroup(const Compute& compute, int i,
   return s;
 }
 
-absl::Status HostTpLane::Run(const Compute& compute, v1::PhaseTimes* times) {
+absl::Status HostTpLane::Run(const Compute& compute, PhaseSeconds* times) {
   const int n = groups();
   comm_s_ = hidden_s_ = 0;
   if (n == 0) return absl::OkStatus();
@@ -206,11 +206,11 @@ bool HostTpLane::WaitComputed(int k) {
   return error_.ok();
 }
 
-void HostTpLane::Publish(v1::PhaseTimes* times, absl::Time start,
-                         double gather_s, double compute_s, double scatter_s) {
-  times->set_tp_gather(times->tp_gather() + gather_s);
-  times->set_tp_compute(times->tp_compute() + compute_s);
-  times->set_tp_scatter(times->tp_scatter() + scatter_s);
+void HostTpLane::Publish(PhaseSeconds* times, absl::Time start, double gather_s,
+                         double compute_s, double scatter_s) {
+  times->tp_gather += gather_s;
+  times->tp_compute += compute_s;
+  times->tp_scatter += scatter_s;
   // Comm hidden behind compute: what the serial sum exceeds the wall time
   // by (0 for one group: nothing overlaps).
   const double wall = Seconds(start, absl::Now());

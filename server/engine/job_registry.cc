@@ -242,7 +242,7 @@ bool JobRegistry::RemoveLocalRank(const std::shared_ptr<Job>& job, int global,
     // queued (the last all-gathers) while the rank lingers.
     if (rank->worker) rank->worker->StopAndJoin();
     job->CancelAfterStep(*rank);
-    rank->rt->rules.clear();
+    rank->rt->ReleaseRules();
     if (pending) pending(absl::AbortedError(reason));
     // Long enough for peers to drain what was already sent to them (at
     // most a few socket buffers) and for the queued all-gathers; short

@@ -37,8 +37,8 @@ enum class Holding {
 };
 
 Holding HoldingOf(const RankRuntime& rt, const JobPlan& jp, int i) {
-  const RankLayout& layout = rt.layout;
-  if (!layout.dp_owned[i] || !rt.rules.count(i)) return Holding::kNone;
+  const RankLayout& layout = rt.layout();
+  if (!layout.dp_owned[i] || !rt.has_rule(i)) return Holding::kNone;
   const ParamMeta& m = jp.params[i];
   if (layout.mode[i] == UpdateMode::kLocal && m.split >= 0 &&
       layout.tp_size > 1) {
@@ -54,8 +54,8 @@ bool WritesRecord(const RankRuntime& rt, const plan::Plan& plan,
                   const v1::RankCoordinates& coords, int i) {
   if (plan.dp_owner[i] < 0 && coords.dp_rank() != 0) return false;
   // Hierarchical sharding: the other shard groups hold replicas.
-  if (rt.layout.shard_group != 0) return false;
-  return rt.layout.mode[i] == UpdateMode::kHosted || coords.tp_rank() == 0;
+  if (rt.layout().shard_group != 0) return false;
+  return rt.layout().mode[i] == UpdateMode::kHosted || coords.tp_rank() == 0;
 }
 
 // Tensors of `state` that are TP fragments of `m` (shape == local shape,
@@ -68,12 +68,12 @@ bool IsFragmentTensor(const ParamMeta& m, const StateTensor& tensor) {
 // staging buffers allocated for the call when staging is device memory.
 absl::Status HostAllGather(RankRuntime& rt, const float* send,
                            absl::Span<const int64_t> counts, float* recv) {
-  Communicator& tp = rt.tp->communicator();
+  Communicator& tp = rt.tp_lane().communicator();
   if (!rt.resident()) return tp.AllGatherV(send, counts, recv);
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   const int64_t mine = counts[tp.rank()];
-  Backend& staging = *rt.staging;
+  Backend& staging = rt.staging();
   CANZONA_ASSIGN_OR_RETURN(DeviceBuffer in, staging.Allocate(mine));
   CANZONA_ASSIGN_OR_RETURN(DeviceBuffer out, staging.Allocate(total));
   CANZONA_RETURN_IF_ERROR(staging.CopyFromHost(send, mine, in.data()));
@@ -86,7 +86,7 @@ absl::Status HostAllGather(RankRuntime& rt, const float* send,
 // over the TP group (collective: every TP rank calls it for i).
 absl::Status GatherFragments(RankRuntime& rt, const ParamMeta& m,
                              OptimizerState& state) {
-  const int TP = rt.layout.tp_size;
+  const int TP = rt.layout().tp_size;
   const std::vector<int64_t> counts(TP, m.local_numel);
   std::vector<float> gathered, whole;
   for (StateTensor& tensor : state.tensors) {
@@ -96,7 +96,7 @@ absl::Status GatherFragments(RankRuntime& rt, const ParamMeta& m,
         HostAllGather(rt, tensor.data.data(), counts, gathered.data()));
     whole.assign(m.numel, 0.0f);
     for (int j = 0; j < TP; ++j) {
-      CANZONA_RETURN_IF_ERROR(MoveFragment(*rt.host, m, TP, j,
+      CANZONA_RETURN_IF_ERROR(MoveFragment(rt.host(), m, TP, j,
                                            gathered.data() + j * m.local_numel,
                                            whole.data(), /*to_whole=*/true));
     }
@@ -111,22 +111,22 @@ absl::Status GatherFragments(RankRuntime& rt, const ParamMeta& m,
 // fragment of a TP-split one). Records carry them whole (block_records.h).
 
 bool HoldsMaster(const RankRuntime& rt, const JobPlan& jp, int i) {
-  return rt.layout.dp_owned[i] && jp.params[i].dtype != DType::kFloat32;
+  return rt.layout().dp_owned[i] && jp.params[i].dtype != DType::kFloat32;
 }
 
 // This rank's master weights of parameter i (its TP fragment), and back.
 absl::StatusOr<std::vector<float>> StagedMaster(RankRuntime& rt,
                                                 const ParamMeta& m, int i) {
   std::vector<float> fragment(m.local_numel);
-  CANZONA_RETURN_IF_ERROR(rt.staging->CopyToHost(
-      rt.owned.param_at[i], m.local_numel, fragment.data()));
+  CANZONA_RETURN_IF_ERROR(rt.staging().CopyToHost(
+      rt.owned().param_at[i], m.local_numel, fragment.data()));
   return fragment;
 }
 absl::Status StageFragment(RankRuntime& rt, const ParamMeta& m, int i,
                            const std::vector<float>& fragment) {
-  CANZONA_RETURN_IF_ERROR(rt.staging->CopyFromHost(
-      fragment.data(), m.local_numel, rt.owned.param_at[i]));
-  return rt.staging->Synchronize();
+  CANZONA_RETURN_IF_ERROR(rt.staging().CopyFromHost(
+      fragment.data(), m.local_numel, rt.owned().param_at[i]));
+  return rt.staging().Synchronize();
 }
 
 // Parameter i's whole master weights (collective over the TP group when TP
@@ -134,7 +134,7 @@ absl::Status StageFragment(RankRuntime& rt, const ParamMeta& m, int i,
 absl::StatusOr<std::vector<float>> WholeMaster(RankRuntime& rt,
                                                const ParamMeta& m, int i) {
   CANZONA_ASSIGN_OR_RETURN(std::vector<float> fragment, StagedMaster(rt, m, i));
-  const int TP = rt.layout.tp_size;
+  const int TP = rt.layout().tp_size;
   if (m.split < 0 || TP == 1) return fragment;
   std::vector<float> gathered(TP * m.local_numel);
   const std::vector<int64_t> counts(TP, m.local_numel);
@@ -142,7 +142,7 @@ absl::StatusOr<std::vector<float>> WholeMaster(RankRuntime& rt,
       HostAllGather(rt, fragment.data(), counts, gathered.data()));
   std::vector<float> whole(m.numel);
   for (int j = 0; j < TP; ++j) {
-    CANZONA_RETURN_IF_ERROR(MoveFragment(*rt.host, m, TP, j,
+    CANZONA_RETURN_IF_ERROR(MoveFragment(rt.host(), m, TP, j,
                                          gathered.data() + j * m.local_numel,
                                          whole.data(), /*to_whole=*/true));
   }
@@ -196,10 +196,10 @@ absl::StatusOr<std::optional<std::vector<float>>> TakeMaster(
 // Stages `whole`'s fragment as this rank's master weights of parameter i.
 absl::Status StageMaster(RankRuntime& rt, const ParamMeta& m, int i,
                          std::vector<float>& whole) {
-  const int TP = rt.layout.tp_size;
+  const int TP = rt.layout().tp_size;
   if (m.split < 0 || TP == 1) return StageFragment(rt, m, i, whole);
   std::vector<float> fragment(m.local_numel);
-  CANZONA_RETURN_IF_ERROR(MoveFragment(*rt.host, m, TP, rt.layout.tp_rank,
+  CANZONA_RETURN_IF_ERROR(MoveFragment(rt.host(), m, TP, rt.layout().tp_rank,
                                        fragment.data(), whole.data(),
                                        /*to_whole=*/false));
   return StageFragment(rt, m, i, fragment);
@@ -209,7 +209,7 @@ absl::Status StageMaster(RankRuntime& rt, const ParamMeta& m, int i,
 void Restore(RankRuntime& rt,
              std::vector<std::pair<int, OptimizerState>>& backups) {
   for (auto& [i, state] : backups) {
-    absl::Status s = rt.rules.at(i)->LoadState(state);
+    absl::Status s = rt.rule(i).LoadState(state);
     if (!s.ok()) {
       spdlog::error("restoring the state of parameter {} failed: {}", i,
                     s.ToString());
@@ -237,7 +237,7 @@ void MoveToStep(Job& job, LocalRank& rank, int64_t step) {
   progress.next_step = step + 1;
   rank.lane().Reset(step);
   // No update of this run precedes the next step.
-  rank.rt->pending_update_sumsq = 0;
+  rank.rt->pending_update().Clear();
 }
 
 // Global rank 0's decision on a save: the manifest, if every rank saved at
@@ -302,7 +302,7 @@ absl::StatusOr<v1::SaveCheckpointResponse> SaveRankCheckpoint(
   if (job.failed()) return job.FailedError();
   const absl::Time start = absl::Now();
   RankRuntime& rt = *rank.rt;
-  const std::shared_ptr<const JobPlan> jp = rt.plan;
+  const JobPlan& jp = rt.plan();
   int64_t steps = 0;
   {
     absl::MutexLock lock(&job.mu);
@@ -322,29 +322,29 @@ absl::StatusOr<v1::SaveCheckpointResponse> SaveRankCheckpoint(
     local = created.status();
   }
   int records = 0;
-  for (int i : rt.layout.local_params) {
+  for (int i : rt.layout().local_params) {
     std::vector<float> master;
-    if (HoldsMaster(rt, *jp, i)) {
-      CANZONA_ASSIGN_OR_RETURN(master, WholeMaster(rt, jp->params[i], i));
+    if (HoldsMaster(rt, jp, i)) {
+      CANZONA_ASSIGN_OR_RETURN(master, WholeMaster(rt, jp.params[i], i));
     }
-    const Holding holding = HoldingOf(rt, *jp, i);
+    const Holding holding = HoldingOf(rt, jp, i);
     if (holding == Holding::kNone) continue;
-    const bool writes = WritesRecord(rt, jp->plan, rank.coords, i);
+    const bool writes = WritesRecord(rt, jp.plan, rank.coords, i);
     if (holding == Holding::kWhole && !writes) continue;
-    const UpdateRule& rule = *rt.rules.at(i);
+    const UpdateRule& rule = rt.rule(i);
     absl::StatusOr<OptimizerState> state = rule.SaveState();
     if (!state.ok()) return state.status();  // a bug: fail loudly
     if (holding == Holding::kFragment) {
-      CANZONA_RETURN_IF_ERROR(GatherFragments(rt, jp->params[i], *state));
+      CANZONA_RETURN_IF_ERROR(GatherFragments(rt, jp.params[i], *state));
       if (!writes) continue;
     }
-    if (HoldsMaster(rt, *jp, i)) {
-      AddMaster(jp->params[i], jp->params[i].shape, std::move(master), *state);
+    if (HoldsMaster(rt, jp, i)) {
+      AddMaster(jp.params[i], jp.params[i].shape, std::move(master), *state);
     }
     if (!local.ok()) continue;
     // A fused matrix with blocks: one record per block.
     absl::StatusOr<std::vector<std::pair<std::string, OptimizerState>>> parts =
-        SplitRecord(jp->params[i], *std::move(state), *rt.host);
+        SplitRecord(jp.params[i], *std::move(state), rt.host());
     if (!parts.ok()) {
       local = parts.status();
       continue;
@@ -375,7 +375,7 @@ absl::StatusOr<v1::SaveCheckpointResponse> SaveRankCheckpoint(
   const absl::Status decision = agreement.Decide(
       rank.global, job.settings.world, key, local, mine.dump(), start + timeout,
       [&](const std::vector<std::string>& payloads) {
-        return CommitManifest(job, *jp, steps, dir, payloads);
+        return CommitManifest(job, jp, steps, dir, payloads);
       });
   if (!local.ok()) return local;
   if (!decision.ok()) {
@@ -399,8 +399,8 @@ absl::StatusOr<v1::LoadCheckpointResponse> LoadRankCheckpoint(
   if (job.failed()) return job.FailedError();
   const absl::Time start = absl::Now();
   RankRuntime& rt = *rank.rt;
-  const JobPlan& jp = *rt.plan;
-  const int TP = rt.layout.tp_size, t = rt.layout.tp_rank;
+  const JobPlan& jp = rt.plan();
+  const int TP = rt.layout().tp_size, t = rt.layout().tp_rank;
   const std::string key = absl::StrCat(agreement.prefix(), "ckpt/",
                                        rank.collective_seq++, "/load/");
 
@@ -414,7 +414,7 @@ absl::StatusOr<v1::LoadCheckpointResponse> LoadRankCheckpoint(
     CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
                              CheckpointReader::Open(dir));
     step = reader->manifest().step;
-    for (int i : rt.layout.local_params) {
+    for (int i : rt.layout().local_params) {
       const bool holds_master = HoldsMaster(rt, jp, i);
       const bool holds_state = HoldingOf(rt, jp, i) != Holding::kNone;
       if (!holds_state && !holds_master) continue;
@@ -434,7 +434,7 @@ absl::StatusOr<v1::LoadCheckpointResponse> LoadRankCheckpoint(
         parts.push_back(*std::move(part));
       }
       absl::StatusOr<CheckpointRecord> record =
-          JoinRecords(m, std::move(parts), *rt.host);
+          JoinRecords(m, std::move(parts), rt.host());
       CANZONA_RETURN_IF_ERROR(record.status());
       CANZONA_ASSIGN_OR_RETURN(std::optional<std::vector<float>> master,
                                TakeMaster(m, m.shape, record->state,
@@ -450,7 +450,7 @@ absl::StatusOr<v1::LoadCheckpointResponse> LoadRankCheckpoint(
         }
       }
       if (!holds_state) continue;
-      UpdateRule& rule = *rt.rules.at(i);
+      UpdateRule& rule = rt.rule(i);
       if (record->config.kind != rule.config().kind) {
         return absl::FailedPreconditionError(absl::StrCat(
             "parameter '", m.name, "': checkpoint ", dir, " holds ",
@@ -467,7 +467,7 @@ absl::StatusOr<v1::LoadCheckpointResponse> LoadRankCheckpoint(
         }
         std::vector<float> fragment(m.local_numel);
         CANZONA_RETURN_IF_ERROR(MoveFragment(
-            *rt.host, m, TP, t, fragment.data(), tensor.data.data(),
+            rt.host(), m, TP, t, fragment.data(), tensor.data.data(),
             /*to_whole=*/false));
         tensor.shape = m.local_shape;
         tensor.data = std::move(fragment);
@@ -497,7 +497,7 @@ absl::StatusOr<v1::LoadCheckpointResponse> LoadRankCheckpoint(
   }
   // Without master weights (an fp32 checkpoint, or version 1) the next
   // step reads them from the trainer's parameters again.
-  rt.buckets->MastersSet(masters_complete);
+  rt.buckets().MastersSet(masters_complete);
   if (!masters_complete) {
     spdlog::warn(
         "checkpoint {} has no fp32 master weights for some bf16/fp16 "
@@ -517,7 +517,7 @@ absl::StatusOr<v1::LoadCheckpointResponse> LoadRankCheckpoint(
 absl::StatusOr<v1::ExportStateResponse> ExportRankState(Job& job,
                                                         LocalRank& rank) {
   RankRuntime& rt = *rank.rt;
-  const JobPlan& jp = *rt.plan;
+  const JobPlan& jp = rt.plan();
   v1::ExportStateResponse response;
   {
     absl::MutexLock lock(&job.mu);
@@ -526,16 +526,16 @@ absl::StatusOr<v1::ExportStateResponse> ExportRankState(Job& job,
   // One record per parameter with state or master weights here (the
   // master as this rank's fragment: the blob comes back under this plan).
   std::vector<CheckpointRecord> records;
-  for (int i : rt.layout.local_params) {
+  for (int i : rt.layout().local_params) {
     const ParamMeta& m = jp.params[i];
-    auto rule = rt.rules.find(i);
+    UpdateRule* rule = rt.FindRule(i);
     const bool master = HoldsMaster(rt, jp, i);
-    if (rule == rt.rules.end() && !master) continue;
+    if (rule == nullptr && !master) continue;
     CheckpointRecord record{m.name, job.settings.configs.at(m.group), {}};
     record.state.kind = record.config.kind;
-    if (rule != rt.rules.end()) {
-      record.config = rule->second->config();
-      CANZONA_ASSIGN_OR_RETURN(record.state, rule->second->SaveState());
+    if (rule != nullptr) {
+      record.config = rule->config();
+      CANZONA_ASSIGN_OR_RETURN(record.state, rule->SaveState());
     }
     if (master) {
       CANZONA_ASSIGN_OR_RETURN(std::vector<float> fragment,
@@ -554,7 +554,7 @@ absl::StatusOr<v1::ExportStateResponse> ExportRankState(Job& job,
 absl::StatusOr<v1::ImportStateResponse> ImportRankState(
     Job& job, LocalRank& rank, const v1::ImportStateRequest& request) {
   RankRuntime& rt = *rank.rt;
-  const JobPlan& jp = *rt.plan;
+  const JobPlan& jp = rt.plan();
   if (request.plan_digest() != jp.plan.digest) {
     return absl::FailedPreconditionError(absl::StrCat(
         "plan_digest: the state was exported under plan ",
@@ -566,8 +566,8 @@ absl::StatusOr<v1::ImportStateResponse> ImportRankState(
   std::map<std::string, CheckpointRecord*> by_name;
   for (CheckpointRecord& r : records) by_name[r.name] = &r;
   std::set<std::string> expected;
-  for (int i : rt.layout.local_params) {
-    if (!rt.rules.count(i) && !HoldsMaster(rt, jp, i)) continue;
+  for (int i : rt.layout().local_params) {
+    if (!rt.has_rule(i) && !HoldsMaster(rt, jp, i)) continue;
     const std::string& name = jp.params[i].name;
     expected.insert(name);
     if (!by_name.count(name)) {
@@ -584,12 +584,11 @@ absl::StatusOr<v1::ImportStateResponse> ImportRankState(
   std::vector<std::pair<int, OptimizerState>> backups;
   std::vector<std::pair<int, std::vector<float>>> master_backups;
   bool masters_complete = true;
-  for (int i : rt.layout.local_params) {
+  for (int i : rt.layout().local_params) {
     const ParamMeta& m = jp.params[i];
     if (!expected.count(m.name)) continue;
     CheckpointRecord& r = *by_name.at(m.name);
-    auto found = rt.rules.find(i);
-    UpdateRule* rule = found == rt.rules.end() ? nullptr : found->second.get();
+    UpdateRule* rule = rt.FindRule(i);
     absl::Status status = [&]() -> absl::Status {
       if (rule != nullptr && r.config.kind != rule->config().kind) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -626,7 +625,7 @@ absl::StatusOr<v1::ImportStateResponse> ImportRankState(
       return status;
     }
   }
-  rt.buckets->MastersSet(masters_complete);
+  rt.buckets().MastersSet(masters_complete);
   MoveToStep(job, rank, request.step());
   v1::ImportStateResponse response;
   response.set_step(request.step());

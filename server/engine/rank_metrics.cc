@@ -17,22 +17,22 @@ RankMetrics::RankMetrics(const CanzonaMetrics& m, const std::string& job,
   clip_factor_ = m.clip_factor->WithLabels({job, rank});
 }
 
-void RankMetrics::RecordStep(const canzona::v1::StepResponse& response,
-                             double tp_comm_s, double tp_hidden_s) {
-  const canzona::v1::PhaseTimes& t = response.seconds();
+void RankMetrics::RecordStep(const RankStepResult& result, double tp_comm_s,
+                             double tp_hidden_s) {
+  const PhaseSeconds& t = result.seconds;
   for (size_t i = 0; i < kStepPhases.size(); ++i) {
-    phase_[i]->Observe((t.*kStepPhases[i].seconds)());
+    phase_[i]->Observe(t.*kPhaseSecondsFields[i].seconds);
   }
   steps_->Increment();
-  if (response.skipped_nonfinite()) {
+  if (result.skipped_nonfinite) {
     skipped_->Increment();
   } else {
-    grad_norm_->Set(response.grad_norm());
-    clip_factor_->Set(response.clip_factor());
+    grad_norm_->Set(result.grad_norm);
+    clip_factor_->Set(result.clip_factor);
   }
   overlap_->Set(tp_comm_s > 0 ? tp_hidden_s / tp_comm_s : 0);
-  dp_comm_->Increment(t.dp_comm());
-  dp_comm_exposed_->Increment(t.dp_comm_exposed());
+  dp_comm_->Increment(t.dp_comm);
+  dp_comm_exposed_->Increment(t.dp_comm_exposed);
 }
 
 }  // namespace canzona

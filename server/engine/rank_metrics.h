@@ -2,7 +2,7 @@
 // looked up once at setup so that a step records with atomics only.
 //
 //   RankMetrics metrics(CanzonaMetrics::Register(registry), "job1", "3");
-//   metrics.RecordStep(response, tp_comm_s, tp_hidden_s);
+//   metrics.RecordStep(result, tp_comm_s, tp_hidden_s);
 //
 // Thread-safety: RecordStep on the rank's worker; the children are atomic.
 #ifndef CANZONA_SERVER_ENGINE_RANK_METRICS_H_
@@ -11,8 +11,8 @@
 #include <array>
 #include <string>
 
-#include "canzona/v1/optimizer_service.pb.h"
 #include "proto/names/step_phases.h"
+#include "server/engine/rank_step_messages.h"
 #include "server/metrics/canzona_metrics.h"
 
 namespace canzona {
@@ -22,7 +22,7 @@ class RankMetrics {
   RankMetrics(const CanzonaMetrics& m, const std::string& job,
               const std::string& rank);
 
-  void RecordStep(const canzona::v1::StepResponse& response, double tp_comm_s,
+  void RecordStep(const RankStepResult& result, double tp_comm_s,
                   double tp_hidden_s);
 
  private:

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -16,8 +15,6 @@
 namespace canzona {
 namespace {
 
-namespace v1 = ::canzona::v1;
-
 double Seconds(absl::Time from, absl::Time to) {
   return absl::ToDoubleSeconds(to - from);
 }
@@ -25,49 +22,45 @@ double Seconds(absl::Time from, absl::Time to) {
 class RankStep {
  public:
   RankStep(LocalRank& rank, const JobPlan& jp, const StepContext& context,
-           const v1::StepRequest& request, v1::StepResponse* response)
+           const RankStepRequest& request, RankStepResult* result)
       : rank_(rank),
         rt_(*rank.rt),
-        layout_(rt_.layout),
+        layout_(rt_.layout()),
         jp_(jp),
         context_(context),
         request_(request),
-        response_(response),
-        times_(response->mutable_seconds()) {
-    for (const auto& [group, value] : request.lr()) {
-      lr_[group] = static_cast<float>(value);
-    }
-  }
+        result_(result),
+        times_(&result->seconds) {}
 
   absl::Status Run() {
     CANZONA_RETURN_IF_ERROR(AverageGradients());
     CANZONA_ASSIGN_OR_RETURN(bool finite, CheckGradients());
     if (!finite) {
       // Nothing changed: the trainer's parameters stay as they are.
-      rank_.lane().StartGathers(request_.step(), layout_.gather_order, false);
-      response_->set_skipped_nonfinite(true);
-      response_->set_grad_norm(std::nan(""));
+      rank_.lane().StartGathers(request_.step, layout_.gather_order, false);
+      result_->skipped_nonfinite = true;
+      result_->grad_norm = std::nan("");
       spdlog::warn("step skipped (non-finite gradient): job={} rank={} step={}",
-                   context_.job_id, RankString(rank_.coords), request_.step());
+                   context_.job_id, RankString(rank_.coords), request_.step);
       return absl::OkStatus();
     }
     CANZONA_RETURN_IF_ERROR(Clip());
     CANZONA_RETURN_IF_ERROR(UpdateLocal());
-    CANZONA_RETURN_IF_ERROR(
-        rt_.tp->Run([this](int group) { return UpdateHosted(group); }, times_));
+    CANZONA_RETURN_IF_ERROR(rt_.tp_lane().Run(
+        [this](int group) { return UpdateHosted(group); }, times_));
     CANZONA_RETURN_IF_ERROR(UpdateRedundant());
     // The next step's world reduction carries this update's size.
-    rt_.pending_update_sumsq = update_sumsq_;
+    rt_.pending_update().Add(update_sumsq_);
     // The DP lane reads the parameters from here on.
-    CANZONA_RETURN_IF_ERROR(rt_.staging->Synchronize());
+    CANZONA_RETURN_IF_ERROR(rt_.staging().Synchronize());
     return Gather();
   }
 
  private:
   StepOptions OptionsFor(int i) const {
     StepOptions o;
-    auto it = lr_.find(jp_.params[i].group);
-    if (it != lr_.end()) o.lr = it->second;
+    auto it = request_.lr.find(jp_.params[i].group);
+    if (it != request_.lr.end()) o.lr = it->second;
     return o;
   }
 
@@ -76,17 +69,16 @@ class RankStep {
   absl::Status AverageGradients() {
     double waited = 0;
     CANZONA_RETURN_IF_ERROR(rank_.lane().WaitReduced(
-        request_.step(), absl::Now() + context_.timeout, &waited));
+        request_.step, absl::Now() + context_.timeout, &waited));
     const absl::Time t0 = absl::Now();
-    const double scale =
-        request_.grad_scale() == 0 ? 1.0 : request_.grad_scale();
+    const double scale = request_.grad_scale == 0 ? 1.0 : request_.grad_scale;
     const float factor = static_cast<float>(scale / context_.dp_size);
     // x * 1 is x: at DP1 without a loss scale there is nothing to do.
     if (factor != 1.0f) {
-      CANZONA_RETURN_IF_ERROR(
-          rt_.staging->Scale(layout_.owned_elements, factor, rt_.owned.grads));
+      CANZONA_RETURN_IF_ERROR(rt_.staging().Scale(layout_.owned_elements,
+                                                  factor, rt_.owned().grads));
     }
-    times_->set_reduce_scatter(waited + Seconds(t0, absl::Now()));
+    times_->reduce_scatter = waited + Seconds(t0, absl::Now());
     return absl::OkStatus();
   }
 
@@ -95,7 +87,7 @@ class RankStep {
   // clip norm and how many ranks asked for one]. Sets grad_norm,
   // update_rms and the clip factor. False: skip the step.
   absl::StatusOr<bool> CheckGradients() {
-    Backend& staging = *rt_.staging;
+    Backend& staging = rt_.staging();
     double sumsq = 0;
     float nonfinite = 0;
     // One pass over every gradient, with one wait for all of them (on a
@@ -106,7 +98,7 @@ class RankStep {
     std::vector<const float*> grads;
     std::vector<int64_t> counts;
     for (int i : layout_.local_params) {
-      const float* g = rt_.owned.grad_at[i];
+      const float* g = rt_.owned().grad_at[i];
       if (g == nullptr) continue;
       params.push_back(i);
       grads.push_back(g);
@@ -119,20 +111,19 @@ class RankStep {
       if (!std::isfinite(sums[k])) nonfinite = 1;
       if (layout_.counted[params[k]]) sumsq += sums[k];
     }
-    const double clip = request_.max_grad_norm() > 0 ? request_.max_grad_norm()
-                                                     : context_.max_grad_norm;
+    const double clip = request_.max_grad_norm > 0 ? request_.max_grad_norm
+                                                   : context_.max_grad_norm;
     RankRuntime::WorldValues values = {
         nonfinite, static_cast<float>(sumsq),
-        static_cast<float>(rt_.pending_update_sumsq), static_cast<float>(clip),
-        clip > 0 ? 1.0f : 0.0f};
+        static_cast<float>(rt_.pending_update().Take()),
+        static_cast<float>(clip), clip > 0 ? 1.0f : 0.0f};
     const absl::Time t0 = absl::Now();
     CANZONA_RETURN_IF_ERROR(rt_.WorldSum(values));
-    times_->set_world_reduce(Seconds(t0, absl::Now()));
-    rt_.pending_update_sumsq = 0;
-    response_->set_update_rms(
+    times_->world_reduce = Seconds(t0, absl::Now());
+    result_->update_rms =
         jp_.total_numel > 0
             ? std::sqrt(static_cast<double>(values[2]) / jp_.total_numel)
-            : 0);
+            : 0;
     // Every rank sees the same sums, so every rank decides alike.
     const int world = context_.world;
     if (values[4] > 0 && values[4] < static_cast<float>(world)) {
@@ -144,7 +135,7 @@ class RankStep {
     clip_norm_ = values[4] > 0 ? static_cast<double>(values[3]) / world : 0;
     if (values[0] > 0) return false;
     grad_norm_ = std::sqrt(static_cast<double>(values[1]));
-    response_->set_grad_norm(grad_norm_);
+    result_->grad_norm = grad_norm_;
     return true;
   }
 
@@ -154,16 +145,16 @@ class RankStep {
     double factor = 1;
     if (clip_norm_ > 0)
       factor = std::min(1.0, clip_norm_ / (grad_norm_ + 1e-6));
-    response_->set_clip_factor(factor);
+    result_->clip_factor = factor;
     if (factor >= 1) return absl::OkStatus();
-    return rt_.staging->Scale(layout_.owned_elements,
-                              static_cast<float>(factor), rt_.owned.grads);
+    return rt_.staging().Scale(layout_.owned_elements,
+                               static_cast<float>(factor), rt_.owned().grads);
   }
 
   // The squared size of an update from its new values and the old ones,
   // which it overwrites with the difference (scratch no longer needed).
   absl::Status CountUpdate(const float* after, float* before, int64_t n) {
-    Backend& staging = *rt_.staging;
+    Backend& staging = rt_.staging();
     CANZONA_RETURN_IF_ERROR(staging.Axpby(n, 1.0f, after, -1.0f, before));
     CANZONA_ASSIGN_OR_RETURN(double s, staging.SumSquares(n, before));
     update_sumsq_ += s;
@@ -178,8 +169,8 @@ class RankStep {
     if (!layout_.update_counted[i]) {
       return rt_.Update(i, param, grad, OptionsFor(i));
     }
-    Backend& staging = *rt_.staging;
-    float* before = rt_.before.data();
+    Backend& staging = rt_.staging();
+    float* before = rt_.update_before();
     CANZONA_RETURN_IF_ERROR(staging.Copy(param, n, before));
     CANZONA_RETURN_IF_ERROR(rt_.Update(i, param, grad, OptionsFor(i)));
     return CountUpdate(param, before, n);
@@ -189,25 +180,25 @@ class RankStep {
   // Muon matrices in one batched Newton-Schulz.
   absl::Status UpdateLocal() {
     const absl::Time t0 = absl::Now();
-    for (const UpdateBatch& batch : rt_.local_batches) {
+    for (const UpdateBatch& batch : rt_.local_batches()) {
       if (batch.params.size() == 1) {
         const int i = batch.params[0];
-        CANZONA_RETURN_IF_ERROR(UpdateLocalParam(i, rt_.owned.param_at[i],
-                                                 rt_.owned.grad_at[i],
+        CANZONA_RETURN_IF_ERROR(UpdateLocalParam(i, rt_.owned().param_at[i],
+                                                 rt_.owned().grad_at[i],
                                                  jp_.params[i].local_numel));
         continue;
       }
       CANZONA_RETURN_IF_ERROR(UpdateBatched(batch));
     }
-    times_->set_local_compute(Seconds(t0, absl::Now()));
+    times_->local_compute = Seconds(t0, absl::Now());
     return absl::OkStatus();
   }
 
   // A batch's members keep their old values side by side in `before`.
   absl::Status UpdateBatched(const UpdateBatch& batch) {
-    Backend& staging = *rt_.staging;
+    Backend& staging = rt_.staging();
     const int64_t n = jp_.params[batch.params[0]].local_numel;
-    float* before = rt_.before.data();
+    float* before = rt_.update_before();
     for (size_t k = 0; k < batch.params.size(); ++k) {
       if (!layout_.update_counted[batch.params[k]]) continue;
       CANZONA_RETURN_IF_ERROR(
@@ -228,8 +219,8 @@ class RankStep {
   // matrix from the fragments the gather brought, runs its rule, and packs
   // the updated fragments per rank.
   absl::Status UpdateHosted(int g) {
-    Backend& staging = *rt_.staging;
-    GroupBuffers& b = rt_.tp->buffers(g);
+    Backend& staging = rt_.staging();
+    GroupBuffers& b = rt_.tp_lane().buffers(g);
     const GroupLayout& group = layout_.groups[g];
     const int TP = layout_.tp_size;
     int64_t at = 0;  // offset of the parameter in each rank's slice
@@ -240,16 +231,16 @@ class RankStep {
       for (int j = 0; j < TP; ++j) {
         float* frag = b.recv.data() + 2 * group.hosted_here * j + 2 * at;
         CANZONA_RETURN_IF_ERROR(
-            MoveFragment(staging, m, TP, j, frag, rt_.whole_grad.data(), true));
-        CANZONA_RETURN_IF_ERROR(MoveFragment(staging, m, TP, j, frag + n,
-                                             rt_.whole_param.data(), true));
+            MoveFragment(staging, m, TP, j, frag, rt_.whole_grad(), true));
+        CANZONA_RETURN_IF_ERROR(
+            MoveFragment(staging, m, TP, j, frag + n, rt_.whole_param(), true));
       }
-      CANZONA_RETURN_IF_ERROR(rt_.Update(i, rt_.whole_param.data(),
-                                         rt_.whole_grad.data(), OptionsFor(i)));
+      CANZONA_RETURN_IF_ERROR(
+          rt_.Update(i, rt_.whole_param(), rt_.whole_grad(), OptionsFor(i)));
       for (int j = 0; j < TP; ++j) {
         float* updated = b.back.data() + group.hosted_here * j + at;
-        CANZONA_RETURN_IF_ERROR(MoveFragment(staging, m, TP, j, updated,
-                                             rt_.whole_param.data(), false));
+        CANZONA_RETURN_IF_ERROR(
+            MoveFragment(staging, m, TP, j, updated, rt_.whole_param(), false));
         // The old fragment came in the gather (no longer needed).
         if (layout_.update_counted[i]) {
           float* old = b.recv.data() + 2 * group.hosted_here * j + 2 * at + n;
@@ -264,45 +255,45 @@ class RankStep {
   // 5b. sc / layerwise: every TP rank gathers the whole matrix and updates
   // it (the redundancy Canzona removes), keeping its own fragment.
   absl::Status UpdateRedundant() {
-    Backend& staging = *rt_.staging;
+    Backend& staging = rt_.staging();
     const int TP = layout_.tp_size, t = layout_.tp_rank;
     for (int i : layout_.redundant) {
       const ParamMeta& m = jp_.params[i];
       const int64_t ln = m.local_numel;
       const absl::Time g0 = absl::Now();
-      float* send = rt_.redundant_send.data();
-      float* recv = rt_.redundant_recv.data();
-      CANZONA_RETURN_IF_ERROR(staging.Copy(rt_.owned.grad_at[i], ln, send));
+      float* send = rt_.redundant_send();
+      float* recv = rt_.redundant_recv();
+      CANZONA_RETURN_IF_ERROR(staging.Copy(rt_.owned().grad_at[i], ln, send));
       CANZONA_RETURN_IF_ERROR(
-          staging.Copy(rt_.owned.param_at[i], ln, send + ln));
+          staging.Copy(rt_.owned().param_at[i], ln, send + ln));
       CANZONA_RETURN_IF_ERROR(staging.Synchronize());  // tp reads it
       const std::vector<int64_t> counts(TP, 2 * ln);
       CANZONA_RETURN_IF_ERROR(
-          rt_.tp->communicator().AllGatherV(send, counts, recv));
+          rt_.tp_lane().communicator().AllGatherV(send, counts, recv));
       for (int j = 0; j < TP; ++j) {
         float* frag = recv + 2 * ln * j;
         CANZONA_RETURN_IF_ERROR(
-            MoveFragment(staging, m, TP, j, frag, rt_.whole_grad.data(), true));
+            MoveFragment(staging, m, TP, j, frag, rt_.whole_grad(), true));
         CANZONA_RETURN_IF_ERROR(MoveFragment(staging, m, TP, j, frag + ln,
-                                             rt_.whole_param.data(), true));
+                                             rt_.whole_param(), true));
       }
       const absl::Time c0 = absl::Now();
-      times_->set_tp_gather(times_->tp_gather() + Seconds(g0, c0));
-      CANZONA_RETURN_IF_ERROR(rt_.Update(i, rt_.whole_param.data(),
-                                         rt_.whole_grad.data(), OptionsFor(i)));
+      times_->tp_gather += Seconds(g0, c0);
+      CANZONA_RETURN_IF_ERROR(
+          rt_.Update(i, rt_.whole_param(), rt_.whole_grad(), OptionsFor(i)));
       CANZONA_RETURN_IF_ERROR(MoveFragment(staging, m, TP, t,
-                                           rt_.owned.param_at[i],
-                                           rt_.whole_param.data(), false));
+                                           rt_.owned().param_at[i],
+                                           rt_.whole_param(), false));
       if (layout_.update_counted[i]) {
         // Against the old fragments the gather brought (send: scratch).
         for (int j = 0; j < TP; ++j) {
-          CANZONA_RETURN_IF_ERROR(MoveFragment(staging, m, TP, j, send,
-                                               rt_.whole_param.data(), false));
+          CANZONA_RETURN_IF_ERROR(
+              MoveFragment(staging, m, TP, j, send, rt_.whole_param(), false));
           CANZONA_RETURN_IF_ERROR(
               CountUpdate(send, recv + 2 * ln * j + ln, ln));
         }
       }
-      times_->set_tp_compute(times_->tp_compute() + Seconds(c0, absl::Now()));
+      times_->tp_compute += Seconds(c0, absl::Now());
     }
     return absl::OkStatus();
   }
@@ -311,12 +302,12 @@ class RankStep {
   // the last bucket first, as the next forward needs them. With
   // async_params the trainer waits per bucket (WaitParams) instead.
   absl::Status Gather() {
-    rank_.lane().StartGathers(request_.step(), layout_.gather_order, true);
-    if (request_.async_params()) return absl::OkStatus();
+    rank_.lane().StartGathers(request_.step, layout_.gather_order, true);
+    if (request_.async_params) return absl::OkStatus();
     double waited = 0;
     CANZONA_RETURN_IF_ERROR(rank_.lane().WaitGathered(
-        request_.step(), absl::Now() + context_.timeout, &waited));
-    times_->set_all_gather(waited);
+        request_.step, absl::Now() + context_.timeout, &waited));
+    times_->all_gather = waited;
     return absl::OkStatus();
   }
 
@@ -325,10 +316,9 @@ class RankStep {
   const RankLayout& layout_;
   const JobPlan& jp_;
   const StepContext& context_;
-  const v1::StepRequest& request_;
-  v1::StepResponse* const response_;
-  v1::PhaseTimes* const times_;
-  std::map<std::string, float> lr_;
+  const RankStepRequest& request_;
+  RankStepResult* const result_;
+  PhaseSeconds* const times_;
   double grad_norm_ = 0;
   double clip_norm_ = 0;  // 0: no clipping this step
   double update_sumsq_ = 0;
@@ -338,9 +328,9 @@ class RankStep {
 
 absl::Status RunRankStep(LocalRank& rank, const JobPlan& jp,
                          const StepContext& context,
-                         const v1::StepRequest& request,
-                         v1::StepResponse* response) {
-  return RankStep(rank, jp, context, request, response).Run();
+                         const RankStepRequest& request,
+                         RankStepResult* result) {
+  return RankStep(rank, jp, context, request, result).Run();
 }
 
 }  // namespace canzona

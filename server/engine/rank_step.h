@@ -13,8 +13,8 @@
 //      to the next step's update RMS;
 //   6. the DP gathers queued on the DP lane (awaited unless async_params).
 //
-//   CANZONA_RETURN_IF_ERROR(RunRankStep(rank, *plan, context, request,
-//                                       &response));
+//   CANZONA_RETURN_IF_ERROR(RunRankStep(rank, rank.rt->plan(), context,
+//                                       request, &result));
 //
 // Thread-safety: the rank's worker only.
 #ifndef CANZONA_SERVER_ENGINE_RANK_STEP_H_
@@ -24,9 +24,9 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "canzona/v1/optimizer_service.pb.h"
 #include "server/engine/job.h"
 #include "server/engine/job_plan.h"
+#include "server/engine/rank_step_messages.h"
 
 namespace canzona {
 
@@ -40,8 +40,8 @@ struct StepContext {
 
 absl::Status RunRankStep(LocalRank& rank, const JobPlan& jp,
                          const StepContext& context,
-                         const canzona::v1::StepRequest& request,
-                         canzona::v1::StepResponse* response);
+                         const RankStepRequest& request,
+                         RankStepResult* result);
 
 }  // namespace canzona
 

@@ -7,7 +7,7 @@
 #include "absl/time/clock.h"
 #include "kernels/base/status_macros.h"
 #include "proto/names/rank_names.h"
-#include "server/engine/rank_runtime.h"
+#include "server/engine/rank_setup.h"
 #include "server/engine/register_request.h"
 #include "server/metrics/canzona_metrics.h"
 #include "server/plan/planner.h"
@@ -97,9 +97,9 @@ absl::Status Registration::Setup(Job& job, LocalRank& rank) const {
   setup.on_communicator = [&rank](Communicator* c) { rank.AddComm(c); };
   setup.on_failure = [&rank] { rank.ForgetComms(); };
   CANZONA_ASSIGN_OR_RETURN(rank.rt, SetupRank(setup, &rank.response));
-  BucketCollectives* buckets = rank.rt->buckets.get();
+  BucketCollectives* buckets = &rank.rt->buckets();
   rank.SetLane(std::make_unique<DpLane>(
-      static_cast<int>(rank.rt->layout.buckets.size()),
+      static_cast<int>(rank.rt->layout().buckets.size()),
       [buckets](int64_t, int b) { return buckets->Reduce(b); },
       [buckets](int64_t, int b) { return buckets->Gather(b); }));
   return absl::OkStatus();
@@ -139,9 +139,9 @@ void Registration::MarkReady(Job& job, LocalRank& rank,
     } else {
       RankProgress& progress = job.progress(rank);
       progress.setup_done = true;
-      if (!rank.rt->pci_bus_id.empty()) {
-        progress.device = rank.rt->device;
-        progress.pci_bus_id = rank.rt->pci_bus_id;
+      if (!rank.rt->pci_bus_id().empty()) {
+        progress.device = rank.rt->device();
+        progress.pci_bus_id = rank.rt->pci_bus_id();
       }
       progress.register_done = std::move(done);
       ++job.setup_done;

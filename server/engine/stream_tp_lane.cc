@@ -64,7 +64,7 @@ class StreamTpLane final : public TpLane {
     return events_.Create(streams_.api, streams_.device, 2 * groups() + 1);
   }
 
-  absl::Status Run(const Compute& compute, v1::PhaseTimes* times) override;
+  absl::Status Run(const Compute& compute, PhaseSeconds* times) override;
 
  private:
   NcclEvent gathered(int i) const { return events_[2 * i]; }
@@ -133,7 +133,7 @@ absl::Status StreamTpLane::Scatter(int i) {
   return Unpack(i);
 }
 
-absl::Status StreamTpLane::Run(const Compute& compute, v1::PhaseTimes* times) {
+absl::Status StreamTpLane::Run(const Compute& compute, PhaseSeconds* times) {
   const int n = groups();
   comm_s_ = hidden_s_ = 0;
   if (n == 0) return absl::OkStatus();
@@ -154,8 +154,8 @@ absl::Status StreamTpLane::Run(const Compute& compute, v1::PhaseTimes* times) {
   // Host-side times: the enqueueing (compute includes the waits inside the
   // rules), then the wait for both streams to drain. Device-side overlap is
   // not measured here, so canzona_tp_overlap_ratio reads 0.
-  times->set_tp_compute(times->tp_compute() + Seconds(start, enqueued));
-  times->set_tp_scatter(times->tp_scatter() + Seconds(enqueued, absl::Now()));
+  times->tp_compute += Seconds(start, enqueued);
+  times->tp_scatter += Seconds(enqueued, absl::Now());
   return absl::OkStatus();
 }
 

@@ -32,12 +32,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "canzona/v1/optimizer_service.pb.h"
 #include "kernels/backend.h"
 #include "server/comm/nccl_api.h"
 #include "server/engine/communicator_factory.h"
 #include "server/engine/job_plan.h"
 #include "server/engine/owned_buffers.h"
+#include "server/engine/phase_seconds.h"
 #include "server/engine/rank_layout.h"
 #include "server/engine/stage_copier.h"
 
@@ -87,7 +87,7 @@ class TpLane {
   TpLane& operator=(const TpLane&) = delete;
 
   // Runs every micro group of the step and adds to the tp_* phase times.
-  virtual absl::Status Run(const Compute& compute, v1::PhaseTimes* times) = 0;
+  virtual absl::Status Run(const Compute& compute, PhaseSeconds* times) = 0;
 
   Communicator& communicator() { return *parts_.tp.comm; }
   GroupBuffers& buffers(int i) { return parts_.buffers[i]; }

@@ -5,8 +5,8 @@
 // launch-bound; the same per-matrix arithmetic on cpu, so results are
 // bitwise those of one call per matrix).
 //
-//   rt.local_batches = BatchLocalUpdates(jp, layout, rt.rules, rt.owned,
-//                                        {.enabled = true, ...});
+//   std::vector<UpdateBatch> batches =
+//       BatchLocalUpdates(jp, layout, rules, owned, {.enabled = true, ...});
 //
 // Thread-safety: built at setup, then read by the rank's worker only.
 #ifndef CANZONA_SERVER_ENGINE_UPDATE_BATCHES_H_

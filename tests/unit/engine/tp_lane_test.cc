@@ -129,7 +129,7 @@ class TpLaneTest : public ::testing::Test {
     std::vector<std::thread> threads;
     for (int t = 0; t < kTp; ++t) {
       threads.emplace_back([&, t] {
-        v1::PhaseTimes times;
+        PhaseSeconds times;
         results[t] = ranks_[t].lane->Run(
             [&, t](int i) {
               if (threads_seen != nullptr && t == 0 && i == 0) {
@@ -139,8 +139,8 @@ class TpLaneTest : public ::testing::Test {
             },
             &times);
         if (results[t].ok()) {
-          EXPECT_GT(times.tp_gather(), 0);
-          EXPECT_GT(times.tp_scatter(), 0);
+          EXPECT_GT(times.tp_gather, 0);
+          EXPECT_GT(times.tp_scatter, 0);
         }
       });
     }

@@ -1,0 +1,54 @@
+// RankStepRequest / RankStepResult: what one local rank's step
+// (RunRankStep, rank_step.h) reads and what it reports, in the engine's
+// own terms. step_messages.h converts them from / to v1::StepRequest and
+// v1::StepResponse, once, where the engine runs a Step.
+//
+//   RankStepResult result;
+//   CANZONA_RETURN_IF_ERROR(RunRankStep(rank, jp, context, request, &result));
+//   if (result.skipped_nonfinite) ...
+//
+// Thread-safety: plain values.
+#ifndef CANZONA_SERVER_ENGINE_RANK_STEP_MESSAGES_H_
+#define CANZONA_SERVER_ENGINE_RANK_STEP_MESSAGES_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "server/engine/phase_seconds.h"
+
+namespace canzona {
+
+struct RankStepRequest {
+  int64_t step = 0;  // 1, 2, 3, ...
+  // Per optimizer group, this step's learning rate (StepOptions::lr);
+  // other groups keep theirs.
+  std::map<std::string, float> lr;
+  // The gradients are multiplied by this before use (loss-scale undo);
+  // 0 means 1.
+  double grad_scale = 0;
+  // Return once the update is done, the parameter all-gathers going on
+  // (the trainer calls WaitParams); false: once every bucket is in place.
+  bool async_params = false;
+  // > 0: clip at this global gradient norm in this step instead of at the
+  // job's.
+  double max_grad_norm = 0;
+};
+
+struct RankStepResult {
+  PhaseSeconds seconds;
+  // The global L2 norm of the DP-averaged, unscaled gradient before
+  // clipping (NaN when the step was skipped).
+  double grad_norm = 0;
+  // The RMS of the previous step's update over all parameters.
+  double update_rms = 0;
+  // A non-finite gradient made every rank skip the step.
+  bool skipped_nonfinite = false;
+  // What clipping multiplied the gradients by (1: no clipping; 0 when the
+  // step was skipped before it).
+  double clip_factor = 0;
+};
+
+}  // namespace canzona
+
+#endif  // CANZONA_SERVER_ENGINE_RANK_STEP_MESSAGES_H_

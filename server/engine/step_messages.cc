@@ -1,0 +1,43 @@
+#include "server/engine/step_messages.h"
+
+namespace canzona {
+
+RankStepRequest ToRankStepRequest(const canzona::v1::StepRequest& request) {
+  RankStepRequest out;
+  out.step = request.step();
+  for (const auto& [group, value] : request.lr()) {
+    out.lr[group] = static_cast<float>(value);
+  }
+  out.grad_scale = request.grad_scale();
+  out.async_params = request.async_params();
+  out.max_grad_norm = request.max_grad_norm();
+  return out;
+}
+
+canzona::v1::PhaseTimes ToPhaseTimes(const PhaseSeconds& seconds) {
+  canzona::v1::PhaseTimes out;
+  out.set_reduce_scatter(seconds.reduce_scatter);
+  out.set_world_reduce(seconds.world_reduce);
+  out.set_local_compute(seconds.local_compute);
+  out.set_tp_gather(seconds.tp_gather);
+  out.set_tp_compute(seconds.tp_compute);
+  out.set_tp_scatter(seconds.tp_scatter);
+  out.set_all_gather(seconds.all_gather);
+  out.set_wait(seconds.wait);
+  out.set_total(seconds.total);
+  out.set_dp_comm(seconds.dp_comm);
+  out.set_dp_comm_exposed(seconds.dp_comm_exposed);
+  return out;
+}
+
+canzona::v1::StepResponse ToStepResponse(const RankStepResult& result) {
+  canzona::v1::StepResponse out;
+  *out.mutable_seconds() = ToPhaseTimes(result.seconds);
+  out.set_grad_norm(result.grad_norm);
+  out.set_update_rms(result.update_rms);
+  out.set_skipped_nonfinite(result.skipped_nonfinite);
+  out.set_clip_factor(result.clip_factor);
+  return out;
+}
+
+}  // namespace canzona

@@ -1,0 +1,28 @@
+// The one place where a Step's protocol messages meet the rank step's own
+// types: v1::StepRequest into a RankStepRequest, a RankStepResult into
+// v1::StepResponse (and its PhaseSeconds into v1::PhaseTimes). The engine
+// calls them where it runs a Step (EngineImpl::RunStep); nothing below it
+// sees the protos.
+//
+//   RankStepRequest request = ToRankStepRequest(proto_request);
+//   ...
+//   done(ToStepResponse(result));
+//
+// Thread-safety: pure functions.
+#ifndef CANZONA_SERVER_ENGINE_STEP_MESSAGES_H_
+#define CANZONA_SERVER_ENGINE_STEP_MESSAGES_H_
+
+#include "canzona/v1/optimizer_service.pb.h"
+#include "server/engine/phase_seconds.h"
+#include "server/engine/rank_step_messages.h"
+
+namespace canzona {
+
+// The fields the step reads (job_id and rank found the rank already).
+RankStepRequest ToRankStepRequest(const canzona::v1::StepRequest& request);
+canzona::v1::PhaseTimes ToPhaseTimes(const PhaseSeconds& seconds);
+canzona::v1::StepResponse ToStepResponse(const RankStepResult& result);
+
+}  // namespace canzona
+
+#endif  // CANZONA_SERVER_ENGINE_STEP_MESSAGES_H_
