@@ -3,16 +3,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/engine/phase_seconds.h"
 
 namespace canzona {
-namespace {
-
-double Seconds(absl::Time from, absl::Time to) {
-  return absl::ToDoubleSeconds(to - from);
-}
-
-}  // namespace
-
 DpLane::DpLane(int buckets, BucketFn reduce, BucketFn gather,
                int64_t first_step)
     : buckets_(buckets),

@@ -27,6 +27,7 @@
 #include "server/engine/job.h"
 #include "server/engine/job_agreement.h"
 #include "server/engine/job_registry.h"
+#include "server/engine/phase_seconds.h"
 #include "server/engine/rank_checkpoint.h"
 #include "server/engine/rank_step.h"
 #include "server/engine/register_request.h"
@@ -43,10 +44,6 @@ namespace {
 namespace v1 = ::canzona::v1;
 
 constexpr char kVersion[] = "0.1.0";
-
-double Seconds(absl::Time from, absl::Time to) {
-  return absl::ToDoubleSeconds(to - from);
-}
 
 class EngineImpl final : public Engine {
  public:

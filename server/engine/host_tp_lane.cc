@@ -8,14 +8,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "kernels/base/status_macros.h"
+#include "server/engine/phase_seconds.h"
 #include "server/engine/tp_lane.h"
 
 namespace canzona {
 namespace {
-
-double Seconds(absl::Time from, absl::Time to) {
-  return absl::ToDoubleSeconds(to - from);
-}
 
 class HostTpLane final : public TpLane {
  public:

@@ -15,10 +15,16 @@
 #include <array>
 #include <cstddef>
 
+#include "absl/time/time.h"
 #include "canzona/v1/optimizer_service.pb.h"
 #include "proto/names/step_phases.h"
 
 namespace canzona {
+
+// The seconds from `from` to `to`: how every phase is timed.
+inline double Seconds(absl::Time from, absl::Time to) {
+  return absl::ToDoubleSeconds(to - from);
+}
 
 struct PhaseSeconds {
   double reduce_scatter = 0;

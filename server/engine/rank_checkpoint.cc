@@ -17,6 +17,7 @@
 #include "server/checkpoint/checkpoint.h"
 #include "server/engine/block_records.h"
 #include "server/engine/fragments.h"
+#include "server/engine/phase_seconds.h"
 #include "server/engine/register_request.h"
 #include "spdlog/spdlog.h"
 
@@ -24,10 +25,6 @@ namespace canzona {
 namespace {
 
 namespace v1 = ::canzona::v1;
-
-double Seconds(absl::Time from, absl::Time to) {
-  return absl::ToDoubleSeconds(to - from);
-}
 
 // How a rank takes part in saving parameter i.
 enum class Holding {

@@ -9,15 +9,12 @@
 #include "kernels/base/status_macros.h"
 #include "proto/names/rank_names.h"
 #include "server/engine/fragments.h"
+#include "server/engine/phase_seconds.h"
 #include "server/engine/register_request.h"
 #include "spdlog/spdlog.h"
 
 namespace canzona {
 namespace {
-
-double Seconds(absl::Time from, absl::Time to) {
-  return absl::ToDoubleSeconds(to - from);
-}
 
 class RankStep {
  public:

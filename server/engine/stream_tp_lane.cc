@@ -8,14 +8,11 @@
 #include "absl/time/clock.h"
 #include "kernels/base/status_macros.h"
 #include "server/comm/nccl_communicator.h"
+#include "server/engine/phase_seconds.h"
 #include "server/engine/tp_lane.h"
 
 namespace canzona {
 namespace {
-
-double Seconds(absl::Time from, absl::Time to) {
-  return absl::ToDoubleSeconds(to - from);
-}
 
 // CUDA events created at setup and destroyed with the lane, through the
 // NcclApi that made them.
