@@ -415,13 +415,13 @@ class Report {
         }
         svg.Rect(x(at), y + 2, x(at + local_[i]) - x(at), row - 6,
                  owner < 0 ? "#999" : PaletteColor(owner),
-                 absl::StrFormat("%s [%s] %s local elements, owner %s, host "
-                                 "%s",
-                                 spec.name, shape, FormatSi(local_[i]),
-                                 owner < 0 ? "all" : absl::StrCat("dp ", owner),
-                                 p.tp_host[i] < 0
-                                     ? std::string("every TP rank")
-                                     : absl::StrCat("tp ", p.tp_host[i])));
+                 absl::StrFormat(
+                     "%s [%s] %s local elements, owner %s, TP owner "
+                     "%s",
+                     spec.name, shape, FormatSi(local_[i]),
+                     owner < 0 ? "all" : absl::StrCat("dp ", owner),
+                     p.tp_owner[i] < 0 ? std::string("every TP rank")
+                                       : absl::StrCat("tp ", p.tp_owner[i])));
         at += local_[i];
       }
       for (double cx : cut_x) svg.Line(cx, y, cx, y + row - 2, "#000", 2);
@@ -429,8 +429,8 @@ class Report {
     return out + svg.Finish();
   }
 
-  // Micro-groups per DP position: each group spans its fullest host; one
-  // row per host, the host's matrices stacked.
+  // Micro-groups per DP position: each group spans its fullest TP owner; one
+  // row per TP owner, the TP owner's matrices stacked.
   std::string Groups() const {
     const Plan& p = detail();
     if (p.micro_groups.empty()) return "";
@@ -440,10 +440,10 @@ class Report {
       rows[{g.stage, g.dp}].push_back(&g);
     }
     std::string out = absl::StrCat(
-        "<h2>TP micro-groups per host: ", plan::StrategyName(p.strategy),
-        "</h2>\n<p class=\"note\">Per DP position: one row per TP host; each "
-        "micro-group is a column as wide as its fullest host (the pipeline "
-        "runs group after group), each host's matrices stacked inside it, "
+        "<h2>TP micro-groups per TP owner: ", plan::StrategyName(p.strategy),
+        "</h2>\n<p class=\"note\">Per DP position: one row per TP owner; each "
+        "micro-group is a column as wide as its fullest TP owner (the pipeline "
+        "runs group after group), each TP owner's matrices stacked inside it, "
         "in ",
         unit(), ".",
         rows.size() > static_cast<size_t>(kMaxGroupCharts)
@@ -455,11 +455,13 @@ class Report {
     for (const auto& [key, groups] : rows) {
       if (charts++ >= kMaxGroupCharts) break;
       double span = 0;
-      std::vector<std::vector<double>> host(groups.size(),
-                                            std::vector<double>(T, 0.0));
+      std::vector<std::vector<double>> load_per_tp_rank(
+          groups.size(), std::vector<double>(T, 0.0));
       for (size_t k = 0; k < groups.size(); ++k) {
-        for (int i : groups[k]->params) host[k][p.tp_host[i]] += cost_[i];
-        span += *std::max_element(host[k].begin(), host[k].end());
+        for (int i : groups[k]->params)
+          load_per_tp_rank[k][p.tp_owner[i]] += cost_[i];
+        span += *std::max_element(load_per_tp_rank[k].begin(),
+                                  load_per_tp_rank[k].end());
       }
       const double left = 90, lane = 12, w = kPageWidth;
       Svg svg(w, 22 + lane * T, "groups");
@@ -479,7 +481,7 @@ class Report {
       for (size_t k = 0; k < groups.size(); ++k) {
         std::vector<double> at(T, start);
         for (int i : groups[k]->params) {
-          const int t = p.tp_host[i];
+          const int t = p.tp_owner[i];
           // A pixel of white between matrices shows where each ends.
           svg.Rect(x(at[t]), 18 + lane * t,
                    std::max(x(at[t] + cost_[i]) - x(at[t]) - 1, 0.5), lane - 2,
@@ -489,7 +491,8 @@ class Report {
                                    Objective(cost_[i])));
           at[t] += cost_[i];
         }
-        start += *std::max_element(host[k].begin(), host[k].end());
+        start += *std::max_element(load_per_tp_rank[k].begin(),
+                                   load_per_tp_rank[k].end());
         svg.Line(x(start), 16, x(start), 18 + lane * T, "#666", 1, true);
       }
       out += svg.Finish();

@@ -10,7 +10,7 @@
 //     worker / DP-lane / TP-lane bars per GPU;
 //   - the detailed strategy's buckets: every parameter as a segment sized
 //     by its elements and coloured by its DP owner, the slice cuts drawn;
-//   - its micro-groups per TP host, as the pipeline runs them;
+//   - its micro-groups per TP owner, as the pipeline runs them;
 //   - memory per GPU (optimizer state, plus the daemon's staging when
 //     simulated).
 //

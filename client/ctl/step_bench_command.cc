@@ -89,7 +89,7 @@ struct LocalParam {
   std::vector<int64_t> shape;  // global
   int split_dim = -1;
   std::string group;
-  int64_t local_numel = 0;
+  int64_t fragment_numel = 0;
 };
 
 // The daemon's phase times this bench reports (kStepPhases).
@@ -177,7 +177,7 @@ int CountBuckets(const std::vector<LocalParam>& params, int64_t bucket_size) {
   int buckets = 0;
   int64_t filled = 0;
   for (auto it = params.rbegin(); it != params.rend(); ++it) {
-    filled += it->local_numel;
+    filled += it->fragment_numel;
     if (filled >= bucket_size) {
       ++buckets;
       filled = 0;
@@ -190,7 +190,7 @@ int CountBuckets(const std::vector<LocalParam>& params, int64_t bucket_size) {
 // buckets (or one bucket per parameter when there are fewer than 4).
 int64_t DefaultBucketSize(const std::vector<LocalParam>& params) {
   int64_t total = 0;
-  for (const LocalParam& p : params) total += p.local_numel;
+  for (const LocalParam& p : params) total += p.fragment_numel;
   int64_t size = std::max<int64_t>(1, total / 4);
   const int want = std::min<int>(4, static_cast<int>(params.size()));
   while (size > 1 && CountBuckets(params, size) < want) size /= 2;
@@ -274,7 +274,7 @@ absl::Status RunRank(const StepBenchOptions& o, const Mode& mode,
   CANZONA_ASSIGN_OR_RETURN(const DType dtype, ParseDType(o.dtype));
   const int unit = DTypeBytes(dtype);
   int64_t total = 0;
-  for (const LocalParam& p : params) total += p.local_numel;
+  for (const LocalParam& p : params) total += p.fragment_numel;
   // Float-sized shared tensors holding `total` elements of the dtype.
   const int64_t floats = (total * unit + 3) / 4;
   CANZONA_ASSIGN_OR_RETURN(SharedTensor param_memory,
@@ -309,7 +309,7 @@ absl::Status RunRank(const StepBenchOptions& o, const Mode& mode,
   int64_t at = 0;
   for (size_t i = params.size(); i-- > 0;) {
     offsets[i] = at;
-    at += params[i].local_numel;
+    at += params[i].fragment_numel;
   }
   for (size_t i = 0; i < params.size(); ++i) {
     const LocalParam& p = params[i];
@@ -317,9 +317,9 @@ absl::Status RunRank(const StepBenchOptions& o, const Mode& mode,
     // Parameters are the same on every DP replica of a TP position;
     // gradients differ per rank.
     FillPseudoRandom(1000003 * (i + 1) + tp_rank, 0.02f, dtype,
-                     params_at + offset * unit, p.local_numel);
+                     params_at + offset * unit, p.fragment_numel);
     FillPseudoRandom(7919 * (i + 1) + 104729 * (global + 1), 1e-3f, dtype,
-                     grads_at + offset * unit, p.local_numel);
+                     grads_at + offset * unit, p.fragment_numel);
     v1::Parameter* q = request.add_parameters();
     q->set_name(p.name);
     for (int64_t d : p.shape) q->add_shape(d);
@@ -328,7 +328,7 @@ absl::Status RunRank(const StepBenchOptions& o, const Mode& mode,
                                             : v1::DTYPE_FLOAT32);
     q->set_tp_split_dim(p.split_dim);
     q->set_group(p.group);
-    const uint64_t bytes = static_cast<uint64_t>(p.local_numel) * unit;
+    const uint64_t bytes = static_cast<uint64_t>(p.fragment_numel) * unit;
     *q->mutable_param() = param_memory.buffer_ref();
     q->mutable_param()->mutable_shm()->set_offset(
         static_cast<uint64_t>(offset) * unit);
@@ -391,7 +391,7 @@ absl::StatusOr<std::vector<LocalParam>> ModelParams(const StepBenchOptions& o) {
     p.split_dim = spec.tp_split_dim;
     p.group =
         spec.optimizer == plan::OptimizerKind::kAdamW ? "adamw" : o.optimizer;
-    p.local_numel = plan::LocalNumel(spec, o.tp);
+    p.fragment_numel = plan::LocalNumel(spec, o.tp);
     params.push_back(std::move(p));
   }
   return params;
@@ -474,7 +474,7 @@ void RunStepBench(StepBenchOptions o) {
   const int64_t bucket_size =
       o.bucket_size > 0 ? o.bucket_size : DefaultBucketSize(*params);
   int64_t total = 0;
-  for (const LocalParam& p : *params) total += p.local_numel;
+  for (const LocalParam& p : *params) total += p.fragment_numel;
 
   std::vector<int> shard_sizes = {0};
   if (o.shard_group_size != 0) shard_sizes.push_back(o.shard_group_size);

@@ -68,7 +68,7 @@ absl::Status BucketCollectives::ReadMasters(int b) {
     if (!owned.master[i]) continue;
     if (set && trainer.dtype(j(i)) != DType::kFloat32) continue;
     CANZONA_RETURN_IF_ERROR(trainer.Read(
-        trainer.param(j(i)), j(i), jp.params[i].local_numel, DType::kFloat32,
+        trainer.param(j(i)), j(i), jp.params[i].fragment_numel, DType::kFloat32,
         owned.param_at[i], *parts_.copier, staging_.on_device));
   }
   return absl::OkStatus();
@@ -77,7 +77,7 @@ absl::Status BucketCollectives::ReadMasters(int b) {
 absl::Status BucketCollectives::ReadGrad(int i) {
   const TrainerBuffers& trainer = *staging_.trainer;
   return trainer.Read(trainer.grad(j(i)), j(i),
-                      staging_.plan->params[i].local_numel, DType::kFloat32,
+                      staging_.plan->params[i].fragment_numel, DType::kFloat32,
                       staging_.owned->grad_at[i], *parts_.copier,
                       staging_.on_device);
 }
@@ -90,9 +90,10 @@ absl::StatusOr<const void*> BucketCollectives::GradSource(int b) {
   char* slot = static_cast<char*>(staging_.owned->slot);
   const int64_t unit = DTypeBytes(bucket.reduce_dtype);
   for (int i : jp.plan.buckets[bucket.index].params) {
-    CANZONA_RETURN_IF_ERROR(trainer.Read(
-        trainer.grad(j(i)), j(i), jp.params[i].local_numel, bucket.reduce_dtype,
-        slot + pos(i, bucket) * unit, *parts_.copier, staging_.on_device));
+    CANZONA_RETURN_IF_ERROR(
+        trainer.Read(trainer.grad(j(i)), j(i), jp.params[i].fragment_numel,
+                     bucket.reduce_dtype, slot + pos(i, bucket) * unit,
+                     *parts_.copier, staging_.on_device));
   }
   return slot;
 }
@@ -145,7 +146,7 @@ absl::Status BucketCollectives::ReduceUnsliced(int b) {
   const RankLayout& layout = *staging_.layout;
   const BucketLayout& bucket = layout.buckets[b];
   const OwnedBuffers& owned = *staging_.owned;
-  StageCopier& copier = *parts_.copier;
+  StagingCopier& copier = *parts_.copier;
   Communicator& dp = *parts_.dp;
   const std::vector<int>& params = jp.plan.buckets[bucket.index].params;
   if (dp.size() == 1) {
@@ -171,7 +172,7 @@ absl::Status BucketCollectives::ReduceUnsliced(int b) {
     if (owned.grad_at[i] == nullptr) continue;
     CANZONA_RETURN_IF_ERROR(copier.Convert(type, slot + pos(i, bucket) * unit,
                                            DType::kFloat32, owned.grad_at[i],
-                                           jp.params[i].local_numel));
+                                           jp.params[i].fragment_numel));
   }
   return absl::OkStatus();
 }
@@ -181,7 +182,7 @@ absl::Status BucketCollectives::WriteBack(int i) {
   if (!owned.master[i]) return absl::OkStatus();  // updated in place
   const TrainerBuffers& trainer = *staging_.trainer;
   return trainer.Write(DType::kFloat32, owned.param_at[i], j(i),
-                       staging_.plan->params[i].local_numel,
+                       staging_.plan->params[i].fragment_numel,
                        trainer.param(j(i)), *parts_.copier, staging_.on_device);
 }
 
@@ -202,7 +203,7 @@ absl::Status BucketCollectives::Gather(int b) {
       CANZONA_RETURN_IF_ERROR(WriteBack(i));
     }
   }
-  StageCopier& copier = *parts_.copier;
+  StagingCopier& copier = *parts_.copier;
   CANZONA_RETURN_IF_ERROR(copier.Finish());
   if (b != layout.gather_order.back()) return absl::OkStatus();
   return parts_.calibration->EndRound(
@@ -224,7 +225,7 @@ absl::Status BucketCollectives::GatherSliced(int b) {
   const BucketLayout& bucket = layout.buckets[b];
   const OwnedBuffers& owned = *staging_.owned;
   const TrainerBuffers& trainer = *staging_.trainer;
-  StageCopier& copier = *parts_.copier;
+  StagingCopier& copier = *parts_.copier;
   const DType type = bucket.dtype;
   const int64_t unit = DTypeBytes(type);
   // In place in the trainer's buffer, or through the slot.
@@ -237,7 +238,7 @@ absl::Status BucketCollectives::GatherSliced(int b) {
     if (run != nullptr && !owned.master[i]) continue;
     CANZONA_RETURN_IF_ERROR(copier.Convert(DType::kFloat32, owned.param_at[i],
                                            type, dst + pos(i, bucket) * unit,
-                                           jp.params[i].local_numel));
+                                           jp.params[i].fragment_numel));
   }
   char* mine = dst + bucket.my_start * unit;
   CANZONA_RETURN_IF_ERROR(parts_.calibration->Run(b, [&] {
@@ -248,7 +249,7 @@ absl::Status BucketCollectives::GatherSliced(int b) {
     // fp32 values updated in place in the trainer need no copy back.
     if (owned.param_at[i] != nullptr && !owned.master[i]) continue;
     CANZONA_RETURN_IF_ERROR(trainer.Write(
-        type, dst + pos(i, bucket) * unit, j(i), jp.params[i].local_numel,
+        type, dst + pos(i, bucket) * unit, j(i), jp.params[i].fragment_numel,
         trainer.param(j(i)), copier, staging_.on_device));
   }
   return absl::OkStatus();
@@ -259,14 +260,14 @@ absl::Status BucketCollectives::GatherLayerwise() {
   const RankLayout& layout = *staging_.layout;
   const OwnedBuffers& owned = *staging_.owned;
   const TrainerBuffers& trainer = *staging_.trainer;
-  StageCopier& copier = *parts_.copier;
+  StagingCopier& copier = *parts_.copier;
   const int DP = parts_.dp->size(), d = layout.shard_pos;
   const std::vector<int64_t>& counts = layout.layerwise_counts;
   float* packed = parts_.packed.data();
   int64_t at_packed = 0;
-  for (int i : layout.local_params) {
+  for (int i : layout.stage_params) {
     if (jp.plan.dp_owner[i] != d) continue;
-    const int64_t n = jp.params[i].local_numel;
+    const int64_t n = jp.params[i].fragment_numel;
     CANZONA_RETURN_IF_ERROR(
         copier.Copy(packed + at_packed, owned.param_at[i], n * sizeof(float)));
     at_packed += n;
@@ -275,9 +276,9 @@ absl::Status BucketCollectives::GatherLayerwise() {
   for (int r = 1; r < DP; ++r) at[r] = at[r - 1] + counts[r - 1];
   float* gathered = parts_.gathered.data();
   CANZONA_RETURN_IF_ERROR(parts_.dp->AllGatherV(packed, counts, gathered));
-  for (int i : layout.local_params) {
+  for (int i : layout.stage_params) {
     const int owner = jp.plan.dp_owner[i];
-    const int64_t n = jp.params[i].local_numel;
+    const int64_t n = jp.params[i].fragment_numel;
     const float* value = gathered + at[owner];
     at[owner] += n;
     if (owner == d) {

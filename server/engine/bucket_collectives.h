@@ -42,7 +42,7 @@
 #include "server/engine/job_plan.h"
 #include "server/engine/owned_buffers.h"
 #include "server/engine/rank_layout.h"
-#include "server/engine/stage_copier.h"
+#include "server/engine/staging_copier.h"
 #include "server/engine/trainer_buffers.h"
 #include "server/engine/uneven_calibration.h"
 
@@ -51,7 +51,7 @@ namespace canzona {
 class BucketCollectives {
  public:
   struct Parts {
-    std::unique_ptr<StageCopier> copier;
+    std::unique_ptr<StagingCopier> copier;
     // dp: the DP ranks of my shard group (all of DP when flat); cross: the
     // ranks at my position in the other groups (hierarchical sharding).
     std::unique_ptr<Communicator> dp, cross;

@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/comm/gloo_communicator.h"
-#include "server/engine/local_communicator.h"
 #include "server/engine/range_checked_communicator.h"
+#include "server/engine/single_rank_communicator.h"
 #include "server/metrics/canzona_metrics.h"
 
 namespace canzona {
@@ -16,7 +16,7 @@ CommunicatorFactory::CommunicatorFactory(Options options)
 }
 
 absl::StatusOr<MadeCommunicator> CommunicatorFactory::Make(
-    const std::string& name, int rank, int size, const StageCopier& copier,
+    const std::string& name, int rank, int size, const StagingCopier& copier,
     NcclUnevenChooser chooser, int64_t scratch_floats) const {
   const std::string prefix = absl::StrCat("canzona/job/", options_.job_id, "/");
   absl::StatusOr<std::unique_ptr<Communicator>> comm;
@@ -28,7 +28,7 @@ absl::StatusOr<MadeCommunicator> CommunicatorFactory::Make(
         options_.control, absl::StrCat(prefix, "nccl/", name), options_.nccl,
         NcclLocalRank{rank, options_.device, copier.stream()}, size, o);
   } else if (size == 1) {
-    comm = CreateLocalCommunicator();
+    comm = CreateSingleRankCommunicator();
   } else {
     GlooOptions gloo;
     gloo.hostname = options_.gloo_host;

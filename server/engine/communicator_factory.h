@@ -30,7 +30,7 @@
 #include "server/comm/nccl_communicator.h"
 #include "server/control/kv_store.h"
 #include "server/engine/counting_communicator.h"
-#include "server/engine/stage_copier.h"
+#include "server/engine/staging_copier.h"
 #include "server/metrics/registry.h"
 
 namespace canzona {
@@ -65,7 +65,7 @@ class CommunicatorFactory {
   // The group `name` of `size` ranks, this rank at `rank`. `copier`'s stream
   // runs the NCCL work; `chooser` and `scratch_floats` as NcclOptions.
   absl::StatusOr<MadeCommunicator> Make(const std::string& name, int rank,
-                                        int size, const StageCopier& copier,
+                                        int size, const StagingCopier& copier,
                                         NcclUnevenChooser chooser = nullptr,
                                         int64_t scratch_floats = 0) const;
 

@@ -152,7 +152,7 @@ void EngineImpl::Register(const v1::RegisterRequest& request,
   map_options.cuda_devices = [this] { return NodeCudaDevices(options_); };
   map_options.max_bytes = options_.max_bytes_per_job;
   absl::StatusOr<std::unique_ptr<TrainerBuffers>> buffers =
-      TrainerBuffers::Map(request, spec->local_numel, map_options);
+      TrainerBuffers::Map(request, spec->fragment_numel, map_options);
   if (!buffers.ok()) return rejected(buffers.status(), true);
   auto rank = std::make_shared<LocalRank>(spec->coords, spec->global,
                                           TrainerProcess::Watch(peer.pid),

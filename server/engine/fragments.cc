@@ -13,9 +13,9 @@ absl::Status MoveFragment(Backend& b, const ParamMeta& m, int tp, int j,
                      /*to_block=*/!to_whole);
   }
   if (m.split == 0 || m.shape.size() == 1) {
-    float* at = whole + j * m.local_numel;
-    return to_whole ? b.Copy(fragment, m.local_numel, at)
-                    : b.Copy(at, m.local_numel, fragment);
+    float* at = whole + j * m.fragment_numel;
+    return to_whole ? b.Copy(fragment, m.fragment_numel, at)
+                    : b.Copy(at, m.fragment_numel, fragment);
   }
   const int64_t rows = m.shape[0], cols = m.shape[1], c = cols / tp;
   float* at = whole + j * c;

@@ -2,7 +2,7 @@
 // dim 0 (row blocks, contiguous) and row-parallel ones on dim 1 (column
 // blocks, whose rows interleave in the whole matrix); a blocked parameter
 // whose blocks are each split (linear_fc1 [gate_t; up_t]) has fragments of
-// several runs (ParamMeta::fragments). The TP host rebuilds
+// several runs (ParamMeta::fragments). The TP owner rebuilds
 // whole matrices from fragments and cuts the update back into fragments;
 // checkpoints do the same with optimizer state.
 //

@@ -103,7 +103,7 @@ absl::Status HostTpLane::Run(const Compute& compute, PhaseSeconds* times) {
   const int n = groups();
   comm_s_ = hidden_s_ = 0;
   if (n == 0) return absl::OkStatus();
-  // The gathers read what the worker's local updates wrote.
+  // The gathers read what the worker's DP-owned updates wrote.
   CANZONA_RETURN_IF_ERROR(staging_.backend->Synchronize());
   const absl::Time start = absl::Now();
   double compute_s = 0;

@@ -156,7 +156,7 @@ absl::StatusOr<ParamMeta> ParseParamLine(absl::string_view line, int stage,
   m.numel = NumElements(m.shape);
   m.local_shape = m.shape;
   if (m.split >= 0) m.local_shape[m.split] /= tp;
-  m.local_numel = NumElements(m.local_shape);
+  m.fragment_numel = NumElements(m.local_shape);
   // Megatron's fc1 shards hold [gate_t; up_t]: not one run of the whole.
   if (m.split >= 0 && m.split == m.blocks.dim && tp > 1 && !m.blocks.empty() &&
       m.blocks.repeat == 1 && m.blocks.sizes.size() > 1) {

@@ -40,7 +40,7 @@ struct ParamMeta {
   std::string group;
   int stage = 0;
   int64_t numel = 0;
-  int64_t local_numel = 0;  // of one TP fragment
+  int64_t fragment_numel = 0;  // of one TP fragment
   std::vector<int64_t> local_shape;
   // The trainer's element type; the daemon keeps fp32 master weights of
   // what it owns when it is not kFloat32.

@@ -19,20 +19,20 @@ absl::Status AllocateOwned(const JobPlan& jp, const RankLayout& layout,
   const bool in_place = trainer.Addressable(device_staging);
   int64_t master_elements = 0;
   std::vector<int64_t> master_offset(n, -1);
-  for (int i : layout.local_params) {
+  for (int i : layout.stage_params) {
     if (layout.owned_offset[i] < 0) continue;
     if (in_place && trainer.dtype(i - layout.first) == DType::kFloat32) {
       continue;
     }
     master_offset[i] = master_elements;
-    master_elements += jp.params[i].local_numel;
+    master_elements += jp.params[i].fragment_numel;
   }
   CANZONA_ASSIGN_OR_RETURN(memory->grads,
                            staging.Allocate(layout.owned_elements));
   CANZONA_ASSIGN_OR_RETURN(memory->masters, staging.Allocate(master_elements));
   view->grads = memory->grads.data();
   view->masters = memory->masters.data();
-  for (int i : layout.local_params) {
+  for (int i : layout.stage_params) {
     if (layout.owned_offset[i] < 0) continue;
     view->grad_at[i] = memory->grads.data() + layout.owned_offset[i];
     if (master_offset[i] >= 0) {

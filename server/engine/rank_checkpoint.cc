@@ -37,7 +37,7 @@ Holding HoldingOf(const RankRuntime& rt, const JobPlan& jp, int i) {
   const RankLayout& layout = rt.layout();
   if (!layout.dp_owned[i] || !rt.has_rule(i)) return Holding::kNone;
   const ParamMeta& m = jp.params[i];
-  if (layout.mode[i] == UpdateMode::kLocal && m.split >= 0 &&
+  if (layout.mode[i] == UpdateMode::kDpOwned && m.split >= 0 &&
       layout.tp_size > 1) {
     return Holding::kFragment;
   }
@@ -46,13 +46,13 @@ Holding HoldingOf(const RankRuntime& rt, const JobPlan& jp, int i) {
 
 // Whether this rank writes parameter i's record: one writer per parameter
 // in the whole job (the DP owner, or DP rank 0 when every rank owns it;
-// the TP host, or TP rank 0 for replicated and gathered state).
+// the TP owner, or TP rank 0 for replicated and gathered state).
 bool WritesRecord(const RankRuntime& rt, const plan::Plan& plan,
                   const v1::RankCoordinates& coords, int i) {
   if (plan.dp_owner[i] < 0 && coords.dp_rank() != 0) return false;
   // Hierarchical sharding: the other shard groups hold replicas.
   if (rt.layout().shard_group != 0) return false;
-  return rt.layout().mode[i] == UpdateMode::kHosted || coords.tp_rank() == 0;
+  return rt.layout().mode[i] == UpdateMode::kTpOwned || coords.tp_rank() == 0;
 }
 
 // Tensors of `state` that are TP fragments of `m` (shape == local shape,
@@ -84,18 +84,18 @@ absl::Status HostAllGather(RankRuntime& rt, const float* send,
 absl::Status GatherFragments(RankRuntime& rt, const ParamMeta& m,
                              OptimizerState& state) {
   const int TP = rt.layout().tp_size;
-  const std::vector<int64_t> counts(TP, m.local_numel);
+  const std::vector<int64_t> counts(TP, m.fragment_numel);
   std::vector<float> gathered, whole;
   for (StateTensor& tensor : state.tensors) {
     if (!IsFragmentTensor(m, tensor)) continue;
-    gathered.resize(TP * m.local_numel);
+    gathered.resize(TP * m.fragment_numel);
     CANZONA_RETURN_IF_ERROR(
         HostAllGather(rt, tensor.data.data(), counts, gathered.data()));
     whole.assign(m.numel, 0.0f);
     for (int j = 0; j < TP; ++j) {
-      CANZONA_RETURN_IF_ERROR(MoveFragment(rt.host(), m, TP, j,
-                                           gathered.data() + j * m.local_numel,
-                                           whole.data(), /*to_whole=*/true));
+      CANZONA_RETURN_IF_ERROR(MoveFragment(
+          rt.host(), m, TP, j, gathered.data() + j * m.fragment_numel,
+          whole.data(), /*to_whole=*/true));
     }
     tensor.shape = m.shape;
     tensor.data = whole;
@@ -114,15 +114,15 @@ bool HoldsMaster(const RankRuntime& rt, const JobPlan& jp, int i) {
 // This rank's master weights of parameter i (its TP fragment), and back.
 absl::StatusOr<std::vector<float>> StagedMaster(RankRuntime& rt,
                                                 const ParamMeta& m, int i) {
-  std::vector<float> fragment(m.local_numel);
+  std::vector<float> fragment(m.fragment_numel);
   CANZONA_RETURN_IF_ERROR(rt.staging().CopyToHost(
-      rt.owned().param_at[i], m.local_numel, fragment.data()));
+      rt.owned().param_at[i], m.fragment_numel, fragment.data()));
   return fragment;
 }
 absl::Status StageFragment(RankRuntime& rt, const ParamMeta& m, int i,
                            const std::vector<float>& fragment) {
   CANZONA_RETURN_IF_ERROR(rt.staging().CopyFromHost(
-      fragment.data(), m.local_numel, rt.owned().param_at[i]));
+      fragment.data(), m.fragment_numel, rt.owned().param_at[i]));
   return rt.staging().Synchronize();
 }
 
@@ -133,14 +133,14 @@ absl::StatusOr<std::vector<float>> WholeMaster(RankRuntime& rt,
   CANZONA_ASSIGN_OR_RETURN(std::vector<float> fragment, StagedMaster(rt, m, i));
   const int TP = rt.layout().tp_size;
   if (m.split < 0 || TP == 1) return fragment;
-  std::vector<float> gathered(TP * m.local_numel);
-  const std::vector<int64_t> counts(TP, m.local_numel);
+  std::vector<float> gathered(TP * m.fragment_numel);
+  const std::vector<int64_t> counts(TP, m.fragment_numel);
   CANZONA_RETURN_IF_ERROR(
       HostAllGather(rt, fragment.data(), counts, gathered.data()));
   std::vector<float> whole(m.numel);
   for (int j = 0; j < TP; ++j) {
     CANZONA_RETURN_IF_ERROR(MoveFragment(rt.host(), m, TP, j,
-                                         gathered.data() + j * m.local_numel,
+                                         gathered.data() + j * m.fragment_numel,
                                          whole.data(), /*to_whole=*/true));
   }
   return whole;
@@ -195,7 +195,7 @@ absl::Status StageMaster(RankRuntime& rt, const ParamMeta& m, int i,
                          std::vector<float>& whole) {
   const int TP = rt.layout().tp_size;
   if (m.split < 0 || TP == 1) return StageFragment(rt, m, i, whole);
-  std::vector<float> fragment(m.local_numel);
+  std::vector<float> fragment(m.fragment_numel);
   CANZONA_RETURN_IF_ERROR(MoveFragment(rt.host(), m, TP, rt.layout().tp_rank,
                                        fragment.data(), whole.data(),
                                        /*to_whole=*/false));
@@ -319,7 +319,7 @@ absl::StatusOr<v1::SaveCheckpointResponse> SaveRankCheckpoint(
     local = created.status();
   }
   int records = 0;
-  for (int i : rt.layout().local_params) {
+  for (int i : rt.layout().stage_params) {
     std::vector<float> master;
     if (HoldsMaster(rt, jp, i)) {
       CANZONA_ASSIGN_OR_RETURN(master, WholeMaster(rt, jp.params[i], i));
@@ -411,7 +411,7 @@ absl::StatusOr<v1::LoadCheckpointResponse> LoadRankCheckpoint(
     CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
                              CheckpointReader::Open(dir));
     step = reader->manifest().step;
-    for (int i : rt.layout().local_params) {
+    for (int i : rt.layout().stage_params) {
       const bool holds_master = HoldsMaster(rt, jp, i);
       const bool holds_state = HoldingOf(rt, jp, i) != Holding::kNone;
       if (!holds_state && !holds_master) continue;
@@ -462,7 +462,7 @@ absl::StatusOr<v1::LoadCheckpointResponse> LoadRankCheckpoint(
             tensor.shape != m.shape) {
           continue;
         }
-        std::vector<float> fragment(m.local_numel);
+        std::vector<float> fragment(m.fragment_numel);
         CANZONA_RETURN_IF_ERROR(MoveFragment(
             rt.host(), m, TP, t, fragment.data(), tensor.data.data(),
             /*to_whole=*/false));
@@ -523,7 +523,7 @@ absl::StatusOr<v1::ExportStateResponse> ExportRankState(Job& job,
   // One record per parameter with state or master weights here (the
   // master as this rank's fragment: the blob comes back under this plan).
   std::vector<CheckpointRecord> records;
-  for (int i : rt.layout().local_params) {
+  for (int i : rt.layout().stage_params) {
     const ParamMeta& m = jp.params[i];
     UpdateRule* rule = rt.FindRule(i);
     const bool master = HoldsMaster(rt, jp, i);
@@ -563,7 +563,7 @@ absl::StatusOr<v1::ImportStateResponse> ImportRankState(
   std::map<std::string, CheckpointRecord*> by_name;
   for (CheckpointRecord& r : records) by_name[r.name] = &r;
   std::set<std::string> expected;
-  for (int i : rt.layout().local_params) {
+  for (int i : rt.layout().stage_params) {
     if (!rt.has_rule(i) && !HoldsMaster(rt, jp, i)) continue;
     const std::string& name = jp.params[i].name;
     expected.insert(name);
@@ -581,7 +581,7 @@ absl::StatusOr<v1::ImportStateResponse> ImportRankState(
   std::vector<std::pair<int, OptimizerState>> backups;
   std::vector<std::pair<int, std::vector<float>>> master_backups;
   bool masters_complete = true;
-  for (int i : rt.layout().local_params) {
+  for (int i : rt.layout().stage_params) {
     const ParamMeta& m = jp.params[i];
     if (!expected.count(m.name)) continue;
     CheckpointRecord& r = *by_name.at(m.name);

@@ -27,7 +27,7 @@ absl::Status LayoutBuckets(const JobPlan& jp, const JobSettings& settings,
     for (int i : bp.params) {
       param_start.push_back(bucket.elements);
       out.offset[i] = base + bucket.elements;
-      bucket.elements += jp.params[i].local_numel;
+      bucket.elements += jp.params[i].fragment_numel;
     }
     param_start.push_back(bucket.elements);
     bucket.dtype = jp.params[bp.params.front()].dtype;
@@ -58,7 +58,7 @@ absl::Status LayoutBuckets(const JobPlan& jp, const JobSettings& settings,
     out.buckets.push_back(std::move(bucket));
   }
   out.stage_elements = base;
-  for (int i : out.local_params) {
+  for (int i : out.stage_params) {
     if (out.offset[i] < 0) {
       return absl::InternalError(absl::StrCat(
           "plan: parameter '", jp.params[i].name, "' is in no bucket"));
@@ -81,9 +81,9 @@ void SizeDpBuffers(const JobPlan& jp, RankLayout& out) {
   }
   if (jp.plan.strategy == plan::Strategy::kLayerwise && S > 1) {
     out.layerwise_counts.assign(S, 0);
-    for (int i : out.local_params) {
-      out.layerwise_counts[jp.plan.dp_owner[i]] += jp.params[i].local_numel;
-      out.layerwise_total += jp.params[i].local_numel;
+    for (int i : out.stage_params) {
+      out.layerwise_counts[jp.plan.dp_owner[i]] += jp.params[i].fragment_numel;
+      out.layerwise_total += jp.params[i].fragment_numel;
     }
     for (int64_t c : out.layerwise_counts) {
       out.dp_scratch = std::max(out.dp_scratch, S * c);
@@ -96,25 +96,25 @@ void AssignUpdates(const JobPlan& jp, const JobSettings& settings,
                    RankLayout& out) {
   const plan::Plan& plan = jp.plan;
   const int TP = out.tp_size, t = out.tp_rank, d = out.shard_pos;
-  for (int i : out.local_params) {
+  for (int i : out.stage_params) {
     const ParamMeta& m = jp.params[i];
     const OptimizerConfig& config = settings.configs.at(m.group);
     const int owner = plan.dp_owner[i];
     const bool split = m.split >= 0 && TP > 1;
     if (split && IsMatrix(config.kind)) {
       out.mode[i] =
-          plan.tp_host[i] >= 0 ? UpdateMode::kHosted : UpdateMode::kRedundant;
+          plan.tp_owner[i] >= 0 ? UpdateMode::kTpOwned : UpdateMode::kRedundant;
     }
     out.dp_owned[i] = owner < 0 || owner == d;
     const bool first_owner =
         (owner < 0 ? d == 0 : owner == d) && out.shard_group == 0;
     out.counted[i] = first_owner && (split || t == 0);
     switch (out.mode[i]) {
-      case UpdateMode::kLocal:
+      case UpdateMode::kDpOwned:
         out.update_counted[i] = out.counted[i];
         break;
-      case UpdateMode::kHosted:
-        out.update_counted[i] = first_owner && plan.tp_host[i] == t;
+      case UpdateMode::kTpOwned:
+        out.update_counted[i] = first_owner && plan.tp_owner[i] == t;
         break;
       case UpdateMode::kRedundant:
         out.update_counted[i] = first_owner && t == 0;
@@ -123,21 +123,21 @@ void AssignUpdates(const JobPlan& jp, const JobSettings& settings,
     if (!out.dp_owned[i]) continue;
     std::vector<int64_t>& shape = out.state_shape[i];
     switch (out.mode[i]) {
-      case UpdateMode::kLocal:
+      case UpdateMode::kDpOwned:
         shape = m.local_shape;
         break;
-      case UpdateMode::kHosted:
-        if (plan.tp_host[i] == t) shape = m.shape;
+      case UpdateMode::kTpOwned:
+        if (plan.tp_owner[i] == t) shape = m.shape;
         break;
       case UpdateMode::kRedundant:
         shape = m.shape;
         out.redundant.push_back(i);
-        out.max_redundant = std::max(out.max_redundant, m.local_numel);
+        out.max_redundant = std::max(out.max_redundant, m.fragment_numel);
         break;
     }
     if (!shape.empty()) {
       out.max_state = std::max(out.max_state, NumElements(shape));
-      if (out.mode[i] == UpdateMode::kLocal) {
+      if (out.mode[i] == UpdateMode::kDpOwned) {
         if (out.update_counted[i]) {
           out.max_counted_local =
               std::max(out.max_counted_local, NumElements(shape));
@@ -165,7 +165,7 @@ absl::Status LayoutOwned(const JobPlan& jp, RankLayout& out) {
             "' is owned but outside my slice of bucket ", b.index));
       }
       out.owned_offset[i] = at;
-      at += jp.params[i].local_numel;
+      at += jp.params[i].fragment_numel;
     }
     if (out.sliced && at - b.owned_base != b.counts[d]) {
       return absl::InternalError(absl::StrCat(
@@ -188,15 +188,15 @@ void LayoutGroups(const JobPlan& jp, int stage, RankLayout& out) {
     layout.send_counts.assign(TP, 0);
     layout.back_recv.assign(TP, 0);
     for (int i : g.params) {
-      const int h = plan.tp_host[i];
-      const int64_t n = jp.params[i].local_numel;
+      const int h = plan.tp_owner[i];
+      const int64_t n = jp.params[i].fragment_numel;
       layout.send_counts[h] += 2 * n;
       layout.back_recv[h] += n;
       layout.local += n;
-      if (h == t) layout.hosted_here += n;
+      if (h == t) layout.tp_owned_here += n;
     }
-    layout.recv_counts.assign(TP, 2 * layout.hosted_here);
-    layout.back_send.assign(TP, layout.hosted_here);
+    layout.recv_counts.assign(TP, 2 * layout.tp_owned_here);
+    layout.back_send.assign(TP, layout.tp_owned_here);
     out.groups.push_back(std::move(layout));
   }
 }
@@ -224,10 +224,10 @@ absl::StatusOr<RankLayout> LayoutRank(const JobPlan& jp,
   const int end = stage + 1 < static_cast<int>(jp.stage_first.size())
                       ? jp.stage_first[stage + 1]
                       : static_cast<int>(jp.params.size());
-  for (int i = out.first; i < end; ++i) out.local_params.push_back(i);
+  for (int i = out.first; i < end; ++i) out.stage_params.push_back(i);
   const size_t n = jp.params.size();
   out.offset.assign(n, -1);
-  out.mode.assign(n, UpdateMode::kLocal);
+  out.mode.assign(n, UpdateMode::kDpOwned);
   out.dp_owned.assign(n, 0);
   out.counted.assign(n, 0);
   out.update_counted.assign(n, 0);

@@ -2,7 +2,7 @@
 // anything: where each parameter of its stage sits in bucket order, each
 // bucket's slice cuts and dtypes, which parameters it owns and where their
 // fp32 gradients and master weights sit in the owned buffers (ZeRO-1: only
-// what it owns), how it updates them (locally, as the TP host of a whole
+// what it owns), how it updates them (locally, as the TP owner of a whole
 // matrix, or redundantly with its TP peers), the micro groups it takes part
 // in with their exchange counts, and the sizes of every working buffer.
 //
@@ -30,8 +30,8 @@ namespace canzona {
 
 // How this rank takes part in updating a parameter of its stage.
 enum class UpdateMode {
-  kLocal,      // its own (fragment of the) tensor, when it owns it
-  kHosted,     // TP-split matrix: its host TP rank updates the whole matrix
+  kDpOwned,    // its own (fragment of the) tensor, when it owns it
+  kTpOwned,    // TP-split matrix: its TP owner updates the whole matrix
   kRedundant,  // TP-split matrix, sc / layerwise: every TP rank gathers it
 };
 
@@ -65,8 +65,8 @@ struct BucketLayout {
 // scatter: the updated fragments back.
 struct GroupLayout {
   const plan::MicroGroup* group = nullptr;
-  int64_t hosted_here = 0;  // local elements of the group's params I host
-  int64_t local = 0;        // local elements of all the group's params
+  int64_t tp_owned_here = 0;  // local elements of the group's params I host
+  int64_t local = 0;          // local elements of all the group's params
   std::vector<int64_t> send_counts, recv_counts, back_send, back_recv;
 };
 
@@ -78,14 +78,14 @@ struct RankLayout {
   int shard_group = 0;  // which group (0 writes the checkpoint records)
   int first = 0;        // plan index of my stage's first parameter
 
-  std::vector<int> local_params;  // plan indices of my stage, trainer order
-  // Per plan index (-1 / kLocal / 0 outside my stage):
+  std::vector<int> stage_params;  // plan indices of my stage, trainer order
+  // Per plan index (-1 / kDpOwned / 0 outside my stage):
   std::vector<int64_t> offset;  // in bucket order over the stage
   std::vector<UpdateMode> mode;
   std::vector<char> dp_owned;  // my DP position owns it (sc: everyone)
   std::vector<char> counted;   // its gradient counted once job-wide here
   // Its update counted once job-wide here (the update RMS): the owner's
-  // fragment for local updates, the whole matrix on its TP host, on TP
+  // fragment for DP-owned updates, the whole matrix on its TP owner, on TP
   // rank 0 for redundant updates.
   std::vector<char> update_counted;
   // ZeRO-1: where the fp32 gradient (and master weights) of each parameter
@@ -110,7 +110,7 @@ struct RankLayout {
   int64_t layerwise_total = 0;    // the layerwise gather's receive buffer
   int64_t max_state = 0;          // the largest state shape (whole matrices)
   int64_t max_whole = 0;          // the largest matrix assembled here (TP)
-  int64_t max_counted_local = 0;  // the largest local update counted here
+  int64_t max_counted_local = 0;  // the largest DP-owned update counted here
   int64_t max_redundant = 0;      // the largest redundantly updated fragment
 };
 

@@ -15,7 +15,7 @@
 // compute backend itself), so trainer buffers, collectives and updates
 // never pass through the host. The step code is the same for both: the
 // worker moves staging data through `staging()` (Backend calls), the lanes
-// through their StageCopier.
+// through their StagingCopier.
 //
 //   RankRuntime& rt = *rank.rt;
 //   CANZONA_RETURN_IF_ERROR(rt.Update(i, rt.owned().param_at[i],
@@ -44,7 +44,7 @@
 #include "server/engine/rank_backends.h"
 #include "server/engine/rank_layout.h"
 #include "server/engine/rank_metrics.h"
-#include "server/engine/stage_copier.h"
+#include "server/engine/staging_copier.h"
 #include "server/engine/tp_lane.h"
 #include "server/engine/update_batches.h"
 #include "server/optim/shared_scratch.h"
@@ -80,9 +80,9 @@ class RankRuntime {
   bool has_rule(int i) const { return rules_.count(i) > 0; }
   UpdateRule* FindRule(int i);
   UpdateRule& rule(int i) { return *rules_.at(i); }
-  // The local updates (DP-owned, not TP-hosted), same-shape Muon
+  // The DP-owned updates (not TP-owned), same-shape Muon
   // matrices batched (update_batches.h).
-  const std::vector<UpdateBatch>& local_batches() const {
+  const std::vector<UpdateBatch>& dp_owned_batches() const {
     return local_batches_;
   }
   // Drops the rules and their state (a rank removed gracefully: its worker
@@ -100,7 +100,7 @@ class RankRuntime {
   // values of what the rank holds.
   OwnedBuffers& owned() { return owned_; }
   // An update's previous values (the update RMS), in staging memory: room
-  // for the largest counted local update or local batch.
+  // for the largest counted DP-owned update or local batch.
   float* update_before() { return before_.data(); }
   // The redundant updates' exchange buffers ([grad, param] of the rank's
   // fragment; of every TP rank's), and the whole matrices the TP owner and
@@ -173,7 +173,7 @@ class RankRuntime {
   PendingUpdate pending_update_;
   // The world reductions' copier (stream), declared before the
   // communicator, which is destroyed first.
-  std::unique_ptr<StageCopier> world_copier_;
+  std::unique_ptr<StagingCopier> world_copier_;
   std::unique_ptr<Communicator> world_;
   std::unique_ptr<RankMetrics> metrics_;  // null without a registry
 

@@ -30,7 +30,7 @@ class RankBuilder {
  private:
   // The copiers (streams) of the DP lane, the TP lane and the world sums.
   struct Copiers {
-    std::unique_ptr<StageCopier> dp, tp, world;
+    std::unique_ptr<StagingCopier> dp, tp, world;
   };
   struct Groups {
     MadeCommunicator dp, tp, world, cross;
@@ -135,9 +135,9 @@ absl::StatusOr<RankBuilder::Copiers> RankBuilder::CreateDataPlane(
   }
   if (!setup.nccl) {
     const AllocationRegistry* staging = &b.staging_->allocations();
-    copiers.dp = CreateHostStageCopier(staging);
-    copiers.tp = CreateHostStageCopier(staging);
-    copiers.world = CreateHostStageCopier(staging);
+    copiers.dp = CreateHostStagingCopier(staging);
+    copiers.tp = CreateHostStagingCopier(staging);
+    copiers.world = CreateHostStagingCopier(staging);
     return copiers;
   }
   NcclApi* api = setup.nccl_api;
@@ -159,8 +159,8 @@ absl::StatusOr<RankBuilder::Copiers> RankBuilder::CreateDataPlane(
   }
   for (auto* copier : {&copiers.dp, &copiers.tp, &copiers.world}) {
     CANZONA_ASSIGN_OR_RETURN(
-        *copier, CreateDeviceStageCopier(api, b.device_, setup.step_timeout,
-                                         &b.staging_->allocations()));
+        *copier, CreateDeviceStagingCopier(api, b.device_, setup.step_timeout,
+                                           &b.staging_->allocations()));
   }
   return copiers;
 }
@@ -252,7 +252,7 @@ absl::Status RankBuilder::AllocateOwned(const RankSetup& setup,
 absl::Status RankBuilder::CreateRules(const RankSetup& setup, RankRuntime& rt) {
   const JobPlan& jp = *rt.plan_;
   std::vector<int> order;
-  for (int i : rt.layout_.local_params) {
+  for (int i : rt.layout_.stage_params) {
     if (!rt.layout_.state_shape[i].empty()) order.push_back(i);
   }
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
@@ -287,9 +287,9 @@ absl::Status RankBuilder::CreateRules(const RankSetup& setup, RankRuntime& rt) {
 absl::Status RankBuilder::BatchUpdates(const RankSetup& setup,
                                        RankRuntime& rt) {
   rt.local_batches_ =
-      BatchLocalUpdates(*rt.plan_, rt.layout_, rt.rules_, rt.owned_,
-                        {.enabled = setup.batch_updates,
-                         .in_place = rt.backends_.updates_in_place()});
+      BatchDpOwnedUpdates(*rt.plan_, rt.layout_, rt.rules_, rt.owned_,
+                          {.enabled = setup.batch_updates,
+                           .in_place = rt.backends_.updates_in_place()});
   int64_t largest = 0;
   for (const UpdateBatch& b : rt.local_batches_) {
     if (b.params.size() > 1) largest = std::max(largest, b.elements);
@@ -354,9 +354,9 @@ absl::Status RankBuilder::CreateTpLane(const RankSetup& setup, RankRuntime& rt,
     GroupBuffers b;
     CANZONA_ASSIGN_OR_RETURN(b.send, staging.Allocate(2 * g.local));
     CANZONA_ASSIGN_OR_RETURN(
-        b.recv, staging.Allocate(2 * g.hosted_here * layout.tp_size));
-    CANZONA_ASSIGN_OR_RETURN(b.back,
-                             staging.Allocate(g.hosted_here * layout.tp_size));
+        b.recv, staging.Allocate(2 * g.tp_owned_here * layout.tp_size));
+    CANZONA_ASSIGN_OR_RETURN(
+        b.back, staging.Allocate(g.tp_owned_here * layout.tp_size));
     CANZONA_ASSIGN_OR_RETURN(b.back_in, staging.Allocate(g.local));
     parts.buffers.push_back(std::move(b));
   }

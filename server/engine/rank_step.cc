@@ -42,9 +42,9 @@ class RankStep {
       return absl::OkStatus();
     }
     CANZONA_RETURN_IF_ERROR(Clip());
-    CANZONA_RETURN_IF_ERROR(UpdateLocal());
+    CANZONA_RETURN_IF_ERROR(UpdateDpOwned());
     CANZONA_RETURN_IF_ERROR(rt_.tp_lane().Run(
-        [this](int group) { return UpdateHosted(group); }, times_));
+        [this](int group) { return UpdateTpOwned(group); }, times_));
     CANZONA_RETURN_IF_ERROR(UpdateRedundant());
     // The next step's world reduction carries this update's size.
     rt_.pending_update().Add(update_sumsq_);
@@ -94,12 +94,12 @@ class RankStep {
     std::vector<int> params;
     std::vector<const float*> grads;
     std::vector<int64_t> counts;
-    for (int i : layout_.local_params) {
+    for (int i : layout_.stage_params) {
       const float* g = rt_.owned().grad_at[i];
       if (g == nullptr) continue;
       params.push_back(i);
       grads.push_back(g);
-      counts.push_back(jp_.params[i].local_numel);
+      counts.push_back(jp_.params[i].fragment_numel);
     }
     std::vector<double> sums(params.size());
     CANZONA_RETURN_IF_ERROR(
@@ -161,8 +161,8 @@ class RankStep {
   // Local parameter i's update on `param` / `grad` (staging memory), adding
   // its squared size to the update RMS where it is counted (once
   // job-wide): the old values are kept aside for that.
-  absl::Status UpdateLocalParam(int i, float* param, const float* grad,
-                                int64_t n) {
+  absl::Status UpdateDpOwnedParam(int i, float* param, const float* grad,
+                                  int64_t n) {
     if (!layout_.update_counted[i]) {
       return rt_.Update(i, param, grad, OptionsFor(i));
     }
@@ -173,16 +173,16 @@ class RankStep {
     return CountUpdate(param, before, n);
   }
 
-  // 4. Owned parameters that are not TP-hosted or redundant; same-shape
+  // 4. Owned parameters that are not TP-owned or redundant; same-shape
   // Muon matrices in one batched Newton-Schulz.
-  absl::Status UpdateLocal() {
+  absl::Status UpdateDpOwned() {
     const absl::Time t0 = absl::Now();
-    for (const UpdateBatch& batch : rt_.local_batches()) {
+    for (const UpdateBatch& batch : rt_.dp_owned_batches()) {
       if (batch.params.size() == 1) {
         const int i = batch.params[0];
-        CANZONA_RETURN_IF_ERROR(UpdateLocalParam(i, rt_.owned().param_at[i],
-                                                 rt_.owned().grad_at[i],
-                                                 jp_.params[i].local_numel));
+        CANZONA_RETURN_IF_ERROR(UpdateDpOwnedParam(
+            i, rt_.owned().param_at[i], rt_.owned().grad_at[i],
+            jp_.params[i].fragment_numel));
         continue;
       }
       CANZONA_RETURN_IF_ERROR(UpdateBatched(batch));
@@ -194,7 +194,7 @@ class RankStep {
   // A batch's members keep their old values side by side in `before`.
   absl::Status UpdateBatched(const UpdateBatch& batch) {
     Backend& staging = rt_.staging();
-    const int64_t n = jp_.params[batch.params[0]].local_numel;
+    const int64_t n = jp_.params[batch.params[0]].fragment_numel;
     float* before = rt_.update_before();
     for (size_t k = 0; k < batch.params.size(); ++k) {
       if (!layout_.update_counted[batch.params[k]]) continue;
@@ -215,18 +215,18 @@ class RankStep {
   // 5a. On the host of micro group `g`'s matrices: assembles each whole
   // matrix from the fragments the gather brought, runs its rule, and packs
   // the updated fragments per rank.
-  absl::Status UpdateHosted(int g) {
+  absl::Status UpdateTpOwned(int g) {
     Backend& staging = rt_.staging();
     GroupBuffers& b = rt_.tp_lane().buffers(g);
     const GroupLayout& group = layout_.groups[g];
     const int TP = layout_.tp_size;
     int64_t at = 0;  // offset of the parameter in each rank's slice
     for (int i : group.group->params) {
-      if (jp_.plan.tp_host[i] != layout_.tp_rank) continue;
+      if (jp_.plan.tp_owner[i] != layout_.tp_rank) continue;
       const ParamMeta& m = jp_.params[i];
-      const int64_t n = m.local_numel;
+      const int64_t n = m.fragment_numel;
       for (int j = 0; j < TP; ++j) {
-        float* frag = b.recv.data() + 2 * group.hosted_here * j + 2 * at;
+        float* frag = b.recv.data() + 2 * group.tp_owned_here * j + 2 * at;
         CANZONA_RETURN_IF_ERROR(
             MoveFragment(staging, m, TP, j, frag, rt_.whole_grad(), true));
         CANZONA_RETURN_IF_ERROR(
@@ -235,12 +235,12 @@ class RankStep {
       CANZONA_RETURN_IF_ERROR(
           rt_.Update(i, rt_.whole_param(), rt_.whole_grad(), OptionsFor(i)));
       for (int j = 0; j < TP; ++j) {
-        float* updated = b.back.data() + group.hosted_here * j + at;
+        float* updated = b.back.data() + group.tp_owned_here * j + at;
         CANZONA_RETURN_IF_ERROR(
             MoveFragment(staging, m, TP, j, updated, rt_.whole_param(), false));
         // The old fragment came in the gather (no longer needed).
         if (layout_.update_counted[i]) {
-          float* old = b.recv.data() + 2 * group.hosted_here * j + 2 * at + n;
+          float* old = b.recv.data() + 2 * group.tp_owned_here * j + 2 * at + n;
           CANZONA_RETURN_IF_ERROR(CountUpdate(updated, old, n));
         }
       }
@@ -256,7 +256,7 @@ class RankStep {
     const int TP = layout_.tp_size, t = layout_.tp_rank;
     for (int i : layout_.redundant) {
       const ParamMeta& m = jp_.params[i];
-      const int64_t ln = m.local_numel;
+      const int64_t ln = m.fragment_numel;
       const absl::Time g0 = absl::Now();
       float* send = rt_.redundant_send();
       float* recv = rt_.redundant_recv();

@@ -6,8 +6,8 @@
 //      gradient norm, the previous step's squared update (update_rms) and
 //      the clip norm;
 //   3. clipping by the global norm;
-//   4. the local updates of owned parameters;
-//   5. the TP micro-group pipeline (hosted matrices), or every TP rank
+//   4. the DP-owned updates of owned parameters;
+//   5. the TP micro-group pipeline (TP-owned matrices), or every TP rank
 //      gathering whole matrices and updating them redundantly (sc,
 //      layerwise); each update counted once job-wide adds its squared size
 //      to the next step's update RMS;

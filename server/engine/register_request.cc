@@ -298,7 +298,7 @@ absl::StatusOr<RankSpec> ValidateRegisterRequest(
     }
     CANZONA_ASSIGN_OR_RETURN(int64_t local,
                              ValidateParameter(p, where, out.settings));
-    out.local_numel.push_back(local);
+    out.fragment_numel.push_back(local);
     absl::StrAppend(&out.plist, j ? "\n" : "", CanonicalParam(p));
   }
   // Checkpoint records are named after parameters and blocks: no block

@@ -43,7 +43,7 @@ struct RankSpec {
   std::string plist;
   // Elements of each parameter's local shard (its TP fragment), in request
   // order: what the trainer's buffers must hold.
-  std::vector<int64_t> local_numel;
+  std::vector<int64_t> fragment_numel;
 };
 
 absl::StatusOr<RankSpec> ValidateRegisterRequest(

@@ -48,7 +48,7 @@ class NcclEvents {
 // S0 G2 C1 S1 ...) on the TP stream (packing copies, all-to-alls,
 // unpacking) and the compute stream, which order each other with events:
 // compute i waits for gather i, scatter i for compute i, the first gather
-// for the local updates. The host waits once, at the end. (Where the
+// for the DP-owned updates. The host waits once, at the end. (Where the
 // compute backend has no stream, e.g. the cpu backend over a fake NCCL in
 // tests, it waits for the gather's event on the host instead.)
 class StreamTpLane final : public TpLane {

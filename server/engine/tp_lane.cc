@@ -12,12 +12,12 @@ TpLane::TpLane(Staging staging, Parts parts)
 absl::Status TpLane::Pack(int i) {
   const JobPlan& jp = *staging_.plan;
   const RankLayout& layout = *staging_.layout;
-  StageCopier& copier = *parts_.copier;
+  StagingCopier& copier = *parts_.copier;
   float* send = parts_.buffers[i].send.data();
   for (int h = 0; h < layout.tp_size; ++h) {
     for (int p : group(i).group->params) {
-      if (jp.plan.tp_host[p] != h) continue;
-      const int64_t n = jp.params[p].local_numel;
+      if (jp.plan.tp_owner[p] != h) continue;
+      const int64_t n = jp.params[p].fragment_numel;
       CANZONA_RETURN_IF_ERROR(
           copier.Copy(send, staging_.owned->grad_at[p], n * sizeof(float)));
       CANZONA_RETURN_IF_ERROR(copier.Copy(send + n, staging_.owned->param_at[p],
@@ -31,12 +31,12 @@ absl::Status TpLane::Pack(int i) {
 absl::Status TpLane::Unpack(int i) {
   const JobPlan& jp = *staging_.plan;
   const RankLayout& layout = *staging_.layout;
-  StageCopier& copier = *parts_.copier;
+  StagingCopier& copier = *parts_.copier;
   const float* in = parts_.buffers[i].back_in.data();
   for (int h = 0; h < layout.tp_size; ++h) {
     for (int p : group(i).group->params) {
-      if (jp.plan.tp_host[p] != h) continue;
-      const int64_t n = jp.params[p].local_numel;
+      if (jp.plan.tp_owner[p] != h) continue;
+      const int64_t n = jp.params[p].fragment_numel;
       CANZONA_RETURN_IF_ERROR(
           copier.Copy(staging_.owned->param_at[p], in, n * sizeof(float)));
       in += n;

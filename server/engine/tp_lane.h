@@ -39,7 +39,7 @@
 #include "server/engine/owned_buffers.h"
 #include "server/engine/phase_seconds.h"
 #include "server/engine/rank_layout.h"
-#include "server/engine/stage_copier.h"
+#include "server/engine/staging_copier.h"
 
 namespace canzona {
 
@@ -58,7 +58,7 @@ class TpLane {
   using Compute = std::function<absl::Status(int group)>;
 
   struct Parts {
-    std::unique_ptr<StageCopier> copier;
+    std::unique_ptr<StagingCopier> copier;
     MadeCommunicator tp;
     std::vector<GroupBuffers> buffers;  // one per layout group
   };

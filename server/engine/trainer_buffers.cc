@@ -37,8 +37,8 @@ absl::StatusOr<int> DeviceOf(const std::string& where,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TrainerBuffers>> TrainerBuffers::Map(
-    const v1::RegisterRequest& request, absl::Span<const int64_t> local_numel,
-    const Options& options) {
+    const v1::RegisterRequest& request,
+    absl::Span<const int64_t> fragment_numel, const Options& options) {
   std::unique_ptr<TrainerBuffers> out(new TrainerBuffers());
   std::string event_handle;
   for (int j = 0; j < request.parameters_size(); ++j) {
@@ -49,14 +49,14 @@ absl::StatusOr<std::unique_ptr<TrainerBuffers>> TrainerBuffers::Map(
     CANZONA_ASSIGN_OR_RETURN(
         void* param,
         out->MapOne(request.job_id(), absl::StrCat(where, ".param"), p.param(),
-                    local_numel[j], dtype, options));
+                    fragment_numel[j], dtype, options));
     CANZONA_ASSIGN_OR_RETURN(
         void* grad, out->MapOne(request.job_id(), absl::StrCat(where, ".grad"),
-                                p.grad(), local_numel[j], dtype, options));
+                                p.grad(), fragment_numel[j], dtype, options));
     out->param_.push_back(param);
     out->grad_.push_back(grad);
     out->dtype_.push_back(dtype);
-    out->numel_.push_back(local_numel[j]);
+    out->numel_.push_back(fragment_numel[j]);
     if (dtype != DType::kFloat32) out->mixed_precision_ = true;
     // The trainer's "gradients written" event: one per rank (every grad
     // buffer names the same one, or none).
@@ -190,7 +190,7 @@ absl::StatusOr<void*> TrainerBuffers::MapOne(const std::string& job_id,
   return *range;
 }
 
-absl::Status TrainerBuffers::WaitGradients(StageCopier& copier,
+absl::Status TrainerBuffers::WaitGradients(StagingCopier& copier,
                                            bool device_staging) const {
   if (grad_event_ == nullptr) return absl::OkStatus();
   if (device_staging) {
@@ -211,7 +211,7 @@ const void* TrainerBuffers::Run(absl::Span<const int> js, bool grads) const {
 }
 
 absl::Status TrainerBuffers::Read(const void* src, int j, int64_t n, DType as,
-                                  void* dst, StageCopier& copier,
+                                  void* dst, StagingCopier& copier,
                                   bool device_staging) const {
   const DType dtype = dtype_[j];
   if (n <= 0) return absl::OkStatus();
@@ -226,7 +226,7 @@ absl::Status TrainerBuffers::Read(const void* src, int j, int64_t n, DType as,
 }
 
 absl::Status TrainerBuffers::Write(DType from, const void* src, int j,
-                                   int64_t n, void* dst, StageCopier& copier,
+                                   int64_t n, void* dst, StagingCopier& copier,
                                    bool device_staging) const {
   const DType dtype = dtype_[j];
   if (n <= 0) return absl::OkStatus();

@@ -10,7 +10,7 @@
 // Write rounds to nearest even.
 //
 //   CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<TrainerBuffers> buffers,
-//                            TrainerBuffers::Map(request, spec.local_numel,
+//                            TrainerBuffers::Map(request, spec.fragment_numel,
 //                                                options));
 //   // On the rank's DP lane thread:
 //   CANZONA_RETURN_IF_ERROR(buffers->WaitGradients(copier, device_staging));
@@ -41,7 +41,7 @@
 #include "kernels/cuda/cuda_ipc.h"
 #include "proto/shared_memory/shared_memory.h"
 #include "server/engine/cuda_ipc_registry.h"
-#include "server/engine/stage_copier.h"
+#include "server/engine/staging_copier.h"
 
 namespace canzona {
 
@@ -61,10 +61,10 @@ class TrainerBuffers {
   };
 
   // Maps every parameter's param and grad buffer of `request` (validated:
-  // `local_numel[j]` elements of the parameter's dtype each).
+  // `fragment_numel[j]` elements of the parameter's dtype each).
   static absl::StatusOr<std::unique_ptr<TrainerBuffers>> Map(
       const canzona::v1::RegisterRequest& request,
-      absl::Span<const int64_t> local_numel, const Options& options);
+      absl::Span<const int64_t> fragment_numel, const Options& options);
 
   ~TrainerBuffers();
   TrainerBuffers(const TrainerBuffers&) = delete;
@@ -85,7 +85,7 @@ class TrainerBuffers {
   // Makes what `copier` does next see the trainer's final gradients: a
   // stream wait for the trainer's event (device staging) or a host wait;
   // nothing when the trainer exported no event.
-  absl::Status WaitGradients(StageCopier& copier, bool device_staging) const;
+  absl::Status WaitGradients(StagingCopier& copier, bool device_staging) const;
   // Whether the data plane's collectives can work on trainer memory in
   // place: host staging (Gloo) over shared memory, device staging (NCCL)
   // over the trainer's CUDA IPC memory.
@@ -116,9 +116,9 @@ class TrainerBuffers {
   // nearest even into parameter j's dtype). On the copier's stream with
   // device staging, else through the IPC layer for device memory.
   absl::Status Read(const void* src, int j, int64_t n, DType as, void* dst,
-                    StageCopier& copier, bool device_staging) const;
+                    StagingCopier& copier, bool device_staging) const;
   absl::Status Write(DType from, const void* src, int j, int64_t n, void* dst,
-                     StageCopier& copier, bool device_staging) const;
+                     StagingCopier& copier, bool device_staging) const;
 
  private:
   TrainerBuffers() = default;

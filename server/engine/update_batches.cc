@@ -6,20 +6,20 @@
 
 namespace canzona {
 
-std::vector<UpdateBatch> BatchLocalUpdates(
+std::vector<UpdateBatch> BatchDpOwnedUpdates(
     const JobPlan& jp, const RankLayout& layout,
     const std::map<int, std::unique_ptr<UpdateRule>>& rules,
     const OwnedBuffers& owned, const BatchOptions& options) {
   std::vector<UpdateBatch> batches;
   // The open batch of each (group, shape).
   std::map<std::tuple<std::string, std::vector<int64_t>>, size_t> open;
-  for (int i : layout.local_params) {
-    if (!layout.dp_owned[i] || layout.mode[i] != UpdateMode::kLocal) continue;
+  for (int i : layout.stage_params) {
+    if (!layout.dp_owned[i] || layout.mode[i] != UpdateMode::kDpOwned) continue;
     auto rule = rules.find(i);
     if (rule == rules.end()) continue;
     UpdateRule* r = rule->second.get();
     const ParamMeta& m = jp.params[i];
-    const int64_t n = m.local_numel;
+    const int64_t n = m.fragment_numel;
     const bool batchable = options.enabled && options.in_place &&
                            r->config().kind == OptimizerKind::kMuon &&
                            r->blocks().empty() && n <= options.max_elements;

@@ -1,12 +1,12 @@
-// Batched local updates: the same-shape Muon matrices a rank updates
-// itself (DP-owned, not TP-hosted) step together in one batched
+// Batched DP-owned updates: the same-shape Muon matrices a rank updates
+// itself (DP-owned, not TP-owned) step together in one batched
 // Newton-Schulz (StepMuonBatch: one strided-batched call per iteration on
 // cuda, where 128 experts x 48 layers of one shape are otherwise
 // launch-bound; the same per-matrix arithmetic on cpu, so results are
 // bitwise those of one call per matrix).
 //
 //   std::vector<UpdateBatch> batches =
-//       BatchLocalUpdates(jp, layout, rules, owned, {.enabled = true, ...});
+//       BatchDpOwnedUpdates(jp, layout, rules, owned, {.enabled = true, ...});
 //
 // Thread-safety: built at setup, then read by the rank's worker only.
 #ifndef CANZONA_SERVER_ENGINE_UPDATE_BATCHES_H_
@@ -28,7 +28,7 @@ namespace canzona {
 // arrays are filled once (owned buffers never move), so a step allocates
 // nothing.
 struct UpdateBatch {
-  std::vector<int> params;  // plan indices, local_params order
+  std::vector<int> params;  // plan indices, stage_params order
   std::vector<UpdateRule*> rules;
   std::vector<float*> param_ptrs;
   std::vector<const float*> grad_ptrs;
@@ -46,10 +46,10 @@ struct BatchOptions {
   int64_t max_elements = int64_t{1} << 24;
 };
 
-// Every DP-owned local update of the rank (layout.mode kLocal), in
-// local_params order of each batch's first member. Members share the
+// Every DP-owned update of the rank (layout.mode kDpOwned), in
+// stage_params order of each batch's first member. Members share the
 // optimizer group and shape and are unblocked Muon rules.
-std::vector<UpdateBatch> BatchLocalUpdates(
+std::vector<UpdateBatch> BatchDpOwnedUpdates(
     const JobPlan& jp, const RankLayout& layout,
     const std::map<int, std::unique_ptr<UpdateRule>>& rules,
     const OwnedBuffers& owned, const BatchOptions& options);

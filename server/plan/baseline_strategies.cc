@@ -128,7 +128,8 @@ void GreedyRollbackGroups(const Context& ctx, int stage, int dp,
   const double cap = static_cast<double>(ctx.req->fuse_space);
   std::vector<int> sorted = params;
   std::sort(sorted.begin(), sorted.end(), [&](int x, int y) {
-    const int64_t cx = ctx.items[x].local_numel, cy = ctx.items[y].local_numel;
+    const int64_t cx = ctx.items[x].fragment_numel,
+                  cy = ctx.items[y].fragment_numel;
     if (cx != cy) return cx > cy;
     return x > y;
   });
@@ -144,7 +145,7 @@ void GreedyRollbackGroups(const Context& ctx, int stage, int dp,
   };
   for (size_t idx = 0; idx < sorted.size();) {
     const int p = sorted[idx];
-    const double c = static_cast<double>(ctx.items[p].local_numel);
+    const double c = static_cast<double>(ctx.items[p].fragment_numel);
     int min_slot = 0;
     for (int t = 1; t < T; ++t) {
       if (slot[t] < slot[min_slot]) min_slot = t;
@@ -163,7 +164,7 @@ void GreedyRollbackGroups(const Context& ctx, int stage, int dp,
     // raises there; we give it a group of its own instead.
     slot[min_slot] = new_load;
     sum += c;
-    a->tp_host[p] = min_slot;
+    a->tp_owner[p] = min_slot;
     group.params.push_back(p);
     ++idx;
     if (overflow) close();
@@ -202,14 +203,14 @@ Assignment PlanStartAnchored(const Context& ctx) {
     a.cuts.push_back(StartAnchoredCuts(ctx, static_cast<int>(b)));
   }
   OwnersFromCuts(ctx, a.cuts, &a.dp_owner);
-  const auto rows = HostedByRow(ctx, a.dp_owner);
+  const auto rows = TpOwnedByRow(ctx, a.dp_owner);
   for (int s = 0; s < ctx.P; ++s) {
     for (int d = 0; d < ctx.R; ++d) {
       const auto& row = rows[static_cast<size_t>(s) * ctx.R + d];
       for (size_t i = 0; i < row.size(); i += ctx.T) {
         MicroGroup g{s, d, {}};
         for (size_t j = i; j < std::min(row.size(), i + ctx.T); ++j) {
-          a.tp_host[row[j]] = static_cast<int>(j - i);
+          a.tp_owner[row[j]] = static_cast<int>(j - i);
           g.params.push_back(row[j]);
         }
         a.groups.push_back(std::move(g));
@@ -238,7 +239,7 @@ Assignment PlanAlpha(const Context& ctx, double alpha) {
     }
   }
   OwnersFromCuts(ctx, a.cuts, &a.dp_owner);
-  const auto rows = HostedByRow(ctx, a.dp_owner);
+  const auto rows = TpOwnedByRow(ctx, a.dp_owner);
   for (int s = 0; s < ctx.P; ++s) {
     for (int d = 0; d < ctx.R; ++d) {
       GreedyRollbackGroups(ctx, s, d, rows[static_cast<size_t>(s) * ctx.R + d],

@@ -20,8 +20,8 @@ namespace canzona::plan::internal {
 Assignment PlanSc(const Context& ctx);
 // Whole parameters dealt to DP ranks by LPT on cost, buckets ignored.
 Assignment PlanLayerwise(const Context& ctx);
-// Megatron's equal bucket slices; TP micro-groups of TP consecutive hosted
-// matrices, hosts round-robin.
+// Megatron's equal bucket slices; TP micro-groups of TP consecutive TP-owned
+// matrices, TP owners round-robin.
 Assignment PlanStartAnchored(const Context& ctx);
 // Canzona's alpha-balanced greedy cuts, kept per stage only where they beat
 // start_anchored's DP balance; greedy-rollback micro-groups.

@@ -18,15 +18,15 @@ CostSolver::CostSolver(const Context& ctx, int stage)
       T_(ctx.T) {
   for (int i : ctx.stage_params[stage]) {
     const Item& it = ctx.items[i];
-    total_ += it.hosted ? it.cost : it.cost * T_;
+    total_ += it.tp_owned ? it.cost : it.cost * T_;
   }
 }
 
 // Greedy feasibility test at per-GPU capacity `cap`. Ranks are filled in
 // order; each takes the next parameter of the bucket it has advanced least
 // in (so every bucket is cut roughly proportionally, which keeps slices
-// even), places a hosted matrix on the fullest TP host it fits on
-// (best fit) and a non-hosted one on all its TP ranks, and skips a bucket
+// even), places a TP-owned matrix on the fullest TP owner it fits on
+// (best fit) and a non-TP-owned one on all its TP ranks, and skips a bucket
 // whose next parameter does not fit. `balanced` also stops a rank once it
 // holds its share of the remaining work. The last rank takes the rest
 // (LPT + local search) and must fit.
@@ -37,7 +37,7 @@ bool CostSolver::Greedy(double cap, bool balanced, Solution* out,
   Solution sol;
   sol.cuts.assign(nb, std::vector<int>(R_ + 1, 0));
   sol.owner.assign(ctx_.items.size(), -1);
-  sol.host.assign(ctx_.items.size(), -1);
+  sol.tp_owner.assign(ctx_.items.size(), -1);
   sol.load.assign(R_, std::vector<double>(T_, 0.0));
   std::vector<int> frontier(nb, 0);
   double remaining = total_;
@@ -75,7 +75,7 @@ bool CostSolver::Greedy(double cap, bool balanced, Solution* out,
         const auto& params = ctx_.buckets[ids_[k]].params;
         const int p = params[frontier[k]];
         const Item& it = ctx_.items[p];
-        if (it.hosted) {
+        if (it.tp_owned) {
           int best = -1;
           for (int t = 0; t < T_; ++t) {
             if (load[t] + it.cost <= cap + eps &&
@@ -85,7 +85,7 @@ bool CostSolver::Greedy(double cap, bool balanced, Solution* out,
           }
           if (best >= 0) {
             load[best] += it.cost;
-            sol.host[p] = best;
+            sol.tp_owner[p] = best;
           } else if (row_items.size() > 64 || ++repacks > 32 ||
                      !Repack(row_items, p, d, cap + eps, &sol)) {
             // Repacking is for the tight dense cases; large rows (MoE)
@@ -116,58 +116,59 @@ bool CostSolver::Greedy(double cap, bool balanced, Solution* out,
 }
 
 // Offline repack of row d's items plus `extra` (LPT + local search);
-// adopted only if every host stays within `cap`.
+// adopted only if every TP owner stays within `cap`.
 bool CostSolver::Repack(const std::vector<int>& items, int extra, int d,
                         double cap, Solution* sol) const {
   if (T_ < 2) return false;
   std::vector<int> all = items;
   all.push_back(extra);
   const std::vector<double> saved_load = sol->load[d];
-  std::vector<int> saved_host;
-  for (int p : all) saved_host.push_back(sol->host[p]);
+  std::vector<int> saved_tp_owner;
+  for (int p : all) saved_tp_owner.push_back(sol->tp_owner[p]);
   PackRow(all, d, sol);
   if (*std::max_element(sol->load[d].begin(), sol->load[d].end()) <= cap) {
     return true;
   }
   sol->load[d] = saved_load;
-  for (size_t i = 0; i < all.size(); ++i) sol->host[all[i]] = saved_host[i];
+  for (size_t i = 0; i < all.size(); ++i)
+    sol->tp_owner[all[i]] = saved_tp_owner[i];
   sol->owner[extra] = -1;
   return false;
 }
 
 // Places `params` (all owned by row d) with LPT on cost (ties by name),
-// non-hosted first, then local search.
+// non-TP-owned first, then local search.
 void CostSolver::PackRow(const std::vector<int>& params, int d,
                          Solution* sol) const {
   auto& load = sol->load[d];
   std::fill(load.begin(), load.end(), 0.0);
-  std::vector<int> hosted;
+  std::vector<int> tp_owned;
   for (int p : params) {
     sol->owner[p] = d;
     const Item& it = ctx_.items[p];
-    if (it.hosted) {
-      hosted.push_back(p);
+    if (it.tp_owned) {
+      tp_owned.push_back(p);
     } else {
-      sol->host[p] = -1;
+      sol->tp_owner[p] = -1;
       for (double& x : load) x += it.cost;
     }
   }
-  std::sort(hosted.begin(), hosted.end(), CostlierFirst{ctx_});
-  for (int p : hosted) {
+  std::sort(tp_owned.begin(), tp_owned.end(), CostlierFirst{ctx_});
+  for (int p : tp_owned) {
     const int t = static_cast<int>(std::min_element(load.begin(), load.end()) -
                                    load.begin());
     load[t] += ctx_.items[p].cost;
-    sol->host[p] = t;
+    sol->tp_owner[p] = t;
   }
-  RowLocalSearch(d, hosted, sol);
+  RowLocalSearch(d, tp_owned, sol);
 }
 
-// Moves and swaps between the fullest TP host and the others while the
-// fullest host's load strictly drops below the old maximum.
-void CostSolver::RowLocalSearch(int d, const std::vector<int>& hosted,
+// Moves and swaps between the fullest TP owner and the others while the
+// fullest TP owner's load strictly drops below the old maximum.
+void CostSolver::RowLocalSearch(int d, const std::vector<int>& tp_owned,
                                 Solution* sol) const {
   auto& load = sol->load[d];
-  if (T_ < 2 || hosted.empty()) return;
+  if (T_ < 2 || tp_owned.empty()) return;
   for (int iter = 0; iter < 200; ++iter) {
     const int hm = static_cast<int>(std::max_element(load.begin(), load.end()) -
                                     load.begin());
@@ -175,8 +176,8 @@ void CostSolver::RowLocalSearch(int d, const std::vector<int>& hosted,
     const double eps = M * 1e-12;
     double best_score = M - eps;
     int best_p = -1, best_q = -1, best_t = -1;
-    for (int p : hosted) {
-      if (sol->host[p] != hm) continue;
+    for (int p : tp_owned) {
+      if (sol->tp_owner[p] != hm) continue;
       const double cp = ctx_.items[p].cost;
       for (int t = 0; t < T_; ++t) {
         if (t == hm) continue;
@@ -188,8 +189,8 @@ void CostSolver::RowLocalSearch(int d, const std::vector<int>& hosted,
           best_t = t;
         }
       }
-      for (int q : hosted) {
-        const int t = sol->host[q];
+      for (int q : tp_owned) {
+        const int t = sol->tp_owner[q];
         if (t == hm) continue;
         const double cq = ctx_.items[q].cost;
         if (cq >= cp) continue;
@@ -206,12 +207,12 @@ void CostSolver::RowLocalSearch(int d, const std::vector<int>& hosted,
     const double cp = ctx_.items[best_p].cost;
     load[hm] -= cp;
     load[best_t] += cp;
-    sol->host[best_p] = best_t;
+    sol->tp_owner[best_p] = best_t;
     if (best_q >= 0) {
       const double cq = ctx_.items[best_q].cost;
       load[best_t] -= cq;
       load[hm] += cq;
-      sol->host[best_q] = hm;
+      sol->tp_owner[best_q] = hm;
     }
   }
 }
@@ -239,13 +240,13 @@ void CostSolver::Improve(Solution* sol) const {
         *std::max_element(trial.load[d].begin(), trial.load[d].end());
     if (after < before) {
       sol->load[d] = trial.load[d];
-      for (int p : rows[d]) sol->host[p] = trial.host[p];
+      for (int p : rows[d]) sol->tp_owner[p] = trial.tp_owner[p];
     } else {
-      std::vector<int> hosted;
+      std::vector<int> tp_owned;
       for (int p : rows[d]) {
-        if (ctx_.items[p].hosted) hosted.push_back(p);
+        if (ctx_.items[p].tp_owned) tp_owned.push_back(p);
       }
-      RowLocalSearch(d, hosted, sol);
+      RowLocalSearch(d, tp_owned, sol);
     }
   }
   if (R_ < 2) {
@@ -276,11 +277,11 @@ void CostSolver::Improve(Solution* sol) const {
         if (r < 0 || r >= R_) continue;
         const int p = dir < 0 ? params[lo] : params[hi - 1];
         const Item& it = ctx_.items[p];
-        if (it.hosted && sol->host[p] != tm) continue;
+        if (it.tp_owned && sol->tp_owner[p] != tm) continue;
         const auto& rl = sol->load[r];
         double donor = M - it.cost, recv;
         int t_to = -1;
-        if (it.hosted) {
+        if (it.tp_owned) {
           t_to = static_cast<int>(std::min_element(rl.begin(), rl.end()) -
                                   rl.begin());
           recv = rl[t_to] + it.cost;
@@ -309,10 +310,10 @@ void CostSolver::Improve(Solution* sol) const {
     }
     const Item& it = ctx_.items[p];
     sol->owner[p] = r;
-    if (it.hosted) {
+    if (it.tp_owned) {
       sol->load[dm][tm] -= it.cost;
       sol->load[r][best_t] += it.cost;
-      sol->host[p] = best_t;
+      sol->tp_owner[p] = best_t;
     } else {
       for (double& x : sol->load[dm]) x -= it.cost;
       for (double& x : sol->load[r]) x += it.cost;
@@ -353,7 +354,7 @@ CostSolver::Solution CostSolver::Solve(double upper_hint) const {
   if (ids_.empty()) {
     best.load.assign(R_, std::vector<double>(T_, 0.0));
     best.owner.assign(ctx_.items.size(), -1);
-    best.host.assign(ctx_.items.size(), -1);
+    best.tp_owner.assign(ctx_.items.size(), -1);
     best.makespan = 0;
     best.imbalance = 1;
     return best;

@@ -1,5 +1,5 @@
 // The cost strategy's per-stage solver: contiguous, order-preserving DP cuts
-// of every bucket of one pipeline stage, and a TP host for every hosted
+// of every bucket of one pipeline stage, and a TP owner for every TP-owned
 // matrix, that minimize the largest per-GPU load (objective units).
 //
 //   CostSolver solver(ctx, stage);
@@ -7,9 +7,9 @@
 //
 // Solve bisects the per-GPU capacity between the stage's proven lower bound
 // (ctx.stage_lower_bound) and a known feasible value. Its feasibility test
-// is a greedy over GPUs (DP owner x TP host): rank d takes the next
-// parameter of the bucket it has advanced least in, puts a hosted matrix on
-// the fullest TP host it fits on (best fit) and a non-hosted one on all TP
+// is a greedy over GPUs (DP owner x TP owner): rank d takes the next
+// parameter of the bucket it has advanced least in, puts a TP-owned matrix on
+// the fullest TP owner it fits on (best fit) and a non-TP-owned one on all TP
 // ranks of d; the last rank takes the rest (LPT + local search) and must
 // fit. The greedy is not monotone in the capacity, so the bisection first
 // climbs a geometric ladder (first step 1e-9, ratio 1.6) from the lower
@@ -39,14 +39,14 @@ class CostSolver {
  public:
   CostSolver(const Context& ctx, int stage);
 
-  // One stage's assignment. owner and host are indexed by the global
+  // One stage's assignment. owner and TP owner are indexed by the global
   // parameter index (ctx.items) and stay -1 outside the stage.
   struct Solution {
     // Per stage bucket k (ctx.stage_buckets[stage][k]): R + 1 positions
     // into its params; DP rank d owns [cuts[k][d], cuts[k][d + 1]).
     std::vector<std::vector<int>> cuts;
     std::vector<int> owner;                 // global param index -> d
-    std::vector<int> host;                  // global param index -> t or -1
+    std::vector<int> tp_owner;              // global param index -> t or -1
     std::vector<std::vector<double>> load;  // [d][t]
     double makespan = kInf;
     double imbalance = kInf;  // max over buckets of max slice / mean slice
@@ -57,14 +57,14 @@ class CostSolver {
   Solution Solve(double upper_hint) const;
 
   // Places `params` (all owned by row d) with LPT on cost (ties by name),
-  // non-hosted first, then local search; sets owner, host and load[d].
+  // non-TP-owned first, then local search; sets owner, TP owner and load[d].
   void PackRow(const std::vector<int>& params, int d, Solution* sol) const;
 
  private:
   bool Greedy(double cap, bool balanced, Solution* out, int order = 0) const;
   bool Repack(const std::vector<int>& items, int extra, int d, double cap,
               Solution* sol) const;
-  void RowLocalSearch(int d, const std::vector<int>& hosted,
+  void RowLocalSearch(int d, const std::vector<int>& tp_owned,
                       Solution* sol) const;
   void Improve(Solution* sol) const;
   template <typename Consider>

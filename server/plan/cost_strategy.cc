@@ -14,10 +14,10 @@
 namespace canzona::plan::internal {
 namespace {
 
-// Micro-groups for the cost strategy: per TP group, each host's matrices go
-// (largest first) to the group where that host has the least work and fuse
-// room, with as many groups as the fullest host's fuse volume needs, so each
-// group is balanced across hosts and the pipeline stays short.
+// Micro-groups for the cost strategy: per TP group, each TP owner's matrices go
+// (largest first) to the group where that TP owner has the least work and fuse
+// room, with as many groups as the fullest TP owner's fuse volume needs, so
+// each group is balanced across TP owners and the pipeline stays short.
 void CostMicroGroups(const Context& ctx, int stage, int dp,
                      const std::vector<int>& params, Assignment* a) {
   if (params.empty()) return;
@@ -26,8 +26,8 @@ void CostMicroGroups(const Context& ctx, int stage, int dp,
   std::vector<std::vector<int>> per_host(T);
   std::vector<double> fuse(T, 0.0);
   for (int p : params) {
-    per_host[a->tp_host[p]].push_back(p);
-    fuse[a->tp_host[p]] += static_cast<double>(ctx.items[p].local_numel);
+    per_host[a->tp_owner[p]].push_back(p);
+    fuse[a->tp_owner[p]] += static_cast<double>(ctx.items[p].fragment_numel);
   }
   int groups = 1;
   for (int t = 0; t < T; ++t) {
@@ -39,7 +39,7 @@ void CostMicroGroups(const Context& ctx, int stage, int dp,
     std::sort(list.begin(), list.end(), CostlierFirst{ctx});
     std::vector<double> work(groups, 0.0), room(groups, cap);
     for (int p : list) {
-      const double e = static_cast<double>(ctx.items[p].local_numel);
+      const double e = static_cast<double>(ctx.items[p].fragment_numel);
       int best = -1;
       for (int g = 0; g < groups; ++g) {
         if (room[g] < e && !(room[g] == cap)) continue;
@@ -63,7 +63,7 @@ void CostMicroGroups(const Context& ctx, int stage, int dp,
 
 // The largest per-GPU objective, by the metrics' own accounting.
 double AssignmentMakespan(const Context& ctx, const Assignment& a) {
-  const std::vector<GpuLoad> loads = PerGpuLoads(ctx, a.dp_owner, a.tp_host);
+  const std::vector<GpuLoad> loads = PerGpuLoads(ctx, a.dp_owner, a.tp_owner);
   if (loads.empty()) return 0;
   return std::max_element(loads.begin(), loads.end(),
                           [](const GpuLoad& x, const GpuLoad& y) {
@@ -72,29 +72,29 @@ double AssignmentMakespan(const Context& ctx, const Assignment& a) {
       ->objective;
 }
 
-// Re-hosts an assignment's rows with LPT on the true cost (used to make the
-// baselines' DP cuts candidates of the cost strategy).
+// Re-assigns the TP owners of an assignment's rows with LPT on the true cost
+// (used to make the baselines' DP cuts candidates of the cost strategy).
 Assignment RehostLpt(const Context& ctx, Assignment a) {
   a.groups.clear();
-  std::fill(a.tp_host.begin(), a.tp_host.end(), -1);
+  std::fill(a.tp_owner.begin(), a.tp_owner.end(), -1);
   a.alpha_accepted = false;
   for (int s = 0; s < ctx.P; ++s) {
     CostSolver solver(ctx, s);
     CostSolver::Solution sol;
     sol.owner = a.dp_owner;
-    sol.host.assign(ctx.items.size(), -1);
+    sol.tp_owner.assign(ctx.items.size(), -1);
     sol.load.assign(ctx.R, std::vector<double>(ctx.T, 0.0));
     std::vector<std::vector<int>> rows(ctx.R);
     for (int i : ctx.stage_params[s]) rows[a.dp_owner[i]].push_back(i);
     for (int d = 0; d < ctx.R; ++d) solver.PackRow(rows[d], d, &sol);
-    for (int i : ctx.stage_params[s]) a.tp_host[i] = sol.host[i];
+    for (int i : ctx.stage_params[s]) a.tp_owner[i] = sol.tp_owner[i];
   }
   return a;
 }
 
 void CostGroupsForAll(const Context& ctx, Assignment* a) {
   a->groups.clear();
-  const auto rows = HostedByRow(ctx, a->dp_owner);
+  const auto rows = TpOwnedByRow(ctx, a->dp_owner);
   for (int s = 0; s < ctx.P; ++s) {
     for (int d = 0; d < ctx.R; ++d) {
       CostMicroGroups(ctx, s, d, rows[static_cast<size_t>(s) * ctx.R + d], a);
@@ -134,7 +134,7 @@ Assignment PlanCost(const Context& ctx) {
     for (size_t k = 0; k < ids.size(); ++k) ours.cuts[ids[k]] = sol.cuts[k];
     for (int i : ctx.stage_params[s]) {
       ours.dp_owner[i] = sol.owner[i];
-      ours.tp_host[i] = sol.host[i];
+      ours.tp_owner[i] = sol.tp_owner[i];
     }
   }
   CostGroupsForAll(ctx, &ours);

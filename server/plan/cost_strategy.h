@@ -1,7 +1,8 @@
-// The cost strategy (ours): per stage, the CostSolver's cuts and hosts;
-// the alpha and start_anchored plans, re-hosted with LPT on the true cost,
-// as candidates; the best of them by makespan, then slice balance; and
-// micro-groups balanced across hosts so the TP pipeline stays short.
+// The cost strategy (ours): per stage, the CostSolver's cuts and TP owners;
+// the alpha and start_anchored plans, their TP owners re-assigned with LPT on
+// the true cost, as candidates; the best of them by makespan, then slice
+// balance; and micro-groups balanced across TP owners so the TP pipeline stays
+// short.
 //
 // Owns: nothing; PlanCost returns a fresh Assignment.
 // Thread-safety: pure function of the context.

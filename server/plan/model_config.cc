@@ -189,7 +189,7 @@ absl::StatusOr<std::vector<ParamSpec>> BuildModelParameters(
   if (parallel.tp <= 0)
     return absl::InvalidArgumentError("tp must be positive");
   if (!IsMatrixOptimizer(matrix_opt)) {
-    // AdamW everywhere is allowed: nothing is hosted, everything is sliced.
+    // AdamW everywhere is allowed: nothing is TP-owned, everything is sliced.
   }
   const int64_t tp = parallel.tp;
   const int64_t pp = parallel.pp;

@@ -20,7 +20,7 @@ namespace canzona::plan {
 //   "canzona-plan-v1 pp=<P> dp=<R> tp=<T>"       flat (S == dp), or
 //   "canzona-plan-v1 pp=<P> dp=<R> tp=<T> shard_group=<S>"  when S < dp
 //   (dp_owner, cuts and micro-group dp below are then positions in [0, S))
-//   "p <name> <dp_owner> <tp_host>"              per parameter, request order
+//   "p <name> <dp_owner> <tp_owner>"              per parameter, request order
 //   "b <stage> <first param name> <cut_0>,...,<cut_R>"   per bucket with cuts
 //   "g <stage> <dp> <name>,<name>,..."           per micro-group, names in
 //                                                request order, groups in plan
@@ -38,7 +38,7 @@ std::string CanonicalAssignment(const Plan& plan) {
   out += "\n";
   for (size_t i = 0; i < plan.param_names.size(); ++i) {
     absl::StrAppend(&out, "p ", plan.param_names[i], " ", plan.dp_owner[i], " ",
-                    plan.tp_host[i], "\n");
+                    plan.tp_owner[i], "\n");
   }
   for (const BucketPlan& b : plan.buckets) {
     if (b.cuts.empty()) continue;

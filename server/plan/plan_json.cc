@@ -12,9 +12,8 @@ nlohmann::json PlanToJson(const Plan& plan, bool include_assignment) {
   j["alpha_accepted"] = plan.alpha_accepted;
   j["calibrated"] = plan.calibrated;
   j["objective_units"] = plan.calibrated ? "seconds" : "flops";
-  j["layout"] = {{"pp", plan.layout.pp},
-                 {"dp", plan.layout.dp},
-                 {"tp", plan.layout.tp}};
+  j["layout"] = {
+      {"pp", plan.layout.pp}, {"dp", plan.layout.dp}, {"tp", plan.layout.tp}};
   j["gpus"] = plan.per_gpu.size();
   j["shard_group_size"] = plan.shard_group_size;
   j["link_group_size"] = plan.link_group_size;
@@ -55,7 +54,7 @@ nlohmann::json PlanToJson(const Plan& plan, bool include_assignment) {
                      {"inter_group_bytes", plan.dp_traffic.inter_group_bytes}};
   j["micro_groups"] = {{"count", plan.micro_groups.size()},
                        {"max_per_tp_group", plan.max_micro_groups_per_tp_group},
-                       {"largest_host_load", plan.largest_group_host_load},
+                       {"largest_host_load", plan.largest_group_owner_load},
                        {"tp_pipeline_makespan", plan.tp_pipeline_makespan}};
   j["digest"] = plan.digest;
   if (include_assignment) {
@@ -63,7 +62,7 @@ nlohmann::json PlanToJson(const Plan& plan, bool include_assignment) {
     for (size_t i = 0; i < plan.param_names.size(); ++i) {
       assignment.push_back({{"name", plan.param_names[i]},
                             {"dp", plan.dp_owner[i]},
-                            {"tp", plan.tp_host[i]}});
+                            {"tp", plan.tp_owner[i]}});
     }
     j["assignment"] = std::move(assignment);
   }

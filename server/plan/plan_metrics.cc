@@ -11,7 +11,7 @@ namespace {
 
 // Bytes of one parameter's local shard, in its own dtype.
 double ShardBytes(const Item& it) {
-  return static_cast<double>(it.local_numel) * it.elem_bytes;
+  return static_cast<double>(it.fragment_numel) * it.elem_bytes;
 }
 
 // Bytes of params [from, to) of bucket b.
@@ -122,7 +122,7 @@ void AddDpCollectives(const Context& ctx, const Assignment& a,
   }
 }
 
-// TP traffic: all-to-all of the micro-groups (hosted), or an all-gather of
+// TP traffic: all-to-all of the micro-groups (TP-owned), or an all-gather of
 // every matrix on every TP rank (duplicated mode).
 void AddTpCollectives(const Context& ctx, const Assignment& a, Plan* plan) {
   const int P = ctx.P, R = ctx.R, T = ctx.T;
@@ -137,7 +137,7 @@ void AddTpCollectives(const Context& ctx, const Assignment& a, Plan* plan) {
           const double bytes = ShardBytes(ctx.items[p]);
           for (int t = 0; t < T; ++t) {
             sent[(static_cast<size_t>(g.stage) * R + g.dp) * T + t] +=
-                t == plan->tp_host[p] ? (T - 1) * bytes : bytes;
+                t == plan->tp_owner[p] ? (T - 1) * bytes : bytes;
           }
         }
       }
@@ -149,7 +149,7 @@ void AddTpCollectives(const Context& ctx, const Assignment& a, Plan* plan) {
       std::vector<double> bytes(static_cast<size_t>(P) * R, 0.0);
       std::vector<int64_t> calls(static_cast<size_t>(P) * R, 0);
       for (size_t i = 0; i < ctx.items.size(); ++i) {
-        if (!ctx.items[i].hosted) continue;
+        if (!ctx.items[i].tp_owned) continue;
         const double b = ShardBytes(ctx.items[i]) * (T - 1);
         const int s = ctx.items[i].stage;
         const int d0 = a.dp_owner[i] < 0 ? 0 : a.dp_owner[i];
@@ -242,8 +242,8 @@ void AddDpTierTraffic(const Context& ctx, const Assignment& a,
   }
 }
 
-// Micro-groups: count per TP group, largest per-host load in a group, and
-// the pipelined TP time (sum over groups of their fullest host).
+// Micro-groups: count per TP group, largest per-TP-owner load in a group, and
+// the pipelined TP time (sum over groups of their fullest TP owner).
 void AddMicroGroupFigures(const Context& ctx, Plan* plan) {
   const int P = ctx.P, R = ctx.R, T = ctx.T;
   std::vector<int> count(static_cast<size_t>(P) * R, 0);
@@ -251,10 +251,13 @@ void AddMicroGroupFigures(const Context& ctx, Plan* plan) {
   for (const MicroGroup& g : plan->micro_groups) {
     const size_t row = static_cast<size_t>(g.stage) * R + g.dp;
     ++count[row];
-    std::vector<double> host(T, 0.0);
-    for (int p : g.params) host[plan->tp_host[p]] += ctx.items[p].cost;
-    const double mx = *std::max_element(host.begin(), host.end());
-    plan->largest_group_host_load = std::max(plan->largest_group_host_load, mx);
+    std::vector<double> load_per_tp_rank(T, 0.0);
+    for (int p : g.params)
+      load_per_tp_rank[plan->tp_owner[p]] += ctx.items[p].cost;
+    const double mx =
+        *std::max_element(load_per_tp_rank.begin(), load_per_tp_rank.end());
+    plan->largest_group_owner_load =
+        std::max(plan->largest_group_owner_load, mx);
     pipeline[row] += mx;
   }
   plan->max_micro_groups_per_tp_group =
@@ -268,7 +271,7 @@ void AddMicroGroupFigures(const Context& ctx, Plan* plan) {
 
 std::vector<GpuLoad> PerGpuLoads(const Context& ctx,
                                  const std::vector<int>& dp_owner,
-                                 const std::vector<int>& tp_host) {
+                                 const std::vector<int>& tp_owner) {
   const int P = ctx.P, R = ctx.R, T = ctx.T;
   std::vector<GpuLoad> per_gpu(static_cast<size_t>(P) * R * T);
   auto gpu = [&](int s, int d, int t) -> GpuLoad& {
@@ -287,12 +290,12 @@ std::vector<GpuLoad> PerGpuLoads(const Context& ctx,
   for (size_t i = 0; i < ctx.items.size(); ++i) {
     const Item& it = ctx.items[i];
     const int owner = dp_owner[i];
-    const int host = tp_host[i];
+    const int owner_t = tp_owner[i];
     const int d0 = owner < 0 ? 0 : owner;
     const int d1 = owner < 0 ? R : owner + 1;
     for (int d = d0; d < d1; ++d) {
-      const int t0 = host < 0 ? 0 : host;
-      const int t1 = host < 0 ? T : host + 1;
+      const int t0 = owner_t < 0 ? 0 : owner_t;
+      const int t1 = owner_t < 0 ? T : owner_t + 1;
       for (int t = t0; t < t1; ++t) {
         GpuLoad& g = gpu(it.stage, d, t);
         g.objective += it.cost;
@@ -315,7 +318,7 @@ Plan FinalizePlan(const Context& ctx, Strategy strategy, Assignment a) {
   plan.alpha_accepted = strategy == Strategy::kAlpha && a.alpha_accepted;
   for (const ParamSpec& p : req.parameters) plan.param_names.push_back(p.name);
   plan.dp_owner = a.dp_owner;
-  plan.tp_host = a.tp_host;
+  plan.tp_owner = a.tp_owner;
   plan.buckets = ctx.buckets;
   if (!a.cuts.empty()) {
     for (size_t b = 0; b < plan.buckets.size(); ++b) {
@@ -326,7 +329,7 @@ Plan FinalizePlan(const Context& ctx, Strategy strategy, Assignment a) {
   plan.shard_group_size = ctx.R;
   plan.link_group_size = ctx.L;
 
-  plan.per_gpu = PerGpuLoads(ctx, plan.dp_owner, plan.tp_host);
+  plan.per_gpu = PerGpuLoads(ctx, plan.dp_owner, plan.tp_owner);
   SummarizeLoads(ctx, &plan);
 
   // Communication per GPU per step (busiest GPU's bytes).

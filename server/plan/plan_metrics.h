@@ -22,11 +22,11 @@ namespace canzona::plan::internal {
 Plan FinalizePlan(const Context& ctx, Strategy strategy, Assignment a);
 
 // Per-GPU loads and state of an assignment (dp_owner -1: on every DP rank;
-// tp_host -1: on every TP rank), indexed as Plan::per_gpu. The cost
+// tp_owner -1: on every TP rank), indexed as Plan::per_gpu. The cost
 // strategy compares its candidates by this same accounting.
 std::vector<GpuLoad> PerGpuLoads(const Context& ctx,
                                  const std::vector<int>& dp_owner,
-                                 const std::vector<int>& tp_host);
+                                 const std::vector<int>& tp_owner);
 
 }  // namespace canzona::plan::internal
 

@@ -15,8 +15,8 @@
 // structure over its local shards, so one set of DP cuts serves the whole
 // TP group. The work of a
 // parameter owned by DP rank d lands on the GPUs (d, t):
-//   - a matrix-optimizer parameter split over TP (TP > 1) is *hosted*: its
-//     whole update runs on one TP rank, the host;
+//   - a matrix-optimizer parameter split over TP (TP > 1) is *TP-owned*: its
+//     whole update runs on one TP rank, the TP owner;
 //   - everything else runs where its bytes are: an AdamW parameter split over
 //     TP costs 1/TP on every TP rank of d, a replicated one (norms, router)
 //     costs its full update on every TP rank of d.
@@ -29,14 +29,14 @@
 //                  ignoring buckets (all-reduce + all-gather; TP duplicated);
 //   start_anchored each parameter owned by the DP rank whose equal slice of
 //                  its bucket holds its first element; TP micro-groups of TP
-//                  consecutive matrices, hosts round-robin;
+//                  consecutive matrices, TP owners round-robin;
 //   alpha          reproduction of Canzona's released algorithm: alpha-
 //                  balanced greedy on local numel over buckets in decreasing
 //                  size, kept only if its DP max/mean beats start_anchored;
 //                  greedy-rollback micro-groups (LPT on numel, fuse cap);
 //   cost           ours: contiguous order-preserving cuts chosen by a
 //                  bisection on the makespan with a greedy best-fit
-//                  feasibility test over GPUs (DP owner x TP host), then LPT
+//                  feasibility test over GPUs (DP owner x TP owner), then LPT
 //                  and local search inside TP groups and boundary moves across
 //                  DP ranks; never worse than the alpha and start_anchored
 //                  plans, which it also evaluates.
@@ -88,7 +88,7 @@ struct PlanRequest {
   int64_t bucket_size = 400000000;  // local elements per bucket
   Strategy strategy = Strategy::kCost;
   double alpha = 1.0;  // alpha strategy only: 0 comm balance .. 1 compute
-  // Micro-group fuse space: max local elements per host slot per group
+  // Micro-group fuse space: max local elements per TP owner slot per group
   // (Canzona's tp_balanced_opt_fuse_space, 400 Mi).
   int64_t fuse_space = 400LL * 1024 * 1024;
   CostModel cost_model;
@@ -114,8 +114,8 @@ struct BucketPlan {
   std::vector<int> cuts;
 };
 
-// One TP micro-group of one (stage, DP rank): gathered, updated on the hosts
-// (tp_host of each parameter) and scattered together.
+// One TP micro-group of one (stage, DP rank): gathered, updated on the TP
+// owners (tp_owner of each parameter) and scattered together.
 struct MicroGroup {
   int stage = 0;
   int dp = 0;  // position in the shard group, [0, S)
@@ -134,9 +134,9 @@ struct GpuLoad {
 
 // Per-GPU, per-step communication of one kind.
 struct CommStats {
-  int64_t calls = 0;       // collective calls per GPU per step
-  double bytes = 0;        // bytes sent by the busiest GPU
-  double padded_bytes = 0; // reduce-scatter/all-gather padded to max slice
+  int64_t calls = 0;        // collective calls per GPU per step
+  double bytes = 0;         // bytes sent by the busiest GPU
+  double padded_bytes = 0;  // reduce-scatter/all-gather padded to max slice
 };
 
 // DP gradient/parameter collective bytes SENT per GPU per step, split by
@@ -169,9 +169,9 @@ struct Plan {
   std::vector<std::string> param_names;  // request order
   // Per parameter: owning DP rank, -1 when every DP rank updates it (sc).
   std::vector<int> dp_owner;
-  // Per parameter: hosting TP rank, -1 when it runs on every TP rank of its
-  // owner (not hosted: AdamW, replicated, sc/layerwise duplicated mode).
-  std::vector<int> tp_host;
+  // Per parameter: TP owner, -1 when it runs on every TP rank of its
+  // owner (not TP-owned: AdamW, replicated, sc/layerwise duplicated mode).
+  std::vector<int> tp_owner;
   std::vector<BucketPlan> buckets;
   std::vector<MicroGroup> micro_groups;
   // pp * S * tp entries (one shard group), index (stage * S + d) * tp + t.
@@ -196,11 +196,11 @@ struct Plan {
   // tp_all_to_all, tp_all_gather, and cross_group_all_reduce when S < dp
   // (ring all-reduce of each position's shard over the dp/S groups).
   std::map<std::string, CommStats> comm;
-  TierTraffic dp_traffic;                   // see TierTraffic
-  double max_bucket_slice_imbalance = 1.0;  // max over buckets of max/mean
+  TierTraffic dp_traffic;                      // see TierTraffic
+  double max_bucket_slice_imbalance = 1.0;     // max over buckets of max/mean
   std::vector<double> bucket_slice_imbalance;  // per bucket
   int max_micro_groups_per_tp_group = 0;
-  double largest_group_host_load = 0;  // objective units
+  double largest_group_owner_load = 0;  // objective units
   double tp_pipeline_makespan = 0;  // max over TP groups of sum of group max
   std::string digest;  // FNV-1a 64 of the canonical assignment, hex
 
@@ -209,9 +209,7 @@ struct Plan {
   }
   double max_over_mean() const { return mean > 0 ? makespan / mean : 1.0; }
   double makespan_over_lb() const { return lb > 0 ? makespan / lb : 1.0; }
-  double lower_bound_over_lb() const {
-    return lb > 0 ? lower_bound / lb : 1.0;
-  }
+  double lower_bound_over_lb() const { return lb > 0 ? lower_bound / lb : 1.0; }
   double makespan_over_lower_bound() const {
     return lower_bound > 0 ? makespan / lower_bound : 1.0;
   }

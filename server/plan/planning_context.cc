@@ -118,16 +118,16 @@ Context MakeContext(const PlanRequest& req) {
     Item& it = ctx.items[i];
     it.stage = p.pp_stage;
     it.split = p.tp_split_dim >= 0 && ctx.T > 1;
-    it.hosted = IsMatrixOptimizer(p.optimizer) && it.split;
+    it.tp_owned = IsMatrixOptimizer(p.optimizer) && it.split;
     const ParamWork work = WorkOf(model, p);
     it.full_cost = model.Objective(work);
     it.full_flops = work.flops;
     it.full_seconds = work.seconds;
     it.full_state = StateBytesOf(model, p);
-    it.local_numel = LocalNumel(p, ctx.T);
+    it.fragment_numel = LocalNumel(p, ctx.T);
     it.elem_bytes = DTypeBytes(p.dtype);
     // Split AdamW shards are updated where they lie: 1/T per TP rank.
-    const double share = (it.split && !it.hosted) ? 1.0 / ctx.T : 1.0;
+    const double share = (it.split && !it.tp_owned) ? 1.0 / ctx.T : 1.0;
     it.cost = it.full_cost * share;
     it.flops = it.full_flops * share;
     it.seconds = it.full_seconds * share;
@@ -143,7 +143,7 @@ Context MakeContext(const PlanRequest& req) {
     current.stage = s;
     for (auto it = params.rbegin(); it != params.rend(); ++it) {
       current.params.push_back(*it);
-      current.elements += ctx.items[*it].local_numel;
+      current.elements += ctx.items[*it].fragment_numel;
       if (current.elements >= req.bucket_size) {
         ctx.stage_buckets[s].push_back(static_cast<int>(ctx.buckets.size()));
         ctx.buckets.push_back(std::move(current));
@@ -159,14 +159,14 @@ Context MakeContext(const PlanRequest& req) {
   for (const BucketPlan& b : ctx.buckets) {
     std::vector<int64_t> off(b.params.size() + 1, 0);
     for (size_t i = 0; i < b.params.size(); ++i) {
-      off[i + 1] = off[i] + ctx.items[b.params[i]].local_numel;
+      off[i + 1] = off[i] + ctx.items[b.params[i]].fragment_numel;
     }
     ctx.offsets.push_back(std::move(off));
   }
   // LB (server/DESIGN.md section 4.4) and the proven lower bound.
   double total = 0, largest = 0;
   for (const Item& it : ctx.items) {
-    total += it.hosted ? it.cost : it.cost * ctx.T;
+    total += it.tp_owned ? it.cost : it.cost * ctx.T;
     largest = std::max(largest, it.cost);
   }
   const double gpus = static_cast<double>(ctx.P) * ctx.R * ctx.T;
@@ -178,9 +178,9 @@ Context MakeContext(const PlanRequest& req) {
     std::vector<double> whole;
     for (int i : ctx.stage_params[s]) {
       const Item& it = ctx.items[i];
-      // A non-hosted item puts `cost` on each of the T GPUs of one DP rank:
+      // A non-TP-owned item puts `cost` on each of the T GPUs of one DP rank:
       // relaxing "same DP rank" leaves T whole items.
-      const int copies = it.hosted ? 1 : ctx.T;
+      const int copies = it.tp_owned ? 1 : ctx.T;
       for (int c = 0; c < copies; ++c) whole.push_back(it.cost);
     }
     ctx.stage_lower_bound[s] = MakespanLowerBound(whole, 0, ctx.R * ctx.T);
@@ -192,15 +192,15 @@ Context MakeContext(const PlanRequest& req) {
 Assignment NewAssignment(const Context& ctx) {
   Assignment a;
   a.dp_owner.assign(ctx.items.size(), -1);
-  a.tp_host.assign(ctx.items.size(), -1);
+  a.tp_owner.assign(ctx.items.size(), -1);
   return a;
 }
 
-std::vector<std::vector<int>> HostedByRow(const Context& ctx,
-                                          const std::vector<int>& owner) {
+std::vector<std::vector<int>> TpOwnedByRow(const Context& ctx,
+                                           const std::vector<int>& owner) {
   std::vector<std::vector<int>> rows(static_cast<size_t>(ctx.P) * ctx.R);
   for (size_t i = 0; i < ctx.items.size(); ++i) {
-    if (!ctx.items[i].hosted) continue;
+    if (!ctx.items[i].tp_owned) continue;
     rows[static_cast<size_t>(ctx.items[i].stage) * ctx.R + owner[i]].push_back(
         static_cast<int>(i));
   }

@@ -31,17 +31,17 @@ inline constexpr double kInf = std::numeric_limits<double>::infinity();
 // What one parameter costs where it lands.
 struct Item {
   int stage = 0;
-  bool hosted = false;   // whole update on one TP rank of its owner
-  bool split = false;    // split over TP (local shard = numel / TP)
-  double cost = 0;       // objective: full if hosted, else per TP rank
-  double full_cost = 0;  // objective of the whole update
-  double flops = 0;      // per GPU where it lands (hosted: on the host)
+  bool tp_owned = false;  // whole update on one TP rank of its owner
+  bool split = false;     // split over TP (local shard = numel / TP)
+  double cost = 0;        // objective: full if TP-owned, else per TP rank
+  double full_cost = 0;   // objective of the whole update
+  double flops = 0;       // per GPU where it lands (TP-owned: on the TP owner)
   double seconds = 0;
   double full_flops = 0;
   double full_seconds = 0;
   double state = 0;       // state bytes per GPU where it lands
   double full_state = 0;  // state bytes of the whole parameter
-  int64_t local_numel = 0;
+  int64_t fragment_numel = 0;
   int elem_bytes = 2;
   int name_rank = 0;  // position of the name in sorted order: tie-breaks
 };
@@ -67,7 +67,7 @@ struct Context {
 // An assignment before metrics.
 struct Assignment {
   std::vector<int> dp_owner;
-  std::vector<int> tp_host;
+  std::vector<int> tp_owner;
   std::vector<std::vector<int>> cuts;  // per bucket; empty: no slicing
   std::vector<MicroGroup> groups;
   enum class Comm { kSliced, kAllReduce, kLayerwise } comm = Comm::kSliced;
@@ -80,13 +80,13 @@ absl::Status Validate(const PlanRequest& req);
 // The context of a request that passed Validate.
 Context MakeContext(const PlanRequest& req);
 
-// Nobody owns or hosts anything yet (every entry -1).
+// Nobody owns anything yet (every entry -1).
 Assignment NewAssignment(const Context& ctx);
 
-// Hosted parameters owned by each (stage, dp), in request order; row
+// TP-owned parameters owned by each (stage, dp), in request order; row
 // stage * R + dp.
-std::vector<std::vector<int>> HostedByRow(const Context& ctx,
-                                          const std::vector<int>& owner);
+std::vector<std::vector<int>> TpOwnedByRow(const Context& ctx,
+                                           const std::vector<int>& owner);
 
 // Largest DP slice of `bucket` under `cuts` (R + 1 positions), in local
 // elements, over the mean slice; 1 for an empty bucket.

@@ -6,7 +6,7 @@
 // must allocate no device memory. Skips without a CUDA device.
 //
 // The matrices run Muon here, not Shampoo or SOAP: this test checks the
-// data path (staging, TP hosts, collectives, device buffers), and Muon's
+// data path (staging, TP owners, collectives, device buffers), and Muon's
 // Newton-Schulz is a smooth function of its input. Shampoo's and SOAP's
 // first factors are rank-deficient (a 128 x 64 gradient gives a 128 x 128
 // left factor of rank <= 64); the eigenbasis of that null space is rounding

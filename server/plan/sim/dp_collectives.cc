@@ -180,8 +180,8 @@ double DpCollectives::LayerwiseGather(int s, int t, const Link& link) {
   std::vector<int64_t> counts(in_.ctx.R, 0);
   int64_t total = 0;
   for (int i : in_.ctx.stage_params[s]) {
-    counts[in_.plan.dp_owner[i]] += in_.ctx.items[i].local_numel;
-    total += in_.ctx.items[i].local_numel;
+    counts[in_.plan.dp_owner[i]] += in_.ctx.items[i].fragment_numel;
+    total += in_.ctx.items[i].fragment_numel;
   }
   const int eb = ElemBytes(in_.ctx.stage_params[s].front());
   const GpuState& g = gpus_.At(s, 0, t);

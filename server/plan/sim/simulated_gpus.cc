@@ -48,19 +48,19 @@ SimulatedGpus::SimulatedGpus(const StepInputs& in) : in_(in) {
     for (int d = 0; d < R; ++d) {
       for (int t = 0; t < T; ++t) {
         GpuState& g = At(it.stage, d, t);
-        g.stage_elements += it.local_numel;
+        g.stage_elements += it.fragment_numel;
         if (!in_.Owns(static_cast<int>(i), d)) continue;
-        g.owned_elements += it.local_numel;
+        g.owned_elements += it.fragment_numel;
         if (it.elem_bytes < kStagingBytes) {
-          g.master_elements += it.local_numel;
+          g.master_elements += it.fragment_numel;
         }
-        g.largest_owned = std::max(g.largest_owned, it.local_numel);
+        g.largest_owned = std::max(g.largest_owned, it.fragment_numel);
         const double whole = in_.update_s[i];
-        if (!it.hosted) {
+        if (!it.tp_owned) {
           g.dp_owned_s += it.split ? whole / T : whole;
           g.out.update_s += it.split ? whole / T : whole;
         } else if (in_.Redundant(static_cast<int>(i)) ||
-                   in_.plan.tp_host[i] == t) {
+                   in_.plan.tp_owner[i] == t) {
           g.out.update_s += whole;
         }
       }

@@ -41,7 +41,7 @@ struct StepInputs {
     return plan.dp_owner[i] < 0 || plan.dp_owner[i] == d;
   }
   bool Redundant(int i) const {
-    return ctx.items[i].hosted && plan.tp_host[i] < 0;
+    return ctx.items[i].tp_owned && plan.tp_owner[i] < 0;
   }
 
   const plan::internal::Context& ctx;

@@ -8,7 +8,7 @@
 //
 // The step is the engine's (server/DESIGN.md section 4), every phase timed
 // with the planner's own pieces: the per-parameter work of its CostModel at
-// the profile's rates, its buckets, cuts, owners, hosts and micro-groups,
+// the profile's rates, its buckets, cuts, owners, TP owners and micro-groups,
 // and the NCCL cost model's per-root vs padded choice (link_model.h). Per
 // GPU, in order:
 //   1. DP lane, each bucket in order: the staging copy, the reduce-scatter-v
@@ -20,7 +20,7 @@
 //      all-reduce of five floats; after the updates, the pass that sizes
 //      the update for the next step's reduction (`world`: PhaseTimes has
 //      no field for them, they are in its total).
-//   3. Local updates of owned, not hosted parameters (`local_compute`).
+//   3. DP-owned updates of owned, not TP-owned parameters (`local_compute`).
 //   4. The TP micro-group pipeline (tp_pipeline.h), or for sc / layerwise
 //      every TP rank gathering each TP-split matrix and updating it whole
 //      (`tp_gather`, `tp_compute`, `tp_scatter`).

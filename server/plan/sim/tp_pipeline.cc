@@ -36,7 +36,7 @@ PipelineSchedule ScheduleTpPipeline(const std::vector<PipelineGroup>& groups,
   for (size_t i = 0; i < n; ++i) {
     p.gather[i] = {lane, lane + groups[i].gather_s};
     for (size_t t = 0; t < ranks; ++t) {
-      // G0 is reached by each rank when its local updates end.
+      // G0 is reached by each rank when its DP-owned updates end.
       p.gather_s[t] += p.gather[i].end - (i == 0 ? ready[t] : lane);
     }
     lane = p.gather[i].end;

@@ -7,7 +7,7 @@
 //   compute (each rank's own matrices of the group):
 //     C_i on rank t starts when G_i ended and C_(i-1) on t ended;
 //   S_i starts when the lane is free and C_i ended on EVERY rank (it is an
-//   all-to-all); G0 starts when every rank finished its local updates.
+//   all-to-all); G0 starts when every rank finished its DP-owned updates.
 //   One group runs G0, C0, S0 in sequence (nothing to overlap).
 //
 // So the gather of group i+1 and the scatter of group i-1 overlap the
@@ -45,7 +45,7 @@ struct PipelineSchedule {
   std::vector<double> gather_s, compute_s, scatter_s;
 };
 
-// `ready[t]`: when rank t finished its local updates. Every group must have
+// `ready[t]`: when rank t finished its DP-owned updates. Every group must have
 // ready.size() compute entries.
 PipelineSchedule ScheduleTpPipeline(const std::vector<PipelineGroup>& groups,
                                     const std::vector<double>& ready);

@@ -54,25 +54,25 @@ UpdatePhases::TpGroup UpdatePhases::Exchanges(
   for (const MicroGroup* mg : mine) {
     PipelineGroup pg;
     pg.compute_s.assign(T, 0.0);
-    // The gather moves gradient + parameter fragments to each TP host, the
+    // The gather moves gradient + parameter fragments to each TP owner, the
     // scatter the updated parameter fragments back; each packs or
     // unpacks what it moves.
     Flows gather(T, std::vector<double>(T, 0.0));
     Flows scatter(T, std::vector<double>(T, 0.0));
     std::vector<double> moved(T, 0.0);
     for (int i : mg->params) {
-      const int tp_host = in_.plan.tp_host[i];
+      const int tp_owner = in_.plan.tp_owner[i];
       const double frag =
-          static_cast<double>(in_.ctx.items[i].local_numel) * kStagingBytes;
+          static_cast<double>(in_.ctx.items[i].fragment_numel) * kStagingBytes;
       for (int t = 0; t < T; ++t) {
-        if (t == tp_host) continue;
-        gather[t][tp_host] += 2 * frag;
-        scatter[tp_host][t] += frag;
+        if (t == tp_owner) continue;
+        gather[t][tp_owner] += 2 * frag;
+        scatter[tp_owner][t] += frag;
         moved[t] += frag;
-        moved[tp_host] += frag;
+        moved[tp_owner] += frag;
       }
       // Assemble gradient and parameter, update, cut the result back.
-      pg.compute_s[tp_host] +=
+      pg.compute_s[tp_owner] +=
           in_.update_s[i] + 2 * 3 * frag * T / in_.memory_bps;
     }
     const double packing = *std::max_element(moved.begin(), moved.end());
@@ -145,7 +145,7 @@ void UpdatePhases::RedundantUpdates() {
       double gather = 0, compute = 0;
       for (int i : in_.ctx.stage_params[s]) {
         if (!in_.Redundant(i) || !in_.Owns(i, d)) continue;
-        const int64_t ln = in_.ctx.items[i].local_numel;
+        const int64_t ln = in_.ctx.items[i].fragment_numel;
         const double frag = static_cast<double>(ln) * kStagingBytes;
         const std::vector<int64_t> counts(T, 2 * ln);
         const double exchange =

@@ -135,7 +135,7 @@ def main():
         subprocess.run([ctl, "plan", "--html", plan_page] + job, check=True,
                        capture_output=True)
         # Colours the report draws with (plan_report.cc): the cost and sc
-        # load bars, and in the simulated report the local update, TP
+        # load bars, and in the simulated report the DP-owned update, TP
         # compute and all-gather phases.
         plan_colors = {"cost bars": "#4e79a7", "sc bars": "#9c755f"}
         sim_colors = dict(plan_colors, **{"local_compute": "#59a14f",

@@ -1,4 +1,4 @@
-// Batched local updates (update_batches.h): same-shape Muon matrices (MoE
+// Batched DP-owned updates (update_batches.h): same-shape Muon matrices (MoE
 // experts) step in one batched Newton-Schulz, bitwise equal to one update
 // per matrix on the cpu backend, single process or distributed.
 #include <map>
@@ -33,7 +33,7 @@ TEST(BatchLocalUpdatesTest, ExpertsOfOneShapeShareABatch) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Backend> cpu,
                        CreateBackend(BackendKind::kCpu));
   std::map<int, std::unique_ptr<UpdateRule>> rules;
-  for (int i : layout.local_params) {
+  for (int i : layout.stage_params) {
     const ParamMeta& m = jp->params[i];
     ASSERT_OK_AND_ASSIGN(
         rules[i], UpdateRule::Create(spec.settings.configs.at(m.group), m.shape,
@@ -44,7 +44,7 @@ TEST(BatchLocalUpdatesTest, ExpertsOfOneShapeShareABatch) {
   owned.grad_at.assign(jp->params.size(), nullptr);
 
   const std::vector<UpdateBatch> batched =
-      BatchLocalUpdates(*jp, layout, rules, owned, {});
+      BatchDpOwnedUpdates(*jp, layout, rules, owned, {});
   // Per layer: one batch of 6 fc1, one of 6 fc2 ... and the two layers'
   // experts of one shape join (same group and shape): 12 + 12.
   std::map<std::vector<int64_t>, size_t> largest;
@@ -58,7 +58,7 @@ TEST(BatchLocalUpdatesTest, ExpertsOfOneShapeShareABatch) {
       EXPECT_EQ(jp->params[i].group, jp->params[b.params[0]].group);
     }
   }
-  EXPECT_EQ(seen.size(), layout.local_params.size());
+  EXPECT_EQ(seen.size(), layout.stage_params.size());
   EXPECT_EQ(largest[(std::vector<int64_t>{64, 32})], 12u);
   // linear_qkv [128, 64] (muon) and the embedding [128, 64] (adamw) do not
   // mix; AdamW is never batched.
@@ -72,7 +72,7 @@ TEST(BatchLocalUpdatesTest, ExpertsOfOneShapeShareABatch) {
        {BatchOptions{.enabled = false}, BatchOptions{.in_place = false},
         BatchOptions{.max_elements = 64 * 32}}) {
     for (const UpdateBatch& b :
-         BatchLocalUpdates(*jp, layout, rules, owned, options)) {
+         BatchDpOwnedUpdates(*jp, layout, rules, owned, options)) {
       EXPECT_THAT(b.params, SizeIs(1));
     }
   }

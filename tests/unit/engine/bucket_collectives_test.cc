@@ -17,8 +17,8 @@
 #include "kernels/base/dtype.h"
 #include "kernels/base/status_macros.h"
 #include "server/comm/fake_communicator.h"
-#include "server/engine/local_communicator.h"
 #include "server/engine/owned_buffers.h"
+#include "server/engine/single_rank_communicator.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/engine/parts_test_util.h"
 
@@ -59,17 +59,17 @@ class BucketCollectivesTest : public ::testing::TestWithParam<Case> {
                                               r.trainer->MakeRegister(), {}));
       ASSERT_OK_AND_ASSIGN(r.layout,
                            LayoutRank(*jp_, spec.settings, spec.coords));
-      ASSERT_OK_AND_ASSIGN(
-          r.buffers,
-          TrainerBuffers::Map(r.trainer->MakeRegister(), spec.local_numel, {}));
+      ASSERT_OK_AND_ASSIGN(r.buffers,
+                           TrainerBuffers::Map(r.trainer->MakeRegister(),
+                                               spec.fragment_numel, {}));
       ASSERT_OK_AND_ASSIGN(r.backend, CreateBackend(BackendKind::kCpu));
       ASSERT_OK(AllocateOwned(*jp_, r.layout, *r.buffers,
                               /*device_staging=*/false, *r.backend, &r.memory,
                               &r.owned));
       BucketCollectives::Parts parts;
-      parts.copier = CreateHostStageCopier(&r.backend->allocations());
+      parts.copier = CreateHostStagingCopier(&r.backend->allocations());
       parts.dp = group_.TakeCommunicator(d);
-      parts.cross = CreateLocalCommunicator();
+      parts.cross = CreateSingleRankCommunicator();
       parts.calibration = std::make_unique<UnevenCalibration>();
       if (!r.layout.sliced) {
         ASSERT_OK_AND_ASSIGN(parts.part,
@@ -123,7 +123,7 @@ class BucketCollectivesTest : public ::testing::TestWithParam<Case> {
 
   // A trainer buffer of parameter i as floats.
   std::vector<float> Widened(const void* at, int i) const {
-    std::vector<float> out(jp_->params[i].local_numel);
+    std::vector<float> out(jp_->params[i].fragment_numel);
     WidenToFloat(config_.dtype, at, static_cast<int64_t>(out.size()),
                  out.data());
     return out;
@@ -143,7 +143,7 @@ TEST_P(BucketCollectivesTest, ReduceSumsWhatEachRankHolds) {
   for (int d = 0; d < kDp; ++d) {
     const DpRank& r = ranks_[d];
     int held = 0;
-    for (int i : r.layout.local_params) {
+    for (int i : r.layout.stage_params) {
       const bool mine = !r.layout.sliced || jp_->plan.dp_owner[i] < 0 ||
                         jp_->plan.dp_owner[i] == d;
       ASSERT_EQ(
@@ -193,11 +193,11 @@ TEST_P(BucketCollectivesTest, GatherPublishesTheOwnersParameters) {
            static_cast<float>(k % 64);
   };
   for (int d = 0; d < kDp; ++d) {
-    for (int i : ranks_[d].layout.local_params) {
+    for (int i : ranks_[d].layout.stage_params) {
       if (ranks_[d].owned.param_at[i] == nullptr) continue;
       const int owner = jp_->plan.dp_owner[i];
       if (owner >= 0 && owner != d) continue;
-      for (int64_t k = 0; k < jp_->params[i].local_numel; ++k) {
+      for (int64_t k = 0; k < jp_->params[i].fragment_numel; ++k) {
         ranks_[d].owned.param_at[i][k] = marker(owner, k);
       }
     }

@@ -41,7 +41,7 @@ const AllocationRegistry host_memory;
 TEST(CommunicatorFactoryTest, OneRankGlooGroupsNeedNoRendezvous) {
   InMemoryKvStore kv;
   MetricsRegistry metrics;
-  auto copier = CreateHostStageCopier(&host_memory);
+  auto copier = CreateHostStagingCopier(&host_memory);
   const CommunicatorFactory factory(Gloo(&kv, &metrics, 0));
   ASSERT_OK_AND_ASSIGN(MadeCommunicator made,
                        factory.Make("tp.0.0", 0, 1, *copier));
@@ -61,7 +61,7 @@ TEST(CommunicatorFactoryTest, GlooGroupsRendezvousUnderTheJobAndCountBytes) {
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      auto copier = CreateHostStageCopier(&host_memory);
+      auto copier = CreateHostStagingCopier(&host_memory);
       const CommunicatorFactory factory(Gloo(&kv, &metrics, r));
       absl::StatusOr<MadeCommunicator> m =
           factory.Make("dp.0.0", r, 2, *copier);
@@ -89,7 +89,7 @@ TEST(CommunicatorFactoryTest, NcclGroupsRunOnTheCopiersStream) {
   ::canzona::testing::FakeNcclApi nccl;
   ASSERT_OK_AND_ASSIGN(
       auto copier,
-      CreateDeviceStageCopier(&nccl, 0, absl::Seconds(5), &host_memory));
+      CreateDeviceStagingCopier(&nccl, 0, absl::Seconds(5), &host_memory));
   CommunicatorFactory::Options o = Gloo(&kv, nullptr, 0);
   o.nccl = &nccl;
   const CommunicatorFactory factory(o);
@@ -104,7 +104,7 @@ TEST(CommunicatorFactoryTest, NcclGroupsRunOnTheCopiersStream) {
 
 TEST(CommunicatorFactoryTest, FailuresNameTheGroup) {
   InMemoryKvStore kv;
-  auto copier = CreateHostStageCopier(&host_memory);
+  auto copier = CreateHostStagingCopier(&host_memory);
   CommunicatorFactory::Options o = Gloo(&kv, nullptr, 0);
   o.timeout = absl::Milliseconds(200);
   const CommunicatorFactory factory(o);

@@ -34,9 +34,9 @@ TEST(JobPlanTest, CanonicalLineRoundTripsWithTheLocalShape) {
   EXPECT_EQ(m.split, 1);
   EXPECT_EQ(m.stage, 1);
   EXPECT_EQ(m.numel, 64 * 128);
-  EXPECT_EQ(m.local_numel, 64 * 32);
+  EXPECT_EQ(m.fragment_numel, 64 * 32);
   ASSERT_OK_AND_ASSIGN(ParamMeta v, ParseParamLine("norm|64|-1|adamw", 0, 4));
-  EXPECT_EQ(v.local_numel, 64);
+  EXPECT_EQ(v.fragment_numel, 64);
 }
 
 // Mixed precision: the line carries a bf16 / fp16 dtype (all ranks agree on

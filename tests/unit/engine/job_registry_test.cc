@@ -39,7 +39,7 @@ class JobRegistryTest : public ::testing::Test {
                              ValidateRegisterRequest(request, {}));
     CANZONA_ASSIGN_OR_RETURN(
         std::unique_ptr<TrainerBuffers> buffers,
-        TrainerBuffers::Map(request, spec.local_numel, {}));
+        TrainerBuffers::Map(request, spec.fragment_numel, {}));
     auto rank = std::make_shared<LocalRank>(
         spec.coords, spec.global, TrainerProcess(), std::move(buffers));
     return registry.Admit(request, spec, rank);

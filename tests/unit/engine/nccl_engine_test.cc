@@ -260,7 +260,7 @@ TEST_F(NcclJobTest, MicroGroupPipelineIsOrderedByEventsOnTwoStreams) {
   JobRun& run = *run_;
   nccl_.ClearCalls();
   ASSERT_OK(run.RunSteps(cluster_, 1, 1));
-  // Per TP rank: the tp stream waits for the local updates once and for
+  // Per TP rank: the tp stream waits for the DP-owned updates once and for
   // each micro group's compute before its scatter; the all-to-alls (send /
   // recv pairs) run on that stream, which no other communicator uses.
   std::map<NcclStream, int> stream_waits;

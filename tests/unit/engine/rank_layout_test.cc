@@ -48,7 +48,7 @@ TEST_P(RankLayoutTest, ParametersAreLaidOutContiguouslyInBucketOrder) {
       EXPECT_EQ(b.base, next);
       for (int i : jp_->plan.buckets[b.index].params) {
         EXPECT_EQ(layout.offset[i], next) << jp_->params[i].name;
-        next += jp_->params[i].local_numel;
+        next += jp_->params[i].fragment_numel;
       }
       EXPECT_EQ(next, b.base + b.elements);
       int64_t even = 0;
@@ -56,7 +56,7 @@ TEST_P(RankLayoutTest, ParametersAreLaidOutContiguouslyInBucketOrder) {
       EXPECT_EQ(even, b.elements);
     }
     EXPECT_EQ(next, layout.stage_elements);
-    EXPECT_EQ(layout.local_params.size(), jp_->params.size());
+    EXPECT_EQ(layout.stage_params.size(), jp_->params.size());
     ASSERT_EQ(layout.gather_order.size(), layout.buckets.size());
     for (size_t k = 0; k < layout.gather_order.size(); ++k) {
       EXPECT_EQ(layout.gather_order[k],
@@ -89,8 +89,8 @@ TEST_P(RankLayoutTest, SlicesAreCutAtParameterBoundaries) {
 TEST_P(RankLayoutTest, EveryElementIsCountedOnceJobWide) {
   std::vector<int64_t> counted(jp_->params.size(), 0);
   for (const RankLayout& layout : layouts_) {
-    for (int i : layout.local_params) {
-      if (layout.counted[i]) counted[i] += jp_->params[i].local_numel;
+    for (int i : layout.stage_params) {
+      if (layout.counted[i]) counted[i] += jp_->params[i].fragment_numel;
       // Counted only where the gradient is summed and owned.
       if (layout.counted[i]) EXPECT_TRUE(layout.dp_owned[i]);
     }
@@ -125,14 +125,14 @@ TEST_P(RankLayoutTest, EachMatrixHasOneWholeStateHolderPerDpOwner) {
         return layouts_[0].mode[i];
       }();
       switch (mode) {
-        case UpdateMode::kHosted:
+        case UpdateMode::kTpOwned:
           EXPECT_EQ(whole[pos], 1) << m.name;
           EXPECT_EQ(n, 1) << m.name;
           break;
         case UpdateMode::kRedundant:
           EXPECT_EQ(whole[pos], TP) << m.name;
           break;
-        case UpdateMode::kLocal:
+        case UpdateMode::kDpOwned:
           EXPECT_EQ(n, TP) << m.name;  // every TP rank its own tensor
           break;
       }

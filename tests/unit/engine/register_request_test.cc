@@ -40,12 +40,12 @@ TEST(RegisterRequestTest, ValidRequestYieldsTheRankAndItsStage) {
   EXPECT_THAT(spec.settings.meta, HasSubstr("\ngroup muon muon "));
   const std::vector<std::string> lines = absl::StrSplit(spec.plist, '\n');
   ASSERT_EQ(lines.size(), static_cast<size_t>(request.parameters_size()));
-  ASSERT_EQ(spec.local_numel.size(), lines.size());
+  ASSERT_EQ(spec.fragment_numel.size(), lines.size());
   for (int j = 0; j < request.parameters_size(); ++j) {
     const v1::Parameter& p = request.parameters(j);
     int64_t numel = 1;
     for (int64_t d : p.shape()) numel *= d;
-    EXPECT_EQ(spec.local_numel[j], p.tp_split_dim() >= 0 ? numel / 2 : numel)
+    EXPECT_EQ(spec.fragment_numel[j], p.tp_split_dim() >= 0 ? numel / 2 : numel)
         << p.name();
     EXPECT_EQ(lines[j].substr(0, lines[j].find('|')), p.name());
   }

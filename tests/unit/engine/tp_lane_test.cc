@@ -1,6 +1,6 @@
-// The TP lane alone (host variant): two TP ranks as threads over an
+// The TP lane alone (TP owner variant): two TP ranks as threads over an
 // in-process fake group; a compute that adds each gathered gradient
-// fragment to its parameter fragment, so every hosted fragment must come
+// fragment to its parameter fragment, so every TP-owned fragment must come
 // back to its own rank updated. Also: no thread is started per step.
 #include "server/engine/tp_lane.h"
 
@@ -70,19 +70,20 @@ class TpLaneTest : public ::testing::Test {
                            r.backend->Allocate(r.layout.stage_elements));
       r.owned.grad_at.assign(jp_->params.size(), nullptr);
       r.owned.param_at.assign(jp_->params.size(), nullptr);
-      for (int i : r.layout.local_params) {
+      for (int i : r.layout.stage_params) {
         r.owned.grad_at[i] = r.grads.data() + r.layout.offset[i];
         r.owned.param_at[i] = r.params.data() + r.layout.offset[i];
       }
       TpLane::Parts parts;
-      parts.copier = CreateHostStageCopier(&r.backend->allocations());
+      parts.copier = CreateHostStagingCopier(&r.backend->allocations());
       parts.tp.comm = group_.TakeCommunicator(t);
       for (const GroupLayout& g : r.layout.groups) {
         GroupBuffers b;
         ASSERT_OK_AND_ASSIGN(b.send, r.backend->Allocate(2 * g.local));
         ASSERT_OK_AND_ASSIGN(b.recv,
-                             r.backend->Allocate(2 * g.hosted_here * kTp));
-        ASSERT_OK_AND_ASSIGN(b.back, r.backend->Allocate(g.hosted_here * kTp));
+                             r.backend->Allocate(2 * g.tp_owned_here * kTp));
+        ASSERT_OK_AND_ASSIGN(b.back,
+                             r.backend->Allocate(g.tp_owned_here * kTp));
         ASSERT_OK_AND_ASSIGN(b.back_in, r.backend->Allocate(g.local));
         parts.buffers.push_back(std::move(b));
       }
@@ -106,17 +107,17 @@ class TpLaneTest : public ::testing::Test {
     }
   }
 
-  // On the host: back fragment = gathered param + gathered grad.
+  // On the TP owner: back fragment = gathered param + gathered grad.
   absl::Status AddGradients(TpRank& r, int i) {
     GroupBuffers& b = r.lane->buffers(i);
     const GroupLayout& g = r.layout.groups[i];
     int64_t at = 0;
     for (int p : g.group->params) {
-      if (jp_->plan.tp_host[p] != r.layout.tp_rank) continue;
-      const int64_t n = jp_->params[p].local_numel;
+      if (jp_->plan.tp_owner[p] != r.layout.tp_rank) continue;
+      const int64_t n = jp_->params[p].fragment_numel;
       for (int j = 0; j < kTp; ++j) {
-        const float* frag = b.recv.data() + 2 * g.hosted_here * j + 2 * at;
-        float* out = b.back.data() + g.hosted_here * j + at;
+        const float* frag = b.recv.data() + 2 * g.tp_owned_here * j + 2 * at;
+        float* out = b.back.data() + g.tp_owned_here * j + at;
         for (int64_t k = 0; k < n; ++k) out[k] = frag[n + k] + frag[k];
       }
       at += n;
@@ -162,7 +163,7 @@ TEST_F(TpLaneTest, HostedFragmentsComeBackUpdatedStepAfterStep) {
       const RankLayout& layout = ranks_[t].layout;
       for (const GroupLayout& g : layout.groups) {
         for (int p : g.group->params) {
-          for (int64_t k = 0; k < jp_->params[p].local_numel; ++k) {
+          for (int64_t k = 0; k < jp_->params[p].fragment_numel; ++k) {
             const int64_t at = layout.offset[p] + k;
             ASSERT_EQ(ranks_[t].params.data()[at],
                       static_cast<float>(-at) - 0.5f +

@@ -18,12 +18,12 @@
 namespace canzona::plan::internal {
 namespace {
 
-// One parameter of a hand-built context. `cost` lands on its TP host when
-// hosted, else on every TP rank of its owner.
+// One parameter of a hand-built context. `cost` lands on its TP owner when
+// TP-owned, else on every TP rank of its owner.
 struct Spec {
   std::string name;
   double cost = 0;
-  bool hosted = true;
+  bool tp_owned = true;
   int64_t numel = 1;
 };
 
@@ -50,12 +50,12 @@ Context HandBuilt(int R, int T, const std::vector<Spec>& specs,
   std::vector<double> whole;
   for (int i = 0; i < n; ++i) {
     Item& it = ctx.items[i];
-    it.hosted = specs[i].hosted;
-    it.split = specs[i].hosted;
+    it.tp_owned = specs[i].tp_owned;
+    it.split = specs[i].tp_owned;
     it.cost = it.full_cost = specs[i].cost;
-    it.local_numel = specs[i].numel;
+    it.fragment_numel = specs[i].numel;
     ctx.stage_params[0].push_back(i);
-    for (int c = 0; c < (it.hosted ? 1 : T); ++c) whole.push_back(it.cost);
+    for (int c = 0; c < (it.tp_owned ? 1 : T); ++c) whole.push_back(it.cost);
   }
   for (const std::vector<int>& params : buckets) {
     BucketPlan b;
@@ -85,14 +85,14 @@ double Total(const Context& ctx, int stage) {
   double total = 0;
   for (int i : ctx.stage_params[stage]) {
     const Item& it = ctx.items[i];
-    total += it.hosted ? it.cost : it.cost * ctx.T;
+    total += it.tp_owned ? it.cost : it.cost * ctx.T;
   }
   return total;
 }
 
 // The solver's contract, recomputed from scratch: per bucket R + 1
 // non-decreasing cuts from 0 to the bucket's size; every parameter of the
-// stage in exactly one slice, owned by that slice's rank, hosted parameters
+// stage in exactly one slice, owned by that slice's rank, TP-owned parameters
 // on one TP rank and the others on none; parameters of other stages
 // untouched; loads, makespan and slice imbalance as the assignment implies;
 // the makespan never below the proven bound nor above the stage's total.
@@ -102,7 +102,7 @@ void ExpectValid(const Context& ctx, int stage,
   const auto& ids = ctx.stage_buckets[stage];
   ASSERT_EQ(sol.cuts.size(), ids.size());
   ASSERT_EQ(sol.owner.size(), ctx.items.size());
-  ASSERT_EQ(sol.host.size(), ctx.items.size());
+  ASSERT_EQ(sol.tp_owner.size(), ctx.items.size());
   std::vector<int> slices(ctx.items.size(), 0), slice_owner(ctx.items.size());
   double imbalance = 1.0;
   for (size_t k = 0; k < ids.size(); ++k) {
@@ -118,7 +118,7 @@ void ExpectValid(const Context& ctx, int stage,
       for (int i = cuts[d]; i < cuts[d + 1]; ++i) {
         ++slices[params[i]];
         slice_owner[params[i]] = d;
-        slice += ctx.items[params[i]].local_numel;
+        slice += ctx.items[params[i]].fragment_numel;
       }
       largest = std::max(largest, slice);
       elements += slice;
@@ -136,19 +136,19 @@ void ExpectValid(const Context& ctx, int stage,
     ASSERT_EQ(slices[p], 1)
         << "parameter " << p << " in " << slices[p] << " slices";
     ASSERT_EQ(sol.owner[p], slice_owner[p]) << "parameter " << p;
-    if (it.hosted) {
-      ASSERT_GE(sol.host[p], 0) << "parameter " << p;
-      ASSERT_LT(sol.host[p], T) << "parameter " << p;
-      load[sol.owner[p]][sol.host[p]] += it.cost;
+    if (it.tp_owned) {
+      ASSERT_GE(sol.tp_owner[p], 0) << "parameter " << p;
+      ASSERT_LT(sol.tp_owner[p], T) << "parameter " << p;
+      load[sol.owner[p]][sol.tp_owner[p]] += it.cost;
     } else {
-      ASSERT_EQ(sol.host[p], -1) << "parameter " << p;
+      ASSERT_EQ(sol.tp_owner[p], -1) << "parameter " << p;
       for (double& x : load[sol.owner[p]]) x += it.cost;
     }
   }
   for (size_t p = 0; p < ctx.items.size(); ++p) {
     if (in_stage[p]) continue;
     EXPECT_EQ(sol.owner[p], -1) << "parameter " << p << " of another stage";
-    EXPECT_EQ(sol.host[p], -1) << "parameter " << p << " of another stage";
+    EXPECT_EQ(sol.tp_owner[p], -1) << "parameter " << p << " of another stage";
   }
   double makespan = 0;
   const double tol = 1e-9 * std::max(1.0, sol.makespan);
@@ -180,7 +180,7 @@ class Lcg {
   uint64_t state_;
 };
 
-// Random one-stage instance: integer costs, mixed hosted / not, 1-3
+// Random one-stage instance: integer costs, mixed TP-owned / not, 1-3
 // buckets that partition the parameters in order.
 Context RandomHandBuilt(uint64_t seed, int max_params, int max_r, int max_t) {
   Lcg rng(seed);
@@ -188,10 +188,10 @@ Context RandomHandBuilt(uint64_t seed, int max_params, int max_r, int max_t) {
   const int n = 1 + rng.Next(max_params);
   std::vector<Spec> specs;
   for (int i = 0; i < n; ++i) {
-    const bool hosted = rng.Next(4) != 0;
+    const bool tp_owned = rng.Next(4) != 0;
     specs.push_back({absl::StrCat("p", rng.Next(1000), "_", i),
-                     static_cast<double>(1 + rng.Next(hosted ? 40 : 10)),
-                     hosted, 1 + rng.Next(100)});
+                     static_cast<double>(1 + rng.Next(tp_owned ? 40 : 10)),
+                     tp_owned, 1 + rng.Next(100)});
   }
   std::vector<std::vector<int>> buckets(1);
   for (int i = 0; i < n; ++i) {
@@ -204,29 +204,29 @@ Context RandomHandBuilt(uint64_t seed, int max_params, int max_r, int max_t) {
 }
 
 // The best makespan over every contiguous cut of every bucket and every
-// host choice, by enumeration (tiny instances only).
+// TP owner choice, by enumeration (tiny instances only).
 double BruteForceOptimum(const Context& ctx) {
   const int R = ctx.R, T = ctx.T, n = static_cast<int>(ctx.items.size());
   // Best per-row makespan of each parameter subset.
   std::vector<double> row_best(1u << n);
   for (uint32_t mask = 0; mask < (1u << n); ++mask) {
     double spread = 0;
-    std::vector<int> hosted;
+    std::vector<int> tp_owned;
     for (int i = 0; i < n; ++i) {
       if (!(mask >> i & 1)) continue;
-      if (ctx.items[i].hosted) {
-        hosted.push_back(i);
+      if (ctx.items[i].tp_owned) {
+        tp_owned.push_back(i);
       } else {
         spread += ctx.items[i].cost;
       }
     }
     int choices = 1;
-    for (size_t j = 0; j < hosted.size(); ++j) choices *= T;
+    for (size_t j = 0; j < tp_owned.size(); ++j) choices *= T;
     double best = 1e300;
     for (int c = 0; c < choices; ++c) {
       std::vector<double> load(T, spread);
       int x = c;
-      for (int p : hosted) {
+      for (int p : tp_owned) {
         load[x % T] += ctx.items[p].cost;
         x /= T;
       }
@@ -278,7 +278,7 @@ void ExpectSameSolution(const CostSolver::Solution& a,
                         const CostSolver::Solution& b) {
   EXPECT_EQ(a.cuts, b.cuts);
   EXPECT_EQ(a.owner, b.owner);
-  EXPECT_EQ(a.host, b.host);
+  EXPECT_EQ(a.tp_owner, b.tp_owner);
   EXPECT_EQ(a.load, b.load);  // bitwise: same operations in the same order
   EXPECT_EQ(a.makespan, b.makespan);
   EXPECT_EQ(a.imbalance, b.imbalance);
@@ -306,7 +306,7 @@ TEST(CostSolverTest, PerfectPackingMeetsTheLowerBound) {
 }
 
 TEST(CostSolverTest, SingleHugeMatrixDominates) {
-  // One matrix of 1000 among small hosted ones (10) and unhosted ones (5
+  // One matrix of 1000 among small TP-owned ones (10) and non-TP-owned ones (5
   // on every TP rank), which come before it in bucket order. The bound is
   // the huge matrix; reaching it means nothing shares its GPU.
   std::vector<Spec> specs;
@@ -322,11 +322,11 @@ TEST(CostSolverTest, SingleHugeMatrixDominates) {
   const CostSolver::Solution sol = CostSolver(ctx, 0).Solve(kInf);
   ExpectValid(ctx, 0, sol);
   EXPECT_DOUBLE_EQ(sol.makespan, 1000);
-  EXPECT_DOUBLE_EQ(sol.load[sol.owner[huge]][sol.host[huge]], 1000);
+  EXPECT_DOUBLE_EQ(sol.load[sol.owner[huge]][sol.tp_owner[huge]], 1000);
 }
 
 TEST(CostSolverTest, RandomContextsKeepTheContract) {
-  // Every matrix on exactly one (owner, host), contiguous cuts at parameter
+  // Every matrix on exactly one (owner, TP owner), contiguous cuts at parameter
   // boundaries, loads as assigned, makespan within [bound, total].
   for (uint64_t seed = 1; seed <= 300; ++seed) {
     SCOPED_TRACE(seed);
@@ -372,7 +372,7 @@ TEST(CostSolverTest, ContextsFromRandomParameterListsKeepTheContract) {
 }
 
 TEST(CostSolverTest, NearOptimalOnTinyInstances) {
-  // Small enough to enumerate every cut and host choice. The solver's
+  // Small enough to enumerate every cut and TP owner choice. The solver's
   // makespan is never below the optimum (that would be misreporting). It is
   // a heuristic, not exact: when this test was written it reached the
   // optimum on 387 of these 400 instances and was at worst 1.23x above it
@@ -407,8 +407,9 @@ TEST(CostSolverTest, SameInputSameSolution) {
 }
 
 TEST(CostSolverTest, EqualCostsAreHostedInNameOrder) {
-  // Four equal matrices on one DP rank with two TP hosts: LPT deals them in
-  // name order (a, b, c, d -> hosts 0, 1, 0, 1), whatever the request order.
+  // Four equal matrices on one DP rank with two TP owners: LPT deals them in
+  // name order (a, b, c, d -> TP owners 0, 1, 0, 1), whatever the request
+  // order.
   for (const std::vector<std::string>& order :
        {std::vector<std::string>{"d", "c", "b", "a"},
         std::vector<std::string>{"a", "b", "c", "d"},
@@ -420,7 +421,7 @@ TEST(CostSolverTest, EqualCostsAreHostedInNameOrder) {
     ExpectValid(ctx, 0, sol);
     for (int i = 0; i < 4; ++i) {
       const int expected = (order[i] == "a" || order[i] == "c") ? 0 : 1;
-      EXPECT_EQ(sol.host[i], expected) << order[i];
+      EXPECT_EQ(sol.tp_owner[i], expected) << order[i];
     }
   }
 }
@@ -433,12 +434,12 @@ TEST(CostSolverTest, PackRowSearchesBeyondLpt) {
   const CostSolver solver(ctx, 0);
   CostSolver::Solution sol;
   sol.owner.assign(6, -1);
-  sol.host.assign(6, -1);
+  sol.tp_owner.assign(6, -1);
   sol.load.assign(1, std::vector<double>(2, 0.0));
   solver.PackRow({0, 1, 2, 3, 4, 5}, 0, &sol);
   EXPECT_EQ(sol.load[0], (std::vector<double>{7, 7}));  // 6 + the norm
-  EXPECT_EQ(sol.host[5], -1);
-  EXPECT_EQ(sol.host[0], sol.host[1]);  // the two 3s together
+  EXPECT_EQ(sol.tp_owner[5], -1);
+  EXPECT_EQ(sol.tp_owner[0], sol.tp_owner[1]);  // the two 3s together
   for (int p = 0; p < 6; ++p) EXPECT_EQ(sol.owner[p], 0);
 }
 
@@ -462,7 +463,7 @@ TEST(CostSolverTest, StageWithoutParameters) {
   const CostSolver::Solution sol = CostSolver(ctx, 1).Solve(kInf);
   EXPECT_TRUE(sol.cuts.empty());
   EXPECT_EQ(sol.owner, (std::vector<int>{-1, -1}));
-  EXPECT_EQ(sol.host, (std::vector<int>{-1, -1}));
+  EXPECT_EQ(sol.tp_owner, (std::vector<int>{-1, -1}));
   EXPECT_EQ(sol.load, std::vector<std::vector<double>>(3, {0.0, 0.0}));
   EXPECT_EQ(sol.makespan, 0);
   EXPECT_EQ(sol.imbalance, 1);

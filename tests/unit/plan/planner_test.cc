@@ -32,7 +32,7 @@ int OwnerOf(const Plan& plan, const std::string& name) {
 }
 int HostOf(const Plan& plan, const std::string& name) {
   for (size_t i = 0; i < plan.param_names.size(); ++i) {
-    if (plan.param_names[i] == name) return plan.tp_host[i];
+    if (plan.param_names[i] == name) return plan.tp_owner[i];
   }
   return -2;
 }
@@ -66,8 +66,12 @@ PlanRequest RandomRequest(uint64_t seed) {
         p = AdamW(name, 16 * (1 + rng.Next(64)));
         break;
       case 1:
-        p = {name, {4L * (1 + rng.Next(64)), 64}, DType::kBFloat16,
-             OptimizerKind::kAdamW, 0, 0};
+        p = {name,
+             {4L * (1 + rng.Next(64)), 64},
+             DType::kBFloat16,
+             OptimizerKind::kAdamW,
+             0,
+             0};
         break;
       default: {
         const int64_t rows = 4 * (1 + rng.Next(48));
@@ -75,8 +79,12 @@ PlanRequest RandomRequest(uint64_t seed) {
         const OptimizerKind kinds[] = {OptimizerKind::kMuon,
                                        OptimizerKind::kShampoo,
                                        OptimizerKind::kSoap};
-        p = {name, {rows, cols}, DType::kBFloat16, kinds[rng.Next(3)],
-             rng.Next(3) - 1, 0};
+        p = {name,
+             {rows, cols},
+             DType::kBFloat16,
+             kinds[rng.Next(3)],
+             rng.Next(3) - 1,
+             0};
       }
     }
     p.pp_stage = stage;
@@ -111,16 +119,16 @@ void CheckSlicedPlan(const PlanRequest& req, const Plan& plan) {
     EXPECT_EQ(seen[i], 1) << p.name << " in exactly one slice";
     EXPECT_GE(plan.dp_owner[i], 0);
     EXPECT_LT(plan.dp_owner[i], R);
-    const bool hosted =
+    const bool tp_owned =
         IsMatrixOptimizer(p.optimizer) && p.tp_split_dim >= 0 && T > 1;
-    if (hosted) {
-      EXPECT_GE(plan.tp_host[i], 0) << p.name;
-      EXPECT_LT(plan.tp_host[i], T) << p.name;
+    if (tp_owned) {
+      EXPECT_GE(plan.tp_owner[i], 0) << p.name;
+      EXPECT_LT(plan.tp_owner[i], T) << p.name;
     } else {
-      EXPECT_EQ(plan.tp_host[i], -1) << p.name;
+      EXPECT_EQ(plan.tp_owner[i], -1) << p.name;
     }
   }
-  // Every hosted parameter is in exactly one micro-group of its owner.
+  // Every TP-owned parameter is in exactly one micro-group of its owner.
   std::vector<int> grouped(req.parameters.size(), 0);
   for (const MicroGroup& g : plan.micro_groups) {
     for (int p : g.params) {
@@ -129,7 +137,7 @@ void CheckSlicedPlan(const PlanRequest& req, const Plan& plan) {
     }
   }
   for (size_t i = 0; i < req.parameters.size(); ++i) {
-    EXPECT_EQ(grouped[i], plan.tp_host[i] >= 0 ? 1 : 0);
+    EXPECT_EQ(grouped[i], plan.tp_owner[i] >= 0 ? 1 : 0);
   }
 }
 
@@ -167,8 +175,7 @@ TEST(PlannerPropertyTest, RandomListsAndLayouts) {
 TEST(PlannerTest, ScAndLayerwise) {
   PlanRequest req;
   req.layout = {1, 2, 2};
-  req.parameters = {Muon("a", 64, 64, 0), Muon("b", 32, 64, 1),
-                    AdamW("n", 64)};
+  req.parameters = {Muon("a", 64, 64, 0), Muon("b", 32, 64, 1), AdamW("n", 64)};
   req.strategy = Strategy::kSc;
   ASSERT_OK_AND_ASSIGN(Plan sc, BuildPlan(req));
   for (const GpuLoad& g : sc.per_gpu) {
@@ -305,8 +312,10 @@ TEST(CostStrategyTest, AdamWDoesNotSitBesideTheLargestMatrix) {
   // rank so the makespan is the matrix alone.
   PlanRequest req;
   req.layout = {1, 2, 2};
-  req.parameters = {{"emb", {4096, 64}, DType::kBFloat16, OptimizerKind::kAdamW, 0, 0},
-                    Muon("big", 256, 256, 0), Muon("small", 32, 32, 1)};
+  req.parameters = {
+      {"emb", {4096, 64}, DType::kBFloat16, OptimizerKind::kAdamW, 0, 0},
+      Muon("big", 256, 256, 0),
+      Muon("small", 32, 32, 1)};
   req.strategy = Strategy::kCost;
   ASSERT_OK_AND_ASSIGN(Plan plan, BuildPlan(req));
   EXPECT_NE(OwnerOf(plan, "emb"), OwnerOf(plan, "big"));
@@ -364,16 +373,19 @@ TEST(PlannerTest, BadRequestsNameTheField) {
                                        HasSubstr("bucket_size")));
   req.bucket_size = 100;
   req.alpha = 1.5;
-  EXPECT_THAT(BuildPlan(req), StatusIs(absl::StatusCode::kInvalidArgument,
-                                       HasSubstr("alpha")));
+  EXPECT_THAT(BuildPlan(req),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("alpha")));
   req.alpha = 1;
-  req.parameters = {{"vec", {8}, DType::kBFloat16, OptimizerKind::kMuon, -1, 0}};
-  EXPECT_THAT(BuildPlan(req), StatusIs(absl::StatusCode::kInvalidArgument,
-                                       HasSubstr("2-D")));
-  req.parameters = {{"z", {0, 8}, DType::kBFloat16, OptimizerKind::kAdamW, -1, 0}};
-  EXPECT_THAT(BuildPlan(req), StatusIs(absl::StatusCode::kInvalidArgument,
-                                       HasSubstr("zero")));
-  req.parameters = {{"s", {8, 8}, DType::kBFloat16, OptimizerKind::kAdamW, -1, 3}};
+  req.parameters = {
+      {"vec", {8}, DType::kBFloat16, OptimizerKind::kMuon, -1, 0}};
+  EXPECT_THAT(BuildPlan(req),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2-D")));
+  req.parameters = {
+      {"z", {0, 8}, DType::kBFloat16, OptimizerKind::kAdamW, -1, 0}};
+  EXPECT_THAT(BuildPlan(req),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("zero")));
+  req.parameters = {
+      {"s", {8, 8}, DType::kBFloat16, OptimizerKind::kAdamW, -1, 3}};
   EXPECT_THAT(BuildPlan(req), StatusIs(absl::StatusCode::kInvalidArgument,
                                        HasSubstr("pp_stage")));
   EXPECT_THAT(ParseStrategy("best"),

@@ -1,4 +1,4 @@
-#include "server/engine/local_communicator.h"
+#include "server/engine/single_rank_communicator.h"
 
 #include <atomic>
 #include <cstring>
@@ -8,7 +8,7 @@
 namespace canzona {
 namespace {
 
-class LocalCommunicator final : public Communicator {
+class SingleRankCommunicator final : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
@@ -81,8 +81,8 @@ class LocalCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> CreateLocalCommunicator() {
-  return std::make_unique<LocalCommunicator>();
+std::unique_ptr<Communicator> CreateSingleRankCommunicator() {
+  return std::make_unique<SingleRankCommunicator>();
 }
 
 }  // namespace canzona

@@ -1,4 +1,4 @@
-#include "server/engine/stage_copier.h"
+#include "server/engine/staging_copier.h"
 
 #include <cstring>
 #include <thread>
@@ -24,7 +24,7 @@ absl::Status CheckCopy(const AllocationRegistry& staging,
 absl::Status CheckConvert(const AllocationRegistry& staging, bool device,
                           DType from, const void* src, DType to,
                           const void* dst, int64_t n) {
-  constexpr absl::string_view kWhat = "StageCopier::Convert";
+  constexpr absl::string_view kWhat = "StagingCopier::Convert";
   const int64_t src_bytes = n * DTypeBytes(from);
   const int64_t dst_bytes = n * DTypeBytes(to);
   if (device) {
@@ -35,15 +35,15 @@ absl::Status CheckConvert(const AllocationRegistry& staging, bool device,
   return staging.CheckContained(kWhat, "dst", dst, dst_bytes);
 }
 
-class HostStageCopier final : public StageCopier {
+class HostStagingCopier final : public StagingCopier {
  public:
-  explicit HostStageCopier(const AllocationRegistry* staging)
+  explicit HostStagingCopier(const AllocationRegistry* staging)
       : staging_(*staging) {}
 
   absl::Status Copy(void* dst, const void* src, int64_t bytes) override {
     if (bytes <= 0) return absl::OkStatus();
     CANZONA_RETURN_IF_ERROR(
-        CheckCopy(staging_, "StageCopier::Copy", dst, src, bytes));
+        CheckCopy(staging_, "StagingCopier::Copy", dst, src, bytes));
     std::memcpy(dst, src, static_cast<size_t>(bytes));
     return absl::OkStatus();
   }
@@ -74,18 +74,18 @@ class HostStageCopier final : public StageCopier {
   const AllocationRegistry& staging_;
 };
 
-class DeviceStageCopier final : public StageCopier {
+class DeviceStagingCopier final : public StagingCopier {
  public:
-  DeviceStageCopier(NcclApi* api, int device, absl::Duration timeout,
-                    NcclStream stream, NcclEvent done,
-                    const AllocationRegistry* staging)
+  DeviceStagingCopier(NcclApi* api, int device, absl::Duration timeout,
+                      NcclStream stream, NcclEvent done,
+                      const AllocationRegistry* staging)
       : staging_(*staging),
         api_(api),
         device_(device),
         timeout_(timeout),
         stream_(stream),
         done_(done) {}
-  ~DeviceStageCopier() override {
+  ~DeviceStagingCopier() override {
     (void)api_->SetDevice(device_);
     (void)api_->EventDestroy(done_);
     (void)api_->StreamDestroy(stream_);
@@ -94,7 +94,7 @@ class DeviceStageCopier final : public StageCopier {
   absl::Status Copy(void* dst, const void* src, int64_t bytes) override {
     if (bytes <= 0) return absl::OkStatus();
     CANZONA_RETURN_IF_ERROR(
-        CheckCopy(staging_, "StageCopier::Copy", dst, src, bytes));
+        CheckCopy(staging_, "StagingCopier::Copy", dst, src, bytes));
     CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
     return api_->MemcpyAsync(dst, src, bytes, stream_);
   }
@@ -146,12 +146,12 @@ class DeviceStageCopier final : public StageCopier {
 
 }  // namespace
 
-std::unique_ptr<StageCopier> CreateHostStageCopier(
+std::unique_ptr<StagingCopier> CreateHostStagingCopier(
     const AllocationRegistry* staging) {
-  return std::make_unique<HostStageCopier>(staging);
+  return std::make_unique<HostStagingCopier>(staging);
 }
 
-absl::StatusOr<std::unique_ptr<StageCopier>> CreateDeviceStageCopier(
+absl::StatusOr<std::unique_ptr<StagingCopier>> CreateDeviceStagingCopier(
     NcclApi* api, int device, absl::Duration timeout,
     const AllocationRegistry* staging) {
   if (api == nullptr) return absl::InvalidArgumentError("api is null");
@@ -163,8 +163,8 @@ absl::StatusOr<std::unique_ptr<StageCopier>> CreateDeviceStageCopier(
     (void)api->StreamDestroy(stream);
     return done.status();
   }
-  return std::unique_ptr<StageCopier>(
-      new DeviceStageCopier(api, device, timeout, stream, *done, staging));
+  return std::unique_ptr<StagingCopier>(
+      new DeviceStagingCopier(api, device, timeout, stream, *done, staging));
 }
 
 }  // namespace canzona

@@ -9,7 +9,7 @@
 //    the thread's NCCL communicators run on, so a copy and the collective
 //    after it need no host wait between them.
 //
-//   std::unique_ptr<StageCopier> c = ...;
+//   std::unique_ptr<StagingCopier> c = ...;
 //   CANZONA_RETURN_IF_ERROR(c->WaitEvent(trainer_backward_done));
 //   CANZONA_RETURN_IF_ERROR(c->Copy(staging, trainer_grads, bytes));
 //   CANZONA_RETURN_IF_ERROR(dp->ReduceScatterV(staging, counts, mine));
@@ -23,8 +23,8 @@
 // the allocation, before anything is enqueued.
 //
 // Thread-safety: one thread at a time (like the communicators it serves).
-#ifndef CANZONA_SERVER_ENGINE_STAGE_COPIER_H_
-#define CANZONA_SERVER_ENGINE_STAGE_COPIER_H_
+#ifndef CANZONA_SERVER_ENGINE_STAGING_COPIER_H_
+#define CANZONA_SERVER_ENGINE_STAGING_COPIER_H_
 
 #include <cstdint>
 #include <memory>
@@ -38,9 +38,9 @@
 
 namespace canzona {
 
-class StageCopier {
+class StagingCopier {
  public:
-  virtual ~StageCopier() = default;
+  virtual ~StagingCopier() = default;
 
   // Copies (host) or enqueues the copy of (device) `bytes`; zero is a no-op.
   virtual absl::Status Copy(void* dst, const void* src, int64_t bytes) = 0;
@@ -61,15 +61,15 @@ class StageCopier {
 
 // `staging` (the staging backend's allocations, Backend::allocations())
 // must outlive the copier.
-std::unique_ptr<StageCopier> CreateHostStageCopier(
+std::unique_ptr<StagingCopier> CreateHostStagingCopier(
     const AllocationRegistry* staging);
 
 // A copier with its own non-blocking stream on `device`; `api` and
 // `staging` must outlive it.
-absl::StatusOr<std::unique_ptr<StageCopier>> CreateDeviceStageCopier(
+absl::StatusOr<std::unique_ptr<StagingCopier>> CreateDeviceStagingCopier(
     NcclApi* api, int device, absl::Duration timeout,
     const AllocationRegistry* staging);
 
 }  // namespace canzona
 
-#endif  // CANZONA_SERVER_ENGINE_STAGE_COPIER_H_
+#endif  // CANZONA_SERVER_ENGINE_STAGING_COPIER_H_
