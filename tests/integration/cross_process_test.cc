@@ -28,6 +28,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemons.h"
+#include "tests/integration/trainer_process.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/engine/engine_test_util.h"
 
@@ -52,14 +53,6 @@ enum ChildExit {
 // The trainer process of one rank: registers, runs `steps` steps, and
 // checks its own parameter buffers against the reference.
 enum class Mode { kNormal, kDieAfterRegister, kExpectStepFailure };
-
-// _exit skips destructors: unlink the trainer's shm object first, or a
-// later test process with the same (reused) pid collides with it.
-[[noreturn]] inline void ExitTrainer(
-    std::unique_ptr<engine_test::TrainerRank>& rank, int code) {
-  rank.reset();
-  ::_exit(code);
-}
 
 [[noreturn]] void RunTrainer(const Daemons& daemons, const JobConfig& config,
                              int global, int steps, Mode mode) {
@@ -133,12 +126,6 @@ std::string RunCanzonactl(const std::string& args) {
   EXPECT_EQ(std::system(command.c_str()), 0) << command << "\n"
                                              << ReadFile(out);
   return ReadFile(out);
-}
-
-int WaitExit(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 using Case =

@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemons.h"
+#include "tests/integration/trainer_process.h"
 #include "tests/unit/engine/engine_test_util.h"
 
 namespace canzona {
@@ -75,14 +76,6 @@ std::map<std::string, double> Samples(const std::string& text) {
   return out;
 }
 
-// _exit skips destructors: unlink the trainer's shm object first, or a
-// later test process with the same (reused) pid collides with it.
-[[noreturn]] inline void ExitTrainer(
-    std::unique_ptr<engine_test::TrainerRank>& rank, int code) {
-  rank.reset();
-  ::_exit(code);
-}
-
 // One trainer process: register, `steps` steps, deregister. Exit 0 on
 // success.
 [[noreturn]] void RunTrainer(const Daemons& daemons,
@@ -103,12 +96,6 @@ std::map<std::string, double> Samples(const std::string& text) {
   }
   (void)(*client)->Deregister(config.job_id, rank.MakeStep(1).rank());
   ExitTrainer(owned, 0);
-}
-
-int WaitExit(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 TEST(MetricsIntegrationTest, LiveDaemonExportsTheContractAndPassesPromtool) {
