@@ -10,7 +10,7 @@ UpdateRule* RankRuntime::FindRule(int i) {
 }
 
 void RankRuntime::ReleaseRules() {
-  local_batches_.clear();
+  dp_owned_batches_.clear();
   rules_.clear();
 }
 

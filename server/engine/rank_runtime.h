@@ -83,7 +83,7 @@ class RankRuntime {
   // The DP-owned updates (not TP-owned), same-shape Muon
   // matrices batched (update_batches.h).
   const std::vector<UpdateBatch>& dp_owned_batches() const {
-    return local_batches_;
+    return dp_owned_batches_;
   }
   // Drops the rules and their state (a rank removed gracefully: its worker
   // has stopped); the batches pointing at them go too.
@@ -100,7 +100,7 @@ class RankRuntime {
   // values of what the rank holds.
   OwnedBuffers& owned() { return owned_; }
   // An update's previous values (the update RMS), in staging memory: room
-  // for the largest counted DP-owned update or local batch.
+  // for the largest counted DP-owned update or batch of them.
   float* update_before() { return before_.data(); }
   // The redundant updates' exchange buffers ([grad, param] of the rank's
   // fragment; of every TP rank's), and the whole matrices the TP owner and
@@ -145,7 +145,7 @@ class RankRuntime {
   // every query group) while they step; shared like rule_scratch_.
   std::unique_ptr<SharedScratch> block_gather_;
   std::map<int, std::unique_ptr<UpdateRule>> rules_;  // by plan index
-  std::vector<UpdateBatch> local_batches_;
+  std::vector<UpdateBatch> dp_owned_batches_;
   int owned_params_ = 0;
   int64_t state_bytes_ = 0;
   // cuda compute with host (Gloo) staging: each update copies its

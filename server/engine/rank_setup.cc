@@ -286,12 +286,12 @@ absl::Status RankBuilder::CreateRules(const RankSetup& setup, RankRuntime& rt) {
 // update RMS) need `before` to hold all its members.
 absl::Status RankBuilder::BatchUpdates(const RankSetup& setup,
                                        RankRuntime& rt) {
-  rt.local_batches_ =
+  rt.dp_owned_batches_ =
       BatchDpOwnedUpdates(*rt.plan_, rt.layout_, rt.rules_, rt.owned_,
                           {.enabled = setup.batch_updates,
                            .in_place = rt.backends_.updates_in_place()});
   int64_t largest = 0;
-  for (const UpdateBatch& b : rt.local_batches_) {
+  for (const UpdateBatch& b : rt.dp_owned_batches_) {
     if (b.params.size() > 1) largest = std::max(largest, b.elements);
   }
   if (largest > rt.before_.size()) {
