@@ -16,7 +16,8 @@
 //   not alias their inputs.
 // - Work is ordered: each call sees the results of the previous calls on the
 //   same backend. Only methods returning host values (SumSquares, CopyToHost,
-//   Synchronize) wait for the device.
+//   Synchronize) wait for the device; the Enqueue copies leave their host
+//   side to the next Synchronize.
 //
 // Example:
 //   CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
@@ -208,6 +209,14 @@ class Backend {
   absl::StatusOr<DeviceBuffer> Allocate(int64_t count);
   absl::Status CopyFromHost(const float* host, int64_t count, float* dst);
   absl::Status CopyToHost(const float* src, int64_t count, float* host);
+  // The same two copies enqueued in the backend's order without a wait:
+  // `host` must stay as it is until the next Synchronize (FromHost), and
+  // holds the values only after it (ToHost). On page-locked host memory a
+  // GPU moves them by DMA at the link's rate while the host goes on; a
+  // caller moving many ranges pays one wait instead of one per range.
+  absl::Status EnqueueCopyFromHost(const float* host, int64_t count,
+                                   float* dst);
+  absl::Status EnqueueCopyToHost(const float* src, int64_t count, float* host);
   absl::Status Copy(const float* src, int64_t count, float* dst);
   // Copies a rows x cols block between strided row-major layouts.
   absl::Status Copy2D(int64_t rows, int64_t cols, const float* src,
@@ -361,6 +370,15 @@ class Backend {
                                       float* dst) = 0;
   virtual absl::Status DoCopyToHost(const float* src, int64_t count,
                                     float* host) = 0;
+  // Default: the waiting copies (a backend whose copies never wait).
+  virtual absl::Status DoEnqueueCopyFromHost(const float* host, int64_t count,
+                                             float* dst) {
+    return DoCopyFromHost(host, count, dst);
+  }
+  virtual absl::Status DoEnqueueCopyToHost(const float* src, int64_t count,
+                                           float* host) {
+    return DoCopyToHost(src, count, host);
+  }
   virtual absl::Status DoCopy(const float* src, int64_t count, float* dst) = 0;
   // rows, cols > 0.
   virtual absl::Status DoCopy2D(int64_t rows, int64_t cols, const float* src,

@@ -231,6 +231,26 @@ absl::Status Backend::CopyToHost(const float* src, int64_t count, float* host) {
   return DoCopyToHost(src, count, host);
 }
 
+absl::Status Backend::EnqueueCopyFromHost(const float* host, int64_t count,
+                                          float* dst) {
+  constexpr absl::string_view kWhat = "EnqueueCopyFromHost";
+  CANZONA_RETURN_IF_ERROR(CheckCopy(kWhat, "host", host, count, "dst", dst));
+  if (count == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckRanges(
+      *this, kWhat, {{"host", host, count, Side::kHost}, {"dst", dst, count}}));
+  return DoEnqueueCopyFromHost(host, count, dst);
+}
+
+absl::Status Backend::EnqueueCopyToHost(const float* src, int64_t count,
+                                        float* host) {
+  constexpr absl::string_view kWhat = "EnqueueCopyToHost";
+  CANZONA_RETURN_IF_ERROR(CheckCopy(kWhat, "src", src, count, "host", host));
+  if (count == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckRanges(
+      *this, kWhat, {{"src", src, count}, {"host", host, count, Side::kHost}}));
+  return DoEnqueueCopyToHost(src, count, host);
+}
+
 absl::Status Backend::Copy(const float* src, int64_t count, float* dst) {
   CANZONA_RETURN_IF_ERROR(CheckCopy("Copy", "src", src, count, "dst", dst));
   if (count == 0 || src == dst) return absl::OkStatus();

@@ -187,7 +187,18 @@ class CpuBackend final : public Backend {
   }
   absl::Status DoCopyToHost(const float* src, int64_t count,
                             float* host) override {
+    Deliver();
     return Move(src, count, host);
+  }
+  // Standing in for a GPU, the host side of an enqueued copy is written
+  // at the next wait, with the values the copy read when enqueued: a
+  // caller that reads it before Synchronize sees what a GPU would leave
+  // there (the old bytes), here as on the device.
+  absl::Status DoEnqueueCopyToHost(const float* src, int64_t count,
+                                   float* host) override {
+    if (space_ == MemorySpace::kHost) return Move(src, count, host);
+    pending_.push_back({host, std::vector<float>(src, src + count)});
+    return absl::OkStatus();
   }
   absl::Status DoCopy(const float* src, int64_t count, float* dst) override {
     return Move(src, count, dst);
@@ -209,7 +220,17 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status DoSynchronize() override { return absl::OkStatus(); }
+  absl::Status DoSynchronize() override {
+    Deliver();
+    return absl::OkStatus();
+  }
+  // Completes the enqueued copies to the host, in order.
+  void Deliver() {
+    for (const PendingCopy& c : pending_) {
+      std::memcpy(c.host, c.values.data(), c.values.size() * sizeof(float));
+    }
+    pending_.clear();
+  }
 
   // ---- Dense linear algebra ----------------------------------------------
 
@@ -624,6 +645,13 @@ class CpuBackend final : public Backend {
   std::vector<double> col_acc_;
 
   const MemorySpace space_;
+  // Device-like memory: copies to the host enqueued and not yet delivered
+  // (DoEnqueueCopyToHost).
+  struct PendingCopy {
+    float* host;
+    std::vector<float> values;
+  };
+  std::vector<PendingCopy> pending_;
 };
 
 }  // namespace

@@ -92,6 +92,10 @@ class CudaBackend final : public Backend {
                               float* dst) override;
   absl::Status DoCopyToHost(const float* src, int64_t count,
                             float* host) override;
+  absl::Status DoEnqueueCopyFromHost(const float* host, int64_t count,
+                                     float* dst) override;
+  absl::Status DoEnqueueCopyToHost(const float* src, int64_t count,
+                                   float* host) override;
   absl::Status DoCopy(const float* src, int64_t count, float* dst) override;
   absl::Status DoCopy2D(int64_t rows, int64_t cols, const float* src,
                         int64_t src_ld, float* dst, int64_t dst_ld) override;
@@ -423,6 +427,27 @@ absl::Status CudaBackend::DoCopyToHost(const float* src, int64_t count,
       cudaMemcpyAsync(host, src, static_cast<size_t>(count) * sizeof(float),
                       cudaMemcpyDeviceToHost, stream_));
   CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+// Asynchronous only from page-locked host memory; from pageable memory the
+// driver stages the bytes and the call returns once they are staged,
+// still correct.
+absl::Status CudaBackend::DoEnqueueCopyFromHost(const float* host,
+                                                int64_t count, float* dst) {
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, host, static_cast<size_t>(count) * sizeof(float),
+                      cudaMemcpyHostToDevice, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoEnqueueCopyToHost(const float* src, int64_t count,
+                                              float* host) {
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host, src, static_cast<size_t>(count) * sizeof(float),
+                      cudaMemcpyDeviceToHost, stream_));
   return absl::OkStatus();
 }
 

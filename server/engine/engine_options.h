@@ -60,6 +60,11 @@ struct EngineOptions {
   // host memory as device memory, which also lets comm "nccl" run with
   // the cpu backend.
   NcclApi* nccl_api = nullptr;
+  // Tests: the cpu backend stands in for a GPU on the Gloo plane too (its
+  // memory device-like, staging in host memory beside it), so that cuda
+  // compute with host staging runs without a GPU. (On the NCCL plane the
+  // cpu backend always does.)
+  bool device_like_cpu = false;
   // CUDA IPC buffers: how the daemon opens and copies them (null: real
   // CUDA) and how many devices it has (-1: CudaDeviceCount()). Tests pass
   // a fake over host memory to run the IPC path without a GPU.

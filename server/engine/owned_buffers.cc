@@ -19,8 +19,16 @@ absl::Status AllocateOwned(const JobPlan& jp, const RankLayout& layout,
   const bool in_place = trainer.Addressable(device_staging);
   int64_t master_elements = 0;
   std::vector<int64_t> master_offset(n, -1);
+  // In the owned gradients' order, so that a run of held parameters is one
+  // range in both (one copy each to the GPU: OwnedDeviceCopy).
+  std::vector<int> held;
   for (int i : layout.stage_params) {
-    if (layout.owned_offset[i] < 0) continue;
+    if (layout.owned_offset[i] >= 0) held.push_back(i);
+  }
+  std::stable_sort(held.begin(), held.end(), [&](int a, int b) {
+    return layout.owned_offset[a] < layout.owned_offset[b];
+  });
+  for (int i : held) {
     if (in_place && trainer.dtype(i - layout.first) == DType::kFloat32) {
       continue;
     }

@@ -12,7 +12,7 @@ std::unique_ptr<PinnedHostMemory> PinnedHostMemory::Pin(
   std::unique_ptr<PinnedHostMemory> pinned(new PinnedHostMemory(api, device));
   if (!ranges.empty()) {
     if (absl::Status s = api->SetDevice(device); !s.ok()) {
-      spdlog::warn("trainer buffers stay pageable: {}",
+      spdlog::warn("host buffers stay pageable: {}",
                    std::string(s.message()));
       return pinned;
     }
@@ -21,7 +21,7 @@ std::unique_ptr<PinnedHostMemory> PinnedHostMemory::Pin(
     void* begin = const_cast<void*>(r.begin);
     if (absl::Status s = api->HostRegister(begin, r.bytes); !s.ok()) {
       spdlog::warn(
-          "trainer buffer of {} bytes stays pageable (copies to the GPU wait "
+          "host buffer of {} bytes stays pageable (copies to the GPU wait "
           "on the host): {}",
           r.bytes, std::string(s.message()));
       continue;
@@ -36,7 +36,7 @@ PinnedHostMemory::~PinnedHostMemory() {
   (void)api_->SetDevice(device_);
   for (void* p : pinned_) {
     if (absl::Status s = api_->HostUnregister(p); !s.ok()) {
-      spdlog::warn("unpinning a trainer buffer: {}", std::string(s.message()));
+      spdlog::warn("unpinning a host buffer: {}", std::string(s.message()));
     }
   }
 }

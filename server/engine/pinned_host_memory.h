@@ -2,7 +2,9 @@
 // (NcclApi::HostRegister) for as long as this lives: on the NCCL plane, a
 // trainer's shared-memory buffers, so that the staging copies to and from
 // them are DMA on the copier's stream, asynchronous and at the link's
-// rate, instead of pageable copies the driver stages and waits for.
+// rate, instead of pageable copies the driver stages and waits for; with
+// cuda compute and host staging, the owned buffers the updates copy to the
+// GPU and back (OwnedDeviceCopy). It must go before the memory it pins.
 //
 //   std::unique_ptr<PinnedHostMemory> pinned =
 //       PinnedHostMemory::Pin(api, device, trainer->SharedMemoryMappings());

@@ -40,6 +40,7 @@
 #include "server/engine/bucket_collectives.h"
 #include "server/engine/job_plan.h"
 #include "server/engine/owned_buffers.h"
+#include "server/engine/owned_device_copy.h"
 #include "server/engine/pending_update.h"
 #include "server/engine/rank_backends.h"
 #include "server/engine/rank_layout.h"
@@ -81,26 +82,38 @@ class RankRuntime {
   UpdateRule* FindRule(int i);
   UpdateRule& rule(int i) { return *rules_.at(i); }
   // The DP-owned updates (not TP-owned), same-shape Muon
-  // matrices batched (update_batches.h).
+  // matrices batched (update_batches.h). They run in place on the compute
+  // backend: in staging, or (cuda compute, host staging) on the GPU's copy
+  // of the owned buffers, which LoadDpOwned fills and StoreDpOwned writes
+  // back (OwnedDeviceCopy; no-ops elsewhere).
   const std::vector<UpdateBatch>& dp_owned_batches() const {
     return dp_owned_batches_;
   }
+  absl::Status LoadDpOwned() {
+    return device_copy_ == nullptr ? absl::OkStatus() : device_copy_->Load();
+  }
+  absl::Status StoreDpOwned() {
+    return device_copy_ == nullptr ? absl::OkStatus() : device_copy_->Store();
+  }
+  // Null unless the compute backend is not staging's.
+  const OwnedDeviceCopy* device_copy() const { return device_copy_.get(); }
   // Drops the rules and their state (a rank removed gracefully: its worker
   // has stopped); the batches pointing at them go too.
   void ReleaseRules();
 
-  // Parameter i's update on `param` / `grad` in staging memory: in place
-  // when staging is the compute backend's memory (cpu, or the NCCL data
-  // plane); else (cuda compute, host staging) through the device buffers
-  // (the copy back synchronizes, so `param` is final on return).
+  // Parameter i's update on `param` / `grad` in staging memory (the TP
+  // owner's and the redundant updates' whole matrices): in place when
+  // staging is the compute backend's memory (cpu, or the NCCL data plane);
+  // else (cuda compute, host staging) through the device buffers (the copy
+  // back synchronizes, so `param` is final on return).
   absl::Status Update(int i, float* param, const float* grad,
                       const StepOptions& options);
 
   // ZeRO-1 (owned_buffers.h): where the step finds the fp32 gradients and
   // values of what the rank holds.
   OwnedBuffers& owned() { return owned_; }
-  // An update's previous values (the update RMS), in staging memory: room
-  // for the largest counted DP-owned update or batch of them.
+  // An update's previous values (the update RMS), on the compute backend:
+  // room for the largest counted DP-owned update or batch of them.
   float* update_before() { return before_.data(); }
   // The redundant updates' exchange buffers ([grad, param] of the rank's
   // fragment; of every TP rank's), and the whole matrices the TP owner and
@@ -148,9 +161,9 @@ class RankRuntime {
   std::vector<UpdateBatch> dp_owned_batches_;
   int owned_params_ = 0;
   int64_t state_bytes_ = 0;
-  // cuda compute with host (Gloo) staging: each update copies its
-  // parameter and gradient through these device buffers, sized for the
-  // largest rule.
+  // cuda compute with host (Gloo) staging: each TP-owned or redundant
+  // update copies its whole parameter and gradient through these device
+  // buffers, sized for the largest rule.
   DeviceBuffer device_param_, device_grad_;
 
   // ZeRO-1 (owned_buffers.h), in staging memory: the fp32 gradients of
@@ -160,6 +173,8 @@ class RankRuntime {
   // RMS).
   OwnedMemory owned_memory_;
   OwnedBuffers owned_;
+  // After the memory it copies and pins (destroyed before it).
+  std::unique_ptr<OwnedDeviceCopy> device_copy_;
   DeviceBuffer before_;
   // The redundant updates' exchange buffers, the whole matrices the TP
   // owner and the redundant updates assemble, and the world reduction's

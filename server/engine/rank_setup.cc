@@ -77,12 +77,14 @@ absl::Status RankBuilder::CreateBackends(const RankSetup& setup,
   } else {
     b.device_ = devices > 0 ? setup.global % devices : 0;
   }
-  if (setup.nccl && setup.backend == "cpu") {
+  if ((setup.nccl || setup.device_like_cpu) && setup.backend == "cpu") {
     // Only tests run the NCCL plane on the cpu backend (over a fake NCCL,
-    // EngineOptions::nccl_api). It stands in for the GPU with device
-    // memory's rules: kernels and collectives only on its buffers and the
-    // registered trainer memory, host memory only across a copy; host work
-    // gets a cpu backend of its own, as beside a GPU.
+    // EngineOptions::nccl_api), or ask for it on the Gloo plane
+    // (EngineOptions::device_like_cpu). It stands in for the GPU with
+    // device memory's rules: kernels and collectives only on its buffers
+    // and the registered trainer memory, host memory only across a copy;
+    // host work (and Gloo's staging) gets a cpu backend of its own, as
+    // beside a GPU.
     CANZONA_ASSIGN_OR_RETURN(b.backend_,
                              CreateCpuBackend(MemorySpace::kDevice));
   } else {
@@ -226,8 +228,9 @@ absl::Status RankBuilder::AllocateOwned(const RankSetup& setup,
   CANZONA_RETURN_IF_ERROR(
       canzona::AllocateOwned(*rt.plan_, layout, *setup.trainer, rt.resident(),
                              staging, &rt.owned_memory_, &rt.owned_));
+  // Where the DP-owned updates run (in staging, or OwnedDeviceCopy's).
   CANZONA_ASSIGN_OR_RETURN(rt.before_,
-                           staging.Allocate(layout.max_counted_local));
+                           rt.compute().Allocate(layout.max_counted_local));
   CANZONA_ASSIGN_OR_RETURN(rt.scalars_,
                            staging.Allocate(RankRuntime::kWorldValues));
   CANZONA_ASSIGN_OR_RETURN(rt.redundant_send_,
@@ -286,16 +289,40 @@ absl::Status RankBuilder::CreateRules(const RankSetup& setup, RankRuntime& rt) {
 // update RMS) need `before` to hold all its members.
 absl::Status RankBuilder::BatchUpdates(const RankSetup& setup,
                                        RankRuntime& rt) {
+  const OwnedBuffers* values = &rt.owned_;
+  if (!rt.backends_.updates_in_place()) {
+    // cuda compute, host staging: the DP-owned updates run on the GPU's
+    // copy of their owned buffers (OwnedDeviceCopy).
+    std::vector<int> params;
+    for (const UpdateBatch& b : BatchDpOwnedUpdates(
+             *rt.plan_, rt.layout_, rt.rules_, rt.owned_, {.enabled = false})) {
+      params.insert(params.end(), b.params.begin(), b.params.end());
+    }
+    NcclApi* pin = setup.nccl_api;
+    if (pin == nullptr && rt.compute().kind() == BackendKind::kCuda) {
+      absl::StatusOr<NcclApi*> api = RealNcclApi();
+      if (api.ok()) {
+        pin = *api;
+      } else {
+        spdlog::warn("owned buffers stay pageable: {}",
+                     std::string(api.status().message()));
+      }
+    }
+    CANZONA_ASSIGN_OR_RETURN(
+        rt.device_copy_,
+        OwnedDeviceCopy::Create(*rt.plan_, rt.layout_, rt.owned_, params,
+                                rt.compute(), pin, rt.device()));
+    values = &rt.device_copy_->view();
+  }
   rt.dp_owned_batches_ =
-      BatchDpOwnedUpdates(*rt.plan_, rt.layout_, rt.rules_, rt.owned_,
-                          {.enabled = setup.batch_updates,
-                           .in_place = rt.backends_.updates_in_place()});
+      BatchDpOwnedUpdates(*rt.plan_, rt.layout_, rt.rules_, *values,
+                          {.enabled = setup.batch_updates});
   int64_t largest = 0;
   for (const UpdateBatch& b : rt.dp_owned_batches_) {
     if (b.params.size() > 1) largest = std::max(largest, b.elements);
   }
   if (largest > rt.before_.size()) {
-    CANZONA_ASSIGN_OR_RETURN(rt.before_, rt.staging().Allocate(largest));
+    CANZONA_ASSIGN_OR_RETURN(rt.before_, rt.compute().Allocate(largest));
   }
   return absl::OkStatus();
 }
@@ -429,6 +456,7 @@ void RankBuilder::AccountMemory(const RankSetup& setup, RankRuntime& rt) {
     buffers += Bytes(*b);
   }
   buffers += rt.buckets_->buffer_bytes();
+  if (rt.device_copy_ != nullptr) buffers += rt.device_copy_->bytes();
   buffers += rt.rule_scratch_->bytes();
   buffers += rt.block_gather_->bytes();
   buffers += rt.compute().workspace_bytes();

@@ -42,8 +42,9 @@ struct RankSetup {
   // The daemon's settings (EngineOptions).
   KvStore* control = nullptr;
   std::string backend = "cpu";
-  bool nccl = false;            // comm "nccl"
-  NcclApi* nccl_api = nullptr;  // null: the real library
+  bool nccl = false;             // comm "nccl"
+  NcclApi* nccl_api = nullptr;   // null: the real library
+  bool device_like_cpu = false;  // EngineOptions::device_like_cpu
   std::function<int()> cuda_devices;
   // The PCI bus id of one of this process's devices (GetStatus, metrics).
   std::function<absl::StatusOr<std::string>(int)> pci_bus_id;

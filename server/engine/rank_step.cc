@@ -148,66 +148,54 @@ class RankStep {
                                static_cast<float>(factor), rt_.owned().grads);
   }
 
-  // The squared size of an update from its new values and the old ones,
-  // which it overwrites with the difference (scratch no longer needed).
-  absl::Status CountUpdate(const float* after, float* before, int64_t n) {
-    Backend& staging = rt_.staging();
-    CANZONA_RETURN_IF_ERROR(staging.Axpby(n, 1.0f, after, -1.0f, before));
-    CANZONA_ASSIGN_OR_RETURN(double s, staging.SumSquares(n, before));
+  // The squared size of an update from its new values and the old ones
+  // (memory of `backend`), which it overwrites with the difference
+  // (scratch no longer needed).
+  absl::Status CountUpdate(Backend& backend, const float* after, float* before,
+                           int64_t n) {
+    CANZONA_RETURN_IF_ERROR(backend.Axpby(n, 1.0f, after, -1.0f, before));
+    CANZONA_ASSIGN_OR_RETURN(double s, backend.SumSquares(n, before));
     update_sumsq_ += s;
     return absl::OkStatus();
   }
 
-  // Local parameter i's update on `param` / `grad` (staging memory), adding
-  // its squared size to the update RMS where it is counted (once
-  // job-wide): the old values are kept aside for that.
-  absl::Status UpdateDpOwnedParam(int i, float* param, const float* grad,
-                                  int64_t n) {
-    if (!layout_.update_counted[i]) {
-      return rt_.Update(i, param, grad, OptionsFor(i));
-    }
-    Backend& staging = rt_.staging();
-    float* before = rt_.update_before();
-    CANZONA_RETURN_IF_ERROR(staging.Copy(param, n, before));
-    CANZONA_RETURN_IF_ERROR(rt_.Update(i, param, grad, OptionsFor(i)));
-    return CountUpdate(param, before, n);
-  }
-
-  // 4. Owned parameters that are not TP-owned or redundant; same-shape
-  // Muon matrices in one batched Newton-Schulz.
+  // 4. Owned parameters that are not TP-owned or redundant, in place on
+  // the compute backend (RankRuntime::dp_owned_batches); same-shape Muon
+  // matrices in one batched Newton-Schulz. A batch's members keep their
+  // old values side by side in `before` (the update RMS, where counted).
   absl::Status UpdateDpOwned() {
     const absl::Time t0 = absl::Now();
+    CANZONA_RETURN_IF_ERROR(rt_.LoadDpOwned());
     for (const UpdateBatch& batch : rt_.dp_owned_batches()) {
-      if (batch.params.size() == 1) {
-        const int i = batch.params[0];
-        CANZONA_RETURN_IF_ERROR(UpdateDpOwnedParam(
-            i, rt_.owned().param_at[i], rt_.owned().grad_at[i],
-            jp_.params[i].fragment_numel));
-        continue;
-      }
-      CANZONA_RETURN_IF_ERROR(UpdateBatched(batch));
+      CANZONA_RETURN_IF_ERROR(StepBatch(batch));
     }
+    CANZONA_RETURN_IF_ERROR(rt_.StoreDpOwned());
     times_->local_compute = Seconds(t0, absl::Now());
     return absl::OkStatus();
   }
 
-  // A batch's members keep their old values side by side in `before`.
-  absl::Status UpdateBatched(const UpdateBatch& batch) {
-    Backend& staging = rt_.staging();
+  absl::Status StepBatch(const UpdateBatch& batch) {
+    Backend& compute = rt_.compute();
     const int64_t n = jp_.params[batch.params[0]].fragment_numel;
     float* before = rt_.update_before();
     for (size_t k = 0; k < batch.params.size(); ++k) {
       if (!layout_.update_counted[batch.params[k]]) continue;
       CANZONA_RETURN_IF_ERROR(
-          staging.Copy(batch.param_ptrs[k], n, before + k * n));
+          compute.Copy(batch.param_ptrs[k], n, before + k * n));
     }
-    CANZONA_RETURN_IF_ERROR(StepMuonBatch(batch.rules, batch.param_ptrs,
-                                          batch.grad_ptrs,
-                                          OptionsFor(batch.params[0])));
+    if (batch.params.size() == 1) {
+      CANZONA_RETURN_IF_ERROR(
+          batch.rules[0]->Step(batch.param_ptrs[0], batch.grad_ptrs[0],
+                               OptionsFor(batch.params[0])));
+    } else {
+      CANZONA_RETURN_IF_ERROR(StepMuonBatch(batch.rules, batch.param_ptrs,
+                                            batch.grad_ptrs,
+                                            OptionsFor(batch.params[0])));
+    }
     for (size_t k = 0; k < batch.params.size(); ++k) {
       if (!layout_.update_counted[batch.params[k]]) continue;
       CANZONA_RETURN_IF_ERROR(
-          CountUpdate(batch.param_ptrs[k], before + k * n, n));
+          CountUpdate(compute, batch.param_ptrs[k], before + k * n, n));
     }
     return absl::OkStatus();
   }
@@ -241,7 +229,7 @@ class RankStep {
         // The old fragment came in the gather (no longer needed).
         if (layout_.update_counted[i]) {
           float* old = b.recv.data() + 2 * group.tp_owned_here * j + 2 * at + n;
-          CANZONA_RETURN_IF_ERROR(CountUpdate(updated, old, n));
+          CANZONA_RETURN_IF_ERROR(CountUpdate(staging, updated, old, n));
         }
       }
       at += n;
@@ -287,7 +275,7 @@ class RankStep {
           CANZONA_RETURN_IF_ERROR(
               MoveFragment(staging, m, TP, j, send, rt_.whole_param(), false));
           CANZONA_RETURN_IF_ERROR(
-              CountUpdate(send, recv + 2 * ln * j + ln, ln));
+              CountUpdate(staging, send, recv + 2 * ln * j + ln, ln));
         }
       }
       times_->tp_compute += Seconds(c0, absl::Now());

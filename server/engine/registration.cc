@@ -86,6 +86,7 @@ absl::Status Registration::Setup(Job& job, LocalRank& rank) const {
   setup.backend = options_.backend;
   setup.nccl = options_.comm == "nccl";
   setup.nccl_api = options_.nccl_api;
+  setup.device_like_cpu = options_.device_like_cpu;
   setup.cuda_devices = [this] { return NodeCudaDevices(options_); };
   setup.pci_bus_id = [this](int device) {
     return cuda_ipc_->PciBusIdOf(device);

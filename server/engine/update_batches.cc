@@ -20,7 +20,7 @@ std::vector<UpdateBatch> BatchDpOwnedUpdates(
     UpdateRule* r = rule->second.get();
     const ParamMeta& m = jp.params[i];
     const int64_t n = m.fragment_numel;
-    const bool batchable = options.enabled && options.in_place &&
+    const bool batchable = options.enabled &&
                            r->config().kind == OptimizerKind::kMuon &&
                            r->blocks().empty() && n <= options.max_elements;
     size_t at = batches.size();

@@ -38,17 +38,16 @@ struct UpdateBatch {
 struct BatchOptions {
   // False: every update alone (the per-matrix baseline of the benchmark).
   bool enabled = true;
-  // The update runs in place in staging memory (see RankRuntime::Update);
-  // batches need it.
-  bool in_place = true;
   // Floats one batch may span: its members' old values are kept aside for
   // the update RMS, and batched Newton-Schulz works on all at once.
   int64_t max_elements = int64_t{1} << 24;
 };
 
 // Every DP-owned update of the rank (layout.mode kDpOwned), in
-// stage_params order of each batch's first member. Members share the
-// optimizer group and shape and are unblocked Muon rules.
+// stage_params order of each batch's first member, on the buffers of
+// `owned` (where the updates run in place: staging, or OwnedDeviceCopy's
+// view). Members share the optimizer group and shape and are unblocked
+// Muon rules.
 std::vector<UpdateBatch> BatchDpOwnedUpdates(
     const JobPlan& jp, const RankLayout& layout,
     const std::map<int, std::unique_ptr<UpdateRule>>& rules,

@@ -69,7 +69,7 @@ TEST(BatchLocalUpdatesTest, ExpertsOfOneShapeShareABatch) {
   }
   // Disabled, or capped at one expert's worth: one update per matrix.
   for (const BatchOptions& options :
-       {BatchOptions{.enabled = false}, BatchOptions{.in_place = false},
+       {BatchOptions{.enabled = false},
         BatchOptions{.max_elements = 64 * 32}}) {
     for (const UpdateBatch& b :
          BatchDpOwnedUpdates(*jp, layout, rules, owned, options)) {

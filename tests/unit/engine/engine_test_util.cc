@@ -293,11 +293,12 @@ JobConfig MakeJobConfig(const std::string& stem, int dp, int tp,
 
 Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
                  const std::string& backend, CudaIpcOpener* cuda_ipc,
-                 NcclApi* nccl, bool batch_updates) {
+                 NcclApi* nccl, bool batch_updates, bool device_like_cpu) {
   for (int i = 0; i < 2; ++i) {
     EngineOptions options;
     options.backend = backend;
     options.batch_updates = batch_updates;
+    options.device_like_cpu = device_like_cpu;
     if (nccl != nullptr) {
       options.comm = "nccl";
       options.nccl_api = nccl;

@@ -190,11 +190,13 @@ struct Cluster {
   // `nccl`: the engines run comm "nccl" over this NcclApi (a FakeNcclApi
   // in data mode: host memory as device memory).
   // `batch_updates`: EngineOptions::batch_updates.
+  // `device_like_cpu`: EngineOptions::device_like_cpu (the cpu backend as
+  // a GPU beside host staging on the Gloo plane).
   explicit Cluster(absl::Duration step_timeout = absl::Seconds(20),
                    absl::Duration register_timeout = absl::Seconds(20),
                    const std::string& backend = "cpu",
                    CudaIpcOpener* cuda_ipc = nullptr, NcclApi* nccl = nullptr,
-                   bool batch_updates = true);
+                   bool batch_updates = true, bool device_like_cpu = false);
   ~Cluster();
   InMemoryKvStore kv;
   std::unique_ptr<Engine> engines[2];

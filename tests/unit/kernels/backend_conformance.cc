@@ -140,6 +140,30 @@ TEST_P(BackendConformanceTest, CopyRoundTripsAndFills) {
   }
 }
 
+// Enqueued copies: the device sees the host's values in order with the
+// work after them; the host sees a copy back only after Synchronize (the
+// device-like backend delivers it there, as a GPU completes it then).
+TEST_P(BackendConformanceTest, EnqueuedCopiesLandBySynchronize) {
+  const int64_t n = 4099;
+  const std::vector<float> values = RandomNormal(n, 17);
+  DeviceBuffer device = Zeros(n);
+  ASSERT_OK(backend_->EnqueueCopyFromHost(values.data(), n, device.data()));
+  ASSERT_OK(backend_->Scale(n, 2.0f, device.data()));
+  std::vector<float> host(n, -1.0f);
+  ASSERT_OK(backend_->EnqueueCopyToHost(device.data(), n, host.data()));
+  // Written after the copy was enqueued: the copy keeps the values before.
+  ASSERT_OK(backend_->Fill(0.0f, n, device.data()));
+  ASSERT_OK(backend_->Synchronize());
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(host[i], 2.0f * values[i]) << i;
+  // Both directions check their ranges like the waiting copies.
+  EXPECT_THAT(backend_->EnqueueCopyToHost(device.data(), n + 1, host.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("EnqueueCopyToHost")));
+  EXPECT_THAT(backend_->EnqueueCopyFromHost(nullptr, 4, device.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("EnqueueCopyFromHost: host is null")));
+}
+
 TEST_P(BackendConformanceTest, Copy2DCopiesBlockBetweenStrides) {
   struct Case {
     int64_t rows, cols, src_ld, dst_ld;

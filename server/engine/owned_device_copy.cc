@@ -1,0 +1,138 @@
+#include "server/engine/owned_device_copy.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "kernels/base/status_macros.h"
+
+namespace canzona {
+namespace {
+
+// The runs of `at` (host) and `base` + offset (device) over `params` in
+// owned order, merged where both sides continue the previous run.
+template <typename Run>
+std::vector<Run> Runs(const JobPlan& jp, const RankLayout& layout,
+                      const std::vector<int>& params,
+                      const std::vector<float*>& at, float* base) {
+  std::vector<Run> runs;
+  for (int i : params) {
+    float* host = at[i];
+    float* device = base + layout.owned_offset[i];
+    const int64_t n = jp.params[i].fragment_numel;
+    if (n == 0) continue;
+    if (!runs.empty()) {
+      Run& last = runs.back();
+      if (last.host + last.count == host &&
+          last.device + last.count == device) {
+        last.count += n;
+        continue;
+      }
+    }
+    runs.push_back({host, device, n});
+  }
+  return runs;
+}
+
+// The pages under the runs' host sides, overlapping ones merged (the
+// driver locks whole pages, and refuses a page locked twice).
+template <typename Run>
+std::vector<TrainerBuffers::MemoryRange> Pages(const std::vector<Run>& a,
+                                               const std::vector<Run>& b) {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;
+  for (const std::vector<Run>* runs : {&a, &b}) {
+    for (const Run& r : *runs) {
+      const auto begin = reinterpret_cast<uintptr_t>(r.host);
+      const uintptr_t end = begin + r.count * sizeof(float);
+      spans.emplace_back(begin / page * page, (end + page - 1) / page * page);
+    }
+  }
+  std::sort(spans.begin(), spans.end());
+  std::vector<TrainerBuffers::MemoryRange> ranges;
+  uintptr_t begin = 0, end = 0;
+  for (const auto& [b, e] : spans) {
+    if (end != 0 && b <= end) {
+      end = std::max(end, e);
+      continue;
+    }
+    if (end != 0) {
+      ranges.push_back({reinterpret_cast<const void*>(begin),
+                        static_cast<int64_t>(end - begin)});
+    }
+    begin = b;
+    end = e;
+  }
+  if (end != 0) {
+    ranges.push_back({reinterpret_cast<const void*>(begin),
+                      static_cast<int64_t>(end - begin)});
+  }
+  return ranges;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<OwnedDeviceCopy>> OwnedDeviceCopy::Create(
+    const JobPlan& jp, const RankLayout& layout, const OwnedBuffers& host,
+    const std::vector<int>& params, Backend& compute, NcclApi* pin,
+    int device) {
+  std::unique_ptr<OwnedDeviceCopy> copy(new OwnedDeviceCopy(compute));
+  std::vector<int> owned = params;
+  std::sort(owned.begin(), owned.end(), [&](int a, int b) {
+    return layout.owned_offset[a] < layout.owned_offset[b];
+  });
+  if (!owned.empty()) {
+    CANZONA_ASSIGN_OR_RETURN(copy->grads_,
+                             compute.Allocate(layout.owned_elements));
+    CANZONA_ASSIGN_OR_RETURN(copy->params_,
+                             compute.Allocate(layout.owned_elements));
+  }
+  OwnedBuffers& view = copy->view_;
+  view.param_at.assign(jp.params.size(), nullptr);
+  view.grad_at.assign(jp.params.size(), nullptr);
+  view.master.assign(jp.params.size(), 0);
+  view.grads = copy->grads_.data();
+  for (int i : owned) {
+    view.grad_at[i] = copy->grads_.data() + layout.owned_offset[i];
+    view.param_at[i] = copy->params_.data() + layout.owned_offset[i];
+  }
+  copy->grad_runs_ =
+      Runs<Run>(jp, layout, owned, host.grad_at, copy->grads_.data());
+  std::vector<float*> host_params(jp.params.size(), nullptr);
+  for (int i : owned) host_params[i] = host.param_at[i];
+  copy->param_runs_ =
+      Runs<Run>(jp, layout, owned, host_params, copy->params_.data());
+  if (pin != nullptr) {
+    copy->pinned_ = PinnedHostMemory::Pin(
+        pin, device, Pages(copy->grad_runs_, copy->param_runs_));
+  }
+  return copy;
+}
+
+int64_t OwnedDeviceCopy::bytes() const {
+  return (grads_.size() + params_.size()) * static_cast<int64_t>(sizeof(float));
+}
+
+absl::Status OwnedDeviceCopy::Load() {
+  for (const Run& r : grad_runs_) {
+    CANZONA_RETURN_IF_ERROR(
+        compute_.EnqueueCopyFromHost(r.host, r.count, r.device));
+  }
+  for (const Run& r : param_runs_) {
+    CANZONA_RETURN_IF_ERROR(
+        compute_.EnqueueCopyFromHost(r.host, r.count, r.device));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OwnedDeviceCopy::Store() {
+  for (const Run& r : param_runs_) {
+    CANZONA_RETURN_IF_ERROR(
+        compute_.EnqueueCopyToHost(r.device, r.count, r.host));
+  }
+  return compute_.Synchronize();
+}
+
+}  // namespace canzona

@@ -1,0 +1,189 @@
+// cuda compute with host (Gloo) staging, without a GPU: the cpu backend
+// stands in for the GPU (device-like memory the host cannot touch, copies
+// to the host landing only at the next wait) beside host staging
+// (EngineOptions::device_like_cpu), as on a machine whose ranks share GPUs
+// over Gloo. Checked: every strategy and layout, fp32 and bf16 trainers,
+// shared-memory and CUDA IPC trainer buffers, steps bitwise equal to the
+// single-process reference; and OwnedDeviceCopy's copies: one each way for
+// the owned gradients and the master weights (not one per matrix), the
+// host ranges page-locked once, the values back only after the wait.
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/base/dtype.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "server/engine/owned_buffers.h"
+#include "server/engine/owned_device_copy.h"
+#include "tests/matchers/status_matchers.h"
+#include "tests/unit/comm/fake_nccl_api.h"
+#include "tests/unit/engine/engine_test_util.h"
+#include "tests/unit/engine/parts_test_util.h"
+
+namespace canzona::engine_test {
+namespace {
+
+using ::canzona::testing::FakeNcclApi;
+
+class SingleThreadedBlas : public ::testing::Environment {
+ public:
+  void SetUp() override { SetCpuBlasThreads(1); }
+};
+const ::testing::Environment* const kBlasEnvironment =
+    ::testing::AddGlobalTestEnvironment(new SingleThreadedBlas);
+
+constexpr int kSteps = 4;
+
+struct Case {
+  std::string name;
+  int dp, tp;
+  std::string strategy;
+  DType dtype = DType::kFloat32;
+  bool cuda_ipc = false;
+  int shard_group_size = 0;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class DeviceComputeEngineTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DeviceComputeEngineTest, StepsAreBitwiseEqualToTheReference) {
+  const Case& c = GetParam();
+  FakeCudaIpc ipc;
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu",
+                  c.cuda_ipc ? &ipc : nullptr, /*nccl=*/nullptr,
+                  /*batch_updates=*/true, /*device_like_cpu=*/true);
+  JobConfig config =
+      MakeJobConfig("dev-" + c.name, c.dp, c.tp, c.strategy,
+                    c.strategy == "cost" ? MoeModel(4) : MuonModel());
+  config.dtype = c.dtype;
+  config.cuda_ipc = c.cuda_ipc;
+  config.shard_group_size = c.shard_group_size;
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  ASSERT_OK(run.RunSteps(cluster, 1, 2));
+  ASSERT_OK(run.RunStepsOverlapped(cluster, 3, kSteps, /*shuffled=*/true, 5));
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, kSteps, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+  for (const auto& per_rank : run.responses) {
+    ASSERT_FALSE(per_rank.empty());
+    EXPECT_GT(per_rank.back().grad_norm(), 0);
+    EXPECT_GT(per_rank.back().update_rms(), 0);
+  }
+  ASSERT_OK(run.Deregister(cluster));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, DeviceComputeEngineTest,
+    ::testing::Values(
+        Case{"one_rank", 1, 1, "cost"}, Case{"cost_dp2_tp2", 2, 2, "cost"},
+        Case{"cost_dp2_bf16", 2, 1, "cost", DType::kBFloat16},
+        Case{"cost_dp2_ipc", 2, 1, "cost", DType::kFloat32, true},
+        Case{"cost_dp2_tp2_ipc_bf16", 2, 2, "cost", DType::kBFloat16, true},
+        Case{"sc_dp2_tp2", 2, 2, "sc"},
+        Case{"layerwise_dp2_tp2", 2, 2, "layerwise"},
+        Case{"cost_dp4_hierarchical", 4, 1, "cost", DType::kFloat32, false, 2}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+std::vector<float> Random(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = normal(gen);
+  return v;
+}
+
+// One DP rank's owned buffers as the engine allocates them in host
+// staging, and a device-like backend for the copy.
+class OwnedDeviceCopyTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    config_ = MakeJobConfig("odc", /*dp=*/2, /*tp=*/1, "cost", MoeModel(4));
+    config_.dtype = GetParam();
+    config_.bucket_order = true;  // the trainer's buckets in order
+    trainer_ = std::make_unique<TrainerRank>(config_, 1);
+    ASSERT_OK(trainer_->Init());
+    ASSERT_OK_AND_ASSIGN(jp_, PlanOf(config_));
+    ASSERT_OK_AND_ASSIGN(RankSpec spec,
+                         ValidateRegisterRequest(trainer_->MakeRegister(), {}));
+    ASSERT_OK_AND_ASSIGN(layout_, LayoutRank(*jp_, spec.settings, spec.coords));
+    ASSERT_OK_AND_ASSIGN(
+        buffers_,
+        TrainerBuffers::Map(trainer_->MakeRegister(), spec.fragment_numel, {}));
+    ASSERT_OK_AND_ASSIGN(host_, CreateBackend(BackendKind::kCpu));
+    ASSERT_OK_AND_ASSIGN(device_, CreateCpuBackend(MemorySpace::kDevice));
+    ASSERT_OK(AllocateOwned(*jp_, layout_, *buffers_, /*device_staging=*/false,
+                            *host_, &memory_, &owned_));
+    for (int i : layout_.stage_params) {
+      if (owned_.grad_at[i] != nullptr) params_.push_back(i);
+    }
+    ASSERT_GT(params_.size(), 3u);
+  }
+
+  JobConfig config_;
+  std::unique_ptr<TrainerRank> trainer_;
+  std::shared_ptr<const JobPlan> jp_;
+  RankLayout layout_;
+  std::unique_ptr<TrainerBuffers> buffers_;
+  std::unique_ptr<Backend> host_, device_;
+  OwnedMemory memory_;
+  OwnedBuffers owned_;
+  std::vector<int> params_;  // held here
+};
+
+TEST_P(OwnedDeviceCopyTest, MovesRunsInOneCopyEachWayAndValuesAfterTheWait) {
+  FakeNcclApi pin;
+  std::unique_ptr<OwnedDeviceCopy> copy;
+  ASSERT_OK_AND_ASSIGN(copy, OwnedDeviceCopy::Create(*jp_, layout_, owned_,
+                                                     params_, *device_, &pin,
+                                                     /*device=*/0));
+  // The owned gradients are one range; bf16 parameters' masters are
+  // allocated in the same order (one range); fp32 parameters are updated
+  // in the trainer's shared memory, at most one range per bucket.
+  EXPECT_EQ(copy->copies_in() - copy->copies_out(), 1);
+  if (GetParam() != DType::kFloat32) EXPECT_EQ(copy->copies_out(), 1);
+  EXPECT_LE(copy->copies_out(), static_cast<int>(layout_.buckets.size()));
+  EXPECT_GE(pin.host_registered(), 1);
+
+  // Fresh values on the host; on the device: value += 2 * gradient.
+  std::vector<std::vector<float>> grads, values;
+  for (int i : params_) {
+    const int64_t n = jp_->params[i].fragment_numel;
+    grads.push_back(Random(n, 10 + i));
+    values.push_back(Random(n, 100 + i));
+    std::copy(grads.back().begin(), grads.back().end(), owned_.grad_at[i]);
+    std::copy(values.back().begin(), values.back().end(), owned_.param_at[i]);
+  }
+  ASSERT_OK(copy->Load());
+  for (int i : params_) {
+    ASSERT_OK(device_->Axpby(jp_->params[i].fragment_numel, 2.0f,
+                             copy->view().grad_at[i], 1.0f,
+                             copy->view().param_at[i]));
+  }
+  ASSERT_OK(copy->Store());
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const int i = params_[k];
+    for (size_t e = 0; e < values[k].size(); ++e) {
+      ASSERT_EQ(owned_.param_at[i][e], values[k][e] + 2.0f * grads[k][e])
+          << jp_->params[i].name << " element " << e;
+    }
+  }
+  copy.reset();
+  EXPECT_EQ(pin.host_registered(), 0);  // unpinned before the memory goes
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, OwnedDeviceCopyTest,
+                         ::testing::Values(DType::kFloat32, DType::kBFloat16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
+}  // namespace
+}  // namespace canzona::engine_test
