@@ -306,6 +306,13 @@ class Backend {
   absl::Status SumSquaresMany(absl::Span<const float* const> xs,
                               absl::Span<const int64_t> ns,
                               absl::Span<double> out);
+  // The same one wait where the vectors come one at a time between other
+  // work (the update RMS over a step's updates): EnqueueSumSquares queues
+  // SumSquares(n, x) without waiting; TakeSumSquares waits once and returns
+  // the queued sums added in the order queued (0 for none), then starts
+  // over. Each queued sum is bitwise SumSquares's.
+  absl::Status EnqueueSumSquares(int64_t n, const float* x);
+  absl::StatusOr<double> TakeSumSquares();
   // Returns true when every element is finite (waits).
   absl::StatusOr<bool> AllFinite(int64_t n, const float* x);
 
@@ -349,6 +356,8 @@ class Backend {
   }
 
   AllocationRegistry allocations_;
+  // The default EnqueueSumSquares' sums so far, added in order.
+  double queued_sum_squares_ = 0;
 
   // ---- Implementations, one per public method ----------------------------
   // Called only with arguments the public method accepted and never for a
@@ -442,6 +451,9 @@ class Backend {
   virtual absl::Status DoSumSquaresMany(absl::Span<const float* const> xs,
                                         absl::Span<const int64_t> ns,
                                         absl::Span<double> out);
+  // n > 0. Default: DoSumSquares now, its sum kept on the host.
+  virtual absl::Status DoEnqueueSumSquares(int64_t n, const float* x);
+  virtual absl::StatusOr<double> DoTakeSumSquares();
   virtual absl::StatusOr<bool> DoAllFinite(int64_t n, const float* x) = 0;
 
   // n > 0.

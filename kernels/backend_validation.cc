@@ -467,6 +467,28 @@ absl::StatusOr<double> Backend::SumSquares(int64_t n, const float* x) {
   return DoSumSquares(n, x);
 }
 
+absl::Status Backend::EnqueueSumSquares(int64_t n, const float* x) {
+  CANZONA_RETURN_IF_ERROR(CheckVectors("EnqueueSumSquares", n, {{"x", x}}));
+  if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(
+      CheckRanges(*this, "EnqueueSumSquares", {{"x", x, n}}));
+  return DoEnqueueSumSquares(n, x);
+}
+
+absl::StatusOr<double> Backend::TakeSumSquares() { return DoTakeSumSquares(); }
+
+absl::Status Backend::DoEnqueueSumSquares(int64_t n, const float* x) {
+  CANZONA_ASSIGN_OR_RETURN(double s, DoSumSquares(n, x));
+  queued_sum_squares_ += s;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Backend::DoTakeSumSquares() {
+  const double total = queued_sum_squares_;
+  queued_sum_squares_ = 0;
+  return total;
+}
+
 absl::Status Backend::SumSquaresMany(absl::Span<const float* const> xs,
                                      absl::Span<const int64_t> ns,
                                      absl::Span<double> out) {

@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/casts.h"
 #include "absl/status/status.h"
@@ -142,6 +143,8 @@ class CudaBackend final : public Backend {
   absl::Status DoSumSquaresMany(absl::Span<const float* const> xs,
                                 absl::Span<const int64_t> ns,
                                 absl::Span<double> out) override;
+  absl::Status DoEnqueueSumSquares(int64_t n, const float* x) override;
+  absl::StatusOr<double> DoTakeSumSquares() override;
   absl::StatusOr<bool> DoAllFinite(int64_t n, const float* x) override;
 
   absl::Status DoAddIdentity(int64_t n, float alpha, float* a) override;
@@ -215,6 +218,16 @@ class CudaBackend final : public Backend {
   void DropNsGraphs();
   Workspace solver_ws_;   // cuSOLVER work arrays, copies and devInfo
   Workspace scratch_ws_;  // reductions, flags, permutations
+  // EnqueueSumSquares: partials, then room for kQueuedSums results (fixed
+  // size, so it never moves while results wait in it); how many wait, and
+  // the total of those already read, in queue order.
+  static constexpr int kQueuedSums = 1024;
+  Workspace queued_ws_;
+  int queued_ = 0;
+  double queued_total_ = 0;
+  std::vector<double> queued_host_;
+  // Adds the waiting results to queued_total_ (one copy, one wait).
+  absl::Status DrainQueuedSums();
 };
 
 absl::Status CudaBackend::Activate() {
@@ -304,7 +317,7 @@ CudaBackend::~CudaBackend() {
   }
   if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
   DropNsGraphs();
-  for (Workspace* ws : {&ns_ws_, &solver_ws_, &scratch_ws_}) {
+  for (Workspace* ws : {&ns_ws_, &solver_ws_, &scratch_ws_, &queued_ws_}) {
     if (ws->data != nullptr) DeviceRelease(ws->data);
     ws->data = nullptr;
   }
@@ -676,7 +689,7 @@ absl::Status CudaBackend::DoReserveNewtonSchulz(const NewtonSchulzSpec& spec,
 
 int64_t CudaBackend::workspace_bytes() const {
   return static_cast<int64_t>(ns_ws_.bytes + solver_ws_.bytes +
-                              scratch_ws_.bytes);
+                              scratch_ws_.bytes + queued_ws_.bytes);
 }
 
 absl::Status CudaBackend::DoNewtonSchulz(const NewtonSchulzSpec& spec,
@@ -859,6 +872,43 @@ absl::Status CudaBackend::DoSumSquaresMany(absl::Span<const float* const> xs,
                       cudaMemcpyDeviceToHost, stream_));
   CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoEnqueueSumSquares(int64_t n, const float* x) {
+  CANZONA_RETURN_IF_ERROR(Activate());
+  if (queued_ == kQueuedSums) CANZONA_RETURN_IF_ERROR(DrainQueuedSums());
+  CANZONA_ASSIGN_OR_RETURN(
+      void* ws,
+      Reserve(queued_ws_, (cuda_kernels::kMaxReductionBlocks + kQueuedSums) *
+                              sizeof(double)));
+  auto* partials = static_cast<double*>(ws);
+  double* results = partials + cuda_kernels::kMaxReductionBlocks;
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::SumSquares(Cfg(), n, x, partials, results + queued_));
+  ++queued_;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DrainQueuedSums() {
+  if (queued_ == 0) return absl::OkStatus();
+  queued_host_.resize(kQueuedSums);
+  const double* results = static_cast<const double*>(queued_ws_.data) +
+                          cuda_kernels::kMaxReductionBlocks;
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(queued_host_.data(), results, queued_ * sizeof(double),
+                      cudaMemcpyDeviceToHost, stream_));
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  for (int i = 0; i < queued_; ++i) queued_total_ += queued_host_[i];
+  queued_ = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> CudaBackend::DoTakeSumSquares() {
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_RETURN_IF_ERROR(DrainQueuedSums());
+  const double total = queued_total_;
+  queued_total_ = 0;
+  return total;
 }
 
 absl::StatusOr<bool> CudaBackend::DoAllFinite(int64_t n, const float* x) {

@@ -162,7 +162,9 @@ class RankStep {
   // 4. Owned parameters that are not TP-owned or redundant, in place on
   // the compute backend (RankRuntime::dp_owned_batches); same-shape Muon
   // matrices in one batched Newton-Schulz. A batch's members keep their
-  // old values side by side in `before` (the update RMS, where counted).
+  // old values side by side in `before` (the update RMS, where counted);
+  // the differences' sums of squares are queued on the device and read
+  // with one wait at the end, not one per matrix.
   absl::Status UpdateDpOwned() {
     const absl::Time t0 = absl::Now();
     CANZONA_RETURN_IF_ERROR(rt_.LoadDpOwned());
@@ -170,6 +172,8 @@ class RankStep {
       CANZONA_RETURN_IF_ERROR(StepBatch(batch));
     }
     CANZONA_RETURN_IF_ERROR(rt_.StoreDpOwned());
+    CANZONA_ASSIGN_OR_RETURN(double counted, rt_.compute().TakeSumSquares());
+    update_sumsq_ += counted;
     times_->local_compute = Seconds(t0, absl::Now());
     return absl::OkStatus();
   }
@@ -194,8 +198,10 @@ class RankStep {
     }
     for (size_t k = 0; k < batch.params.size(); ++k) {
       if (!layout_.update_counted[batch.params[k]]) continue;
+      float* difference = before + k * n;
       CANZONA_RETURN_IF_ERROR(
-          CountUpdate(compute, batch.param_ptrs[k], before + k * n, n));
+          compute.Axpby(n, 1.0f, batch.param_ptrs[k], -1.0f, difference));
+      CANZONA_RETURN_IF_ERROR(compute.EnqueueSumSquares(n, difference));
     }
     return absl::OkStatus();
   }

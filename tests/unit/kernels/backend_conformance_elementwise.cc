@@ -309,6 +309,41 @@ TEST_P(BackendConformanceTest, SumSquaresManyEqualsSumSquaresEach) {
                        HasSubstr("SumSquaresMany: xs[0]")));
 }
 
+// Queued sums: the total is the SumSquares of each, added in queue order,
+// bitwise, across more sums than the cuda backend queues on the device at
+// once (1024); the vector may be overwritten right after it is queued.
+TEST_P(BackendConformanceTest, QueuedSumSquaresAddUpInOrder) {
+  ASSERT_OK_AND_ASSIGN(double none, backend_->TakeSumSquares());
+  EXPECT_EQ(none, 0.0);
+  const int64_t n = 257;
+  const std::vector<float> host = RandomNormal(n * 3, 7400, 0.5f, 2.0f);
+  DeviceBuffer values = Upload(host);
+  DeviceBuffer scratch = Zeros(n);
+  double expected = 0;
+  long double reference = 0;
+  for (int k = 0; k < 1100; ++k) {
+    const float* x = values.data() + (k % 3) * n;
+    ASSERT_OK_AND_ASSIGN(double one, backend_->SumSquares(n, x));
+    expected += one;
+    for (int64_t i = 0; i < n; ++i) {
+      const long double v = host[(k % 3) * n + i];
+      reference += v * v;
+    }
+    ASSERT_OK(backend_->Copy(x, n, scratch.data()));
+    ASSERT_OK(backend_->EnqueueSumSquares(n, scratch.data()));
+    ASSERT_OK(backend_->Fill(-1.0f, n, scratch.data()));
+  }
+  ASSERT_OK_AND_ASSIGN(double total, backend_->TakeSumSquares());
+  EXPECT_EQ(total, expected);
+  EXPECT_NEAR(total, static_cast<double>(reference),
+              1e-12 * static_cast<double>(reference));
+  ASSERT_OK_AND_ASSIGN(double again, backend_->TakeSumSquares());
+  EXPECT_EQ(again, 0.0);  // taken: it starts over
+  EXPECT_THAT(backend_->EnqueueSumSquares(n + 1, scratch.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("EnqueueSumSquares: x")));
+}
+
 TEST_P(BackendConformanceTest, AllFiniteDetectsNanAndInfAnywhere) {
   for (int64_t n : {int64_t{1003}, (int64_t{1} << 20) + 3}) {
     const std::vector<float> x = RandomNormal(n, 7100, 0.0f, 1e30f);
