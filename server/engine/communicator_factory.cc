@@ -47,8 +47,10 @@ absl::StatusOr<MadeCommunicator> CommunicatorFactory::Make(
                   ? dynamic_cast<NcclCommunicator*>(comm->get())
                   : nullptr;
   if (options_.staging != nullptr) {
-    *comm = std::make_unique<RangeCheckedCommunicator>(
+    auto checked = std::make_unique<RangeCheckedCommunicator>(
         *std::move(comm), options_.staging, options_.nccl != nullptr);
+    made.checked = checked.get();
+    *comm = std::move(checked);
   }
   if (options_.metrics != nullptr && size > 1) {
     auto counting = std::make_unique<CountingCommunicator>(

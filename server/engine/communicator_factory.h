@@ -30,6 +30,7 @@
 #include "server/comm/nccl_communicator.h"
 #include "server/control/kv_store.h"
 #include "server/engine/counting_communicator.h"
+#include "server/engine/range_checked_communicator.h"
 #include "server/engine/staging_copier.h"
 #include "server/metrics/registry.h"
 
@@ -38,9 +39,11 @@ namespace canzona {
 struct MadeCommunicator {
   std::unique_ptr<Communicator> comm;
   // The NCCL communicator inside `comm` (null on Gloo), for the TP lane's
-  // enqueue-only all-to-alls, and the metrics wrapper (null without
-  // metrics or for one rank) that counts those.
+  // enqueue-only all-to-alls, the range checks (null: unchecked) and the
+  // metrics wrapper (null without metrics or for one rank) those bypass
+  // and so call themselves.
   NcclCommunicator* nccl = nullptr;
+  const RangeCheckedCommunicator* checked = nullptr;
   CountingCommunicator* counting = nullptr;
 };
 

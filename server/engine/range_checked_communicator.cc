@@ -52,14 +52,19 @@ absl::Status RangeCheckedCommunicator::AllGatherVTyped(
   return inner_->AllGatherVTyped(dtype, send, counts, recv);
 }
 
-absl::Status RangeCheckedCommunicator::AllToAllV(
-    const float* send, absl::Span<const int64_t> send_counts, float* recv,
-    absl::Span<const int64_t> recv_counts) {
+absl::Status RangeCheckedCommunicator::CheckAllToAll(
+    const float* send, absl::Span<const int64_t> send_counts, const float* recv,
+    absl::Span<const int64_t> recv_counts) const {
   constexpr absl::string_view kWhat = "AllToAllV";
   CANZONA_RETURN_IF_ERROR(
       Check(kWhat, "send", send, Total(send_counts), DType::kFloat32));
-  CANZONA_RETURN_IF_ERROR(
-      Check(kWhat, "recv", recv, Total(recv_counts), DType::kFloat32));
+  return Check(kWhat, "recv", recv, Total(recv_counts), DType::kFloat32);
+}
+
+absl::Status RangeCheckedCommunicator::AllToAllV(
+    const float* send, absl::Span<const int64_t> send_counts, float* recv,
+    absl::Span<const int64_t> recv_counts) {
+  CANZONA_RETURN_IF_ERROR(CheckAllToAll(send, send_counts, recv, recv_counts));
   return inner_->AllToAllV(send, send_counts, recv, recv_counts);
 }
 

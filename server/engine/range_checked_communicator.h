@@ -50,6 +50,13 @@ class RangeCheckedCommunicator final : public Communicator {
 
   Communicator* inner() const { return inner_.get(); }
 
+  // AllToAllV's checks alone, for the all-to-alls the NCCL TP lane
+  // enqueues on the inner communicator directly (StreamTpLane).
+  absl::Status CheckAllToAll(const float* send,
+                             absl::Span<const int64_t> send_counts,
+                             const float* recv,
+                             absl::Span<const int64_t> recv_counts) const;
+
  private:
   // `elements` of `dtype` at `p` (what: the collective, arg: the buffer).
   absl::Status Check(absl::string_view what, absl::string_view arg,

@@ -107,6 +107,10 @@ absl::Status StreamTpLane::Record(NcclEvent event, NcclStream stream) {
 absl::Status StreamTpLane::AllToAll(const float* send,
                                     absl::Span<const int64_t> sc, float* recv,
                                     absl::Span<const int64_t> rc) {
+  if (parts_.tp.checked != nullptr) {
+    CANZONA_RETURN_IF_ERROR(
+        parts_.tp.checked->CheckAllToAll(send, sc, recv, rc));
+  }
   CANZONA_RETURN_IF_ERROR(parts_.tp.nccl->EnqueueAllToAll(send, sc, recv, rc));
   if (parts_.tp.counting != nullptr) parts_.tp.counting->CountAllToAll(sc);
   return absl::OkStatus();
