@@ -100,6 +100,19 @@ absl::StatusOr<std::unique_ptr<OwnedDeviceCopy>> OwnedDeviceCopy::Create(
   }
   copy->grad_runs_ =
       Runs<Run>(jp, layout, owned, host.grad_at, copy->grads_.data());
+  std::vector<int> others;
+  for (int i : layout.stage_params) {
+    if (host.grad_at[i] != nullptr && view.grad_at[i] == nullptr) {
+      others.push_back(i);
+    }
+  }
+  std::sort(others.begin(), others.end(), [&](int a, int b) {
+    return layout.owned_offset[a] < layout.owned_offset[b];
+  });
+  // Their "device" side is the host offset itself: runs merge where the
+  // host ranges continue.
+  copy->host_grad_runs_ =
+      Runs<Run>(jp, layout, others, host.grad_at, host.grads);
   std::vector<float*> host_params(jp.params.size(), nullptr);
   for (int i : owned) host_params[i] = host.param_at[i];
   copy->param_runs_ =
@@ -123,6 +136,18 @@ absl::Status OwnedDeviceCopy::Load() {
   for (const Run& r : param_runs_) {
     CANZONA_RETURN_IF_ERROR(
         compute_.EnqueueCopyFromHost(r.host, r.count, r.device));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OwnedDeviceCopy::ScaleGradients(float factor, Backend& staging) {
+  if (grads_.size() > 0) {
+    // Whole: the ranges of parameters not copied hold zeros.
+    CANZONA_RETURN_IF_ERROR(
+        compute_.Scale(grads_.size(), factor, grads_.data()));
+  }
+  for (const Run& r : host_grad_runs_) {
+    CANZONA_RETURN_IF_ERROR(staging.Scale(r.count, factor, r.host));
   }
   return absl::OkStatus();
 }

@@ -54,6 +54,9 @@ class OwnedDeviceCopy {
   absl::Status Load();
   // Copies the updated values back into host staging and waits for them.
   absl::Status Store();
+  // After Load: every held gradient times `factor`, the copied ones on the
+  // GPU, the others (TP-owned, redundant) in host staging on `staging`.
+  absl::Status ScaleGradients(float factor, Backend& staging);
 
   // The params' gradients and values on the GPU (null for the others).
   const OwnedBuffers& view() const { return view_; }
@@ -79,6 +82,8 @@ class OwnedDeviceCopy {
   DeviceBuffer grads_, params_;
   OwnedBuffers view_;
   std::vector<Run> grad_runs_, param_runs_;
+  // The held gradients not copied, in host staging (`device` unused).
+  std::vector<Run> host_grad_runs_;
   // Declared last: unpinned first.
   std::unique_ptr<PinnedHostMemory> pinned_;
 };

@@ -28,6 +28,14 @@ absl::Status RankRuntime::Update(int i, float* param, const float* grad,
   return backend.CopyToHost(p, n, param);
 }
 
+absl::Status RankRuntime::ScaleGradients(float factor) {
+  if (device_copy_ != nullptr) {
+    return device_copy_->ScaleGradients(factor, backends_.staging());
+  }
+  return backends_.staging().Scale(layout_.owned_elements, factor,
+                                   owned_.grads);
+}
+
 absl::Status RankRuntime::WorldSum(WorldValues& values) {
   Backend& staging = backends_.staging();
   float* staged = scalars_.data();

@@ -84,8 +84,9 @@ class RankRuntime {
   // The DP-owned updates (not TP-owned), same-shape Muon
   // matrices batched (update_batches.h). They run in place on the compute
   // backend: in staging, or (cuda compute, host staging) on the GPU's copy
-  // of the owned buffers, which LoadDpOwned fills and StoreDpOwned writes
-  // back (OwnedDeviceCopy; no-ops elsewhere).
+  // of the owned buffers, which LoadDpOwned fills once the step's sums are
+  // in (the step then scales, checks and clips those gradients there) and
+  // StoreDpOwned writes back (OwnedDeviceCopy; no-ops elsewhere).
   const std::vector<UpdateBatch>& dp_owned_batches() const {
     return dp_owned_batches_;
   }
@@ -97,6 +98,9 @@ class RankRuntime {
   }
   // Null unless the compute backend is not staging's.
   const OwnedDeviceCopy* device_copy() const { return device_copy_.get(); }
+  // Every held gradient times `factor` (the 1 / DP average, clipping),
+  // wherever the step reads it (after LoadDpOwned).
+  absl::Status ScaleGradients(float factor);
   // Drops the rules and their state (a rank removed gracefully: its worker
   // has stopped); the batches pointing at them go too.
   void ReleaseRules();

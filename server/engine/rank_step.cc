@@ -16,6 +16,28 @@
 namespace canzona {
 namespace {
 
+// Gradients summed on one backend, with one wait, into their places in
+// the step's list.
+struct GradientSums {
+  std::vector<size_t> at;
+  std::vector<const float*> grads;
+  std::vector<int64_t> counts;
+
+  void Add(size_t k, const float* grad, int64_t n) {
+    at.push_back(k);
+    grads.push_back(grad);
+    counts.push_back(n);
+  }
+  absl::Status Sum(Backend& backend, std::vector<double>& sums) const {
+    if (at.empty()) return absl::OkStatus();
+    std::vector<double> mine(at.size());
+    CANZONA_RETURN_IF_ERROR(
+        backend.SumSquaresMany(grads, counts, absl::MakeSpan(mine)));
+    for (size_t j = 0; j < at.size(); ++j) sums[at[j]] = mine[j];
+    return absl::OkStatus();
+  }
+};
+
 class RankStep {
  public:
   RankStep(LocalRank& rank, const JobPlan& jp, const StepContext& context,
@@ -68,13 +90,11 @@ class RankStep {
     CANZONA_RETURN_IF_ERROR(rank_.lane().WaitReduced(
         request_.step, absl::Now() + context_.timeout, &waited));
     const absl::Time t0 = absl::Now();
+    CANZONA_RETURN_IF_ERROR(rt_.LoadDpOwned());
     const double scale = request_.grad_scale == 0 ? 1.0 : request_.grad_scale;
     const float factor = static_cast<float>(scale / context_.dp_size);
     // x * 1 is x: at DP1 without a loss scale there is nothing to do.
-    if (factor != 1.0f) {
-      CANZONA_RETURN_IF_ERROR(rt_.staging().Scale(layout_.owned_elements,
-                                                  factor, rt_.owned().grads));
-    }
+    if (factor != 1.0f) CANZONA_RETURN_IF_ERROR(rt_.ScaleGradients(factor));
     times_->reduce_scatter = waited + Seconds(t0, absl::Now());
     return absl::OkStatus();
   }
@@ -84,26 +104,28 @@ class RankStep {
   // clip norm and how many ranks asked for one]. Sets grad_norm,
   // update_rms and the clip factor. False: skip the step.
   absl::StatusOr<bool> CheckGradients() {
-    Backend& staging = rt_.staging();
     double sumsq = 0;
     float nonfinite = 0;
     // One pass over every gradient, with one wait for all of them (on a
     // GPU, one host round trip): squares of floats summed in double cannot
     // overflow (at most 1.2e77 each), so a sum is finite exactly when
-    // every element is.
+    // every element is. Under OwnedDeviceCopy the DP-owned gradients are
+    // summed on the GPU, the others in host staging.
     std::vector<int> params;
-    std::vector<const float*> grads;
-    std::vector<int64_t> counts;
+    GradientSums on_staging, on_compute;
+    const OwnedDeviceCopy* copy = rt_.device_copy();
     for (int i : layout_.stage_params) {
       const float* g = rt_.owned().grad_at[i];
       if (g == nullptr) continue;
       params.push_back(i);
-      grads.push_back(g);
-      counts.push_back(jp_.params[i].fragment_numel);
+      const float* copied = copy != nullptr ? copy->view().grad_at[i] : nullptr;
+      (copied != nullptr ? on_compute : on_staging)
+          .Add(params.size() - 1, copied != nullptr ? copied : g,
+               jp_.params[i].fragment_numel);
     }
     std::vector<double> sums(params.size());
-    CANZONA_RETURN_IF_ERROR(
-        staging.SumSquaresMany(grads, counts, absl::MakeSpan(sums)));
+    CANZONA_RETURN_IF_ERROR(on_staging.Sum(rt_.staging(), sums));
+    CANZONA_RETURN_IF_ERROR(on_compute.Sum(rt_.compute(), sums));
     for (size_t k = 0; k < params.size(); ++k) {
       if (!std::isfinite(sums[k])) nonfinite = 1;
       if (layout_.counted[params[k]]) sumsq += sums[k];
@@ -144,8 +166,7 @@ class RankStep {
       factor = std::min(1.0, clip_norm_ / (grad_norm_ + 1e-6));
     result_->clip_factor = factor;
     if (factor >= 1) return absl::OkStatus();
-    return rt_.staging().Scale(layout_.owned_elements,
-                               static_cast<float>(factor), rt_.owned().grads);
+    return rt_.ScaleGradients(static_cast<float>(factor));
   }
 
   // The squared size of an update from its new values and the old ones
@@ -167,7 +188,6 @@ class RankStep {
   // with one wait at the end, not one per matrix.
   absl::Status UpdateDpOwned() {
     const absl::Time t0 = absl::Now();
-    CANZONA_RETURN_IF_ERROR(rt_.LoadDpOwned());
     for (const UpdateBatch& batch : rt_.dp_owned_batches()) {
       CANZONA_RETURN_IF_ERROR(StepBatch(batch));
     }

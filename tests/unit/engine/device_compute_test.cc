@@ -7,6 +7,7 @@
 // single-process reference; and OwnedDeviceCopy's copies: one each way for
 // the owned gradients and the master weights (not one per matrix), the
 // host ranges page-locked once, the values back only after the wait.
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <string>
@@ -29,6 +30,7 @@
 namespace canzona::engine_test {
 namespace {
 
+namespace v1 = ::canzona::v1;
 using ::canzona::testing::FakeNcclApi;
 
 class SingleThreadedBlas : public ::testing::Environment {
@@ -91,6 +93,37 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"layerwise_dp2_tp2", 2, 2, "layerwise"},
         Case{"cost_dp4_hierarchical", 4, 1, "cost", DType::kFloat32, false, 2}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// The gradients scaled, summed and clipped on the GPU's copy (and in host
+// staging for the TP-owned fragments): torch's clip factor from the right
+// norm, and a NaN on one rank skips the step everywhere, leaving the
+// parameters and the state where a run without that step has them.
+TEST(DeviceComputeStepTest, ClippingAndANonFiniteStep) {
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr, nullptr,
+                  /*batch_updates=*/true, /*device_like_cpu=*/true);
+  JobConfig config = MakeJobConfig("dev-clip", 2, 2, "cost", MoeModel(4));
+  config.max_grad_norm = 0.5 * ReferenceGradNorm(config, 1);
+  config.nan_step = 3;
+  config.nan_global_rank = 3;
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RunAll(cluster, 5));
+  for (int g = 0; g < config.world(); ++g) {
+    for (int s = 1; s <= 5; ++s) {
+      const v1::StepResponse& r = run.responses[g][s - 1];
+      EXPECT_EQ(r.skipped_nonfinite(), s == 3) << "rank " << g << " step " << s;
+      if (s == 3) continue;
+      const double norm = ReferenceGradNorm(config, s);
+      EXPECT_NEAR(r.grad_norm(), norm, 1e-5 * norm) << "step " << s;
+      const double factor = std::min(1.0, config.max_grad_norm / (norm + 1e-6));
+      EXPECT_NEAR(r.clip_factor(), factor, 1e-5 * factor) << "step " << s;
+    }
+  }
+  EXPECT_LT(run.responses[0][0].clip_factor(), 1.0);
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 5, {3}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/false, 1e-5f));
+  ASSERT_OK(run.Deregister(cluster));
+}
 
 std::vector<float> Random(int64_t n, uint32_t seed) {
   std::mt19937 gen(seed);
