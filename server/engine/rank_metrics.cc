@@ -21,7 +21,7 @@ void RankMetrics::RecordStep(const RankStepResult& result, double tp_comm_s,
                              double tp_hidden_s) {
   const PhaseSeconds& t = result.seconds;
   for (size_t i = 0; i < kStepPhases.size(); ++i) {
-    phase_[i]->Observe(t.*kPhaseSecondsFields[i].seconds);
+    phase_[i]->Observe(t.*kStepPhases[i].value);
   }
   steps_->Increment();
   if (result.skipped_nonfinite) {

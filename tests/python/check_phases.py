@@ -28,15 +28,16 @@ def main():
     problems = []
 
     header = read(root, "proto/names/step_phases.h")
-    entries = re.findall(r'\{"(\w+)", &canzona::v1::PhaseTimes::(\w+)\}',
-                         header)
-    phases = [name for name, _ in entries]
+    entries = re.findall(
+        r'\{"(\w+)",\s*&canzona::v1::PhaseTimes::(\w+),\s*'
+        r'&PhaseSeconds::(\w+)\}', header)
+    phases = [name for name, _, _ in entries]
     if not phases or phases[-1] != "total":
         problems.append("proto/names/step_phases.h: no kStepPhases ending in total")
-    for name, accessor in entries:
-        if name != accessor:
-            problems.append("proto/names/step_phases.h: %s reads PhaseTimes::%s"
-                            % (name, accessor))
+    for name, accessor, value in entries:
+        if name != accessor or name != value:
+            problems.append("proto/names/step_phases.h: %s reads PhaseTimes::%s "
+                            "and PhaseSeconds::%s" % (name, accessor, value))
 
     sys.path.insert(0, os.path.join(root, "client", "python"))
     from canzona._phases import STEP_PHASES  # pylint: disable=import-outside-toplevel
@@ -44,15 +45,17 @@ def main():
         problems.append("client/python/canzona/_phases.py: %s != %s"
                         % (list(STEP_PHASES), phases))
 
-    simulator = re.findall(r'\{"(\w+)", &PhaseSeconds::(\w+)\}',
-                           read(root, "server/plan/sim/step_simulator.cc"))
-    if not simulator:
-        problems.append("server/plan/sim/step_simulator.cc: no PhaseFields")
-    for name, member in simulator:
-        if name not in phases or name != member:
-            problems.append("server/plan/sim/step_simulator.cc: phase %s "
-                            "(PhaseSeconds::%s) is not in kStepPhases"
-                            % (name, member))
+    # The simulator and the engine take PhaseSeconds and its list from
+    # step_phases.h; neither may keep a list or a struct of its own.
+    for path in ("server/plan/sim/step_simulator.cc",
+                 "server/plan/sim/step_simulator.h",
+                 "server/engine/phase_seconds.h"):
+        text = read(root, path)
+        if re.search(r'\{"\w+",\s*&PhaseSeconds::', text):
+            problems.append("%s: lists phases by hand (use kStepPhases)" % path)
+        if re.search(r'struct PhaseSeconds\b', text):
+            problems.append("%s: a PhaseSeconds of its own (use "
+                            "proto/names/step_phases.h)" % path)
     simulator_only = {"cross_all_reduce"}
     report = read(root, "client/ctl/plan_report.cc")
     colours = re.findall(r'\{"(\w+)", "#[0-9a-f]{6}"\}', report)

@@ -93,15 +93,14 @@ class SimulatedStep {
 }  // namespace
 
 const std::vector<PhaseField>& PhaseFields() {
-  static const std::vector<PhaseField> fields = {
-      {"reduce_scatter", &PhaseSeconds::reduce_scatter},
-      {"world_reduce", &PhaseSeconds::world_reduce},
-      {"local_compute", &PhaseSeconds::local_compute},
-      {"tp_gather", &PhaseSeconds::tp_gather},
-      {"tp_compute", &PhaseSeconds::tp_compute},
-      {"tp_scatter", &PhaseSeconds::tp_scatter},
-      {"all_gather", &PhaseSeconds::all_gather},
-      {"total", &PhaseSeconds::total}};
+  static const std::vector<PhaseField> fields = [] {
+    std::vector<PhaseField> modelled;
+    for (const StepPhase& phase : kStepPhases) {
+      if (phase.value == &PhaseSeconds::wait) continue;
+      modelled.push_back({phase.name, phase.value});
+    }
+    return modelled;
+  }();
   return fields;
 }
 

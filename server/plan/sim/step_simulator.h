@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "proto/names/step_phases.h"
 #include "server/plan/planner.h"
 #include "server/plan/sim/hardware_profile.h"
 #include "server/plan/sim/link_model.h"
@@ -67,20 +68,12 @@ struct SimOptions {
   bool overlap = false;
 };
 
-// The phases the simulator models, named as PhaseTimes and kStepPhases
-// (proto/names/step_phases.h) name them; tests/unit/plan/sim checks the names.
-struct PhaseSeconds {
-  double reduce_scatter = 0;
-  double world_reduce = 0;
-  double local_compute = 0;
-  double tp_gather = 0;
-  double tp_compute = 0;
-  double tp_scatter = 0;
-  double all_gather = 0;
-  double total = 0;
-};
+// The daemon's phases (proto/names/step_phases.h); the simulator models
+// all but "wait" (and the DP communication fields), which stay 0.
+using ::canzona::PhaseSeconds;
 
-// The names and members of PhaseSeconds, in step order (reports, JSON).
+// The names and members of PhaseSeconds the simulator models, in step
+// order (reports, JSON): kStepPhases without "wait".
 struct PhaseField {
   const char* name;
   double PhaseSeconds::*member;
