@@ -126,7 +126,7 @@ class TrainerBuffers {
     return on_device_ && !device_staging;
   }
   // `n` elements of trainer memory `src` in parameter j's dtype (j's
-  // buffer, or a run of buffers from j's on that share its dtype) into
+  // buffer, or a run starting at it whose buffers share its dtype) into
   // staging `dst` as `as` (widened exactly, or a plain copy in the
   // trainer's dtype), and staging `src` of `from` back into trainer memory
   // `dst` (rounded to nearest even into parameter j's dtype). On the
@@ -143,11 +143,11 @@ class TrainerBuffers {
 
  private:
   TrainerBuffers() = default;
-  // The buffer `ref` of `numel` elements of `dtype` (`where` names it in
-  // errors).
   // `scratch` when it holds `bytes` (INTERNAL naming `what` otherwise).
   static absl::StatusOr<char*> Scratch(absl::string_view what,
                                        absl::Span<char> scratch, int64_t bytes);
+  // The buffer `ref` of `numel` elements of `dtype` (`where` names it in
+  // errors).
   absl::StatusOr<void*> MapOne(const std::string& job_id,
                                const std::string& where,
                                const canzona::v1::BufferRef& ref, int64_t numel,

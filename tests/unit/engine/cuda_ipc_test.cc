@@ -99,10 +99,14 @@ JobConfig IpcConfig(const std::string& stem, int dp, int tp) {
 
 TEST(CudaIpcEngineTest, StepsOnIpcBuffersAreBitwiseAndReleaseTheirMemory) {
   SetCpuBlasThreads(1);
-  FakeCudaIpc fake;
-  {
+  // Interleaved buffers (copied per parameter) and buckets in bucket order
+  // (one copy per bucket), overlapped steps included.
+  for (bool bucket_order : {false, true}) {
+    SCOPED_TRACE(bucket_order ? "bucket order" : "interleaved");
+    FakeCudaIpc fake;
     Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &fake);
-    const JobConfig config = IpcConfig("ipc", 2, 2);
+    JobConfig config = IpcConfig("ipc", 2, 2);
+    config.bucket_order = bucket_order;
     JobRun run(config);
     ASSERT_OK(run.Init());
     ASSERT_OK(run.RegisterAll(cluster));
