@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/base/status_macros.h"
 
 namespace canzona {
@@ -17,6 +18,18 @@ BucketCollectives::BucketCollectives(Staging staging, Parts parts)
   const TrainerBuffers& trainer = *staging_.trainer;
   const int S = parts_.dp->size();
   const bool in_place = trainer.Addressable(staging_.on_device);
+  const bool through_host = trainer.ThroughHost(staging_.on_device);
+  int64_t scratch = 0;
+  if (through_host) {
+    // A parameter copied alone and converted (no run, or a first step's
+    // bf16 / fp16 master weights) goes through the scratch.
+    for (int i : layout.stage_params) {
+      const DType dtype = trainer.dtype(j(i));
+      if (dtype == DType::kFloat32) continue;
+      scratch = std::max(scratch, jp.params[i].fragment_numel *
+                                      static_cast<int64_t>(DTypeBytes(dtype)));
+    }
+  }
   for (const BucketLayout& b : layout.buckets) {
     std::vector<int> js;
     for (int i : jp.plan.buckets[b.index].params) js.push_back(j(i));
@@ -26,6 +39,24 @@ BucketCollectives::BucketCollectives(Staging staging, Parts parts)
         in_place ? const_cast<void*>(trainer.Run(js, false)) : nullptr;
     grad_run_.push_back(grads);
     param_run_.push_back(params);
+    if (through_host) {
+      host_runs_.push_back(HostRunsOf(b, js));
+      const HostRuns& runs = host_runs_.back();
+      if (S > 1 && runs.grads != nullptr && b.reduce_dtype != b.dtype) {
+        scratch = std::max(scratch, b.elements * DTypeBytes(b.dtype));
+      }
+      if (!runs.held.empty()) {
+        const DType dtype = trainer.dtype(j(runs.held.front()));
+        const int64_t held_bytes = runs.held_elements * DTypeBytes(dtype);
+        if (runs.held_grads != nullptr && dtype != DType::kFloat32) {
+          scratch = std::max(scratch, held_bytes);
+        }
+        if (runs.held_params != nullptr &&
+            !(runs.masters_in_order && dtype == DType::kFloat32)) {
+          scratch = std::max(scratch, held_bytes);
+        }
+      }
+    }
     if (S == 1) continue;  // per-parameter copies, no collective
     int64_t need = 0;
     if (!layout.sliced || grads == nullptr) {
@@ -36,6 +67,57 @@ BucketCollectives::BucketCollectives(Staging staging, Parts parts)
     }
     slot_bytes_ = std::max(slot_bytes_, need);
   }
+  scratch_.resize(static_cast<size_t>(scratch));
+}
+
+BucketCollectives::HostRuns BucketCollectives::HostRunsOf(
+    const BucketLayout& b, absl::Span<const int> js) const {
+  const JobPlan& jp = *staging_.plan;
+  const TrainerBuffers& trainer = *staging_.trainer;
+  const OwnedBuffers& owned = *staging_.owned;
+  HostRuns runs;
+  const bool one_rank = parts_.dp->size() == 1;
+  if (!one_rank) {
+    runs.grads = trainer.Run(js, /*grads=*/true);
+    runs.params = const_cast<void*>(trainer.Run(js, /*grads=*/false));
+  }
+  std::vector<int> held_js;
+  bool grads_in_order = true, masters_in_order = true, all_masters = true;
+  const float* next_grad = nullptr;
+  const float* next_master = nullptr;
+  for (int i : jp.plan.buckets[b.index].params) {
+    if (owned.grad_at[i] == nullptr) continue;
+    if (!runs.held.empty()) {
+      grads_in_order = grads_in_order && owned.grad_at[i] == next_grad;
+      masters_in_order = masters_in_order && owned.param_at[i] == next_master;
+    }
+    all_masters = all_masters && owned.master[i];
+    const int64_t n = jp.params[i].fragment_numel;
+    next_grad = owned.grad_at[i] + n;
+    next_master = owned.param_at[i] + n;
+    runs.held.push_back(i);
+    held_js.push_back(j(i));
+    runs.held_elements += n;
+  }
+  // One DP rank reads the held gradients (the whole bucket) itself; more
+  // reduce the slot's.
+  if (one_rank && grads_in_order) {
+    runs.held_grads = trainer.Run(held_js, /*grads=*/true);
+  }
+  if (all_masters) {
+    runs.held_params = const_cast<void*>(trainer.Run(held_js, false));
+    runs.masters_in_order = masters_in_order;
+  }
+  return runs;
+}
+
+absl::StatusOr<char*> BucketCollectives::Scratch(int64_t bytes) {
+  if (bytes > static_cast<int64_t>(scratch_.size())) {
+    return absl::InternalError(
+        absl::StrCat(staging_.who, ": a copy through the host needs ", bytes,
+                     " bytes of scratch, setup sized it to ", scratch_.size()));
+  }
+  return scratch_.data();
 }
 
 int64_t BucketCollectives::buffer_bytes() const {
@@ -44,7 +126,8 @@ int64_t BucketCollectives::buffer_bytes() const {
        {&parts_.part, &parts_.packed, &parts_.gathered, &parts_.sums}) {
     floats += b->size();
   }
-  return floats * static_cast<int64_t>(sizeof(float));
+  return floats * static_cast<int64_t>(sizeof(float)) +
+         static_cast<int64_t>(scratch_.size());
 }
 
 void BucketCollectives::MastersSet(bool set) {
@@ -64,12 +147,40 @@ absl::Status BucketCollectives::ReadMasters(int b) {
     set = master_set_[b];
     master_set_[b] = true;
   }
-  for (int i : jp.plan.buckets[staging_.layout->buckets[b].index].params) {
-    if (!owned.master[i]) continue;
-    if (set && trainer.dtype(j(i)) != DType::kFloat32) continue;
-    CANZONA_RETURN_IF_ERROR(trainer.Read(
-        trainer.param(j(i)), j(i), jp.params[i].fragment_numel, DType::kFloat32,
-        owned.param_at[i], *parts_.copier, staging_.on_device));
+  StagingCopier& copier = *parts_.copier;
+  const HostRuns* runs = host_runs(b);
+  if (runs == nullptr || runs->held_params == nullptr) {
+    for (int i : jp.plan.buckets[staging_.layout->buckets[b].index].params) {
+      if (!owned.master[i]) continue;
+      if (set && trainer.dtype(j(i)) != DType::kFloat32) continue;
+      CANZONA_RETURN_IF_ERROR(
+          trainer.Read(trainer.param(j(i)), j(i), jp.params[i].fragment_numel,
+                       DType::kFloat32, owned.param_at[i], copier,
+                       staging_.on_device, scratch()));
+    }
+    return absl::OkStatus();
+  }
+  // The held parameters in one copy through the host (one dtype: a run).
+  const int first = runs->held.front();
+  const DType dtype = trainer.dtype(j(first));
+  if (set && dtype != DType::kFloat32) return absl::OkStatus();
+  if (runs->masters_in_order) {
+    return trainer.Read(runs->held_params, j(first), runs->held_elements,
+                        DType::kFloat32, owned.param_at[first], copier,
+                        staging_.on_device, scratch());
+  }
+  // The masters lie in another order: into the scratch, then each one.
+  const int64_t unit = DTypeBytes(dtype);
+  CANZONA_ASSIGN_OR_RETURN(char* host, Scratch(runs->held_elements * unit));
+  CANZONA_RETURN_IF_ERROR(trainer.Read(runs->held_params, j(first),
+                                       runs->held_elements, dtype, host, copier,
+                                       staging_.on_device, {}));
+  int64_t at = 0;
+  for (int i : runs->held) {
+    const int64_t n = jp.params[i].fragment_numel;
+    CANZONA_RETURN_IF_ERROR(copier.Convert(
+        dtype, host + at * unit, DType::kFloat32, owned.param_at[i], n));
+    at += n;
   }
   return absl::OkStatus();
 }
@@ -79,7 +190,23 @@ absl::Status BucketCollectives::ReadGrad(int i) {
   return trainer.Read(trainer.grad(j(i)), j(i),
                       staging_.plan->params[i].fragment_numel, DType::kFloat32,
                       staging_.owned->grad_at[i], *parts_.copier,
-                      staging_.on_device);
+                      staging_.on_device, scratch());
+}
+
+absl::Status BucketCollectives::ReadHeldGrads(int b) {
+  const OwnedBuffers& owned = *staging_.owned;
+  const HostRuns* runs = host_runs(b);
+  if (runs != nullptr && runs->held_grads != nullptr) {
+    const int first = runs->held.front();
+    return staging_.trainer->Read(
+        runs->held_grads, j(first), runs->held_elements, DType::kFloat32,
+        owned.grad_at[first], *parts_.copier, staging_.on_device, scratch());
+  }
+  const BucketLayout& bucket = staging_.layout->buckets[b];
+  for (int i : staging_.plan->plan.buckets[bucket.index].params) {
+    if (owned.grad_at[i] != nullptr) CANZONA_RETURN_IF_ERROR(ReadGrad(i));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<const void*> BucketCollectives::GradSource(int b) {
@@ -88,12 +215,21 @@ absl::StatusOr<const void*> BucketCollectives::GradSource(int b) {
   const TrainerBuffers& trainer = *staging_.trainer;
   const BucketLayout& bucket = staging_.layout->buckets[b];
   char* slot = static_cast<char*>(staging_.owned->slot);
+  const std::vector<int>& params = jp.plan.buckets[bucket.index].params;
+  const HostRuns* runs = host_runs(b);
+  if (runs != nullptr && runs->grads != nullptr) {
+    // The bucket's gradients lie in the slot's order: one copy.
+    CANZONA_RETURN_IF_ERROR(trainer.Read(
+        runs->grads, j(params.front()), bucket.elements, bucket.reduce_dtype,
+        slot, *parts_.copier, staging_.on_device, scratch()));
+    return slot;
+  }
   const int64_t unit = DTypeBytes(bucket.reduce_dtype);
-  for (int i : jp.plan.buckets[bucket.index].params) {
+  for (int i : params) {
     CANZONA_RETURN_IF_ERROR(
         trainer.Read(trainer.grad(j(i)), j(i), jp.params[i].fragment_numel,
                      bucket.reduce_dtype, slot + pos(i, bucket) * unit,
-                     *parts_.copier, staging_.on_device));
+                     *parts_.copier, staging_.on_device, scratch()));
   }
   return slot;
 }
@@ -120,9 +256,8 @@ absl::Status BucketCollectives::ReduceSliced(int b) {
   const int64_t mine = bucket.counts[layout.shard_pos];
   float* sums = owned.grads + bucket.owned_base;
   if (dp.size() == 1) {
-    for (int i : staging_.plan->plan.buckets[bucket.index].params) {
-      CANZONA_RETURN_IF_ERROR(ReadGrad(i));
-    }
+    // One rank's slice is the whole bucket: every gradient held.
+    CANZONA_RETURN_IF_ERROR(ReadHeldGrads(b));
   } else {
     CANZONA_ASSIGN_OR_RETURN(const void* src, GradSource(b));
     const DType type = bucket.reduce_dtype;
@@ -149,12 +284,7 @@ absl::Status BucketCollectives::ReduceUnsliced(int b) {
   StagingCopier& copier = *parts_.copier;
   Communicator& dp = *parts_.dp;
   const std::vector<int>& params = jp.plan.buckets[bucket.index].params;
-  if (dp.size() == 1) {
-    for (int i : params) {
-      if (owned.grad_at[i] != nullptr) CANZONA_RETURN_IF_ERROR(ReadGrad(i));
-    }
-    return absl::OkStatus();
-  }
+  if (dp.size() == 1) return ReadHeldGrads(b);
   // Every rank needs the sums of its parameters, which may be anywhere in
   // the bucket: the whole bucket is all-reduced into the slot.
   const DType type = bucket.reduce_dtype;
@@ -183,7 +313,44 @@ absl::Status BucketCollectives::WriteBack(int i) {
   const TrainerBuffers& trainer = *staging_.trainer;
   return trainer.Write(DType::kFloat32, owned.param_at[i], j(i),
                        staging_.plan->params[i].fragment_numel,
-                       trainer.param(j(i)), *parts_.copier, staging_.on_device);
+                       trainer.param(j(i)), *parts_.copier, staging_.on_device,
+                       scratch());
+}
+
+absl::Status BucketCollectives::WriteHeld(int b) {
+  const JobPlan& jp = *staging_.plan;
+  const OwnedBuffers& owned = *staging_.owned;
+  const TrainerBuffers& trainer = *staging_.trainer;
+  StagingCopier& copier = *parts_.copier;
+  const HostRuns* runs = host_runs(b);
+  if (runs == nullptr || runs->held_params == nullptr) {
+    const BucketLayout& bucket = staging_.layout->buckets[b];
+    for (int i : jp.plan.buckets[bucket.index].params) {
+      CANZONA_RETURN_IF_ERROR(WriteBack(i));
+    }
+    return absl::OkStatus();
+  }
+  // The held parameters in one copy through the host (one dtype: a run).
+  const int first = runs->held.front();
+  if (runs->masters_in_order) {
+    return trainer.Write(DType::kFloat32, owned.param_at[first], j(first),
+                         runs->held_elements, runs->held_params, copier,
+                         staging_.on_device, scratch());
+  }
+  // The masters lie in another order: each one into the scratch (rounded),
+  // then the run.
+  const DType dtype = trainer.dtype(j(first));
+  const int64_t unit = DTypeBytes(dtype);
+  CANZONA_ASSIGN_OR_RETURN(char* host, Scratch(runs->held_elements * unit));
+  int64_t at = 0;
+  for (int i : runs->held) {
+    const int64_t n = jp.params[i].fragment_numel;
+    CANZONA_RETURN_IF_ERROR(copier.Convert(DType::kFloat32, owned.param_at[i],
+                                           dtype, host + at * unit, n));
+    at += n;
+  }
+  return trainer.Write(dtype, host, j(first), runs->held_elements,
+                       runs->held_params, copier, staging_.on_device, {});
 }
 
 absl::Status BucketCollectives::Gather(int b) {
@@ -199,9 +366,7 @@ absl::Status BucketCollectives::Gather(int b) {
     }
   } else {
     // Every parameter of the bucket is held here (sc, or one DP rank).
-    for (int i : jp.plan.buckets[bucket.index].params) {
-      CANZONA_RETURN_IF_ERROR(WriteBack(i));
-    }
+    CANZONA_RETURN_IF_ERROR(WriteHeld(b));
   }
   StagingCopier& copier = *parts_.copier;
   CANZONA_RETURN_IF_ERROR(copier.Finish());
@@ -245,12 +410,19 @@ absl::Status BucketCollectives::GatherSliced(int b) {
     return parts_.dp->AllGatherVTyped(type, mine, bucket.counts, dst);
   }));
   if (run != nullptr) return absl::OkStatus();
+  const HostRuns* runs = host_runs(b);
+  if (runs != nullptr && runs->params != nullptr) {
+    // The whole gathered bucket in one copy through the host (every held
+    // parameter has a master copy there: none was updated in the trainer).
+    return trainer.Write(type, dst, j(params.front()), bucket.elements,
+                         runs->params, copier, staging_.on_device, scratch());
+  }
   for (int i : params) {
     // fp32 values updated in place in the trainer need no copy back.
     if (owned.param_at[i] != nullptr && !owned.master[i]) continue;
     CANZONA_RETURN_IF_ERROR(trainer.Write(
         type, dst + pos(i, bucket) * unit, j(i), jp.params[i].fragment_numel,
-        trainer.param(j(i)), copier, staging_.on_device));
+        trainer.param(j(i)), copier, staging_.on_device, scratch()));
   }
   return absl::OkStatus();
 }
@@ -287,7 +459,7 @@ absl::Status BucketCollectives::GatherLayerwise() {
     }
     CANZONA_RETURN_IF_ERROR(trainer.Write(DType::kFloat32, value, j(i), n,
                                           trainer.param(j(i)), copier,
-                                          staging_.on_device));
+                                          staging_.on_device, scratch()));
   }
   return absl::OkStatus();
 }

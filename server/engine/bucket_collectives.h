@@ -16,8 +16,14 @@
 //    group (all-gather-v in the bucket's dtype, in place in the trainer's
 //    buffer or through the slot; layerwise plans gather every owned
 //    parameter at once) and into the trainer's buffers, rounded once.
+// A GPU trainer on the host (Gloo) plane is reached through the CUDA IPC
+// layer, one synchronous copy per call: where the trainer lays a bucket
+// out in bucket order, each of its copies is one per bucket (its
+// gradients into the slot or the owned gradients, the master copies read,
+// the parameters written back), else one per parameter.
 // It owns the DP and cross-group communicators, the DP copier (whose stream
-// they run on), the DP scratch buffers and the uneven calibration.
+// they run on), the DP scratch buffers, the host scratch of conversions
+// through the IPC layer and the uneven calibration.
 //
 //   DpLane lane(buckets,
 //       [c](int64_t, int b) { return c->Reduce(b); },
@@ -36,7 +42,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "server/comm/communicator.h"
 #include "server/engine/job_plan.h"
@@ -87,17 +95,56 @@ class BucketCollectives {
   // works on trainer memory in place); the owner allocates OwnedBuffers'
   // slot of this size before the first Reduce.
   int64_t slot_bytes() const { return slot_bytes_; }
-  // The bytes of its own parts (part, packed, gathered, sums).
+  // The bytes of its own parts (part, packed, gathered, sums) and of its
+  // host scratch.
   int64_t buffer_bytes() const;
 
   Communicator& dp() { return *parts_.dp; }
   Communicator& cross() { return *parts_.cross; }
 
  private:
+  // A bucket's runs in trainer memory reached through the host (a GPU
+  // trainer's CUDA IPC buffers under host staging), each copied with one
+  // IPC copy; null where the trainer does not lay them out in bucket
+  // order (then one copy per parameter).
+  struct HostRuns {
+    // The whole bucket's gradients and parameters: the slot's layout.
+    const void* grads = nullptr;
+    void* params = nullptr;
+    // The parameters held here (plan indices, bucket order; all with
+    // master copies, as trainer memory the data plane does not address
+    // has no fp32 value to update in place), their elements, and their
+    // gradients and parameters in the trainer when back to back (and the
+    // owned gradients back to back too, as LayoutOwned puts them).
+    std::vector<int> held;
+    int64_t held_elements = 0;
+    const void* held_grads = nullptr;
+    void* held_params = nullptr;
+    // The held parameters' master copies lie back to back in bucket
+    // order: read and written straight, without the scratch.
+    bool masters_in_order = false;
+  };
+
   // Master copies of bucket b's held parameters from the trainer.
   absl::Status ReadMasters(int b);
   // Gradient j (parameter i) from the trainer into its owned slot as fp32.
   absl::Status ReadGrad(int i);
+  // The gradients of bucket b's held parameters into the owned gradients
+  // as fp32 (one DP rank: no collective).
+  absl::Status ReadHeldGrads(int b);
+  // The held parameters' values of bucket b into the trainer (every
+  // parameter of it held here: sc, or one DP rank).
+  absl::Status WriteHeld(int b);
+  // Bucket b's runs (parameters `js`, trainer indices in bucket order).
+  HostRuns HostRunsOf(const BucketLayout& b, absl::Span<const int> js) const;
+  // `bytes` of the scratch (INTERNAL when setup sized it smaller).
+  absl::StatusOr<char*> Scratch(int64_t bytes);
+  // The runs of bucket b (null when the trainer is not reached through
+  // the host).
+  const HostRuns* host_runs(int b) const {
+    return host_runs_.empty() ? nullptr : &host_runs_[b];
+  }
+  absl::Span<char> scratch() { return absl::MakeSpan(scratch_); }
   // The bucket's gradients into the slot in its reduce dtype (or the
   // trainer's own buffer when it holds them in place).
   absl::StatusOr<const void*> GradSource(int b);
@@ -123,6 +170,13 @@ class BucketCollectives {
   // when the collectives may use it in place (else null: the slot).
   std::vector<const void*> grad_run_;
   std::vector<void*> param_run_;
+  // Per bucket, when the trainer is reached through the host; else empty.
+  std::vector<HostRuns> host_runs_;
+  // Host memory for the conversions of copies through the IPC layer (bf16
+  // / fp16 trainers) and for master copies not in bucket order: sized at
+  // construction to the largest copy, reused by every copy on the DP lane
+  // thread. Empty when nothing goes through it.
+  std::vector<char> scratch_;
   int64_t slot_bytes_ = 0;
   absl::Mutex master_mu_;
   // Per bucket: its master weights are staged (see MastersSet).

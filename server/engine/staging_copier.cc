@@ -69,6 +69,10 @@ class HostStagingCopier final : public StagingCopier {
   }
   absl::Status Finish() override { return absl::OkStatus(); }
   NcclStream stream() const override { return nullptr; }
+  absl::Status CheckCopySide(absl::string_view what, absl::string_view side,
+                             const void* p, int64_t bytes) const override {
+    return staging_.CheckContained(what, side, p, bytes);
+  }
 
  private:
   const AllocationRegistry& staging_;
@@ -134,6 +138,10 @@ class DeviceStagingCopier final : public StagingCopier {
     }
   }
   NcclStream stream() const override { return stream_; }
+  absl::Status CheckCopySide(absl::string_view what, absl::string_view side,
+                             const void* p, int64_t bytes) const override {
+    return staging_.CheckContained(what, side, p, bytes);
+  }
 
  private:
   const AllocationRegistry& staging_;

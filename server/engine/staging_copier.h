@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "kernels/allocation_registry.h"
 #include "kernels/base/dtype.h"
@@ -57,6 +58,13 @@ class StagingCopier {
   virtual absl::Status Finish() = 0;
   // The stream to create this thread's NCCL communicators on (null: host).
   virtual NcclStream stream() const = 0;
+  // Checks one side of a copy the caller makes itself, as Copy checks its
+  // sides (inside one staging allocation or outside them all): a CUDA IPC
+  // copy between a trainer's device memory and host staging, which goes
+  // through the IPC layer rather than the copier.
+  virtual absl::Status CheckCopySide(absl::string_view what,
+                                     absl::string_view side, const void* p,
+                                     int64_t bytes) const = 0;
 };
 
 // `staging` (the staging backend's allocations, Backend::allocations())

@@ -212,30 +212,53 @@ const void* TrainerBuffers::Run(absl::Span<const int> js, bool grads) const {
 
 absl::Status TrainerBuffers::Read(const void* src, int j, int64_t n, DType as,
                                   void* dst, StagingCopier& copier,
-                                  bool device_staging) const {
+                                  bool device_staging,
+                                  absl::Span<char> scratch) const {
   const DType dtype = dtype_[j];
   if (n <= 0) return absl::OkStatus();
-  if (device_staging || !on_device_) {
+  if (!ThroughHost(device_staging)) {
     return copier.Convert(dtype, src, as, dst, n);
   }
-  // Device memory into host staging: through the IPC layer.
-  std::vector<char> host(n * DTypeBytes(dtype));
-  CANZONA_RETURN_IF_ERROR(
-      opener_->CopyToHost(device_, src, host.size(), host.data()));
-  return copier.Convert(dtype, host.data(), as, dst, n);
+  const int64_t bytes = n * DTypeBytes(dtype);
+  if (as == dtype) {
+    CANZONA_RETURN_IF_ERROR(
+        copier.CheckCopySide("TrainerBuffers::Read", "dst", dst, bytes));
+    return opener_->CopyToHost(device_, src, bytes, dst);
+  }
+  CANZONA_ASSIGN_OR_RETURN(char* host, Scratch("Read", scratch, bytes));
+  CANZONA_RETURN_IF_ERROR(opener_->CopyToHost(device_, src, bytes, host));
+  return copier.Convert(dtype, host, as, dst, n);
 }
 
 absl::Status TrainerBuffers::Write(DType from, const void* src, int j,
                                    int64_t n, void* dst, StagingCopier& copier,
-                                   bool device_staging) const {
+                                   bool device_staging,
+                                   absl::Span<char> scratch) const {
   const DType dtype = dtype_[j];
   if (n <= 0) return absl::OkStatus();
-  if (device_staging || !on_device_) {
+  if (!ThroughHost(device_staging)) {
     return copier.Convert(from, src, dtype, dst, n);
   }
-  std::vector<char> host(n * DTypeBytes(dtype));
-  CANZONA_RETURN_IF_ERROR(copier.Convert(from, src, dtype, host.data(), n));
-  return opener_->CopyFromHost(device_, host.data(), host.size(), dst);
+  const int64_t bytes = n * DTypeBytes(dtype);
+  if (from == dtype) {
+    CANZONA_RETURN_IF_ERROR(
+        copier.CheckCopySide("TrainerBuffers::Write", "src", src, bytes));
+    return opener_->CopyFromHost(device_, src, bytes, dst);
+  }
+  CANZONA_ASSIGN_OR_RETURN(char* host, Scratch("Write", scratch, bytes));
+  CANZONA_RETURN_IF_ERROR(copier.Convert(from, src, dtype, host, n));
+  return opener_->CopyFromHost(device_, host, bytes, dst);
+}
+
+absl::StatusOr<char*> TrainerBuffers::Scratch(absl::string_view what,
+                                              absl::Span<char> scratch,
+                                              int64_t bytes) {
+  if (static_cast<int64_t>(scratch.size()) < bytes) {
+    return absl::InternalError(absl::StrCat(
+        "TrainerBuffers::", what, ": a conversion through the host needs ",
+        bytes, " bytes of scratch, the caller has ", scratch.size()));
+  }
+  return scratch.data();
 }
 
 std::vector<TrainerBuffers::MemoryRange> TrainerBuffers::SharedMemoryMappings()

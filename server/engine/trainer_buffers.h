@@ -9,13 +9,22 @@
 // fp16); Read widens into fp32 staging (or copies in the trainer's dtype),
 // Write rounds to nearest even.
 //
+// Device memory under host staging (a GPU trainer on the Gloo plane) is
+// the expensive case: every copy is a synchronous cudaMemcpy through the
+// IPC layer. A plain copy goes straight between the trainer's memory and
+// staging; a conversion goes through the caller's scratch (one host
+// buffer reused by every copy, never an allocation per copy). Callers
+// copy a whole run (Run: a bucket the trainer laid out in bucket order) in
+// one call where they can, so a step costs a few large copies rather than
+// several small ones per parameter.
+//
 //   CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<TrainerBuffers> buffers,
 //                            TrainerBuffers::Map(request, spec.fragment_numel,
 //                                                options));
 //   // On the rank's DP lane thread:
 //   CANZONA_RETURN_IF_ERROR(buffers->WaitGradients(copier, device_staging));
 //   CANZONA_RETURN_IF_ERROR(buffers->Read(buffers->grad(j), j, n,
-//       DType::kFloat32, staged, copier, device_staging));
+//       DType::kFloat32, staged, copier, device_staging, scratch));
 //
 // Errors of Map name the field ("parameters[3] 'w'.grad.shm.name: ...").
 //
@@ -35,6 +44,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "canzona/v1/optimizer_service.pb.h"
 #include "kernels/base/dtype.h"
@@ -110,18 +120,32 @@ class TrainerBuffers {
   // IPC buffers): what the NCCL plane page-locks for its copies.
   std::vector<MemoryRange> SharedMemoryMappings() const;
 
-  // `n` elements of parameter j's trainer memory `src` into staging `dst`
-  // as `as` (widened exactly, or a plain copy in the trainer's dtype), and
-  // staging `src` of `from` back into trainer memory `dst` (rounded to
-  // nearest even into parameter j's dtype). On the copier's stream with
-  // device staging, else through the IPC layer for device memory.
+  // Whether copies between the buffers and staging go through the IPC
+  // layer (device memory, host staging) rather than the copier.
+  bool ThroughHost(bool device_staging) const {
+    return on_device_ && !device_staging;
+  }
+  // `n` elements of trainer memory `src` in parameter j's dtype (j's
+  // buffer, or a run starting at it whose buffers share its dtype) into
+  // staging `dst` as `as` (widened exactly, or a plain copy in the
+  // trainer's dtype), and staging `src` of `from` back into trainer memory
+  // `dst` (rounded to nearest even into parameter j's dtype). On the
+  // copier's stream with device staging. Through the host (ThroughHost):
+  // one synchronous IPC copy, straight into / out of staging when the
+  // dtypes match, else through `scratch` (at least n elements of j's
+  // dtype: INTERNAL when smaller; unused in every other case).
   absl::Status Read(const void* src, int j, int64_t n, DType as, void* dst,
-                    StagingCopier& copier, bool device_staging) const;
+                    StagingCopier& copier, bool device_staging,
+                    absl::Span<char> scratch) const;
   absl::Status Write(DType from, const void* src, int j, int64_t n, void* dst,
-                     StagingCopier& copier, bool device_staging) const;
+                     StagingCopier& copier, bool device_staging,
+                     absl::Span<char> scratch) const;
 
  private:
   TrainerBuffers() = default;
+  // `scratch` when it holds `bytes` (INTERNAL naming `what` otherwise).
+  static absl::StatusOr<char*> Scratch(absl::string_view what,
+                                       absl::Span<char> scratch, int64_t bytes);
   // The buffer `ref` of `numel` elements of `dtype` (`where` names it in
   // errors).
   absl::StatusOr<void*> MapOne(const std::string& job_id,

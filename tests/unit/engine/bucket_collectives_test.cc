@@ -2,9 +2,13 @@
 // an in-process fake group, the trainers' buffers in real shared memory,
 // the owned (ZeRO-1) buffers as the engine allocates them. Every strategy,
 // both trainer layouts (interleaved: through the bucket slot; bucket order:
-// in place), fp32 and bf16 trainers, bf16 gradients summed in bf16 or fp32.
+// in place), fp32 and bf16 trainers, bf16 gradients summed in bf16 or fp32;
+// and the same buffers as a GPU trainer's CUDA IPC memory (FakeCudaIpc)
+// under host staging, copied through the IPC layer: one copy per bucket
+// each way in bucket order, one per parameter interleaved.
 #include "server/engine/bucket_collectives.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,6 +21,7 @@
 #include "kernels/base/dtype.h"
 #include "kernels/base/status_macros.h"
 #include "server/comm/fake_communicator.h"
+#include "server/engine/cuda_ipc_registry.h"
 #include "server/engine/owned_buffers.h"
 #include "server/engine/single_rank_communicator.h"
 #include "tests/matchers/status_matchers.h"
@@ -27,8 +32,11 @@ namespace {
 
 constexpr int kDp = 2;
 
-// One DP rank: its trainer, mapped buffers, owned buffers and collectives.
+// One DP rank: its trainer, mapped buffers, owned buffers and collectives
+// (and the fake IPC layer its buffers are opened through, if any).
 struct DpRank {
+  FakeCudaIpc ipc;
+  std::unique_ptr<CudaIpcRegistry> registry;
   std::unique_ptr<TrainerRank> trainer;
   std::unique_ptr<TrainerBuffers> buffers;
   RankLayout layout;
@@ -38,17 +46,19 @@ struct DpRank {
   std::unique_ptr<BucketCollectives> collectives;
 };
 
-// strategy, trainer layout in bucket order, trainer dtype, fp32 reduce.
-using Case = std::tuple<std::string, bool, DType, bool>;
+// strategy, trainer layout in bucket order, trainer dtype, fp32 reduce,
+// CUDA IPC trainer buffers (through the host).
+using Case = std::tuple<std::string, bool, DType, bool, bool>;
 
 class BucketCollectivesTest : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
-    const auto& [strategy, bucket_order, dtype, reduce_fp32] = GetParam();
+    const auto& [strategy, bucket_order, dtype, reduce_fp32, ipc] = GetParam();
     config_ = MakeJobConfig("bc", kDp, /*tp=*/1, strategy);
     config_.bucket_order = bucket_order;
     config_.dtype = dtype;
     config_.grad_reduce_fp32 = reduce_fp32;
+    config_.cuda_ipc = ipc;
     ASSERT_OK_AND_ASSIGN(jp_, PlanOf(config_));
     for (int d = 0; d < kDp; ++d) {
       DpRank& r = ranks_[d];
@@ -59,9 +69,16 @@ class BucketCollectivesTest : public ::testing::TestWithParam<Case> {
                                               r.trainer->MakeRegister(), {}));
       ASSERT_OK_AND_ASSIGN(r.layout,
                            LayoutRank(*jp_, spec.settings, spec.coords));
+      TrainerBuffers::Options options;
+      if (ipc) {
+        r.registry = std::make_unique<CudaIpcRegistry>(&r.ipc);
+        options.registry = r.registry.get();
+        options.opener = &r.ipc;
+        options.cuda_devices = [] { return 1; };
+      }
       ASSERT_OK_AND_ASSIGN(r.buffers,
                            TrainerBuffers::Map(r.trainer->MakeRegister(),
-                                               spec.fragment_numel, {}));
+                                               spec.fragment_numel, options));
       ASSERT_OK_AND_ASSIGN(r.backend, CreateBackend(BackendKind::kCpu));
       ASSERT_OK(AllocateOwned(*jp_, r.layout, *r.buffers,
                               /*device_staging=*/false, *r.backend, &r.memory,
@@ -129,6 +146,38 @@ class BucketCollectivesTest : public ::testing::TestWithParam<Case> {
     return out;
   }
 
+  // Copies through the IPC layer of bucket b on one rank (CUDA IPC
+  // buffers): one per run of parameters `of` (plan indices in bucket order)
+  // when the trainer lays them out back to back, else one per parameter.
+  int64_t Copies(const std::vector<int>& of) const {
+    if (of.empty()) return 0;
+    if (!config_.bucket_order) return static_cast<int64_t>(of.size());
+    const std::vector<int>& params = BucketParams(of.front());
+    const auto first = std::find(params.begin(), params.end(), of.front());
+    const bool run = params.end() - first >= static_cast<int64_t>(of.size()) &&
+                     std::equal(of.begin(), of.end(), first);
+    return run ? 1 : static_cast<int64_t>(of.size());
+  }
+  // The parameters of the bucket of plan parameter i, in bucket order.
+  const std::vector<int>& BucketParams(int i) const {
+    for (const plan::BucketPlan& b : jp_->plan.buckets) {
+      if (std::find(b.params.begin(), b.params.end(), i) != b.params.end()) {
+        return b.params;
+      }
+    }
+    static const std::vector<int> kNone;
+    return kNone;
+  }
+  // Bucket b's parameters that rank r holds, in bucket order.
+  std::vector<int> Held(const DpRank& r, const BucketLayout& b) const {
+    std::vector<int> held;
+    for (int i : jp_->plan.buckets[b.index].params) {
+      if (r.owned.grad_at[i] != nullptr) held.push_back(i);
+    }
+    return held;
+  }
+  bool ipc() const { return config_.cuda_ipc; }
+
   JobConfig config_;
   std::shared_ptr<const JobPlan> jp_;
   FakeCommunicatorGroup group_{kDp};
@@ -162,8 +211,10 @@ TEST_P(BucketCollectivesTest, ReduceSumsWhatEachRankHolds) {
             << jp_->params[i].name << "[" << k << "]";
         ASSERT_EQ(r.owned.param_at[i][k], trainer_param[k]);
       }
-      // fp32 parameters are updated in the trainer's own memory.
-      EXPECT_EQ(r.owned.master[i] == 0, config_.dtype == DType::kFloat32);
+      // fp32 parameters are updated in the trainer's own memory (when the
+      // host staging addresses it).
+      EXPECT_EQ(r.owned.master[i] == 0,
+                config_.dtype == DType::kFloat32 && !ipc());
       if (!r.owned.master[i]) {
         EXPECT_EQ(static_cast<void*>(r.owned.param_at[i]), r.buffers->param(i));
       }
@@ -173,9 +224,20 @@ TEST_P(BucketCollectivesTest, ReduceSumsWhatEachRankHolds) {
   // The trainer's runs in bucket order serve the sliced collectives in
   // place, in its own dtype: no slot.
   const bool in_place =
-      config_.bucket_order && ranks_[0].layout.sliced &&
+      config_.bucket_order && ranks_[0].layout.sliced && !ipc() &&
       (config_.dtype == DType::kFloat32 || !config_.grad_reduce_fp32);
   EXPECT_EQ(ranks_[0].collectives->slot_bytes() == 0, in_place);
+  // Through the IPC layer: each bucket's gradients (into the slot) and
+  // the master copies of what the rank holds, nothing back.
+  for (int d = 0; ipc() && d < kDp; ++d) {
+    const DpRank& r = ranks_[d];
+    int64_t to_host = 0;
+    for (const BucketLayout& b : r.layout.buckets) {
+      to_host += Copies(jp_->plan.buckets[b.index].params) + Copies(Held(r, b));
+    }
+    EXPECT_EQ(r.ipc.to_host.load(), to_host) << "rank " << d;
+    EXPECT_EQ(r.ipc.from_host.load(), 0) << "rank " << d;
+  }
   const DType reduced =
       config_.grad_reduce_fp32 ? DType::kFloat32 : config_.dtype;
   for (const FakeCommCall& c : group_.calls(0)) {
@@ -202,8 +264,25 @@ TEST_P(BucketCollectivesTest, GatherPublishesTheOwnersParameters) {
       }
     }
   }
+  int64_t to_host[kDp];
+  for (int d = 0; d < kDp; ++d) to_host[d] = ranks_[d].ipc.to_host.load();
   OnBothRanks([](DpRank& r, int b) { return r.collectives->Gather(b); },
               ranks_[0].layout.gather_order);
+  // Through the IPC layer: each bucket's parameters (sliced: the gathered
+  // bucket; sc: all held here) as one copy per run; the layerwise gather
+  // writes each parameter alone.
+  for (int d = 0; ipc() && d < kDp; ++d) {
+    const DpRank& r = ranks_[d];
+    int64_t from_host = 0;
+    for (const BucketLayout& b : r.layout.buckets) {
+      const std::vector<int>& params = jp_->plan.buckets[b.index].params;
+      from_host += jp_->plan.strategy == plan::Strategy::kLayerwise
+                       ? static_cast<int64_t>(params.size())
+                       : Copies(params);
+    }
+    EXPECT_EQ(r.ipc.from_host.load(), from_host) << "rank " << d;
+    EXPECT_EQ(r.ipc.to_host.load(), to_host[d]) << "rank " << d;
+  }
   for (int d = 0; d < kDp; ++d) {
     for (size_t i = 0; i < jp_->params.size(); ++i) {
       const int owner = jp_->plan.dp_owner[i];
@@ -230,21 +309,23 @@ TEST_P(BucketCollectivesTest, GatherPublishesTheOwnersParameters) {
 }
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  const auto& [strategy, bucket_order, dtype, reduce_fp32] = info.param;
+  const auto& [strategy, bucket_order, dtype, reduce_fp32, ipc] = info.param;
   return absl::StrCat(strategy, bucket_order ? "_bucket_order" : "_interleaved",
-                      "_", DTypeName(dtype), reduce_fp32 ? "_reduce_fp32" : "");
+                      "_", DTypeName(dtype), reduce_fp32 ? "_reduce_fp32" : "",
+                      ipc ? "_cuda_ipc" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Fp32, BucketCollectivesTest,
     ::testing::Combine(::testing::Values("cost", "sc", "layerwise"),
                        ::testing::Bool(), ::testing::Values(DType::kFloat32),
-                       ::testing::Values(false)),
+                       ::testing::Values(false), ::testing::Bool()),
     CaseName);
 INSTANTIATE_TEST_SUITE_P(Bf16, BucketCollectivesTest,
                          ::testing::Combine(::testing::Values("cost", "sc"),
                                             ::testing::Bool(),
                                             ::testing::Values(DType::kBFloat16),
+                                            ::testing::Bool(),
                                             ::testing::Bool()),
                          CaseName);
 

@@ -2,8 +2,13 @@
 // and validation, and the engine's IPC path end to end over FakeCudaIpc
 // (host memory standing in for device allocations): every step bitwise
 // equal to the reference, the trainer's event waited on, allocations
-// opened once per rank and closed after it leaves.
+// opened once per rank and closed after it leaves, and on the Gloo plane
+// one synchronous copy per bucket each way where the trainer lays its
+// buckets out in bucket order (one per parameter otherwise).
+#include <memory>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -13,8 +18,11 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "server/engine/cuda_ipc_registry.h"
+#include "server/engine/job_plan.h"
+#include "server/engine/rank_layout.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/engine/engine_test_util.h"
+#include "tests/unit/engine/parts_test_util.h"
 
 namespace canzona::engine_test {
 namespace {
@@ -91,10 +99,14 @@ JobConfig IpcConfig(const std::string& stem, int dp, int tp) {
 
 TEST(CudaIpcEngineTest, StepsOnIpcBuffersAreBitwiseAndReleaseTheirMemory) {
   SetCpuBlasThreads(1);
-  FakeCudaIpc fake;
-  {
+  // Interleaved buffers (copied per parameter) and buckets in bucket order
+  // (one copy per bucket), overlapped steps included.
+  for (bool bucket_order : {false, true}) {
+    SCOPED_TRACE(bucket_order ? "bucket order" : "interleaved");
+    FakeCudaIpc fake;
     Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &fake);
-    const JobConfig config = IpcConfig("ipc", 2, 2);
+    JobConfig config = IpcConfig("ipc", 2, 2);
+    config.bucket_order = bucket_order;
     JobRun run(config);
     ASSERT_OK(run.Init());
     ASSERT_OK(run.RegisterAll(cluster));
@@ -116,6 +128,127 @@ TEST(CudaIpcEngineTest, StepsOnIpcBuffersAreBitwiseAndReleaseTheirMemory) {
     EXPECT_EQ(fake.events_open.load(), 0);
   }
 }
+
+// The synchronous copies through the IPC layer (FakeCudaIpc's counters).
+struct IpcCopies {
+  int64_t to_host = 0, to_host_bytes = 0;
+  int64_t from_host = 0, from_host_bytes = 0;
+  bool operator==(const IpcCopies&) const = default;
+};
+
+std::ostream& operator<<(std::ostream& os, const IpcCopies& c) {
+  return os << "{to_host " << c.to_host << " (" << c.to_host_bytes
+            << " bytes), from_host " << c.from_host << " (" << c.from_host_bytes
+            << " bytes)}";
+}
+
+IpcCopies CopiesOf(const FakeCudaIpc& fake) {
+  return {fake.to_host.load(), fake.to_host_bytes.load(), fake.from_host.load(),
+          fake.from_host_bytes.load()};
+}
+
+IpcCopies operator-(const IpcCopies& a, const IpcCopies& b) {
+  return {a.to_host - b.to_host, a.to_host_bytes - b.to_host_bytes,
+          a.from_host - b.from_host, a.from_host_bytes - b.from_host_bytes};
+}
+
+// What one step of every rank of `config` (a GPU trainer on the Gloo plane,
+// strategies that hold whole buckets or slices of them) copies: every
+// bucket's gradients in, and its parameters out (one DP rank or sc: the
+// held ones, which are all; sliced: the gathered bucket); with `masters`
+// (fp32 trainers every step, bf16 / fp16 ones on the first) the held
+// parameters' master copies in. In bucket order one copy per bucket each,
+// else one per parameter.
+absl::StatusOr<IpcCopies> ExpectedCopies(const JobConfig& config,
+                                         bool masters) {
+  CANZONA_ASSIGN_OR_RETURN(std::shared_ptr<const JobPlan> jp, PlanOf(config));
+  const int64_t unit = DTypeBytes(config.dtype);
+  IpcCopies c;
+  for (int g = 0; g < config.world(); ++g) {
+    CANZONA_ASSIGN_OR_RETURN(RankSpec spec, SpecOf(config, g));
+    CANZONA_ASSIGN_OR_RETURN(RankLayout layout,
+                             LayoutRank(*jp, spec.settings, spec.coords));
+    for (const BucketLayout& b : layout.buckets) {
+      const std::vector<int>& params = jp->plan.buckets[b.index].params;
+      const int64_t copies =
+          config.bucket_order ? 1 : static_cast<int64_t>(params.size());
+      c.to_host += copies;
+      c.to_host_bytes += b.elements * unit;
+      c.from_host += copies;
+      c.from_host_bytes += b.elements * unit;
+      int64_t held = 0, held_elements = 0;
+      for (int i : params) {
+        if (layout.owned_offset[i] < 0) continue;
+        ++held;
+        held_elements += jp->params[i].fragment_numel;
+      }
+      if (masters && held > 0) {
+        c.to_host += config.bucket_order ? 1 : held;
+        c.to_host_bytes += held_elements * unit;
+      }
+    }
+  }
+  return c;
+}
+
+// strategy, dp, trainer dtype, fp32 reduce, trainer layout in bucket order.
+using CopyCase = std::tuple<std::string, int, DType, bool, bool>;
+
+class IpcBucketCopiesTest : public ::testing::TestWithParam<CopyCase> {};
+
+TEST_P(IpcBucketCopiesTest, OneCopyPerBucketEachWayInBucketOrder) {
+  SetCpuBlasThreads(1);
+  const auto& [strategy, dp, dtype, reduce_fp32, bucket_order] = GetParam();
+  JobConfig config = MakeJobConfig("ipc-copies", dp, /*tp=*/1, strategy);
+  config.cuda_ipc = true;
+  config.dtype = dtype;
+  config.grad_reduce_fp32 = reduce_fp32;
+  config.bucket_order = bucket_order;
+  constexpr int kSteps = 3;
+  std::vector<IpcCopies> expected;
+  for (int step = 1; step <= kSteps; ++step) {
+    // bf16 / fp16 master weights are read once; fp32 values every step.
+    ASSERT_OK_AND_ASSIGN(
+        IpcCopies e,
+        ExpectedCopies(config, step == 1 || dtype == DType::kFloat32));
+    expected.push_back(e);
+  }
+  FakeCudaIpc fake;
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &fake);
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  for (int step = 1; step <= kSteps; ++step) {
+    const IpcCopies before = CopiesOf(fake);
+    ASSERT_OK(run.RunSteps(cluster, step, step));
+    EXPECT_EQ(CopiesOf(fake) - before, expected[step - 1]) << "step " << step;
+  }
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, kSteps, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+  ASSERT_OK(run.Deregister(cluster));
+}
+
+std::string CopyCaseName(const ::testing::TestParamInfo<CopyCase>& info) {
+  const auto& [strategy, dp, dtype, reduce_fp32, bucket_order] = info.param;
+  return absl::StrCat(strategy, "_dp", dp, "_", DTypeName(dtype),
+                      reduce_fp32 ? "_reduce_fp32" : "",
+                      bucket_order ? "_bucket_order" : "_interleaved");
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp32, IpcBucketCopiesTest,
+                         ::testing::Combine(::testing::Values("cost", "sc"),
+                                            ::testing::Values(1, 2),
+                                            ::testing::Values(DType::kFloat32),
+                                            ::testing::Values(false),
+                                            ::testing::Bool()),
+                         CopyCaseName);
+INSTANTIATE_TEST_SUITE_P(Bf16, IpcBucketCopiesTest,
+                         ::testing::Combine(::testing::Values("cost", "sc"),
+                                            ::testing::Values(1, 2),
+                                            ::testing::Values(DType::kBFloat16),
+                                            ::testing::Bool(),
+                                            ::testing::Bool()),
+                         CopyCaseName);
 
 TEST(CudaIpcEngineTest, MixedOrUnservableBuffersAreRejected) {
   FakeCudaIpc fake;

@@ -842,6 +842,8 @@ absl::Status FakeCudaIpc::CopyToHost(int, const void* src, size_t bytes,
                                      void* dst) {
   std::memcpy(dst, src, bytes);
   copied_bytes += static_cast<int64_t>(bytes);
+  ++to_host;
+  to_host_bytes += static_cast<int64_t>(bytes);
   return absl::OkStatus();
 }
 
@@ -849,6 +851,8 @@ absl::Status FakeCudaIpc::CopyFromHost(int, const void* src, size_t bytes,
                                        void* dst) {
   std::memcpy(dst, src, bytes);
   copied_bytes += static_cast<int64_t>(bytes);
+  ++from_host;
+  from_host_bytes += static_cast<int64_t>(bytes);
   return absl::OkStatus();
 }
 

@@ -172,6 +172,10 @@ class FakeCudaIpc final : public CudaIpcOpener {
   std::atomic<int> opens{0}, closes{0}, events_open{0}, event_waits{0};
   std::atomic<int> last_open_device{-1};
   std::atomic<int64_t> copied_bytes{0};
+  // The synchronous copies out of (to_host) and into (from_host) the
+  // "device" memory, and their bytes.
+  std::atomic<int64_t> to_host{0}, to_host_bytes{0};
+  std::atomic<int64_t> from_host{0}, from_host_bytes{0};
 };
 
 // A unique job id (pid + counter): shm names never collide across tests.
