@@ -474,7 +474,9 @@ def main():
     parser.add_argument("--backend", default="cuda",
                         help="backend of the started canzonad")
     parser.add_argument("--comm", default="nccl",
-                        help="data plane of the started canzonad")
+                        help="data plane of the started canzonad (with "
+                        "--target: the one the daemon was started with, "
+                        "recorded in the settings)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--sizes", default="100m,0.6b,8b",
                         help="comma-separated, of %s" % ", ".join(SIZES))
@@ -516,6 +518,7 @@ def main():
                   "ns_precision": args.ns_precision}, "adamw":
                   torch_check.ADAMW, "batch": args.batch, "seq": args.seq,
                   "warmup": args.warmup, "steps": args.steps,
+                  "comm": args.comm,
                   "bf16_torch": "fp32 master copies, grads cast in and "
                                 "parameters copied back inside the step",
                   "order": "torch side, then canzona side, memory freed "

@@ -21,7 +21,7 @@ import sys
 
 GPU_CHECKS = ("bench-kernels-bf16", "bench-kernels-fp32", "torch-ns5",
               "step-cuda-nccl-ws1", "step-cuda-gloo-dp2", "torch-check",
-              "torch-step-bench")
+              "torch-step-bench", "torch-step-bench-gloo")
 CPU_CHECKS = ("cpu-step-bench", "cpu-tp-mlp-trainer")
 PYTHON_CHECKS = ("torch-check", "python-example-trainer")
 

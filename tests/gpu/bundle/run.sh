@@ -196,6 +196,20 @@ else
     --sizes 100m,0.6b,8b --dtypes fp32,bf16 --warmup 3 --steps 5 --budget 150 \
     --models-dir "$models" --out "$report/data/torch-step-bench.json"
 fi
+# The same at ~100 M parameters on the Gloo plane with CUDA tensors (host
+# staging, how ranks share a GPU): goal within 3x of torch's step.
+if ((!gpu)); then
+  skip torch-step-bench-gloo torch torch_step_bench "$no_gpu"
+elif [[ -n "$canzona_reason$torch_reason" ]]; then
+  skip torch-step-bench-gloo torch torch_step_bench "${canzona_reason:-$torch_reason}"
+else
+  with_daemons torch-step-bench-gloo torch torch_step_bench 120 data/torch-step-bench-gloo.json \
+    "--backend cuda --comm gloo --step-timeout 120 --register-timeout 120" -- \
+    env PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+    "$python" "$here/checks/torch_step_bench.py" --target "$(sock d0)" --device cuda \
+    --comm gloo --sizes 100m --dtypes fp32,bf16 --warmup 3 --steps 5 --budget 90 \
+    --models-dir "$models" --out "$report/data/torch-step-bench-gloo.json"
+fi
 if [[ -n "$canzona_reason" ]]; then
   skip python-example-trainer torch generic "$canzona_reason"
 elif ! [[ -f "$here/examples/train_torch.py" ]]; then

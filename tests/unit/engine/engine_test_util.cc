@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -298,7 +299,11 @@ Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
     EngineOptions options;
     options.backend = backend;
     options.batch_updates = batch_updates;
-    options.device_like_cpu = device_like_cpu;
+    // CANZONA_TEST_DEVICE_LIKE_CPU=1: a whole suite on the device-like
+    // compute beside host staging (tests/unit/engine/CMakeLists.txt).
+    const char* everywhere = std::getenv("CANZONA_TEST_DEVICE_LIKE_CPU");
+    options.device_like_cpu =
+        device_like_cpu || (everywhere != nullptr && everywhere[0] == '1');
     if (nccl != nullptr) {
       options.comm = "nccl";
       options.nccl_api = nccl;

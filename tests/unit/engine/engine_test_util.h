@@ -195,7 +195,8 @@ struct Cluster {
   // in data mode: host memory as device memory).
   // `batch_updates`: EngineOptions::batch_updates.
   // `device_like_cpu`: EngineOptions::device_like_cpu (the cpu backend as
-  // a GPU beside host staging on the Gloo plane).
+  // a GPU beside host staging on the Gloo plane); also when the
+  // environment sets CANZONA_TEST_DEVICE_LIKE_CPU=1.
   explicit Cluster(absl::Duration step_timeout = absl::Seconds(20),
                    absl::Duration register_timeout = absl::Seconds(20),
                    const std::string& backend = "cpu",

@@ -93,7 +93,10 @@ absl::StatusOr<nlohmann::json> BuildReport(
                        {"skipped", skipped},
                        {"total", passed + failed + skipped}};
   report["newton_schulz"] = CompareKernels(results);
-  report["torch_step_bench"] = CompareTorchSteps(results);
+  for (const TorchStepBench& bench :
+       {kNcclTorchStepBench, kGlooTorchStepBench}) {
+    report[bench.key] = CompareTorchSteps(results, bench);
+  }
   return report;
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_replace.h"
 #include "tests/gpu/bundle/report/kernel_comparison.h"
 #include "tests/gpu/bundle/report/report.h"
+#include "tests/gpu/bundle/report/torch_step_comparison.h"
 
 namespace canzona::bundle {
 namespace {
@@ -177,11 +178,13 @@ std::string Ratio(const json& ratio) {
   return ratio.is_null() ? "–" : Cell(ratio) + "x";
 }
 
-void RenderTorchStepBench(std::string& md, const json& report) {
-  if (!report.contains("torch_step_bench")) return;
-  const json& bench = report["torch_step_bench"];
+void RenderTorchStepBench(std::string& md, const json& report,
+                          const char* key) {
+  if (!report.contains(key)) return;
+  const json& bench = report[key];
   if (bench.is_null()) return;
-  Section(md, "Optimizer step: canzona.torch vs torch.optim.Muon + AdamW");
+  Section(md, absl::StrCat("Optimizer step (", Get(bench, "plane"),
+                           "): canzona.torch vs torch.optim.Muon + AdamW"));
   const std::string device = bench.value("device", "");
   absl::StrAppend(
       &md, "On **", device.empty() ? "–" : Cell(device), "** (torch ",
@@ -221,10 +224,13 @@ void RenderTorchStepBench(std::string& md, const json& report) {
   }
   md += "Goals (issue 30):\n\n";
   for (const json& g : bench["goals"]) {
-    absl::StrAppend(&md, "- ", Get(g, "measure"),
-                    " >= ", absl::StrFormat("%.1f", g["target"].get<double>()),
-                    "x faster than torch at ", Get(g, "size"), ", ",
-                    Get(g, "dtype"), ": **", Get(g, "status"), "**");
+    const double target = g["target"].get<double>();
+    const std::string wanted =
+        target >= 1 ? absl::StrFormat(" >= %.1fx faster than torch", target)
+                    : absl::StrFormat(" within %.1fx of torch", 1 / target);
+    absl::StrAppend(&md, "- ", Get(g, "measure"), wanted, " at ",
+                    Get(g, "size"), ", ", Get(g, "dtype"), ": **",
+                    Get(g, "status"), "**");
     if (!g["ratio"].is_null()) {
       absl::StrAppend(&md, " (", Ratio(g["ratio"]), ")");
     } else if (!g.value("reason", "").empty()) {
@@ -266,7 +272,10 @@ std::string RenderMarkdown(const json& report) {
   RenderNewtonSchulz(md, report);
   RenderSteps(md, report);
   RenderTorchCheck(md, report);
-  RenderTorchStepBench(md, report);
+  for (const TorchStepBench& bench :
+       {kNcclTorchStepBench, kGlooTorchStepBench}) {
+    RenderTorchStepBench(md, report, bench.key);
+  }
   md +=
       "\nLogs: `logs/`; each check's JSON output: `data/`; the runner's "
       "own log: `runner.log`.\n";

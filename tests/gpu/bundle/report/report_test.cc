@@ -384,8 +384,9 @@ TEST_F(ReportDir, TorchStepBenchTableAndGoals) {
               1e-12);
 
   const std::string md = RenderMarkdown(report);
-  EXPECT_THAT(md, HasSubstr("## Optimizer step: canzona.torch vs "
-                            "torch.optim.Muon + AdamW\n\nOn **NVIDIA H200**"));
+  EXPECT_THAT(md, HasSubstr("## Optimizer step (--comm nccl, DP1): "
+                            "canzona.torch vs torch.optim.Muon + AdamW\n\nOn "
+                            "**NVIDIA H200**"));
   EXPECT_THAT(md, HasSubstr("| 100m | fp32 | 105.0 M | 2.000 | 5.000 | 2.50x | "
                             "10.000 | 14.000 | 1.40x | measured |\n"));
   EXPECT_THAT(md, HasSubstr("| 0.6b | fp32 | 751.6 M | 4.000 | 14.000 | 3.50x "
@@ -431,6 +432,46 @@ TEST_F(ReportDir, TorchStepBenchNotRunLeavesEveryGoalNotMeasured) {
   EXPECT_TRUE(report["torch_step_bench"].is_null());
   EXPECT_THAT(RenderMarkdown(report),
               ::testing::Not(HasSubstr("Optimizer step")));
+}
+
+// The Gloo plane's run is its own check with its own goal (within 3x of
+// torch at 100m), judged beside the NCCL plane's.
+TEST_F(ReportDir, TorchStepBenchOnTheGlooPlaneHasItsOwnGoal) {
+  Write("checks/01-bench.rec",
+        "name=torch-step-bench\nkind=torch_step_bench\nstate=ran\n"
+        "exit_code=0\nlog=logs/bench.log\ndata=data/bench.json\n");
+  Write("checks/02-gloo.rec",
+        "name=torch-step-bench-gloo\nkind=torch_step_bench\nstate=ran\n"
+        "exit_code=0\nlog=logs/bench.log\ndata=data/gloo.json\n");
+  Write("logs/bench.log", "");
+  Write("data/bench.json", kTorchStepBench);
+  Write("data/gloo.json",
+        R"({"status": "passed", "device": "NVIDIA H100", "rows": [
+            {"size": "100m", "dtype": "fp32", "status": "measured",
+             "params": 105000000, "canzona_step_ms": 80, "torch_step_ms": 33,
+             "canzona_iteration_ms": 150, "torch_iteration_ms": 100},
+            {"size": "100m", "dtype": "bf16", "status": "measured",
+             "params": 105000000, "canzona_step_ms": 120, "torch_step_ms": 30,
+             "canzona_iteration_ms": 190, "torch_iteration_ms": 100}]})");
+  ASSERT_OK_AND_ASSIGN(json report, BuildReport(dir_));
+  EXPECT_EQ(report["torch_step_bench"]["goals"].size(), 6u);
+  const json& gloo = report["torch_step_bench_gloo"];
+  ASSERT_FALSE(gloo.is_null());
+  EXPECT_EQ(gloo["plane"], "--backend cuda --comm gloo, DP1");
+  ASSERT_EQ(gloo["goals"].size(), 2u);
+  EXPECT_EQ(gloo["goals"][0]["dtype"], "fp32");
+  EXPECT_EQ(gloo["goals"][0]["status"], "met");      // 33 / 80 >= 1 / 3
+  EXPECT_EQ(gloo["goals"][1]["status"], "not met");  // 30 / 120 < 1 / 3
+  const std::string md = RenderMarkdown(report);
+  EXPECT_THAT(md, HasSubstr("## Optimizer step (--backend cuda --comm gloo, "
+                            "DP1): canzona.torch vs torch.optim.Muon + AdamW"));
+  EXPECT_THAT(md, HasSubstr("- step within 3.0x of torch at 100m, fp32: "
+                            "**met** (0.41x)\n"));
+  EXPECT_THAT(md, HasSubstr("- step within 3.0x of torch at 100m, bf16: "
+                            "**not met** (0.25x)\n"));
+  // The NCCL plane's section is still there, with its own goals.
+  EXPECT_THAT(md, HasSubstr("- step >= 3.0x faster than torch at 0.6b, fp32: "
+                            "**met** (3.50x)\n"));
 }
 
 TEST_F(ReportDir, TorchStepBenchSmokeShapesJudgeNoGoal) {

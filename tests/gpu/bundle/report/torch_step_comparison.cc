@@ -77,11 +77,15 @@ json JudgeGoal(const TorchStepGoal& goal, const char* dtype, const json& rows,
 
 }  // namespace
 
-json CompareTorchSteps(const std::vector<CheckResult>& results) {
+json CompareTorchSteps(const std::vector<CheckResult>& results,
+                       const TorchStepBench& which) {
   for (const CheckResult& r : results) {
-    if (r.record.kind != "torch_step_bench") continue;
+    if (r.record.kind != "torch_step_bench" || r.record.name != which.check) {
+      continue;
+    }
     const json& f = r.figures;
     json bench = {{"check", r.record.name},
+                  {"plane", which.plane},
                   {"status", OutcomeName(r.outcome)},
                   {"reason", r.reason},
                   {"device", f.value("device", "")},
@@ -98,7 +102,7 @@ json CompareTorchSteps(const std::vector<CheckResult>& results) {
         bench["rows"].empty()
             ? absl::StrCat("check ", OutcomeName(r.outcome), ": ", r.reason)
             : "";
-    for (const TorchStepGoal& goal : kTorchStepGoals) {
+    for (const TorchStepGoal& goal : which.goals) {
       for (const char* dtype : kTorchStepDtypes) {
         bench["goals"].push_back(
             JudgeGoal(goal, dtype, bench["rows"], check_reason));
