@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/string_view.h"
 #include "tests/gpu/bundle/report/kernel_comparison.h"
 #include "tests/gpu/bundle/report/report.h"
 #include "tests/gpu/bundle/report/torch_step_comparison.h"
@@ -43,7 +44,7 @@ std::string Goal(const json& met) {
   return met.get<bool>() ? " (met)" : " (not met)";
 }
 
-void Section(std::string& md, const char* title) {
+void Section(std::string& md, absl::string_view title) {
   absl::StrAppend(&md, "\n## ", title, "\n\n");
 }
 
