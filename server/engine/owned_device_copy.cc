@@ -1,7 +1,5 @@
 #include "server/engine/owned_device_copy.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <utility>
@@ -36,48 +34,11 @@ std::vector<Run> Runs(const JobPlan& jp, const RankLayout& layout,
   return runs;
 }
 
-// The pages under the runs' host sides, overlapping ones merged (the
-// driver locks whole pages, and refuses a page locked twice).
-template <typename Run>
-std::vector<TrainerBuffers::MemoryRange> Pages(const std::vector<Run>& a,
-                                               const std::vector<Run>& b) {
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  std::vector<std::pair<uintptr_t, uintptr_t>> spans;
-  for (const std::vector<Run>* runs : {&a, &b}) {
-    for (const Run& r : *runs) {
-      const auto begin = reinterpret_cast<uintptr_t>(r.host);
-      const uintptr_t end = begin + r.count * sizeof(float);
-      spans.emplace_back(begin / page * page, (end + page - 1) / page * page);
-    }
-  }
-  std::sort(spans.begin(), spans.end());
-  std::vector<TrainerBuffers::MemoryRange> ranges;
-  uintptr_t begin = 0, end = 0;
-  for (const auto& [b, e] : spans) {
-    if (end != 0 && b <= end) {
-      end = std::max(end, e);
-      continue;
-    }
-    if (end != 0) {
-      ranges.push_back({reinterpret_cast<const void*>(begin),
-                        static_cast<int64_t>(end - begin)});
-    }
-    begin = b;
-    end = e;
-  }
-  if (end != 0) {
-    ranges.push_back({reinterpret_cast<const void*>(begin),
-                      static_cast<int64_t>(end - begin)});
-  }
-  return ranges;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<OwnedDeviceCopy>> OwnedDeviceCopy::Create(
     const JobPlan& jp, const RankLayout& layout, const OwnedBuffers& host,
-    const std::vector<int>& params, Backend& compute, NcclApi* pin,
-    int device) {
+    const std::vector<int>& params, Backend& compute) {
   std::unique_ptr<OwnedDeviceCopy> copy(new OwnedDeviceCopy(compute));
   std::vector<int> owned = params;
   std::sort(owned.begin(), owned.end(), [&](int a, int b) {
@@ -117,10 +78,6 @@ absl::StatusOr<std::unique_ptr<OwnedDeviceCopy>> OwnedDeviceCopy::Create(
   for (int i : owned) host_params[i] = host.param_at[i];
   copy->param_runs_ =
       Runs<Run>(jp, layout, owned, host_params, copy->params_.data());
-  if (pin != nullptr) {
-    copy->pinned_ = PinnedHostMemory::Pin(
-        pin, device, Pages(copy->grad_runs_, copy->param_runs_));
-  }
   return copy;
 }
 

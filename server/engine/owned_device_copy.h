@@ -14,8 +14,7 @@
 //   ... updates on copy.view().param_at[i], copy.view().grad_at[i] ...
 //   CANZONA_RETURN_IF_ERROR(copy.Store());  // GPU -> staging, waited for
 //
-// Owns the device buffers and the page-locking of the host ranges it copies
-// (released first, before the memory it pins). Thread-safety: the rank's
+// Owns the device buffers. Thread-safety: the rank's
 // worker thread, between DpLane::WaitReduced and StartGathers (the
 // collectives' thread does not touch the owned buffers then).
 #ifndef CANZONA_SERVER_ENGINE_OWNED_DEVICE_COPY_H_
@@ -28,10 +27,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
-#include "server/comm/nccl_api.h"
 #include "server/engine/job_plan.h"
 #include "server/engine/owned_buffers.h"
-#include "server/engine/pinned_host_memory.h"
 #include "server/engine/rank_layout.h"
 
 namespace canzona {
@@ -39,12 +36,10 @@ namespace canzona {
 class OwnedDeviceCopy {
  public:
   // A device copy of `params`' gradients and values in `host` (staging
-  // memory) on `compute`. `pin` (may be null: nothing page-locked) locks
-  // the host ranges for `device`; it must outlive the copy.
+  // memory, page-locked by its owner: RankBuilder) on `compute`.
   static absl::StatusOr<std::unique_ptr<OwnedDeviceCopy>> Create(
       const JobPlan& jp, const RankLayout& layout, const OwnedBuffers& host,
-      const std::vector<int>& params, Backend& compute, NcclApi* pin,
-      int device);
+      const std::vector<int>& params, Backend& compute);
 
   OwnedDeviceCopy(const OwnedDeviceCopy&) = delete;
   OwnedDeviceCopy& operator=(const OwnedDeviceCopy&) = delete;
@@ -84,8 +79,6 @@ class OwnedDeviceCopy {
   std::vector<Run> grad_runs_, param_runs_;
   // The held gradients not copied, in host staging (`device` unused).
   std::vector<Run> host_grad_runs_;
-  // Declared last: unpinned first.
-  std::unique_ptr<PinnedHostMemory> pinned_;
 };
 
 }  // namespace canzona

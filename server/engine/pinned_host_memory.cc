@@ -1,19 +1,53 @@
 #include "server/engine/pinned_host_memory.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
 #include <string>
+#include <utility>
 
 #include "spdlog/spdlog.h"
 
 namespace canzona {
 
+namespace {
+
+// The pages under `ranges`, overlapping ones merged: the driver locks whole
+// pages and refuses a page locked twice (two small buffers may share one).
+std::vector<TrainerBuffers::MemoryRange> Pages(
+    const std::vector<TrainerBuffers::MemoryRange>& ranges) {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;
+  for (const TrainerBuffers::MemoryRange& r : ranges) {
+    if (r.begin == nullptr || r.bytes <= 0) continue;
+    const auto begin = reinterpret_cast<uintptr_t>(r.begin);
+    const uintptr_t end = begin + static_cast<uintptr_t>(r.bytes);
+    spans.emplace_back(begin / page * page, (end + page - 1) / page * page);
+  }
+  std::sort(spans.begin(), spans.end());
+  std::vector<TrainerBuffers::MemoryRange> merged;
+  for (size_t k = 0; k < spans.size();) {
+    auto [begin, end] = spans[k];
+    for (++k; k < spans.size() && spans[k].first < end; ++k) {
+      end = std::max(end, spans[k].second);
+    }
+    merged.push_back({reinterpret_cast<const void*>(begin),
+                      static_cast<int64_t>(end - begin)});
+  }
+  return merged;
+}
+
+}  // namespace
+
 std::unique_ptr<PinnedHostMemory> PinnedHostMemory::Pin(
     NcclApi* api, int device,
-    const std::vector<TrainerBuffers::MemoryRange>& ranges) {
+    const std::vector<TrainerBuffers::MemoryRange>& buffers) {
   std::unique_ptr<PinnedHostMemory> pinned(new PinnedHostMemory(api, device));
+  const std::vector<TrainerBuffers::MemoryRange> ranges = Pages(buffers);
   if (!ranges.empty()) {
     if (absl::Status s = api->SetDevice(device); !s.ok()) {
-      spdlog::warn("host buffers stay pageable: {}",
-                   std::string(s.message()));
+      spdlog::warn("host buffers stay pageable: {}", std::string(s.message()));
       return pinned;
     }
   }

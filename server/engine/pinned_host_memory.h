@@ -24,9 +24,10 @@ namespace canzona {
 
 class PinnedHostMemory {
  public:
-  // Pins each range on `device`. A range the driver refuses (the memlock
-  // limit, memory it cannot lock) stays pageable with a warning: copies
-  // still work, only slower and synchronous. `api` must outlive the result.
+  // Pins the pages under the ranges on `device` (ranges sharing a page as
+  // one). A range the driver refuses (the memlock limit, memory it
+  // cannot lock) stays pageable with a warning: copies still work, only
+  // slower and synchronous. `api` must outlive the result.
   static std::unique_ptr<PinnedHostMemory> Pin(
       NcclApi* api, int device,
       const std::vector<TrainerBuffers::MemoryRange>& ranges);

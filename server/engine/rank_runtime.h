@@ -42,6 +42,7 @@
 #include "server/engine/owned_buffers.h"
 #include "server/engine/owned_device_copy.h"
 #include "server/engine/pending_update.h"
+#include "server/engine/pinned_host_memory.h"
 #include "server/engine/rank_backends.h"
 #include "server/engine/rank_layout.h"
 #include "server/engine/rank_metrics.h"
@@ -177,7 +178,9 @@ class RankRuntime {
   // RMS).
   OwnedMemory owned_memory_;
   OwnedBuffers owned_;
-  // After the memory it copies and pins (destroyed before it).
+  // Host staging page-locked for the GPU (RankBuilder::PinStaging),
+  // unlocked before the memory goes.
+  std::unique_ptr<PinnedHostMemory> pinned_staging_;
   std::unique_ptr<OwnedDeviceCopy> device_copy_;
   DeviceBuffer before_;
   // The redundant updates' exchange buffers, the whole matrices the TP

@@ -50,6 +50,7 @@ class RankBuilder {
       std::unique_ptr<UnevenCalibration> cal);
   static absl::Status CreateTpLane(const RankSetup& setup, RankRuntime& rt,
                                    Copiers& copiers, Groups& groups);
+  static void PinStaging(const RankSetup& setup, RankRuntime& rt);
   static void RegisterMetrics(const RankSetup& setup, RankRuntime& rt);
   static void AccountMemory(const RankSetup& setup, RankRuntime& rt);
   static void Describe(const RankRuntime& rt, v1::RegisterResponse* response);
@@ -298,20 +299,10 @@ absl::Status RankBuilder::BatchUpdates(const RankSetup& setup,
              *rt.plan_, rt.layout_, rt.rules_, rt.owned_, {.enabled = false})) {
       params.insert(params.end(), b.params.begin(), b.params.end());
     }
-    NcclApi* pin = setup.nccl_api;
-    if (pin == nullptr && rt.compute().kind() == BackendKind::kCuda) {
-      absl::StatusOr<NcclApi*> api = RealNcclApi();
-      if (api.ok()) {
-        pin = *api;
-      } else {
-        spdlog::warn("owned buffers stay pageable: {}",
-                     std::string(api.status().message()));
-      }
-    }
     CANZONA_ASSIGN_OR_RETURN(
         rt.device_copy_,
         OwnedDeviceCopy::Create(*rt.plan_, rt.layout_, rt.owned_, params,
-                                rt.compute(), pin, rt.device()));
+                                rt.compute()));
     values = &rt.device_copy_->view();
   }
   rt.dp_owned_batches_ =
@@ -440,6 +431,35 @@ void RankBuilder::RegisterMetrics(const RankSetup& setup, RankRuntime& rt) {
   }
 }
 
+// Host staging that copies to and from a GPU is page-locked, so that those
+// copies are DMA at the link's rate and enqueue without waits: on the Gloo
+// plane, with cuda compute (OwnedDeviceCopy) or a trainer's CUDA IPC
+// buffers (the bucket copies), the owned gradients, the master weights and
+// the bucket slot. Only where the GPU is a real one (cuda compute) or tests
+// pass a fake (EngineOptions::nccl_api): a cpu daemon never starts CUDA.
+void RankBuilder::PinStaging(const RankSetup& setup, RankRuntime& rt) {
+  const bool gpu = rt.compute().memory_space() == MemorySpace::kDevice ||
+                   (setup.trainer != nullptr && setup.trainer->on_device());
+  if (setup.nccl || !gpu) return;
+  NcclApi* api = setup.nccl_api;
+  if (api == nullptr) {
+    if (rt.compute().kind() != BackendKind::kCuda) return;
+    absl::StatusOr<NcclApi*> real = RealNcclApi();
+    if (!real.ok()) {
+      spdlog::warn("host staging stays pageable: {}",
+                   std::string(real.status().message()));
+      return;
+    }
+    api = *real;
+  }
+  std::vector<TrainerBuffers::MemoryRange> ranges;
+  const OwnedMemory& owned = rt.owned_memory_;
+  for (const DeviceBuffer* b : {&owned.grads, &owned.masters, &owned.slot}) {
+    if (b->size() > 0) ranges.push_back({b->data(), Bytes(*b)});
+  }
+  rt.pinned_staging_ = PinnedHostMemory::Pin(api, rt.device(), ranges);
+}
+
 // The daemon's bytes for the rank by kind: what setup allocated, plus the
 // DP communicator's scratch (Gloo: the reduce-scatter's received slices;
 // NCCL: the padded collectives' reservation).
@@ -532,6 +552,7 @@ absl::StatusOr<std::unique_ptr<RankRuntime>> RankBuilder::Build(
   CANZONA_RETURN_IF_ERROR(CreateBucketCollectives(setup, *rt, copiers, groups,
                                                   std::move(calibration)));
   CANZONA_RETURN_IF_ERROR(CreateTpLane(setup, *rt, copiers, groups));
+  PinStaging(setup, *rt);
   if (!rt->backends_.updates_in_place()) {
     spdlog::info("rank {} updates on {}", RankString(setup.coords),
                  rt->compute().description());

@@ -20,6 +20,7 @@
 #include "kernels/backend.h"
 #include "kernels/base/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "server/engine/engine_impl.h"
 #include "server/engine/owned_buffers.h"
 #include "server/engine/owned_device_copy.h"
 #include "tests/matchers/status_matchers.h"
@@ -125,6 +126,48 @@ TEST(DeviceComputeStepTest, ClippingAndANonFiniteStep) {
   ASSERT_OK(run.Deregister(cluster));
 }
 
+// Host staging that copies to the GPU is page-locked while the rank lives
+// (here through a fake CUDA runtime): the owned gradients, the masters and
+// the bucket slot of a DP2 job whose bf16 trainers export CUDA IPC
+// buffers; unlocked once the ranks are gone.
+TEST(DeviceComputeStepTest, HostStagingIsPageLockedWhileTheRankLives) {
+  FakeNcclApi pin;
+  FakeCudaIpc ipc;
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc);
+  for (int i = 0; i < 2; ++i) {
+    EngineOptions options;
+    options.backend = "cpu";
+    options.device_like_cpu = true;
+    options.nccl_api = &pin;  // comm stays gloo: only pinning uses it
+    options.cuda_ipc = &ipc;
+    options.cuda_devices = ipc.devices;
+    options.control = &cluster.kv;
+    options.daemon_id = absl::StrCat("pinning", i);
+    options.step_timeout = absl::Seconds(20);
+    options.register_timeout = absl::Seconds(20);
+    cluster.engines[i]->Shutdown();
+    ASSERT_OK_AND_ASSIGN(cluster.engines[i], CreateEngine(std::move(options)));
+  }
+  JobConfig config = MakeJobConfig("dev-pin", 2, 1, "cost", MoeModel(4));
+  config.dtype = DType::kBFloat16;
+  config.cuda_ipc = true;
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  // Per rank: gradients, masters and slot, whole pages, none twice.
+  EXPECT_GE(pin.host_registered(), 2);
+  EXPECT_LE(pin.host_registered(), 3 * config.world());
+  ASSERT_OK(run.RunSteps(cluster, 1, 3));
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+  ASSERT_OK(run.Deregister(cluster));
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  while (pin.host_registered() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(pin.host_registered(), 0);
+}
+
 std::vector<float> Random(int64_t n, uint32_t seed) {
   std::mt19937 gen(seed);
   std::normal_distribution<float> normal;
@@ -172,18 +215,15 @@ class OwnedDeviceCopyTest : public ::testing::TestWithParam<DType> {
 };
 
 TEST_P(OwnedDeviceCopyTest, MovesRunsInOneCopyEachWayAndValuesAfterTheWait) {
-  FakeNcclApi pin;
   std::unique_ptr<OwnedDeviceCopy> copy;
-  ASSERT_OK_AND_ASSIGN(copy, OwnedDeviceCopy::Create(*jp_, layout_, owned_,
-                                                     params_, *device_, &pin,
-                                                     /*device=*/0));
+  ASSERT_OK_AND_ASSIGN(
+      copy, OwnedDeviceCopy::Create(*jp_, layout_, owned_, params_, *device_));
   // The owned gradients are one range; bf16 parameters' masters are
   // allocated in the same order (one range); fp32 parameters are updated
   // in the trainer's shared memory, at most one range per bucket.
   EXPECT_EQ(copy->copies_in() - copy->copies_out(), 1);
   if (GetParam() != DType::kFloat32) EXPECT_EQ(copy->copies_out(), 1);
   EXPECT_LE(copy->copies_out(), static_cast<int>(layout_.buckets.size()));
-  EXPECT_GE(pin.host_registered(), 1);
 
   // Fresh values on the host; on the device: value += 2 * gradient.
   std::vector<std::vector<float>> grads, values;
@@ -208,8 +248,6 @@ TEST_P(OwnedDeviceCopyTest, MovesRunsInOneCopyEachWayAndValuesAfterTheWait) {
           << jp_->params[i].name << " element " << e;
     }
   }
-  copy.reset();
-  EXPECT_EQ(pin.host_registered(), 0);  // unpinned before the memory goes
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, OwnedDeviceCopyTest,
