@@ -1,0 +1,226 @@
+// RankBuilder's steps for what the rank holds (rank_builder.h): the owned
+// buffers, the rules and their batches, the lanes, the page-locked staging.
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/status_macros.h"
+#include "proto/names/rank_names.h"
+#include "server/engine/rank_builder.h"
+#include "spdlog/spdlog.h"
+
+namespace canzona {
+
+using rank_setup_internal::Bytes;
+
+// ZeRO-1: the owned gradients and master copies of what the rank holds
+// (owned_buffers.h), and the whole-matrix work buffers.
+absl::Status RankBuilder::AllocateOwned(const RankSetup& setup,
+                                        RankRuntime& rt) {
+  const RankLayout& layout = rt.layout_;
+  Backend& staging = rt.staging();
+  CANZONA_RETURN_IF_ERROR(
+      canzona::AllocateOwned(*rt.plan_, layout, *setup.trainer, rt.resident(),
+                             staging, &rt.owned_memory_, &rt.owned_));
+  // Where the DP-owned updates run (in staging, or OwnedDeviceCopy's).
+  CANZONA_ASSIGN_OR_RETURN(rt.before_,
+                           rt.compute().Allocate(layout.max_counted_local));
+  CANZONA_ASSIGN_OR_RETURN(rt.scalars_,
+                           staging.Allocate(RankRuntime::kWorldValues));
+  CANZONA_ASSIGN_OR_RETURN(rt.redundant_send_,
+                           staging.Allocate(2 * layout.max_redundant));
+  CANZONA_ASSIGN_OR_RETURN(
+      rt.redundant_recv_,
+      staging.Allocate(2 * layout.max_redundant * layout.tp_size));
+  CANZONA_ASSIGN_OR_RETURN(rt.whole_grad_, staging.Allocate(layout.max_whole));
+  CANZONA_ASSIGN_OR_RETURN(rt.whole_param_, staging.Allocate(layout.max_whole));
+  if (!rt.backends_.updates_in_place()) {
+    CANZONA_ASSIGN_OR_RETURN(rt.device_param_,
+                             rt.compute().Allocate(layout.max_state));
+    CANZONA_ASSIGN_OR_RETURN(rt.device_grad_,
+                             rt.compute().Allocate(layout.max_state));
+  }
+  return absl::OkStatus();
+}
+
+// The update rules, and their state, only where the rank keeps state; one
+// scratch for all of them (they step one at a time), the largest first so
+// that its block fits every later one.
+absl::Status RankBuilder::CreateRules(const RankSetup& setup, RankRuntime& rt) {
+  const JobPlan& jp = *rt.plan_;
+  std::vector<int> order;
+  for (int i : rt.layout_.stage_params) {
+    if (!rt.layout_.state_shape[i].empty()) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return NumElements(rt.layout_.state_shape[a]) >
+           NumElements(rt.layout_.state_shape[b]);
+  });
+  rt.rule_scratch_ = std::make_unique<SharedScratch>(&rt.compute());
+  rt.block_gather_ = std::make_unique<SharedScratch>(&rt.compute());
+  for (int i : order) {
+    const ParamMeta& m = jp.params[i];
+    // Blocks apply to whole matrices (element-wise fragments have none).
+    const bool whole = rt.layout_.state_shape[i] == m.shape;
+    absl::StatusOr<std::unique_ptr<UpdateRule>> rule =
+        UpdateRule::CreateBlocked(
+            setup.settings->configs.at(m.group), rt.layout_.state_shape[i],
+            whole ? m.blocks : BlockSpec{}, m.name, &rt.compute(),
+            rt.rule_scratch_.get(), rt.block_gather_.get());
+    if (!rule.ok()) {
+      return absl::Status(
+          rule.status().code(),
+          absl::StrCat("parameter '", m.name, "': ", rule.status().message()));
+    }
+    rt.state_bytes_ += (*rule)->state_bytes();
+    ++rt.owned_params_;
+    rt.rules_.emplace(i, *std::move(rule));
+  }
+  return absl::OkStatus();
+}
+
+// Same-shape Muon updates step together; a batch's old values (for the
+// update RMS) need `before` to hold all its members.
+absl::Status RankBuilder::BatchUpdates(const RankSetup& setup,
+                                       RankRuntime& rt) {
+  const OwnedBuffers* values = &rt.owned_;
+  if (!rt.backends_.updates_in_place()) {
+    // cuda compute, host staging: the DP-owned updates run on the GPU's
+    // copy of their owned buffers (OwnedDeviceCopy).
+    std::vector<int> params;
+    for (const UpdateBatch& b : BatchDpOwnedUpdates(
+             *rt.plan_, rt.layout_, rt.rules_, rt.owned_, {.enabled = false})) {
+      params.insert(params.end(), b.params.begin(), b.params.end());
+    }
+    CANZONA_ASSIGN_OR_RETURN(
+        rt.device_copy_,
+        OwnedDeviceCopy::Create(*rt.plan_, rt.layout_, rt.owned_, params,
+                                rt.compute()));
+    values = &rt.device_copy_->view();
+  }
+  rt.dp_owned_batches_ =
+      BatchDpOwnedUpdates(*rt.plan_, rt.layout_, rt.rules_, *values,
+                          {.enabled = setup.batch_updates});
+  int64_t largest = 0;
+  for (const UpdateBatch& b : rt.dp_owned_batches_) {
+    if (b.params.size() > 1) largest = std::max(largest, b.elements);
+  }
+  if (largest > rt.before_.size()) {
+    CANZONA_ASSIGN_OR_RETURN(rt.before_, rt.compute().Allocate(largest));
+  }
+  return absl::OkStatus();
+}
+
+// The DP collectives (DP lane) with their scratch and calibration.
+absl::Status RankBuilder::CreateBucketCollectives(
+    const RankSetup& setup, RankRuntime& rt, Copiers& copiers, Groups& groups,
+    std::unique_ptr<UnevenCalibration> cal) {
+  const RankLayout& layout = rt.layout_;
+  Backend& staging = rt.staging();
+  BucketCollectives::Parts parts;
+  if (!layout.sliced) {
+    CANZONA_ASSIGN_OR_RETURN(parts.part, staging.Allocate(layout.max_slice));
+  }
+  if (cal->enabled()) {
+    CANZONA_ASSIGN_OR_RETURN(
+        parts.sums,
+        staging.Allocate(2 * static_cast<int64_t>(layout.buckets.size())));
+  }
+  if (!layout.layerwise_counts.empty()) {
+    CANZONA_ASSIGN_OR_RETURN(
+        parts.packed,
+        staging.Allocate(layout.layerwise_counts[layout.shard_pos]));
+    CANZONA_ASSIGN_OR_RETURN(parts.gathered,
+                             staging.Allocate(layout.layerwise_total));
+  }
+  parts.copier = std::move(copiers.dp);
+  parts.dp = std::move(groups.dp.comm);
+  parts.cross = std::move(groups.cross.comm);
+  parts.calibration = std::move(cal);
+  BucketCollectives::Staging view;
+  view.plan = rt.plan_;
+  view.layout = &rt.layout_;
+  view.trainer = setup.trainer;
+  view.on_device = rt.resident();
+  view.owned = &rt.owned_;
+  view.who = RankString(setup.coords);
+  rt.buckets_ =
+      std::make_unique<BucketCollectives>(std::move(view), std::move(parts));
+  // The slot: only for buckets the trainer's memory cannot take in place.
+  const int64_t slot = rt.buckets_->slot_bytes();
+  CANZONA_ASSIGN_OR_RETURN(
+      rt.owned_memory_.slot,
+      staging.Allocate((slot + sizeof(float) - 1) / sizeof(float)));
+  rt.owned_.slot = rt.owned_memory_.slot.data();
+  return absl::OkStatus();
+}
+
+// The TP micro-group pipeline with one set of buffers per group.
+absl::Status RankBuilder::CreateTpLane(const RankSetup& setup, RankRuntime& rt,
+                                       Copiers& copiers, Groups& groups) {
+  const RankLayout& layout = rt.layout_;
+  Backend& staging = rt.staging();
+  TpLane::Parts parts;
+  for (const GroupLayout& g : layout.groups) {
+    GroupBuffers b;
+    CANZONA_ASSIGN_OR_RETURN(b.send, staging.Allocate(2 * g.local));
+    CANZONA_ASSIGN_OR_RETURN(
+        b.recv, staging.Allocate(2 * g.tp_owned_here * layout.tp_size));
+    CANZONA_ASSIGN_OR_RETURN(
+        b.back, staging.Allocate(g.tp_owned_here * layout.tp_size));
+    CANZONA_ASSIGN_OR_RETURN(b.back_in, staging.Allocate(g.local));
+    parts.buffers.push_back(std::move(b));
+  }
+  parts.copier = std::move(copiers.tp);
+  parts.tp = std::move(groups.tp);
+  TpLane::Staging view;
+  view.plan = rt.plan_;
+  view.layout = &rt.layout_;
+  view.owned = &rt.owned_;
+  view.backend = &rt.staging();
+  if (!setup.nccl) {
+    rt.tp_ = TpLane::CreateHost(std::move(view), std::move(parts));
+    return absl::OkStatus();
+  }
+  TpLane::Streams streams;
+  streams.api = rt.backends_.nccl_api();
+  streams.device = rt.device();
+  streams.compute = static_cast<NcclStream>(rt.compute().native_stream());
+  streams.timeout = setup.step_timeout;
+  CANZONA_ASSIGN_OR_RETURN(
+      rt.tp_, TpLane::CreateDevice(std::move(view), std::move(parts), streams));
+  return absl::OkStatus();
+}
+
+// Host staging that copies to and from a GPU is page-locked, so that those
+// copies are DMA at the link's rate and enqueue without waits: on the Gloo
+// plane, with cuda compute (OwnedDeviceCopy) or a trainer's CUDA IPC
+// buffers (the bucket copies), the owned gradients, the master weights and
+// the bucket slot. Only where the GPU is a real one (cuda compute) or tests
+// pass a fake (EngineOptions::nccl_api): a cpu daemon never starts CUDA.
+void RankBuilder::PinStaging(const RankSetup& setup, RankRuntime& rt) {
+  const bool gpu = rt.compute().memory_space() == MemorySpace::kDevice ||
+                   (setup.trainer != nullptr && setup.trainer->on_device());
+  if (setup.nccl || !gpu) return;
+  NcclApi* api = setup.nccl_api;
+  if (api == nullptr) {
+    if (rt.compute().kind() != BackendKind::kCuda) return;
+    absl::StatusOr<NcclApi*> real = RealNcclApi();
+    if (!real.ok()) {
+      spdlog::warn("host staging stays pageable: {}",
+                   std::string(real.status().message()));
+      return;
+    }
+    api = *real;
+  }
+  std::vector<TrainerBuffers::MemoryRange> ranges;
+  const OwnedMemory& owned = rt.owned_memory_;
+  for (const DeviceBuffer* b : {&owned.grads, &owned.masters, &owned.slot}) {
+    if (b->size() > 0) ranges.push_back({b->data(), Bytes(*b)});
+  }
+  rt.pinned_staging_ = PinnedHostMemory::Pin(api, rt.device(), ranges);
+}
+
+}  // namespace canzona
