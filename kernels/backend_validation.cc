@@ -161,6 +161,31 @@ absl::Status CheckRanges(const Backend& backend, absl::string_view what,
   return absl::OkStatus();
 }
 
+// A copy between host memory and the backend's, waiting or enqueued: the
+// arguments, then both ranges (`host` and the backend side may be
+// redirected, see Range). False: nothing to copy.
+absl::StatusOr<bool> CheckFromHost(const Backend& backend,
+                                   absl::string_view what, const float*& host,
+                                   int64_t count, float*& dst) {
+  CANZONA_RETURN_IF_ERROR(CheckCopy(what, "host", host, count, "dst", dst));
+  if (count == 0) return false;
+  CANZONA_RETURN_IF_ERROR(
+      CheckRanges(backend, what,
+                  {{"host", host, count, Side::kHost}, {"dst", dst, count}}));
+  return true;
+}
+
+absl::StatusOr<bool> CheckToHost(const Backend& backend, absl::string_view what,
+                                 const float*& src, int64_t count,
+                                 float*& host) {
+  CANZONA_RETURN_IF_ERROR(CheckCopy(what, "src", src, count, "host", host));
+  if (count == 0) return false;
+  CANZONA_RETURN_IF_ERROR(
+      CheckRanges(backend, what,
+                  {{"src", src, count}, {"host", host, count, Side::kHost}}));
+  return true;
+}
+
 // A (strided-batched) GEMM's three operands: op(A) is m x k, stored k x m
 // when transposed; op(B) k x n likewise; C m x n.
 absl::Status CheckGemmRanges(const Backend& backend, absl::string_view what,
@@ -212,43 +237,29 @@ absl::StatusOr<DeviceBuffer> Backend::Allocate(int64_t count) {
 
 absl::Status Backend::CopyFromHost(const float* host, int64_t count,
                                    float* dst) {
-  CANZONA_RETURN_IF_ERROR(
-      CheckCopy("CopyFromHost", "host", host, count, "dst", dst));
-  if (count == 0) return absl::OkStatus();
-  CANZONA_RETURN_IF_ERROR(
-      CheckRanges(*this, "CopyFromHost",
-                  {{"host", host, count, Side::kHost}, {"dst", dst, count}}));
-  return DoCopyFromHost(host, count, dst);
+  CANZONA_ASSIGN_OR_RETURN(
+      bool any, CheckFromHost(*this, "CopyFromHost", host, count, dst));
+  return any ? DoCopyFromHost(host, count, dst) : absl::OkStatus();
 }
 
 absl::Status Backend::CopyToHost(const float* src, int64_t count, float* host) {
-  CANZONA_RETURN_IF_ERROR(
-      CheckCopy("CopyToHost", "src", src, count, "host", host));
-  if (count == 0) return absl::OkStatus();
-  CANZONA_RETURN_IF_ERROR(
-      CheckRanges(*this, "CopyToHost",
-                  {{"src", src, count}, {"host", host, count, Side::kHost}}));
-  return DoCopyToHost(src, count, host);
+  CANZONA_ASSIGN_OR_RETURN(bool any,
+                           CheckToHost(*this, "CopyToHost", src, count, host));
+  return any ? DoCopyToHost(src, count, host) : absl::OkStatus();
 }
 
 absl::Status Backend::EnqueueCopyFromHost(const float* host, int64_t count,
                                           float* dst) {
-  constexpr absl::string_view kWhat = "EnqueueCopyFromHost";
-  CANZONA_RETURN_IF_ERROR(CheckCopy(kWhat, "host", host, count, "dst", dst));
-  if (count == 0) return absl::OkStatus();
-  CANZONA_RETURN_IF_ERROR(CheckRanges(
-      *this, kWhat, {{"host", host, count, Side::kHost}, {"dst", dst, count}}));
-  return DoEnqueueCopyFromHost(host, count, dst);
+  CANZONA_ASSIGN_OR_RETURN(
+      bool any, CheckFromHost(*this, "EnqueueCopyFromHost", host, count, dst));
+  return any ? DoEnqueueCopyFromHost(host, count, dst) : absl::OkStatus();
 }
 
 absl::Status Backend::EnqueueCopyToHost(const float* src, int64_t count,
                                         float* host) {
-  constexpr absl::string_view kWhat = "EnqueueCopyToHost";
-  CANZONA_RETURN_IF_ERROR(CheckCopy(kWhat, "src", src, count, "host", host));
-  if (count == 0) return absl::OkStatus();
-  CANZONA_RETURN_IF_ERROR(CheckRanges(
-      *this, kWhat, {{"src", src, count}, {"host", host, count, Side::kHost}}));
-  return DoEnqueueCopyToHost(src, count, host);
+  CANZONA_ASSIGN_OR_RETURN(
+      bool any, CheckToHost(*this, "EnqueueCopyToHost", src, count, host));
+  return any ? DoEnqueueCopyToHost(src, count, host) : absl::OkStatus();
 }
 
 absl::Status Backend::Copy(const float* src, int64_t count, float* dst) {

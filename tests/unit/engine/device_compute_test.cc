@@ -27,19 +27,13 @@
 #include "tests/unit/comm/fake_nccl_api.h"
 #include "tests/unit/engine/engine_test_util.h"
 #include "tests/unit/engine/parts_test_util.h"
+#include "tests/unit/engine/single_threaded_blas.h"
 
 namespace canzona::engine_test {
 namespace {
 
 namespace v1 = ::canzona::v1;
 using ::canzona::testing::FakeNcclApi;
-
-class SingleThreadedBlas : public ::testing::Environment {
- public:
-  void SetUp() override { SetCpuBlasThreads(1); }
-};
-const ::testing::Environment* const kBlasEnvironment =
-    ::testing::AddGlobalTestEnvironment(new SingleThreadedBlas);
 
 constexpr int kSteps = 4;
 

@@ -13,6 +13,7 @@
 #include "server/engine/engine_impl.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/engine/engine_test_util.h"
+#include "tests/unit/engine/single_threaded_blas.h"
 
 // OpenBLAS (the cpu backend) spins its own thread pool per call; with up to
 // eight device workers in this process on a 2-core machine that spinning
@@ -20,13 +21,6 @@
 
 namespace canzona::engine_test {
 namespace {
-
-class SingleThreadedBlas : public ::testing::Environment {
- public:
-  void SetUp() override { SetCpuBlasThreads(1); }
-};
-const ::testing::Environment* const kBlasEnvironment =
-    ::testing::AddGlobalTestEnvironment(new SingleThreadedBlas);
 
 namespace v1 = ::canzona::v1;
 using ::canzona::testing::IsOk;

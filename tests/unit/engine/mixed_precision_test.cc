@@ -15,6 +15,7 @@
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/comm/fake_nccl_api.h"
 #include "tests/unit/engine/engine_test_util.h"
+#include "tests/unit/engine/single_threaded_blas.h"
 
 namespace canzona::engine_test {
 namespace {
@@ -26,13 +27,6 @@ using ::canzona::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-class SingleThreadedBlas : public ::testing::Environment {
- public:
-  void SetUp() override { SetCpuBlasThreads(1); }
-};
-const ::testing::Environment* const kBlasEnvironment =
-    ::testing::AddGlobalTestEnvironment(new SingleThreadedBlas);
 
 constexpr int kSteps = 5;
 

@@ -13,16 +13,10 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/engine/engine_test_util.h"
+#include "tests/unit/engine/single_threaded_blas.h"
 
 namespace canzona::engine_test {
 namespace {
-
-class SingleThreadedBlas : public ::testing::Environment {
- public:
-  void SetUp() override { SetCpuBlasThreads(1); }
-};
-const ::testing::Environment* const kBlasEnvironment =
-    ::testing::AddGlobalTestEnvironment(new SingleThreadedBlas);
 
 namespace v1 = ::canzona::v1;
 using ::canzona::testing::StatusIs;
