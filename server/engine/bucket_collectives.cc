@@ -39,9 +39,9 @@ BucketCollectives::BucketCollectives(Staging staging, Parts parts)
         in_place ? const_cast<void*>(trainer.Run(js, false)) : nullptr;
     grad_run_.push_back(grads);
     param_run_.push_back(params);
+    if (!in_place) trainer_runs_.push_back(TrainerRunsOf(b, js));
     if (through_host) {
-      host_runs_.push_back(HostRunsOf(b, js));
-      const HostRuns& runs = host_runs_.back();
+      const TrainerRuns& runs = trainer_runs_.back();
       if (S > 1 && runs.grads != nullptr && b.reduce_dtype != b.dtype) {
         scratch = std::max(scratch, b.elements * DTypeBytes(b.dtype));
       }
@@ -70,12 +70,12 @@ BucketCollectives::BucketCollectives(Staging staging, Parts parts)
   scratch_.resize(static_cast<size_t>(scratch));
 }
 
-BucketCollectives::HostRuns BucketCollectives::HostRunsOf(
+BucketCollectives::TrainerRuns BucketCollectives::TrainerRunsOf(
     const BucketLayout& b, absl::Span<const int> js) const {
   const JobPlan& jp = *staging_.plan;
   const TrainerBuffers& trainer = *staging_.trainer;
   const OwnedBuffers& owned = *staging_.owned;
-  HostRuns runs;
+  TrainerRuns runs;
   const bool one_rank = parts_.dp->size() == 1;
   if (!one_rank) {
     runs.grads = trainer.Run(js, /*grads=*/true);
@@ -104,7 +104,8 @@ BucketCollectives::HostRuns BucketCollectives::HostRunsOf(
   if (one_rank && grads_in_order) {
     runs.held_grads = trainer.Run(held_js, /*grads=*/true);
   }
-  if (all_masters) {
+  // Device staging has no scratch to reorder masters through.
+  if (all_masters && (masters_in_order || !staging_.on_device)) {
     runs.held_params = const_cast<void*>(trainer.Run(held_js, false));
     runs.masters_in_order = masters_in_order;
   }
@@ -148,7 +149,7 @@ absl::Status BucketCollectives::ReadMasters(int b) {
     master_set_[b] = true;
   }
   StagingCopier& copier = *parts_.copier;
-  const HostRuns* runs = host_runs(b);
+  const TrainerRuns* runs = trainer_runs(b);
   if (runs == nullptr || runs->held_params == nullptr) {
     for (int i : jp.plan.buckets[staging_.layout->buckets[b].index].params) {
       if (!owned.master[i]) continue;
@@ -160,7 +161,7 @@ absl::Status BucketCollectives::ReadMasters(int b) {
     }
     return absl::OkStatus();
   }
-  // The held parameters in one copy through the host (one dtype: a run).
+  // The held parameters in one copy (one dtype: a run).
   const int first = runs->held.front();
   const DType dtype = trainer.dtype(j(first));
   if (set && dtype != DType::kFloat32) return absl::OkStatus();
@@ -195,7 +196,7 @@ absl::Status BucketCollectives::ReadGrad(int i) {
 
 absl::Status BucketCollectives::ReadHeldGrads(int b) {
   const OwnedBuffers& owned = *staging_.owned;
-  const HostRuns* runs = host_runs(b);
+  const TrainerRuns* runs = trainer_runs(b);
   if (runs != nullptr && runs->held_grads != nullptr) {
     const int first = runs->held.front();
     return staging_.trainer->Read(
@@ -216,7 +217,7 @@ absl::StatusOr<const void*> BucketCollectives::GradSource(int b) {
   const BucketLayout& bucket = staging_.layout->buckets[b];
   char* slot = static_cast<char*>(staging_.owned->slot);
   const std::vector<int>& params = jp.plan.buckets[bucket.index].params;
-  const HostRuns* runs = host_runs(b);
+  const TrainerRuns* runs = trainer_runs(b);
   if (runs != nullptr && runs->grads != nullptr) {
     // The bucket's gradients lie in the slot's order: one copy.
     CANZONA_RETURN_IF_ERROR(trainer.Read(
@@ -322,7 +323,7 @@ absl::Status BucketCollectives::WriteHeld(int b) {
   const OwnedBuffers& owned = *staging_.owned;
   const TrainerBuffers& trainer = *staging_.trainer;
   StagingCopier& copier = *parts_.copier;
-  const HostRuns* runs = host_runs(b);
+  const TrainerRuns* runs = trainer_runs(b);
   if (runs == nullptr || runs->held_params == nullptr) {
     const BucketLayout& bucket = staging_.layout->buckets[b];
     for (int i : jp.plan.buckets[bucket.index].params) {
@@ -330,7 +331,7 @@ absl::Status BucketCollectives::WriteHeld(int b) {
     }
     return absl::OkStatus();
   }
-  // The held parameters in one copy through the host (one dtype: a run).
+  // The held parameters in one copy (one dtype: a run).
   const int first = runs->held.front();
   if (runs->masters_in_order) {
     return trainer.Write(DType::kFloat32, owned.param_at[first], j(first),
@@ -410,9 +411,9 @@ absl::Status BucketCollectives::GatherSliced(int b) {
     return parts_.dp->AllGatherVTyped(type, mine, bucket.counts, dst);
   }));
   if (run != nullptr) return absl::OkStatus();
-  const HostRuns* runs = host_runs(b);
+  const TrainerRuns* runs = trainer_runs(b);
   if (runs != nullptr && runs->params != nullptr) {
-    // The whole gathered bucket in one copy through the host (every held
+    // The whole gathered bucket in one copy (every held
     // parameter has a master copy there: none was updated in the trainer).
     return trainer.Write(type, dst, j(params.front()), bucket.elements,
                          runs->params, copier, staging_.on_device, scratch());

@@ -103,11 +103,13 @@ class BucketCollectives {
   Communicator& cross() { return *parts_.cross; }
 
  private:
-  // A bucket's runs in trainer memory reached through the host (a GPU
-  // trainer's CUDA IPC buffers under host staging), each copied with one
-  // IPC copy; null where the trainer does not lay them out in bucket
-  // order (then one copy per parameter).
-  struct HostRuns {
+  // A bucket's runs in trainer memory on the far side of a copy, each
+  // moved in one copy: a GPU trainer's CUDA IPC buffers under host staging
+  // (one IPC copy), a trainer's shared memory under device staging (the
+  // NCCL plane: one cudaMemcpyAsync on the copier's stream, from the
+  // page-locked mapping); null where the trainer does not lay them out in
+  // bucket order (then one copy per parameter).
+  struct TrainerRuns {
     // The whole bucket's gradients and parameters: the slot's layout.
     const void* grads = nullptr;
     void* params = nullptr;
@@ -136,13 +138,14 @@ class BucketCollectives {
   // parameter of it held here: sc, or one DP rank).
   absl::Status WriteHeld(int b);
   // Bucket b's runs (parameters `js`, trainer indices in bucket order).
-  HostRuns HostRunsOf(const BucketLayout& b, absl::Span<const int> js) const;
+  TrainerRuns TrainerRunsOf(const BucketLayout& b,
+                            absl::Span<const int> js) const;
   // `bytes` of the scratch (INTERNAL when setup sized it smaller).
   absl::StatusOr<char*> Scratch(int64_t bytes);
-  // The runs of bucket b (null when the trainer is not reached through
-  // the host).
-  const HostRuns* host_runs(int b) const {
-    return host_runs_.empty() ? nullptr : &host_runs_[b];
+  // The runs of bucket b (null when the data plane addresses the
+  // trainer's memory in place).
+  const TrainerRuns* trainer_runs(int b) const {
+    return trainer_runs_.empty() ? nullptr : &trainer_runs_[b];
   }
   absl::Span<char> scratch() { return absl::MakeSpan(scratch_); }
   // The bucket's gradients into the slot in its reduce dtype (or the
@@ -170,8 +173,9 @@ class BucketCollectives {
   // when the collectives may use it in place (else null: the slot).
   std::vector<const void*> grad_run_;
   std::vector<void*> param_run_;
-  // Per bucket, when the trainer is reached through the host; else empty.
-  std::vector<HostRuns> host_runs_;
+  // Per bucket, when the trainer's memory is on the far side of a copy;
+  // else empty.
+  std::vector<TrainerRuns> trainer_runs_;
   // Host memory for the conversions of copies through the IPC layer (bf16
   // / fp16 trainers) and for master copies not in bucket order: sized at
   // construction to the largest copy, reused by every copy on the DP lane

@@ -29,6 +29,7 @@
 #include "kernels/backend.h"
 #include "kernels/base/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/device_like_memory.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "server/engine/engine_impl.h"
 #include "tests/matchers/status_matchers.h"
@@ -321,6 +322,47 @@ TEST_F(NcclJobTest, SharedMemoryTrainerBuffersArePinnedWhileTheRankLives) {
   }
   EXPECT_EQ(nccl_.host_registered(), 0);
   EXPECT_EQ(nccl_.calls_named("cudaHostUnregister").size(), pins.size());
+}
+
+// Copies between the device staging and a trainer's shared memory (one
+// side host memory, not device-like) in one step: where the trainer lays
+// its buckets out in bucket order, one per bucket each for the gradients,
+// the masters' fp32 values and the gathered parameters, whatever the
+// number of parameters; interleaved, one per parameter.
+TEST_F(NcclJobTest, SharedMemoryBucketsInBucketOrderMoveInOneCopyEach) {
+  int64_t copies[2] = {0, 0};
+  for (bool bucket_order : {false, true}) {
+    SCOPED_TRACE(bucket_order ? "bucket order" : "interleaved");
+    JobConfig config = MakeJobConfig(
+        bucket_order ? "nccl-runs-b" : "nccl-runs-i", 2, 1, "cost");
+    config.bucket_order = bucket_order;
+    ASSERT_OK(Register(config));
+    JobRun& run = *run_;
+    ASSERT_OK(run.RunSteps(cluster_, 1, 1));
+    nccl_.ClearCalls();
+    ASSERT_OK(run.RunSteps(cluster_, 2, 2));
+    int64_t buckets = 0;
+    for (const v1::RegisterResponse& r : run.registered) {
+      buckets += r.buckets_size();
+    }
+    for (const FakeNcclCall& c : nccl_.calls_named("cudaMemcpyAsync")) {
+      if (device_like::HostAlias(c.send) == nullptr ||
+          device_like::HostAlias(c.recv) == nullptr) {
+        ++copies[bucket_order];
+      }
+    }
+    ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 2, {}));
+    EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+    if (bucket_order) {
+      // Gradients, masters and parameters per bucket, and the uneven
+      // calibration's sums to and from the host on the last gather.
+      EXPECT_LE(copies[1], 3 * buckets + 2 * config.world());
+    }
+    ASSERT_OK(run.Deregister(cluster_));
+  }
+  const int64_t params = static_cast<int64_t>(MegatronModel().size());
+  EXPECT_GE(copies[0], 2 * params);  // per parameter
+  EXPECT_LT(copies[1], copies[0] / 2);
 }
 
 TEST(NcclEngineTest, IpcBuffersMoveOnTheStreamAfterWaitingForTheEvent) {
