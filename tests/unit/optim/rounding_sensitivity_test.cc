@@ -19,6 +19,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "server/optim/optimizer_config.h"
 #include "server/optim/update_rule.h"
+#include "tests/unit/optim/forwarding_backend.h"
 #include "tests/unit/optim/reference.h"
 #include "tests/unit/optim/well_conditioned_gradients.h"
 
@@ -51,42 +52,18 @@ const char* PerturbationName(Perturbation p) {
   return "?";
 }
 
-class PerturbingBackend : public Backend {
+class PerturbingBackend : public ForwardingBackend {
  public:
   PerturbingBackend(std::unique_ptr<Backend> inner, Perturbation what)
-      : inner_(std::move(inner)), what_(what) {}
-
-  BackendKind kind() const override { return inner_->kind(); }
-  std::string description() const override { return inner_->description(); }
-  MemorySpace memory_space() const override { return inner_->memory_space(); }
+      : ForwardingBackend(std::move(inner)), what_(what) {}
 
  private:
-  absl::StatusOr<DeviceBuffer> DoAllocate(int64_t count) override {
-    return inner_->Allocate(count);
-  }
-  absl::Status DoCopyFromHost(const float* h, int64_t n, float* d) override {
-    return inner_->CopyFromHost(h, n, d);
-  }
-  absl::Status DoCopyToHost(const float* d, int64_t n, float* h) override {
-    return inner_->CopyToHost(d, n, h);
-  }
-  absl::Status DoCopy(const float* s, int64_t n, float* d) override {
-    return inner_->Copy(s, n, d);
-  }
-  absl::Status DoCopy2D(int64_t r, int64_t c, const float* s, int64_t sl,
-                        float* d, int64_t dl) override {
-    return inner_->Copy2D(r, c, s, sl, d, dl);
-  }
-  absl::Status DoFill(float v, int64_t n, float* d) override {
-    return inner_->Fill(v, n, d);
-  }
-  absl::Status DoSynchronize() override { return inner_->Synchronize(); }
   absl::Status DoGemm(Transpose ta, Transpose tb, int64_t m, int64_t n,
                       int64_t k, float alpha, const float* a, int64_t lda,
                       const float* b, int64_t ldb, float beta, float* c,
                       int64_t ldc) override {
     absl::Status s =
-        inner_->Gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        inner().Gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     if (s.ok() && what_ == Perturbation::kGemmUlp) {
       // Another summation order (cuBLAS's): each output moved by <= 1 ulp.
       std::uniform_int_distribution<int> pick(-1, 1);
@@ -100,106 +77,25 @@ class PerturbingBackend : public Backend {
     }
     return s;
   }
-  absl::Status DoGemmStridedBatched(Transpose ta, Transpose tb, int64_t m,
-                                    int64_t n, int64_t k, float alpha,
-                                    const float* a, int64_t lda, int64_t sa,
-                                    const float* b, int64_t ldb, int64_t sb,
-                                    float beta, float* c, int64_t ldc,
-                                    int64_t sc, int64_t batch) override {
-    return inner_->GemmStridedBatched(ta, tb, m, n, k, alpha, a, lda, sa, b,
-                                      ldb, sb, beta, c, ldc, sc, batch);
-  }
-  absl::Status DoSyrk(Transpose t, int64_t n, int64_t k, float alpha,
-                      const float* a, int64_t lda, float beta, float* c,
-                      int64_t ldc) override {
-    return inner_->Syrk(t, n, k, alpha, a, lda, beta, c, ldc);
-  }
   absl::Status DoSymmetricEigen(int64_t n, float* a, float* w,
                                 EigenPrecision p) override {
     // Another solver (cuSOLVER's): here LAPACK's in float64.
     if (what_ == Perturbation::kEigenFloat64) p = EigenPrecision::kFloat64;
-    absl::Status s = inner_->SymmetricEigen(n, a, w, p);
+    absl::Status s = inner().SymmetricEigen(n, a, w, p);
     if (s.ok() && what_ == Perturbation::kEigenSigns) FlipOddColumns(n, n, a);
     return s;
   }
   absl::Status DoQrOrthonormalize(int64_t r, int64_t c, float* a) override {
-    absl::Status s = inner_->QrOrthonormalize(r, c, a);
+    absl::Status s = inner().QrOrthonormalize(r, c, a);
     if (s.ok() && what_ == Perturbation::kQrSigns) FlipOddColumns(r, c, a);
     return s;
   }
-  absl::Status DoNewtonSchulz(const NewtonSchulzSpec& spec, int64_t batch,
-                              int64_t r, int64_t c, const float* in,
-                              float* out) override {
-    return inner_->NewtonSchulz(spec, batch, r, c, in, out);
-  }
-  absl::Status DoLerp(int64_t n, const float* a, const float* b, float w,
-                      float* out) override {
-    return inner_->Lerp(n, a, b, w, out);
-  }
-  absl::Status DoAxpby(int64_t n, float alpha, const float* x, float beta,
-                       float* y) override {
-    return inner_->Axpby(n, alpha, x, beta, y);
-  }
-  absl::Status DoScale(int64_t n, float alpha, float* x) override {
-    return inner_->Scale(n, alpha, x);
-  }
-  absl::Status DoEmaSquare(int64_t n, float decay, float weight, const float* g,
-                           float* v) override {
-    return inner_->EmaSquare(n, decay, weight, g, v);
-  }
-  absl::Status DoAdamDirection(int64_t n, const float* m, float ms,
-                               const float* v, float vs, float eps,
-                               float* out) override {
-    return inner_->AdamDirection(n, m, ms, v, vs, eps, out);
-  }
-  absl::Status DoAdamWStep(int64_t n, float lr, float b1, float b2, float eps,
-                           float wd, int64_t step, const float* g, float* p,
-                           float* m, float* v) override {
-    return inner_->AdamWStep(n, lr, b1, b2, eps, wd, step, g, p, m, v);
-  }
-  absl::StatusOr<double> DoSumSquares(int64_t n, const float* x) override {
-    return inner_->SumSquares(n, x);
-  }
-  absl::StatusOr<bool> DoAllFinite(int64_t n, const float* x) override {
-    return inner_->AllFinite(n, x);
-  }
-  absl::Status DoAddIdentity(int64_t n, float alpha, float* a) override {
-    return inner_->AddIdentity(n, alpha, a);
-  }
-  absl::Status DoScaleColumns(int64_t r, int64_t c, const float* d,
-                              float* a) override {
-    return inner_->ScaleColumns(r, c, d, a);
-  }
-  absl::Status DoColumnDots(int64_t r, int64_t c, const float* a,
-                            const float* b, float* out) override {
-    return inner_->ColumnDots(r, c, a, b, out);
-  }
-  absl::Status DoGatherColumns(int64_t r, int64_t c,
-                               absl::Span<const int64_t> perm, const float* s,
-                               float* d) override {
-    return inner_->GatherColumns(r, c, perm, s, d);
-  }
-  absl::Status DoGatherRows(int64_t r, int64_t c,
-                            absl::Span<const int64_t> perm, const float* s,
-                            float* d) override {
-    return inner_->GatherRows(r, c, perm, s, d);
-  }
-  absl::Status DoTranspose2D(int64_t r, int64_t c, const float* s,
-                             float* d) override {
-    return inner_->Transpose2D(r, c, s, d);
-  }
-
- protected:
-  void Free(float*, int64_t) override {}
-
- private:
   static void FlipOddColumns(int64_t rows, int64_t cols, float* a) {
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t j = 1; j < cols; j += 2) a[i * cols + j] = -a[i * cols + j];
     }
   }
 
-  std::unique_ptr<Backend> inner_;
   const Perturbation what_;
   std::mt19937 rng_{12345};
 };
