@@ -40,10 +40,13 @@ absl::StatusOr<std::unique_ptr<OwnedDeviceCopy>> OwnedDeviceCopy::Create(
     const JobPlan& jp, const RankLayout& layout, const OwnedBuffers& host,
     const std::vector<int>& params, Backend& compute) {
   std::unique_ptr<OwnedDeviceCopy> copy(new OwnedDeviceCopy(compute));
+  auto in_owned_order = [&](std::vector<int>& v) {
+    std::sort(v.begin(), v.end(), [&](int a, int b) {
+      return layout.owned_offset[a] < layout.owned_offset[b];
+    });
+  };
   std::vector<int> owned = params;
-  std::sort(owned.begin(), owned.end(), [&](int a, int b) {
-    return layout.owned_offset[a] < layout.owned_offset[b];
-  });
+  in_owned_order(owned);
   if (!owned.empty()) {
     CANZONA_ASSIGN_OR_RETURN(copy->grads_,
                              compute.Allocate(layout.owned_elements));
@@ -67,17 +70,13 @@ absl::StatusOr<std::unique_ptr<OwnedDeviceCopy>> OwnedDeviceCopy::Create(
       others.push_back(i);
     }
   }
-  std::sort(others.begin(), others.end(), [&](int a, int b) {
-    return layout.owned_offset[a] < layout.owned_offset[b];
-  });
+  in_owned_order(others);
   // Their "device" side is the host offset itself: runs merge where the
   // host ranges continue.
   copy->host_grad_runs_ =
       Runs<Run>(jp, layout, others, host.grad_at, host.grads);
-  std::vector<float*> host_params(jp.params.size(), nullptr);
-  for (int i : owned) host_params[i] = host.param_at[i];
   copy->param_runs_ =
-      Runs<Run>(jp, layout, owned, host_params, copy->params_.data());
+      Runs<Run>(jp, layout, owned, host.param_at, copy->params_.data());
   return copy;
 }
 
