@@ -316,6 +316,15 @@ class Backend {
   // Returns true when every element is finite (waits).
   absl::StatusOr<bool> AllFinite(int64_t n, const float* x);
 
+  // How many calls so far waited for the backend's work to finish (on a
+  // GPU, each is a host round trip with the device idle behind it):
+  // Synchronize, CopyToHost, SumSquares, SumSquaresMany, AllFinite,
+  // SymmetricEigen (its solver reports to the host), and TakeSumSquares
+  // while queued sums wait unread (SumSquaresMany reads them in its own
+  // wait). Counted here for every backend alike, so a cpu backend's count
+  // is a GPU's: the engine's tests hold a step to its budget of waits.
+  int64_t host_waits() const { return host_waits_; }
+
   // ---- Matrix helpers (row-major, contiguous: ld == cols) ----------------
   // a[i, i] += alpha for the n x n matrix a.
   absl::Status AddIdentity(int64_t n, float alpha, float* a);
@@ -358,6 +367,9 @@ class Backend {
   AllocationRegistry allocations_;
   // The default EnqueueSumSquares' sums so far, added in order.
   double queued_sum_squares_ = 0;
+  int64_t host_waits_ = 0;
+  // Sums queued since a wait last read them (host_waits).
+  bool queued_unread_ = false;
 
   // ---- Implementations, one per public method ----------------------------
   // Called only with arguments the public method accepted and never for a

@@ -245,7 +245,9 @@ absl::Status Backend::CopyFromHost(const float* host, int64_t count,
 absl::Status Backend::CopyToHost(const float* src, int64_t count, float* host) {
   CANZONA_ASSIGN_OR_RETURN(bool any,
                            CheckToHost(*this, "CopyToHost", src, count, host));
-  return any ? DoCopyToHost(src, count, host) : absl::OkStatus();
+  if (!any) return absl::OkStatus();
+  ++host_waits_;
+  return DoCopyToHost(src, count, host);
 }
 
 absl::Status Backend::EnqueueCopyFromHost(const float* host, int64_t count,
@@ -293,7 +295,10 @@ absl::Status Backend::Fill(float value, int64_t count, float* dst) {
   return DoFill(value, count, dst);
 }
 
-absl::Status Backend::Synchronize() { return DoSynchronize(); }
+absl::Status Backend::Synchronize() {
+  ++host_waits_;
+  return DoSynchronize();
+}
 
 // ---- Dense linear algebra ---------------------------------------------------
 
@@ -362,6 +367,7 @@ absl::Status Backend::SymmetricEigen(int64_t n, float* a, float* eigenvalues,
   if (n == 0) return absl::OkStatus();
   CANZONA_RETURN_IF_ERROR(CheckRanges(
       *this, kWhat, {{"a", a, SatMul(n, n)}, {"eigenvalues", eigenvalues, n}}));
+  ++host_waits_;
   return DoSymmetricEigen(n, a, eigenvalues, precision);
 }
 
@@ -475,6 +481,7 @@ absl::StatusOr<double> Backend::SumSquares(int64_t n, const float* x) {
   CANZONA_RETURN_IF_ERROR(CheckVectors("SumSquares", n, {{"x", x}}));
   if (n == 0) return 0.0;
   CANZONA_RETURN_IF_ERROR(CheckRanges(*this, "SumSquares", {{"x", x, n}}));
+  ++host_waits_;
   return DoSumSquares(n, x);
 }
 
@@ -483,10 +490,15 @@ absl::Status Backend::EnqueueSumSquares(int64_t n, const float* x) {
   if (n == 0) return absl::OkStatus();
   CANZONA_RETURN_IF_ERROR(
       CheckRanges(*this, "EnqueueSumSquares", {{"x", x, n}}));
+  queued_unread_ = true;
   return DoEnqueueSumSquares(n, x);
 }
 
-absl::StatusOr<double> Backend::TakeSumSquares() { return DoTakeSumSquares(); }
+absl::StatusOr<double> Backend::TakeSumSquares() {
+  if (queued_unread_) ++host_waits_;
+  queued_unread_ = false;
+  return DoTakeSumSquares();
+}
 
 absl::Status Backend::DoEnqueueSumSquares(int64_t n, const float* x) {
   CANZONA_ASSIGN_OR_RETURN(double s, DoSumSquares(n, x));
@@ -519,6 +531,8 @@ absl::Status Backend::SumSquaresMany(absl::Span<const float* const> xs,
         CheckRanges(*this, kWhat, {{x_name, resolved[k], ns[k]}}));
   }
   if (xs.empty()) return absl::OkStatus();
+  ++host_waits_;
+  queued_unread_ = false;
   return DoSumSquaresMany(resolved, ns, out);
 }
 
@@ -539,6 +553,7 @@ absl::StatusOr<bool> Backend::AllFinite(int64_t n, const float* x) {
   CANZONA_RETURN_IF_ERROR(CheckVectors("AllFinite", n, {{"x", x}}));
   if (n == 0) return true;
   CANZONA_RETURN_IF_ERROR(CheckRanges(*this, "AllFinite", {{"x", x, n}}));
+  ++host_waits_;
   return DoAllFinite(n, x);
 }
 

@@ -53,10 +53,15 @@ cublasOperation_t ToCublas(Transpose t) {
 
 // Host-side results of the few methods that return to the host; pinned so
 // the device-to-host copies are true asynchronous DMA on our stream.
+// EnqueueSumSquares' results wait on the device in a fixed queue of this
+// many (so it never moves while results wait in it).
+constexpr int kQueuedSums = 1024;
+
 struct PinnedScratch {
   double sum = 0.0;
   int flag = 0;
   int info = 0;
+  double queued[kQueuedSums] = {};
 };
 
 // The cuda Backend. Owns one non-blocking stream with a cuBLAS and a
@@ -218,15 +223,16 @@ class CudaBackend final : public Backend {
   void DropNsGraphs();
   Workspace solver_ws_;   // cuSOLVER work arrays, copies and devInfo
   Workspace scratch_ws_;  // reductions, flags, permutations
-  // EnqueueSumSquares: partials, then room for kQueuedSums results (fixed
-  // size, so it never moves while results wait in it); how many wait, and
-  // the total of those already read, in queue order.
-  static constexpr int kQueuedSums = 1024;
+  // EnqueueSumSquares: partials, then room for kQueuedSums results; how
+  // many wait, and the total of those already read, in queue order.
   Workspace queued_ws_;
   int queued_ = 0;
   double queued_total_ = 0;
-  std::vector<double> queued_host_;
-  // Adds the waiting results to queued_total_ (one copy, one wait).
+  // Enqueues the copy of the waiting results to pinned_->queued; after the
+  // next wait AddQueuedSums adds them to queued_total_.
+  absl::Status FetchQueuedSums();
+  void AddQueuedSums(int fetched);
+  // Both with one wait.
   absl::Status DrainQueuedSums();
 };
 
@@ -866,11 +872,15 @@ absl::Status CudaBackend::DoSumSquaresMany(absl::Span<const float* const> xs,
     CANZONA_CUDA_RETURN_IF_ERROR(
         cuda_kernels::SumSquares(Cfg(), ns[i], xs[i], partials, results + i));
   }
-  // One copy and one wait for all of them.
+  // One copy and one wait for all of them, and for the queued sums
+  // (Backend: a later TakeSumSquares does not wait).
+  const int fetched = queued_;
+  CANZONA_RETURN_IF_ERROR(FetchQueuedSums());
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(out.data(), results, k * sizeof(double),
                       cudaMemcpyDeviceToHost, stream_));
   CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  AddQueuedSums(fetched);
   return absl::OkStatus();
 }
 
@@ -889,17 +899,29 @@ absl::Status CudaBackend::DoEnqueueSumSquares(int64_t n, const float* x) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::DrainQueuedSums() {
+absl::Status CudaBackend::FetchQueuedSums() {
   if (queued_ == 0) return absl::OkStatus();
-  queued_host_.resize(kQueuedSums);
   const double* results = static_cast<const double*>(queued_ws_.data) +
                           cuda_kernels::kMaxReductionBlocks;
   CANZONA_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(queued_host_.data(), results, queued_ * sizeof(double),
+      cudaMemcpyAsync(pinned_->queued, results, queued_ * sizeof(double),
                       cudaMemcpyDeviceToHost, stream_));
-  CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  for (int i = 0; i < queued_; ++i) queued_total_ += queued_host_[i];
+  // The queue's slots are free for new sums, which the stream orders after
+  // this copy.
   queued_ = 0;
+  return absl::OkStatus();
+}
+
+void CudaBackend::AddQueuedSums(int fetched) {
+  for (int i = 0; i < fetched; ++i) queued_total_ += pinned_->queued[i];
+}
+
+absl::Status CudaBackend::DrainQueuedSums() {
+  const int fetched = queued_;
+  if (fetched == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(FetchQueuedSums());
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  AddQueuedSums(fetched);
   return absl::OkStatus();
 }
 

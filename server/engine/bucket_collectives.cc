@@ -6,8 +6,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status_macros.h"
+#include "spdlog/spdlog.h"
 
 namespace canzona {
+
+BucketCollectives::~BucketCollectives() {
+  // A failed step may leave reductions in flight (Reduce does not wait):
+  // they end before the staging they write goes.
+  absl::Status finished = parts_.copier->Finish();
+  if (!finished.ok()) {
+    spdlog::warn("rank {}: DP copies in flight at teardown: {}", staging_.who,
+                 finished.ToString());
+  }
+}
 
 BucketCollectives::BucketCollectives(Staging staging, Parts parts)
     : staging_(std::move(staging)),
@@ -241,12 +252,10 @@ absl::Status BucketCollectives::Reduce(int b) {
   CANZONA_RETURN_IF_ERROR(
       staging_.trainer->WaitGradients(*parts_.copier, staging_.on_device));
   CANZONA_RETURN_IF_ERROR(ReadMasters(b));
-  if (staging_.layout->sliced) {
-    CANZONA_RETURN_IF_ERROR(ReduceSliced(b));
-  } else {
-    CANZONA_RETURN_IF_ERROR(ReduceUnsliced(b));
-  }
-  return parts_.copier->Finish();
+  // No wait: the step's work follows the reductions on the device
+  // (RankRuntime::AfterReductions).
+  if (staging_.layout->sliced) return ReduceSliced(b);
+  return ReduceUnsliced(b);
 }
 
 absl::Status BucketCollectives::ReduceSliced(int b) {

@@ -31,8 +31,10 @@
 //
 // Thread-safety: Reduce and Gather run on the rank's DP lane thread only.
 // Between a step's reductions and its gathers the worker owns the owned
-// buffers (it reads them after DpLane::WaitReduced and writes them before
-// DpLane::StartGathers, synchronizing its staging backend first).
+// buffers and the copier: after DpLane::WaitReduced it orders its work
+// after the reductions (copier().HandTo: the reductions leave their copies
+// in flight), and before DpLane::StartGathers the gathers after its work
+// (RankRuntime::AfterReductions, BeforeGathers).
 #ifndef CANZONA_SERVER_ENGINE_BUCKET_COLLECTIVES_H_
 #define CANZONA_SERVER_ENGINE_BUCKET_COLLECTIVES_H_
 
@@ -81,6 +83,9 @@ class BucketCollectives {
   };
 
   BucketCollectives(Staging staging, Parts parts);
+  ~BucketCollectives();
+  BucketCollectives(const BucketCollectives&) = delete;
+  BucketCollectives& operator=(const BucketCollectives&) = delete;
 
   absl::Status Reduce(int b);
   absl::Status Gather(int b);
@@ -101,6 +106,8 @@ class BucketCollectives {
 
   Communicator& dp() { return *parts_.dp; }
   Communicator& cross() { return *parts_.cross; }
+  // The DP copier (its stream runs the reductions and the gathers).
+  StagingCopier& copier() { return *parts_.copier; }
 
  private:
   // A bucket's runs in trainer memory on the far side of a copy, each

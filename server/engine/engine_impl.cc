@@ -469,11 +469,18 @@ void EngineImpl::RunOnRank(
   auto [job, rank] = *std::move(found);
   auto shared_done = std::make_shared<Callback<Response>>(std::move(done));
   Worker::Task task;
-  task.run = [this, job = job, rank = rank, work = std::move(work),
-              shared_done]() {
+  task.run = [this, job = job, rank = rank, work = std::move(work), shared_done,
+              after_failure]() {
     // The last step's background all-gathers finish first: checkpoints
-    // and imports must not race the DP lane.
+    // and imports must not race the DP lane; nor its copies in flight
+    // (reductions of a next step's buckets leave theirs so).
     rank->lane().WaitIdle();
+    absl::Status handed = rank->rt->AfterReductions();
+    if (!handed.ok() && !after_failure) return (*shared_done)(handed);
+    if (!handed.ok()) {
+      spdlog::warn("rank {}: the DP lane's copies: {}",
+                   RankString(rank->coords), handed.ToString());
+    }
     absl::StatusOr<Response> result = work(*job, *rank);
     if (!result.ok() && registry_.closed()) result = Unavailable();
     (*shared_done)(std::move(result));

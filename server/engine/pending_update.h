@@ -1,35 +1,53 @@
 // PendingUpdate: what one local rank's step leaves for the next: the sum of
 // squares of the update it applied (counted once job-wide), which the next
 // step sums over the world with its gradient norm (StepResponse.update_rms).
-// A skipped step leaves nothing; a checkpoint load or state import clears
-// it (no update of this run precedes the next step).
+// The DP-owned updates' part stays queued on the compute backend
+// (Backend::EnqueueSumSquares) until the next step's first wait reads it
+// with the gradients' sums, so the step itself never waits for it; the TP
+// owner's and the redundant updates' part is summed on the host. A skipped
+// step leaves nothing; a checkpoint load or state import clears it (no
+// update of this run precedes the next step).
 //
-//   const double previous = rt.pending_update().Take();  // world reduction
+//   CANZONA_ASSIGN_OR_RETURN(double previous, pending.Take());  // world sum
 //   ...
-//   rt.pending_update().Add(update_sumsq);  // the step's counted updates
+//   compute.EnqueueSumSquares(n, difference);  // DP-owned updates
+//   pending.Add(host_sumsq);                   // the others
 //
-// Thread-safety: the rank's worker only.
+// Thread-safety: the rank's worker only (it drives `queue`).
 #ifndef CANZONA_SERVER_ENGINE_PENDING_UPDATE_H_
 #define CANZONA_SERVER_ENGINE_PENDING_UPDATE_H_
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/base/status_macros.h"
 
 namespace canzona {
 
 class PendingUpdate {
  public:
-  // Adds this step's update's sum of squares (its counted part).
-  void Add(double sumsq) { sumsq_ += sumsq; }
-  // The sum of squares for this step's world reduction; nothing stays
-  // pending.
-  double Take() {
-    const double sumsq = sumsq_;
-    sumsq_ = 0;
+  // `queue`: the backend the DP-owned updates queue their sums on (null:
+  // none; then only Add counts).
+  explicit PendingUpdate(Backend* queue = nullptr) : queue_(queue) {}
+
+  // Adds a sum of squares counted on the host.
+  void Add(double sumsq) { host_sumsq_ += sumsq; }
+  // The sum of squares for this step's world reduction (the queued sums in
+  // their order, then the host's); nothing stays pending.
+  absl::StatusOr<double> Take() {
+    double queued = 0;
+    if (queue_ != nullptr) {
+      CANZONA_ASSIGN_OR_RETURN(queued, queue_->TakeSumSquares());
+    }
+    const double sumsq = queued + host_sumsq_;
+    host_sumsq_ = 0;
     return sumsq;
   }
   // Forgets the pending update.
-  void Clear() { sumsq_ = 0; }
+  absl::Status Clear() { return Take().status(); }
 
  private:
-  double sumsq_ = 0;
+  Backend* queue_;
+  double host_sumsq_ = 0;
 };
 
 }  // namespace canzona

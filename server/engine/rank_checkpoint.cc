@@ -234,7 +234,11 @@ void MoveToStep(Job& job, LocalRank& rank, int64_t step) {
   progress.next_step = step + 1;
   rank.lane().Reset(step);
   // No update of this run precedes the next step.
-  rank.rt->pending_update().Clear();
+  absl::Status cleared = rank.rt->pending_update().Clear();
+  if (!cleared.ok()) {
+    spdlog::warn("rank {}: dropping the pending update failed: {}",
+                 RankString(rank.coords), cleared.ToString());
+  }
 }
 
 // Global rank 0's decision on a save: the manifest, if every rank saved at

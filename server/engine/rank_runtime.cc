@@ -36,7 +36,26 @@ absl::Status RankRuntime::ScaleGradients(float factor) {
                                    owned_.grads);
 }
 
+absl::Status RankRuntime::AfterReductions() {
+  return buckets_->copier().HandTo(
+      static_cast<NcclStream>(staging().native_stream()));
+}
+
+absl::Status RankRuntime::BeforeGathers() {
+  auto* stream = static_cast<NcclStream>(staging().native_stream());
+  if (!resident() || stream == nullptr) return staging().Synchronize();
+  return buckets_->copier().TakeFrom(stream);
+}
+
+int64_t RankRuntime::host_waits() {
+  int64_t waits = compute().host_waits() + buckets_->copier().host_waits();
+  if (&staging() != &compute()) waits += staging().host_waits();
+  return waits;
+}
+
 absl::Status RankRuntime::WorldSum(WorldValues& values) {
+  // One rank's sums are its values: no trip through the device.
+  if (world_->size() == 1) return absl::OkStatus();
   Backend& staging = backends_.staging();
   float* staged = scalars_.data();
   CANZONA_RETURN_IF_ERROR(

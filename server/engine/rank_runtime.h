@@ -128,8 +128,20 @@ class RankRuntime {
   float* whole_grad() { return whole_grad_.data(); }
   float* whole_param() { return whole_param_.data(); }
 
+  // The step's hand-overs with the DP lane, which neither waits on the
+  // host for the other on a GPU (events between the lane's copier stream
+  // and the compute stream): the step's work on staging from here on runs
+  // after the lane's reductions (after DpLane::WaitReduced); the lane's
+  // gathers after the step's work so far (before DpLane::StartGathers).
+  // A backend without a stream waits on the host instead.
+  absl::Status AfterReductions();
+  absl::Status BeforeGathers();
+
   // Sums `values` over the job's ranks (through staging memory).
   absl::Status WorldSum(WorldValues& values);
+  // Host round trips so far (StepResponse.host_waits): the backends' waits
+  // and the DP copier's.
+  int64_t host_waits();
   // What the last step left for this step's world reduction.
   PendingUpdate& pending_update() { return pending_update_; }
 

@@ -177,6 +177,7 @@ absl::StatusOr<std::unique_ptr<RankRuntime>> RankBuilder::Build(
   std::unique_ptr<RankRuntime> rt(new RankRuntime());
   rt->plan_ = setup.plan;
   CANZONA_RETURN_IF_ERROR(CreateBackends(setup, rt->backends_));
+  rt->pending_update_ = PendingUpdate(&rt->compute());
   CANZONA_ASSIGN_OR_RETURN(Copiers copiers,
                            CreateDataPlane(setup, rt->backends_));
   CANZONA_ASSIGN_OR_RETURN(

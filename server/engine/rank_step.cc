@@ -52,10 +52,20 @@ class RankStep {
         times_(&result->seconds) {}
 
   absl::Status Run() {
+    const int64_t waits = rt_.host_waits();
+    absl::Status status = Steps();
+    result_->host_waits = rt_.host_waits() - waits;
+    return status;
+  }
+
+ private:
+  absl::Status Steps() {
     CANZONA_RETURN_IF_ERROR(AverageGradients());
     CANZONA_ASSIGN_OR_RETURN(bool finite, CheckGradients());
     if (!finite) {
-      // Nothing changed: the trainer's parameters stay as they are.
+      // Nothing changed: the trainer's parameters stay as they are. The
+      // next step's reductions still come after this step's reads.
+      CANZONA_RETURN_IF_ERROR(rt_.BeforeGathers());
       rank_.lane().StartGathers(request_.step, layout_.gather_order, false);
       result_->skipped_nonfinite = true;
       result_->grad_norm = std::nan("");
@@ -71,11 +81,10 @@ class RankStep {
     // The next step's world reduction carries this update's size.
     rt_.pending_update().Add(update_sumsq_);
     // The DP lane reads the parameters from here on.
-    CANZONA_RETURN_IF_ERROR(rt_.staging().Synchronize());
+    CANZONA_RETURN_IF_ERROR(rt_.BeforeGathers());
     return Gather();
   }
 
- private:
   StepOptions OptionsFor(int i) const {
     StepOptions o;
     auto it = request_.lr.find(jp_.params[i].group);
@@ -90,6 +99,7 @@ class RankStep {
     CANZONA_RETURN_IF_ERROR(rank_.lane().WaitReduced(
         request_.step, absl::Now() + context_.timeout, &waited));
     const absl::Time t0 = absl::Now();
+    CANZONA_RETURN_IF_ERROR(rt_.AfterReductions());
     CANZONA_RETURN_IF_ERROR(rt_.LoadDpOwned());
     const double scale = request_.grad_scale == 0 ? 1.0 : request_.grad_scale;
     const float factor = static_cast<float>(scale / context_.dp_size);
@@ -132,9 +142,12 @@ class RankStep {
     }
     const double clip = request_.max_grad_norm > 0 ? request_.max_grad_norm
                                                    : context_.max_grad_norm;
+    // Read by the sums' wait above (the last step's DP-owned updates
+    // queued theirs on the compute backend).
+    CANZONA_ASSIGN_OR_RETURN(const double previous,
+                             rt_.pending_update().Take());
     RankRuntime::WorldValues values = {
-        nonfinite, static_cast<float>(sumsq),
-        static_cast<float>(rt_.pending_update().Take()),
+        nonfinite, static_cast<float>(sumsq), static_cast<float>(previous),
         static_cast<float>(clip), clip > 0 ? 1.0f : 0.0f};
     const absl::Time t0 = absl::Now();
     CANZONA_RETURN_IF_ERROR(rt_.WorldSum(values));
@@ -184,16 +197,14 @@ class RankStep {
   // the compute backend (RankRuntime::dp_owned_batches); same-shape Muon
   // matrices in one batched Newton-Schulz. A batch's members keep their
   // old values side by side in `before` (the update RMS, where counted);
-  // the differences' sums of squares are queued on the device and read
-  // with one wait at the end, not one per matrix.
+  // the differences' sums of squares stay queued on the device for the
+  // next step's first wait (PendingUpdate): no wait here.
   absl::Status UpdateDpOwned() {
     const absl::Time t0 = absl::Now();
     for (const UpdateBatch& batch : rt_.dp_owned_batches()) {
       CANZONA_RETURN_IF_ERROR(StepBatch(batch));
     }
     CANZONA_RETURN_IF_ERROR(rt_.StoreDpOwned());
-    CANZONA_ASSIGN_OR_RETURN(double counted, rt_.compute().TakeSumSquares());
-    update_sumsq_ += counted;
     times_->local_compute = Seconds(t0, absl::Now());
     return absl::OkStatus();
   }

@@ -47,6 +47,9 @@ struct RankStepResult {
   // What clipping multiplied the gradients by (1: no clipping; 0 when the
   // step was skipped before it).
   double clip_factor = 0;
+  // Host round trips from the step's start to its answer
+  // (StepResponse.host_waits).
+  int64_t host_waits = 0;
 };
 
 }  // namespace canzona

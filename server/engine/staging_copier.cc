@@ -1,5 +1,6 @@
 #include "server/engine/staging_copier.h"
 
+#include <atomic>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -68,7 +69,12 @@ class HostStagingCopier final : public StagingCopier {
     return absl::InternalError("a host stage copier cannot wait for events");
   }
   absl::Status Finish() override { return absl::OkStatus(); }
+  absl::Status HandTo(NcclStream) override { return absl::OkStatus(); }
+  absl::Status TakeFrom(NcclStream) override {
+    return absl::InternalError("a host stage copier has no stream to order");
+  }
   NcclStream stream() const override { return nullptr; }
+  int64_t host_waits() const override { return 0; }
   absl::Status CheckCopySide(absl::string_view what, absl::string_view side,
                              const void* p, int64_t bytes) const override {
     return staging_.CheckContained(what, side, p, bytes);
@@ -81,16 +87,18 @@ class HostStagingCopier final : public StagingCopier {
 class DeviceStagingCopier final : public StagingCopier {
  public:
   DeviceStagingCopier(NcclApi* api, int device, absl::Duration timeout,
-                      NcclStream stream, NcclEvent done,
+                      NcclStream stream, NcclEvent done, NcclEvent taken,
                       const AllocationRegistry* staging)
       : staging_(*staging),
         api_(api),
         device_(device),
         timeout_(timeout),
         stream_(stream),
-        done_(done) {}
+        done_(done),
+        taken_(taken) {}
   ~DeviceStagingCopier() override {
     (void)api_->SetDevice(device_);
+    (void)api_->EventDestroy(taken_);
     (void)api_->EventDestroy(done_);
     (void)api_->StreamDestroy(stream_);
   }
@@ -117,7 +125,22 @@ class DeviceStagingCopier final : public StagingCopier {
     CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
     return api_->StreamWaitEvent(stream_, event);
   }
+  absl::Status HandTo(NcclStream stream) override {
+    if (stream == nullptr) return Finish();
+    CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
+    CANZONA_RETURN_IF_ERROR(api_->EventRecord(done_, stream_));
+    return api_->StreamWaitEvent(stream, done_);
+  }
+  absl::Status TakeFrom(NcclStream stream) override {
+    if (stream == nullptr) {
+      return absl::InvalidArgumentError("TakeFrom: stream is null");
+    }
+    CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
+    CANZONA_RETURN_IF_ERROR(api_->EventRecord(taken_, stream));
+    return api_->StreamWaitEvent(stream_, taken_);
+  }
   absl::Status Finish() override {
+    host_waits_.fetch_add(1, std::memory_order_relaxed);
     CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
     CANZONA_RETURN_IF_ERROR(api_->EventRecord(done_, stream_));
     // Spin briefly (copies of a bucket take microseconds), then sleep.
@@ -138,6 +161,9 @@ class DeviceStagingCopier final : public StagingCopier {
     }
   }
   NcclStream stream() const override { return stream_; }
+  int64_t host_waits() const override {
+    return host_waits_.load(std::memory_order_relaxed);
+  }
   absl::Status CheckCopySide(absl::string_view what, absl::string_view side,
                              const void* p, int64_t bytes) const override {
     return staging_.CheckContained(what, side, p, bytes);
@@ -149,7 +175,11 @@ class DeviceStagingCopier final : public StagingCopier {
   const int device_;
   const absl::Duration timeout_;
   const NcclStream stream_;
+  // Recorded here (Finish, HandTo), and on the stream this copier takes
+  // work from (TakeFrom).
   const NcclEvent done_;
+  const NcclEvent taken_;
+  std::atomic<int64_t> host_waits_{0};
 };
 
 }  // namespace
@@ -167,12 +197,15 @@ absl::StatusOr<std::unique_ptr<StagingCopier>> CreateDeviceStagingCopier(
   CANZONA_RETURN_IF_ERROR(api->SetDevice(device));
   CANZONA_ASSIGN_OR_RETURN(NcclStream stream, api->StreamCreate());
   absl::StatusOr<NcclEvent> done = api->EventCreate();
-  if (!done.ok()) {
+  absl::StatusOr<NcclEvent> taken =
+      done.ok() ? api->EventCreate() : done.status();
+  if (!taken.ok()) {
+    if (done.ok()) (void)api->EventDestroy(*done);
     (void)api->StreamDestroy(stream);
-    return done.status();
+    return taken.status();
   }
-  return std::unique_ptr<StagingCopier>(
-      new DeviceStagingCopier(api, device, timeout, stream, *done, staging));
+  return std::unique_ptr<StagingCopier>(new DeviceStagingCopier(
+      api, device, timeout, stream, *done, *taken, staging));
 }
 
 }  // namespace canzona

@@ -13,7 +13,8 @@
 //   CANZONA_RETURN_IF_ERROR(c->WaitEvent(trainer_backward_done));
 //   CANZONA_RETURN_IF_ERROR(c->Copy(staging, trainer_grads, bytes));
 //   CANZONA_RETURN_IF_ERROR(dp->ReduceScatterV(staging, counts, mine));
-//   CANZONA_RETURN_IF_ERROR(c->Finish());   // before another thread reads
+//   CANZONA_RETURN_IF_ERROR(c->Finish());   // before the host reads, or
+//   CANZONA_RETURN_IF_ERROR(c->HandTo(compute_stream));  // the device
 //
 // Every range is checked against the staging backend's allocations and the
 // memory registered with it (kernels/allocation_registry.h): a copy's sides
@@ -56,8 +57,20 @@ class StagingCopier {
   // Returns once everything enqueued so far (copies and the collectives on
   // the same stream) is complete: DEADLINE_EXCEEDED past the timeout.
   virtual absl::Status Finish() = 0;
+  // Hands what was enqueued so far to another thread's stream without a
+  // host wait: work enqueued on `stream` from here on runs after it (an
+  // event `stream` waits for on the device). A null `stream` (a backend
+  // that finishes each call before returning) gets Finish's wait instead.
+  // Host copiers: nothing is in flight.
+  virtual absl::Status HandTo(NcclStream stream) = 0;
+  // The reverse: work enqueued here from here on runs after what `stream`
+  // (not null) holds now. Device copiers only.
+  virtual absl::Status TakeFrom(NcclStream stream) = 0;
   // The stream to create this thread's NCCL communicators on (null: host).
   virtual NcclStream stream() const = 0;
+  // How many times the host waited for this copier's work (Finish, and
+  // HandTo with a null stream); any thread may read it.
+  virtual int64_t host_waits() const = 0;
   // Checks one side of a copy the caller makes itself, as Copy checks its
   // sides (inside one staging allocation or outside them all): a CUDA IPC
   // copy between a trainer's device memory and host staging, which goes

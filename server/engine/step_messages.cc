@@ -37,6 +37,7 @@ canzona::v1::StepResponse ToStepResponse(const RankStepResult& result) {
   out.set_update_rms(result.update_rms);
   out.set_skipped_nonfinite(result.skipped_nonfinite);
   out.set_clip_factor(result.clip_factor);
+  out.set_host_waits(result.host_waits);
   return out;
 }
 

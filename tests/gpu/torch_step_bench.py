@@ -238,16 +238,31 @@ class CanzonaSide:
                            "ns_precision": args.ns_precision},
             target=args.target,
             job_id="torch-step-bench-%s-%d" % (label, os.getpid()))
+        self.stats = []
 
     def step(self):
         self.opt.step()
         self.opt.synchronize()
+        # Where the daemon's step went: its phases and host round trips.
+        self.stats.append(self.opt.last_step)
 
     def zero_grad(self):
         self.opt.zero_grad()
 
     def close(self):
         self.opt.close()
+
+    def breakdown(self, steps):
+        """The daemon's view of the last `steps` steps: median ms per phase
+        and median host_waits (StepResponse)."""
+        stats = [s for s in self.stats[-steps:] if s]
+        if not stats:
+            return {}
+        phases = stats[0].get("seconds", {})
+        return {"phases_ms": {p: median([1e3 * s["seconds"][p]
+                                         for s in stats]) for p in phases},
+                "host_waits": median([s.get("host_waits", 0)
+                                      for s in stats])}
 
 
 def median(values):
@@ -296,9 +311,12 @@ def time_side(torch, canzona_torch, example, config, args, side, dtype_name,
                 iteration_ms.append(1e3 * (t3 - t0))
         peak = (torch.cuda.max_memory_allocated(device) / 2**30
                 if device.type == "cuda" else None)
-        return {"step_ms": median(step_ms),
-                "iteration_ms": median(iteration_ms), "peak_gib": peak,
-                "params": params}
+        figures = {"step_ms": median(step_ms),
+                   "iteration_ms": median(iteration_ms), "peak_gib": peak,
+                   "params": params}
+        if side == "canzona":
+            figures["daemon"] = optimizer.breakdown(args.steps)
+        return figures
     finally:
         if optimizer is not None:
             optimizer.close()
@@ -376,6 +394,8 @@ def run_row(torch, canzona_torch, example, args, size, dtype_name, muon_cls,
         row["%s_iteration_ms" % side] = figures["iteration_ms"]
         row["%s_peak_gib" % side] = figures["peak_gib"]
         row["params"] = figures["params"]
+        if "daemon" in figures:
+            row["canzona_daemon"] = figures["daemon"]
     row["step_ratio"] = ratio(row["torch_step_ms"], row["canzona_step_ms"])
     row["iteration_ratio"] = ratio(row["torch_iteration_ms"],
                                    row["canzona_iteration_ms"])

@@ -279,8 +279,8 @@ class Client:
     def step(self, job_id, rank, step, lr=None, grad_scale=0.0,
              async_params=False, max_grad_norm=0.0):
         """Runs optimizer step ``step``; returns its statistics (grad_norm
-        before clipping, clip_factor, and update_rms of the previous
-        step's update). With async_params it returns after the update and
+        before clipping, clip_factor, update_rms of the previous step's
+        update, and host_waits: the daemon's host round trips in it). With async_params it returns after the update and
         the parameters arrive per bucket (wait_params). max_grad_norm > 0
         clips this step at that norm instead of the job's."""
         attached = self._doorbell_of(job_id, rank)
@@ -304,6 +304,8 @@ class Client:
             "update_rms": float(r.get("update_rms", 0.0)),
             "skipped_nonfinite": bool(r.get("skipped_nonfinite", False)),
             "clip_factor": float(r.get("clip_factor", 1.0)),
+            # int64 is a string in the JSON mapping.
+            "host_waits": int(r.get("host_waits", 0)),
         }
 
     def attach_step_doorbell(self, job_id, rank):

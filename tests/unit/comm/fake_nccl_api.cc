@@ -646,7 +646,7 @@ absl::Status FakeNcclApi::MemcpyAsync(void* dst, const void* src, int64_t bytes,
     if (bytes > 0) std::memmove(dst, src, static_cast<size_t>(bytes));
   };
   PushLocked(stream, std::move(entry));
-  ProgressLocked();
+  if (!options_.defer_copies) ProgressLocked();
   return absl::OkStatus();
 }
 
@@ -681,7 +681,7 @@ absl::Status FakeNcclApi::ConvertAsync(DType from, const void* src, DType to,
     RoundFromFloat(wide.data(), n, to, dst);
   };
   PushLocked(stream, std::move(entry));
-  ProgressLocked();
+  if (!options_.defer_copies) ProgressLocked();
   return absl::OkStatus();
 }
 
@@ -704,7 +704,7 @@ absl::Status FakeNcclApi::MemsetAsync(void* dst, int value, int64_t bytes,
     if (bytes > 0) std::memset(dst, value, static_cast<size_t>(bytes));
   };
   PushLocked(stream, std::move(entry));
-  ProgressLocked();
+  if (!options_.defer_copies) ProgressLocked();
   return absl::OkStatus();
 }
 

@@ -106,6 +106,11 @@ class FakeNcclApi : public NcclApi {
  public:
   struct Options {
     bool simulate_data = false;
+    // Data mode: copies, conversions and memsets run only once the host
+    // waits (an EventQuery) or an NCCL operation launches, as on a GPU
+    // that has not reached them yet: a reader that skips the wait (or the
+    // stream wait standing for it) sees the old bytes.
+    bool defer_copies = false;
   };
 
   FakeNcclApi() : FakeNcclApi(Options{}) {}

@@ -300,6 +300,64 @@ TEST_F(NcclJobTest, SteadyStateStepsAllocateNothing) {
   ASSERT_OK(run.Deregister(cluster_));
 }
 
+// One GPU's step makes no host round trip but the sums its skip and clip
+// decision read and the gathers' per-bucket answers
+// (StepResponse.host_waits): the DP lane hands its reductions to the step
+// and the step its updates to the gathers with events, the last step's
+// update size rides on this step's sums, and a world of one rank reduces
+// nothing. The cpu backend standing in for the GPU has no stream, so the
+// two hand-overs wait on the host here (2); a GPU's compute stream waits
+// on the device (StagingCopierTest.HandOversAreEventsNotHostWaits). The
+// count does not grow with the parameters or the buckets. The fake defers
+// the lane's copies until a wait, as a GPU would: a step that read the
+// owned buffers before the hand-over would read the last step's bytes.
+TEST(NcclEngineTest, OneRankStepWaitsOnceBesidesTheGathers) {
+  SetCpuBlasThreads(1);
+  // Shared-memory trainers (fp32 only on this plane) and CUDA IPC ones.
+  for (const auto& [bucket_order, bucket_size, dtype, cuda_ipc] :
+       {std::tuple{true, int64_t{20000}, DType::kFloat32, false},
+        std::tuple{false, int64_t{20000}, DType::kFloat32, false},
+        std::tuple{true, int64_t{1} << 30, DType::kFloat32, false},
+        std::tuple{true, int64_t{20000}, DType::kFloat32, true},
+        std::tuple{true, int64_t{20000}, DType::kBFloat16, true}}) {
+    SCOPED_TRACE(absl::StrCat(bucket_order ? "bucket order" : "interleaved",
+                              ", bucket size ", bucket_size, ", ",
+                              DTypeName(dtype), cuda_ipc ? ", CUDA IPC" : ""));
+    FakeCudaIpc ipc;
+    FakeNcclApi nccl({.simulate_data = true, .defer_copies = true});
+    Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
+    // Muon and AdamW (Shampoo and SOAP read their solvers' results on the
+    // host).
+    JobConfig config = MakeJobConfig("nccl-waits", 1, 1, "cost", MuonModel());
+    config.bucket_order = bucket_order;
+    config.bucket_size = bucket_size;
+    config.dtype = dtype;
+    config.cuda_ipc = cuda_ipc;
+    // Clipping scales on the device.
+    config.max_grad_norm = 0.5 * ReferenceGradNorm(config, 1);
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    ASSERT_OK(run.RunSteps(cluster, 1, 4));
+    const int buckets = run.registered[0].buckets_size();
+    ASSERT_GE(buckets, 1);
+    const std::vector<v1::StepResponse>& steps = run.responses[0];
+    ASSERT_EQ(steps.size(), 4u);
+    EXPECT_LT(steps[0].clip_factor(), 1);
+    for (size_t k = 0; k < steps.size(); ++k) {
+      SCOPED_TRACE(absl::StrCat("step ", k + 1));
+      EXPECT_EQ(steps[k].host_waits(), 1 + 2 + buckets);
+      if (k > 0) EXPECT_GT(steps[k].update_rms(), 0);
+    }
+    if (dtype == DType::kFloat32) {
+      // As close as clipping allows (its factor from a float norm).
+      ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 4, {}));
+      EXPECT_OK(run.Compare(reference, /*bitwise=*/false, 1e-5f));
+    }
+    ASSERT_OK(run.Deregister(cluster));
+  }
+}
+
 // Host (shared-memory) trainer buffers on the NCCL plane are page-locked
 // for the device while their rank lives, each mapped object once, so that
 // the staging copies are asynchronous DMA; a deregistered rank unpins them

@@ -344,6 +344,45 @@ TEST_P(BackendConformanceTest, QueuedSumSquaresAddUpInOrder) {
                        HasSubstr("EnqueueSumSquares: x")));
 }
 
+// SumSquaresMany's one wait reads the queued sums too (a step's gradient
+// sums carry the last step's update sizes): the queue's total is the same
+// bits, a TakeSumSquares after it does not wait, sums queued after it
+// wait again; host_waits counts each wait once.
+TEST_P(BackendConformanceTest, SumSquaresManyReadsTheQueuedSumsInItsWait) {
+  const int64_t n = 301;
+  const std::vector<float> host = RandomNormal(n * 3, 7500, 0.0f, 1.5f);
+  DeviceBuffer values = Upload(host);
+  const float* x[3] = {values.data(), values.data() + n, values.data() + 2 * n};
+  double expected = 0;
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_OK_AND_ASSIGN(double one, backend_->SumSquares(n, x[k]));
+    expected += one;
+  }
+  const int64_t start = backend_->host_waits();
+  for (int k = 0; k < 3; ++k) {
+    ASSERT_OK(backend_->EnqueueSumSquares(n, x[k]));
+  }
+  EXPECT_EQ(backend_->host_waits(), start);
+  std::vector<const float*> xs = {x[2]};
+  std::vector<int64_t> ns = {n};
+  std::vector<double> many(1);
+  ASSERT_OK(backend_->SumSquaresMany(xs, ns, absl::MakeSpan(many)));
+  EXPECT_EQ(backend_->host_waits(), start + 1);
+  ASSERT_OK_AND_ASSIGN(double total, backend_->TakeSumSquares());
+  EXPECT_EQ(total, expected);
+  EXPECT_EQ(backend_->host_waits(), start + 1) << "read by SumSquaresMany";
+  ASSERT_OK(backend_->EnqueueSumSquares(n, x[0]));
+  ASSERT_OK(backend_->SumSquaresMany(xs, ns, absl::MakeSpan(many)));
+  ASSERT_OK(backend_->EnqueueSumSquares(n, x[1]));
+  ASSERT_OK_AND_ASSIGN(double two, backend_->TakeSumSquares());
+  EXPECT_EQ(backend_->host_waits(), start + 3) << "one queued after it";
+  ASSERT_OK_AND_ASSIGN(double a, backend_->SumSquares(n, x[0]));
+  ASSERT_OK_AND_ASSIGN(double b, backend_->SumSquares(n, x[1]));
+  EXPECT_EQ(two, a + b);
+  ASSERT_OK(backend_->Synchronize());
+  EXPECT_EQ(backend_->host_waits(), start + 6);
+}
+
 TEST_P(BackendConformanceTest, AllFiniteDetectsNanAndInfAnywhere) {
   for (int64_t n : {int64_t{1003}, (int64_t{1} << 20) + 3}) {
     const std::vector<float> x = RandomNormal(n, 7100, 0.0f, 1e30f);

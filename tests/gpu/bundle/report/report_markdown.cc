@@ -179,6 +179,32 @@ std::string Ratio(const json& ratio) {
   return ratio.is_null() ? "–" : Cell(ratio) + "x";
 }
 
+// Where our step went as the daemon saw it: per row, the phases over
+// 0.05 ms and the host round trips (StepResponse, medians).
+void RenderDaemonBreakdown(std::string& md, const json& rows) {
+  bool any = false;
+  for (const json& r : rows) {
+    if (!r.contains("canzona_daemon")) continue;
+    const json& d = r["canzona_daemon"];
+    if (!any) md += "Our step inside the daemon (median ms per phase):\n\n";
+    any = true;
+    absl::StrAppend(&md, "- ", Get(r, "size"), " ", Get(r, "dtype"), ":");
+    if (d.contains("phases_ms") && d["phases_ms"].is_object()) {
+      for (const auto& [phase, ms] : d["phases_ms"].items()) {
+        if (!ms.is_number() || ms.get<double>() < 0.05) continue;
+        absl::StrAppend(&md, " ", phase, " ",
+                        absl::StrFormat("%.2f", ms.get<double>()));
+      }
+    }
+    if (d.contains("host_waits") && d["host_waits"].is_number()) {
+      absl::StrAppend(&md, "; host round trips ",
+                      absl::StrFormat("%.0f", d["host_waits"].get<double>()));
+    }
+    md += "\n";
+  }
+  if (any) md += "\n";
+}
+
 void RenderTorchStepBench(std::string& md, const json& report,
                           const char* key) {
   if (!report.contains(key)) return;
@@ -222,6 +248,7 @@ void RenderTorchStepBench(std::string& md, const json& report,
                       Ratio(r["iteration_ratio"]), " | ", status, " |\n");
     }
     md += "\n";
+    RenderDaemonBreakdown(md, bench["rows"]);
   }
   md += "Goals (issue 30):\n\n";
   for (const json& g : bench["goals"]) {

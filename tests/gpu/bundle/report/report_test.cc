@@ -24,6 +24,7 @@ namespace {
 
 using ::canzona::testing::StatusIs;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using json = nlohmann::json;
 
 class ReportDir : public ::testing::Test {
@@ -334,7 +335,10 @@ constexpr char kTorchStepBench[] = R"({
   "rows": [
     {"size": "100m", "dtype": "fp32", "status": "measured", "reason": "",
      "params": 105000000, "canzona_step_ms": 2, "torch_step_ms": 5,
-     "step_ratio": 99, "canzona_iteration_ms": 10, "torch_iteration_ms": 14},
+     "step_ratio": 99, "canzona_iteration_ms": 10, "torch_iteration_ms": 14,
+     "canzona_daemon": {"phases_ms": {"reduce_scatter": 0.01,
+                                      "local_compute": 1.25, "total": 1.5},
+                        "host_waits": 5}},
     {"size": "0.6b", "dtype": "fp32", "status": "measured", "reason": "",
      "params": 751632384, "canzona_step_ms": 4, "torch_step_ms": 14,
      "canzona_iteration_ms": 20, "torch_iteration_ms": 28},
@@ -396,6 +400,12 @@ TEST_F(ReportDir, TorchStepBenchTableAndGoals) {
                             "OutOfMemoryError: CUDA oom |\n"));
   EXPECT_THAT(md, HasSubstr("- step >= 3.0x faster than torch at 0.6b, fp32: "
                             "**met** (3.50x)\n"));
+  // The daemon's breakdown of the rows that have one (phases under 0.05
+  // ms left out).
+  EXPECT_THAT(md, HasSubstr("- 100m fp32: local_compute 1.25 total 1.50; "
+                            "host round trips 5\n"));
+  EXPECT_THAT(md, Not(HasSubstr("reduce_scatter 0.01")));
+  EXPECT_THAT(md, Not(HasSubstr("- 0.6b fp32:")));
   EXPECT_THAT(md, HasSubstr("- step >= 3.0x faster than torch at 0.6b, bf16: "
                             "**not met** (2.00x)\n"));
   EXPECT_THAT(md, HasSubstr("- step >= 1.5x faster than torch at 8b, fp32: "
@@ -472,6 +482,12 @@ TEST_F(ReportDir, TorchStepBenchOnTheGlooPlaneHasItsOwnGoal) {
   // The NCCL plane's section is still there, with its own goals.
   EXPECT_THAT(md, HasSubstr("- step >= 3.0x faster than torch at 0.6b, fp32: "
                             "**met** (3.50x)\n"));
+  // The daemon's breakdown of the rows that have one (phases under 0.05
+  // ms left out).
+  EXPECT_THAT(md, HasSubstr("- 100m fp32: local_compute 1.25 total 1.50; "
+                            "host round trips 5\n"));
+  EXPECT_THAT(md, Not(HasSubstr("reduce_scatter 0.01")));
+  EXPECT_THAT(md, Not(HasSubstr("- 0.6b fp32:")));
 }
 
 TEST_F(ReportDir, TorchStepBenchSmokeShapesJudgeNoGoal) {

@@ -34,6 +34,11 @@ json Row(const json& in) {
   if (in.contains("params") && in["params"].is_number_integer()) {
     row["params"] = in["params"];
   }
+  // The daemon's own view of our step (StepResponse: ms per phase, host
+  // round trips), where the bench recorded it.
+  if (in.contains("canzona_daemon") && in["canzona_daemon"].is_object()) {
+    row["canzona_daemon"] = in["canzona_daemon"];
+  }
   // Milliseconds as doubles, whatever the JSON spelled (3 or 3.0).
   for (const char* key : {"canzona_step_ms", "torch_step_ms",
                           "canzona_iteration_ms", "torch_iteration_ms"}) {
