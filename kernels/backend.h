@@ -316,6 +316,17 @@ class Backend {
   // Returns true when every element is finite (waits).
   absl::StatusOr<bool> AllFinite(int64_t n, const float* x);
 
+  // ---- Device time ---------------------------------------------------------
+  // Phases of work the host only enqueues (a GPU runs it later) are timed
+  // where it runs: Mark(k) marks the point the backend's work has reached
+  // in its order (a CUDA event on its stream; cpu: the clock now, its work
+  // being done on return); SecondsBetween(a, b) is the time between two
+  // marks once the work before both has finished, UNAVAILABLE while it has
+  // not (callers then keep their host time). Marks 0 .. kTimeMarks - 1.
+  static constexpr int kTimeMarks = 4;
+  absl::Status Mark(int mark);
+  absl::StatusOr<double> SecondsBetween(int from, int to);
+
   // How many calls so far waited for the backend's work to finish (on a
   // GPU, each is a host round trip with the device idle behind it):
   // Synchronize, CopyToHost, SumSquares, SumSquaresMany, AllFinite,
@@ -368,6 +379,9 @@ class Backend {
   // The default EnqueueSumSquares' sums so far, added in order.
   double queued_sum_squares_ = 0;
   int64_t host_waits_ = 0;
+  // The default DoMark's times (absl::Time as nanoseconds since the epoch;
+  // 0: not marked).
+  std::array<int64_t, kTimeMarks> marked_ns_ = {};
   // Sums queued since a wait last read them (host_waits).
   bool queued_unread_ = false;
 
@@ -466,6 +480,9 @@ class Backend {
   // n > 0. Default: DoSumSquares now, its sum kept on the host.
   virtual absl::Status DoEnqueueSumSquares(int64_t n, const float* x);
   virtual absl::StatusOr<double> DoTakeSumSquares();
+  // Default: the host clock (a backend whose calls finish on return).
+  virtual absl::Status DoMark(int mark);
+  virtual absl::StatusOr<double> DoSecondsBetween(int from, int to);
   virtual absl::StatusOr<bool> DoAllFinite(int64_t n, const float* x) = 0;
 
   // n > 0.

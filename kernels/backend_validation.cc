@@ -14,6 +14,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "kernels/backend_checks.h"
@@ -510,6 +512,38 @@ absl::StatusOr<double> Backend::DoTakeSumSquares() {
   const double total = queued_sum_squares_;
   queued_sum_squares_ = 0;
   return total;
+}
+
+absl::Status Backend::Mark(int mark) {
+  if (mark < 0 || mark >= kTimeMarks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Mark: mark ", mark, " is not in [0, ", kTimeMarks, ")"));
+  }
+  return DoMark(mark);
+}
+
+absl::StatusOr<double> Backend::SecondsBetween(int from, int to) {
+  for (int mark : {from, to}) {
+    if (mark < 0 || mark >= kTimeMarks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SecondsBetween: mark ", mark, " is not in [0, ", kTimeMarks, ")"));
+    }
+  }
+  return DoSecondsBetween(from, to);
+}
+
+absl::Status Backend::DoMark(int mark) {
+  marked_ns_[mark] = absl::ToUnixNanos(absl::Now());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Backend::DoSecondsBetween(int from, int to) {
+  if (marked_ns_[from] == 0 || marked_ns_[to] == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("SecondsBetween: mark ", marked_ns_[from] == 0 ? from : to,
+                     " was never set"));
+  }
+  return 1e-9 * static_cast<double>(marked_ns_[to] - marked_ns_[from]);
 }
 
 absl::Status Backend::SumSquaresMany(absl::Span<const float* const> xs,

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <cusolverDn.h>
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -150,6 +151,8 @@ class CudaBackend final : public Backend {
                                 absl::Span<double> out) override;
   absl::Status DoEnqueueSumSquares(int64_t n, const float* x) override;
   absl::StatusOr<double> DoTakeSumSquares() override;
+  absl::Status DoMark(int mark) override;
+  absl::StatusOr<double> DoSecondsBetween(int from, int to) override;
   absl::StatusOr<bool> DoAllFinite(int64_t n, const float* x) override;
 
   absl::Status DoAddIdentity(int64_t n, float alpha, float* a) override;
@@ -234,6 +237,8 @@ class CudaBackend final : public Backend {
   void AddQueuedSums(int fetched);
   // Both with one wait.
   absl::Status DrainQueuedSums();
+  // Mark's timing events, created at first use.
+  std::array<cudaEvent_t, kTimeMarks> marks_ = {};
 };
 
 absl::Status CudaBackend::Activate() {
@@ -330,6 +335,9 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
   if (pool_ != nullptr) (void)cudaMemPoolDestroy(pool_);
   if (pinned_ != nullptr) (void)cudaFreeHost(pinned_);
+  for (cudaEvent_t e : marks_) {
+    if (e != nullptr) (void)cudaEventDestroy(e);
+  }
   if (cusolver_ != nullptr) (void)cusolverDnDestroy(cusolver_);
   if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
   if (cublas_workspace_ != nullptr) (void)cudaFree(cublas_workspace_);
@@ -931,6 +939,36 @@ absl::StatusOr<double> CudaBackend::DoTakeSumSquares() {
   const double total = queued_total_;
   queued_total_ = 0;
   return total;
+}
+
+absl::Status CudaBackend::DoMark(int mark) {
+  CANZONA_RETURN_IF_ERROR(Activate());
+  if (marks_[mark] == nullptr) {
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaEventCreate(&marks_[mark]));
+  }
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaEventRecord(marks_[mark], stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> CudaBackend::DoSecondsBetween(int from, int to) {
+  CANZONA_RETURN_IF_ERROR(Activate());
+  for (int mark : {from, to}) {
+    if (marks_[mark] == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("SecondsBetween: mark ", mark, " was never set"));
+    }
+    // Not a wait: the caller keeps its host time while the GPU runs.
+    const cudaError_t done = cudaEventQuery(marks_[mark]);
+    if (done == cudaErrorNotReady) {
+      return absl::UnavailableError(absl::StrCat(
+          "SecondsBetween: the work before mark ", mark, " is running"));
+    }
+    CANZONA_CUDA_RETURN_IF_ERROR(done);
+  }
+  float ms = 0;
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cudaEventElapsedTime(&ms, marks_[from], marks_[to]));
+  return 1e-3 * static_cast<double>(ms);
 }
 
 absl::StatusOr<bool> CudaBackend::DoAllFinite(int64_t n, const float* x) {

@@ -38,6 +38,10 @@ struct GradientSums {
   }
 };
 
+// The compute backend's time marks around the DP-owned updates.
+constexpr int kComputeStart = 0;
+constexpr int kComputeEnd = 1;
+
 class RankStep {
  public:
   RankStep(LocalRank& rank, const JobPlan& jp, const StepContext& context,
@@ -55,6 +59,7 @@ class RankStep {
     const int64_t waits = rt_.host_waits();
     absl::Status status = Steps();
     result_->host_waits = rt_.host_waits() - waits;
+    if (status.ok() && !result_->skipped_nonfinite) TimeCompute();
     return status;
   }
 
@@ -83,6 +88,16 @@ class RankStep {
     // The DP lane reads the parameters from here on.
     CANZONA_RETURN_IF_ERROR(rt_.BeforeGathers());
     return Gather();
+  }
+
+  // The DP-owned updates' time where they ran: on a GPU the host only
+  // enqueues them (the gathers' wait covers them), so their phase is the
+  // device's time between two marks, once it is known (with async_params
+  // it may not be yet: the host's time stays).
+  void TimeCompute() {
+    absl::StatusOr<double> device =
+        rt_.compute().SecondsBetween(kComputeStart, kComputeEnd);
+    if (device.ok()) times_->local_compute = *device;
   }
 
   StepOptions OptionsFor(int i) const {
@@ -201,10 +216,13 @@ class RankStep {
   // next step's first wait (PendingUpdate): no wait here.
   absl::Status UpdateDpOwned() {
     const absl::Time t0 = absl::Now();
+    CANZONA_RETURN_IF_ERROR(rt_.compute().Mark(kComputeStart));
     for (const UpdateBatch& batch : rt_.dp_owned_batches()) {
       CANZONA_RETURN_IF_ERROR(StepBatch(batch));
     }
     CANZONA_RETURN_IF_ERROR(rt_.StoreDpOwned());
+    CANZONA_RETURN_IF_ERROR(rt_.compute().Mark(kComputeEnd));
+    // Until the device time is known (TimeCompute), the enqueueing's.
     times_->local_compute = Seconds(t0, absl::Now());
     return absl::OkStatus();
   }

@@ -383,6 +383,36 @@ TEST_P(BackendConformanceTest, SumSquaresManyReadsTheQueuedSumsInItsWait) {
   EXPECT_EQ(backend_->host_waits(), start + 6);
 }
 
+// Device time: marks around work, read once it is done (a GPU's events);
+// bad or unset marks are errors naming the mark.
+TEST_P(BackendConformanceTest, MarksTimeTheWorkBetweenThem) {
+  EXPECT_THAT(backend_->SecondsBetween(0, 1),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("was never set")));
+  const int64_t n = 512;
+  const std::vector<float> host = RandomNormal(n * n, 7600, 0.0f, 1.0f);
+  DeviceBuffer a = Upload(host);
+  DeviceBuffer c = Zeros(n * n);
+  ASSERT_OK(backend_->Mark(0));
+  for (int k = 0; k < 4; ++k) {
+    ASSERT_OK(backend_->Gemm(Transpose::kNo, Transpose::kNo, n, n, n, 1.0f,
+                             a.data(), n, a.data(), n, 0.0f, c.data(), n));
+  }
+  ASSERT_OK(backend_->Mark(1));
+  ASSERT_OK(backend_->Synchronize());
+  ASSERT_OK_AND_ASSIGN(double seconds, backend_->SecondsBetween(0, 1));
+  EXPECT_GT(seconds, 0.0);
+  EXPECT_LT(seconds, 60.0);
+  ASSERT_OK_AND_ASSIGN(double none, backend_->SecondsBetween(1, 1));
+  EXPECT_EQ(none, 0.0);
+  EXPECT_THAT(
+      backend_->Mark(Backend::kTimeMarks),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Mark: mark 4")));
+  EXPECT_THAT(backend_->SecondsBetween(-1, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("SecondsBetween: mark -1")));
+}
+
 TEST_P(BackendConformanceTest, AllFiniteDetectsNanAndInfAnywhere) {
   for (int64_t n : {int64_t{1003}, (int64_t{1} << 20) + 3}) {
     const std::vector<float> x = RandomNormal(n, 7100, 0.0f, 1e30f);
