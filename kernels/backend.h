@@ -312,6 +312,12 @@ class Backend {
   // the queued sums added in the order queued (0 for none), then starts
   // over. Each queued sum is bitwise SumSquares's.
   absl::Status EnqueueSumSquares(int64_t n, const float* x);
+  // Queues the sum of (a[i] - b[i])^2, the differences rounded to float (an
+  // update's size from its new and old values) without writing them: the
+  // bits EnqueueSumSquares gives on Axpby(n, 1, a, -1, b)'s output where
+  // the three arrays share 16-byte alignment, in one read of a and b.
+  absl::Status EnqueueSquaredDistance(int64_t n, const float* a,
+                                      const float* b);
   absl::StatusOr<double> TakeSumSquares();
   // Returns true when every element is finite (waits).
   absl::StatusOr<bool> AllFinite(int64_t n, const float* x);
@@ -367,6 +373,9 @@ class Backend {
   // the Do-methods that address. Null for real memory (every production
   // backend).
   virtual const void* HostAlias(const float* /*data*/) const { return nullptr; }
+  // Adds a sum computed on the host to the default queue (a backend whose
+  // DoEnqueue-methods finish on return).
+  void QueueHostSum(double sum) { queued_sum_squares_ += sum; }
 
  private:
   // Forgets a buffer's allocation, then frees it (DeviceBuffer::Reset).
@@ -479,6 +488,8 @@ class Backend {
                                         absl::Span<double> out);
   // n > 0. Default: DoSumSquares now, its sum kept on the host.
   virtual absl::Status DoEnqueueSumSquares(int64_t n, const float* x);
+  virtual absl::Status DoEnqueueSquaredDistance(int64_t n, const float* a,
+                                                const float* b) = 0;
   virtual absl::StatusOr<double> DoTakeSumSquares();
   // Default: the host clock (a backend whose calls finish on return).
   virtual absl::Status DoMark(int mark);

@@ -496,6 +496,17 @@ absl::Status Backend::EnqueueSumSquares(int64_t n, const float* x) {
   return DoEnqueueSumSquares(n, x);
 }
 
+absl::Status Backend::EnqueueSquaredDistance(int64_t n, const float* a,
+                                             const float* b) {
+  constexpr absl::string_view kWhat = "EnqueueSquaredDistance";
+  CANZONA_RETURN_IF_ERROR(CheckVectors(kWhat, n, {{"a", a}, {"b", b}}));
+  if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(
+      CheckRanges(*this, kWhat, {{"a", a, n}, {"b", b, n}}));
+  queued_unread_ = true;
+  return DoEnqueueSquaredDistance(n, a, b);
+}
+
 absl::StatusOr<double> Backend::TakeSumSquares() {
   if (queued_unread_) ++host_waits_;
   queued_unread_ = false;

@@ -103,6 +103,26 @@ T* Scratch(std::vector<T>& v, int64_t n) {
 // Thread-safety: not thread-safe (as Backend): the scratch buffers used by
 // NewtonSchulz, QrOrthonormalize and ColumnDots are per-object state.
 // Distinct CpuBackend objects may be used concurrently.
+// Sum of value(i)^2 in double over i < n, in the one order every cpu sum
+// of squares uses: four partial sums break the serial add dependency;
+// float * float is exact in double, so only the additions round.
+template <typename Value>
+double SumSquaresOf(int64_t n, Value value) {
+  double s[4] = {0.0, 0.0, 0.0, 0.0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    for (int j = 0; j < 4; ++j) {
+      const double v = value(i + j);
+      s[j] += v * v;
+    }
+  }
+  for (; i < n; ++i) {
+    const double v = value(i);
+    s[0] += v * v;
+  }
+  return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(MemorySpace space) : space_(space) {}
@@ -490,18 +510,14 @@ class CpuBackend final : public Backend {
   }
 
   absl::StatusOr<double> DoSumSquares(int64_t n, const float* x) override {
-    // Four partial sums break the serial add dependency; float * float is
-    // exact in double, so only the additions round.
-    double s[4] = {0.0, 0.0, 0.0, 0.0};
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-      for (int j = 0; j < 4; ++j) {
-        const double xi = x[i + j];
-        s[j] += xi * xi;
-      }
-    }
-    for (; i < n; ++i) s[0] += static_cast<double>(x[i]) * x[i];
-    return (s[0] + s[1]) + (s[2] + s[3]);
+    return SumSquaresOf(n, [x](int64_t i) { return x[i]; });
+  }
+
+  absl::Status DoEnqueueSquaredDistance(int64_t n, const float* a,
+                                        const float* b) override {
+    // a - b rounded once: Axpby's 1 * a + -1 * b, bit for bit.
+    QueueHostSum(SumSquaresOf(n, [a, b](int64_t i) { return a[i] - b[i]; }));
+    return absl::OkStatus();
   }
 
   absl::StatusOr<bool> DoAllFinite(int64_t n, const float* x) override {

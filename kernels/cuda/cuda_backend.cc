@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -150,6 +151,8 @@ class CudaBackend final : public Backend {
                                 absl::Span<const int64_t> ns,
                                 absl::Span<double> out) override;
   absl::Status DoEnqueueSumSquares(int64_t n, const float* x) override;
+  absl::Status DoEnqueueSquaredDistance(int64_t n, const float* a,
+                                        const float* b) override;
   absl::StatusOr<double> DoTakeSumSquares() override;
   absl::Status DoMark(int mark) override;
   absl::StatusOr<double> DoSecondsBetween(int from, int to) override;
@@ -237,6 +240,10 @@ class CudaBackend final : public Backend {
   void AddQueuedSums(int fetched);
   // Both with one wait.
   absl::Status DrainQueuedSums();
+  // Queues one sum: `reduce` writes it to its second argument, with the
+  // queue's partials as scratch.
+  absl::Status Enqueue(
+      const std::function<cudaError_t(double*, double*)>& reduce);
   // Mark's timing events, created at first use.
   std::array<cudaEvent_t, kTimeMarks> marks_ = {};
 };
@@ -893,6 +900,20 @@ absl::Status CudaBackend::DoSumSquaresMany(absl::Span<const float* const> xs,
 }
 
 absl::Status CudaBackend::DoEnqueueSumSquares(int64_t n, const float* x) {
+  return Enqueue([&](double* partials, double* result) {
+    return cuda_kernels::SumSquares(Cfg(), n, x, partials, result);
+  });
+}
+
+absl::Status CudaBackend::DoEnqueueSquaredDistance(int64_t n, const float* a,
+                                                   const float* b) {
+  return Enqueue([&](double* partials, double* result) {
+    return cuda_kernels::SquaredDistance(Cfg(), n, a, b, partials, result);
+  });
+}
+
+absl::Status CudaBackend::Enqueue(
+    const std::function<cudaError_t(double*, double*)>& reduce) {
   CANZONA_RETURN_IF_ERROR(Activate());
   if (queued_ == kQueuedSums) CANZONA_RETURN_IF_ERROR(DrainQueuedSums());
   CANZONA_ASSIGN_OR_RETURN(
@@ -901,8 +922,7 @@ absl::Status CudaBackend::DoEnqueueSumSquares(int64_t n, const float* x) {
                               sizeof(double)));
   auto* partials = static_cast<double*>(ws);
   double* results = partials + cuda_kernels::kMaxReductionBlocks;
-  CANZONA_CUDA_RETURN_IF_ERROR(
-      cuda_kernels::SumSquares(Cfg(), n, x, partials, results + queued_));
+  CANZONA_CUDA_RETURN_IF_ERROR(reduce(partials, results + queued_));
   ++queued_;
   return absl::OkStatus();
 }

@@ -66,6 +66,11 @@ inline constexpr int kMaxReductionBlocks = 1024;
 // partials: kMaxReductionBlocks doubles; result: one double (both device).
 cudaError_t SumSquares(const LaunchConfig& cfg, int64_t n, const float* x,
                        double* partials, double* result);
+// *result = sum (a[i] - b[i])^2, the differences rounded to float: the bits
+// SumSquares gives on Axpby(1, a, -1, b)'s output where a, b and that
+// output share 16-byte alignment.
+cudaError_t SquaredDistance(const LaunchConfig& cfg, int64_t n, const float* a,
+                            const float* b, double* partials, double* result);
 // Sets *flag = 1 when some x[i] is not finite; *flag must be zeroed first.
 cudaError_t FlagNonFinite(const LaunchConfig& cfg, int64_t n, const float* x,
                           int* flag);

@@ -200,7 +200,27 @@ __global__ void ConvertKernel(int64_t n, const TIn* src, TOut* dst) {
 
 // ---- Reductions -----------------------------------------------------------
 
-__global__ void SumSquaresPartialKernel(int64_t n, const float* x,
+// What a sum of squares squares: x[i], or a[i] - b[i] rounded to float
+// (bitwise what Axpby(1, a, -1, b) leaves), one or four at a time.
+struct Elements {
+  const float* x;
+  __device__ float One(int64_t i) const { return x[i]; }
+  __device__ float4 Four(int64_t i) const { return Load4(x, i); }
+};
+struct Differences {
+  const float* a;
+  const float* b;
+  __device__ float One(int64_t i) const { return a[i] - b[i]; }
+  __device__ float4 Four(int64_t i) const {
+    const float4 u = Load4(a, i), w = Load4(b, i);
+    return make_float4(u.x - w.x, u.y - w.y, u.z - w.z, u.w - w.w);
+  }
+};
+
+// Per-block sums of squares in double, in one fixed order for both kinds
+// of values (so a sum is the same bits whichever way its floats came).
+template <typename Values>
+__global__ void SumSquaresPartialKernel(int64_t n, Values values,
                                         bool vectorized, double* partials) {
   const int64_t stride = int64_t{blockDim.x} * gridDim.x;
   const int64_t tid = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
@@ -209,14 +229,15 @@ __global__ void SumSquaresPartialKernel(int64_t n, const float* x,
   if (vectorized) {
     const int64_t n4 = n / 4;
     for (int64_t i = tid; i < n4; i += stride) {
-      const float4 v = Load4(x, i * 4);
+      const float4 v = values.Four(i * 4);
       sum += double{v.x} * v.x + double{v.y} * v.y + double{v.z} * v.z +
              double{v.w} * v.w;
     }
     start = n4 * 4;
   }
   for (int64_t i = start + tid; i < n; i += stride) {
-    sum += double{x[i]} * x[i];
+    const float v = values.One(i);
+    sum += double{v} * v;
   }
   sum = BlockSum(sum);
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
@@ -414,18 +435,34 @@ cudaError_t DoubleToFloat(const LaunchConfig& cfg, int64_t n, const double* src,
   return cudaGetLastError();
 }
 
-cudaError_t SumSquares(const LaunchConfig& cfg, int64_t n, const float* x,
-                       double* partials, double* result) {
+namespace {
+
+template <typename Values>
+cudaError_t LaunchSumSquares(const LaunchConfig& cfg, int64_t n, Values values,
+                             bool vectorized, double* partials,
+                             double* result) {
   if (n <= 0) return cudaMemsetAsync(result, 0, sizeof(double), cfg.stream);
-  const bool vectorized = Aligned16(x);
   int blocks = GridFor(cfg, vectorized ? CeilDiv(n, 4) : n);
   if (blocks > kMaxReductionBlocks) blocks = kMaxReductionBlocks;
-  SumSquaresPartialKernel<<<blocks, kThreads, 0, cfg.stream>>>(n, x, vectorized,
-                                                               partials);
+  SumSquaresPartialKernel<<<blocks, kThreads, 0, cfg.stream>>>(
+      n, values, vectorized, partials);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   SumPartialsKernel<<<1, kThreads, 0, cfg.stream>>>(blocks, partials, result);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t SumSquares(const LaunchConfig& cfg, int64_t n, const float* x,
+                       double* partials, double* result) {
+  return LaunchSumSquares(cfg, n, Elements{x}, Aligned16(x), partials, result);
+}
+
+cudaError_t SquaredDistance(const LaunchConfig& cfg, int64_t n, const float* a,
+                            const float* b, double* partials, double* result) {
+  return LaunchSumSquares(cfg, n, Differences{a, b},
+                          Aligned16(a) && Aligned16(b), partials, result);
 }
 
 cudaError_t FlagNonFinite(const LaunchConfig& cfg, int64_t n, const float* x,

@@ -247,10 +247,8 @@ class RankStep {
     }
     for (size_t k = 0; k < batch.params.size(); ++k) {
       if (!layout_.update_counted[batch.params[k]]) continue;
-      float* difference = before + k * n;
-      CANZONA_RETURN_IF_ERROR(
-          compute.Axpby(n, 1.0f, batch.param_ptrs[k], -1.0f, difference));
-      CANZONA_RETURN_IF_ERROR(compute.EnqueueSumSquares(n, difference));
+      CANZONA_RETURN_IF_ERROR(compute.EnqueueSquaredDistance(
+          n, batch.param_ptrs[k], before + k * n));
     }
     return absl::OkStatus();
   }

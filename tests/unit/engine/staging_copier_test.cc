@@ -18,13 +18,14 @@ using ::canzona::testing::FakeNcclApi;
 using ::canzona::testing::FakeNcclCall;
 using ::canzona::testing::StatusIs;
 
-const AllocationRegistry host_memory;
+// No staging allocation: every range is host memory outside them.
+const AllocationRegistry empty_staging;
 
 TEST(StagingCopierTest, HandOversAreEventsNotHostWaits) {
   FakeNcclApi nccl;
   ASSERT_OK_AND_ASSIGN(
       auto copier,
-      CreateDeviceStagingCopier(&nccl, 0, absl::Seconds(5), &host_memory));
+      CreateDeviceStagingCopier(&nccl, 0, absl::Seconds(5), &empty_staging));
   const NcclStream compute = FakeNcclApi::Stream(7);
   std::vector<float> a(4, 1.0f), b(4);
   ASSERT_OK(copier->Copy(b.data(), a.data(), 16));
@@ -62,7 +63,7 @@ TEST(StagingCopierTest, HandOversAreEventsNotHostWaits) {
 }
 
 TEST(StagingCopierTest, HostCopiersHaveNothingInFlight) {
-  auto copier = CreateHostStagingCopier(&host_memory);
+  auto copier = CreateHostStagingCopier(&empty_staging);
   std::vector<float> a(4, 2.0f), b(4);
   ASSERT_OK(copier->Copy(b.data(), a.data(), 16));
   EXPECT_EQ(b[3], 2.0f);  // done on return

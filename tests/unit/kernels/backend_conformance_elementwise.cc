@@ -383,6 +383,46 @@ TEST_P(BackendConformanceTest, SumSquaresManyReadsTheQueuedSumsInItsWait) {
   EXPECT_EQ(backend_->host_waits(), start + 6);
 }
 
+// An update's size in one read: the queued sum of (a - b)^2 is the bits
+// Axpby then EnqueueSumSquares give (the arrays aligned alike), for sizes
+// around the vector width, near-equal values (cancellation) included; a
+// float64 reference agrees; ranges are checked.
+TEST_P(BackendConformanceTest, SquaredDistanceIsTheDifferencesSumSquares) {
+  for (int64_t n :
+       {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{1001}, int64_t{1} << 20}) {
+    SCOPED_TRACE(n);
+    const std::vector<float> a = RandomNormal(n, 7700 + n, 0.0f, 1.0f);
+    std::vector<float> b = RandomNormal(n, 7800 + n, 0.0f, 1.0f);
+    for (int64_t i = 0; i < n; i += 3) b[i] = a[i] * (1 + 1e-6f);
+    DeviceBuffer da = Upload(a), db = Upload(b), diff = Upload(b);
+    ASSERT_OK(backend_->Axpby(n, 1.0f, da.data(), -1.0f, diff.data()));
+    ASSERT_OK(backend_->EnqueueSumSquares(n, diff.data()));
+    ASSERT_OK_AND_ASSIGN(double two_passes, backend_->TakeSumSquares());
+    ASSERT_OK(backend_->EnqueueSquaredDistance(n, da.data(), db.data()));
+    ASSERT_OK_AND_ASSIGN(double fused, backend_->TakeSumSquares());
+    EXPECT_EQ(fused, two_passes);
+    long double reference = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const long double d = static_cast<float>(a[i] - b[i]);
+      reference += d * d;
+    }
+    EXPECT_NEAR(fused, static_cast<double>(reference),
+                1e-12 * static_cast<double>(reference));
+    // b written right after it is queued: the sum read the old bytes.
+    ASSERT_OK(backend_->EnqueueSquaredDistance(n, da.data(), db.data()));
+    ASSERT_OK(backend_->Fill(0.0f, n, db.data()));
+    ASSERT_OK_AND_ASSIGN(double queued, backend_->TakeSumSquares());
+    EXPECT_EQ(queued, fused);
+  }
+  DeviceBuffer x = Zeros(8);
+  EXPECT_THAT(backend_->EnqueueSquaredDistance(9, x.data(), x.data()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("EnqueueSquaredDistance: a")));
+  EXPECT_THAT(backend_->EnqueueSquaredDistance(4, x.data(), nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("EnqueueSquaredDistance")));
+}
+
 // Device time: marks around work, read once it is done (a GPU's events);
 // bad or unset marks are errors naming the mark.
 TEST_P(BackendConformanceTest, MarksTimeTheWorkBetweenThem) {

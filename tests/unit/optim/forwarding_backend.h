@@ -120,6 +120,17 @@ class ForwardingBackend : public Backend {
   absl::StatusOr<double> DoSumSquares(int64_t n, const float* x) override {
     return inner_->SumSquares(n, x);
   }
+  // The queue is the inner backend's.
+  absl::Status DoEnqueueSumSquares(int64_t n, const float* x) override {
+    return inner_->EnqueueSumSquares(n, x);
+  }
+  absl::Status DoEnqueueSquaredDistance(int64_t n, const float* a,
+                                        const float* b) override {
+    return inner_->EnqueueSquaredDistance(n, a, b);
+  }
+  absl::StatusOr<double> DoTakeSumSquares() override {
+    return inner_->TakeSumSquares();
+  }
   absl::StatusOr<bool> DoAllFinite(int64_t n, const float* x) override {
     return inner_->AllFinite(n, x);
   }
