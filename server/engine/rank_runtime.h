@@ -139,8 +139,8 @@ class RankRuntime {
 
   // Sums `values` over the job's ranks (through staging memory).
   absl::Status WorldSum(WorldValues& values);
-  // Host round trips so far (StepResponse.host_waits): the backends' waits
-  // and the DP copier's.
+  // Host round trips so far (StepResponse.host_waits): the compute
+  // backend's waits and the DP copier's.
   int64_t host_waits();
   // What the last step left for this step's world reduction.
   PendingUpdate& pending_update() { return pending_update_; }

@@ -217,7 +217,15 @@ void RankBuilder::PinStaging(const RankSetup& setup, RankRuntime& rt) {
   }
   std::vector<TrainerBuffers::MemoryRange> ranges;
   const OwnedMemory& owned = rt.owned_memory_;
-  for (const DeviceBuffer* b : {&owned.grads, &owned.masters, &owned.slot}) {
+  std::vector<const DeviceBuffer*> buffers = {&owned.grads, &owned.masters,
+                                              &owned.slot};
+  if (!rt.backends_.updates_in_place()) {
+    // The TP owner's and the redundant updates' whole matrices go to the
+    // GPU and back each step (RankRuntime::Update).
+    buffers.push_back(&rt.whole_grad_);
+    buffers.push_back(&rt.whole_param_);
+  }
+  for (const DeviceBuffer* b : buffers) {
     if (b->size() > 0) ranges.push_back({b->data(), Bytes(*b)});
   }
   rt.pinned_staging_ = PinnedHostMemory::Pin(api, rt.device(), ranges);

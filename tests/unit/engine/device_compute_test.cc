@@ -120,6 +120,31 @@ TEST(DeviceComputeStepTest, ClippingAndANonFiniteStep) {
   ASSERT_OK(run.Deregister(cluster));
 }
 
+// One rank's step with its updates on the GPU's copy of the owned
+// buffers waits twice (StepResponse.host_waits): for the gradient sums
+// the skip and clip decision reads (which also read the last step's update
+// sizes) and for the updated values' copy back, whatever the number of
+// parameters and buckets (before: once more for the update RMS).
+TEST(DeviceComputeStepTest, OneRankStepWaitsTwice) {
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr, nullptr,
+                  /*batch_updates=*/true, /*device_like_cpu=*/true);
+  for (int64_t bucket_size : {int64_t{20000}, int64_t{1} << 30}) {
+    SCOPED_TRACE(bucket_size);
+    JobConfig config = MakeJobConfig("dev-waits", 1, 1, "cost", MuonModel());
+    config.bucket_size = bucket_size;
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RunAll(cluster, 3));
+    for (const v1::StepResponse& r : run.responses[0]) {
+      EXPECT_EQ(r.host_waits(), 2);
+    }
+    EXPECT_GT(run.responses[0].back().update_rms(), 0);
+    ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
+    EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+    ASSERT_OK(run.Deregister(cluster));
+  }
+}
+
 // Host staging that copies to the GPU is page-locked while the rank lives
 // (here through a fake CUDA runtime): the owned gradients, the masters and
 // the bucket slot of a DP2 job whose bf16 trainers export CUDA IPC
@@ -148,7 +173,8 @@ TEST(DeviceComputeStepTest, HostStagingIsPageLockedWhileTheRankLives) {
   JobRun run(config);
   ASSERT_OK(run.Init());
   ASSERT_OK(run.RegisterAll(cluster));
-  // Per rank: gradients, masters and slot, whole pages, none twice.
+  // Per rank: gradients, masters and slot (and the whole matrices of
+  // TP-owned updates, none here), whole pages, none twice.
   EXPECT_GE(pin.host_registered(), 2);
   EXPECT_LE(pin.host_registered(), 3 * config.world());
   ASSERT_OK(run.RunSteps(cluster, 1, 3));
