@@ -103,6 +103,7 @@ struct Sample {
   double dp_comm = 0;
   double dp_comm_exposed = 0;
   double phases[kPhases] = {};  // the response's PhaseTimes
+  int64_t host_waits = 0;       // the response's
 };
 
 struct RankResult {
@@ -130,6 +131,9 @@ struct ModeResult {
   // Per phase: the slowest rank's time in each step, median over steps
   // (as canzona_step_bench reports them).
   double median_phase_ms[kPhases] = {};
+  // The daemon's host round trips per step (StepResponse.host_waits): the
+  // most of any rank, median over steps.
+  double median_host_waits = 0;
 };
 
 double Median(std::vector<double> v) {
@@ -240,6 +244,7 @@ absl::Status RunIterations(const StepBenchOptions& o, const Mode& mode,
     for (int p = 0; p < kPhases; ++p) {
       s.phases[p] = (t.*kStepPhases[p].seconds)();
     }
+    s.host_waits = response->host_waits();
     if (!overlap) {
       Compute(o.forward_ms, o.busy);
     } else {
@@ -411,22 +416,25 @@ ModeResult Summarize(const Mode& mode, const std::vector<RankResult>& ranks) {
     }
   }
   const size_t n = ranks.front().samples.size();
-  std::vector<double> wall, step, wait;
+  std::vector<double> wall, step, wait, waits;
   double comm = 0, exposed = 0;
   for (size_t i = 0; i < n; ++i) {
-    double w = 0, s = 0, p = 0;
+    double w = 0, s = 0, p = 0, h = 0;
     for (const RankResult& rank : ranks) {
       const Sample& x = rank.samples[i];
       w = std::max(w, x.wall);
       s = std::max(s, x.step);
       p = std::max(p, x.wait);
+      h = std::max(h, static_cast<double>(x.host_waits));
       comm += x.dp_comm;
       exposed += x.dp_comm_exposed;
     }
     wall.push_back(w);
     step.push_back(s);
     wait.push_back(p);
+    waits.push_back(h);
   }
+  r.median_host_waits = Median(waits);
   for (int p = 0; p < kPhases; ++p) {
     std::vector<double> slowest;
     for (size_t i = 0; i < n; ++i) {
@@ -619,6 +627,7 @@ void RunStepBench(StepBenchOptions o) {
            {"median_iteration_ms", r.median_iteration_ms},
            {"median_step_ms", r.median_step_ms},
            {"median_wait_params_ms", r.median_wait_ms},
+           {"median_host_waits", r.median_host_waits},
            {"dp_comm_ms_per_step", r.dp_comm_ms_per_step},
            {"dp_comm_exposed_ms_per_step", r.exposed_ms_per_step},
            {"exposed_over_total_comm", r.exposed_over_total},
@@ -682,6 +691,13 @@ void RunStepBench(StepBenchOptions o) {
     for (double ms : r.median_phase_ms) std::printf(" %14.1f", ms);
     std::printf("\n");
   }
+  std::printf(
+      "daemon host round trips per step (StepResponse.host_waits; the most "
+      "of any rank, median):");
+  for (const ModeResult& r : results) {
+    std::printf(" %s %.0f", r.mode.name.c_str(), r.median_host_waits);
+  }
+  std::printf("\n");
 }
 
 }  // namespace

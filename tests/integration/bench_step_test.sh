@@ -74,7 +74,11 @@ for m in json.load(open(sys.argv[1]))["modes"]:
     assert m["master_bytes"] == 0, m  # fp32: updated in the trainer's buffers
     assert m["param_bytes_per_rank"] > 0, m
     assert m["daemon_private_bytes_per_rank"] != -1, m
+    # The daemon's host round trips per step: at least the sums' wait.
+    assert m["median_host_waits"] >= 1, m
 PY
+grep -q "daemon host round trips per step" "$DIR/out.txt" ||
+  fail "no host round trips line"
 
 # A daemon-side error: nonzero exit, the daemon's message on stderr.
 if "$CANZONACTL" bench step --target "unix:$DIR/d.sock" \
