@@ -137,14 +137,16 @@ void RenderSteps(std::string& md, const json& report) {
                       Cell(mode["median_iteration_ms"]), " | ",
                       Cell(mode["median_step_ms"]), " | ",
                       Cell(mode["dp_comm_ms_per_step"]), " | ",
-                      Cell(mode["exposed_over_total_comm"]), " |\n");
+                      Cell(mode["exposed_over_total_comm"]), " | ",
+                      Get(mode, "median_host_waits"), " |\n");
     }
   }
   if (table.empty()) return;
   Section(md, "Step benchmarks (canzonactl bench step)");
   md +=
       "| check | layout | mode | iteration ms | step ms | DP comm ms | "
-      "exposed / total |\n|---|---|---|---|---|---|---|\n";
+      "exposed / total | host round trips |\n"
+      "|---|---|---|---|---|---|---|---|\n";
   md += table;
 }
 

@@ -210,6 +210,31 @@ TEST_F(ReportDir, CanzonactlJsonIsTheFigures) {
   EXPECT_THAT(no_json.reason, HasSubstr("no JSON output"));
 }
 
+// The step benchmarks' table: per mode the iteration, the step, DP
+// communication and the daemon's host round trips (– where the JSON has
+// none, as an older canzonactl's).
+TEST_F(ReportDir, StepTableShowsHostRoundTrips) {
+  Write("env.txt", "gpu_present=1\ngpu_name=NVIDIA H100\n");
+  Write("checks/01-step.rec",
+        "name=step-cuda-nccl-ws1\nkind=step\nstate=ran\n"
+        "exit_code=0\nlog=logs/step.log\ndata=data/step.json\n");
+  Write("logs/step.log", "");
+  Write("data/step.json", R"({"dp": 1, "tp": 1, "modes": [
+      {"mode": "flat/plain", "median_iteration_ms": 12.5,
+       "median_step_ms": 3.25, "dp_comm_ms_per_step": 0.5,
+       "exposed_over_total_comm": 1.0, "median_host_waits": 5},
+      {"mode": "flat/overlap", "median_iteration_ms": 11.0,
+       "median_step_ms": 2.0, "dp_comm_ms_per_step": 0.5,
+       "exposed_over_total_comm": 0.25}]})");
+  ASSERT_OK_AND_ASSIGN(json report, BuildReport(dir_));
+  const std::string md = RenderMarkdown(report);
+  EXPECT_THAT(md, HasSubstr("| exposed / total | host round trips |\n"));
+  EXPECT_THAT(md, HasSubstr("| step-cuda-nccl-ws1 | DP1 x TP1 | flat/plain | "
+                            "12.50 | 3.25 | 0.50 | 1.00 | 5 |\n"));
+  EXPECT_THAT(md, HasSubstr("| flat/overlap | 11.00 | 2.00 | 0.50 | 0.25 | "
+                            "– |\n"));
+}
+
 TEST_F(ReportDir, NotRunIsSkippedWithTheRunnersReason) {
   CheckRecord r;
   r.name = "bench";
