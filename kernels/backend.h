@@ -166,6 +166,14 @@ class DeviceBuffer {
   int64_t size_ = 0;
 };
 
+// Whether an update (Axpby's y, AdamWStep's p) also queues the sum of
+// squares of the change it makes, (new - old)^2 with the change rounded to
+// float, on EnqueueSumSquares' queue, in the pass that applies it: an
+// update's size at no extra memory traffic. The sum is the one
+// EnqueueSquaredDistance(n, new, old) queues (on cpu bit for bit; on cuda
+// in the same order where the arrays share 16-byte alignment).
+enum class SquaredChange { kIgnore, kQueue };
+
 // Non-Virtual Interface: the public methods are the only entry points. Each
 // validates its arguments once for every implementation (INVALID_ARGUMENT
 // naming the method and the field, e.g. "Gemm: lda = 3 is smaller than the
@@ -277,8 +285,9 @@ class Backend {
                     float* out);
   // y = alpha * x + beta * y, literally: with beta == 0 a NaN in y stays NaN
   // (unlike BLAS), so non-finite values are never silently dropped.
+  // SquaredChange::kQueue (here and in AdamWStep): see there.
   absl::Status Axpby(int64_t n, float alpha, const float* x, float beta,
-                     float* y);
+                     float* y, SquaredChange change = SquaredChange::kIgnore);
   // x = alpha * x
   absl::Status Scale(int64_t n, float alpha, float* x);
   // v = decay * v + weight * g * g
@@ -294,7 +303,8 @@ class Backend {
   //   p -= (lr / (1 - beta1^step)) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
   absl::Status AdamWStep(int64_t n, float lr, float beta1, float beta2,
                          float eps, float weight_decay, int64_t step,
-                         const float* g, float* p, float* m, float* v);
+                         const float* g, float* p, float* m, float* v,
+                         SquaredChange change = SquaredChange::kIgnore);
   // Sum of squares accumulated in double; returns to the host (waits).
   // Non-finite exactly when an element of x is (squares of floats summed
   // in double cannot overflow), which the step relies on.
@@ -468,7 +478,7 @@ class Backend {
   virtual absl::Status DoLerp(int64_t n, const float* a, const float* b,
                               float weight, float* out) = 0;
   virtual absl::Status DoAxpby(int64_t n, float alpha, const float* x,
-                               float beta, float* y) = 0;
+                               float beta, float* y, SquaredChange change) = 0;
   virtual absl::Status DoScale(int64_t n, float alpha, float* x) = 0;
   virtual absl::Status DoEmaSquare(int64_t n, float decay, float weight,
                                    const float* g, float* v) = 0;
@@ -479,7 +489,8 @@ class Backend {
   virtual absl::Status DoAdamWStep(int64_t n, float lr, float beta1,
                                    float beta2, float eps, float weight_decay,
                                    int64_t step, const float* g, float* p,
-                                   float* m, float* v) = 0;
+                                   float* m, float* v,
+                                   SquaredChange change) = 0;
   virtual absl::StatusOr<double> DoSumSquares(int64_t n, const float* x) = 0;
   // xs, ns and out of one size, each ns[k] >= 0 (a zero sum for 0); by
   // default DoSumSquares once each (a backend that waits per call batches).

@@ -429,12 +429,13 @@ absl::Status Backend::Lerp(int64_t n, const float* a, const float* b,
 }
 
 absl::Status Backend::Axpby(int64_t n, float alpha, const float* x, float beta,
-                            float* y) {
+                            float* y, SquaredChange change) {
   CANZONA_RETURN_IF_ERROR(CheckVectors("Axpby", n, {{"x", x}, {"y", y}}));
   if (n == 0) return absl::OkStatus();
   CANZONA_RETURN_IF_ERROR(
       CheckRanges(*this, "Axpby", {{"x", x, n}, {"y", y, n}}));
-  return DoAxpby(n, alpha, x, beta, y);
+  if (change == SquaredChange::kQueue) queued_unread_ = true;
+  return DoAxpby(n, alpha, x, beta, y, change);
 }
 
 absl::Status Backend::Scale(int64_t n, float alpha, float* x) {
@@ -466,7 +467,8 @@ absl::Status Backend::AdamDirection(int64_t n, const float* m, float m_scale,
 
 absl::Status Backend::AdamWStep(int64_t n, float lr, float beta1, float beta2,
                                 float eps, float weight_decay, int64_t step,
-                                const float* g, float* p, float* m, float* v) {
+                                const float* g, float* p, float* m, float* v,
+                                SquaredChange change) {
   constexpr absl::string_view kWhat = "AdamWStep";
   CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, "n", n));
   // The bias corrections divide by 1 - beta^step, zero at step 0.
@@ -476,7 +478,9 @@ absl::Status Backend::AdamWStep(int64_t n, float lr, float beta1, float beta2,
   if (n == 0) return absl::OkStatus();
   CANZONA_RETURN_IF_ERROR(CheckRanges(
       *this, kWhat, {{"g", g, n}, {"p", p, n}, {"m", m, n}, {"v", v, n}}));
-  return DoAdamWStep(n, lr, beta1, beta2, eps, weight_decay, step, g, p, m, v);
+  if (change == SquaredChange::kQueue) queued_unread_ = true;
+  return DoAdamWStep(n, lr, beta1, beta2, eps, weight_decay, step, g, p, m, v,
+                     change);
 }
 
 absl::StatusOr<double> Backend::SumSquares(int64_t n, const float* x) {

@@ -450,8 +450,9 @@ class CpuBackend final : public Backend {
   }
 
   absl::Status DoAxpby(int64_t n, float alpha, const float* x, float beta,
-                       float* y) override {
-    for (int64_t i = 0; i < n; ++i) y[i] = alpha * x[i] + beta * y[i];
+                       float* y, SquaredChange change) override {
+    ApplyEach(n, y, change,
+              [=](int64_t i) { y[i] = alpha * x[i] + beta * y[i]; });
     return absl::OkStatus();
   }
 
@@ -478,8 +479,8 @@ class CpuBackend final : public Backend {
 
   absl::Status DoAdamWStep(int64_t n, float lr, float beta1, float beta2,
                            float eps, float weight_decay, int64_t step,
-                           const float* g, float* p, float* m,
-                           float* v) override {
+                           const float* g, float* p, float* m, float* v,
+                           SquaredChange change) override {
     // torch computes the scalars as Python floats (double) and rounds each to
     // float when it meets a float32 tensor; mirror that exactly.
     const double lr_d = lr;
@@ -495,7 +496,7 @@ class CpuBackend final : public Backend {
     // beta1 <= 0.5.
     const bool small_weight = std::abs(m_weight) < 0.5f;
     const float m_one_minus = 1.0f - m_weight;
-    for (int64_t i = 0; i < n; ++i) {
+    ApplyEach(n, p, change, [=](int64_t i) {
       const float gi = g[i];
       const float pi = p[i] * decay;
       const float mi = small_weight ? m[i] + m_weight * (gi - m[i])
@@ -505,7 +506,7 @@ class CpuBackend final : public Backend {
       p[i] = pi + neg_step_size * mi / denom;
       m[i] = mi;
       v[i] = vi;
-    }
+    });
     return absl::OkStatus();
   }
 
@@ -659,6 +660,22 @@ class CpuBackend final : public Backend {
   std::vector<double> eig_a_;
   std::vector<double> eig_w_;
   std::vector<double> col_acc_;
+
+  // Runs update(i) for every i < n, in order; with SquaredChange::kQueue
+  // also queues the sum of squares of what it changed in `out` (new - old
+  // as float), in SumSquaresOf's order: EnqueueSquaredDistance's bits.
+  template <typename Update>
+  void ApplyEach(int64_t n, float* out, SquaredChange change, Update update) {
+    if (change == SquaredChange::kIgnore) {
+      for (int64_t i = 0; i < n; ++i) update(i);
+      return;
+    }
+    QueueHostSum(SumSquaresOf(n, [&](int64_t i) {
+      const float old = out[i];
+      update(i);
+      return out[i] - old;
+    }));
+  }
 
   const MemorySpace space_;
   // Device-like memory: copies to the host enqueued and not yet delivered

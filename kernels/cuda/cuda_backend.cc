@@ -135,7 +135,7 @@ class CudaBackend final : public Backend {
   absl::Status DoLerp(int64_t n, const float* a, const float* b, float weight,
                       float* out) override;
   absl::Status DoAxpby(int64_t n, float alpha, const float* x, float beta,
-                       float* y) override;
+                       float* y, SquaredChange change) override;
   absl::Status DoScale(int64_t n, float alpha, float* x) override;
   absl::Status DoEmaSquare(int64_t n, float decay, float weight, const float* g,
                            float* v) override;
@@ -144,8 +144,8 @@ class CudaBackend final : public Backend {
                                float* out) override;
   absl::Status DoAdamWStep(int64_t n, float lr, float beta1, float beta2,
                            float eps, float weight_decay, int64_t step,
-                           const float* g, float* p, float* m,
-                           float* v) override;
+                           const float* g, float* p, float* m, float* v,
+                           SquaredChange change) override;
   absl::StatusOr<double> DoSumSquares(int64_t n, const float* x) override;
   absl::Status DoSumSquaresMany(absl::Span<const float* const> xs,
                                 absl::Span<const int64_t> ns,
@@ -799,7 +799,13 @@ absl::Status CudaBackend::DoLerp(int64_t n, const float* a, const float* b,
 }
 
 absl::Status CudaBackend::DoAxpby(int64_t n, float alpha, const float* x,
-                                  float beta, float* y) {
+                                  float beta, float* y, SquaredChange change) {
+  if (change == SquaredChange::kQueue) {
+    return Enqueue([&](double* partials, double* result) {
+      const cuda_kernels::ChangeSum sum{partials, result};
+      return cuda_kernels::Axpby(Cfg(), n, alpha, x, beta, y, &sum);
+    });
+  }
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(
       cuda_kernels::Axpby(Cfg(), n, alpha, x, beta, y));
@@ -834,7 +840,7 @@ absl::Status CudaBackend::DoAdamWStep(int64_t n, float lr, float beta1,
                                       float beta2, float eps,
                                       float weight_decay, int64_t step,
                                       const float* g, float* p, float* m,
-                                      float* v) {
+                                      float* v, SquaredChange change) {
   CANZONA_RETURN_IF_ERROR(Activate());
   // torch computes these scalars in Python (double) and hands them to the
   // kernels as float32: do the same.
@@ -851,6 +857,12 @@ absl::Status CudaBackend::DoAdamWStep(int64_t n, float lr, float beta1,
   s.step_size = static_cast<float>(static_cast<double>(lr) / bc1);
   s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   s.eps = eps;
+  if (change == SquaredChange::kQueue) {
+    return Enqueue([&](double* partials, double* result) {
+      const cuda_kernels::ChangeSum sum{partials, result};
+      return cuda_kernels::AdamWStep(Cfg(), n, s, g, p, m, v, &sum);
+    });
+  }
   CANZONA_CUDA_RETURN_IF_ERROR(
       cuda_kernels::AdamWStep(Cfg(), n, s, g, p, m, v));
   return absl::OkStatus();

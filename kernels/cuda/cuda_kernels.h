@@ -31,8 +31,19 @@ cudaError_t Fill(const LaunchConfig& cfg, int64_t n, float value, float* dst);
 // torch.lerp: |w| < 0.5 ? a + w (b - a) : b - (b - a) (1 - w).
 cudaError_t Lerp(const LaunchConfig& cfg, int64_t n, const float* a,
                  const float* b, float weight, float* out);
+// Where an update that counts its change (Backend's SquaredChange::kQueue)
+// puts the sum of squares of that change: the reduction's partials
+// (kMaxReductionBlocks doubles) and the result (one double), both device.
+struct ChangeSum {
+  double* partials;
+  double* result;
+};
+
+// With `change`, the update also sums (new - old)^2 of its output (y, p)
+// into it, in SumSquares' order, in the same pass.
 cudaError_t Axpby(const LaunchConfig& cfg, int64_t n, float alpha,
-                  const float* x, float beta, float* y);
+                  const float* x, float beta, float* y,
+                  const ChangeSum* change = nullptr);
 cudaError_t Scale(const LaunchConfig& cfg, int64_t n, float alpha, float* x);
 cudaError_t EmaSquare(const LaunchConfig& cfg, int64_t n, float decay,
                       float weight, const float* g, float* v);
@@ -52,7 +63,8 @@ struct AdamWScalars {
   float eps;
 };
 cudaError_t AdamWStep(const LaunchConfig& cfg, int64_t n, const AdamWScalars& s,
-                      const float* g, float* p, float* m, float* v);
+                      const float* g, float* p, float* m, float* v,
+                      const ChangeSum* change = nullptr);
 
 cudaError_t FloatToDouble(const LaunchConfig& cfg, int64_t n, const float* src,
                           double* dst);

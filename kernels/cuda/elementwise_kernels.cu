@@ -217,7 +217,28 @@ struct Differences {
   }
 };
 
-// Per-block sums of squares in double, in one fixed order for both kinds
+// An elementwise op (Apply1 / Apply4) that writes `out`, applied while its
+// changes are summed: new - old of each element of `out`, as float. Every
+// element is visited exactly once, as by ElementwiseKernel.
+template <class Op>
+struct Changes {
+  Op op;
+  float* out;
+  __device__ float One(int64_t i) const {
+    const float old = out[i];
+    op.Apply1(i);
+    return out[i] - old;
+  }
+  __device__ float4 Four(int64_t i) const {
+    const float4 old = Load4(out, i);
+    op.Apply4(i);
+    const float4 now = Load4(out, i);
+    return make_float4(now.x - old.x, now.y - old.y, now.z - old.z,
+                       now.w - old.w);
+  }
+};
+
+// Per-block sums of squares in double, in one fixed order for every kind
 // of values (so a sum is the same bits whichever way its floats came).
 template <typename Values>
 __global__ void SumSquaresPartialKernel(int64_t n, Values values,
@@ -374,6 +395,31 @@ __global__ void MirrorUpperToLowerKernel(int64_t batch, int64_t n, float* c,
   }
 }
 
+template <typename Values>
+cudaError_t LaunchSumSquares(const LaunchConfig& cfg, int64_t n, Values values,
+                             bool vectorized, double* partials,
+                             double* result) {
+  if (n <= 0) return cudaMemsetAsync(result, 0, sizeof(double), cfg.stream);
+  int blocks = GridFor(cfg, vectorized ? CeilDiv(n, 4) : n);
+  if (blocks > kMaxReductionBlocks) blocks = kMaxReductionBlocks;
+  SumSquaresPartialKernel<<<blocks, kThreads, 0, cfg.stream>>>(
+      n, values, vectorized, partials);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  SumPartialsKernel<<<1, kThreads, 0, cfg.stream>>>(blocks, partials, result);
+  return cudaGetLastError();
+}
+
+
+// `op` applied to n elements while the sum of squares of its changes to
+// `out` goes to change.result (ChangeSum).
+template <class Op>
+cudaError_t LaunchCounted(const LaunchConfig& cfg, int64_t n, const Op& op,
+                          float* out, bool vectorized, const ChangeSum& change) {
+  return LaunchSumSquares(cfg, n, Changes<Op>{op, out}, vectorized,
+                          change.partials, change.result);
+}
+
 }  // namespace
 
 // ---- Wrappers -------------------------------------------------------------
@@ -389,9 +435,12 @@ cudaError_t Lerp(const LaunchConfig& cfg, int64_t n, const float* a,
 }
 
 cudaError_t Axpby(const LaunchConfig& cfg, int64_t n, float alpha,
-                  const float* x, float beta, float* y) {
-  return LaunchElementwise(cfg, n, AxpbyOp{x, y, alpha, beta},
-                           Aligned16(x) && Aligned16(y));
+                  const float* x, float beta, float* y,
+                  const ChangeSum* change) {
+  const AxpbyOp op{x, y, alpha, beta};
+  const bool vectorized = Aligned16(x) && Aligned16(y);
+  if (change != nullptr) return LaunchCounted(cfg, n, op, y, vectorized, *change);
+  return LaunchElementwise(cfg, n, op, vectorized);
 }
 
 cudaError_t Scale(const LaunchConfig& cfg, int64_t n, float alpha, float* x) {
@@ -413,10 +462,13 @@ cudaError_t AdamDirection(const LaunchConfig& cfg, int64_t n, const float* m,
 }
 
 cudaError_t AdamWStep(const LaunchConfig& cfg, int64_t n, const AdamWScalars& s,
-                      const float* g, float* p, float* m, float* v) {
-  return LaunchElementwise(
-      cfg, n, AdamWOp{g, p, m, v, s},
-      Aligned16(g) && Aligned16(p) && Aligned16(m) && Aligned16(v));
+                      const float* g, float* p, float* m, float* v,
+                      const ChangeSum* change) {
+  const AdamWOp op{g, p, m, v, s};
+  const bool vectorized =
+      Aligned16(g) && Aligned16(p) && Aligned16(m) && Aligned16(v);
+  if (change != nullptr) return LaunchCounted(cfg, n, op, p, vectorized, *change);
+  return LaunchElementwise(cfg, n, op, vectorized);
 }
 
 cudaError_t FloatToDouble(const LaunchConfig& cfg, int64_t n, const float* src,
@@ -435,24 +487,6 @@ cudaError_t DoubleToFloat(const LaunchConfig& cfg, int64_t n, const double* src,
   return cudaGetLastError();
 }
 
-namespace {
-
-template <typename Values>
-cudaError_t LaunchSumSquares(const LaunchConfig& cfg, int64_t n, Values values,
-                             bool vectorized, double* partials,
-                             double* result) {
-  if (n <= 0) return cudaMemsetAsync(result, 0, sizeof(double), cfg.stream);
-  int blocks = GridFor(cfg, vectorized ? CeilDiv(n, 4) : n);
-  if (blocks > kMaxReductionBlocks) blocks = kMaxReductionBlocks;
-  SumSquaresPartialKernel<<<blocks, kThreads, 0, cfg.stream>>>(
-      n, values, vectorized, partials);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-  SumPartialsKernel<<<1, kThreads, 0, cfg.stream>>>(blocks, partials, result);
-  return cudaGetLastError();
-}
-
-}  // namespace
 
 cudaError_t SumSquares(const LaunchConfig& cfg, int64_t n, const float* x,
                        double* partials, double* result) {

@@ -137,12 +137,7 @@ void AssignUpdates(const JobPlan& jp, const JobSettings& settings,
     }
     if (!shape.empty()) {
       out.max_state = std::max(out.max_state, NumElements(shape));
-      if (out.mode[i] == UpdateMode::kDpOwned) {
-        if (out.update_counted[i]) {
-          out.max_counted_local =
-              std::max(out.max_counted_local, NumElements(shape));
-        }
-      } else {
+      if (out.mode[i] != UpdateMode::kDpOwned) {
         out.max_whole = std::max(out.max_whole, NumElements(shape));
       }
     }

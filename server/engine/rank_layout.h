@@ -102,16 +102,15 @@ struct RankLayout {
   std::vector<int64_t> layerwise_counts;  // per DP rank (layerwise, S > 1)
 
   // Element counts of the working buffers.
-  int64_t stage_elements = 0;     // the stage's local elements
-  int64_t owned_elements = 0;     // the owned buffers: what this rank holds
-  int64_t max_bucket = 0;         // the largest bucket's elements
-  int64_t max_slice = 0;          // my largest bucket slice
-  int64_t dp_scratch = 0;         // the largest padded DP collective
-  int64_t layerwise_total = 0;    // the layerwise gather's receive buffer
-  int64_t max_state = 0;          // the largest state shape (whole matrices)
-  int64_t max_whole = 0;          // the largest matrix assembled here (TP)
-  int64_t max_counted_local = 0;  // the largest DP-owned update counted here
-  int64_t max_redundant = 0;      // the largest redundantly updated fragment
+  int64_t stage_elements = 0;   // the stage's local elements
+  int64_t owned_elements = 0;   // the owned buffers: what this rank holds
+  int64_t max_bucket = 0;       // the largest bucket's elements
+  int64_t max_slice = 0;        // my largest bucket slice
+  int64_t dp_scratch = 0;       // the largest padded DP collective
+  int64_t layerwise_total = 0;  // the layerwise gather's receive buffer
+  int64_t max_state = 0;        // the largest state shape (whole matrices)
+  int64_t max_whole = 0;        // the largest matrix assembled here (TP)
+  int64_t max_redundant = 0;    // the largest redundantly updated fragment
 };
 
 // INTERNAL when the plan does not fit the rank (a planner bug).

@@ -118,7 +118,8 @@ class RankRuntime {
   // values of what the rank holds.
   OwnedBuffers& owned() { return owned_; }
   // An update's previous values (the update RMS), on the compute backend:
-  // room for the largest counted DP-owned update or batch of them.
+  // room for the largest batch that counts its updates from a copy
+  // (UpdateBatch::Counting::kFromCopy; Muon and AdamW need none).
   float* update_before() { return before_.data(); }
   // The redundant updates' exchange buffers ([grad, param] of the rank's
   // fragment; of every TP rank's), and the whole matrices the TP owner and

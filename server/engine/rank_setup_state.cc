@@ -24,9 +24,6 @@ absl::Status RankBuilder::AllocateOwned(const RankSetup& setup,
   CANZONA_RETURN_IF_ERROR(
       canzona::AllocateOwned(*rt.plan_, layout, *setup.trainer, rt.resident(),
                              staging, &rt.owned_memory_, &rt.owned_));
-  // Where the DP-owned updates run (in staging, or OwnedDeviceCopy's).
-  CANZONA_ASSIGN_OR_RETURN(rt.before_,
-                           rt.compute().Allocate(layout.max_counted_local));
   CANZONA_ASSIGN_OR_RETURN(rt.scalars_,
                            staging.Allocate(RankRuntime::kWorldValues));
   CANZONA_ASSIGN_OR_RETURN(rt.redundant_send_,
@@ -103,13 +100,15 @@ absl::Status RankBuilder::BatchUpdates(const RankSetup& setup,
   rt.dp_owned_batches_ =
       BatchDpOwnedUpdates(*rt.plan_, rt.layout_, rt.rules_, *values,
                           {.enabled = setup.batch_updates});
+  // The old values of the batches that count their updates from a copy,
+  // where the updates run (in staging, or OwnedDeviceCopy's).
   int64_t largest = 0;
   for (const UpdateBatch& b : rt.dp_owned_batches_) {
-    if (b.params.size() > 1) largest = std::max(largest, b.elements);
+    if (b.counting == UpdateBatch::Counting::kFromCopy) {
+      largest = std::max(largest, b.elements);
+    }
   }
-  if (largest > rt.before_.size()) {
-    CANZONA_ASSIGN_OR_RETURN(rt.before_, rt.compute().Allocate(largest));
-  }
+  CANZONA_ASSIGN_OR_RETURN(rt.before_, rt.compute().Allocate(largest));
   return absl::OkStatus();
 }
 

@@ -210,10 +210,11 @@ class RankStep {
 
   // 4. Owned parameters that are not TP-owned or redundant, in place on
   // the compute backend (RankRuntime::dp_owned_batches); same-shape Muon
-  // matrices in one batched Newton-Schulz. A batch's members keep their
-  // old values side by side in `before` (the update RMS, where counted);
-  // the differences' sums of squares stay queued on the device for the
-  // next step's first wait (PendingUpdate): no wait here.
+  // matrices in one batched Newton-Schulz. The update RMS, where counted:
+  // Muon and AdamW queue their change's sum of squares as they apply it;
+  // other rules' batches keep their old values side by side in `before`.
+  // The sums stay queued on the device for the next step's first wait
+  // (PendingUpdate): no wait here.
   absl::Status UpdateDpOwned() {
     const absl::Time t0 = absl::Now();
     CANZONA_RETURN_IF_ERROR(rt_.compute().Mark(kComputeStart));
@@ -230,22 +231,25 @@ class RankStep {
   absl::Status StepBatch(const UpdateBatch& batch) {
     Backend& compute = rt_.compute();
     const int64_t n = jp_.params[batch.params[0]].fragment_numel;
+    StepOptions options = OptionsFor(batch.params[0]);
+    const bool copied = batch.counting == UpdateBatch::Counting::kFromCopy;
+    if (batch.counting == UpdateBatch::Counting::kInPass) {
+      options.change = SquaredChange::kQueue;
+    }
     float* before = rt_.update_before();
-    for (size_t k = 0; k < batch.params.size(); ++k) {
+    for (size_t k = 0; copied && k < batch.params.size(); ++k) {
       if (!layout_.update_counted[batch.params[k]]) continue;
       CANZONA_RETURN_IF_ERROR(
           compute.Copy(batch.param_ptrs[k], n, before + k * n));
     }
     if (batch.params.size() == 1) {
-      CANZONA_RETURN_IF_ERROR(
-          batch.rules[0]->Step(batch.param_ptrs[0], batch.grad_ptrs[0],
-                               OptionsFor(batch.params[0])));
+      CANZONA_RETURN_IF_ERROR(batch.rules[0]->Step(
+          batch.param_ptrs[0], batch.grad_ptrs[0], options));
     } else {
       CANZONA_RETURN_IF_ERROR(StepMuonBatch(batch.rules, batch.param_ptrs,
-                                            batch.grad_ptrs,
-                                            OptionsFor(batch.params[0])));
+                                            batch.grad_ptrs, options));
     }
-    for (size_t k = 0; k < batch.params.size(); ++k) {
+    for (size_t k = 0; copied && k < batch.params.size(); ++k) {
       if (!layout_.update_counted[batch.params[k]]) continue;
       CANZONA_RETURN_IF_ERROR(compute.EnqueueSquaredDistance(
           n, batch.param_ptrs[k], before + k * n));

@@ -42,6 +42,15 @@ std::vector<UpdateBatch> BatchDpOwnedUpdates(
     b.grad_ptrs.push_back(owned.grad_at[i]);
     b.elements += n;
   }
+  for (UpdateBatch& b : batches) {
+    int counted = 0;
+    for (int i : b.params) counted += layout.update_counted[i] ? 1 : 0;
+    if (counted == 0) continue;
+    b.counting = counted == static_cast<int>(b.params.size()) &&
+                         b.rules[0]->QueuesChange()
+                     ? UpdateBatch::Counting::kInPass
+                     : UpdateBatch::Counting::kFromCopy;
+  }
   return batches;
 }
 

@@ -33,6 +33,13 @@ struct UpdateBatch {
   std::vector<float*> param_ptrs;
   std::vector<const float*> grad_ptrs;
   int64_t elements = 0;  // of every member together
+  // The members' update sizes (the update RMS; RankLayout::update_counted)
+  // as the step counts them: none counted; each queued by its rule in the
+  // pass that applies it (Muon, AdamW: UpdateRule::QueuesChange, every
+  // member counted); or from a copy of the old values
+  // (RankRuntime::update_before, sized for these batches only).
+  enum class Counting { kNone, kInPass, kFromCopy };
+  Counting counting = Counting::kNone;
 };
 
 struct BatchOptions {

@@ -21,14 +21,16 @@ class AdamWRule : public RuleImpl {
     return absl::OkStatus();
   }
 
-  absl::Status Step(float* param, const float* grad, double lr) override {
+  absl::Status Step(float* param, const float* grad, double lr,
+                    SquaredChange change) override {
     ++step_;
     return backend_->AdamWStep(
         numel_, static_cast<float>(lr), static_cast<float>(options_.beta1),
         static_cast<float>(options_.beta2), static_cast<float>(options_.eps),
         static_cast<float>(options_.weight_decay), step_, grad, param, exp_avg_,
-        exp_avg_sq_);
+        exp_avg_sq_, change);
   }
+  bool queues_change() const override { return true; }
 
  private:
   AdamWOptions options_;

@@ -56,17 +56,18 @@ absl::Status MuonRule::UpdateMomentum(const float* grad, float* out) {
 }
 
 absl::Status MuonRule::ApplyUpdate(float* param, const float* orthogonalized,
-                                   double lr) {
+                                   double lr, SquaredChange change) {
   return backend_->Axpby(
       rows_ * cols_, static_cast<float>(-lr * scale_), orthogonalized,
-      static_cast<float>(1.0 - lr * options_.weight_decay), param);
+      static_cast<float>(1.0 - lr * options_.weight_decay), param, change);
 }
 
-absl::Status MuonRule::Step(float* param, const float* grad, double lr) {
+absl::Status MuonRule::Step(float* param, const float* grad, double lr,
+                            SquaredChange change) {
   CANZONA_RETURN_IF_ERROR(UpdateMomentum(grad, work_));
   CANZONA_RETURN_IF_ERROR(
       backend_->NewtonSchulz(spec_, 1, rows_, cols_, work_, work_));
-  return ApplyUpdate(param, work_, lr);
+  return ApplyUpdate(param, work_, lr, change);
 }
 
 absl::StatusOr<float*> MuonRule::BatchScratch(int64_t count) {

@@ -26,8 +26,11 @@ class RuleImpl {
       : kind_(kind), backend_(backend) {}
   virtual ~RuleImpl() = default;
 
-  // One step with the effective learning rate.
-  virtual absl::Status Step(float* param, const float* grad, double lr) = 0;
+  // One step with the effective learning rate; `change` kQueue only where
+  // queues_change() (UpdateRule::QueuesChange).
+  virtual absl::Status Step(float* param, const float* grad, double lr,
+                            SquaredChange change) = 0;
+  virtual bool queues_change() const { return false; }
 
   absl::StatusOr<OptimizerState> SaveState() const;
   absl::Status LoadState(const OptimizerState& state);
@@ -79,13 +82,15 @@ class MuonRule : public RuleImpl {
       const MuonOptions& options, int64_t rows, int64_t cols, Backend* backend,
       SharedScratch* scratch);
 
-  absl::Status Step(float* param, const float* grad, double lr) override;
+  absl::Status Step(float* param, const float* grad, double lr,
+                    SquaredChange change) override;
+  bool queues_change() const override { return true; }
 
   // Momentum update; writes the Newton-Schulz input U to `out` (rows x cols).
   absl::Status UpdateMomentum(const float* grad, float* out);
   // p <- p (1 - lr wd) - lr s X for the orthogonalized X.
   absl::Status ApplyUpdate(float* param, const float* orthogonalized,
-                           double lr);
+                           double lr, SquaredChange change);
   // A grow-only buffer of at least `count` floats for batched steps, kept
   // so steady-state batched steps allocate nothing.
   absl::StatusOr<float*> BatchScratch(int64_t count);

@@ -83,7 +83,8 @@ class ShampooRule : public RuleImpl {
     return absl::OkStatus();
   }
 
-  absl::Status Step(float* param, const float* grad, double lr) override {
+  absl::Status Step(float* param, const float* grad, double lr,
+                    SquaredChange /*change*/) override {
     ++step_;
     const int64_t t = step_;
     const double beta2 = options_.beta2;

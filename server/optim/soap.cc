@@ -55,7 +55,8 @@ class SoapRule : public RuleImpl {
     return absl::OkStatus();
   }
 
-  absl::Status Step(float* param, const float* grad, double lr) override {
+  absl::Status Step(float* param, const float* grad, double lr,
+                    SquaredChange /*change*/) override {
     const int64_t n = rows_ * cols_;
     if (!initialized_) {
       // First call: factors and bases from this gradient, no update, so the

@@ -178,9 +178,19 @@ absl::StatusOr<double> EffectiveLr(const OptimizerConfig& config,
 
 absl::Status UpdateRule::Step(float* param, const float* grad,
                               const StepOptions& options) {
+  if (options.change == SquaredChange::kQueue && !QueuesChange()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.change: ", OptimizerKindName(config_.kind),
+                     blocks_.empty() ? "" : " (blocked)",
+                     " cannot queue its change in the pass that applies it"));
+  }
   if (impl_ == nullptr) return StepBlocks(param, grad, options);
   CANZONA_ASSIGN_OR_RETURN(double lr, EffectiveLr(config_, options));
-  return impl_->Step(param, grad, lr);
+  return impl_->Step(param, grad, lr, options.change);
+}
+
+bool UpdateRule::QueuesChange() const {
+  return impl_ != nullptr && impl_->queues_change();
 }
 
 absl::StatusOr<OptimizerState> UpdateRule::SaveState() const {
@@ -281,7 +291,8 @@ absl::Status StepMuonBatch(absl::Span<UpdateRule* const> rules,
                                                        rows, cols, work, work));
   for (int64_t i = 0; i < batch; ++i) {
     auto* muon = static_cast<MuonRule*>(rules[i]->impl_.get());
-    CANZONA_RETURN_IF_ERROR(muon->ApplyUpdate(params[i], work + i * numel, lr));
+    CANZONA_RETURN_IF_ERROR(
+        muon->ApplyUpdate(params[i], work + i * numel, lr, options.change));
   }
   return absl::OkStatus();
 }

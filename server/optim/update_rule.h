@@ -36,6 +36,11 @@ namespace canzona {
 struct StepOptions {
   // Overrides the config's learning rate for this step (schedulers).
   std::optional<float> lr;
+  // kQueue: the step also queues the sum of squares of its change to the
+  // parameter on the backend's queue (Backend::EnqueueSumSquares), in the
+  // pass that applies it (the update RMS at no extra memory traffic); only
+  // for rules whose QueuesChange() is true.
+  SquaredChange change = SquaredChange::kIgnore;
 };
 
 // One named float32 state tensor, host copy, row-major.
@@ -120,6 +125,10 @@ class UpdateRule {
   // (device pointers on cuda), numel(shape) floats each, not aliasing.
   absl::Status Step(float* param, const float* grad,
                     const StepOptions& options = {});
+
+  // Whether Step takes StepOptions::change = kQueue: Muon and AdamW, not
+  // blocked (their last pass writes each element of the parameter once).
+  bool QueuesChange() const;
 
   // Copies the state to the host.
   absl::StatusOr<OptimizerState> SaveState() const;

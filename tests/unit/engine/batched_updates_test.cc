@@ -103,8 +103,9 @@ TEST_P(BatchedEqualsPerMatrixTest, BitwiseAgainstTheReference) {
     ASSERT_OK(run.Deregister(cluster));
   }
   EXPECT_EQ(results[0], results[1]);
-  // Batches keep their members' old values side by side: more buffer.
-  EXPECT_GT(buffers[1], buffers[0]);
+  // Batching keeps no old values (Muon queues its update's size as it
+  // applies it): at most the batched Newton-Schulz workspace is more.
+  EXPECT_GE(buffers[1], buffers[0]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, BatchedEqualsPerMatrixTest,

@@ -423,6 +423,47 @@ TEST_P(BackendConformanceTest, SquaredDistanceIsTheDifferencesSumSquares) {
                        HasSubstr("EnqueueSquaredDistance")));
 }
 
+// An update that counts its change (SquaredChange::kQueue) writes the same
+// bits as without, and queues the sum of squares EnqueueSquaredDistance
+// gives on its new and old values (the arrays aligned alike): Axpby's y
+// and AdamWStep's p, for sizes around the vector width.
+TEST_P(BackendConformanceTest, UpdatesQueueTheirChangeInTheirPass) {
+  for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{1003}, int64_t{1} << 18}) {
+    SCOPED_TRACE(n);
+    const std::vector<float> x = RandomNormal(n, 7900 + n, 0.0f, 1.0f);
+    const std::vector<float> y = RandomNormal(n, 8000 + n, 0.0f, 1.0f);
+    DeviceBuffer dx = Upload(x), old = Upload(y);
+    DeviceBuffer plain = Upload(y), counted = Upload(y);
+    ASSERT_OK(backend_->Axpby(n, -0.02f, dx.data(), 0.999f, plain.data()));
+    ASSERT_OK(backend_->Axpby(n, -0.02f, dx.data(), 0.999f, counted.data(),
+                              SquaredChange::kQueue));
+    ASSERT_OK_AND_ASSIGN(double in_pass, backend_->TakeSumSquares());
+    EXPECT_EQ(Download(counted), Download(plain));
+    ASSERT_OK(backend_->EnqueueSquaredDistance(n, plain.data(), old.data()));
+    ASSERT_OK_AND_ASSIGN(double distance, backend_->TakeSumSquares());
+    EXPECT_EQ(in_pass, distance);
+    EXPECT_GT(in_pass, 0.0);
+
+    const std::vector<float> m0 = RandomNormal(n, 8100 + n, 0.0f, 0.1f);
+    std::vector<float> v0 = RandomNormal(n, 8200 + n, 0.0f, 0.01f);
+    for (float& v : v0) v = v * v;
+    DeviceBuffer p1 = Upload(y), m1 = Upload(m0), v1 = Upload(v0);
+    DeviceBuffer p2 = Upload(y), m2 = Upload(m0), v2 = Upload(v0);
+    ASSERT_OK(backend_->AdamWStep(n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3,
+                                  dx.data(), p1.data(), m1.data(), v1.data()));
+    ASSERT_OK(backend_->AdamWStep(n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 3,
+                                  dx.data(), p2.data(), m2.data(), v2.data(),
+                                  SquaredChange::kQueue));
+    ASSERT_OK_AND_ASSIGN(double adamw, backend_->TakeSumSquares());
+    EXPECT_EQ(Download(p2), Download(p1));
+    EXPECT_EQ(Download(m2), Download(m1));
+    EXPECT_EQ(Download(v2), Download(v1));
+    ASSERT_OK(backend_->EnqueueSquaredDistance(n, p1.data(), old.data()));
+    ASSERT_OK_AND_ASSIGN(double adamw_distance, backend_->TakeSumSquares());
+    EXPECT_EQ(adamw, adamw_distance);
+  }
+}
+
 // Device time: marks around work, read once it is done (a GPU's events);
 // bad or unset marks are errors naming the mark.
 TEST_P(BackendConformanceTest, MarksTimeTheWorkBetweenThem) {

@@ -97,8 +97,8 @@ class ForwardingBackend : public Backend {
     return inner_->Lerp(n, a, b, w, out);
   }
   absl::Status DoAxpby(int64_t n, float alpha, const float* x, float beta,
-                       float* y) override {
-    return inner_->Axpby(n, alpha, x, beta, y);
+                       float* y, SquaredChange change) override {
+    return inner_->Axpby(n, alpha, x, beta, y, change);
   }
   absl::Status DoScale(int64_t n, float alpha, float* x) override {
     return inner_->Scale(n, alpha, x);
@@ -114,8 +114,8 @@ class ForwardingBackend : public Backend {
   }
   absl::Status DoAdamWStep(int64_t n, float lr, float b1, float b2, float eps,
                            float wd, int64_t step, const float* g, float* p,
-                           float* m, float* v) override {
-    return inner_->AdamWStep(n, lr, b1, b2, eps, wd, step, g, p, m, v);
+                           float* m, float* v, SquaredChange change) override {
+    return inner_->AdamWStep(n, lr, b1, b2, eps, wd, step, g, p, m, v, change);
   }
   absl::StatusOr<double> DoSumSquares(int64_t n, const float* x) override {
     return inner_->SumSquares(n, x);

@@ -661,6 +661,66 @@ TEST(UpdateRuleTest, StepsAllocateNothingAfterCreate) {
   }
 }
 
+// Muon and AdamW queue their update's size in the pass that applies it
+// (StepOptions::change): the same parameters as without, and the queued
+// sum is the squared distance between the new and old values. Shampoo,
+// SOAP and blocked rules refuse it, naming the field, with nothing
+// changed.
+TEST(UpdateRuleTest, QueuedChangeIsTheUpdatesSquaredSize) {
+  std::unique_ptr<Backend> backend = CpuBackend();
+  ASSERT_NE(backend, nullptr);
+  std::mt19937_64 rng(3);
+  const std::vector<float> p0 = RandomNormal(42, rng, 1.0);
+  const std::vector<float> g = RandomNormal(42, rng, 1.0);
+  for (OptimizerKind kind : {kMuon, kAdamW}) {
+    SCOPED_TRACE(std::string(OptimizerKindName(kind)));
+    std::vector<DeviceBuffer> params;
+    for (int k = 0; k < 3; ++k) {
+      ASSERT_OK_AND_ASSIGN(DeviceBuffer b, backend->Allocate(42));
+      ASSERT_OK(backend->CopyFromHost(p0.data(), 42, b.data()));
+      params.push_back(std::move(b));
+    }
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer grad, backend->Allocate(42));
+    ASSERT_OK(backend->CopyFromHost(g.data(), 42, grad.data()));
+    ASSERT_OK_AND_ASSIGN(auto plain, UpdateRule::Create(Config(kind, {}),
+                                                        {7, 6}, backend.get()));
+    ASSERT_OK_AND_ASSIGN(
+        auto counted,
+        UpdateRule::Create(Config(kind, {}), {7, 6}, backend.get()));
+    EXPECT_TRUE(counted->QueuesChange());
+    ASSERT_OK(plain->Step(params[0].data(), grad.data()));
+    StepOptions options;
+    options.change = SquaredChange::kQueue;
+    ASSERT_OK(counted->Step(params[1].data(), grad.data(), options));
+    ASSERT_OK_AND_ASSIGN(double queued, backend->TakeSumSquares());
+    std::vector<float> a(42), b(42);
+    ASSERT_OK(backend->CopyToHost(params[0].data(), 42, a.data()));
+    ASSERT_OK(backend->CopyToHost(params[1].data(), 42, b.data()));
+    EXPECT_EQ(a, b);
+    ASSERT_OK(backend->EnqueueSquaredDistance(42, params[1].data(),
+                                              params[2].data()));
+    ASSERT_OK_AND_ASSIGN(double distance, backend->TakeSumSquares());
+    EXPECT_EQ(queued, distance);
+    EXPECT_GT(queued, 0.0);
+  }
+  for (const auto& [kind, settings] :
+       std::vector<std::pair<OptimizerKind, Settings>>{{kShampoo, {}},
+                                                       {kSoap, {}}}) {
+    ASSERT_OK_AND_ASSIGN(auto rule, UpdateRule::Create(Config(kind, settings),
+                                                       {7, 6}, backend.get()));
+    EXPECT_FALSE(rule->QueuesChange());
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer param, backend->Allocate(42));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer grad, backend->Allocate(42));
+    StepOptions options;
+    options.change = SquaredChange::kQueue;
+    EXPECT_THAT(rule->Step(param.data(), grad.data(), options),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("options.change")));
+    ASSERT_OK_AND_ASSIGN(OptimizerState state, rule->SaveState());
+    EXPECT_EQ(state.step, 0);
+  }
+}
+
 // ---- State serialization ----------------------------------------------------
 
 struct StateCase {
