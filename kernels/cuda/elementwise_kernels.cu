@@ -410,12 +410,12 @@ cudaError_t LaunchSumSquares(const LaunchConfig& cfg, int64_t n, Values values,
   return cudaGetLastError();
 }
 
-
 // `op` applied to n elements while the sum of squares of its changes to
 // `out` goes to change.result (ChangeSum).
 template <class Op>
 cudaError_t LaunchCounted(const LaunchConfig& cfg, int64_t n, const Op& op,
-                          float* out, bool vectorized, const ChangeSum& change) {
+                          float* out, bool vectorized,
+                          const ChangeSum& change) {
   return LaunchSumSquares(cfg, n, Changes<Op>{op, out}, vectorized,
                           change.partials, change.result);
 }
@@ -439,7 +439,9 @@ cudaError_t Axpby(const LaunchConfig& cfg, int64_t n, float alpha,
                   const ChangeSum* change) {
   const AxpbyOp op{x, y, alpha, beta};
   const bool vectorized = Aligned16(x) && Aligned16(y);
-  if (change != nullptr) return LaunchCounted(cfg, n, op, y, vectorized, *change);
+  if (change != nullptr) {
+    return LaunchCounted(cfg, n, op, y, vectorized, *change);
+  }
   return LaunchElementwise(cfg, n, op, vectorized);
 }
 
@@ -467,7 +469,9 @@ cudaError_t AdamWStep(const LaunchConfig& cfg, int64_t n, const AdamWScalars& s,
   const AdamWOp op{g, p, m, v, s};
   const bool vectorized =
       Aligned16(g) && Aligned16(p) && Aligned16(m) && Aligned16(v);
-  if (change != nullptr) return LaunchCounted(cfg, n, op, p, vectorized, *change);
+  if (change != nullptr) {
+    return LaunchCounted(cfg, n, op, p, vectorized, *change);
+  }
   return LaunchElementwise(cfg, n, op, vectorized);
 }
 
@@ -486,7 +490,6 @@ cudaError_t DoubleToFloat(const LaunchConfig& cfg, int64_t n, const double* src,
       <<<GridFor(cfg, n), kThreads, 0, cfg.stream>>>(n, src, dst);
   return cudaGetLastError();
 }
-
 
 cudaError_t SumSquares(const LaunchConfig& cfg, int64_t n, const float* x,
                        double* partials, double* result) {

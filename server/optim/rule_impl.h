@@ -89,8 +89,8 @@ class MuonRule : public RuleImpl {
   // Momentum update; writes the Newton-Schulz input U to `out` (rows x cols).
   absl::Status UpdateMomentum(const float* grad, float* out);
   // p <- p (1 - lr wd) - lr s X for the orthogonalized X.
-  absl::Status ApplyUpdate(float* param, const float* orthogonalized,
-                           double lr, SquaredChange change);
+  absl::Status ApplyUpdate(float* param, const float* orthogonalized, double lr,
+                           SquaredChange change);
   // A grow-only buffer of at least `count` floats for batched steps, kept
   // so steady-state batched steps allocate nothing.
   absl::StatusOr<float*> BatchScratch(int64_t count);
@@ -114,8 +114,8 @@ class MuonRule : public RuleImpl {
 absl::StatusOr<std::unique_ptr<RuleImpl>> CreateAdamWRule(
     const AdamWOptions& options, std::vector<int64_t> shape, Backend* backend);
 absl::StatusOr<std::unique_ptr<RuleImpl>> CreateShampooRule(
-    const ShampooOptions& options, int64_t rows, int64_t cols,
-    Backend* backend, SharedScratch* scratch);
+    const ShampooOptions& options, int64_t rows, int64_t cols, Backend* backend,
+    SharedScratch* scratch);
 absl::StatusOr<std::unique_ptr<RuleImpl>> CreateSoapRule(
     const SoapOptions& options, int64_t rows, int64_t cols, Backend* backend,
     SharedScratch* scratch);

@@ -247,8 +247,8 @@ class ShampooRule : public RuleImpl {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RuleImpl>> CreateShampooRule(
-    const ShampooOptions& options, int64_t rows, int64_t cols,
-    Backend* backend, SharedScratch* scratch) {
+    const ShampooOptions& options, int64_t rows, int64_t cols, Backend* backend,
+    SharedScratch* scratch) {
   auto rule = std::make_unique<ShampooRule>(options, rows, cols, backend);
   rule->ShareScratch(scratch);
   CANZONA_RETURN_IF_ERROR(rule->Init());

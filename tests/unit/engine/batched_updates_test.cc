@@ -68,9 +68,8 @@ TEST(BatchLocalUpdatesTest, ExpertsOfOneShapeShareABatch) {
     }
   }
   // Disabled, or capped at one expert's worth: one update per matrix.
-  for (const BatchOptions& options :
-       {BatchOptions{.enabled = false},
-        BatchOptions{.max_elements = 64 * 32}}) {
+  for (const BatchOptions& options : {BatchOptions{.enabled = false},
+                                      BatchOptions{.max_elements = 64 * 32}}) {
     for (const UpdateBatch& b :
          BatchDpOwnedUpdates(*jp, layout, rules, owned, options)) {
       EXPECT_THAT(b.params, SizeIs(1));
