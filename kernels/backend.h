@@ -285,7 +285,8 @@ class Backend {
                     float* out);
   // y = alpha * x + beta * y, literally: with beta == 0 a NaN in y stays NaN
   // (unlike BLAS), so non-finite values are never silently dropped.
-  // SquaredChange::kQueue (here and in AdamWStep): see there.
+  // With SquaredChange::kQueue (here and in AdamWStep) the update also
+  // queues its change's sum of squares (see SquaredChange).
   absl::Status Axpby(int64_t n, float alpha, const float* x, float beta,
                      float* y, SquaredChange change = SquaredChange::kIgnore);
   // x = alpha * x
