@@ -53,19 +53,22 @@ absl::Status RankRuntime::BeforeGathers() {
 int64_t RankRuntime::host_waits() {
   // Host staging beside a GPU is the host's own memory: its calls finish
   // on return, none waits for the device.
-  return compute().host_waits() + buckets_->copier().host_waits();
+  return compute().host_waits() + buckets_->copier().host_waits() +
+         world_copier_->host_waits();
 }
 
 absl::Status RankRuntime::WorldSum(WorldValues& values) {
   // One rank's sums are its values: no trip through the device.
   if (world_->size() == 1) return absl::OkStatus();
-  Backend& staging = backends_.staging();
+  // On the world communicator's own stream (its copier's): the copy in, the
+  // all-reduce and the copy out in order, one wait at the end (was one per
+  // call on the compute stream, and one between the streams).
   float* staged = scalars_.data();
-  CANZONA_RETURN_IF_ERROR(
-      staging.CopyFromHost(values.data(), kWorldValues, staged));
-  CANZONA_RETURN_IF_ERROR(staging.Synchronize());
+  constexpr int64_t kBytes = sizeof(WorldValues);
+  CANZONA_RETURN_IF_ERROR(world_copier_->Copy(staged, values.data(), kBytes));
   CANZONA_RETURN_IF_ERROR(world_->AllReduce(staged, kWorldValues));
-  return staging.CopyToHost(staged, kWorldValues, values.data());
+  CANZONA_RETURN_IF_ERROR(world_copier_->Copy(values.data(), staged, kBytes));
+  return world_copier_->Finish();
 }
 
 }  // namespace canzona

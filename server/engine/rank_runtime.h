@@ -141,7 +141,7 @@ class RankRuntime {
   // Sums `values` over the job's ranks (through staging memory).
   absl::Status WorldSum(WorldValues& values);
   // Host round trips so far (StepResponse.host_waits): the compute
-  // backend's waits and the DP copier's.
+  // backend's waits and the DP and world copiers'.
   int64_t host_waits();
   // What the last step left for this step's world reduction.
   PendingUpdate& pending_update() { return pending_update_; }
