@@ -27,6 +27,13 @@ namespace {
 namespace checks = backend_checks;
 using checks::SatMul;
 
+// A time mark's index (Backend::Mark).
+absl::Status CheckMark(absl::string_view what, int mark) {
+  if (mark >= 0 && mark < Backend::kTimeMarks) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": mark ", mark, " is not in [0, ", Backend::kTimeMarks, ")"));
+}
+
 // A stored row-major operand of `count` elements (0 when none is read) whose
 // rows hold `stored_cols` elements `ld` apart.
 absl::Status CheckMatrix(absl::string_view what, absl::string_view name,
@@ -530,20 +537,13 @@ absl::StatusOr<double> Backend::DoTakeSumSquares() {
 }
 
 absl::Status Backend::Mark(int mark) {
-  if (mark < 0 || mark >= kTimeMarks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Mark: mark ", mark, " is not in [0, ", kTimeMarks, ")"));
-  }
+  CANZONA_RETURN_IF_ERROR(CheckMark("Mark", mark));
   return DoMark(mark);
 }
 
 absl::StatusOr<double> Backend::SecondsBetween(int from, int to) {
-  for (int mark : {from, to}) {
-    if (mark < 0 || mark >= kTimeMarks) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "SecondsBetween: mark ", mark, " is not in [0, ", kTimeMarks, ")"));
-    }
-  }
+  CANZONA_RETURN_IF_ERROR(CheckMark("SecondsBetween", from));
+  CANZONA_RETURN_IF_ERROR(CheckMark("SecondsBetween", to));
   return DoSecondsBetween(from, to);
 }
 

@@ -95,14 +95,6 @@ T* Scratch(std::vector<T>& v, int64_t n) {
   return v.data();
 }
 
-// The OpenBLAS + LAPACKE backend. Host memory is its memory space and every
-// call completes before returning, so Synchronize has nothing to wait for.
-// Backend's entry points validate the arguments; the Do-methods below check
-// only BLAS/LAPACK's 32-bit index range and the float32-only Newton-Schulz.
-//
-// Thread-safety: not thread-safe (as Backend): the scratch buffers used by
-// NewtonSchulz, QrOrthonormalize and ColumnDots are per-object state.
-// Distinct CpuBackend objects may be used concurrently.
 // Sum of value(i)^2 in double over i < n, in the one order every cpu sum
 // of squares uses: four partial sums break the serial add dependency;
 // float * float is exact in double, so only the additions round.
@@ -123,6 +115,14 @@ double SumSquaresOf(int64_t n, Value value) {
   return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
+// The OpenBLAS + LAPACKE backend. Host memory is its memory space and every
+// call completes before returning, so Synchronize has nothing to wait for.
+// Backend's entry points validate the arguments; the Do-methods below check
+// only BLAS/LAPACK's 32-bit index range and the float32-only Newton-Schulz.
+//
+// Thread-safety: not thread-safe (as Backend): the scratch buffers used by
+// NewtonSchulz, QrOrthonormalize and ColumnDots are per-object state.
+// Distinct CpuBackend objects may be used concurrently.
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(MemorySpace space) : space_(space) {}

@@ -53,12 +53,12 @@ cublasOperation_t ToCublas(Transpose t) {
   return t == Transpose::kYes ? CUBLAS_OP_T : CUBLAS_OP_N;
 }
 
-// Host-side results of the few methods that return to the host; pinned so
-// the device-to-host copies are true asynchronous DMA on our stream.
 // EnqueueSumSquares' results wait on the device in a fixed queue of this
 // many (so it never moves while results wait in it).
 constexpr int kQueuedSums = 1024;
 
+// Host-side results of the few methods that return to the host; pinned so
+// the device-to-host copies are true asynchronous DMA on our stream.
 struct PinnedScratch {
   double sum = 0.0;
   int flag = 0;

@@ -10,8 +10,8 @@
 //
 //   CANZONA_ASSIGN_OR_RETURN(double previous, pending.Take());  // world sum
 //   ...
-//   compute.EnqueueSumSquares(n, difference);  // DP-owned updates
-//   pending.Add(host_sumsq);                   // the others
+//   compute.EnqueueSquaredDistance(n, after, before);  // queued updates
+//   pending.Add(host_sumsq);                           // host staging's
 //
 // Thread-safety: the rank's worker only (it drives `queue`).
 #ifndef CANZONA_SERVER_ENGINE_PENDING_UPDATE_H_
