@@ -1,10 +1,11 @@
 // PendingUpdate: what one local rank's step leaves for the next: the sum of
 // squares of the update it applied (counted once job-wide), which the next
 // step sums over the world with its gradient norm (StepResponse.update_rms).
-// The DP-owned updates' part stays queued on the compute backend
-// (Backend::EnqueueSumSquares) until the next step's first wait reads it
-// with the gradients' sums, so the step itself never waits for it; the TP
-// owner's and the redundant updates' part is summed on the host. A skipped
+// What the compute backend counts stays queued there (its EnqueueSumSquares
+// queue) until the next step's first wait reads it with the gradients'
+// sums, so the step itself never waits for it; what host staging counts
+// (the TP owner's and the redundant updates' beside a GPU) is added on the
+// host. A skipped
 // step leaves nothing; a checkpoint load or state import clears it (no
 // update of this run precedes the next step).
 //

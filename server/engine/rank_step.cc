@@ -197,13 +197,16 @@ class RankStep {
     return rt_.ScaleGradients(static_cast<float>(factor));
   }
 
-  // The squared size of an update from its new values and the old ones
-  // (memory of `backend`), which it overwrites with the difference
-  // (scratch no longer needed).
-  absl::Status CountUpdate(Backend& backend, const float* after, float* before,
-                           int64_t n) {
-    CANZONA_RETURN_IF_ERROR(backend.Axpby(n, 1.0f, after, -1.0f, before));
-    CANZONA_ASSIGN_OR_RETURN(double s, backend.SumSquares(n, before));
+  // The squared size of a TP-owned or redundant update from its new values
+  // and the old ones (memory of `backend`, staging): queued with the
+  // DP-owned updates' sums where staging is the compute backend (the NCCL
+  // plane: read with the next step's first wait, not one wait per matrix
+  // inside the micro-group pipeline), summed at once in host staging.
+  absl::Status CountUpdate(Backend& backend, const float* after,
+                           const float* before, int64_t n) {
+    CANZONA_RETURN_IF_ERROR(backend.EnqueueSquaredDistance(n, after, before));
+    if (&backend == &rt_.compute()) return absl::OkStatus();
+    CANZONA_ASSIGN_OR_RETURN(double s, backend.TakeSumSquares());
     update_sumsq_ += s;
     return absl::OkStatus();
   }
@@ -285,7 +288,8 @@ class RankStep {
             MoveFragment(staging, m, TP, j, updated, rt_.whole_param(), false));
         // The old fragment came in the gather (no longer needed).
         if (layout_.update_counted[i]) {
-          float* old = b.recv.data() + 2 * group.tp_owned_here * j + 2 * at + n;
+          const float* old =
+              b.recv.data() + 2 * group.tp_owned_here * j + 2 * at + n;
           CANZONA_RETURN_IF_ERROR(CountUpdate(staging, updated, old, n));
         }
       }

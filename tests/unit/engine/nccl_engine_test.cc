@@ -358,6 +358,38 @@ TEST(NcclEngineTest, OneRankStepWaitsOnceBesidesTheGathers) {
   }
 }
 
+// With TP the step's waits stay as many: the TP owners' update sizes
+// queue on the device with the DP-owned ones (one wait per TP-owned matrix
+// before), whatever the number of matrices a rank owns. DP1 x TP2, two
+// ranks: the sums, the two hand-overs (host waits on the cpu stand-in), the
+// world's sum and one per bucket gathered.
+TEST(NcclEngineTest, TpStepWaitsDoNotGrowWithTheMatrices) {
+  SetCpuBlasThreads(1);
+  for (int layers : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(layers, " layers"));
+    FakeNcclApi nccl({.simulate_data = true, .defer_copies = true});
+    Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr,
+                    &nccl);
+    // Muon and AdamW only (Shampoo and SOAP read their solvers on the host).
+    JobConfig config =
+        MakeJobConfig("nccl-tp-waits", 1, 2, "cost", MoeModel(2, layers));
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    ASSERT_OK(run.RunSteps(cluster, 1, 3));
+    for (int g = 0; g < config.world(); ++g) {
+      const int buckets = run.registered[g].buckets_size();
+      for (const v1::StepResponse& r : run.responses[g]) {
+        EXPECT_EQ(r.host_waits(), 1 + 2 + 1 + buckets) << "rank " << g;
+      }
+      EXPECT_GT(run.responses[g].back().update_rms(), 0);
+    }
+    ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
+    EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+    ASSERT_OK(run.Deregister(cluster));
+  }
+}
+
 // Host (shared-memory) trainer buffers on the NCCL plane are page-locked
 // for the device while their rank lives, each mapped object once, so that
 // the staging copies are asynchronous DMA; a deregistered rank unpins them
