@@ -280,9 +280,10 @@ class Client:
              async_params=False, max_grad_norm=0.0):
         """Runs optimizer step ``step``; returns its statistics (grad_norm
         before clipping, clip_factor, update_rms of the previous step's
-        update, and host_waits: the daemon's host round trips in it). With async_params it returns after the update and
-        the parameters arrive per bucket (wait_params). max_grad_norm > 0
-        clips this step at that norm instead of the job's."""
+        update, and host_waits: the daemon's host round trips in it). With
+        async_params it returns after the update and the parameters arrive
+        per bucket (wait_params). max_grad_norm > 0 clips this step at that
+        norm instead of the job's."""
         attached = self._doorbell_of(job_id, rank)
         if attached is not None:
             r = _doorbell.decode_step(_ring(
