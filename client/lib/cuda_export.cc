@@ -39,6 +39,7 @@ struct Runtime {
   int (*event_create)(void**, unsigned) = nullptr;
   int (*event_destroy)(void*) = nullptr;
   int (*event_record)(void*, void*) = nullptr;
+  int (*stream_wait_event)(void*, void*, unsigned) = nullptr;
   int (*ipc_event_handle)(IpcHandle*, void*) = nullptr;
   int (*pci_bus_id)(char*, int, int) = nullptr;
   // cuMemGetAddressRange and cuPointerGetAttribute (driver), through the
@@ -75,6 +76,7 @@ const Runtime& Cudart() {
     sym("cudaEventCreateWithFlags", &r->event_create);
     sym("cudaEventDestroy", &r->event_destroy);
     sym("cudaEventRecord", &r->event_record);
+    sym("cudaStreamWaitEvent", &r->stream_wait_event);
     sym("cudaIpcGetEventHandle", &r->ipc_event_handle);
     sym("cudaDeviceGetPCIBusId", &r->pci_bus_id);
     auto driver = [&](const char* name, auto* fn) {
@@ -224,6 +226,16 @@ absl::Status CudaExportEvent::Record(void* stream) {
     return s;
   }
   return Check(rt, rt.event_record(event_, stream), "cudaEventRecord");
+}
+
+absl::Status CudaExportEvent::Wait(void* stream) {
+  const Runtime& rt = Cudart();
+  if (absl::Status s = Check(rt, rt.set_device(device_), "cudaSetDevice");
+      !s.ok()) {
+    return s;
+  }
+  return Check(rt, rt.stream_wait_event(stream, event_, 0),
+               "cudaStreamWaitEvent");
 }
 
 }  // namespace canzona

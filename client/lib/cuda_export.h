@@ -9,6 +9,12 @@
 //   ... after backward wrote the gradients: event->Record(stream), then
 //   GradReady / Step (the daemon waits on the event before reading them).
 //
+// The parameters may name a second event (CudaBufferRef(p_ptr, bytes,
+// params_event->handle())): the daemon records it after writing them and
+// answers Step / WaitParams without waiting for its GPU work; after each
+// such answer the trainer calls params_event->Wait(stream), so that its
+// stream reads the new parameters.
+//
 // CudaBufferRef takes the IPC handle of the whole allocation holding the
 // pointer (cudaIpcGetMemHandle on its base, found with
 // cuMemGetAddressRange) and the pointer's offset in it, as caching
@@ -34,7 +40,8 @@
 namespace canzona {
 
 // A BufferRef for `bytes` of device memory at `device_ptr`;
-// `event_handle` (gradients only) is a CudaExportEvent's handle.
+// `event_handle` is a CudaExportEvent's handle: the gradients' (recorded by
+// the trainer) or the parameters' (recorded by the daemon).
 // INVALID_ARGUMENT when the pointer is not device memory or the range
 // leaves its allocation; FAILED_PRECONDITION, saying what to change, when
 // the memory cannot be shared with legacy CUDA IPC (a cudaMallocAsync pool,
@@ -43,8 +50,10 @@ absl::StatusOr<canzona::v1::BufferRef> CudaBufferRef(
     const void* device_ptr, uint64_t bytes,
     const std::string& event_handle = "");
 
-// An interprocess CUDA event (timing disabled) the trainer records after
-// writing gradients; the daemon opens it from handle().
+// An interprocess CUDA event (timing disabled) between the trainer and the
+// daemon, which opens it from handle(): the trainer records the gradients'
+// after writing them; its stream waits for the parameters' after each
+// answer.
 class CudaExportEvent {
  public:
   static absl::StatusOr<std::unique_ptr<CudaExportEvent>> Create(int device);
@@ -56,6 +65,9 @@ class CudaExportEvent {
   // cudaEventRecord on `stream` (a cudaStream_t; null: the legacy default
   // stream).
   absl::Status Record(void* stream);
+  // cudaStreamWaitEvent: work enqueued on `stream` later waits on the device
+  // for the event's last record, in either process.
+  absl::Status Wait(void* stream);
 
  private:
   CudaExportEvent(void* event, int device, std::string handle)

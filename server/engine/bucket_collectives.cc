@@ -379,7 +379,12 @@ absl::Status BucketCollectives::Gather(int b) {
     CANZONA_RETURN_IF_ERROR(WriteHeld(b));
   }
   StagingCopier& copier = *parts_.copier;
-  CANZONA_RETURN_IF_ERROR(copier.Finish());
+  // The bucket's answer: the trainer's stream waits for its "parameters
+  // written" event on the device, or the host waits here.
+  const NcclEvent written =
+      staging_.on_device ? staging_.trainer->params_event() : nullptr;
+  CANZONA_RETURN_IF_ERROR(written != nullptr ? copier.RecordEvent(written)
+                                             : copier.Finish());
   if (b != layout.gather_order.back()) return absl::OkStatus();
   return parts_.calibration->EndRound(
       [&](absl::Span<float> sums) -> absl::Status {

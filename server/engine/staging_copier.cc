@@ -68,6 +68,9 @@ class HostStagingCopier final : public StagingCopier {
   absl::Status WaitEvent(NcclEvent) override {
     return absl::InternalError("a host stage copier cannot wait for events");
   }
+  absl::Status RecordEvent(NcclEvent) override {
+    return absl::InternalError("a host stage copier cannot record events");
+  }
   absl::Status Finish() override { return absl::OkStatus(); }
   absl::Status HandTo(NcclStream) override { return absl::OkStatus(); }
   absl::Status TakeFrom(NcclStream) override {
@@ -124,6 +127,10 @@ class DeviceStagingCopier final : public StagingCopier {
   absl::Status WaitEvent(NcclEvent event) override {
     CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
     return api_->StreamWaitEvent(stream_, event);
+  }
+  absl::Status RecordEvent(NcclEvent event) override {
+    CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
+    return api_->EventRecord(event, stream_);
   }
   absl::Status HandTo(NcclStream stream) override {
     if (stream == nullptr) return Finish();

@@ -3,10 +3,12 @@
 // cudaMalloc (as PyTorch's caching allocator does: legacy IPC shares only
 // such allocations, not stream-ordered pools), fills it and exports a
 // pointer inside the allocation with the client library's CudaBufferRef
-// (client/lib/cuda_export.h); the parent (the "daemon") opens it with the
-// real CudaIpcOpener on the GPU the PCI bus id names, checks the offset,
-// the size bound and the contents, writes an update back, and the child
-// verifies it on its side. The child's stdout also carries gtest's own
+// (client/lib/cuda_export.h) with its "parameters written" event
+// (CudaExportEvent); the parent (the "daemon") opens both with the real
+// CudaIpcOpener on the GPU the PCI bus id names, checks the offset, the
+// size bound and the contents, enqueues an update back on a stream of its
+// own and records the child's event after it without waiting, and the
+// child's stream waits for the event before it verifies the update. The child's stdout also carries gtest's own
 // lines, so its answer is the line that starts with kExportTag. Skips
 // without a CUDA device.
 #include <spawn.h>
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -48,11 +51,12 @@ constexpr int kOffsetFloats = 1000;  // the exported tensor starts here
 bool IsChild() { return std::getenv("CANZONA_IPC_CHILD") != nullptr; }
 
 // What the child prints after kExportTag: "<hex handle> <offset> <bytes>
-// <pci bus id>".
+// <pci bus id> <hex event handle>".
 struct Export {
   std::string handle;
   uint64_t offset = 0, bytes = 0;
   std::string pci_bus_id;
+  std::string event_handle;
 };
 
 absl::StatusOr<Export> ParseExport(const std::string& out) {
@@ -65,13 +69,15 @@ absl::StatusOr<Export> ParseExport(const std::string& out) {
   std::vector<std::string> f = absl::StrSplit(
       out.substr(begin, end == std::string::npos ? end : end - begin), ' ');
   Export e;
-  if (f.size() != 4 || !absl::SimpleAtoi(f[1], &e.offset) ||
-      !absl::SimpleAtoi(f[2], &e.bytes) || f[0].size() != 128) {
+  if (f.size() != 5 || !absl::SimpleAtoi(f[1], &e.offset) ||
+      !absl::SimpleAtoi(f[2], &e.bytes) || f[0].size() != 128 ||
+      f[4].size() != 128) {
     return absl::InvalidArgumentError(
         absl::StrCat("malformed export line in: ", out));
   }
   e.handle = absl::HexStringToBytes(f[0]);
   e.pci_bus_id = f[3];
+  e.event_handle = absl::HexStringToBytes(f[4]);
   return e;
 }
 
@@ -83,12 +89,14 @@ TEST(CudaIpcProtocolTest, TheTaggedLineIsFoundAmongGtestOutput) {
       "Running main() from ./googletest/src/gtest_main.cc\n"
       "Note: Google Test filter = CudaIpcChild.Exporter\n"
       "[==========] Running 1 test from 1 test suite.\n",
-      kExportTag, handle, " 4000 12384 0000:3b:00.0\n", "[ RUN      ] x\n");
+      kExportTag, handle, " 4000 12384 0000:3b:00.0 ", std::string(128, 'b'),
+      "\n", "[ RUN      ] x\n");
   ASSERT_OK_AND_ASSIGN(Export e, ParseExport(out));
   EXPECT_EQ(e.handle, std::string(64, '\xaa'));
   EXPECT_EQ(e.offset, 4000u);
   EXPECT_EQ(e.bytes, 12384u);
   EXPECT_EQ(e.pci_bus_id, "0000:3b:00.0");
+  EXPECT_EQ(e.event_handle, std::string(64, '\xbb'));
   EXPECT_THAT(ParseExport("Running main() from x\n"),
               StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(ParseExport(absl::StrCat(kExportTag, "zz 1 2\n")),
@@ -106,22 +114,34 @@ TEST(CudaIpcChild, Exporter) {
   float* buffer = static_cast<float*>(memory);
   ASSERT_OK(CudaCopyFromHost(0, host.data(), kFloats * sizeof(float), buffer));
   const int n = kFloats - kOffsetFloats;
-  ASSERT_OK_AND_ASSIGN(v1::BufferRef ref, CudaBufferRef(buffer + kOffsetFloats,
-                                                        n * sizeof(float)));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaExportEvent> written,
+                       CudaExportEvent::Create(0));
+  ASSERT_OK_AND_ASSIGN(
+      v1::BufferRef ref,
+      CudaBufferRef(buffer + kOffsetFloats, n * sizeof(float),
+                    written->handle()));
   const v1::CudaIpcBufferRef& out = ref.cuda_ipc();
-  std::printf("%s%s %llu %llu %s\n", kExportTag,
+  std::printf("%s%s %llu %llu %s %s\n", kExportTag,
               absl::BytesToHexString(out.mem_handle()).c_str(),
               static_cast<unsigned long long>(out.offset()),
               static_cast<unsigned long long>(out.bytes()),
-              out.pci_bus_id().c_str());
+              out.pci_bus_id().c_str(),
+              absl::BytesToHexString(out.event_handle()).c_str());
   std::fflush(stdout);
-  // The parent writes -1 over the exported range, then closes our stdin.
+  // The parent enqueues -1 over the exported range, records our event
+  // after it and sends one byte (its answer) without waiting for its copy.
   char c;
-  while (::read(0, &c, 1) > 0) {
-  }
+  ASSERT_EQ(::read(0, &c, 1), 1);
+  // As a trainer's stream after the daemon's answer; cudaMemcpy runs on
+  // the legacy default stream, after the wait.
+  ASSERT_OK(written->Wait(nullptr));
   ASSERT_OK(CudaCopyToHost(0, buffer, kFloats * sizeof(float), host.data()));
   for (int i = 0; i < kFloats; ++i) {
     ASSERT_EQ(host[i], i < kOffsetFloats ? 0.5f * i : -1.0f) << i;
+  }
+  // The event and the memory stay until the parent closed them (it closes
+  // our stdin then).
+  while (::read(0, &c, 1) > 0) {
   }
   ASSERT_OK(cuda->Free(memory));
 }
@@ -184,8 +204,27 @@ TEST(CudaIpcGpuTest, TrainerBufferOpensInTheDaemon) {
   char* at = static_cast<char*>(opened.base) + offset;
   ASSERT_OK(ipc->CopyToHost(device, at, bytes, seen.data()));
   for (int i = 0; i < n; ++i) ASSERT_EQ(seen[i], 0.5f * (kOffsetFloats + i));
+  // The daemon's answer to a trainer that gave its "parameters written"
+  // event: the write enqueued, the event recorded after it, no host wait.
+  ASSERT_OK_AND_ASSIGN(void* written, ipc->OpenEvent(e.event_handle, device));
+  ASSERT_OK_AND_ASSIGN(NcclApi * cuda, RealNcclApi());
+  ASSERT_OK(cuda->SetDevice(device));
+  ASSERT_OK_AND_ASSIGN(NcclStream stream, cuda->StreamCreate());
   std::vector<float> update(n, -1.0f);
-  ASSERT_OK(ipc->CopyFromHost(device, update.data(), bytes, at));
+  ASSERT_OK(cuda->MemcpyAsync(at, update.data(), bytes, stream));
+  ASSERT_OK(cuda->EventRecord(static_cast<NcclEvent>(written), stream));
+  ASSERT_OK_AND_ASSIGN(NcclEvent copied, cuda->EventCreate());
+  ASSERT_OK(cuda->EventRecord(copied, stream));
+  ASSERT_EQ(::write(to_child[1], "a", 1), 1);
+  // Our own event, not the child's: an imported event must not outlive
+  // its exporter.
+  for (;;) {
+    ASSERT_OK_AND_ASSIGN(bool done, cuda->EventQuery(copied));
+    if (done) break;
+  }
+  ASSERT_OK(cuda->EventDestroy(copied));
+  ASSERT_OK(cuda->StreamDestroy(stream));
+  ipc->CloseEvent(written, device);
   ipc->Close(opened, device);
   ::close(to_child[1]);
   std::string rest;

@@ -12,7 +12,9 @@ PyTorch's expandable segments) is refused up front.
 The runtime calls go through ctypes into the libcudart this process
 already loaded (torch's), else torch's lib folder, the nvidia-* packages,
 then the loader's search path; the driver calls into libcuda.so.1. The
-interprocess event gradients wait on is torch's
+interprocess events (the one the daemon's copies wait on before reading
+gradients, and the one the trainer's stream waits on before touching the
+parameters the daemon wrote) are torch's
 (torch.cuda.Event(interprocess=True)). Nothing is loaded until a CUDA
 buffer or event is made, so CPU trainers never touch CUDA.
 
@@ -166,8 +168,10 @@ def _unusable(why):
 
 def buffer_ref(device_ptr, nbytes, event_handle=b""):
     """The BufferRef (protobuf JSON mapping) of ``nbytes`` of device memory
-    at ``device_ptr``; ``event_handle`` (gradients only) is a CudaEvent's
-    handle. INVALID_ARGUMENT when the pointer is not device memory or the
+    at ``device_ptr``; ``event_handle`` is a CudaEvent's handle: on a
+    gradient, the event recorded once backward wrote it; on a parameter,
+    the event the daemon records after writing it (then the trainer's
+    stream waits for it after each step or wait_params answer). INVALID_ARGUMENT when the pointer is not device memory or the
     range leaves its allocation; FAILED_PRECONDITION, saying what to
     change, when legacy CUDA IPC cannot share the memory."""
     rt = _cudart()
@@ -251,9 +255,12 @@ def _torch_cuda():
 
 
 class CudaEvent:
-    """The interprocess event (timing disabled) a GPU trainer records after
-    backward wrote its gradients; the daemon's streams wait for it.
-    ``handle`` (64 bytes) goes in every gradient's BufferRef."""
+    """An interprocess event (timing disabled) between a GPU trainer and the
+    daemon. Gradients: the trainer records it after backward wrote them and
+    the daemon's streams wait for it. Parameters: the daemon records it
+    after writing them and answers at once; the trainer's stream waits for
+    it (``wait``) after each answer. ``handle`` (64 bytes) goes in every
+    gradient's (or every parameter's) BufferRef."""
 
     def __init__(self, device):
         torch = _torch_cuda()
@@ -271,14 +278,27 @@ class CudaEvent:
         """Records on ``stream``: a torch.cuda.Stream, a cudaStream_t as an
         int (0: the legacy default stream), or None (the device's current
         stream)."""
-        import torch
-        if stream is None:
-            stream = torch.cuda.current_stream(self.device)
-        elif isinstance(stream, int):
-            stream = (torch.cuda.default_stream(self.device) if stream == 0
-                      else torch.cuda.ExternalStream(stream,
-                                                     device=self.device))
         try:
-            self._event.record(stream)
+            self._event.record(self._stream(stream))
         except RuntimeError as e:
             raise CanzonaError("cudaEventRecord: %s" % e, "INTERNAL") from None
+
+    def wait(self, stream=None):
+        """Work enqueued on ``stream`` (as in ``record``) from now on waits
+        on the device for the event's last record, the daemon's included
+        (cudaStreamWaitEvent; the host does not wait)."""
+        try:
+            self._event.wait(self._stream(stream))
+        except RuntimeError as e:
+            raise CanzonaError("cudaStreamWaitEvent: %s" % e,
+                               "INTERNAL") from None
+
+    def _stream(self, stream):
+        import torch
+        if stream is None:
+            return torch.cuda.current_stream(self.device)
+        if isinstance(stream, int):
+            return (torch.cuda.default_stream(self.device) if stream == 0
+                    else torch.cuda.ExternalStream(stream,
+                                                   device=self.device))
+        return stream

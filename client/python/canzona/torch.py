@@ -35,7 +35,10 @@ instead, exported to the daemon with CUDA IPC (the daemon must run on the
 same node with ``--backend cuda``; with ``--comm nccl`` the whole step stays
 in GPU memory). Before each GradReady / Step the optimizer records an
 interprocess event on the current stream; the daemon's streams wait for it,
-so no host synchronization is needed after backward.
+so no host synchronization is needed after backward. The daemon records a
+second one after writing the parameters and answers Step / WaitParams
+without waiting for its GPU work; the current stream waits for that event,
+so step() returns while the update still runs, as torch.optim's does.
 
 Mixed precision: a bfloat16 or float16 model (every parameter in one dtype)
 keeps its parameters and gradients in that dtype; the daemon keeps the fp32
@@ -294,11 +297,13 @@ class Optimizer(torch.optim.Optimizer):
                                      step_timeout=step_timeout, tls_ca=tls_ca)
         try:
             self._event = None
+            self._params_event = None
             if self.device.type == "cuda":
                 index = self.device.index
                 if index is None:
                     index = torch.cuda.current_device()
                 self._event = canzona.CudaEvent(index)
+                self._params_event = canzona.CudaEvent(index)
                 self._buffer = torch.empty(total, dtype=self.dtype,
                                            device=torch.device("cuda", index))
                 flat = self._buffer
@@ -327,7 +332,8 @@ class Optimizer(torch.optim.Optimizer):
                 by_group[group].append(param)
                 if self._event is not None:
                     base = flat.data_ptr()
-                    param_ref = ("cuda", base + offset * unit, n * unit)
+                    param_ref = ("cuda", base + offset * unit, n * unit,
+                                 self._params_event.handle)
                     grad_ref = ("cuda", base + goffset * unit, n * unit,
                                 self._event.handle)
                 else:
@@ -438,6 +444,7 @@ class Optimizer(torch.optim.Optimizer):
                 if b in self._unsynced:
                     self.client.wait_params(self.job_id, self.rank,
                                             self.steps, b)
+                    self._await_params()
                     self._unsynced.discard(b)
         return hook
 
@@ -455,6 +462,7 @@ class Optimizer(torch.optim.Optimizer):
         """Blocks until the last step's parameters are all in place."""
         if self._module is not None and self._unsynced:
             self.client.wait_params(self.job_id, self.rank, self.steps, -1)
+            self._await_params()
             self._unsynced.clear()
 
     def _record_grads(self):
@@ -462,6 +470,12 @@ class Optimizer(torch.optim.Optimizer):
         the daemon's copies wait for this event on the device."""
         if self._event is not None:
             self._event.record(torch.cuda.current_stream(self.device))
+
+    def _await_params(self):
+        """GPU: the current stream waits on the device for the daemon's
+        writes of the parameters it just answered for."""
+        if self._params_event is not None:
+            self._params_event.wait(torch.cuda.current_stream(self.device))
 
     def _mark_grad(self, grad):
         self._seen_grad = True
@@ -502,6 +516,8 @@ class Optimizer(torch.optim.Optimizer):
                                           self.steps + 1, lr,
                                           async_params=overlap,
                                           max_grad_norm=max_grad_norm)
+        if not overlap:
+            self._await_params()
         self.steps += 1
         self._seen_grad = False
         if overlap:

@@ -44,6 +44,9 @@ struct Case {
   DType dtype = DType::kFloat32;
   bool cuda_ipc = false;
   int shard_group_size = 0;
+  // The trainer's "parameters written" event: host staging writes with
+  // synchronous copies and never records it.
+  bool params_event = false;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -62,6 +65,7 @@ TEST_P(DeviceComputeEngineTest, StepsAreBitwiseEqualToTheReference) {
   config.dtype = c.dtype;
   config.cuda_ipc = c.cuda_ipc;
   config.shard_group_size = c.shard_group_size;
+  config.params_event = c.params_event;
   JobRun run(config);
   ASSERT_OK(run.Init());
   ASSERT_OK(run.RegisterAll(cluster));
@@ -84,6 +88,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"cost_dp2_bf16", 2, 1, "cost", DType::kBFloat16},
         Case{"cost_dp2_ipc", 2, 1, "cost", DType::kFloat32, true},
         Case{"cost_dp2_tp2_ipc_bf16", 2, 2, "cost", DType::kBFloat16, true},
+        Case{"cost_dp2_ipc_params_event", 2, 1, "cost", DType::kBFloat16, true,
+             0, true},
         Case{"sc_dp2_tp2", 2, 2, "sc"},
         Case{"layerwise_dp2_tp2", 2, 2, "layerwise"},
         Case{"cost_dp4_hierarchical", 4, 1, "cost", DType::kFloat32, false, 2}),

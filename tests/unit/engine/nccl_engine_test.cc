@@ -358,6 +358,92 @@ TEST(NcclEngineTest, OneRankStepWaitsOnceBesidesTheGathers) {
   }
 }
 
+// A GPU trainer that hands the daemon its "parameters written" event gets
+// every answer without a wait for the device: the daemon records the event
+// after each bucket's writes and the trainer's stream waits for it. One
+// rank on the cpu stand-in then waits only for the sums and the two
+// hand-overs (3; on a GPU 1: the sums), whatever the buckets, for
+// synchronous steps and per-bucket WaitParams alike, and the parameters
+// the trainer sees after its wait are the reference's.
+TEST(NcclEngineTest, TheParamsEventLeavesOnlyTheSumsWait) {
+  SetCpuBlasThreads(1);
+  for (const auto& [bucket_order, bucket_size, dtype, overlapped] :
+       {std::tuple{true, int64_t{20000}, DType::kFloat32, false},
+        std::tuple{false, int64_t{20000}, DType::kFloat32, false},
+        std::tuple{true, int64_t{1} << 30, DType::kFloat32, false},
+        std::tuple{true, int64_t{20000}, DType::kBFloat16, false},
+        std::tuple{false, int64_t{20000}, DType::kBFloat16, true}}) {
+    SCOPED_TRACE(absl::StrCat(bucket_order ? "bucket order" : "interleaved",
+                              ", bucket size ", bucket_size, ", ",
+                              DTypeName(dtype),
+                              overlapped ? ", WaitParams per bucket" : ""));
+    FakeCudaIpc ipc;
+    FakeNcclApi nccl({.simulate_data = true, .defer_copies = true});
+    auto cluster = std::make_unique<Cluster>(absl::Seconds(20),
+                                             absl::Seconds(20), "cpu", &ipc,
+                                             &nccl);
+    JobConfig config =
+        MakeJobConfig("nccl-params-event", 1, 1, "cost", MuonModel());
+    config.bucket_order = bucket_order;
+    config.bucket_size = bucket_size;
+    config.dtype = dtype;
+    config.cuda_ipc = true;
+    config.params_event = true;
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(*cluster));
+    if (overlapped) {
+      ASSERT_OK(run.RunStepsOverlapped(*cluster, 1, 4, false, 7));
+    } else {
+      ASSERT_OK(run.RunSteps(*cluster, 1, 4));
+    }
+    ASSERT_GE(run.registered[0].buckets_size(), 1);
+    const std::vector<v1::StepResponse>& steps = run.responses[0];
+    ASSERT_EQ(steps.size(), 4u);
+    for (size_t k = 0; k < steps.size(); ++k) {
+      EXPECT_EQ(steps[k].host_waits(), 1 + 2) << "step " << k + 1;
+    }
+    ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 4, {}));
+    EXPECT_OK(run.Compare(reference, /*bitwise=*/dtype == DType::kFloat32));
+    ASSERT_OK(run.Deregister(*cluster));
+    cluster.reset();
+    EXPECT_EQ(ipc.events_open.load(), 0);
+  }
+}
+
+// The negative control: the answer comes before the parameters land (a
+// GPU that has not reached the copies), so a trainer that skips the wait
+// reads the old values; after its wait, the step's.
+TEST(NcclEngineTest, TheParamsEventAnswersBeforeTheParametersLand) {
+  SetCpuBlasThreads(1);
+  FakeCudaIpc ipc;
+  FakeNcclApi nccl({.simulate_data = true, .defer_copies = true});
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
+  // bf16: every parameter is written from its master copy by the copier.
+  JobConfig config =
+      MakeJobConfig("nccl-params-early", 1, 1, "cost", MuonModel());
+  config.bucket_order = true;
+  config.dtype = DType::kBFloat16;
+  config.cuda_ipc = true;
+  config.params_event = true;
+  config.skip_params_event_wait = true;
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  ASSERT_OK(run.RunSteps(cluster, 1, 1));
+  TrainerRank& rank = *run.ranks()[0];
+  for (size_t i = 0; i < config.params.size(); ++i) {
+    const ModelParam& p = config.params[i];
+    EXPECT_EQ(rank.ParamBuffer(static_cast<int>(i)),
+              Rounded(config.dtype, InitialParam(config, p)))
+        << p.name;
+  }
+  ASSERT_OK(ipc.SynchronizeEvent(rank.ParamsEventHandle()));
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 1, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/false));
+  ASSERT_OK(run.Deregister(cluster));
+}
+
 // With TP the step's waits stay as many: the TP owners' update sizes
 // queue on the device with the DP-owned ones (one wait per TP-owned matrix
 // before), whatever the number of matrices a rank owns. DP1 x TP2, two
@@ -455,14 +541,19 @@ TEST_F(NcclJobTest, SharedMemoryBucketsInBucketOrderMoveInOneCopyEach) {
   EXPECT_LT(copies[1], copies[0] / 2);
 }
 
+// With and without the trainer's "parameters written" event (recorded,
+// rather than waited for, after the gathers: DP2 x TP2, sync and
+// overlapped steps).
 TEST(NcclEngineTest, IpcBuffersMoveOnTheStreamAfterWaitingForTheEvent) {
   SetCpuBlasThreads(1);
-  FakeCudaIpc ipc;
-  FakeNcclApi nccl(DataMode());
-  {
+  for (bool params_event : {false, true}) {
+    SCOPED_TRACE(params_event ? "parameters event" : "no parameters event");
+    FakeCudaIpc ipc;
+    FakeNcclApi nccl(DataMode());
     Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
     JobConfig config = MakeJobConfig("nccl-ipc", 2, 2, "cost");
     config.cuda_ipc = true;
+    config.params_event = params_event;
     JobRun run(config);
     ASSERT_OK(run.Init());
     ASSERT_OK(run.RegisterAll(cluster));
