@@ -145,6 +145,10 @@ class RankRuntime {
   int64_t host_waits();
   // What the last step left for this step's world reduction.
   PendingUpdate& pending_update() { return pending_update_; }
+  // The device time of the latest DP-owned updates the device finished
+  // (negative before any): what local_compute reports while a step's own
+  // are still running at its answer.
+  double& finished_compute_seconds() { return finished_compute_seconds_; }
 
   TpLane& tp_lane() { return *tp_; }
   BucketCollectives& buckets() { return *buckets_; }
@@ -206,6 +210,7 @@ class RankRuntime {
   // The last step's update sum of squares (counted once job-wide), summed
   // over the world with the next step's gradient norm.
   PendingUpdate pending_update_;
+  double finished_compute_seconds_ = -1;
   // The world reductions' copier (stream), declared before the
   // communicator, which is destroyed first.
   std::unique_ptr<StagingCopier> world_copier_;

@@ -91,13 +91,20 @@ class RankStep {
   }
 
   // The DP-owned updates' time where they ran: on a GPU the host only
-  // enqueues them (the gathers' wait covers them), so their phase is the
-  // device's time between two marks, once it is known (with async_params
-  // it may not be yet: the host's time stays).
+  // enqueues them, so their phase is the device's time between two marks
+  // once it is known. An answer that does not wait for the device (the
+  // trainer's "parameters written" event, async_params) may come before
+  // the device ran them: then the latest finished ones' (the previous
+  // step's, the same work in a steady state), else the host's.
   void TimeCompute() {
     absl::StatusOr<double> device =
         rt_.compute().SecondsBetween(kComputeStart, kComputeEnd);
-    if (device.ok()) times_->local_compute = *device;
+    if (device.ok()) {
+      times_->local_compute = *device;
+      rt_.finished_compute_seconds() = *device;
+    } else if (rt_.finished_compute_seconds() >= 0) {
+      times_->local_compute = rt_.finished_compute_seconds();
+    }
   }
 
   StepOptions OptionsFor(int i) const {
@@ -220,6 +227,11 @@ class RankStep {
   // (PendingUpdate): no wait here.
   absl::Status UpdateDpOwned() {
     const absl::Time t0 = absl::Now();
+    // The last step's updates ran before this step's sums were read: their
+    // device time, before the marks move.
+    absl::StatusOr<double> finished =
+        rt_.compute().SecondsBetween(kComputeStart, kComputeEnd);
+    if (finished.ok()) rt_.finished_compute_seconds() = *finished;
     CANZONA_RETURN_IF_ERROR(rt_.compute().Mark(kComputeStart));
     for (const UpdateBatch& batch : rt_.dp_owned_batches()) {
       CANZONA_RETURN_IF_ERROR(StepBatch(batch));
