@@ -85,8 +85,7 @@ TrainerBuffers::~TrainerBuffers() {
 absl::Status TrainerBuffers::OpenEvent(const std::string& where,
                                        const v1::BufferRef& ref,
                                        const Options& options,
-                                       std::string* rank_handle,
-                                       void** event) {
+                                       std::string* rank_handle, void** event) {
   const std::string& handle =
       ref.has_cuda_ipc() ? ref.cuda_ipc().event_handle() : "";
   if (handle.empty()) return absl::OkStatus();

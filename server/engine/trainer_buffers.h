@@ -102,7 +102,9 @@ class TrainerBuffers {
   // trainer's stream waiting for it instead. Host staging writes with
   // synchronous copies and never records it (a wait on an event never
   // recorded is a no-op).
-  NcclEvent params_event() const { return static_cast<NcclEvent>(params_event_); }
+  NcclEvent params_event() const {
+    return static_cast<NcclEvent>(params_event_);
+  }
   // Whether the data plane's collectives can work on trainer memory in
   // place: host staging (Gloo) over shared memory, device staging (NCCL)
   // over the trainer's CUDA IPC memory.

@@ -8,9 +8,9 @@
 // CudaIpcOpener on the GPU the PCI bus id names, checks the offset, the
 // size bound and the contents, enqueues an update back on a stream of its
 // own and records the child's event after it without waiting, and the
-// child's stream waits for the event before it verifies the update. The child's stdout also carries gtest's own
-// lines, so its answer is the line that starts with kExportTag. Skips
-// without a CUDA device.
+// child's stream waits for the event before it verifies the update. The child's
+// stdout also carries gtest's own lines, so its answer is the line that starts
+// with kExportTag. Skips without a CUDA device.
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -116,10 +116,9 @@ TEST(CudaIpcChild, Exporter) {
   const int n = kFloats - kOffsetFloats;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaExportEvent> written,
                        CudaExportEvent::Create(0));
-  ASSERT_OK_AND_ASSIGN(
-      v1::BufferRef ref,
-      CudaBufferRef(buffer + kOffsetFloats, n * sizeof(float),
-                    written->handle()));
+  ASSERT_OK_AND_ASSIGN(v1::BufferRef ref,
+                       CudaBufferRef(buffer + kOffsetFloats, n * sizeof(float),
+                                     written->handle()));
   const v1::CudaIpcBufferRef& out = ref.cuda_ipc();
   std::printf("%s%s %llu %llu %s %s\n", kExportTag,
               absl::BytesToHexString(out.mem_handle()).c_str(),

@@ -379,9 +379,8 @@ TEST(NcclEngineTest, TheParamsEventLeavesOnlyTheSumsWait) {
                               overlapped ? ", WaitParams per bucket" : ""));
     FakeCudaIpc ipc;
     FakeNcclApi nccl({.simulate_data = true, .defer_copies = true});
-    auto cluster = std::make_unique<Cluster>(absl::Seconds(20),
-                                             absl::Seconds(20), "cpu", &ipc,
-                                             &nccl);
+    auto cluster = std::make_unique<Cluster>(
+        absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
     JobConfig config =
         MakeJobConfig("nccl-params-event", 1, 1, "cost", MuonModel());
     config.bucket_order = bucket_order;
