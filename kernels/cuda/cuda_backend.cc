@@ -229,6 +229,11 @@ class CudaBackend final : public Backend {
   void DropNsGraphs();
   Workspace solver_ws_;   // cuSOLVER work arrays, copies and devInfo
   Workspace scratch_ws_;  // reductions, flags, permutations
+  // SumSquaresMany's segment table, written here and copied to the device
+  // (page-locked: the copy is DMA on the stream, not a wait), grown to the
+  // most vectors one call has had.
+  cuda_kernels::SumSquaresSegment* pinned_segments_ = nullptr;
+  size_t pinned_segment_capacity_ = 0;
   // EnqueueSumSquares: partials, then room for kQueuedSums results; how
   // many wait, and the total of those already read, in queue order.
   Workspace queued_ws_;
@@ -342,6 +347,7 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
   if (pool_ != nullptr) (void)cudaMemPoolDestroy(pool_);
   if (pinned_ != nullptr) (void)cudaFreeHost(pinned_);
+  if (pinned_segments_ != nullptr) (void)cudaFreeHost(pinned_segments_);
   for (cudaEvent_t e : marks_) {
     if (e != nullptr) (void)cudaEventDestroy(e);
   }
@@ -886,19 +892,52 @@ absl::Status CudaBackend::DoSumSquaresMany(absl::Span<const float* const> xs,
                                            absl::Span<double> out) {
   CANZONA_RETURN_IF_ERROR(Activate());
   const size_t k = xs.size();
-  CANZONA_ASSIGN_OR_RETURN(
-      void* ws, Reserve(scratch_ws_, (cuda_kernels::kMaxReductionBlocks + k) *
-                                         sizeof(double)));
-  // One partials area, reused in stream order; one result per vector.
-  auto* partials = static_cast<double*>(ws);
-  double* results = partials + cuda_kernels::kMaxReductionBlocks;
-  CANZONA_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(results, 0, k * sizeof(double), stream_));
-  for (size_t i = 0; i < k; ++i) {
-    if (ns[i] == 0) continue;
+  if (k == 0) return absl::OkStatus();
+  // Every vector's blocks in one launch and their sums in a second (a
+  // step's norm pass has one vector per gradient: hundreds of launches
+  // before), each sum bitwise what SumSquares gives.
+  if (k > pinned_segment_capacity_) {
+    // Free of pending copies: every call ends with a wait.
+    if (pinned_segments_ != nullptr) {
+      CANZONA_CUDA_RETURN_IF_ERROR(cudaFreeHost(pinned_segments_));
+      pinned_segments_ = nullptr;
+      pinned_segment_capacity_ = 0;
+    }
+    void* table = nullptr;
     CANZONA_CUDA_RETURN_IF_ERROR(
-        cuda_kernels::SumSquares(Cfg(), ns[i], xs[i], partials, results + i));
+        cudaHostAlloc(&table, k * sizeof(cuda_kernels::SumSquaresSegment),
+                      cudaHostAllocDefault));
+    pinned_segments_ = static_cast<cuda_kernels::SumSquaresSegment*>(table);
+    pinned_segment_capacity_ = k;
   }
+  int64_t total_blocks = 0;
+  for (size_t i = 0; i < k; ++i) {
+    const int blocks = cuda_kernels::SumSquaresBlocks(Cfg(), ns[i], xs[i]);
+    pinned_segments_[i] = {xs[i], ns[i], static_cast<int32_t>(total_blocks),
+                           blocks};
+    total_blocks += blocks;
+  }
+  if (total_blocks > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SumSquaresMany: ", total_blocks, " reduction blocks for ",
+                     k, " vectors exceed one launch"));
+  }
+  // [partials | results | segments], all 8-byte aligned.
+  const size_t segments_at = (static_cast<size_t>(total_blocks) + k) * 8;
+  CANZONA_ASSIGN_OR_RETURN(
+      void* ws,
+      Reserve(scratch_ws_,
+              segments_at + k * sizeof(cuda_kernels::SumSquaresSegment)));
+  auto* partials = static_cast<double*>(ws);
+  double* results = partials + total_blocks;
+  auto* segments = reinterpret_cast<cuda_kernels::SumSquaresSegment*>(
+      static_cast<char*>(ws) + segments_at);
+  CANZONA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+      segments, pinned_segments_, k * sizeof(cuda_kernels::SumSquaresSegment),
+      cudaMemcpyHostToDevice, stream_));
+  CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::SumSquaresMany(
+      Cfg(), static_cast<int>(k), segments, static_cast<int>(total_blocks),
+      partials, results));
   // One copy and one wait for all of them, and for the queued sums
   // (Backend: a later TakeSumSquares does not wait).
   const int fetched = queued_;

@@ -78,6 +78,24 @@ inline constexpr int kMaxReductionBlocks = 1024;
 // partials: kMaxReductionBlocks doubles; result: one double (both device).
 cudaError_t SumSquares(const LaunchConfig& cfg, int64_t n, const float* x,
                        double* partials, double* result);
+// One vector of SumSquaresMany: n floats at x, reduced by blocks
+// [first_block, first_block + blocks) of the launch.
+struct SumSquaresSegment {
+  const float* x;
+  int64_t n;
+  int32_t first_block;
+  int32_t blocks;  // SumSquaresBlocks(cfg, n, x)
+};
+// The blocks SumSquares reduces n floats at x on (0 when n == 0).
+int SumSquaresBlocks(const LaunchConfig& cfg, int64_t n, const float* x);
+// results[s] = sum of segment s's x[i]^2 for `count` segments in two
+// launches, each bitwise SumSquares' sum (the same blocks, threads and
+// order; an empty segment sums to 0). segments (device): first_block
+// ascending from 0, blocks adding up to total_blocks; partials:
+// total_blocks doubles; results: count doubles.
+cudaError_t SumSquaresMany(const LaunchConfig& cfg, int count,
+                           const SumSquaresSegment* segments, int total_blocks,
+                           double* partials, double* results);
 // *result = sum (a[i] - b[i])^2, the differences rounded to float: the bits
 // SumSquares gives on Axpby(1, a, -1, b)'s output where a, b and that
 // output share 16-byte alignment.

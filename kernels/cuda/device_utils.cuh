@@ -37,7 +37,7 @@ inline int GridFor(const LaunchConfig& cfg, int64_t work) {
   return static_cast<int>(blocks);
 }
 
-inline bool Aligned16(const void* p) {
+__host__ __device__ inline bool Aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 

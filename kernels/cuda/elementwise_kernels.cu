@@ -238,13 +238,16 @@ struct Changes {
   }
 };
 
-// Per-block sums of squares in double, in one fixed order for every kind
-// of values (so a sum is the same bits whichever way its floats came).
+// One thread's share of a sum of squares in double, as block `block` of
+// `blocks` grid-striding over n values, in one fixed order for every kind
+// of values (so a sum is the same bits whichever way its floats came, and
+// whether it was reduced alone or among many: SumSquaresMany).
 template <typename Values>
-__global__ void SumSquaresPartialKernel(int64_t n, Values values,
-                                        bool vectorized, double* partials) {
-  const int64_t stride = int64_t{blockDim.x} * gridDim.x;
-  const int64_t tid = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+__device__ inline double ThreadSumSquares(int64_t n, const Values& values,
+                                          bool vectorized, int64_t block,
+                                          int64_t blocks) {
+  const int64_t stride = int64_t{blockDim.x} * blocks;
+  const int64_t tid = block * blockDim.x + threadIdx.x;
   double sum = 0.0;
   int64_t start = 0;
   if (vectorized) {
@@ -260,17 +263,63 @@ __global__ void SumSquaresPartialKernel(int64_t n, Values values,
     const float v = values.One(i);
     sum += double{v} * v;
   }
-  sum = BlockSum(sum);
+  return sum;
+}
+
+// Per-block sums of squares.
+template <typename Values>
+__global__ void SumSquaresPartialKernel(int64_t n, Values values,
+                                        bool vectorized, double* partials) {
+  const double sum =
+      BlockSum(ThreadSumSquares(n, values, vectorized, blockIdx.x, gridDim.x));
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
-// One block: sums `count` partials in a fixed order.
-__global__ void SumPartialsKernel(int count, const double* partials,
-                                  double* result) {
+// The sum of `count` partials over the block, in a fixed order (valid in
+// thread 0).
+__device__ inline double BlockSumOf(int count, const double* partials) {
   double sum = 0.0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];
-  sum = BlockSum(sum);
+  return BlockSum(sum);
+}
+
+// One block: sums `count` partials.
+__global__ void SumPartialsKernel(int count, const double* partials,
+                                  double* result) {
+  const double sum = BlockSumOf(count, partials);
   if (threadIdx.x == 0) *result = sum;
+}
+
+// SumSquaresMany's partials: block b works for the segment whose blocks
+// hold b, as that segment's block b - first_block of its own grid.
+__global__ void SumSquaresManyPartialKernel(int count,
+                                            const SumSquaresSegment* segments,
+                                            double* partials) {
+  const int b = blockIdx.x;
+  // The last segment starting at or before b (empty segments start where
+  // the next one does, so the next one is found).
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (segments[mid].first_block <= b) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const SumSquaresSegment s = segments[lo];
+  const double sum = BlockSum(ThreadSumSquares(
+      s.n, Elements{s.x}, Aligned16(s.x), b - s.first_block, s.blocks));
+  if (threadIdx.x == 0) partials[b] = sum;
+}
+
+// One block per segment: its partials into its result.
+__global__ void SumSquaresManyResultKernel(const SumSquaresSegment* segments,
+                                           const double* partials,
+                                           double* results) {
+  const SumSquaresSegment s = segments[blockIdx.x];
+  const double sum = BlockSumOf(s.blocks, partials + s.first_block);
+  if (threadIdx.x == 0) results[blockIdx.x] = sum;
 }
 
 __global__ void FlagNonFiniteKernel(int64_t n, const float* x, int* flag) {
@@ -395,13 +444,19 @@ __global__ void MirrorUpperToLowerKernel(int64_t batch, int64_t n, float* c,
   }
 }
 
+// The blocks a sum of squares of n values runs on (0 for none).
+int ReductionBlocks(const LaunchConfig& cfg, int64_t n, bool vectorized) {
+  if (n <= 0) return 0;
+  const int blocks = GridFor(cfg, vectorized ? CeilDiv(n, 4) : n);
+  return blocks > kMaxReductionBlocks ? kMaxReductionBlocks : blocks;
+}
+
 template <typename Values>
 cudaError_t LaunchSumSquares(const LaunchConfig& cfg, int64_t n, Values values,
                              bool vectorized, double* partials,
                              double* result) {
   if (n <= 0) return cudaMemsetAsync(result, 0, sizeof(double), cfg.stream);
-  int blocks = GridFor(cfg, vectorized ? CeilDiv(n, 4) : n);
-  if (blocks > kMaxReductionBlocks) blocks = kMaxReductionBlocks;
+  const int blocks = ReductionBlocks(cfg, n, vectorized);
   SumSquaresPartialKernel<<<blocks, kThreads, 0, cfg.stream>>>(
       n, values, vectorized, partials);
   cudaError_t err = cudaGetLastError();
@@ -494,6 +549,25 @@ cudaError_t DoubleToFloat(const LaunchConfig& cfg, int64_t n, const double* src,
 cudaError_t SumSquares(const LaunchConfig& cfg, int64_t n, const float* x,
                        double* partials, double* result) {
   return LaunchSumSquares(cfg, n, Elements{x}, Aligned16(x), partials, result);
+}
+
+int SumSquaresBlocks(const LaunchConfig& cfg, int64_t n, const float* x) {
+  return ReductionBlocks(cfg, n, Aligned16(x));
+}
+
+cudaError_t SumSquaresMany(const LaunchConfig& cfg, int count,
+                           const SumSquaresSegment* segments, int total_blocks,
+                           double* partials, double* results) {
+  if (count <= 0) return cudaSuccess;
+  if (total_blocks > 0) {
+    SumSquaresManyPartialKernel<<<total_blocks, kThreads, 0, cfg.stream>>>(
+        count, segments, partials);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  SumSquaresManyResultKernel<<<count, kThreads, 0, cfg.stream>>>(
+      segments, partials, results);
+  return cudaGetLastError();
 }
 
 cudaError_t SquaredDistance(const LaunchConfig& cfg, int64_t n, const float* a,

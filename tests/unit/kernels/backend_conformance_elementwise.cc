@@ -264,8 +264,11 @@ TEST_P(BackendConformanceTest, SumSquaresAccumulatesInDouble) {
 // Several vectors in one call (the step's norm pass): each sum bitwise the
 // one SumSquares gives, against a long-double reference on fresh data; an
 // empty vector sums to 0 and a non-finite element shows in its own sum only.
+// The last vector starts one float into the first one's buffer (not
+// 16-byte aligned: cuda's scalar path), and empty ones lie between and
+// after the others (cuda: vectors without reduction blocks).
 TEST_P(BackendConformanceTest, SumSquaresManyEqualsSumSquaresEach) {
-  const std::vector<int64_t> ns = {1003, 0, 7, (int64_t{1} << 16) + 5, 1};
+  std::vector<int64_t> ns = {1003, 0, 7, (int64_t{1} << 16) + 5, 1, 0};
   std::vector<DeviceBuffer> buffers;
   std::vector<std::vector<float>> hosts;
   std::vector<const float*> xs;
@@ -276,6 +279,9 @@ TEST_P(BackendConformanceTest, SumSquaresManyEqualsSumSquaresEach) {
     buffers.push_back(Upload(hosts[k]));
     xs.push_back(buffers.back().data());
   }
+  ns.push_back(ns[0] - 1);
+  xs.push_back(xs[0] + 1);
+  hosts.emplace_back(hosts[0].begin() + 1, hosts[0].end());
   std::vector<double> sums(ns.size(), -1.0);
   ASSERT_OK(backend_->SumSquaresMany(xs, ns, absl::MakeSpan(sums)));
   for (size_t k = 0; k < ns.size(); ++k) {
@@ -295,16 +301,20 @@ TEST_P(BackendConformanceTest, SumSquaresManyEqualsSumSquaresEach) {
   }
   EXPECT_GT(sums[0], 0.0);
   // Mismatched sizes and a bad count name the field; nothing is written.
+  const absl::Span<const float* const> five(xs.data(), 5);
+  const absl::Span<double> five_sums = absl::MakeSpan(sums).subspan(0, 5);
   std::vector<double> two(2, -1.0);
-  EXPECT_THAT(backend_->SumSquaresMany(xs, ns, absl::MakeSpan(two)),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("SumSquaresMany: ns has 5 and out 2")));
+  EXPECT_THAT(
+      backend_->SumSquaresMany(five, absl::MakeConstSpan(ns).subspan(0, 5),
+                               absl::MakeSpan(two)),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("SumSquaresMany: ns has 5 and out 2")));
   const std::vector<int64_t> bad = {1003, -1, 7, 5, 1};
-  EXPECT_THAT(backend_->SumSquaresMany(xs, bad, absl::MakeSpan(sums)),
+  EXPECT_THAT(backend_->SumSquaresMany(five, bad, five_sums),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("SumSquaresMany: ns[1] must be >= 0")));
   const std::vector<int64_t> past = {1004, 0, 7, 5, 1};
-  EXPECT_THAT(backend_->SumSquaresMany(xs, past, absl::MakeSpan(sums)),
+  EXPECT_THAT(backend_->SumSquaresMany(five, past, five_sums),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("SumSquaresMany: xs[0]")));
 }
