@@ -1031,6 +1031,10 @@ absl::StatusOr<double> CudaBackend::DoSecondsBetween(int from, int to) {
     // Not a wait: the caller keeps its host time while the GPU runs.
     const cudaError_t done = cudaEventQuery(marks_[mark]);
     if (done == cudaErrorNotReady) {
+      // cudaEventQuery leaves cudaErrorNotReady as the thread's last
+      // error, which the next kernel launch's cudaGetLastError would
+      // report as its own failure.
+      (void)cudaGetLastError();
       return absl::UnavailableError(absl::StrCat(
           "SecondsBetween: the work before mark ", mark, " is running"));
     }

@@ -195,9 +195,6 @@ class RankRuntime {
   // RMS).
   OwnedMemory owned_memory_;
   OwnedBuffers owned_;
-  // Host staging page-locked for the GPU (RankBuilder::PinStaging),
-  // unlocked before the memory goes.
-  std::unique_ptr<PinnedHostMemory> pinned_staging_;
   std::unique_ptr<OwnedDeviceCopy> device_copy_;
   DeviceBuffer before_;
   // The redundant updates' exchange buffers, the whole matrices the TP
@@ -205,6 +202,10 @@ class RankRuntime {
   // values.
   DeviceBuffer redundant_send_, redundant_recv_, whole_grad_, whole_param_;
   DeviceBuffer scalars_;
+  // Host staging page-locked for the GPU (RankBuilder::PinStaging): the
+  // owned memory and the whole matrices above, declared after them so that
+  // it is unlocked before they go.
+  std::unique_ptr<PinnedHostMemory> pinned_staging_;
   int64_t master_bytes_ = 0;
   int64_t buffer_bytes_ = 0;
   // The last step's update sum of squares (counted once job-wide), summed

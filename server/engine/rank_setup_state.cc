@@ -197,15 +197,22 @@ absl::Status RankBuilder::CreateTpLane(const RankSetup& setup, RankRuntime& rt,
 // copies are DMA at the link's rate and enqueue without waits: on the Gloo
 // plane, with cuda compute (OwnedDeviceCopy) or a trainer's CUDA IPC
 // buffers (the bucket copies), the owned gradients, the master weights and
-// the bucket slot. Only where the GPU is a real one (cuda compute) or tests
-// pass a fake (EngineOptions::nccl_api): a cpu daemon never starts CUDA.
+// the bucket slot, and with cuda compute an fp32 shm trainer's values.
+// Only where the GPU is a real one: a cpu daemon without GPU trainers never
+// starts CUDA, and the device-like cpu backend of tests pins nothing.
 void RankBuilder::PinStaging(const RankSetup& setup, RankRuntime& rt) {
   const bool gpu = rt.compute().memory_space() == MemorySpace::kDevice ||
                    (setup.trainer != nullptr && setup.trainer->on_device());
   if (setup.nccl || !gpu) return;
   NcclApi* api = setup.nccl_api;
   if (api == nullptr) {
-    if (rt.compute().kind() != BackendKind::kCuda) return;
+    // A GPU to page-lock for: cuda compute, or a GPU trainer's buffers
+    // beside cpu compute (not the cpu backend standing in for a GPU).
+    const bool ipc = setup.trainer != nullptr && setup.trainer->on_device();
+    if (setup.device_like_cpu ||
+        (rt.compute().kind() != BackendKind::kCuda && !ipc)) {
+      return;
+    }
     absl::StatusOr<NcclApi*> real = RealNcclApi();
     if (!real.ok()) {
       spdlog::warn("host staging stays pageable: {}",
@@ -226,6 +233,15 @@ void RankBuilder::PinStaging(const RankSetup& setup, RankRuntime& rt) {
   }
   for (const DeviceBuffer* b : buffers) {
     if (b->size() > 0) ranges.push_back({b->data(), Bytes(*b)});
+  }
+  if (!rt.backends_.updates_in_place() && setup.trainer != nullptr &&
+      !setup.trainer->on_device()) {
+    // An fp32 trainer's values, updated in place in its shared memory, go
+    // to the GPU and back each step too (OwnedDeviceCopy).
+    for (const TrainerBuffers::MemoryRange& m :
+         setup.trainer->SharedMemoryMappings()) {
+      ranges.push_back(m);
+    }
   }
   rt.pinned_staging_ = PinnedHostMemory::Pin(api, rt.device(), ranges);
 }
