@@ -40,6 +40,7 @@ struct Runtime {
   int (*event_destroy)(void*) = nullptr;
   int (*event_record)(void*, void*) = nullptr;
   int (*stream_wait_event)(void*, void*, unsigned) = nullptr;
+  int (*ipc_open_event)(void**, IpcHandle) = nullptr;
   int (*ipc_event_handle)(IpcHandle*, void*) = nullptr;
   int (*pci_bus_id)(char*, int, int) = nullptr;
   // cuMemGetAddressRange and cuPointerGetAttribute (driver), through the
@@ -77,6 +78,7 @@ const Runtime& Cudart() {
     sym("cudaEventDestroy", &r->event_destroy);
     sym("cudaEventRecord", &r->event_record);
     sym("cudaStreamWaitEvent", &r->stream_wait_event);
+    sym("cudaIpcOpenEventHandle", &r->ipc_open_event);
     sym("cudaIpcGetEventHandle", &r->ipc_event_handle);
     sym("cudaDeviceGetPCIBusId", &r->pci_bus_id);
     auto driver = [&](const char* name, auto* fn) {
@@ -228,7 +230,37 @@ absl::Status CudaExportEvent::Record(void* stream) {
   return Check(rt, rt.event_record(event_, stream), "cudaEventRecord");
 }
 
-absl::Status CudaExportEvent::Wait(void* stream) {
+absl::StatusOr<std::unique_ptr<CudaOpenedEvent>> CudaOpenedEvent::Open(
+    const std::string& handle, int device) {
+  if (handle.size() != kHandleBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("event handle has ", handle.size(), " bytes, not 64"));
+  }
+  const Runtime& rt = Cudart();
+  if (!rt.error.empty()) return Unusable(rt);
+  if (absl::Status s = Check(rt, rt.set_device(device), "cudaSetDevice");
+      !s.ok()) {
+    return s;
+  }
+  IpcHandle h;
+  std::memcpy(h.reserved, handle.data(), kHandleBytes);
+  void* event = nullptr;
+  if (absl::Status s =
+          Check(rt, rt.ipc_open_event(&event, h), "cudaIpcOpenEventHandle");
+      !s.ok()) {
+    return s;
+  }
+  return std::unique_ptr<CudaOpenedEvent>(new CudaOpenedEvent(event, device));
+}
+
+CudaOpenedEvent::~CudaOpenedEvent() {
+  const Runtime& rt = Cudart();
+  if (rt.error.empty() && rt.set_device(device_) == 0) {
+    rt.event_destroy(event_);
+  }
+}
+
+absl::Status CudaOpenedEvent::Wait(void* stream) {
   const Runtime& rt = Cudart();
   if (absl::Status s = Check(rt, rt.set_device(device_), "cudaSetDevice");
       !s.ok()) {

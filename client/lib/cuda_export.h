@@ -9,11 +9,14 @@
 //   ... after backward wrote the gradients: event->Record(stream), then
 //   GradReady / Step (the daemon waits on the event before reading them).
 //
-// The parameters may name a second event (CudaBufferRef(p_ptr, bytes,
-// params_event->handle())): the daemon records it after writing them and
-// answers Step / WaitParams without waiting for its GPU work; after each
-// such answer the trainer calls params_event->Wait(stream), so that its
-// stream reads the new parameters.
+// With RegisterRequest.params_events the daemon answers Step / WaitParams
+// before its GPU writes of the parameters end, and exports one event per
+// bucket (Bucket.params_event_handle); the trainer opens each once and
+// makes its stream wait for a bucket's after each answer that hands it
+// over:
+//   CANZONA_ASSIGN_OR_RETURN(auto written, canzona::CudaOpenedEvent::Open(
+//       response.buckets(b).params_event_handle(), 0));
+//   ... after Step (every bucket) or WaitParams(b): written->Wait(stream).
 //
 // CudaBufferRef takes the IPC handle of the whole allocation holding the
 // pointer (cudaIpcGetMemHandle on its base, found with
@@ -40,8 +43,7 @@
 namespace canzona {
 
 // A BufferRef for `bytes` of device memory at `device_ptr`;
-// `event_handle` is a CudaExportEvent's handle: the gradients' (recorded by
-// the trainer) or the parameters' (recorded by the daemon).
+// `event_handle` (gradients only) is a CudaExportEvent's handle.
 // INVALID_ARGUMENT when the pointer is not device memory or the range
 // leaves its allocation; FAILED_PRECONDITION, saying what to change, when
 // the memory cannot be shared with legacy CUDA IPC (a cudaMallocAsync pool,
@@ -50,10 +52,31 @@ absl::StatusOr<canzona::v1::BufferRef> CudaBufferRef(
     const void* device_ptr, uint64_t bytes,
     const std::string& event_handle = "");
 
-// An interprocess CUDA event (timing disabled) between the trainer and the
-// daemon, which opens it from handle(): the trainer records the gradients'
-// after writing them; its stream waits for the parameters' after each
-// answer.
+// An interprocess CUDA event (timing disabled) the trainer records after
+// writing gradients; the daemon opens it from handle().
+// An interprocess event another process (the daemon) exported, opened here
+// (cudaIpcOpenEventHandle) on `device`; closed with it.
+class CudaOpenedEvent {
+ public:
+  // INVALID_ARGUMENT unless `handle` has 64 bytes; FAILED_PRECONDITION
+  // without a CUDA runtime or device.
+  static absl::StatusOr<std::unique_ptr<CudaOpenedEvent>> Open(
+      const std::string& handle, int device);
+  ~CudaOpenedEvent();
+  CudaOpenedEvent(const CudaOpenedEvent&) = delete;
+  CudaOpenedEvent& operator=(const CudaOpenedEvent&) = delete;
+
+  // cudaStreamWaitEvent: work enqueued on `stream` (a cudaStream_t; null:
+  // the legacy default stream) later waits on the device for the
+  // exporter's last record.
+  absl::Status Wait(void* stream);
+
+ private:
+  CudaOpenedEvent(void* event, int device) : event_(event), device_(device) {}
+  void* event_;
+  int device_;
+};
+
 class CudaExportEvent {
  public:
   static absl::StatusOr<std::unique_ptr<CudaExportEvent>> Create(int device);
@@ -65,9 +88,6 @@ class CudaExportEvent {
   // cudaEventRecord on `stream` (a cudaStream_t; null: the legacy default
   // stream).
   absl::Status Record(void* stream);
-  // cudaStreamWaitEvent: work enqueued on `stream` later waits on the device
-  // for the event's last record, in either process.
-  absl::Status Wait(void* stream);
 
  private:
   CudaExportEvent(void* event, int device, std::string handle)

@@ -149,6 +149,11 @@ class NcclApi {
   virtual absl::Status SetDevice(int device) = 0;
   // cudaEventCreateWithFlags(cudaEventDisableTiming).
   virtual absl::StatusOr<NcclEvent> EventCreate() = 0;
+  // An event another process opens and waits on:
+  // cudaEventCreateWithFlags(cudaEventInterprocess |
+  // cudaEventDisableTiming), and its cudaIpcGetEventHandle (64 bytes).
+  virtual absl::StatusOr<NcclEvent> EventCreateExported() = 0;
+  virtual absl::StatusOr<std::string> EventIpcHandle(NcclEvent event) = 0;
   virtual absl::Status EventDestroy(NcclEvent event) = 0;
   virtual absl::Status EventRecord(NcclEvent event, NcclStream stream) = 0;
   // cudaEventQuery: true when the work before the recorded event is done,

@@ -153,6 +153,17 @@ class RealApi : public NcclApi {
         cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     return event;
   }
+  absl::StatusOr<NcclEvent> EventCreateExported() override {
+    cudaEvent_t event = nullptr;
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(
+        &event, cudaEventInterprocess | cudaEventDisableTiming));
+    return event;
+  }
+  absl::StatusOr<std::string> EventIpcHandle(NcclEvent event) override {
+    cudaIpcEventHandle_t handle;
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaIpcGetEventHandle(&handle, event));
+    return std::string(handle.reserved, sizeof(handle.reserved));
+  }
   absl::Status EventDestroy(NcclEvent event) override {
     return CudaStatus(cudaEventDestroy(event), "cudaEventDestroy");
   }

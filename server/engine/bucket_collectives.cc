@@ -381,10 +381,12 @@ absl::Status BucketCollectives::Gather(int b) {
   StagingCopier& copier = *parts_.copier;
   // The bucket's answer: the trainer's stream waits for its "parameters
   // written" event on the device, or the host waits here.
-  const NcclEvent written =
-      staging_.on_device ? staging_.trainer->params_event() : nullptr;
-  CANZONA_RETURN_IF_ERROR(written != nullptr ? copier.RecordEvent(written)
-                                             : copier.Finish());
+  if (parts_.params_written != nullptr) {
+    CANZONA_RETURN_IF_ERROR(
+        copier.RecordEvent(parts_.params_written->event(b)));
+  } else {
+    CANZONA_RETURN_IF_ERROR(copier.Finish());
+  }
   if (b != layout.gather_order.back()) return absl::OkStatus();
   return parts_.calibration->EndRound(
       [&](absl::Span<float> sums) -> absl::Status {

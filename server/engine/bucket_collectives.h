@@ -49,6 +49,7 @@
 #include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "server/comm/communicator.h"
+#include "server/engine/exported_events.h"
 #include "server/engine/job_plan.h"
 #include "server/engine/owned_buffers.h"
 #include "server/engine/rank_layout.h"
@@ -67,6 +68,9 @@ class BucketCollectives {
     std::unique_ptr<Communicator> dp, cross;
     // The dp communicator's chooser reads it (created before dp).
     std::unique_ptr<UnevenCalibration> calibration;
+    // The "parameters written" events, one per bucket, recorded after its
+    // gather instead of a host wait (null: the gathers wait).
+    std::unique_ptr<ExportedEvents> params_written;
     // Staging memory: the unsliced reduce-scatter's output (my largest
     // even part); the layerwise gather's packed send and receive buffers;
     // the calibration's all-reduce.
@@ -108,6 +112,10 @@ class BucketCollectives {
   Communicator& cross() { return *parts_.cross; }
   // The DP copier (its stream runs the reductions and the gathers).
   StagingCopier& copier() { return *parts_.copier; }
+  // The "parameters written" events (null when the gathers wait).
+  const ExportedEvents* params_written() const {
+    return parts_.params_written.get();
+  }
 
  private:
   // A bucket's runs in trainer memory on the far side of a copy, each

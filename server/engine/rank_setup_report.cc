@@ -92,12 +92,17 @@ void RankBuilder::AccountMemory(const RankSetup& setup, RankRuntime& rt) {
 void RankBuilder::Describe(const RankRuntime& rt,
                            v1::RegisterResponse* response) {
   const plan::Plan& plan = rt.plan_->plan;
-  for (const BucketLayout& b : rt.layout_.buckets) {
+  const ExportedEvents* written = rt.buckets_->params_written();
+  for (size_t k = 0; k < rt.layout_.buckets.size(); ++k) {
+    const BucketLayout& b = rt.layout_.buckets[k];
     v1::Bucket* out = response->add_buckets();
     for (int i : plan.buckets[b.index].params) {
       out->add_parameters(i - rt.layout_.first);
     }
     out->set_elements(b.elements);
+    if (written != nullptr) {
+      out->set_params_event_handle(written->handle(static_cast<int>(k)));
+    }
   }
   response->set_plan_digest(plan.digest);
   response->set_owned_parameters(rt.owned_params_);

@@ -134,6 +134,13 @@ absl::Status RankBuilder::CreateBucketCollectives(
     CANZONA_ASSIGN_OR_RETURN(parts.gathered,
                              staging.Allocate(layout.layerwise_total));
   }
+  if (rt.resident() && setup.trainer != nullptr &&
+      setup.trainer->waits_for_params_events()) {
+    CANZONA_ASSIGN_OR_RETURN(
+        parts.params_written,
+        ExportedEvents::Create(rt.backends_.nccl_api(), rt.device(),
+                               static_cast<int>(layout.buckets.size())));
+  }
   parts.copier = std::move(copiers.dp);
   parts.dp = std::move(groups.dp.comm);
   parts.cross = std::move(groups.cross.comm);

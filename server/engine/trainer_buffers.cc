@@ -40,7 +40,7 @@ absl::StatusOr<std::unique_ptr<TrainerBuffers>> TrainerBuffers::Map(
     const v1::RegisterRequest& request,
     absl::Span<const int64_t> fragment_numel, const Options& options) {
   std::unique_ptr<TrainerBuffers> out(new TrainerBuffers());
-  std::string grad_event, params_event;
+  std::string event_handle;
   for (int j = 0; j < request.parameters_size(); ++j) {
     const v1::Parameter& p = request.parameters(j);
     const std::string where =
@@ -58,15 +58,29 @@ absl::StatusOr<std::unique_ptr<TrainerBuffers>> TrainerBuffers::Map(
     out->dtype_.push_back(dtype);
     out->numel_.push_back(fragment_numel[j]);
     if (dtype != DType::kFloat32) out->mixed_precision_ = true;
-    // The trainer's "gradients written" event and the "parameters written"
-    // one: one of each per rank (every buffer names the same, or none).
-    CANZONA_RETURN_IF_ERROR(out->OpenEvent(absl::StrCat(where, ".grad"),
-                                           p.grad(), options, &grad_event,
-                                           &out->grad_event_));
-    CANZONA_RETURN_IF_ERROR(out->OpenEvent(absl::StrCat(where, ".param"),
-                                           p.param(), options, &params_event,
-                                           &out->params_event_));
+    // The trainer's "gradients written" event: one per rank (every grad
+    // buffer names the same one, or none).
+    const std::string& event =
+        p.grad().has_cuda_ipc() ? p.grad().cuda_ipc().event_handle() : "";
+    if (event.empty()) continue;
+    if (event_handle.empty()) {
+      absl::StatusOr<void*> opened =
+          options.opener->OpenEvent(event, out->device_);
+      if (!opened.ok()) {
+        return absl::Status(opened.status().code(),
+                            absl::StrCat(where, ".grad.cuda_ipc.event_handle: ",
+                                         opened.status().message()));
+      }
+      out->grad_event_ = *opened;
+      event_handle = event;
+    } else if (event != event_handle) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where,
+                       ".grad.cuda_ipc.event_handle: differs from the rank's "
+                       "other gradients' (one event per rank)"));
+    }
   }
+  out->params_events_ = request.params_events() && out->on_device_;
   if (out->mapped_bytes_ > options.max_bytes) {
     return absl::ResourceExhaustedError(
         absl::StrCat("parameters: ", out->mapped_bytes_,
@@ -77,33 +91,7 @@ absl::StatusOr<std::unique_ptr<TrainerBuffers>> TrainerBuffers::Map(
 }
 
 TrainerBuffers::~TrainerBuffers() {
-  for (void* event : {grad_event_, params_event_}) {
-    if (event != nullptr) opener_->CloseEvent(event, device_);
-  }
-}
-
-absl::Status TrainerBuffers::OpenEvent(const std::string& where,
-                                       const v1::BufferRef& ref,
-                                       const Options& options,
-                                       std::string* rank_handle, void** event) {
-  const std::string& handle =
-      ref.has_cuda_ipc() ? ref.cuda_ipc().event_handle() : "";
-  if (handle.empty()) return absl::OkStatus();
-  if (!rank_handle->empty()) {
-    if (handle == *rank_handle) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ".cuda_ipc.event_handle: differs from the rank's other ",
-        "buffers' (one event per rank and direction)"));
-  }
-  absl::StatusOr<void*> opened = options.opener->OpenEvent(handle, device_);
-  if (!opened.ok()) {
-    return absl::Status(opened.status().code(),
-                        absl::StrCat(where, ".cuda_ipc.event_handle: ",
-                                     opened.status().message()));
-  }
-  *event = *opened;
-  *rank_handle = handle;
-  return absl::OkStatus();
+  if (grad_event_ != nullptr) opener_->CloseEvent(grad_event_, device_);
 }
 
 absl::StatusOr<void*> TrainerBuffers::MapOne(const std::string& job_id,

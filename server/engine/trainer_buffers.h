@@ -90,21 +90,15 @@ class TrainerBuffers {
   int64_t mapped_bytes() const { return mapped_bytes_; }
   // Device memory of `device()` (CUDA IPC), else host shared memory.
   bool on_device() const { return on_device_; }
+  // The trainer's stream waits for the daemon's "parameters written"
+  // events (RegisterRequest.params_events; CUDA IPC buffers only).
+  bool waits_for_params_events() const { return params_events_; }
   int device() const { return device_; }
 
   // Makes what `copier` does next see the trainer's final gradients: a
   // stream wait for the trainer's event (device staging) or a host wait;
   // nothing when the trainer exported no event.
   absl::Status WaitGradients(StagingCopier& copier, bool device_staging) const;
-  // The trainer's "parameters written" event (null when it exported none):
-  // with device staging the daemon records it after its last write of a
-  // bucket's parameters and answers without waiting for the device, the
-  // trainer's stream waiting for it instead. Host staging writes with
-  // synchronous copies and never records it (a wait on an event never
-  // recorded is a no-op).
-  NcclEvent params_event() const {
-    return static_cast<NcclEvent>(params_event_);
-  }
   // Whether the data plane's collectives can work on trainer memory in
   // place: host staging (Gloo) over shared memory, device staging (NCCL)
   // over the trainer's CUDA IPC memory.
@@ -161,12 +155,6 @@ class TrainerBuffers {
                                const std::string& where,
                                const canzona::v1::BufferRef& ref, int64_t numel,
                                DType dtype, const Options& options);
-  // Opens the event `ref` names into `event` unless the rank's first
-  // buffer did (`rank_handle`: the handle seen so far).
-  absl::Status OpenEvent(const std::string& where,
-                         const canzona::v1::BufferRef& ref,
-                         const Options& options, std::string* rank_handle,
-                         void** event);
 
   std::vector<SharedMemory> shm_;
   std::vector<CudaIpcRegistry::Mapping> ipc_;
@@ -178,10 +166,8 @@ class TrainerBuffers {
   bool on_device_ = false;
   int device_ = 0;
   CudaIpcOpener* opener_ = nullptr;
-  // The trainer's events: "gradients written" (the daemon waits for it),
-  // "parameters written" (the daemon records it).
-  void* grad_event_ = nullptr;
-  void* params_event_ = nullptr;
+  void* grad_event_ = nullptr;  // the trainer's "gradients written" event
+  bool params_events_ = false;
 };
 
 }  // namespace canzona

@@ -3,14 +3,17 @@
 // cudaMalloc (as PyTorch's caching allocator does: legacy IPC shares only
 // such allocations, not stream-ordered pools), fills it and exports a
 // pointer inside the allocation with the client library's CudaBufferRef
-// (client/lib/cuda_export.h) with its "parameters written" event
-// (CudaExportEvent); the parent (the "daemon") opens both with the real
-// CudaIpcOpener on the GPU the PCI bus id names, checks the offset, the
-// size bound and the contents, enqueues an update back on a stream of its
-// own and records the child's event after it without waiting, and the
-// child's stream waits for the event before it verifies the update. The child's
-// stdout also carries gtest's own lines, so its answer is the line that starts
-// with kExportTag. Skips without a CUDA device.
+// (client/lib/cuda_export.h); the parent (the "daemon") opens it with the
+// real CudaIpcOpener on the GPU the PCI bus id names, checks the offset,
+// the size bound and the contents, and answers as the daemon does a
+// trainer that asked for its "parameters written" events: it enqueues the
+// update on a stream of its own behind a 300 ms host function, records an
+// event it exported after it and sends the child the event's handle at
+// once; the child's stream waits for the event (CudaOpenedEvent) before
+// it reads the update, which it would otherwise read stale. The child's
+// stdout also carries gtest's own lines, so its answers are the lines
+// that start with kExportTag and kVerifiedTag. Skips without a CUDA
+// device.
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,9 +21,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <vector>
+
+#if CANZONA_ENABLE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include <chrono>
+#include <memory>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/escaping.h"
@@ -45,18 +55,18 @@ namespace v1 = ::canzona::v1;
 using ::canzona::testing::StatusIs;
 
 constexpr char kExportTag[] = "CANZONA_IPC_EXPORT ";
+constexpr char kVerifiedTag[] = "CANZONA_IPC_VERIFIED";
 constexpr int kFloats = 4096;
 constexpr int kOffsetFloats = 1000;  // the exported tensor starts here
 
 bool IsChild() { return std::getenv("CANZONA_IPC_CHILD") != nullptr; }
 
 // What the child prints after kExportTag: "<hex handle> <offset> <bytes>
-// <pci bus id> <hex event handle>".
+// <pci bus id>".
 struct Export {
   std::string handle;
   uint64_t offset = 0, bytes = 0;
   std::string pci_bus_id;
-  std::string event_handle;
 };
 
 absl::StatusOr<Export> ParseExport(const std::string& out) {
@@ -69,15 +79,13 @@ absl::StatusOr<Export> ParseExport(const std::string& out) {
   std::vector<std::string> f = absl::StrSplit(
       out.substr(begin, end == std::string::npos ? end : end - begin), ' ');
   Export e;
-  if (f.size() != 5 || !absl::SimpleAtoi(f[1], &e.offset) ||
-      !absl::SimpleAtoi(f[2], &e.bytes) || f[0].size() != 128 ||
-      f[4].size() != 128) {
+  if (f.size() != 4 || !absl::SimpleAtoi(f[1], &e.offset) ||
+      !absl::SimpleAtoi(f[2], &e.bytes) || f[0].size() != 128) {
     return absl::InvalidArgumentError(
         absl::StrCat("malformed export line in: ", out));
   }
   e.handle = absl::HexStringToBytes(f[0]);
   e.pci_bus_id = f[3];
-  e.event_handle = absl::HexStringToBytes(f[4]);
   return e;
 }
 
@@ -89,14 +97,12 @@ TEST(CudaIpcProtocolTest, TheTaggedLineIsFoundAmongGtestOutput) {
       "Running main() from ./googletest/src/gtest_main.cc\n"
       "Note: Google Test filter = CudaIpcChild.Exporter\n"
       "[==========] Running 1 test from 1 test suite.\n",
-      kExportTag, handle, " 4000 12384 0000:3b:00.0 ", std::string(128, 'b'),
-      "\n", "[ RUN      ] x\n");
+      kExportTag, handle, " 4000 12384 0000:3b:00.0\n", "[ RUN      ] x\n");
   ASSERT_OK_AND_ASSIGN(Export e, ParseExport(out));
   EXPECT_EQ(e.handle, std::string(64, '\xaa'));
   EXPECT_EQ(e.offset, 4000u);
   EXPECT_EQ(e.bytes, 12384u);
   EXPECT_EQ(e.pci_bus_id, "0000:3b:00.0");
-  EXPECT_EQ(e.event_handle, std::string(64, '\xbb'));
   EXPECT_THAT(ParseExport("Running main() from x\n"),
               StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(ParseExport(absl::StrCat(kExportTag, "zz 1 2\n")),
@@ -114,34 +120,36 @@ TEST(CudaIpcChild, Exporter) {
   float* buffer = static_cast<float*>(memory);
   ASSERT_OK(CudaCopyFromHost(0, host.data(), kFloats * sizeof(float), buffer));
   const int n = kFloats - kOffsetFloats;
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaExportEvent> written,
-                       CudaExportEvent::Create(0));
-  ASSERT_OK_AND_ASSIGN(v1::BufferRef ref,
-                       CudaBufferRef(buffer + kOffsetFloats, n * sizeof(float),
-                                     written->handle()));
+  ASSERT_OK_AND_ASSIGN(v1::BufferRef ref, CudaBufferRef(buffer + kOffsetFloats,
+                                                        n * sizeof(float)));
   const v1::CudaIpcBufferRef& out = ref.cuda_ipc();
-  std::printf("%s%s %llu %llu %s %s\n", kExportTag,
+  std::printf("%s%s %llu %llu %s\n", kExportTag,
               absl::BytesToHexString(out.mem_handle()).c_str(),
               static_cast<unsigned long long>(out.offset()),
               static_cast<unsigned long long>(out.bytes()),
-              out.pci_bus_id().c_str(),
-              absl::BytesToHexString(out.event_handle()).c_str());
+              out.pci_bus_id().c_str());
   std::fflush(stdout);
-  // The parent enqueues -1 over the exported range, records our event
-  // after it and sends one byte (its answer) without waiting for its copy.
+  // The parent enqueues -1 over the exported range and answers with the
+  // hex handle of the event it records after that (one line).
+  std::string line;
   char c;
-  ASSERT_EQ(::read(0, &c, 1), 1);
-  // As a trainer's stream after the daemon's answer; cudaMemcpy runs on
-  // the legacy default stream, after the wait.
+  while (::read(0, &c, 1) == 1 && c != '\n') line.push_back(c);
+  ASSERT_EQ(line.size(), 128u) << line;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaOpenedEvent> written,
+                       CudaOpenedEvent::Open(absl::HexStringToBytes(line), 0));
+  // As a trainer's stream after the answer; cudaMemcpy runs on the legacy
+  // default stream, behind the wait.
   ASSERT_OK(written->Wait(nullptr));
   ASSERT_OK(CudaCopyToHost(0, buffer, kFloats * sizeof(float), host.data()));
   for (int i = 0; i < kFloats; ++i) {
     ASSERT_EQ(host[i], i < kOffsetFloats ? 0.5f * i : -1.0f) << i;
   }
-  // The event and the memory stay until the parent closed them (it closes
-  // our stdin then).
+  std::printf("%s\n", kVerifiedTag);
+  std::fflush(stdout);
+  // The parent closes the memory and its event before our stdin.
   while (::read(0, &c, 1) > 0) {
   }
+  written.reset();
   ASSERT_OK(cuda->Free(memory));
 }
 
@@ -203,37 +211,61 @@ TEST(CudaIpcGpuTest, TrainerBufferOpensInTheDaemon) {
   char* at = static_cast<char*>(opened.base) + offset;
   ASSERT_OK(ipc->CopyToHost(device, at, bytes, seen.data()));
   for (int i = 0; i < n; ++i) ASSERT_EQ(seen[i], 0.5f * (kOffsetFloats + i));
-  // The daemon's answer to a trainer that gave its "parameters written"
-  // event: the write enqueued, the event recorded after it, no host wait.
-  ASSERT_OK_AND_ASSIGN(void* written, ipc->OpenEvent(e.event_handle, device));
+#if CANZONA_ENABLE_CUDA
+  // The daemon's answer with its "parameters written" event: the update
+  // enqueued (behind 300 ms of host function, from page-locked memory),
+  // the event recorded after it, the handle sent without waiting.
   ASSERT_OK_AND_ASSIGN(NcclApi * cuda, RealNcclApi());
   ASSERT_OK(cuda->SetDevice(device));
   ASSERT_OK_AND_ASSIGN(NcclStream stream, cuda->StreamCreate());
-  std::vector<float> update(n, -1.0f);
-  ASSERT_OK(cuda->MemcpyAsync(at, update.data(), bytes, stream));
-  ASSERT_OK(cuda->EventRecord(static_cast<NcclEvent>(written), stream));
-  ASSERT_OK_AND_ASSIGN(NcclEvent copied, cuda->EventCreate());
-  ASSERT_OK(cuda->EventRecord(copied, stream));
-  ASSERT_EQ(::write(to_child[1], "a", 1), 1);
-  // Our own event, not the child's: an imported event must not outlive
-  // its exporter.
-  for (;;) {
-    ASSERT_OK_AND_ASSIGN(bool done, cuda->EventQuery(copied));
-    if (done) break;
-  }
-  ASSERT_OK(cuda->EventDestroy(copied));
-  ASSERT_OK(cuda->StreamDestroy(stream));
-  ipc->CloseEvent(written, device);
-  ipc->Close(opened, device);
-  ::close(to_child[1]);
+  ASSERT_OK_AND_ASSIGN(NcclEvent written, cuda->EventCreateExported());
+  ASSERT_OK_AND_ASSIGN(std::string written_handle,
+                       cuda->EventIpcHandle(written));
+  void* pinned = nullptr;
+  ASSERT_EQ(cudaHostAlloc(&pinned, bytes, cudaHostAllocDefault), cudaSuccess);
+  float* update = static_cast<float*>(pinned);
+  for (int i = 0; i < n; ++i) update[i] = -1.0f;
+  ASSERT_EQ(cudaLaunchHostFunc(
+                static_cast<cudaStream_t>(stream),
+                [](void*) {
+                  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+                },
+                nullptr),
+            cudaSuccess);
+  ASSERT_OK(cuda->MemcpyAsync(at, update, bytes, stream));
+  ASSERT_OK(cuda->EventRecord(written, stream));
+  const std::string answer =
+      absl::StrCat(absl::BytesToHexString(written_handle), "\n");
+  ASSERT_EQ(::write(to_child[1], answer.data(), answer.size()),
+            static_cast<ssize_t>(answer.size()));
+  // Until the child verified (or gave up): it still waits on our event.
   std::string rest;
   ssize_t got;
+  while (rest.find(kVerifiedTag) == std::string::npos &&
+         (got = ::read(from_child[0], buf, sizeof(buf))) > 0) {
+    rest.append(buf, got);
+  }
+  for (;;) {
+    ASSERT_OK_AND_ASSIGN(bool done, cuda->EventQuery(written));
+    if (done) break;
+    std::this_thread::yield();
+  }
+  ASSERT_OK(cuda->EventDestroy(written));
+  ASSERT_OK(cuda->StreamDestroy(stream));
+  ASSERT_EQ(cudaFreeHost(pinned), cudaSuccess);
+#else
+  std::string rest;
+  ssize_t got;
+#endif
+  ipc->Close(opened, device);
+  ::close(to_child[1]);
   while ((got = ::read(from_child[0], buf, sizeof(buf))) > 0)
     rest.append(buf, got);
   ::close(from_child[0]);
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out << rest;
+  EXPECT_NE(rest.find(kVerifiedTag), std::string::npos) << out << rest;
   posix_spawn_file_actions_destroy(&actions);
 }
 

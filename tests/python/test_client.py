@@ -70,8 +70,11 @@ def run_job(client, job, steps=3, seed=7, doorbell=False, overlap=False):
     registered = client.register(
         job, (1, 1, 1), (0, 0, 0),
         [("muon", "muon", {"lr": "0.02"}), ("adamw", "adamw", {"lr": "0.01"})],
-        parameters, bucket_size=6 if overlap else 0)
+        parameters, bucket_size=6 if overlap else 0, params_events=True)
     buckets = len(registered["buckets"])
+    # Asked for, but shared memory (and the Gloo plane) gets no parameters-
+    # written events: the answers wait for the writes.
+    assert registered["params_event_handles"] == [b""] * buckets
     if overlap:
         assert buckets == 2
     if doorbell:

@@ -196,7 +196,7 @@ class Client:
     def register(self, job_id, layout, rank, groups, parameters,
                  strategy="cost", alpha=0.0, bucket_size=0,
                  shard_group_size=0, max_grad_norm=0.0,
-                 grad_reduce_dtype=None):
+                 grad_reduce_dtype=None, params_events=False):
         """Registers one rank; returns when every rank of the job has.
 
         layout and rank are (pp, dp, tp); groups are (name, optimizer,
@@ -213,7 +213,15 @@ class Client:
         dtype) or "float32" (Megatron's grad_reduce_in_fp32). The result's
         "buckets" lists each gradient bucket's parameter indices, in the
         order backward fills them; "master_bytes", "state_bytes" and
-        "buffer_bytes" the daemon's memory for this rank.
+        "buffer_bytes" the daemon's memory for this rank. params_events
+        (CUDA buffers): the daemon answers step / wait_params without
+        waiting for its GPU writes and records, per bucket, an
+        interprocess event after them instead; "params_event_handles"
+        gives each bucket's handle (CudaEvent.opened), empty where not
+        granted (the Gloo plane: the answers wait). The stream that touches
+        the buffers must wait for a bucket's event after each answer that
+        hands over that bucket (step: all; wait_params: that bucket, -1:
+        all).
         """
         if grad_reduce_dtype not in (None, "float32"):
             raise ValueError("grad_reduce_dtype: %r is not None or 'float32'"
@@ -264,7 +272,8 @@ class Client:
             "shard_group_size": int(shard_group_size),
             "max_grad_norm": _double(max_grad_norm),
             "grad_reduce_dtype": ("DTYPE_FLOAT32" if grad_reduce_dtype
-                                  else "DTYPE_UNSPECIFIED")})
+                                  else "DTYPE_UNSPECIFIED"),
+            "params_events": bool(params_events)})
         return {
             "plan_digest": r.get("plan_digest", ""),
             "owned_parameters": int(r.get("owned_parameters", 0)),
@@ -274,6 +283,9 @@ class Client:
             # Per bucket, the indices of its parameters (in `parameters`).
             "buckets": [[int(j) for j in b.get("parameters", [])]
                         for b in r.get("buckets", [])],
+            "params_event_handles": [
+                base64.b64decode(b.get("params_event_handle", ""))
+                for b in r.get("buckets", [])],
         }
 
     def step(self, job_id, rank, step, lr=None, grad_scale=0.0,

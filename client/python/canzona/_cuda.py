@@ -12,10 +12,10 @@ PyTorch's expandable segments) is refused up front.
 The runtime calls go through ctypes into the libcudart this process
 already loaded (torch's), else torch's lib folder, the nvidia-* packages,
 then the loader's search path; the driver calls into libcuda.so.1. The
-interprocess events (the one the daemon's copies wait on before reading
-gradients, and the one the trainer's stream waits on before touching the
-parameters the daemon wrote) are torch's
-(torch.cuda.Event(interprocess=True)). Nothing is loaded until a CUDA
+interprocess events are torch's: the one the daemon's copies wait on
+before reading gradients (torch.cuda.Event(interprocess=True)) and the
+daemon's per-bucket "parameters written" ones the trainer's stream waits
+on (torch.cuda.Event.from_ipc_handle). Nothing is loaded until a CUDA
 buffer or event is made, so CPU trainers never touch CUDA.
 
 Thread-safety: buffer_ref is thread-safe (it restores the calling thread's
@@ -168,10 +168,8 @@ def _unusable(why):
 
 def buffer_ref(device_ptr, nbytes, event_handle=b""):
     """The BufferRef (protobuf JSON mapping) of ``nbytes`` of device memory
-    at ``device_ptr``; ``event_handle`` is a CudaEvent's handle: on a
-    gradient, the event recorded once backward wrote it; on a parameter,
-    the event the daemon records after writing it (then the trainer's
-    stream waits for it after each step or wait_params answer). INVALID_ARGUMENT when the pointer is not device memory or the
+    at ``device_ptr``; ``event_handle`` (gradients only) is a CudaEvent's
+    handle. INVALID_ARGUMENT when the pointer is not device memory or the
     range leaves its allocation; FAILED_PRECONDITION, saying what to
     change, when legacy CUDA IPC cannot share the memory."""
     rt = _cudart()
@@ -256,15 +254,18 @@ def _torch_cuda():
 
 class CudaEvent:
     """An interprocess event (timing disabled) between a GPU trainer and the
-    daemon. Gradients: the trainer records it after backward wrote them and
-    the daemon's streams wait for it. Parameters: the daemon records it
-    after writing them and answers at once; the trainer's stream waits for
-    it (``wait``) after each answer. ``handle`` (64 bytes) goes in every
-    gradient's (or every parameter's) BufferRef."""
+    daemon. Made here: the one a trainer records after backward wrote its
+    gradients, which the daemon's streams wait for; ``handle`` (64 bytes)
+    goes in every gradient's BufferRef. ``opened``: one of the daemon's
+    "parameters written" events (register(params_events=True)), which the
+    trainer's stream waits for (``wait``)."""
 
-    def __init__(self, device):
+    def __init__(self, device, _event=None):
         torch = _torch_cuda()
         self.device = int(device)
+        if _event is not None:
+            self._event, self.handle = _event
+            return
         try:
             with torch.cuda.device(self.device):
                 self._event = torch.cuda.Event(enable_timing=False,
@@ -273,6 +274,23 @@ class CudaEvent:
         except RuntimeError as e:
             raise CanzonaError("cudaIpcGetEventHandle: %s" % e,
                                "INTERNAL") from None
+
+    @classmethod
+    def opened(cls, device, handle):
+        """The event another process exported as ``handle`` (64 bytes),
+        opened on ``device`` (cudaIpcOpenEventHandle)."""
+        torch = _torch_cuda()
+        handle = bytes(handle)
+        if len(handle) != _HANDLE_BYTES:
+            raise CanzonaError("event handle has %d bytes, not 64"
+                               % len(handle), "INVALID_ARGUMENT")
+        try:
+            event = torch.cuda.Event.from_ipc_handle(
+                torch.device("cuda", int(device)), handle)
+        except RuntimeError as e:
+            raise CanzonaError("cudaIpcOpenEventHandle: %s" % e,
+                               "INTERNAL") from None
+        return cls(device, _event=(event, handle))
 
     def record(self, stream=None):
         """Records on ``stream``: a torch.cuda.Stream, a cudaStream_t as an
@@ -285,7 +303,7 @@ class CudaEvent:
 
     def wait(self, stream=None):
         """Work enqueued on ``stream`` (as in ``record``) from now on waits
-        on the device for the event's last record, the daemon's included
+        on the device for the event's last record, in whichever process
         (cudaStreamWaitEvent; the host does not wait)."""
         try:
             self._event.wait(self._stream(stream))

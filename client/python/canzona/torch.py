@@ -35,10 +35,11 @@ instead, exported to the daemon with CUDA IPC (the daemon must run on the
 same node with ``--backend cuda``; with ``--comm nccl`` the whole step stays
 in GPU memory). Before each GradReady / Step the optimizer records an
 interprocess event on the current stream; the daemon's streams wait for it,
-so no host synchronization is needed after backward. The daemon records a
-second one after writing the parameters and answers Step / WaitParams
-without waiting for its GPU work; the current stream waits for that event,
-so step() returns while the update still runs, as torch.optim's does.
+so no host synchronization is needed after backward. With ``--comm nccl``
+the daemon also answers Step / WaitParams without waiting for its GPU
+work: it records one interprocess event per bucket after writing the
+bucket's parameters, and the current stream waits for those, so step()
+returns while the update still runs, as torch.optim's does.
 
 Mixed precision: a bfloat16 or float16 model (every parameter in one dtype)
 keeps its parameters and gradients in that dtype; the daemon keeps the fp32
@@ -297,13 +298,11 @@ class Optimizer(torch.optim.Optimizer):
                                      step_timeout=step_timeout, tls_ca=tls_ca)
         try:
             self._event = None
-            self._params_event = None
             if self.device.type == "cuda":
                 index = self.device.index
                 if index is None:
                     index = torch.cuda.current_device()
                 self._event = canzona.CudaEvent(index)
-                self._params_event = canzona.CudaEvent(index)
                 self._buffer = torch.empty(total, dtype=self.dtype,
                                            device=torch.device("cuda", index))
                 flat = self._buffer
@@ -332,8 +331,7 @@ class Optimizer(torch.optim.Optimizer):
                 by_group[group].append(param)
                 if self._event is not None:
                     base = flat.data_ptr()
-                    param_ref = ("cuda", base + offset * unit, n * unit,
-                                 self._params_event.handle)
+                    param_ref = ("cuda", base + offset * unit, n * unit)
                     grad_ref = ("cuda", base + goffset * unit, n * unit,
                                 self._event.handle)
                 else:
@@ -362,7 +360,17 @@ class Optimizer(torch.optim.Optimizer):
                 bucket_size=bucket_size, shard_group_size=shard_group_size,
                 max_grad_norm=max_grad_norm,
                 grad_reduce_dtype=("float32" if grad_reduce_dtype is not None
-                                   else None))
+                                   else None),
+                params_events=self._event is not None)
+            # The daemon's "parameters written" events, per bucket (granted
+            # with --comm nccl): its answers then come before its GPU writes
+            # end, and the current stream waits for these instead.
+            handles = self.registered.get("params_event_handles", [])
+            self._params_written = (
+                [canzona.CudaEvent.opened(self._event.device, h)
+                 for h in handles]
+                if self._event is not None and handles and all(handles)
+                else [])
             if step_doorbell and self.client.step_doorbell_supported():
                 self.client.attach_step_doorbell(self.job_id, self.rank)
         except BaseException:
@@ -444,7 +452,7 @@ class Optimizer(torch.optim.Optimizer):
                 if b in self._unsynced:
                     self.client.wait_params(self.job_id, self.rank,
                                             self.steps, b)
-                    self._await_params()
+                    self._await_params(b)
                     self._unsynced.discard(b)
         return hook
 
@@ -471,11 +479,15 @@ class Optimizer(torch.optim.Optimizer):
         if self._event is not None:
             self._event.record(torch.cuda.current_stream(self.device))
 
-    def _await_params(self):
-        """GPU: the current stream waits on the device for the daemon's
-        writes of the parameters it just answered for."""
-        if self._params_event is not None:
-            self._params_event.wait(torch.cuda.current_stream(self.device))
+    def _await_params(self, bucket=-1):
+        """GPU, --comm nccl: the current stream waits on the device for the
+        daemon's writes of bucket ``bucket``'s parameters (-1: all)."""
+        stream = None
+        for b, event in enumerate(self._params_written):
+            if bucket < 0 or b == bucket:
+                if stream is None:
+                    stream = torch.cuda.current_stream(self.device)
+                event.wait(stream)
 
     def _mark_grad(self, grad):
         self._seen_grad = True

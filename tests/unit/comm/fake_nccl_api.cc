@@ -528,6 +528,52 @@ absl::StatusOr<NcclEvent> FakeNcclApi::EventCreate() {
   return event;
 }
 
+absl::StatusOr<NcclEvent> FakeNcclApi::EventCreateExported() {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "cudaEventCreateInterprocess";
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  NcclEvent event = FakeHandle<NcclEvent>(++next_event_);
+  events_[event] = EventState{.exported = true};
+  return event;
+}
+
+absl::StatusOr<std::string> FakeNcclApi::EventIpcHandle(NcclEvent event) {
+  absl::MutexLock lock(&mu_);
+  FakeNcclCall call;
+  call.op = "cudaIpcGetEventHandle";
+  absl::Status status = RecordLocked(std::move(call));
+  if (!status.ok()) return status;
+  auto it = events_.find(event);
+  if (it == events_.end() || !it->second.exported) {
+    return absl::InvalidArgumentError(
+        "cudaIpcGetEventHandle: not an interprocess event");
+  }
+  std::string handle(64, '\0');
+  std::memcpy(handle.data(), &event, sizeof(event));
+  return handle;
+}
+
+absl::StatusOr<NcclEvent> FakeNcclApi::OpenEventHandle(
+    const std::string& handle) const {
+  absl::MutexLock lock(&mu_);
+  NcclEvent event = nullptr;
+  if (handle.size() == 64) std::memcpy(&event, handle.data(), sizeof(event));
+  auto it = events_.find(event);
+  if (it == events_.end() || !it->second.exported) {
+    return absl::NotFoundError("cudaIpcOpenEventHandle: no such event");
+  }
+  return event;
+}
+
+int FakeNcclApi::exported_events() const {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (const auto& [event, state] : events_) n += state.exported ? 1 : 0;
+  return n;
+}
+
 absl::Status FakeNcclApi::EventDestroy(NcclEvent event) {
   absl::MutexLock lock(&mu_);
   FakeNcclCall call;

@@ -127,6 +127,11 @@ class FakeNcclApi : public NcclApi {
   // abort or destroy).
   std::vector<FakeNcclCall> nccl_calls() const;
   std::vector<FakeNcclCall> calls_named(const std::string& op) const;
+  // The other process's side of an exported event (cudaIpcOpenEventHandle):
+  // the event `handle` names; NOT_FOUND when it names none alive.
+  absl::StatusOr<NcclEvent> OpenEventHandle(const std::string& handle) const;
+  // Exported events alive now.
+  int exported_events() const;
   // The op names of nccl_calls(), in order.
   std::vector<std::string> nccl_ops() const;
   void ClearCalls();
@@ -169,6 +174,10 @@ class FakeNcclApi : public NcclApi {
   absl::Status CommDestroy(NcclComm comm) override;
   absl::Status SetDevice(int device) override;
   absl::StatusOr<NcclEvent> EventCreate() override;
+  // An exported event's handle is its address in 64 bytes; a handle of an
+  // event not created exported is refused, as by the driver.
+  absl::StatusOr<NcclEvent> EventCreateExported() override;
+  absl::StatusOr<std::string> EventIpcHandle(NcclEvent event) override;
   absl::Status EventDestroy(NcclEvent event) override;
   absl::Status EventRecord(NcclEvent event, NcclStream stream) override;
   absl::StatusOr<bool> EventQuery(NcclEvent event) override;
@@ -268,6 +277,7 @@ class FakeNcclApi : public NcclApi {
   struct EventState {
     NcclStream stream = nullptr;
     int64_t target = 0;
+    bool exported = false;
   };
 
   ThreadState& ThreadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -69,6 +69,10 @@ TEST_P(DeviceComputeEngineTest, StepsAreBitwiseEqualToTheReference) {
   JobRun run(config);
   ASSERT_OK(run.Init());
   ASSERT_OK(run.RegisterAll(cluster));
+  // The parameters-written events are granted on the NCCL plane only.
+  for (const v1::Bucket& bucket : run.registered[0].buckets()) {
+    EXPECT_TRUE(bucket.params_event_handle().empty());
+  }
   ASSERT_OK(run.RunSteps(cluster, 1, 2));
   ASSERT_OK(run.RunStepsOverlapped(cluster, 3, kSteps, /*shuffled=*/true, 5));
   ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, kSteps, {}));

@@ -21,9 +21,11 @@
 #include "server/engine/engine_impl.h"
 #include "server/optim/optimizer_config.h"
 #include "server/optim/update_rule.h"
+#include "tests/unit/comm/fake_nccl_api.h"
 
 namespace canzona::engine_test {
 namespace v1 = ::canzona::v1;
+using ::canzona::testing::FakeNcclApi;
 
 namespace {
 
@@ -295,7 +297,7 @@ JobConfig MakeJobConfig(const std::string& stem, int dp, int tp,
 Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
                  const std::string& backend, CudaIpcOpener* cuda_ipc,
                  NcclApi* nccl, bool batch_updates, bool device_like_cpu)
-    : cuda_ipc(cuda_ipc) {
+    : nccl(nccl) {
   for (int i = 0; i < 2; ++i) {
     EngineOptions options;
     options.backend = backend;
@@ -313,7 +315,6 @@ Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
       options.cuda_ipc = cuda_ipc;
       auto* fake = dynamic_cast<FakeCudaIpc*>(cuda_ipc);
       options.cuda_devices = fake != nullptr ? fake->devices : 1;
-      if (fake != nullptr && nccl != nullptr) fake->nccl = nccl;
     }
     options.control = &kv;
     options.daemon_id = absl::StrCat("daemon", i);
@@ -631,6 +632,7 @@ void TrainerRank::WriteGrads(int step, const std::vector<int>& params) {
 v1::RegisterRequest TrainerRank::MakeRegister() const {
   v1::RegisterRequest r;
   r.set_job_id(config_.job_id);
+  r.set_params_events(config_.params_event);
   r.set_job_token(config_.token);
   r.mutable_layout()->set_pp(config_.pp);
   r.mutable_layout()->set_dp(config_.dp);
@@ -688,7 +690,6 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
       p_ref->set_offset(offsets_[i] * unit);
       p_ref->set_bytes(bytes);
       p_ref->set_pci_bus_id(config_.pci_bus_id);
-      if (config_.params_event) p_ref->set_event_handle(ParamsEventHandle());
       v1::CudaIpcBufferRef* g_ref = q->mutable_grad()->mutable_cuda_ipc();
       g_ref->set_mem_handle(handle);
       g_ref->set_offset(grad_offsets_[i] * unit);
@@ -707,11 +708,6 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
     grad->set_bytes(bytes);
   }
   return r;
-}
-
-std::string TrainerRank::ParamsEventHandle() const {
-  // Apart from the gradients' events (the global rank).
-  return FakeCudaIpc::EventHandle(1000 + global_);
 }
 
 v1::StepRequest TrainerRank::MakeStep(int64_t step) const {
@@ -780,23 +776,34 @@ absl::Status JobRun::RunSteps(Cluster& cluster, int first, int last) {
       engine.Step(rank.MakeStep(s), step.callback());
       CANZONA_ASSIGN_OR_RETURN(v1::StepResponse response, step.Get());
       responses[rank.global()].push_back(response);
-      CANZONA_RETURN_IF_ERROR(AwaitParams(cluster, rank));
+      if (!config_.skip_params_event_wait) {
+        CANZONA_RETURN_IF_ERROR(AwaitParams(cluster, rank, -1));
+      }
     }
     return absl::OkStatus();
   });
 }
 
-absl::Status JobRun::AwaitParams(Cluster& cluster,
-                                 const TrainerRank& rank) const {
-  if (!config_.params_event || config_.skip_params_event_wait) {
-    return absl::OkStatus();
+absl::Status JobRun::AwaitParams(Cluster& cluster, const TrainerRank& rank,
+                                 int bucket) const {
+  const v1::RegisterResponse& reg = registered[rank.global()];
+  auto* fake = dynamic_cast<FakeNcclApi*>(cluster.nccl);
+  for (int b = 0; b < reg.buckets_size(); ++b) {
+    if (bucket >= 0 && b != bucket) continue;
+    const std::string& handle = reg.buckets(b).params_event_handle();
+    if (handle.empty()) continue;
+    if (fake == nullptr) {
+      return absl::FailedPreconditionError(
+          "parameters-written events need a Cluster with a FakeNcclApi");
+    }
+    CANZONA_ASSIGN_OR_RETURN(NcclEvent event, fake->OpenEventHandle(handle));
+    for (;;) {
+      CANZONA_ASSIGN_OR_RETURN(bool done, fake->EventQuery(event));
+      if (done) break;
+      std::this_thread::yield();
+    }
   }
-  auto* fake = dynamic_cast<FakeCudaIpc*>(cluster.cuda_ipc);
-  if (fake == nullptr) {
-    return absl::FailedPreconditionError(
-        "JobConfig::params_event needs a Cluster with a FakeCudaIpc");
-  }
-  return fake->SynchronizeEvent(rank.ParamsEventHandle());
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------
@@ -855,49 +862,15 @@ absl::StatusOr<void*> FakeCudaIpc::OpenEvent(const std::string& handle, int) {
     return absl::InvalidArgumentError("fake: bad event handle");
   }
   ++events_open;
-  if (nccl == nullptr) return static_cast<void*>(this);
-  CANZONA_ASSIGN_OR_RETURN(NcclEvent event, nccl->EventCreate());
-  absl::MutexLock lock(&mu_);
-  events_[handle] = event;
-  return static_cast<void*>(event);
+  return static_cast<void*>(this);
 }
 
-absl::Status FakeCudaIpc::WaitEvent(void* event, int) {
+absl::Status FakeCudaIpc::WaitEvent(void*, int) {
   ++event_waits;
-  if (nccl == nullptr) return absl::OkStatus();
-  for (;;) {
-    CANZONA_ASSIGN_OR_RETURN(bool done,
-                             nccl->EventQuery(static_cast<NcclEvent>(event)));
-    if (done) return absl::OkStatus();
-    std::this_thread::yield();
-  }
+  return absl::OkStatus();
 }
 
-void FakeCudaIpc::CloseEvent(void* event, int) {
-  --events_open;
-  if (nccl == nullptr) return;
-  {
-    absl::MutexLock lock(&mu_);
-    std::erase_if(events_, [&](const auto& e) { return e.second == event; });
-  }
-  (void)nccl->EventDestroy(static_cast<NcclEvent>(event));
-}
-
-absl::Status FakeCudaIpc::SynchronizeEvent(const std::string& handle) {
-  void* event = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = events_.find(handle);
-    if (it == events_.end()) return absl::OkStatus();
-    event = it->second;
-  }
-  for (;;) {
-    CANZONA_ASSIGN_OR_RETURN(bool done,
-                             nccl->EventQuery(static_cast<NcclEvent>(event)));
-    if (done) return absl::OkStatus();
-    std::this_thread::yield();
-  }
-}
+void FakeCudaIpc::CloseEvent(void*, int) { --events_open; }
 
 absl::Status FakeCudaIpc::CopyToHost(int, const void* src, size_t bytes,
                                      void* dst) {
@@ -945,7 +918,7 @@ absl::Status JobRun::RunStepsOverlapped(Cluster& cluster, int first, int last,
       Result<v1::WaitParamsResponse> done;
       engine.WaitParams(request, done.callback());
       CANZONA_RETURN_IF_ERROR(done.Get().status());
-      return AwaitParams(cluster, rank);
+      return AwaitParams(cluster, rank, b);
     };
     for (int s = first; s <= last; ++s) {
       if (shuffled) {

@@ -25,10 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/base/dtype.h"
 #include "kernels/cuda/cuda_ipc.h"
@@ -127,11 +125,11 @@ struct JobConfig {
   // Buffers described as CUDA IPC (the rank's shm object standing in for
   // the device allocation; needs a Cluster with a FakeCudaIpc).
   bool cuda_ipc = false;
-  // CUDA IPC parameters carry the trainer's "parameters written" event:
-  // the daemon records it (on the NCCL plane) and answers without waiting
-  // for its copies; RunSteps and RunStepsOverlapped wait for it after each
-  // answer (cudaEventSynchronize standing in for the trainer's stream
-  // wait), unless skip_params_event_wait (the negative control).
+  // RegisterRequest.params_events: on the NCCL plane the daemon answers
+  // without waiting for its writes of the parameters, and RunSteps /
+  // RunStepsOverlapped wait for its "parameters written" events after each
+  // answer (as the trainer's stream would), unless skip_params_event_wait
+  // (the negative control).
   bool params_event = false;
   bool skip_params_event_wait = false;
   // The GPU the CUDA IPC buffers name by PCI bus id (empty: none, device 0).
@@ -154,10 +152,8 @@ struct JobConfig {
 };
 
 // CUDA IPC over host memory: a "handle" carries a pointer and size in this
-// process, copies are memcpy. Counts what the engine does with it. With
-// `nccl` set (Cluster does so when it has both), an opened event is one of
-// that NcclApi's, so the daemon records and waits on it as on a GPU.
-// Thread-safety: counters are atomic; the events under a mutex.
+// process, copies are memcpy. Counts what the engine does with it.
+// Thread-safety: counters are atomic.
 class FakeCudaIpc final : public CudaIpcOpener {
  public:
   static std::string Handle(void* base, uint64_t size);
@@ -177,14 +173,9 @@ class FakeCudaIpc final : public CudaIpcOpener {
   absl::StatusOr<int> DeviceOfPciBusId(const std::string& pci_bus_id) override;
   absl::StatusOr<std::string> PciBusIdOf(int device) override;
   static std::string BusId(int device);
-  // The trainer's side of an event it exported: returns once the daemon's
-  // last record of it completed (cudaEventSynchronize; a no-op without
-  // `nccl`, or for an event not opened).
-  absl::Status SynchronizeEvent(const std::string& handle);
 
   // How many GPUs this "daemon" sees (set before use).
   int devices = 1;
-  NcclApi* nccl = nullptr;
   std::atomic<int> opens{0}, closes{0}, events_open{0}, event_waits{0};
   std::atomic<int> last_open_device{-1};
   std::atomic<int64_t> copied_bytes{0};
@@ -192,10 +183,6 @@ class FakeCudaIpc final : public CudaIpcOpener {
   // "device" memory, and their bytes.
   std::atomic<int64_t> to_host{0}, to_host_bytes{0};
   std::atomic<int64_t> from_host{0}, from_host_bytes{0};
-
- private:
-  absl::Mutex mu_;
-  std::map<std::string, void*> events_ ABSL_GUARDED_BY(mu_);  // by handle
 };
 
 // A unique job id (pid + counter): shm names never collide across tests.
@@ -225,7 +212,7 @@ struct Cluster {
   ~Cluster();
   InMemoryKvStore kv;
   std::unique_ptr<Engine> engines[2];
-  CudaIpcOpener* cuda_ipc = nullptr;
+  NcclApi* nccl = nullptr;  // the engines' (null: the Gloo plane)
 };
 
 // The initial full parameters and the full gradient of (step, dp rank).
@@ -284,9 +271,6 @@ class TrainerRank {
   // Whether this rank's pipeline stage holds `p`.
   bool Holds(const ModelParam& p) const;
   canzona::v1::StepRequest MakeStep(int64_t step) const;
-  // The handle of this rank's "parameters written" event
-  // (JobConfig::params_event).
-  std::string ParamsEventHandle() const;
   void WriteGrads(int step);
   // Only the gradients of these parameters (indices into config().params):
   // what backward has produced when a bucket completes.
@@ -355,11 +339,14 @@ class JobRun {
   std::vector<std::vector<canzona::v1::StepResponse>> responses;
   std::vector<canzona::v1::RegisterResponse> registered;
 
- private:
-  // After an answer that hands `rank` parameters: the trainer's wait for
-  // its "parameters written" event (JobConfig::params_event).
-  absl::Status AwaitParams(Cluster& cluster, const TrainerRank& rank) const;
+  // What a trainer's stream does after an answer that handed `rank` the
+  // parameters of `bucket` (-1: all): waits for the daemon's "parameters
+  // written" events (JobConfig::params_event; here the host waits, over
+  // the cluster's FakeNcclApi). A no-op without handles.
+  absl::Status AwaitParams(Cluster& cluster, const TrainerRank& rank,
+                           int bucket) const;
 
+ private:
   JobConfig config_;
   std::vector<std::unique_ptr<TrainerRank>> ranks_;
 };

@@ -16,6 +16,7 @@
 // trainer buffers page-locked while their rank lives; settings validated.
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -333,6 +334,9 @@ TEST(NcclEngineTest, OneRankStepWaitsOnceBesidesTheGathers) {
     config.bucket_size = bucket_size;
     config.dtype = dtype;
     config.cuda_ipc = cuda_ipc;
+    // Shared memory is the host's: a trainer there asking for the
+    // parameters-written events gets none, and the answers wait.
+    config.params_event = !cuda_ipc;
     // Clipping scales on the device.
     config.max_grad_norm = 0.5 * ReferenceGradNorm(config, 1);
     JobRun run(config);
@@ -341,6 +345,9 @@ TEST(NcclEngineTest, OneRankStepWaitsOnceBesidesTheGathers) {
     ASSERT_OK(run.RunSteps(cluster, 1, 4));
     const int buckets = run.registered[0].buckets_size();
     ASSERT_GE(buckets, 1);
+    for (const v1::Bucket& bucket : run.registered[0].buckets()) {
+      EXPECT_TRUE(bucket.params_event_handle().empty());
+    }
     const std::vector<v1::StepResponse>& steps = run.responses[0];
     ASSERT_EQ(steps.size(), 4u);
     EXPECT_LT(steps[0].clip_factor(), 1);
@@ -358,13 +365,15 @@ TEST(NcclEngineTest, OneRankStepWaitsOnceBesidesTheGathers) {
   }
 }
 
-// A GPU trainer that hands the daemon its "parameters written" event gets
-// every answer without a wait for the device: the daemon records the event
-// after each bucket's writes and the trainer's stream waits for it. One
-// rank on the cpu stand-in then waits only for the sums and the two
-// hand-overs (3; on a GPU 1: the sums), whatever the buckets, for
-// synchronous steps and per-bucket WaitParams alike, and the parameters
-// the trainer sees after its wait are the reference's.
+// A GPU trainer that asks for the daemon's "parameters written" events
+// (RegisterRequest.params_events) gets every answer without a wait for the
+// device: the daemon records bucket b's event after the bucket's writes
+// and the trainer's stream waits for it. One rank on the cpu stand-in then
+// waits only for the sums and the two hand-overs (3; on a GPU 1: the
+// sums), whatever the buckets, for synchronous steps and per-bucket
+// WaitParams alike, and the parameters the trainer sees after its waits
+// are the reference's. The events are the daemon's, one per bucket, and
+// go with the rank.
 TEST(NcclEngineTest, TheParamsEventLeavesOnlyTheSumsWait) {
   SetCpuBlasThreads(1);
   for (const auto& [bucket_order, bucket_size, dtype, overlapped] :
@@ -396,7 +405,14 @@ TEST(NcclEngineTest, TheParamsEventLeavesOnlyTheSumsWait) {
     } else {
       ASSERT_OK(run.RunSteps(*cluster, 1, 4));
     }
-    ASSERT_GE(run.registered[0].buckets_size(), 1);
+    const v1::RegisterResponse& reg = run.registered[0];
+    ASSERT_GE(reg.buckets_size(), 1);
+    std::set<std::string> handles;
+    for (const v1::Bucket& bucket : reg.buckets()) {
+      EXPECT_EQ(bucket.params_event_handle().size(), 64u);
+      handles.insert(bucket.params_event_handle());
+    }
+    EXPECT_EQ(handles.size(), static_cast<size_t>(reg.buckets_size()));
     const std::vector<v1::StepResponse>& steps = run.responses[0];
     ASSERT_EQ(steps.size(), 4u);
     for (size_t k = 0; k < steps.size(); ++k) {
@@ -406,7 +422,7 @@ TEST(NcclEngineTest, TheParamsEventLeavesOnlyTheSumsWait) {
     EXPECT_OK(run.Compare(reference, /*bitwise=*/dtype == DType::kFloat32));
     ASSERT_OK(run.Deregister(*cluster));
     cluster.reset();
-    EXPECT_EQ(ipc.events_open.load(), 0);
+    EXPECT_EQ(nccl.exported_events(), 0);
   }
 }
 
@@ -437,7 +453,7 @@ TEST(NcclEngineTest, TheParamsEventAnswersBeforeTheParametersLand) {
               Rounded(config.dtype, InitialParam(config, p)))
         << p.name;
   }
-  ASSERT_OK(ipc.SynchronizeEvent(rank.ParamsEventHandle()));
+  ASSERT_OK(run.AwaitParams(cluster, rank, -1));
   ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 1, {}));
   EXPECT_OK(run.Compare(reference, /*bitwise=*/false));
   ASSERT_OK(run.Deregister(cluster));
