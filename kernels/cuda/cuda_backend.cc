@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <cusolverDn.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -234,6 +235,7 @@ class CudaBackend final : public Backend {
   // most vectors one call has had.
   cuda_kernels::SumSquaresSegment* pinned_segments_ = nullptr;
   size_t pinned_segment_capacity_ = 0;
+  std::vector<cuda_kernels::SumSquaresSegment*> retired_segments_;
   // EnqueueSumSquares: partials, then room for kQueuedSums results; how
   // many wait, and the total of those already read, in queue order.
   Workspace queued_ws_;
@@ -348,6 +350,7 @@ CudaBackend::~CudaBackend() {
   if (pool_ != nullptr) (void)cudaMemPoolDestroy(pool_);
   if (pinned_ != nullptr) (void)cudaFreeHost(pinned_);
   if (pinned_segments_ != nullptr) (void)cudaFreeHost(pinned_segments_);
+  for (void* table : retired_segments_) (void)cudaFreeHost(table);
   for (cudaEvent_t e : marks_) {
     if (e != nullptr) (void)cudaEventDestroy(e);
   }
@@ -897,18 +900,18 @@ absl::Status CudaBackend::DoSumSquaresMany(absl::Span<const float* const> xs,
   // step's norm pass has one vector per gradient: hundreds of launches
   // before), each sum bitwise what SumSquares gives.
   if (k > pinned_segment_capacity_) {
-    // Free of pending copies: every call ends with a wait.
+    // The smaller table stays until teardown: cudaFreeHost would
+    // synchronize the device in a step.
     if (pinned_segments_ != nullptr) {
-      CANZONA_CUDA_RETURN_IF_ERROR(cudaFreeHost(pinned_segments_));
-      pinned_segments_ = nullptr;
-      pinned_segment_capacity_ = 0;
+      retired_segments_.push_back(pinned_segments_);
     }
+    const size_t capacity = std::max<size_t>(k, 1024);
     void* table = nullptr;
-    CANZONA_CUDA_RETURN_IF_ERROR(
-        cudaHostAlloc(&table, k * sizeof(cuda_kernels::SumSquaresSegment),
-                      cudaHostAllocDefault));
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaHostAlloc(
+        &table, capacity * sizeof(cuda_kernels::SumSquaresSegment),
+        cudaHostAllocDefault));
     pinned_segments_ = static_cast<cuda_kernels::SumSquaresSegment*>(table);
-    pinned_segment_capacity_ = k;
+    pinned_segment_capacity_ = capacity;
   }
   int64_t total_blocks = 0;
   for (size_t i = 0; i < k; ++i) {
@@ -932,20 +935,32 @@ absl::Status CudaBackend::DoSumSquaresMany(absl::Span<const float* const> xs,
   double* results = partials + total_blocks;
   auto* segments = reinterpret_cast<cuda_kernels::SumSquaresSegment*>(
       static_cast<char*>(ws) + segments_at);
-  CANZONA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      segments, pinned_segments_, k * sizeof(cuda_kernels::SumSquaresSegment),
-      cudaMemcpyHostToDevice, stream_));
-  CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::SumSquaresMany(
-      Cfg(), static_cast<int>(k), segments, static_cast<int>(total_blocks),
-      partials, results));
   // One copy and one wait for all of them, and for the queued sums
   // (Backend: a later TakeSumSquares does not wait).
   const int fetched = queued_;
-  CANZONA_RETURN_IF_ERROR(FetchQueuedSums());
-  CANZONA_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(out.data(), results, k * sizeof(double),
-                      cudaMemcpyDeviceToHost, stream_));
-  CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  absl::Status status = [&]() -> absl::Status {
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        segments, pinned_segments_, k * sizeof(cuda_kernels::SumSquaresSegment),
+        cudaMemcpyHostToDevice, stream_));
+    CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::SumSquaresMany(
+        Cfg(), static_cast<int>(k), segments, static_cast<int>(total_blocks),
+        partials, results));
+    CANZONA_RETURN_IF_ERROR(FetchQueuedSums());
+    CANZONA_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(out.data(), results, k * sizeof(double),
+                        cudaMemcpyDeviceToHost, stream_));
+    CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    // Nothing may still copy from the table or into the pinned results
+    // when the next call writes them, and the queued sums, still on the
+    // device, stay queued.
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaGetLastError();
+    queued_ = fetched;
+    return status;
+  }
   AddQueuedSums(fetched);
   return absl::OkStatus();
 }

@@ -504,6 +504,34 @@ TEST_P(BackendConformanceTest, MarksTimeTheWorkBetweenThem) {
                        HasSubstr("SecondsBetween: mark -1")));
 }
 
+// Asking for the time while the device still runs the work (a step whose
+// answer did not wait for it) is UNAVAILABLE or a time, and leaves later
+// calls working: on cuda the query's cudaErrorNotReady must not become the
+// next kernel launch's error.
+TEST_P(BackendConformanceTest, MarksAskedEarlyLeaveLaterCallsWorking) {
+  const int64_t n = backend_->kind() == BackendKind::kCuda ? 2048 : 64;
+  const std::vector<float> host = RandomNormal(n * n, 7610, 0.0f, 1.0f);
+  DeviceBuffer a = Upload(host);
+  DeviceBuffer c = Zeros(n * n);
+  ASSERT_OK(backend_->Mark(0));
+  for (int k = 0; k < 8; ++k) {
+    ASSERT_OK(backend_->Gemm(Transpose::kNo, Transpose::kNo, n, n, n, 1.0f,
+                             a.data(), n, a.data(), n, 0.0f, c.data(), n));
+  }
+  ASSERT_OK(backend_->Mark(1));
+  const absl::StatusOr<double> early = backend_->SecondsBetween(0, 1);
+  if (!early.ok()) {
+    EXPECT_THAT(early, StatusIs(absl::StatusCode::kUnavailable,
+                                HasSubstr("is running")));
+  }
+  ASSERT_OK(backend_->Scale(n * n, 0.5f, c.data()));
+  ASSERT_OK_AND_ASSIGN(double sum, backend_->SumSquares(n * n, a.data()));
+  EXPECT_GT(sum, 0.0);
+  ASSERT_OK(backend_->Synchronize());
+  ASSERT_OK_AND_ASSIGN(double seconds, backend_->SecondsBetween(0, 1));
+  EXPECT_GT(seconds, 0.0);
+}
+
 TEST_P(BackendConformanceTest, AllFiniteDetectsNanAndInfAnywhere) {
   for (int64_t n : {int64_t{1003}, (int64_t{1} << 20) + 3}) {
     const std::vector<float> x = RandomNormal(n, 7100, 0.0f, 1e30f);
