@@ -283,6 +283,11 @@ class Backend {
   // when |weight| >= 0.5) so results match PyTorch bit for bit.
   absl::Status Lerp(int64_t n, const float* a, const float* b, float weight,
                     float* out);
+  // Nesterov momentum in one pass (torch.optim.Muon's): momentum =
+  // Lerp(momentum, grad, 1 - beta), then out = Lerp(grad, momentum, beta),
+  // bit for bit those two calls (four memory passes instead of six).
+  absl::Status NesterovMomentum(int64_t n, float beta, const float* grad,
+                                float* momentum, float* out);
   // y = alpha * x + beta * y, literally: with beta == 0 a NaN in y stays NaN
   // (unlike BLAS), so non-finite values are never silently dropped.
   // With SquaredChange::kQueue (here and in AdamWStep) the update also
@@ -478,6 +483,9 @@ class Backend {
   // n > 0 for each of these.
   virtual absl::Status DoLerp(int64_t n, const float* a, const float* b,
                               float weight, float* out) = 0;
+  virtual absl::Status DoNesterovMomentum(int64_t n, float beta,
+                                          const float* grad, float* momentum,
+                                          float* out) = 0;
   virtual absl::Status DoAxpby(int64_t n, float alpha, const float* x,
                                float beta, float* y, SquaredChange change) = 0;
   virtual absl::Status DoScale(int64_t n, float alpha, float* x) = 0;

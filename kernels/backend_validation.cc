@@ -435,6 +435,18 @@ absl::Status Backend::Lerp(int64_t n, const float* a, const float* b,
   return DoLerp(n, a, b, weight, out);
 }
 
+absl::Status Backend::NesterovMomentum(int64_t n, float beta, const float* grad,
+                                       float* momentum, float* out) {
+  constexpr absl::string_view kWhat = "NesterovMomentum";
+  CANZONA_RETURN_IF_ERROR(CheckVectors(
+      kWhat, n, {{"grad", grad}, {"momentum", momentum}, {"out", out}}));
+  if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckRanges(
+      *this, kWhat,
+      {{"grad", grad, n}, {"momentum", momentum, n}, {"out", out, n}}));
+  return DoNesterovMomentum(n, beta, grad, momentum, out);
+}
+
 absl::Status Backend::Axpby(int64_t n, float alpha, const float* x, float beta,
                             float* y, SquaredChange change) {
   CANZONA_RETURN_IF_ERROR(CheckVectors("Axpby", n, {{"x", x}, {"y", y}}));

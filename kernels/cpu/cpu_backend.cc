@@ -449,6 +449,24 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status DoNesterovMomentum(int64_t n, float beta, const float* grad,
+                                  float* momentum, float* out) override {
+    // DoLerp's formulas, per element: the momentum's weight first, then
+    // beta, each from the endpoint it is exact at.
+    const float w = 1.0f - beta;
+    auto lerp = [](float a, float b, float weight) {
+      return std::abs(weight) < 0.5f ? a + weight * (b - a)
+                                     : b - (b - a) * (1.0f - weight);
+    };
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = grad[i];
+      const float m = lerp(momentum[i], g, w);
+      momentum[i] = m;
+      out[i] = lerp(g, m, beta);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status DoAxpby(int64_t n, float alpha, const float* x, float beta,
                        float* y, SquaredChange change) override {
     ApplyEach(n, y, change,

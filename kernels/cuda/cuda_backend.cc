@@ -135,6 +135,8 @@ class CudaBackend final : public Backend {
 
   absl::Status DoLerp(int64_t n, const float* a, const float* b, float weight,
                       float* out) override;
+  absl::Status DoNesterovMomentum(int64_t n, float beta, const float* grad,
+                                  float* momentum, float* out) override;
   absl::Status DoAxpby(int64_t n, float alpha, const float* x, float beta,
                        float* y, SquaredChange change) override;
   absl::Status DoScale(int64_t n, float alpha, float* x) override;
@@ -804,6 +806,15 @@ absl::Status CudaBackend::DoLerp(int64_t n, const float* a, const float* b,
                                  float weight, float* out) {
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::Lerp(Cfg(), n, a, b, weight, out));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoNesterovMomentum(int64_t n, float beta,
+                                             const float* grad, float* momentum,
+                                             float* out) {
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::NesterovMomentum(Cfg(), n, beta, grad, momentum, out));
   return absl::OkStatus();
 }
 

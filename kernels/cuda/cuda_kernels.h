@@ -31,6 +31,10 @@ cudaError_t Fill(const LaunchConfig& cfg, int64_t n, float value, float* dst);
 // torch.lerp: |w| < 0.5 ? a + w (b - a) : b - (b - a) (1 - w).
 cudaError_t Lerp(const LaunchConfig& cfg, int64_t n, const float* a,
                  const float* b, float weight, float* out);
+// momentum = Lerp(momentum, grad, 1 - beta); out = Lerp(grad, momentum,
+// beta), in one pass, bit for bit the two Lerps.
+cudaError_t NesterovMomentum(const LaunchConfig& cfg, int64_t n, float beta,
+                             const float* grad, float* momentum, float* out);
 // Where an update that counts its change (Backend's SquaredChange::kQueue)
 // puts the sum of squares of that change: the reduction's partials
 // (kMaxReductionBlocks doubles) and the result (one double), both device.

@@ -85,6 +85,32 @@ struct LerpOp {
   }
 };
 
+struct NesterovMomentumOp {
+  const float* g;
+  float* m;
+  float* out;
+  float w;  // 1 - beta
+  float beta;
+  __device__ void Apply1(int64_t i) const {
+    const float gv = g[i];
+    const float mv = LerpValue(m[i], gv, w);
+    m[i] = mv;
+    out[i] = LerpValue(gv, mv, beta);
+  }
+  __device__ void Apply4(int64_t i) const {
+    const float4 gv = Load4(g, i);
+    const float4 old = Load4(m, i);
+    const float4 mv =
+        make_float4(LerpValue(old.x, gv.x, w), LerpValue(old.y, gv.y, w),
+                    LerpValue(old.z, gv.z, w), LerpValue(old.w, gv.w, w));
+    Store4(m, i, mv);
+    Store4(
+        out, i,
+        make_float4(LerpValue(gv.x, mv.x, beta), LerpValue(gv.y, mv.y, beta),
+                    LerpValue(gv.z, mv.z, beta), LerpValue(gv.w, mv.w, beta)));
+  }
+};
+
 struct AxpbyOp {
   const float* x;
   float* y;
@@ -487,6 +513,13 @@ cudaError_t Lerp(const LaunchConfig& cfg, int64_t n, const float* a,
                  const float* b, float weight, float* out) {
   return LaunchElementwise(cfg, n, LerpOp{a, b, out, weight},
                            Aligned16(a) && Aligned16(b) && Aligned16(out));
+}
+
+cudaError_t NesterovMomentum(const LaunchConfig& cfg, int64_t n, float beta,
+                             const float* grad, float* momentum, float* out) {
+  return LaunchElementwise(
+      cfg, n, NesterovMomentumOp{grad, momentum, out, 1.0f - beta, beta},
+      Aligned16(grad) && Aligned16(momentum) && Aligned16(out));
 }
 
 cudaError_t Axpby(const LaunchConfig& cfg, int64_t n, float alpha,

@@ -112,6 +112,13 @@ class BucketCollectives {
   Communicator& cross() { return *parts_.cross; }
   // The DP copier (its stream runs the reductions and the gathers).
   StagingCopier& copier() { return *parts_.copier; }
+  // Work enqueued from here on (the step's updates, after HandTo) waits for
+  // the trainer's last "gradients written" event, the one Step reports
+  // too: trainer work queued after its last GradReady (on parameters or
+  // gradients) comes before the daemon's writes.
+  absl::Status AfterTrainer() {
+    return staging_.trainer->WaitGradients(*parts_.copier, staging_.on_device);
+  }
   // The "parameters written" events (null when the gathers wait).
   const ExportedEvents* params_written() const {
     return parts_.params_written.get();

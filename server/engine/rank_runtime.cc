@@ -40,6 +40,7 @@ absl::Status RankRuntime::ScaleGradients(float factor) {
 }
 
 absl::Status RankRuntime::AfterReductions() {
+  CANZONA_RETURN_IF_ERROR(buckets_->AfterTrainer());
   return buckets_->copier().HandTo(
       static_cast<NcclStream>(staging().native_stream()));
 }

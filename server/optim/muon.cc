@@ -44,11 +44,12 @@ absl::StatusOr<std::unique_ptr<MuonRule>> MuonRule::Create(
 absl::Status MuonRule::UpdateMomentum(const float* grad, float* out) {
   const int64_t n = rows_ * cols_;
   const float momentum = static_cast<float>(options_.momentum);
-  CANZONA_RETURN_IF_ERROR(
-      backend_->Lerp(n, momentum_, grad, 1.0f - momentum, momentum_));
   if (options_.nesterov) {
-    CANZONA_RETURN_IF_ERROR(backend_->Lerp(n, grad, momentum_, momentum, out));
+    CANZONA_RETURN_IF_ERROR(
+        backend_->NesterovMomentum(n, momentum, grad, momentum_, out));
   } else {
+    CANZONA_RETURN_IF_ERROR(
+        backend_->Lerp(n, momentum_, grad, 1.0f - momentum, momentum_));
     CANZONA_RETURN_IF_ERROR(backend_->Copy(momentum_, n, out));
   }
   ++step_;

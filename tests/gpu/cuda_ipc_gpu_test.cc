@@ -7,7 +7,7 @@
 // real CudaIpcOpener on the GPU the PCI bus id names, checks the offset,
 // the size bound and the contents, and answers as the daemon does a
 // trainer that asked for its "parameters written" events: it enqueues the
-// update on a stream of its own behind a 300 ms host function, records an
+// update on a stream of its own behind a 1 s host function, records an
 // event it exported after it and sends the child the event's handle at
 // once; the child's stream waits for the event (CudaOpenedEvent) before
 // it reads the update, which it would otherwise read stale. The child's
@@ -137,6 +137,10 @@ TEST(CudaIpcChild, Exporter) {
   ASSERT_EQ(line.size(), 128u) << line;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaOpenedEvent> written,
                        CudaOpenedEvent::Open(absl::HexStringToBytes(line), 0));
+  // Without the wait the update has not landed (the parent's stream holds
+  // it behind a second of host function): the wait is what orders it.
+  ASSERT_OK(CudaCopyToHost(0, buffer, kFloats * sizeof(float), host.data()));
+  EXPECT_EQ(host[kOffsetFloats], 0.5f * kOffsetFloats);
   // As a trainer's stream after the answer; cudaMemcpy runs on the legacy
   // default stream, behind the wait.
   ASSERT_OK(written->Wait(nullptr));
@@ -144,12 +148,13 @@ TEST(CudaIpcChild, Exporter) {
   for (int i = 0; i < kFloats; ++i) {
     ASSERT_EQ(host[i], i < kOffsetFloats ? 0.5f * i : -1.0f) << i;
   }
+  // Our copy of the event closes before the parent destroys its own.
+  written.reset();
   std::printf("%s\n", kVerifiedTag);
   std::fflush(stdout);
-  // The parent closes the memory and its event before our stdin.
+  // The parent closes the memory before our stdin.
   while (::read(0, &c, 1) > 0) {
   }
-  written.reset();
   ASSERT_OK(cuda->Free(memory));
 }
 
@@ -213,7 +218,7 @@ TEST(CudaIpcGpuTest, TrainerBufferOpensInTheDaemon) {
   for (int i = 0; i < n; ++i) ASSERT_EQ(seen[i], 0.5f * (kOffsetFloats + i));
 #if CANZONA_ENABLE_CUDA
   // The daemon's answer with its "parameters written" event: the update
-  // enqueued (behind 300 ms of host function, from page-locked memory),
+  // enqueued (behind a second of host function, from page-locked memory),
   // the event recorded after it, the handle sent without waiting.
   ASSERT_OK_AND_ASSIGN(NcclApi * cuda, RealNcclApi());
   ASSERT_OK(cuda->SetDevice(device));
@@ -225,13 +230,12 @@ TEST(CudaIpcGpuTest, TrainerBufferOpensInTheDaemon) {
   ASSERT_EQ(cudaHostAlloc(&pinned, bytes, cudaHostAllocDefault), cudaSuccess);
   float* update = static_cast<float*>(pinned);
   for (int i = 0; i < n; ++i) update[i] = -1.0f;
-  ASSERT_EQ(cudaLaunchHostFunc(
-                static_cast<cudaStream_t>(stream),
-                [](void*) {
-                  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-                },
-                nullptr),
-            cudaSuccess);
+  ASSERT_EQ(
+      cudaLaunchHostFunc(
+          static_cast<cudaStream_t>(stream),
+          [](void*) { std::this_thread::sleep_for(std::chrono::seconds(1)); },
+          nullptr),
+      cudaSuccess);
   ASSERT_OK(cuda->MemcpyAsync(at, update, bytes, stream));
   ASSERT_OK(cuda->EventRecord(written, stream));
   const std::string answer =

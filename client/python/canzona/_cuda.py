@@ -311,6 +311,14 @@ class CudaEvent:
             raise CanzonaError("cudaStreamWaitEvent: %s" % e,
                                "INTERNAL") from None
 
+    def synchronize(self):
+        """Blocks the host until the event's last record completed."""
+        try:
+            self._event.synchronize()
+        except RuntimeError as e:
+            raise CanzonaError("cudaEventSynchronize: %s" % e,
+                               "INTERNAL") from None
+
     def _stream(self, stream):
         import torch
         if stream is None:

@@ -174,6 +174,14 @@ class Optimizer(torch.optim.Optimizer):
         ``canzona.megatron_fc1_blocks``, ``canzona.head_blocks``): Muon,
         Shampoo and SOAP then treat Megatron's linear_qkv and linear_fc1
         as a Hugging Face layout's q, k, v, gate and up.
+      params_events: GPU models with ``--comm nccl``: the daemon answers
+        before its GPU writes of the parameters end and the current stream
+        (at ``step()``, or at each module's forward with ``module=``)
+        waits for its per-bucket events instead. Work on other streams
+        must wait for that one (or call ``torch.cuda.synchronize()``). If
+        the daemon dies while a stream waits, the wait may never end
+        (``step()`` would have failed instead): False answers after the
+        writes, as on the Gloo plane.
     """
 
     def __init__(self, named_parameters, groups, route=None, *, layout=None,
@@ -181,7 +189,8 @@ class Optimizer(torch.optim.Optimizer):
                  job_token=None, tls_ca=None, strategy="cost", alpha=0.0,
                  bucket_size=0, connect_timeout=10.0, step_timeout=600.0,
                  shard_group_size=0, module=None, max_grad_norm=0.0,
-                 grad_reduce_dtype=None, blocks=None, step_doorbell=True):
+                 grad_reduce_dtype=None, blocks=None, step_doorbell=True,
+                 params_events=True):
         named = list(named_parameters)
         blocks = dict(blocks or {})
         unknown_blocks = set(blocks) - {name for name, _ in named}
@@ -296,6 +305,7 @@ class Optimizer(torch.optim.Optimizer):
         self.client = canzona.Client(target, job_token=job_token,
                                      connect_timeout=connect_timeout,
                                      step_timeout=step_timeout, tls_ca=tls_ca)
+        self._params_written = []
         try:
             self._event = None
             if self.device.type == "cuda":
@@ -361,16 +371,20 @@ class Optimizer(torch.optim.Optimizer):
                 max_grad_norm=max_grad_norm,
                 grad_reduce_dtype=("float32" if grad_reduce_dtype is not None
                                    else None),
-                params_events=self._event is not None)
+                params_events=params_events and self._event is not None)
             # The daemon's "parameters written" events, per bucket (granted
             # with --comm nccl): its answers then come before its GPU writes
             # end, and the current stream waits for these instead.
             handles = self.registered.get("params_event_handles", [])
-            self._params_written = (
-                [canzona.CudaEvent.opened(self._event.device, h)
-                 for h in handles]
-                if self._event is not None and handles and all(handles)
-                else [])
+            if self._event is not None and handles and all(handles):
+                try:
+                    self._params_written = [
+                        canzona.CudaEvent.opened(self._event.device, h)
+                        for h in handles]
+                except CanzonaError:
+                    # The daemon would answer before its writes end.
+                    self.client.deregister(self.job_id, self.rank)
+                    raise
             if step_doorbell and self.client.step_doorbell_supported():
                 self.client.attach_step_doorbell(self.job_id, self.rank)
         except BaseException:
@@ -617,6 +631,13 @@ class Optimizer(torch.optim.Optimizer):
                 handle.remove()
             self._hooks = []
             try:
+                # The daemon's events go with the rank: nothing may still
+                # wait on them, and our opened copies close first.
+                if self._params_written:
+                    self.synchronize()
+                    for event in self._params_written:
+                        event.synchronize()
+                    self._params_written = []
                 self.client.deregister(self.job_id, self.rank)
             finally:
                 self.client.close()

@@ -426,6 +426,37 @@ TEST(NcclEngineTest, TheParamsEventLeavesOnlyTheSumsWait) {
   }
 }
 
+// The step's updates wait for the trainer's last "gradients written"
+// event (the one Step reports), not only for the ones each bucket's
+// GradReady saw: trainer work queued after its last GradReady (on its
+// parameters, say) comes before the daemon's writes. Every bucket reported
+// through GradReady: per step one wait per bucket reduced and one before
+// the updates.
+TEST(NcclEngineTest, UpdatesWaitForTheTrainersLastEvent) {
+  SetCpuBlasThreads(1);
+  FakeCudaIpc ipc;
+  FakeNcclApi nccl({.simulate_data = true});
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
+  JobConfig config =
+      MakeJobConfig("nccl-last-event", 1, 1, "cost", MuonModel());
+  config.bucket_order = true;
+  config.cuda_ipc = true;
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  ASSERT_OK(run.RunStepsOverlapped(cluster, 1, 3, /*shuffled=*/false, 3));
+  const int buckets = run.registered[0].buckets_size();
+  // FakeCudaIpc's opened events are the fake itself.
+  int waits = 0;
+  for (const FakeNcclCall& c : nccl.calls_named("cudaStreamWaitEvent")) {
+    if (c.send == static_cast<const void*>(&ipc)) ++waits;
+  }
+  EXPECT_EQ(waits, 3 * (buckets + 1));
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+  ASSERT_OK(run.Deregister(cluster));
+}
+
 // The negative control: the answer comes before the parameters land (a
 // GPU that has not reached the copies), so a trainer that skips the wait
 // reads the old values; after its wait, the step's.

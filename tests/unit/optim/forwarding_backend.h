@@ -96,6 +96,10 @@ class ForwardingBackend : public Backend {
                       float* out) override {
     return inner_->Lerp(n, a, b, w, out);
   }
+  absl::Status DoNesterovMomentum(int64_t n, float beta, const float* grad,
+                                  float* momentum, float* out) override {
+    return inner_->NesterovMomentum(n, beta, grad, momentum, out);
+  }
   absl::Status DoAxpby(int64_t n, float alpha, const float* x, float beta,
                        float* y, SquaredChange change) override {
     return inner_->Axpby(n, alpha, x, beta, y, change);
