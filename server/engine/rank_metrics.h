@@ -29,6 +29,7 @@ class RankMetrics {
   std::array<Histogram*, kStepPhases.size()> phase_ = {};  // kStepPhases
   Counter* steps_ = nullptr;
   Counter* skipped_ = nullptr;
+  Counter* host_waits_ = nullptr;
   Gauge* overlap_ = nullptr;
   Counter* dp_comm_ = nullptr;
   Counter* dp_comm_exposed_ = nullptr;

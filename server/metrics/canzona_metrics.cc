@@ -39,6 +39,11 @@ CanzonaMetrics CanzonaMetrics::Register(MetricsRegistry* r) {
   m.steps_skipped_total = r->AddCounter(
       "canzona_steps_skipped_total",
       "Optimizer steps skipped for non-finite gradients.", {"job", "rank"});
+  m.step_host_waits_total = r->AddCounter(
+      "canzona_step_host_waits_total",
+      "Host round trips of the rank's steps: waits for its GPU between a "
+      "step's start and its answer (StepResponse.host_waits).",
+      {"job", "rank"});
   m.rank_compute_flops =
       r->AddGauge("canzona_rank_compute_flops",
                   "The plan's optimizer flops per step on this rank's GPU.",

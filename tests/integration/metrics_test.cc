@@ -140,6 +140,10 @@ TEST(MetricsIntegrationTest, LiveDaemonExportsTheContractAndPassesPromtool) {
     const std::string jr = absl::StrCat(job, ",rank=\"", rank, "\"");
     EXPECT_EQ(value(absl::StrCat("canzona_steps_total{", jr, "}")), kSteps);
     EXPECT_EQ(value(absl::StrCat("canzona_steps_skipped_total{", jr, "}")), 0);
+    // At least the sums' wait per step (the cpu backend counts where a GPU
+    // would wait).
+    EXPECT_GE(value(absl::StrCat("canzona_step_host_waits_total{", jr, "}")),
+              kSteps);
     for (const char* phase :
          {"reduce_scatter", "world_reduce", "local_compute", "tp_gather",
           "tp_compute", "tp_scatter", "all_gather", "wait", "total"}) {
