@@ -52,10 +52,9 @@ absl::StatusOr<canzona::v1::BufferRef> CudaBufferRef(
     const void* device_ptr, uint64_t bytes,
     const std::string& event_handle = "");
 
-// An interprocess CUDA event (timing disabled) the trainer records after
-// writing gradients; the daemon opens it from handle().
 // An interprocess event another process (the daemon) exported, opened here
-// (cudaIpcOpenEventHandle) on `device`; closed with it.
+// (cudaIpcOpenEventHandle) on `device`; closed with it. Its calls make
+// `device` current on the calling thread, as CudaExportEvent's do.
 class CudaOpenedEvent {
  public:
   // INVALID_ARGUMENT unless `handle` has 64 bytes; FAILED_PRECONDITION
@@ -77,6 +76,8 @@ class CudaOpenedEvent {
   int device_;
 };
 
+// An interprocess CUDA event (timing disabled) the trainer records after
+// writing gradients; the daemon opens it from handle().
 class CudaExportEvent {
  public:
   static absl::StatusOr<std::unique_ptr<CudaExportEvent>> Create(int device);

@@ -911,16 +911,20 @@ absl::Status CudaBackend::DoSumSquaresMany(absl::Span<const float* const> xs,
   // step's norm pass has one vector per gradient: hundreds of launches
   // before), each sum bitwise what SumSquares gives.
   if (k > pinned_segment_capacity_) {
+    const size_t capacity = std::max<size_t>(k, 1024);
+    void* table = nullptr;
+    const cudaError_t allocated = cudaHostAlloc(
+        &table, capacity * sizeof(cuda_kernels::SumSquaresSegment),
+        cudaHostAllocDefault);
+    if (allocated != cudaSuccess) {
+      (void)cudaGetLastError();  // not the next launch's error
+      CANZONA_CUDA_RETURN_IF_ERROR(allocated);
+    }
     // The smaller table stays until teardown: cudaFreeHost would
     // synchronize the device in a step.
     if (pinned_segments_ != nullptr) {
       retired_segments_.push_back(pinned_segments_);
     }
-    const size_t capacity = std::max<size_t>(k, 1024);
-    void* table = nullptr;
-    CANZONA_CUDA_RETURN_IF_ERROR(cudaHostAlloc(
-        &table, capacity * sizeof(cuda_kernels::SumSquaresSegment),
-        cudaHostAllocDefault));
     pinned_segments_ = static_cast<cuda_kernels::SumSquaresSegment*>(table);
     pinned_segment_capacity_ = capacity;
   }

@@ -248,9 +248,10 @@ void RankBuilder::PinStaging(const RankSetup& setup, RankRuntime& rt) {
     if (b->size() > 0) ranges.push_back({b->data(), Bytes(*b)});
   }
   if (!rt.backends_.updates_in_place() && setup.trainer != nullptr &&
-      !setup.trainer->on_device()) {
+      !setup.trainer->on_device() && !setup.trainer->mixed_precision()) {
     // An fp32 trainer's values, updated in place in its shared memory, go
-    // to the GPU and back each step too (OwnedDeviceCopy).
+    // to the GPU and back each step too (OwnedDeviceCopy): its mappings
+    // whole, as the NCCL plane pins them.
     for (const TrainerBuffers::MemoryRange& m :
          setup.trainer->SharedMemoryMappings()) {
       ranges.push_back(m);

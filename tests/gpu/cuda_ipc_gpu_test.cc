@@ -7,7 +7,7 @@
 // real CudaIpcOpener on the GPU the PCI bus id names, checks the offset,
 // the size bound and the contents, and answers as the daemon does a
 // trainer that asked for its "parameters written" events: it enqueues the
-// update on a stream of its own behind a 1 s host function, records an
+// update on a stream of its own behind a 3 s host function, records an
 // event it exported after it and sends the child the event's handle at
 // once; the child's stream waits for the event (CudaOpenedEvent) before
 // it reads the update, which it would otherwise read stale. The child's
@@ -138,7 +138,7 @@ TEST(CudaIpcChild, Exporter) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaOpenedEvent> written,
                        CudaOpenedEvent::Open(absl::HexStringToBytes(line), 0));
   // Without the wait the update has not landed (the parent's stream holds
-  // it behind a second of host function): the wait is what orders it.
+  // it behind 3 s of host function): the wait is what orders it.
   ASSERT_OK(CudaCopyToHost(0, buffer, kFloats * sizeof(float), host.data()));
   EXPECT_EQ(host[kOffsetFloats], 0.5f * kOffsetFloats);
   // As a trainer's stream after the answer; cudaMemcpy runs on the legacy
@@ -218,7 +218,7 @@ TEST(CudaIpcGpuTest, TrainerBufferOpensInTheDaemon) {
   for (int i = 0; i < n; ++i) ASSERT_EQ(seen[i], 0.5f * (kOffsetFloats + i));
 #if CANZONA_ENABLE_CUDA
   // The daemon's answer with its "parameters written" event: the update
-  // enqueued (behind a second of host function, from page-locked memory),
+  // enqueued (behind 3 s of host function, from page-locked memory),
   // the event recorded after it, the handle sent without waiting.
   ASSERT_OK_AND_ASSIGN(NcclApi * cuda, RealNcclApi());
   ASSERT_OK(cuda->SetDevice(device));
@@ -233,7 +233,7 @@ TEST(CudaIpcGpuTest, TrainerBufferOpensInTheDaemon) {
   ASSERT_EQ(
       cudaLaunchHostFunc(
           static_cast<cudaStream_t>(stream),
-          [](void*) { std::this_thread::sleep_for(std::chrono::seconds(1)); },
+          [](void*) { std::this_thread::sleep_for(std::chrono::seconds(3)); },
           nullptr),
       cudaSuccess);
   ASSERT_OK(cuda->MemcpyAsync(at, update, bytes, stream));

@@ -311,13 +311,12 @@ class CudaEvent:
             raise CanzonaError("cudaStreamWaitEvent: %s" % e,
                                "INTERNAL") from None
 
-    def synchronize(self):
-        """Blocks the host until the event's last record completed."""
+    def query(self):
+        """Whether the event's last record completed (never blocks)."""
         try:
-            self._event.synchronize()
+            return bool(self._event.query())
         except RuntimeError as e:
-            raise CanzonaError("cudaEventSynchronize: %s" % e,
-                               "INTERNAL") from None
+            raise CanzonaError("cudaEventQuery: %s" % e, "INTERNAL") from None
 
     def _stream(self, stream):
         import torch

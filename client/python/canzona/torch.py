@@ -54,6 +54,7 @@ Thread-safety: like torch.optim optimizers, one per trainer thread.
 
 import contextlib
 import os
+import time
 import uuid
 
 import torch
@@ -381,7 +382,7 @@ class Optimizer(torch.optim.Optimizer):
                     self._params_written = [
                         canzona.CudaEvent.opened(self._event.device, h)
                         for h in handles]
-                except CanzonaError:
+                except BaseException:
                     # The daemon would answer before its writes end.
                     self.client.deregister(self.job_id, self.rank)
                     raise
@@ -631,12 +632,19 @@ class Optimizer(torch.optim.Optimizer):
                 handle.remove()
             self._hooks = []
             try:
-                # The daemon's events go with the rank: nothing may still
-                # wait on them, and our opened copies close first.
+                # The daemon's events go with the rank: their last records
+                # complete, and our opened copies close, first (bounded: a
+                # daemon that died leaves them pending).
                 if self._params_written:
-                    self.synchronize()
+                    try:
+                        self.synchronize()
+                    except CanzonaError:
+                        pass
+                    deadline = time.monotonic() + 10.0
                     for event in self._params_written:
-                        event.synchronize()
+                        while (not event.query()
+                               and time.monotonic() < deadline):
+                            time.sleep(0.001)
                     self._params_written = []
                 self.client.deregister(self.job_id, self.rank)
             finally:

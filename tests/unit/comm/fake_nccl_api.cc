@@ -609,7 +609,11 @@ absl::StatusOr<bool> FakeNcclApi::EventQuery(NcclEvent event) {
   if (it == events_.end()) {
     return absl::InvalidArgumentError("cudaEventQuery: unknown event");
   }
-  ProgressLocked();
+  if (it->second.exported && options_.defer_copies) {
+    ProgressStreamLocked(it->second.stream, it->second.target);
+  } else {
+    ProgressLocked();
+  }
   return streams_[it->second.stream].completed >= it->second.target;
 }
 
@@ -828,6 +832,20 @@ void FakeNcclApi::ProgressLocked() {
         changed = true;
       }
     }
+  }
+}
+
+void FakeNcclApi::ProgressStreamLocked(NcclStream stream, int64_t target) {
+  StreamState& s = streams_[stream];
+  while (s.completed < target && !s.queue.empty()) {
+    Entry* head = s.queue.front().get();
+    if (!head->local || head->hang) {
+      ProgressLocked();
+      return;
+    }
+    if (options_.simulate_data) head->local();
+    s.queue.pop_front();
+    ++s.completed;
   }
 }
 

@@ -175,7 +175,10 @@ class FakeNcclApi : public NcclApi {
   absl::Status SetDevice(int device) override;
   absl::StatusOr<NcclEvent> EventCreate() override;
   // An exported event's handle is its address in 64 bytes; a handle of an
-  // event not created exported is refused, as by the driver.
+  // event not created exported is refused, as by the driver. A query of an
+  // exported event (the other process waiting) runs only what its stream
+  // holds up to the record, so a record placed before the writes it should
+  // cover lets the waiter see old bytes (with defer_copies).
   absl::StatusOr<NcclEvent> EventCreateExported() override;
   absl::StatusOr<std::string> EventIpcHandle(NcclEvent event) override;
   absl::Status EventDestroy(NcclEvent event) override;
@@ -306,6 +309,11 @@ class FakeNcclApi : public NcclApi {
   void PushLocked(NcclStream stream, std::unique_ptr<Entry> entry)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `stream`'s copies up to its `target`-th entry only (what another
+  // process waiting on an event recorded there sees land); the whole
+  // device as ProgressLocked when a collective stands in the way.
+  void ProgressStreamLocked(NcclStream stream, int64_t target)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool TryRunLocked(Op* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static bool Armed(const Op* op);
   static void RunCollective(const std::vector<Op*>& ops);

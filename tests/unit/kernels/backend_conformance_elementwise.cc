@@ -105,6 +105,12 @@ TEST_P(BackendConformanceTest, NesterovMomentumIsTheTwoLerps) {
                                              ig.data() + offset));
         EXPECT_EQ(Download(ig.data() + offset, n), want);
         EXPECT_EQ(Download(im.data() + offset, n), want_m);
+        // In place over the momentum (the output wins).
+        DeviceBuffer ag = Upload(g), am = Upload(m);
+        ASSERT_OK(backend_->NesterovMomentum(n, beta, ag.data() + offset,
+                                             am.data() + offset,
+                                             am.data() + offset));
+        EXPECT_EQ(Download(am.data() + offset, n), want);
       }
     }
   }
