@@ -111,6 +111,18 @@ absl::Status Check(const Runtime& r, int err, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", r.error_string(err)));
 }
 
+// Makes `device` current on the calling thread (every event call does).
+absl::Status SetDevice(const Runtime& r, int device) {
+  return Check(r, r.set_device(device), "cudaSetDevice");
+}
+
+// An event of either kind goes with its owner, best effort (a destructor
+// cannot report).
+void DestroyEvent(void* event, int device) {
+  const Runtime& rt = Cudart();
+  if (rt.error.empty() && rt.set_device(device) == 0) rt.event_destroy(event);
+}
+
 }  // namespace
 
 absl::StatusOr<canzona::v1::BufferRef> CudaBufferRef(
@@ -192,10 +204,7 @@ absl::StatusOr<std::unique_ptr<CudaExportEvent>> CudaExportEvent::Create(
     int device) {
   const Runtime& rt = Cudart();
   if (!rt.error.empty()) return Unusable(rt);
-  if (absl::Status s = Check(rt, rt.set_device(device), "cudaSetDevice");
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = SetDevice(rt, device); !s.ok()) return s;
   void* event = nullptr;
   if (absl::Status s = Check(
           rt, rt.event_create(&event, kEventDisableTiming | kEventInterprocess),
@@ -214,19 +223,11 @@ absl::StatusOr<std::unique_ptr<CudaExportEvent>> CudaExportEvent::Create(
       event, device, std::string(handle.reserved, kHandleBytes)));
 }
 
-CudaExportEvent::~CudaExportEvent() {
-  const Runtime& rt = Cudart();
-  if (rt.error.empty() && rt.set_device(device_) == 0) {
-    rt.event_destroy(event_);
-  }
-}
+CudaExportEvent::~CudaExportEvent() { DestroyEvent(event_, device_); }
 
 absl::Status CudaExportEvent::Record(void* stream) {
   const Runtime& rt = Cudart();
-  if (absl::Status s = Check(rt, rt.set_device(device_), "cudaSetDevice");
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = SetDevice(rt, device_); !s.ok()) return s;
   return Check(rt, rt.event_record(event_, stream), "cudaEventRecord");
 }
 
@@ -238,10 +239,7 @@ absl::StatusOr<std::unique_ptr<CudaOpenedEvent>> CudaOpenedEvent::Open(
   }
   const Runtime& rt = Cudart();
   if (!rt.error.empty()) return Unusable(rt);
-  if (absl::Status s = Check(rt, rt.set_device(device), "cudaSetDevice");
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = SetDevice(rt, device); !s.ok()) return s;
   IpcHandle h;
   std::memcpy(h.reserved, handle.data(), kHandleBytes);
   void* event = nullptr;
@@ -253,19 +251,11 @@ absl::StatusOr<std::unique_ptr<CudaOpenedEvent>> CudaOpenedEvent::Open(
   return std::unique_ptr<CudaOpenedEvent>(new CudaOpenedEvent(event, device));
 }
 
-CudaOpenedEvent::~CudaOpenedEvent() {
-  const Runtime& rt = Cudart();
-  if (rt.error.empty() && rt.set_device(device_) == 0) {
-    rt.event_destroy(event_);
-  }
-}
+CudaOpenedEvent::~CudaOpenedEvent() { DestroyEvent(event_, device_); }
 
 absl::Status CudaOpenedEvent::Wait(void* stream) {
   const Runtime& rt = Cudart();
-  if (absl::Status s = Check(rt, rt.set_device(device_), "cudaSetDevice");
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = SetDevice(rt, device_); !s.ok()) return s;
   return Check(rt, rt.stream_wait_event(stream, event_, 0),
                "cudaStreamWaitEvent");
 }

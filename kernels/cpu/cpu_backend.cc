@@ -451,20 +451,11 @@ class CpuBackend final : public Backend {
 
   absl::Status DoNesterovMomentum(int64_t n, float beta, const float* grad,
                                   float* momentum, float* out) override {
-    // DoLerp's formulas, per element: the momentum's weight first, then
-    // beta, each from the endpoint it is exact at.
-    const float w = 1.0f - beta;
-    auto lerp = [](float a, float b, float weight) {
-      return std::abs(weight) < 0.5f ? a + weight * (b - a)
-                                     : b - (b - a) * (1.0f - weight);
-    };
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = grad[i];
-      const float m = lerp(momentum[i], g, w);
-      momentum[i] = m;
-      out[i] = lerp(g, m, beta);
-    }
-    return absl::OkStatus();
+    // The two Lerps themselves (on the host the saved passes matter little;
+    // the bits are theirs by construction). Elementwise, so `out` may alias
+    // either input.
+    CANZONA_RETURN_IF_ERROR(DoLerp(n, momentum, grad, 1.0f - beta, momentum));
+    return DoLerp(n, grad, momentum, beta, out);
   }
 
   absl::Status DoAxpby(int64_t n, float alpha, const float* x, float beta,

@@ -518,24 +518,22 @@ absl::Status FakeNcclApi::SetDevice(int device) {
 }
 
 absl::StatusOr<NcclEvent> FakeNcclApi::EventCreate() {
-  absl::MutexLock lock(&mu_);
-  FakeNcclCall call;
-  call.op = "cudaEventCreate";
-  absl::Status status = RecordLocked(std::move(call));
-  if (!status.ok()) return status;
-  NcclEvent event = FakeHandle<NcclEvent>(++next_event_);
-  events_[event] = EventState{};
-  return event;
+  return CreateEvent("cudaEventCreate", /*exported=*/false);
 }
 
 absl::StatusOr<NcclEvent> FakeNcclApi::EventCreateExported() {
+  return CreateEvent("cudaEventCreateInterprocess", /*exported=*/true);
+}
+
+absl::StatusOr<NcclEvent> FakeNcclApi::CreateEvent(const char* op,
+                                                   bool exported) {
   absl::MutexLock lock(&mu_);
   FakeNcclCall call;
-  call.op = "cudaEventCreateInterprocess";
+  call.op = op;
   absl::Status status = RecordLocked(std::move(call));
   if (!status.ok()) return status;
   NcclEvent event = FakeHandle<NcclEvent>(++next_event_);
-  events_[event] = EventState{.exported = true};
+  events_[event] = EventState{.exported = exported};
   return event;
 }
 

@@ -283,6 +283,9 @@ class FakeNcclApi : public NcclApi {
     bool exported = false;
   };
 
+  // EventCreate and EventCreateExported: records `op`, then the event.
+  absl::StatusOr<NcclEvent> CreateEvent(const char* op, bool exported)
+      ABSL_LOCKS_EXCLUDED(mu_);
   ThreadState& ThreadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the call (filling group fields) and returns the injected
   // failure for `call.op`, if any.
