@@ -905,8 +905,7 @@ absl::Status CudaBackend::DoSumSquaresMany(absl::Span<const float* const> xs,
                                            absl::Span<const int64_t> ns,
                                            absl::Span<double> out) {
   CANZONA_RETURN_IF_ERROR(Activate());
-  const size_t k = xs.size();
-  if (k == 0) return absl::OkStatus();
+  const size_t k = xs.size();  // > 0 (Backend::SumSquaresMany)
   // Every vector's blocks in one launch and their sums in a second (a
   // step's norm pass has one vector per gradient: hundreds of launches
   // before), each sum bitwise what SumSquares gives.

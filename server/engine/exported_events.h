@@ -35,7 +35,6 @@ class ExportedEvents {
   ExportedEvents(const ExportedEvents&) = delete;
   ExportedEvents& operator=(const ExportedEvents&) = delete;
 
-  int size() const { return static_cast<int>(events_.size()); }
   NcclEvent event(int i) const { return events_[i]; }
   // The cudaIpcEventHandle_t (64 bytes) another process opens it with.
   const std::string& handle(int i) const { return handles_[i]; }

@@ -214,14 +214,13 @@ absl::Status RankBuilder::CreateTpLane(const RankSetup& setup, RankRuntime& rt,
 // Only where the GPU is a real one: a cpu daemon without GPU trainers never
 // starts CUDA, and the device-like cpu backend of tests pins nothing.
 void RankBuilder::PinStaging(const RankSetup& setup, RankRuntime& rt) {
-  const bool gpu = rt.compute().memory_space() == MemorySpace::kDevice ||
-                   (setup.trainer != nullptr && setup.trainer->on_device());
+  const bool ipc = setup.trainer != nullptr && setup.trainer->on_device();
+  const bool gpu = rt.compute().memory_space() == MemorySpace::kDevice || ipc;
   if (setup.nccl || !gpu) return;
   NcclApi* api = setup.nccl_api;
   if (api == nullptr) {
     // A GPU to page-lock for: cuda compute, or a GPU trainer's buffers
     // beside cpu compute (not the cpu backend standing in for a GPU).
-    const bool ipc = setup.trainer != nullptr && setup.trainer->on_device();
     if (setup.device_like_cpu ||
         (rt.compute().kind() != BackendKind::kCuda && !ipc)) {
       return;

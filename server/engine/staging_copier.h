@@ -54,9 +54,10 @@ class StagingCopier {
   // Work enqueued later waits on the device for `event` (a cudaEvent_t the
   // trainer recorded after backward). Device copiers only.
   virtual absl::Status WaitEvent(NcclEvent event) = 0;
-  // Records `event` (the trainer's "parameters written") after everything
-  // enqueued so far, in place of Finish's host wait: the trainer's stream
-  // waits for it on the device. Device copiers only.
+  // Records `event` (a "parameters written" event the daemon exported,
+  // ExportedEvents) after everything enqueued so far, in place of Finish's
+  // host wait: the trainer's stream waits for it on the device. Device
+  // copiers only.
   virtual absl::Status RecordEvent(NcclEvent event) = 0;
   // Returns once everything enqueued so far (copies and the collectives on
   // the same stream) is complete: DEADLINE_EXCEEDED past the timeout.
