@@ -379,7 +379,6 @@ class CpuBackend final : public Backend {
     float* gram_xx = gram ? nullptr : Scratch(ns_a_, m * m);
     float* poly = gram ? nullptr : Scratch(ns_b_, m * m);
     const size_t x_bytes = static_cast<size_t>(m * n) * sizeof(float);
-    const size_t gram_bytes = static_cast<size_t>(m * m) * sizeof(float);
 
     for (int64_t i = 0; i < batch; ++i) {
       const float* in = input + i * per_matrix;
@@ -409,15 +408,19 @@ class CpuBackend final : public Backend {
                 : absl::MakeConstSpan(spec.coefficients)) {
         // A = X X^T (ssyrk: half the flops of sgemm), both triangles.
         SyrkUnchecked(Transpose::kNo, m, n, 1.0f, x, n, 0.0f, gram_xx, m);
-        // B = b A + c A A.
-        std::memcpy(poly, gram_xx, gram_bytes);
+        // B = a I + b A + c A A, so that X = B X has no "a X" term, which
+        // would need a copy of X (sgemm's C must not alias its inputs); the
+        // cuda backend does the same (newton_schulz.cc).
+        for (int64_t r = 0; r < m; ++r) {
+          for (int64_t c = 0; c < m; ++c) {
+            poly[r * m + c] = abc[1] * gram_xx[r * m + c];
+          }
+          poly[r * m + r] += abc[0];
+        }
         GemmUnchecked(Transpose::kNo, Transpose::kNo, m, m, m, abc[2], gram_xx,
-                      m, gram_xx, m, abc[1], poly, m);
-        // X = a X + B X, into the second buffer since sgemm's C must not
-        // alias its inputs.
-        std::memcpy(y, x, x_bytes);
+                      m, gram_xx, m, 1.0f, poly, m);
         GemmUnchecked(Transpose::kNo, Transpose::kNo, m, n, m, 1.0f, poly, m, x,
-                      n, abc[0], y, n);
+                      n, 0.0f, y, n);
         std::swap(x, y);
       }
 

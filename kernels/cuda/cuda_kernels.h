@@ -158,6 +158,13 @@ cudaError_t NsLoad(const LaunchConfig& cfg, int64_t batch, int64_t rows,
 cudaError_t NsStore(const LaunchConfig& cfg, int64_t batch, int64_t rows,
                     int64_t cols, bool transpose, NsElement elem,
                     const void* src, float* dst);
+// dst[b] = scale * src[b] + shift * I for `batch` contiguous n x n matrices
+// of `elem`, computed in float32 and rounded once: the start of a
+// Newton-Schulz step's polynomial a I + b A + c A A, to which cuBLAS adds
+// c A A with beta 1, so that X B needs no copy of X for "a X".
+cudaError_t NsScaleAddIdentity(const LaunchConfig& cfg, int64_t batch,
+                               int64_t n, float scale, float shift,
+                               NsElement elem, const void* src, void* dst);
 
 }  // namespace canzona::cuda_kernels
 

@@ -96,7 +96,6 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
                              void* workspace) {
   const bool bf16 = spec.precision == NsPrecision::kBfloat16;
   const NsElement elem = bf16 ? NsElement::kBfloat16 : NsElement::kFloat32;
-  const size_t elem_bytes = bf16 ? 2 : 4;
   // Wide orientation: X is n x m with n <= m, so the Gram matrix A is the
   // small n x n one.
   const bool transpose = rows > cols;
@@ -131,8 +130,6 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
   // so every product is exactly the row-major one; no symmetry is assumed.
   const int64_t sx = n * m;
   const int64_t sa = n * n;
-  const size_t x_bytes = static_cast<size_t>(batch * sx) * elem_bytes;
-  const size_t a_bytes = static_cast<size_t>(batch * sa) * elem_bytes;
   // float32 only: cuBLAS has no batched SYRK, so SYRK (half the flops) pays
   // off per matrix when the matrices are big or few; otherwise one batched
   // GEMM launch wins. Untuned threshold (~512^3 multiply-adds).
@@ -162,25 +159,20 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
                                             n, n, m, 1.0f, x, m, sx, x, m, sx,
                                             0.0f, a, n, sa, batch));
     }
-    // cuBLAS forbids C aliasing an input, so "b A" enters as beta * C with C
-    // a copy of A (cheap: n x n next to the n x n x n GEMM). beta == 0 never
-    // reads C, so the copy is skipped then.
-    if (cb != 0.0f) {
-      CANZONA_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(b, a, a_bytes, cudaMemcpyDeviceToDevice, ctx.stream));
-    }
+    // B = a I + b A + c A A, so that X_next = B X has no "a X" term: cuBLAS
+    // forbids C aliasing an input, so that term needed a copy of X per step
+    // (by arithmetic, not measured: 12 MB moved against 15 GFLOP on a
+    // 1024 x 3072 bf16 matrix, an eighth of the step at an H200's rates),
+    // where a I + b A is one pass over the n x n A. The error against
+    // float64 is the copy's (server/DESIGN.md 3.1).
+    CANZONA_CUDA_RETURN_IF_ERROR(
+        cuda_kernels::NsScaleAddIdentity(cfg, batch, n, cb, ca, elem, a, b));
     CANZONA_RETURN_IF_ERROR(NsBatchedGemm(ctx, bf16, CUBLAS_OP_N, CUBLAS_OP_N,
-                                          n, n, n, cc, a, n, sa, a, n, sa, cb,
+                                          n, n, n, cc, a, n, sa, a, n, sa, 1.0f,
                                           b, n, sa, batch));
-    // Same trick for "a X": X_next starts as a copy of X (one read + write
-    // of X, against 2 n^2 m flops for the GEMM).
-    if (ca != 0.0f) {
-      CANZONA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-          x_next, x, x_bytes, cudaMemcpyDeviceToDevice, ctx.stream));
-    }
     CANZONA_RETURN_IF_ERROR(NsBatchedGemm(ctx, bf16, CUBLAS_OP_N, CUBLAS_OP_N,
-                                          m, n, n, 1.0f, x, m, sx, b, n, sa, ca,
-                                          x_next, m, sx, batch));
+                                          m, n, n, 1.0f, x, m, sx, b, n, sa,
+                                          0.0f, x_next, m, sx, batch));
     std::swap(x, x_next);
   }
 

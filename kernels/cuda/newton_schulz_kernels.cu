@@ -113,6 +113,21 @@ cudaError_t LaunchConvert(const LaunchConfig& cfg, int64_t batch, int64_t rows,
   return cudaGetLastError();
 }
 
+// Grid-stride over batch * n * n elements.
+template <typename T>
+__global__ void ScaleAddIdentityKernel(int64_t total, int64_t n, float scale,
+                                       float shift, const T* src, T* dst) {
+  const int64_t size = n * n;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    const int64_t at = i % size;
+    float value = scale * ToFloat(src[i]);
+    if (at / n == at % n) value += shift;
+    dst[i] = FromFloat<T>(value);
+  }
+}
+
 }  // namespace
 
 int NsNormParts(int64_t matrix_size) {
@@ -177,6 +192,24 @@ cudaError_t NsStore(const LaunchConfig& cfg, int64_t batch, int64_t rows,
   return LaunchConvert(cfg, batch, rows, cols, transpose,
                        static_cast<const float*>(src),
                        static_cast<const float*>(nullptr), dst);
+}
+
+cudaError_t NsScaleAddIdentity(const LaunchConfig& cfg, int64_t batch,
+                               int64_t n, float scale, float shift,
+                               NsElement elem, const void* src, void* dst) {
+  if (batch <= 0 || n <= 0) return cudaSuccess;
+  const int64_t total = batch * n * n;
+  const int grid = internal::GridFor(cfg, total);
+  if (elem == NsElement::kBfloat16) {
+    ScaleAddIdentityKernel<<<grid, kThreads, 0, cfg.stream>>>(
+        total, n, scale, shift, static_cast<const __nv_bfloat16*>(src),
+        static_cast<__nv_bfloat16*>(dst));
+  } else {
+    ScaleAddIdentityKernel<<<grid, kThreads, 0, cfg.stream>>>(
+        total, n, scale, shift, static_cast<const float*>(src),
+        static_cast<float*>(dst));
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace canzona::cuda_kernels

@@ -387,6 +387,21 @@ TEST_P(BackendConformanceTest, NewtonSchulzPerStepCoefficientsAndNormScale) {
   ExpectNewtonSchulzMatches(*backend_, spec, 2, 17, 31, 810, false, tol);
 }
 
+TEST_P(BackendConformanceTest, NewtonSchulzEachCoefficientAlone) {
+  // Steps where only a, only b or only c is non-zero, then all three: the
+  // backends fold a I into the polynomial (server/DESIGN.md 3.1), so a
+  // misplaced identity (another matrix of the batch, the wrong orientation)
+  // or a dropped term shows here on its own.
+  NewtonSchulzSpec spec;
+  spec.coefficients = {{1.5f, 0.0f, 0.0f},
+                       {0.0f, 1.25f, 0.0f},
+                       {0.0f, 0.0f, 2.0f},
+                       {2.0f, -1.5f, 0.5f}};
+  const double tol = tolerances().newton_schulz;
+  ExpectNewtonSchulzMatches(*backend_, spec, 3, 19, 11, 830, false, tol);
+  ExpectNewtonSchulzMatches(*backend_, spec, 2, 11, 19, 840, true, tol);
+}
+
 TEST_P(BackendConformanceTest, NewtonSchulzNormalizationOnly) {
   // No coefficient steps: X / (norm_scale ||X||_F + eps) alone.
   NewtonSchulzSpec spec;
