@@ -50,7 +50,10 @@ BucketCollectives::BucketCollectives(Staging staging, Parts parts)
         in_place ? const_cast<void*>(trainer.Run(js, false)) : nullptr;
     grad_run_.push_back(grads);
     param_run_.push_back(params);
-    if (!in_place) trainer_runs_.push_back(TrainerRunsOf(b, js));
+    // One DP rank copies between the trainer and its owned buffers even
+    // in place (no collective reads the trainer's memory): one copy per
+    // bucket each way where the trainer lays it out in order.
+    if (!in_place || S == 1) trainer_runs_.push_back(TrainerRunsOf(b, js));
     if (through_host) {
       const TrainerRuns& runs = trainer_runs_.back();
       if (S > 1 && runs.grads != nullptr && b.reduce_dtype != b.dtype) {

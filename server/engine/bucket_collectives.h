@@ -164,8 +164,8 @@ class BucketCollectives {
                             absl::Span<const int> js) const;
   // `bytes` of the scratch (INTERNAL when setup sized it smaller).
   absl::StatusOr<char*> Scratch(int64_t bytes);
-  // The runs of bucket b (null when the data plane addresses the
-  // trainer's memory in place).
+  // The runs of bucket b (null when the data plane's collectives work on
+  // the trainer's memory in place: DP > 1 over addressable memory).
   const TrainerRuns* trainer_runs(int b) const {
     return trainer_runs_.empty() ? nullptr : &trainer_runs_[b];
   }
@@ -195,8 +195,8 @@ class BucketCollectives {
   // when the collectives may use it in place (else null: the slot).
   std::vector<const void*> grad_run_;
   std::vector<void*> param_run_;
-  // Per bucket, when the trainer's memory is on the far side of a copy;
-  // else empty.
+  // Per bucket, when the trainer's memory is on the far side of a copy or
+  // the rank is its DP group's only one; else empty.
   std::vector<TrainerRuns> trainer_runs_;
   // Host memory for the conversions of copies through the IPC layer (bf16
   // / fp16 trainers) and for master copies not in bucket order: sized at

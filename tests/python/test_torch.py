@@ -444,6 +444,26 @@ def test_bad_use_raises_clear_errors(daemon):
     opt.close()  # idempotent
 
 
+def test_a_failure_after_register_deregisters(daemon, monkeypatch):
+    # Anything failing after Register (here the doorbell's attach) must not
+    # leave the rank registered: it would keep its state and its mapping of
+    # the buffer, and hold the job id.
+    os.environ["CANZONA_TARGET"] = daemon
+
+    def refuse(*args, **kwargs):
+        raise canzona.CanzonaError("attach refused", "UNAVAILABLE")
+
+    monkeypatch.setattr(canzona.Client, "attach_step_doorbell", refuse)
+    monkeypatch.setattr(canzona.Client, "step_doorbell_supported",
+                        lambda self: True)
+    job = "after-register-" + uuid.uuid4().hex[:8]
+    model = train_torch.build_model(0)
+    with pytest.raises(canzona.CanzonaError, match="attach refused"):
+        ct.Muon(model.named_parameters(), job_id=job)
+    status = canzona.Client(daemon).status()
+    assert not any(j["job_id"] == job for j in status["jobs"])
+
+
 def _fused_and_separate(seed):
     """One attention + MLP's weights (8 heads in 4 query groups of 8 over
     hidden 64; ffn 48) as separate q, k, v, gate, up and as Megatron's fused

@@ -307,6 +307,7 @@ class Optimizer(torch.optim.Optimizer):
                                      connect_timeout=connect_timeout,
                                      step_timeout=step_timeout, tls_ca=tls_ca)
         self._params_written = []
+        registered = False
         try:
             self._event = None
             if self.device.type == "cuda":
@@ -355,6 +356,12 @@ class Optimizer(torch.optim.Optimizer):
                     "dtype": _DTYPE_NAMES[self.dtype],
                     "blocks": blocks.get(name)})
 
+            if self._event is not None:
+                # The moved-from parameters' storage would stay reserved in
+                # this process's caching allocator, where the daemon on the
+                # same GPU (another process, allocating its master weights
+                # and state at Register) cannot use it.
+                torch.cuda.empty_cache()
             param_groups = []
             for gname, (kind, spec) in self._groups.items():
                 if by_group[gname]:
@@ -373,32 +380,45 @@ class Optimizer(torch.optim.Optimizer):
                 grad_reduce_dtype=("float32" if grad_reduce_dtype is not None
                                    else None),
                 params_events=params_events and self._event is not None)
+            registered = True
             # The daemon's "parameters written" events, per bucket (granted
-            # with --comm nccl): its answers then come before its GPU writes
-            # end, and the current stream waits for these instead.
+            # with --comm nccl, for every bucket or none): its answers then
+            # come before its GPU writes end, and the current stream waits
+            # for these instead.
             handles = self.registered.get("params_event_handles", [])
+            if any(handles) and not all(handles):
+                raise CanzonaError(
+                    "register: the daemon granted parameters-written events "
+                    "for %d of %d buckets (all or none)"
+                    % (sum(1 for h in handles if h), len(handles)),
+                    "INTERNAL")
             if self._event is not None and handles and all(handles):
-                try:
-                    self._params_written = [
-                        canzona.CudaEvent.opened(self._event.device, h)
-                        for h in handles]
-                except BaseException:
-                    # The daemon would answer before its writes end.
-                    self.client.deregister(self.job_id, self.rank)
-                    raise
+                self._params_written = [
+                    canzona.CudaEvent.opened(self._event.device, h)
+                    for h in handles]
             if step_doorbell and self.client.step_doorbell_supported():
                 self.client.attach_step_doorbell(self.job_id, self.rank)
+            self.steps = 0
+            self.last_step = None
+            self._closed = False
+            self._module = module
+            self._sync = True
+            self._hooks = []
+            self._grad_flat = flat[half:]
+            if module is not None:
+                self._hook_module(module)
         except BaseException:
+            # A registered rank would keep its state, its mapping of our
+            # buffer and, with the events, answer before its writes end.
+            if registered:
+                for handle in getattr(self, "_hooks", []):
+                    handle.remove()
+                try:
+                    self.client.deregister(self.job_id, self.rank)
+                except Exception:  # noqa: BLE001  the first error matters
+                    pass
             self.client.close()  # ends a canzona-bridge child now
             raise
-        self.steps = 0
-        self.last_step = None
-        self._closed = False
-        self._module = module
-        self._sync = True
-        self._hooks = []
-        if module is not None:
-            self._hook_module(module)
 
     # -- overlap ------------------------------------------------------------
 
@@ -482,7 +502,10 @@ class Optimizer(torch.optim.Optimizer):
             self._sync = previous
 
     def synchronize(self):
-        """Blocks until the last step's parameters are all in place."""
+        """With ``module=``: waits for the last step's parameters, all
+        buckets. With the daemon's events (GPU, ``--comm nccl``) the host
+        waits only for the answer and the current stream for the writes;
+        otherwise the parameters are in place when it returns."""
         if self._module is not None and self._unsynced:
             self.client.wait_params(self.job_id, self.rank, self.steps, -1)
             self._await_params()
@@ -520,10 +543,12 @@ class Optimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None, max_grad_norm=0.0):
-        """One optimizer step on every rank (blocks until this rank's
-        parameters hold the update). max_grad_norm > 0 clips this step at
-        that norm instead of the constructor's (every rank passes the
-        same)."""
+        """One optimizer step on every rank. Without ``module=`` this rank's
+        parameters hold the update when it returns; with the daemon's
+        events (GPU, ``--comm nccl``), for the current stream's later work:
+        the host does not wait for the GPU. max_grad_norm > 0 clips this
+        step at that norm instead of the constructor's (every rank passes
+        the same)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -555,11 +580,17 @@ class Optimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none=False):
         """Zeroes the shared gradient buffers in place (``set_to_none`` is
-        accepted for compatibility and ignored: the buffers must stay)."""
+        accepted for compatibility and ignored: the buffers must stay).
+        Safe right after a step that answered before its GPU writes: the
+        daemon has read every gradient by then (its one wait, for the
+        sums, comes after the reductions); only parameters are written
+        after the answer."""
         del set_to_none
-        self._restore_grads()
-        for _, view in self._grads:
-            view.zero_()
+        for param, view in self._grads:
+            if param.grad is None or param.grad.data_ptr() != view.data_ptr():
+                param.grad = view
+        # The gradients are one contiguous half of the buffer: one fill.
+        self._grad_flat.zero_()
 
     def plan(self):
         """The job's plan (planner JSON, parsed) and its digest."""
@@ -638,14 +669,15 @@ class Optimizer(torch.optim.Optimizer):
                 if self._params_written:
                     try:
                         self.synchronize()
-                    except CanzonaError:
-                        pass
-                    deadline = time.monotonic() + 10.0
-                    for event in self._params_written:
-                        while (not event.query()
-                               and time.monotonic() < deadline):
-                            time.sleep(0.001)
-                    self._params_written = []
+                        deadline = time.monotonic() + 10.0
+                        for event in self._params_written:
+                            while (not event.query()
+                                   and time.monotonic() < deadline):
+                                time.sleep(0.001)
+                    except Exception:  # noqa: BLE001  a CUDA or daemon
+                        pass           # error must not keep the rank
+                    finally:
+                        self._params_written = []
                 self.client.deregister(self.job_id, self.rank)
             finally:
                 self.client.close()
