@@ -51,10 +51,11 @@ absl::Status AllocateOwned(const JobPlan& jp, const RankLayout& layout,
     }
   }
   // A 16-bit reduce-scatter's output (my slice), widened into the owned
-  // gradients.
+  // gradients (a DP group of one reduces nothing).
   int64_t reduced = 0;
   for (const BucketLayout& b : layout.buckets) {
-    if (layout.sliced && b.reduce_dtype != DType::kFloat32) {
+    if (layout.sliced && layout.shard_size > 1 &&
+        b.reduce_dtype != DType::kFloat32) {
       reduced = std::max(reduced, b.counts[layout.shard_pos]);
     }
   }

@@ -71,12 +71,15 @@ absl::Status LayoutBuckets(const JobPlan& jp, const JobSettings& settings,
 }
 
 // My largest slice, the layerwise gather's slices, and the largest padded
-// collective of the DP communicator (NCCL's scratch, sized at creation).
+// collective of the DP communicator (NCCL's scratch, sized at creation;
+// none for a group of one, which runs no collective: the largest bucket's
+// size in device memory otherwise, 1.6 GB at Qwen3-0.6B).
 void SizeDpBuffers(const JobPlan& jp, RankLayout& out) {
   const int S = out.shard_size, d = out.shard_pos;
   for (const BucketLayout& b : out.buckets) {
     const std::vector<int64_t>& counts = out.sliced ? b.counts : b.even_counts;
     out.max_slice = std::max(out.max_slice, counts[d]);
+    if (S == 1) continue;
     for (int64_t c : counts) out.dp_scratch = std::max(out.dp_scratch, S * c);
   }
   if (jp.plan.strategy == plan::Strategy::kLayerwise && S > 1) {

@@ -119,7 +119,7 @@ absl::Status RankBuilder::CreateBucketCollectives(
   const RankLayout& layout = rt.layout_;
   Backend& staging = rt.staging();
   BucketCollectives::Parts parts;
-  if (!layout.sliced) {
+  if (!layout.sliced && layout.shard_size > 1) {
     CANZONA_ASSIGN_OR_RETURN(parts.part, staging.Allocate(layout.max_slice));
   }
   if (cal->enabled()) {

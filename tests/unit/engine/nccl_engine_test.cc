@@ -624,6 +624,41 @@ TEST(NcclEngineTest, OneRankIpcBucketsMoveInOneCopyEachWay) {
   }
 }
 
+// A DP group of one runs no DP collective, so it reserves none of their
+// memory: no NCCL scratch for the largest padded collective (the largest
+// bucket: 1.6 GB at Qwen3-0.6B, 3.1 GB at Qwen3-8B) and no 16-bit
+// reduce-scatter output for a bf16 trainer. Its buffers then weigh no
+// more than an fp32 trainer's (the same buckets, the same owned fp32
+// gradients).
+TEST(NcclEngineTest, OneRankReservesNoCollectiveMemory) {
+  SetCpuBlasThreads(1);
+  int64_t buffer_bytes[2] = {0, 0};
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    FakeCudaIpc ipc;
+    FakeNcclApi nccl(DataMode());
+    Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
+    JobConfig config =
+        MakeJobConfig("nccl-one-rank-memory", 1, 1, "cost", MegatronModel());
+    config.dtype = dtype;
+    config.cuda_ipc = true;
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    int64_t reserved = 0;
+    for (const FakeNcclCall& c : nccl.calls_named("cudaMalloc")) {
+      reserved += c.count;
+    }
+    // The communicators' barrier floats only.
+    EXPECT_LE(reserved, 64);
+    buffer_bytes[dtype == DType::kBFloat16] =
+        run.registered[0].buffer_bytes();
+    ASSERT_OK(run.RunSteps(cluster, 1, 2));
+    ASSERT_OK(run.Deregister(cluster));
+  }
+  EXPECT_LE(buffer_bytes[1], buffer_bytes[0]);
+}
+
 // With and without the trainer's "parameters written" event (recorded,
 // rather than waited for, after the gathers: DP2 x TP2, sync and
 // overlapped steps).
