@@ -100,6 +100,9 @@ absl::Status RankBuilder::BatchUpdates(const RankSetup& setup,
   rt.dp_owned_batches_ =
       BatchDpOwnedUpdates(*rt.plan_, rt.layout_, rt.rules_, *values,
                           {.enabled = setup.batch_updates});
+  for (const UpdateBatch& b : rt.dp_owned_batches_) {
+    CANZONA_RETURN_IF_ERROR(ReserveMuonBatch(b.rules));
+  }
   // The old values of the batches that count their updates from a copy,
   // where the updates run (in staging, or OwnedDeviceCopy's).
   int64_t largest = 0;

@@ -246,6 +246,48 @@ int64_t UpdateRule::state_bytes() const {
   return bytes;
 }
 
+// The batch's leader (rules[0]'s Muon rule) when every rule may step
+// with it; INVALID_ARGUMENT naming the first that may not.
+absl::StatusOr<MuonRule*> CheckMuonBatch(
+    absl::Span<UpdateRule* const> rules) {
+  if (rules.empty()) {
+    return absl::InvalidArgumentError("Muon batch: no rules");
+  }
+  const UpdateRule& first = *rules[0];
+  for (size_t i = 0; i < rules.size(); ++i) {
+    const UpdateRule& rule = *rules[i];
+    if (rule.impl_ == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Muon batch: rule ", i,
+                       " is blocked (it batches its own blocks)"));
+    }
+    if (rule.config_.kind != OptimizerKind::kMuon) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Muon batch: rule ", i, " is ",
+                       OptimizerKindName(rule.config_.kind), ", not muon"));
+    }
+    if (!(rule.config_.muon == first.config_.muon) ||
+        rule.shape_ != first.shape_ || rule.backend_ != first.backend_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Muon batch: rule ", i,
+                       " differs from rule 0 in config, shape or backend"));
+    }
+  }
+  return static_cast<MuonRule*>(first.impl_.get());
+}
+
+absl::Status ReserveMuonBatch(absl::Span<UpdateRule* const> rules) {
+  if (rules.size() < 2) return absl::OkStatus();
+  CANZONA_ASSIGN_OR_RETURN(MuonRule * leader,
+                           CheckMuonBatch(rules));
+  const int64_t rows = rules[0]->shape()[0];
+  const int64_t cols = rules[0]->shape()[1];
+  const int64_t batch = static_cast<int64_t>(rules.size());
+  CANZONA_RETURN_IF_ERROR(leader->BatchScratch(batch * rows * cols).status());
+  return rules[0]->backend()->ReserveNewtonSchulz(leader->spec(), batch, rows,
+                                                  cols);
+}
+
 absl::Status StepMuonBatch(absl::Span<UpdateRule* const> rules,
                            absl::Span<float* const> params,
                            absl::Span<const float* const> grads,
@@ -256,32 +298,14 @@ absl::Status StepMuonBatch(absl::Span<UpdateRule* const> rules,
                      " params, ", grads.size(), " grads"));
   }
   if (rules.empty()) return absl::OkStatus();
+  CANZONA_ASSIGN_OR_RETURN(MuonRule * leader,
+                           CheckMuonBatch(rules));
   const UpdateRule& first = *rules[0];
-  for (size_t i = 0; i < rules.size(); ++i) {
-    const UpdateRule& rule = *rules[i];
-    if (rule.impl_ == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("StepMuonBatch: rule ", i,
-                       " is blocked (it batches its own blocks)"));
-    }
-    if (rule.config_.kind != OptimizerKind::kMuon) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("StepMuonBatch: rule ", i, " is ",
-                       OptimizerKindName(rule.config_.kind), ", not muon"));
-    }
-    if (!(rule.config_.muon == first.config_.muon) ||
-        rule.shape_ != first.shape_ || rule.backend_ != first.backend_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("StepMuonBatch: rule ", i,
-                       " differs from rule 0 in config, shape or backend"));
-    }
-  }
   CANZONA_ASSIGN_OR_RETURN(double lr, EffectiveLr(first.config_, options));
   const int64_t rows = first.shape_[0];
   const int64_t cols = first.shape_[1];
   const int64_t numel = rows * cols;
   const int64_t batch = static_cast<int64_t>(rules.size());
-  auto* leader = static_cast<MuonRule*>(first.impl_.get());
   CANZONA_ASSIGN_OR_RETURN(float* work, leader->BatchScratch(batch * numel));
   for (int64_t i = 0; i < batch; ++i) {
     auto* muon = static_cast<MuonRule*>(rules[i]->impl_.get());

@@ -84,6 +84,7 @@ absl::StatusOr<NewtonSchulzSpec> NewtonSchulzSpecFor(const MuonOptions& options,
 
 class SharedScratch;
 namespace optim_internal {
+class MuonRule;
 class RuleImpl;
 }  // namespace optim_internal
 
@@ -152,6 +153,8 @@ class UpdateRule {
                                     absl::Span<float* const> params,
                                     absl::Span<const float* const> grads,
                                     const StepOptions& options);
+  friend absl::StatusOr<optim_internal::MuonRule*> CheckMuonBatch(
+      absl::Span<UpdateRule* const> rules);
 
   UpdateRule(const OptimizerConfig& config, std::vector<int64_t> shape,
              Backend* backend, std::unique_ptr<optim_internal::RuleImpl> impl);
@@ -206,6 +209,13 @@ absl::Status StepMuonBatch(absl::Span<UpdateRule* const> rules,
                            absl::Span<float* const> params,
                            absl::Span<const float* const> grads,
                            const StepOptions& options = {});
+
+// What StepMuonBatch needs for `rules` (checked as it checks them), made
+// now rather than in the first step: the batch's Newton-Schulz workspace
+// (each rule reserves one matrix's) and its scratch for the momentum
+// outputs. Otherwise the first step allocates both, beyond what setup
+// reported, and on cuda the workspace's growth drops the captured graphs.
+absl::Status ReserveMuonBatch(absl::Span<UpdateRule* const> rules);
 
 }  // namespace canzona
 
