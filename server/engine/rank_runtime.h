@@ -185,7 +185,7 @@ class RankRuntime {
   int64_t state_bytes_ = 0;
   // cuda compute with host (Gloo) staging: each TP-owned or redundant
   // update copies its whole parameter and gradient through these device
-  // buffers, sized for the largest rule.
+  // buffers, sized for the largest such matrix (RankLayout::max_whole).
   DeviceBuffer device_param_, device_grad_;
 
   // ZeRO-1 (owned_buffers.h), in staging memory: the fp32 gradients of

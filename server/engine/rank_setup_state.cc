@@ -34,10 +34,13 @@ absl::Status RankBuilder::AllocateOwned(const RankSetup& setup,
   CANZONA_ASSIGN_OR_RETURN(rt.whole_grad_, staging.Allocate(layout.max_whole));
   CANZONA_ASSIGN_OR_RETURN(rt.whole_param_, staging.Allocate(layout.max_whole));
   if (!rt.backends_.updates_in_place()) {
+    // RankRuntime::Update's device copies of a whole TP-owned or redundant
+    // matrix (the DP-owned ones run on OwnedDeviceCopy): the largest of
+    // those, not of every state (an embedding: 1.24 GB at Qwen3-0.6B).
     CANZONA_ASSIGN_OR_RETURN(rt.device_param_,
-                             rt.compute().Allocate(layout.max_state));
+                             rt.compute().Allocate(layout.max_whole));
     CANZONA_ASSIGN_OR_RETURN(rt.device_grad_,
-                             rt.compute().Allocate(layout.max_state));
+                             rt.compute().Allocate(layout.max_whole));
   }
   return absl::OkStatus();
 }
