@@ -81,7 +81,7 @@ BucketCollectives::BucketCollectives(Staging staging, Parts parts)
     }
     slot_bytes_ = std::max(slot_bytes_, need);
   }
-  scratch_.resize(static_cast<size_t>(scratch));
+  scratch_bytes_ = scratch;
 }
 
 BucketCollectives::TrainerRuns BucketCollectives::TrainerRunsOf(
@@ -127,12 +127,13 @@ BucketCollectives::TrainerRuns BucketCollectives::TrainerRunsOf(
 }
 
 absl::StatusOr<char*> BucketCollectives::Scratch(int64_t bytes) {
-  if (bytes > static_cast<int64_t>(scratch_.size())) {
+  const absl::Span<char> scratch = this->scratch();
+  if (bytes > static_cast<int64_t>(scratch.size())) {
     return absl::InternalError(
         absl::StrCat(staging_.who, ": a copy through the host needs ", bytes,
-                     " bytes of scratch, setup sized it to ", scratch_.size()));
+                     " bytes of scratch, setup sized it to ", scratch.size()));
   }
-  return scratch_.data();
+  return scratch.data();
 }
 
 int64_t BucketCollectives::buffer_bytes() const {
@@ -141,8 +142,7 @@ int64_t BucketCollectives::buffer_bytes() const {
        {&parts_.part, &parts_.packed, &parts_.gathered, &parts_.sums}) {
     floats += b->size();
   }
-  return floats * static_cast<int64_t>(sizeof(float)) +
-         static_cast<int64_t>(scratch_.size());
+  return floats * static_cast<int64_t>(sizeof(float));
 }
 
 void BucketCollectives::MastersSet(bool set) {

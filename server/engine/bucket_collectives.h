@@ -22,8 +22,8 @@
 // gradients into the slot or the owned gradients, the master copies read,
 // the parameters written back), else one per parameter.
 // It owns the DP and cross-group communicators, the DP copier (whose stream
-// they run on), the DP scratch buffers, the host scratch of conversions
-// through the IPC layer and the uneven calibration.
+// they run on), the DP scratch buffers and the uneven calibration; the
+// host scratch of conversions through the IPC layer is OwnedBuffers'.
 //
 //   DpLane lane(buckets,
 //       [c](int64_t, int b) { return c->Reduce(b); },
@@ -104,8 +104,11 @@ class BucketCollectives {
   // works on trainer memory in place); the owner allocates OwnedBuffers'
   // slot of this size before the first Reduce.
   int64_t slot_bytes() const { return slot_bytes_; }
-  // The bytes of its own parts (part, packed, gathered, sums) and of its
-  // host scratch.
+  // The bytes of host scratch copies through the IPC layer need (0: none
+  // converts there); the owner allocates OwnedBuffers' scratch of this
+  // size before the first Reduce.
+  int64_t scratch_bytes() const { return scratch_bytes_; }
+  // The bytes of its own parts (part, packed, gathered, sums).
   int64_t buffer_bytes() const;
 
   Communicator& dp() { return *parts_.dp; }
@@ -169,7 +172,10 @@ class BucketCollectives {
   const TrainerRuns* trainer_runs(int b) const {
     return trainer_runs_.empty() ? nullptr : &trainer_runs_[b];
   }
-  absl::Span<char> scratch() { return absl::MakeSpan(scratch_); }
+  absl::Span<char> scratch() const {
+    return absl::MakeSpan(staging_.owned->scratch,
+                          static_cast<size_t>(staging_.owned->scratch_bytes));
+  }
   // The bucket's gradients into the slot in its reduce dtype (or the
   // trainer's own buffer when it holds them in place).
   absl::StatusOr<const void*> GradSource(int b);
@@ -199,10 +205,9 @@ class BucketCollectives {
   // the rank is its DP group's only one; else empty.
   std::vector<TrainerRuns> trainer_runs_;
   // Host memory for the conversions of copies through the IPC layer (bf16
-  // / fp16 trainers) and for master copies not in bucket order: sized at
-  // construction to the largest copy, reused by every copy on the DP lane
-  // thread. Empty when nothing goes through it.
-  std::vector<char> scratch_;
+  // / fp16 trainers) and for master copies not in bucket order: the
+  // largest such copy, reused by every copy on the DP lane thread.
+  int64_t scratch_bytes_ = 0;
   int64_t slot_bytes_ = 0;
   absl::Mutex master_mu_;
   // Per bucket: its master weights are staged (see MastersSet).

@@ -65,4 +65,18 @@ absl::Status AllocateOwned(const JobPlan& jp, const RankLayout& layout,
   return absl::OkStatus();
 }
 
+absl::Status AllocateBucketStaging(int64_t slot_bytes, int64_t scratch_bytes,
+                                   Backend& staging, OwnedMemory* memory,
+                                   OwnedBuffers* view) {
+  constexpr int64_t kFloat = sizeof(float);
+  CANZONA_ASSIGN_OR_RETURN(memory->slot,
+                           staging.Allocate((slot_bytes + kFloat - 1) / kFloat));
+  CANZONA_ASSIGN_OR_RETURN(
+      memory->scratch, staging.Allocate((scratch_bytes + kFloat - 1) / kFloat));
+  view->slot = memory->slot.data();
+  view->scratch = reinterpret_cast<char*>(memory->scratch.data());
+  view->scratch_bytes = scratch_bytes;
+  return absl::OkStatus();
+}
+
 }  // namespace canzona

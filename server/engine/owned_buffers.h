@@ -16,7 +16,9 @@
 //    memory cannot take in place (parameters not laid out in bucket order,
 //    dtypes to convert, memory the data plane cannot address), and for the
 //    unsliced baselines' all-reduce; reduced: a 16-bit reduce-scatter's
-//    output before it is widened.
+//    output before it is widened; scratch: host staging for conversions
+//    of copies through the IPC layer (a GPU trainer under host staging),
+//    page-locked with the rest so those copies are DMA.
 //
 //   float* g = owned.grad_at[i];
 //   if (owned.master[i]) ... the trainer's value must be read / written
@@ -49,11 +51,13 @@ struct OwnedBuffers {
   std::vector<char> master;  // param_at is a master copy, not the trainer's
   void* slot = nullptr;
   void* reduced = nullptr;
+  char* scratch = nullptr;
+  int64_t scratch_bytes = 0;
 };
 
 // The memory behind an OwnedBuffers view (staging memory).
 struct OwnedMemory {
-  DeviceBuffer grads, masters, reduced, slot;
+  DeviceBuffer grads, masters, reduced, slot, scratch;
 };
 
 // Allocates the owned gradients, the master copies and the 16-bit
@@ -65,6 +69,13 @@ absl::Status AllocateOwned(const JobPlan& jp, const RankLayout& layout,
                            const TrainerBuffers& trainer, bool device_staging,
                            Backend& staging, OwnedMemory* memory,
                            OwnedBuffers* view);
+
+// Allocates the slot and the scratch, in bytes as the buckets' collectives
+// ask (BucketCollectives::slot_bytes, scratch_bytes), on `staging` and
+// points `view` at them.
+absl::Status AllocateBucketStaging(int64_t slot_bytes, int64_t scratch_bytes,
+                                   Backend& staging, OwnedMemory* memory,
+                                   OwnedBuffers* view);
 
 }  // namespace canzona
 

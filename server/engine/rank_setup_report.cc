@@ -53,7 +53,8 @@ void RankBuilder::AccountMemory(const RankSetup& setup, RankRuntime& rt) {
   rt.master_bytes_ = Bytes(owned.masters);
   int64_t buffers = 0;
   for (const DeviceBuffer* b : std::initializer_list<const DeviceBuffer*>{
-           &owned.grads, &owned.slot, &owned.reduced, &rt.before_,
+           &owned.grads, &owned.slot, &owned.reduced, &owned.scratch,
+           &rt.before_,
            &rt.redundant_send_, &rt.redundant_recv_, &rt.whole_grad_,
            &rt.whole_param_, &rt.scalars_, &rt.device_param_,
            &rt.device_grad_}) {

@@ -166,13 +166,11 @@ absl::Status RankBuilder::CreateBucketCollectives(
   view.who = RankString(setup.coords);
   rt.buckets_ =
       std::make_unique<BucketCollectives>(std::move(view), std::move(parts));
-  // The slot: only for buckets the trainer's memory cannot take in place.
-  const int64_t slot = rt.buckets_->slot_bytes();
-  CANZONA_ASSIGN_OR_RETURN(
-      rt.owned_memory_.slot,
-      staging.Allocate((slot + sizeof(float) - 1) / sizeof(float)));
-  rt.owned_.slot = rt.owned_memory_.slot.data();
-  return absl::OkStatus();
+  // The slot: only for buckets the trainer's memory cannot take in place;
+  // the scratch in staging, so that PinStaging page-locks it with the rest.
+  return AllocateBucketStaging(rt.buckets_->slot_bytes(),
+                               rt.buckets_->scratch_bytes(), staging,
+                               &rt.owned_memory_, &rt.owned_);
 }
 
 // The TP micro-group pipeline with one set of buffers per group.
@@ -242,7 +240,7 @@ void RankBuilder::PinStaging(const RankSetup& setup, RankRuntime& rt) {
   std::vector<TrainerBuffers::MemoryRange> ranges;
   const OwnedMemory& owned = rt.owned_memory_;
   std::vector<const DeviceBuffer*> buffers = {&owned.grads, &owned.masters,
-                                              &owned.slot};
+                                              &owned.slot, &owned.scratch};
   if (!rt.backends_.updates_in_place()) {
     // The TP owner's and the redundant updates' whole matrices go to the
     // GPU and back each step (RankRuntime::Update).

@@ -797,6 +797,16 @@ int64_t FakeNcclApi::host_registered() const {
   return static_cast<int64_t>(host_registered_.size());
 }
 
+bool FakeNcclApi::HostRegistered(const void* ptr, int64_t bytes) const {
+  absl::MutexLock lock(&mu_);
+  const char* p = static_cast<const char*>(ptr);
+  auto it = host_registered_.upper_bound(const_cast<char*>(p));
+  if (it == host_registered_.begin()) return false;
+  --it;
+  const char* begin = static_cast<const char*>(it->first);
+  return p >= begin && p + bytes <= begin + it->second;
+}
+
 void FakeNcclApi::PushLocked(NcclStream stream, std::unique_ptr<Entry> entry) {
   StreamState& s = streams_[stream];
   s.queue.push_back(std::move(entry));

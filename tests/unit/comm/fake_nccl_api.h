@@ -204,6 +204,8 @@ class FakeNcclApi : public NcclApi {
   absl::Status HostUnregister(void* ptr) override;
   // Host ranges registered now.
   int64_t host_registered() const;
+  // Whether [ptr, ptr + bytes) lies inside one range registered now.
+  bool HostRegistered(const void* ptr, int64_t bytes) const;
 
  private:
   enum class Kind {

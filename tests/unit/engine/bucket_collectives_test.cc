@@ -106,10 +106,9 @@ class BucketCollectivesTest : public ::testing::TestWithParam<Case> {
       staging.who = absl::StrCat("dp ", d);
       r.collectives = std::make_unique<BucketCollectives>(std::move(staging),
                                                           std::move(parts));
-      ASSERT_OK_AND_ASSIGN(
-          r.memory.slot,
-          r.backend->Allocate((r.collectives->slot_bytes() + 3) / 4));
-      r.owned.slot = r.memory.slot.data();
+      ASSERT_OK(AllocateBucketStaging(r.collectives->slot_bytes(),
+                                      r.collectives->scratch_bytes(),
+                                      *r.backend, &r.memory, &r.owned));
     }
   }
 

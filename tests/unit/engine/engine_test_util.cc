@@ -875,6 +875,7 @@ void FakeCudaIpc::CloseEvent(void*, int) { --events_open; }
 absl::Status FakeCudaIpc::CopyToHost(int, const void* src, size_t bytes,
                                      void* dst) {
   std::memcpy(dst, src, bytes);
+  if (pinned && !pinned(dst, bytes)) ++pageable_copies;
   copied_bytes += static_cast<int64_t>(bytes);
   ++to_host;
   to_host_bytes += static_cast<int64_t>(bytes);
@@ -884,6 +885,7 @@ absl::Status FakeCudaIpc::CopyToHost(int, const void* src, size_t bytes,
 absl::Status FakeCudaIpc::CopyFromHost(int, const void* src, size_t bytes,
                                        void* dst) {
   std::memcpy(dst, src, bytes);
+  if (pinned && !pinned(src, bytes)) ++pageable_copies;
   copied_bytes += static_cast<int64_t>(bytes);
   ++from_host;
   from_host_bytes += static_cast<int64_t>(bytes);

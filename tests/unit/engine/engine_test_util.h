@@ -183,6 +183,10 @@ class FakeCudaIpc final : public CudaIpcOpener {
   // "device" memory, and their bytes.
   std::atomic<int64_t> to_host{0}, to_host_bytes{0};
   std::atomic<int64_t> from_host{0}, from_host_bytes{0};
+  // Set: whether a copy's host side is page-locked; copies whose host side
+  // is not are counted (a GPU stages them through a bounce buffer).
+  std::function<bool(const void*, size_t)> pinned;
+  std::atomic<int64_t> pageable_copies{0};
 };
 
 // A unique job id (pid + counter): shm names never collide across tests.
