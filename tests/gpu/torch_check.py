@@ -194,21 +194,22 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
                        "eps": MUON["eps"], "ns_precision": variant},
         target=args.target,
         job_id="torch-check-%s-%d-%d" % (variant, os.getpid(), seed % 10000))
-    mirror_params = dict(mirror.named_parameters())
-    params = dict(model.named_parameters())
-    torch_muon = muon_cls(
-        [mirror_params[n] for n in names if groups[n] == "muon"])
-    torch_adamw = torch.optim.AdamW(
-        [mirror_params[n] for n in names if groups[n] == "adamw"])
-    tol = TOLERANCES[variant]
-    worst = {"muon": (0.0, ""), "adamw": (0.0, "")}
-    losses, ours_ms, torch_ms = [], [], []
-    generator = torch.Generator(device="cpu")
-    generator.manual_seed(seed)
-    # One batch, every step: the loss must visibly fall in a few steps.
-    tokens = torch.randint(0, vocab, (8, seq + 1),
-                           generator=generator).to(device)
+    # Registered from here on: whatever fails below, close() deregisters.
     try:
+        mirror_params = dict(mirror.named_parameters())
+        params = dict(model.named_parameters())
+        torch_muon = muon_cls(
+            [mirror_params[n] for n in names if groups[n] == "muon"])
+        torch_adamw = torch.optim.AdamW(
+            [mirror_params[n] for n in names if groups[n] == "adamw"])
+        tol = TOLERANCES[variant]
+        worst = {"muon": (0.0, ""), "adamw": (0.0, "")}
+        losses, ours_ms, torch_ms = [], [], []
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(seed)
+        # One batch, every step: the loss must visibly fall in a few steps.
+        tokens = torch.randint(0, vocab, (8, seq + 1),
+                               generator=generator).to(device)
         for step in range(1, args.steps + 1):
             with torch.no_grad():
                 for n in names:

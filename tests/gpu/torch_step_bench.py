@@ -43,16 +43,23 @@ iteration. Ratios are torch's time over canzona's (> 1: canzona faster).
 Memory: the torch side runs first, then everything of it is freed (del,
 gc, torch.cuda.empty_cache) before canzona's side; a side that runs out of
 memory (torch.cuda.OutOfMemoryError, RESOURCE_EXHAUSTED from the daemon)
-marks its row skipped with the reason. Sizes run small to large; a row
-that would start after --budget seconds is skipped. The JSON is rewritten
+marks its row skipped with the reason, as does a row whose canzona side
+would not fit by estimate (checked before either side runs). Sizes run
+small to large, dtypes in --dtypes order (the bundle: bf16 first, the one
+that fits at 8B). Time: the deadline is --budget seconds from the start,
+or the runner's limit less a margin ($CANZONA_CHECK_LIMIT_S, which the
+bundle's runner sets), whichever comes first; a row that would not end by
+it (the last row's time scaled by the parameters) is skipped, and one cut
+by SIGTERM is recorded as skipped, not as a failure. The JSON is rewritten
 after every row, so a run killed by the runner's time limit keeps what it
 measured.
 
 Writes {status: passed|failed|skipped, reason, torch, device, reference,
 settings, rows: [{size, dtype, params, ..., canzona_step_ms,
 torch_step_ms, step_ratio, canzona_iteration_ms, torch_iteration_ms,
-iteration_ratio, shapes_overridden, status: measured|skipped|failed,
-reason}]} to --out;
+iteration_ratio, canzona_peak_gib and torch_peak_gib (this process's
+peak), canzona_daemon_gib (the daemon's state, masters and buffers),
+shapes_overridden, status: measured|skipped|failed, reason}]} to --out;
 exit status 1 if failed. Goals (tests/gpu/bundle/README.md) are judged by
 the bundle's report tool, not here.
 """
@@ -68,6 +75,9 @@ import tempfile
 import time
 import traceback
 
+# The runner's clock starts before torch's import (seconds with CUDA's
+# wheels): the time budget counts from here.
+T0 = time.monotonic()
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import torch_check  # noqa: E402  route, settings, start_daemon, Muon copy
@@ -238,11 +248,25 @@ class CanzonaSide:
                            "ns_precision": args.ns_precision},
             target=args.target,
             job_id="torch-step-bench-%s-%d" % (label, os.getpid()))
+        self.error = canzona_torch.CanzonaError
+        self.timeout = args.event_timeout
         self.stats = []
 
     def step(self):
         self.opt.step()
         self.opt.synchronize()
+        # The daemon's "parameters written" events: a daemon that died
+        # after answering leaves them pending, and the caller's
+        # torch.cuda.synchronize() would wait for good (past SIGTERM).
+        deadline = time.monotonic() + self.timeout
+        for event in getattr(self.opt, "_params_written", []):
+            while not event.query():
+                if time.monotonic() > deadline:
+                    raise self.error(
+                        "the daemon's parameters-written event did not "
+                        "complete in %g s (daemon lost?)" % self.timeout,
+                        "UNAVAILABLE")
+                time.sleep(0)
         # Where the daemon's step went: its phases and host round trips.
         self.stats.append(self.opt.last_step)
 
@@ -279,6 +303,10 @@ def time_side(torch, canzona_torch, example, config, args, side, dtype_name,
     model = optimizer = None
     try:
         model = build_model(torch, example, config, device, dtype)
+        if device.type == "cuda":
+            # The fp32 build's storage, dropped by the cast, would stay in
+            # this process's cache (the daemon could not use it).
+            torch.cuda.empty_cache()
         params = sum(p.numel() for p in model.parameters())
         if side == "torch":
             optimizer = TorchSide(torch, model, muon_cls)
@@ -316,6 +344,12 @@ def time_side(torch, canzona_torch, example, config, args, side, dtype_name,
                    "params": params}
         if side == "canzona":
             figures["daemon"] = optimizer.breakdown(args.steps)
+            # This process's peak leaves out the daemon's memory (another
+            # process): its state, master weights and buffers.
+            reg = optimizer.opt.registered
+            figures["daemon_gib"] = sum(
+                reg.get(k) or 0 for k in ("state_bytes", "master_bytes",
+                                          "buffer_bytes")) / 2**30
         return figures
     finally:
         if optimizer is not None:
@@ -335,6 +369,25 @@ def ratio(a, b):
     return a / b if a and b else None
 
 
+def deadline(args):
+    """When the last row must end: --budget from the start, or the
+    runner's limit less a margin for writing and cleaning up."""
+    limit = float(os.environ.get("CANZONA_CHECK_LIMIT_S", "inf")) - 20
+    return T0 + min(float(args.budget), limit)
+
+
+def canzona_side_bytes(row, dtype_name):
+    """A lower estimate of the canzona side's device memory: the
+    trainer's buffer (parameters and gradients) and the daemon's fp32
+    owned gradients, masters (bf16), Muon momentum and AdamW moments."""
+    params, matrices = row["params"], row["matrix_params"]
+    unit = 4 if dtype_name == "fp32" else 2
+    daemon = 4 * params + 4 * matrices + 8 * (params - matrices)
+    if dtype_name != "fp32":
+        daemon += 4 * params
+    return 2 * unit * params + daemon
+
+
 def run_row(torch, canzona_torch, example, args, size, dtype_name, muon_cls,
             started, state):
     device = torch.device(args.device)
@@ -343,7 +396,8 @@ def run_row(torch, canzona_torch, example, args, size, dtype_name, muon_cls,
            "canzona_step_ms": None, "torch_step_ms": None,
            "step_ratio": None, "canzona_iteration_ms": None,
            "torch_iteration_ms": None, "iteration_ratio": None,
-           "canzona_peak_gib": None, "torch_peak_gib": None}
+           "canzona_peak_gib": None, "torch_peak_gib": None,
+           "canzona_daemon_gib": None}
     shape = shape_of(size, args)
     config = make_config(example, shape, args)
     row["shape"] = shape
@@ -358,15 +412,26 @@ def run_row(torch, canzona_torch, example, args, size, dtype_name, muon_cls,
     row["matrix_params"] = matrices
     row["params"] = (matrices + 2 * shape["vocab"] * h + h +
                      shape["layers"] * (2 * h + 2 * d))
-    elapsed = time.monotonic() - started
+    now = time.monotonic()
     if state.get("daemon_lost"):
         row.update(status="failed", reason="not run: the daemon was lost "
                    "earlier (%s)" % state["daemon_lost"])
         return row
-    if elapsed >= args.budget:
-        row["reason"] = "time budget spent (%.0f s of %d s)" % (
-            elapsed, args.budget)
+    # The last row's time scaled by the parameters (the first row: free).
+    last = state.get("last")
+    estimate = last[1] * row["params"] / last[0] if last else 0.0
+    if now + estimate >= deadline(args):
+        row["reason"] = ("time: %.0f s left, the row needs ~%.0f s" % (
+            max(0.0, deadline(args) - now), estimate))
         return row
+    if device.type == "cuda":
+        total = torch.cuda.mem_get_info(device)[1]
+        need = canzona_side_bytes(row, dtype_name)
+        if need > 0.97 * total:
+            row["reason"] = ("out of memory by estimate: the canzona side "
+                             "needs >= %.1f GiB of the device's %.1f GiB" % (
+                                 need / 2**30, total / 2**30))
+            return row
     problems, skips = [], []
     for side in ("torch", "canzona"):
         failure = None
@@ -396,6 +461,8 @@ def run_row(torch, canzona_torch, example, args, size, dtype_name, muon_cls,
         row["params"] = figures["params"]
         if "daemon" in figures:
             row["canzona_daemon"] = figures["daemon"]
+            row["canzona_daemon_gib"] = figures["daemon_gib"]
+    state["last"] = (row["params"], time.monotonic() - now)
     row["step_ratio"] = ratio(row["torch_step_ms"], row["canzona_step_ms"])
     row["iteration_ratio"] = ratio(row["torch_iteration_ms"],
                                    row["canzona_iteration_ms"])
@@ -449,15 +516,25 @@ def run(args, result):
                                "algorithm + torch.optim.AdamW")
     else:
         result["reference"] = "torch.optim.Muon + torch.optim.AdamW"
-    started = time.monotonic()
-    state = {}  # daemon_lost: why, once a call found no daemon
+    started = T0
+    # daemon_lost: why, once a call found no daemon; last: (parameters,
+    # seconds) of the last row run.
+    state = {}
     sizes = [s for s in args.sizes.split(",") if s]
     dtypes = [d for d in args.dtypes.split(",") if d]
     total = len(sizes) * len(dtypes)
     for size in sizes:
         for dtype_name in dtypes:
-            row = run_row(torch, canzona_torch, example, args, size,
-                          dtype_name, muon_cls, started, state)
+            try:
+                row = run_row(torch, canzona_torch, example, args, size,
+                              dtype_name, muon_cls, started, state)
+            except Terminated as e:
+                # The runner's limit cut this row: what ran before stands.
+                result["rows"].append({
+                    "size": size, "dtype": dtype_name, "status": "skipped",
+                    "reason": "cut by the check's time limit (%s)" % e})
+                write(args, result)
+                raise
             result["rows"].append(row)
             result["reason"] = "stopped after %d of %d rows" % (
                 len(result["rows"]), total)
@@ -472,6 +549,12 @@ def run(args, result):
                       fmt(row["torch_iteration_ms"]),
                       fmt(row["iteration_ratio"]), row["reason"]),
                   flush=True)
+    conclude(result)
+
+
+def conclude(result):
+    """The run's status from its rows: failed if one failed, skipped if
+    none was measured, else passed; the reason lists what was not."""
     rows = result["rows"]
     failed = [r for r in rows if r["status"] == "failed"]
     skipped = [r for r in rows if r["status"] == "skipped"]
@@ -515,6 +598,9 @@ def main():
                         choices=("bf16", "fp32"),
                         help="the daemon's Newton-Schulz precision")
     parser.add_argument("--models-dir", help="where qwen3-*.json are")
+    parser.add_argument("--event-timeout", type=float, default=120,
+                        help="seconds to wait for the daemon's "
+                        "parameters-written events after a step")
     parser.add_argument("--budget", type=int, default=150,
                         help="seconds after which no further row starts")
     parser.add_argument("--allow-builtin-muon", action="store_true",
@@ -550,7 +636,10 @@ def main():
                 daemon, args.target = torch_check.start_daemon(
                     args, tmp, ["--comm", args.comm])
             run(args, result)
-        except BaseException as e:  # noqa: BLE001  Terminated included
+        except Terminated:
+            # The cut row is recorded as skipped: the measured rows stand.
+            conclude(result)
+        except BaseException as e:  # noqa: BLE001
             traceback.print_exc()
             reason = "%s: %s" % (type(e).__name__, e)
             if result["reason"]:  # "stopped after N of M rows"

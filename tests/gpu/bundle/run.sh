@@ -193,7 +193,7 @@ else
     "--backend cuda --comm nccl --step-timeout 120 --register-timeout 120" -- \
     env PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
     "$python" "$here/checks/torch_step_bench.py" --target "$(sock d0)" --device cuda \
-    --sizes 100m,0.6b,8b --dtypes fp32,bf16 --warmup 3 --steps 5 --budget 150 \
+    --sizes 100m,0.6b,8b --dtypes bf16,fp32 --warmup 3 --steps 5 --budget 150 \
     --models-dir "$models" --out "$report/data/torch-step-bench.json"
 fi
 # The same at ~100 M parameters on the Gloo plane with CUDA tensors (host
@@ -207,7 +207,7 @@ else
     "--backend cuda --comm gloo --step-timeout 120 --register-timeout 120" -- \
     env PYTHONPATH="$pypath${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
     "$python" "$here/checks/torch_step_bench.py" --target "$(sock d0)" --device cuda \
-    --comm gloo --sizes 100m --dtypes fp32,bf16 --warmup 3 --steps 5 --budget 90 \
+    --comm gloo --sizes 100m --dtypes bf16,fp32 --warmup 3 --steps 5 --budget 90 \
     --models-dir "$models" --out "$report/data/torch-step-bench-gloo.json"
 fi
 if [[ -n "$canzona_reason" ]]; then
