@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace canzona {
 
@@ -46,10 +47,14 @@ class CudaIpcOpener {
                                              int device) = 0;
   virtual void Close(const CudaIpcOpened& opened, int device) = 0;
   // An event handle opened for waiting; Wait blocks the host until the
-  // exporting process's last record of it completed.
+  // exporting process's last record of it completed, or DEADLINE_EXCEEDED
+  // at `deadline`: a trainer that died before its GPU reached the record
+  // leaves it pending for good, and the waiting thread (a rank's DP lane
+  // or worker) must still end for the rank to be removed.
   virtual absl::StatusOr<void*> OpenEvent(const std::string& handle,
                                           int device) = 0;
-  virtual absl::Status WaitEvent(void* event, int device) = 0;
+  virtual absl::Status WaitEvent(void* event, int device,
+                                 absl::Time deadline) = 0;
   virtual void CloseEvent(void* event, int device) = 0;
   // Synchronous copies between opened memory and host memory.
   virtual absl::Status CopyToHost(int device, const void* src, size_t bytes,

@@ -19,7 +19,7 @@ class NoOpener final : public CudaIpcOpener {
   absl::StatusOr<void*> OpenEvent(const std::string&, int) override {
     return NoCuda();
   }
-  absl::Status WaitEvent(void*, int) override { return NoCuda(); }
+  absl::Status WaitEvent(void*, int, absl::Time) override { return NoCuda(); }
   void CloseEvent(void*, int) override {}
   absl::Status CopyToHost(int, const void*, size_t, void*) override {
     return NoCuda();

@@ -151,6 +151,7 @@ void EngineImpl::Register(const v1::RegisterRequest& request,
   map_options.opener = cuda_ipc_;
   map_options.cuda_devices = [this] { return NodeCudaDevices(options_); };
   map_options.max_bytes = options_.max_bytes_per_job;
+  map_options.event_timeout = options_.step_timeout;
   absl::StatusOr<std::unique_ptr<TrainerBuffers>> buffers =
       TrainerBuffers::Map(request, spec->fragment_numel, map_options);
   if (!buffers.ok()) return rejected(buffers.status(), true);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "kernels/base/dtype.h"
 #include "kernels/base/status_macros.h"
 #include "server/engine/job_plan.h"
@@ -40,6 +41,7 @@ absl::StatusOr<std::unique_ptr<TrainerBuffers>> TrainerBuffers::Map(
     const v1::RegisterRequest& request,
     absl::Span<const int64_t> fragment_numel, const Options& options) {
   std::unique_ptr<TrainerBuffers> out(new TrainerBuffers());
+  out->event_timeout_ = options.event_timeout;
   std::string event_handle;
   for (int j = 0; j < request.parameters_size(); ++j) {
     const v1::Parameter& p = request.parameters(j);
@@ -197,7 +199,8 @@ absl::Status TrainerBuffers::WaitGradients(StagingCopier& copier,
   if (device_staging) {
     return copier.WaitEvent(static_cast<NcclEvent>(grad_event_));
   }
-  return opener_->WaitEvent(grad_event_, device_);
+  return opener_->WaitEvent(grad_event_, device_,
+                            absl::Now() + event_timeout_);
 }
 
 const void* TrainerBuffers::Run(absl::Span<const int> js, bool grads) const {

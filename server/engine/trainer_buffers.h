@@ -45,6 +45,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "canzona/v1/optimizer_service.pb.h"
 #include "kernels/base/dtype.h"
@@ -68,6 +69,9 @@ class TrainerBuffers {
     std::function<int()> cuda_devices;
     // RESOURCE_EXHAUSTED beyond this many mapped bytes.
     int64_t max_bytes = int64_t{1} << 40;
+    // How long a host wait for the trainer's gradients event may take (the
+    // step timeout) before it is DEADLINE_EXCEEDED.
+    absl::Duration event_timeout = absl::InfiniteDuration();
   };
 
   // Maps every parameter's param and grad buffer of `request` (validated:
@@ -167,6 +171,7 @@ class TrainerBuffers {
   int device_ = 0;
   CudaIpcOpener* opener_ = nullptr;
   void* grad_event_ = nullptr;  // the trainer's "gradients written" event
+  absl::Duration event_timeout_ = absl::InfiniteDuration();
   bool params_events_ = false;
 };
 

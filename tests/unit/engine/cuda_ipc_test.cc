@@ -302,6 +302,30 @@ TEST(CudaIpcEngineTest, TheTrainersGpuIsFoundByItsPciBusId) {
   ASSERT_OK(run.Deregister(cluster));
 }
 
+// A trainer that died before its GPU reached its "gradients written"
+// record leaves the event pending for good. The Gloo plane waits for it on
+// the host (the DP lane per bucket, the worker per step): the wait ends at
+// the step timeout with an error instead of holding those threads, and
+// with them the rank's removal, forever.
+TEST(CudaIpcEngineTest, APendingTrainerEventEndsTheStepAtTheTimeout) {
+  SetCpuBlasThreads(1);
+  FakeCudaIpc fake;
+  const absl::Duration timeout = absl::Seconds(2);
+  Cluster cluster(timeout, absl::Seconds(20), "cpu", &fake);
+  JobConfig config = IpcConfig("ipc-pending", 1, 1);
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  ASSERT_OK(run.RunSteps(cluster, 1, 1));
+  fake.events_complete = false;
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(run.RunSteps(cluster, 2, 2),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_LT(absl::Now() - start, 4 * timeout);
+  EXPECT_OK(run.Deregister(cluster));
+  EXPECT_LT(absl::Now() - start, 8 * timeout);
+}
+
 TEST(CudaIpcEngineTest, AGpuTheDaemonCannotSeeIsNamedByItsBusId) {
   FakeCudaIpc fake;
   fake.devices = 2;

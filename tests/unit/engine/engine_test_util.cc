@@ -865,8 +865,13 @@ absl::StatusOr<void*> FakeCudaIpc::OpenEvent(const std::string& handle, int) {
   return static_cast<void*>(this);
 }
 
-absl::Status FakeCudaIpc::WaitEvent(void*, int) {
+absl::Status FakeCudaIpc::WaitEvent(void*, int, absl::Time deadline) {
   ++event_waits;
+  if (!events_complete) {
+    // A trainer that died before its GPU reached the record.
+    absl::SleepFor(deadline - absl::Now());
+    return absl::DeadlineExceededError("fake: the event never completes");
+  }
   return absl::OkStatus();
 }
 

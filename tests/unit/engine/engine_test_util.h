@@ -163,7 +163,8 @@ class FakeCudaIpc final : public CudaIpcOpener {
   void Close(const CudaIpcOpened& opened, int device) override;
   absl::StatusOr<void*> OpenEvent(const std::string& handle,
                                   int device) override;
-  absl::Status WaitEvent(void* event, int device) override;
+  absl::Status WaitEvent(void* event, int device,
+                         absl::Time deadline) override;
   void CloseEvent(void* event, int device) override;
   absl::Status CopyToHost(int device, const void* src, size_t bytes,
                           void* dst) override;
@@ -177,6 +178,8 @@ class FakeCudaIpc final : public CudaIpcOpener {
   // How many GPUs this "daemon" sees (set before use).
   int devices = 1;
   std::atomic<int> opens{0}, closes{0}, events_open{0}, event_waits{0};
+  // False: host waits for an opened event last until their deadline.
+  std::atomic<bool> events_complete{true};
   std::atomic<int> last_open_device{-1};
   std::atomic<int64_t> copied_bytes{0};
   // The synchronous copies out of (to_host) and into (from_host) the
