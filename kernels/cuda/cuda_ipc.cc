@@ -90,9 +90,11 @@ class RealOpener final : public CudaIpcOpener {
     }
     return CudaIpcOpened{base, opened->size};
   }
+  // Failures here are left behind as the thread's last error, which the
+  // next kernel launch's check would report as its own: cleared.
   void Close(const CudaIpcOpened& opened, int device) override {
-    if (cudaSetDevice(device) != cudaSuccess) return;
-    if (cudaIpcCloseMemHandle(opened.base) != cudaSuccess) {
+    if (cudaSetDevice(device) != cudaSuccess ||
+        cudaIpcCloseMemHandle(opened.base) != cudaSuccess) {
       (void)cudaGetLastError();
     }
   }
@@ -136,8 +138,10 @@ class RealOpener final : public CudaIpcOpener {
     }
   }
   void CloseEvent(void* event, int device) override {
-    if (cudaSetDevice(device) != cudaSuccess) return;
-    (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+    if (cudaSetDevice(device) != cudaSuccess ||
+        cudaEventDestroy(static_cast<cudaEvent_t>(event)) != cudaSuccess) {
+      (void)cudaGetLastError();
+    }
   }
   absl::Status CopyToHost(int device, const void* src, size_t bytes,
                           void* dst) override {

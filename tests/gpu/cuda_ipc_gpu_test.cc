@@ -14,6 +14,7 @@
 // stdout also carries gtest's own lines, so its answers are the lines
 // that start with kExportTag and kVerifiedTag. Skips without a CUDA
 // device.
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,6 +38,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/lib/cuda_export.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -156,6 +159,109 @@ TEST(CudaIpcChild, Exporter) {
   while (::read(0, &c, 1) > 0) {
   }
   ASSERT_OK(cuda->Free(memory));
+}
+
+// A trainer that dies before its GPU reaches its "gradients written"
+// record: the child records its exported event behind 10 s of host
+// function, prints the handle and is killed.
+constexpr char kEventTag[] = "CANZONA_IPC_EVENT ";
+
+TEST(CudaIpcChild, DyingExporter) {
+  if (!IsChild()) GTEST_SKIP() << "runs as the parent's child process";
+#if CANZONA_ENABLE_CUDA
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CudaExportEvent> event,
+                       CudaExportEvent::Create(0));
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  ASSERT_EQ(
+      cudaLaunchHostFunc(
+          stream,
+          [](void*) { std::this_thread::sleep_for(std::chrono::seconds(10)); },
+          nullptr),
+      cudaSuccess);
+  ASSERT_OK(event->Record(stream));
+  std::printf("%s%s\n", kEventTag,
+              absl::BytesToHexString(event->handle()).c_str());
+  std::fflush(stdout);
+  // Killed by the parent once it opened the handle (stdin closes).
+  char c;
+  while (::read(0, &c, 1) > 0) {
+  }
+  ::raise(SIGKILL);
+#endif
+}
+
+// The daemon's host wait for such an event (the Gloo plane's, per bucket
+// and per step) ends by its deadline whatever the driver makes of a dead
+// exporter's pending record; the test records which it was
+// (dead_exporter_wait: "completed" or "deadline").
+TEST(CudaIpcGpuTest, AWaitForADeadTrainersEventEndsByItsDeadline) {
+  if (IsChild()) GTEST_SKIP();
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  int to_child[2], from_child[2];
+  ASSERT_EQ(::pipe(to_child), 0);
+  ASSERT_EQ(::pipe(from_child), 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
+  posix_spawn_file_actions_addclose(&actions, to_child[1]);
+  posix_spawn_file_actions_addclose(&actions, from_child[0]);
+  std::vector<std::string> env_strings = {"CANZONA_IPC_CHILD=1"};
+  for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
+  std::vector<char*> env;
+  for (auto& s : env_strings) env.push_back(s.data());
+  env.push_back(nullptr);
+  std::string self = "/proc/self/exe";
+  std::string filter = "--gtest_filter=CudaIpcChild.DyingExporter";
+  char* argv[] = {self.data(), filter.data(), nullptr};
+  pid_t child = 0;
+  ASSERT_EQ(
+      posix_spawn(&child, self.c_str(), &actions, nullptr, argv, env.data()),
+      0);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(to_child[0]);
+  ::close(from_child[1]);
+  std::string out;
+  char buf[4096];
+  size_t tag = std::string::npos;
+  while (tag == std::string::npos || out.find('\n', tag) == std::string::npos) {
+    const ssize_t got = ::read(from_child[0], buf, sizeof(buf));
+    if (got <= 0) break;
+    out.append(buf, got);
+    tag = out.find(kEventTag);
+  }
+  if (tag == std::string::npos || out.find('\n', tag) == std::string::npos) {
+    ::close(to_child[1]);
+    ::waitpid(child, nullptr, 0);
+    FAIL() << "the child exported no event:\n" << out;
+  }
+  const size_t begin = tag + std::strlen(kEventTag);
+  const std::string handle =
+      absl::HexStringToBytes(out.substr(begin, out.find('\n', begin) - begin));
+  ASSERT_EQ(handle.size(), 64u);
+  CudaIpcOpener* ipc = RealCudaIpcOpener();
+  ASSERT_OK_AND_ASSIGN(void* event, ipc->OpenEvent(handle, 0));
+  // The trainer dies with its record pending.
+  ::close(to_child[1]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ::close(from_child[0]);
+  EXPECT_TRUE(WIFSIGNALED(status));
+  const absl::Duration timeout = absl::Seconds(3);
+  const absl::Time start = absl::Now();
+  const absl::Status waited = ipc->WaitEvent(event, 0, start + timeout);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_LT(took, timeout + absl::Seconds(1));
+  EXPECT_TRUE(waited.ok() ||
+              waited.code() == absl::StatusCode::kDeadlineExceeded)
+      << waited;
+  ::testing::Test::RecordProperty(
+      "dead_exporter_wait", waited.ok() ? "completed" : "deadline");
+  std::printf("a dead exporter's pending event: %s after %s\n",
+              waited.ok() ? "completed" : waited.ToString().c_str(),
+              absl::FormatDuration(took).c_str());
+  ipc->CloseEvent(event, 0);
 }
 
 TEST(CudaIpcGpuTest, TrainerBufferOpensInTheDaemon) {
