@@ -3,7 +3,6 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -13,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "kernels/base/cuda_status.h"
+#include "kernels/base/poll.h"
 #include "kernels/base/status_macros.h"
 
 namespace canzona {
@@ -112,30 +112,21 @@ class RealOpener final : public CudaIpcOpener {
                          absl::Time deadline) override {
     CANZONA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
     // Polled rather than cudaEventSynchronize, which cannot be bounded.
-    // Spinning first (backward's last kernels are usually done); then
-    // pauses of at most 100 us, as the NCCL waits take.
-    absl::Duration pause = absl::Microseconds(10);
-    const absl::Time spin_until = absl::Now() + absl::Microseconds(50);
-    while (true) {
+    return PollUntilDone([&]() -> absl::StatusOr<bool> {
       const cudaError_t status =
           cudaEventQuery(static_cast<cudaEvent_t>(event));
-      if (status == cudaSuccess) return absl::OkStatus();
+      if (status == cudaSuccess) return true;
       if (status != cudaErrorNotReady) {
         return CudaStatus(status, "cudaEventQuery (the trainer's event)");
       }
       // NotReady is recorded as the thread's last error: the next launch's
       // check would report it as its own.
       (void)cudaGetLastError();
-      const absl::Time now = absl::Now();
-      if (now >= deadline) {
-        return absl::DeadlineExceededError(
-            "the trainer's gradients-written event did not complete in "
-            "time: is the trainer alive?");
-      }
-      if (now < spin_until) continue;
-      absl::SleepFor(pause);
-      pause = std::min(pause * 2, absl::Microseconds(100));
-    }
+      if (absl::Now() < deadline) return false;
+      return absl::DeadlineExceededError(
+          "the trainer's gradients-written event did not complete in "
+          "time: is the trainer alive?");
+    });
   }
   void CloseEvent(void* event, int device) override {
     if (cudaSetDevice(device) != cudaSuccess ||

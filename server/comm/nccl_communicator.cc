@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "kernels/base/poll.h"
 #include "kernels/base/status_macros.h"
 #include "server/comm/comm_args.h"
 #include "server/comm/nccl_polling.h"
@@ -26,7 +27,6 @@ using nccl_internal::AbortedDuringTheOperation;
 using nccl_internal::FinishedBy;
 using nccl_internal::kPeerMissing;
 using nccl_internal::PollState;
-using nccl_internal::PollUntilDone;
 using nccl_internal::Prefixed;
 
 namespace {

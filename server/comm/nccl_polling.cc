@@ -13,19 +13,6 @@ absl::Status Prefixed(const absl::Status& status, absl::string_view prefix) {
                       absl::StrCat(prefix, ": ", status.message()));
 }
 
-absl::Status PollUntilDone(const std::function<absl::StatusOr<bool>()>& poll,
-                           const std::function<void(absl::Duration)>& sleep) {
-  absl::Duration pause = absl::Microseconds(10);
-  const absl::Time spin_until = absl::Now() + absl::Microseconds(50);
-  while (true) {
-    CANZONA_ASSIGN_OR_RETURN(bool done, poll());
-    if (done) return absl::OkStatus();
-    if (absl::Now() < spin_until) continue;
-    sleep(pause);
-    pause = std::min(pause * 2, kMaxPollPause);
-  }
-}
-
 absl::StatusOr<NcclCommState> PollState(NcclApi* api, NcclComm comm) {
   absl::StatusOr<NcclCommState> state = api->CommGetAsyncError(comm);
   if (!state.ok()) {

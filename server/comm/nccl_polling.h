@@ -1,7 +1,7 @@
 // How the NCCL communicator waits on a non-blocking NCCL communicator,
 // shared by its operations (nccl_communicator.cc) and its creation and
-// teardown (nccl_lifecycle.cc): polling with backoff, the communicator's
-// asynchronous state, deadlines, and error prefixes.
+// teardown (nccl_lifecycle.cc): the communicator's asynchronous state,
+// deadlines, and error prefixes, polled with kernels/base/poll.h.
 //
 // Thread-safety: stateless functions; `api` as NcclApi.
 #ifndef CANZONA_SERVER_COMM_NCCL_POLLING_H_
@@ -12,7 +12,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/comm/nccl_api.h"
 
@@ -21,21 +20,6 @@ namespace canzona::nccl_internal {
 // "<prefix>: <message>" with the status's code.
 absl::Status Prefixed(const absl::Status& status, absl::string_view prefix);
 
-// The longest pause between two polls. It bounds how late a waiter sees a
-// collective that has finished, and the DP lane enqueues a bucket's
-// collective only after the one before it finished: with a 1 ms cap a
-// collective longer than a millisecond was seen on average 0.5 ms late,
-// some 10 ms per step for 20 buckets reduced and gathered. At 100 us the
-// lateness is 50 us on average, for a poll (an event query and NCCL's
-// state) 10,000 times a second while a collective runs.
-inline constexpr absl::Duration kMaxPollPause = absl::Microseconds(100);
-
-// Calls `poll` until it returns true or an error: spinning for the first
-// 50 us (NCCL's launches and small collectives finish within that), then
-// pausing with `sleep` 10 us, doubling up to kMaxPollPause, between calls.
-absl::Status PollUntilDone(
-    const std::function<absl::StatusOr<bool>()>& poll,
-    const std::function<void(absl::Duration)>& sleep = absl::SleepFor);
 
 // ncclCommGetAsyncError with an error as UNAVAILABLE: the communicator (or a
 // peer) failed while work was in flight.

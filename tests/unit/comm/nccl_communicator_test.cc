@@ -23,7 +23,6 @@
 #include "gtest/gtest.h"
 #include "server/comm/fake_communicator.h"
 #include "server/comm/nccl_api.h"
-#include "server/comm/nccl_polling.h"
 #include "server/control/kv_store.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/comm/comm_test_util.h"
@@ -43,7 +42,6 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
-using ::testing::Not;
 using ::testing::SizeIs;
 
 // Scratch for every padded or staged collective of these tests (the
@@ -139,39 +137,6 @@ TEST(NcclUniqueIdTest, HexRoundTripAndRejects) {
               StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(NcclUniqueId::FromHex(std::string(256, 'g')),
               StatusIs(absl::StatusCode::kInvalidArgument));
-}
-
-// A collective that runs 20 ms (in pauses taken, not in time): the waiter
-// pauses at most kMaxPollPause between polls, so it sees the end at most
-// that late. Before, pauses doubled to 1 ms.
-TEST(PollUntilDoneTest, PausesNeverExceedTheCapSoTheEndIsSeenPromptly) {
-  std::vector<absl::Duration> pauses;
-  absl::Duration paused;
-  const absl::Duration runs = absl::Milliseconds(20);
-  ASSERT_OK(nccl_internal::PollUntilDone(
-      [&]() -> absl::StatusOr<bool> { return paused >= runs; },
-      [&](absl::Duration d) {
-        pauses.push_back(d);
-        paused += d;
-      }));
-  ASSERT_THAT(pauses, Not(IsEmpty()));
-  EXPECT_EQ(pauses.front(), absl::Microseconds(10));
-  EXPECT_EQ(*std::max_element(pauses.begin(), pauses.end()),
-            nccl_internal::kMaxPollPause);
-  EXPECT_LE(nccl_internal::kMaxPollPause, absl::Microseconds(100));
-  EXPECT_LT(paused - runs, nccl_internal::kMaxPollPause);
-}
-
-TEST(PollUntilDoneTest, AnErrorEndsTheWait) {
-  int polls = 0;
-  EXPECT_THAT(nccl_internal::PollUntilDone(
-                  [&]() -> absl::StatusOr<bool> {
-                    if (++polls < 3) return false;
-                    return absl::UnavailableError("peer gone");
-                  },
-                  [](absl::Duration) {}),
-              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("peer gone")));
-  EXPECT_EQ(polls, 3);
 }
 
 // --- The fake's model of non-blocking NCCL ----------------------------------
