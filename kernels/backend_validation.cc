@@ -195,8 +195,56 @@ absl::StatusOr<bool> CheckToHost(const Backend& backend, absl::string_view what,
   return true;
 }
 
+// INVALID_ARGUMENT when `x` and `y` (floats) share an element: a device
+// copy or GEMM gives undefined results there, where the cpu backend's
+// loops happen to work, so the cpu refuses it too.
+absl::Status CheckDisjoint(absl::string_view what, absl::string_view x_name,
+                           const float* x, int64_t nx, absl::string_view y_name,
+                           const float* y, int64_t ny, absl::string_view why) {
+  const auto begin_x = reinterpret_cast<uintptr_t>(x);
+  const auto begin_y = reinterpret_cast<uintptr_t>(y);
+  const auto end_x = begin_x + static_cast<uintptr_t>(nx) * sizeof(float);
+  const auto end_y = begin_y + static_cast<uintptr_t>(ny) * sizeof(float);
+  if (nx == 0 || ny == 0 || end_x <= begin_y || end_y <= begin_x) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": ", x_name, " [", absl::Hex(begin_x), ", +", nx, " floats) and ",
+      y_name, " [", absl::Hex(begin_y), ", +", ny, " floats) overlap (", why,
+      ")"));
+}
+
+// Whether two rows x cols row-major blocks share an element. With one
+// leading dimension the rows interleave exactly: some row offset k in
+// (-rows, rows) has |dst - src + k ld| < cols; with two, their spans are
+// compared (conservative).
+bool RowsOverlap(int64_t rows, int64_t cols, const float* src, int64_t src_ld,
+                 const float* dst, int64_t dst_ld) {
+  const auto s = reinterpret_cast<intptr_t>(src);
+  const auto d = reinterpret_cast<intptr_t>(dst);
+  if ((d - s) % static_cast<intptr_t>(sizeof(float)) != 0 ||
+      src_ld != dst_ld) {
+    const intptr_t s_end =
+        s + static_cast<intptr_t>(Spanned(rows, cols, src_ld) * 4);
+    const intptr_t d_end =
+        d + static_cast<intptr_t>(Spanned(rows, cols, dst_ld) * 4);
+    return s < d_end && d < s_end;
+  }
+  const int64_t delta = static_cast<int64_t>((d - s) / 4);
+  const int64_t ld = src_ld;
+  // The k nearest -delta / ld, and its neighbours, within the rows.
+  const int64_t nearest = ld > 0 ? -delta / ld : 0;
+  for (int64_t k = nearest - 1; k <= nearest + 1; ++k) {
+    if (k <= -rows || k >= rows) continue;
+    const int64_t gap = delta + k * ld;
+    if (gap > -cols && gap < cols) return true;
+  }
+  return false;
+}
+
 // A (strided-batched) GEMM's three operands: op(A) is m x k, stored k x m
-// when transposed; op(B) k x n likewise; C m x n.
+// when transposed; op(B) k x n likewise; C m x n. C may not overlap A or
+// B, nor one batch entry's C another's (cuBLAS runs them concurrently).
 absl::Status CheckGemmRanges(const Backend& backend, absl::string_view what,
                              Transpose trans_a, Transpose trans_b, int64_t m,
                              int64_t n, int64_t k, const float*& a, int64_t lda,
@@ -204,11 +252,22 @@ absl::Status CheckGemmRanges(const Backend& backend, absl::string_view what,
                              int64_t stride_b, float*& c, int64_t ldc,
                              int64_t stride_c, int64_t batch) {
   const bool ta = trans_a == Transpose::kYes, tb = trans_b == Transpose::kYes;
-  return CheckRanges(
-      backend, what,
-      {{"a", a, Spanned(ta ? k : m, ta ? m : k, lda, batch, stride_a)},
-       {"b", b, Spanned(tb ? n : k, tb ? k : n, ldb, batch, stride_b)},
-       {"c", c, Spanned(m, n, ldc, batch, stride_c)}});
+  const int64_t span_a = Spanned(ta ? k : m, ta ? m : k, lda, batch, stride_a);
+  const int64_t span_b = Spanned(tb ? n : k, tb ? k : n, ldb, batch, stride_b);
+  const int64_t span_c = Spanned(m, n, ldc, batch, stride_c);
+  if (batch > 1 && stride_c < Spanned(m, n, ldc)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": stride_c ", stride_c, " is less than one C's span (",
+        Spanned(m, n, ldc), " floats): the batch's outputs would overlap"));
+  }
+  constexpr absl::string_view kAlias =
+      "a GEMM's output may not alias its inputs";
+  CANZONA_RETURN_IF_ERROR(
+      CheckDisjoint(what, "c", c, span_c, "a", a, span_a, kAlias));
+  CANZONA_RETURN_IF_ERROR(
+      CheckDisjoint(what, "c", c, span_c, "b", b, span_b, kAlias));
+  return CheckRanges(backend, what,
+                     {{"a", a, span_a}, {"b", b, span_b}, {"c", c, span_c}});
 }
 
 }  // namespace
@@ -276,6 +335,9 @@ absl::Status Backend::EnqueueCopyToHost(const float* src, int64_t count,
 absl::Status Backend::Copy(const float* src, int64_t count, float* dst) {
   CANZONA_RETURN_IF_ERROR(CheckCopy("Copy", "src", src, count, "dst", dst));
   if (count == 0 || src == dst) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckDisjoint("Copy", "src", src, count, "dst", dst,
+                                        count,
+                                        "cudaMemcpy's result is undefined"));
   CANZONA_RETURN_IF_ERROR(
       CheckRanges(*this, "Copy", {{"src", src, count}, {"dst", dst, count}}));
   return DoCopy(src, count, dst);
@@ -289,6 +351,14 @@ absl::Status Backend::Copy2D(int64_t rows, int64_t cols, const float* src,
   CANZONA_RETURN_IF_ERROR(checks::LeadingDim(kWhat, "src_ld", src_ld, cols));
   CANZONA_RETURN_IF_ERROR(checks::LeadingDim(kWhat, "dst_ld", dst_ld, cols));
   if (rows == 0 || cols == 0) return absl::OkStatus();
+  if (src == dst && src_ld == dst_ld) return absl::OkStatus();
+  if (RowsOverlap(rows, cols, src, src_ld, dst, dst_ld)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWhat, ": src [", absl::Hex(reinterpret_cast<uintptr_t>(src)), ", ",
+        rows, " x ", cols, ", ld ", src_ld, "] and dst [",
+        absl::Hex(reinterpret_cast<uintptr_t>(dst)), ", ld ", dst_ld,
+        "] overlap (cudaMemcpy2D's result is undefined)"));
+  }
   CANZONA_RETURN_IF_ERROR(
       CheckRanges(*this, kWhat,
                   {{"src", src, Spanned(rows, cols, src_ld)},

@@ -77,6 +77,36 @@ TEST_P(BackendConformanceTest, RangesThatLeaveTheirAllocationAreRefused) {
   EXPECT_EQ(Download(big), eight);
 }
 
+// Overlaps a GPU leaves undefined, refused on every backend (the cpu's
+// loops would happen to work): a copy between partly overlapping ranges,
+// a GEMM whose C aliases A or B, a batch whose C matrices overlap.
+TEST_P(BackendConformanceTest, OverlapsAGpuLeavesUndefinedAreRefused) {
+  const std::vector<float> values = RandomNormal(16, 21);
+  DeviceBuffer buf = Upload(values);
+  float* p = buf.data();
+  const Transpose kN = Transpose::kNo;
+  Backend& b = *backend_;
+  EXPECT_THAT(b.Copy(p, 8, p + 4), Rejected("Copy: src", "overlap"));
+  EXPECT_THAT(b.Copy(p + 4, 8, p), Rejected("Copy: src", "overlap"));
+  EXPECT_THAT(b.Copy2D(2, 4, p, 4, p + 2, 4), Rejected("Copy2D: src", "overlap"));
+  // C (2 x 2 at p + 2) over A (2 x 2 at p, ld 2).
+  EXPECT_THAT(b.Gemm(kN, kN, 2, 2, 2, 1.0f, p, 2, p + 8, 2, 0.0f, p + 2, 2),
+              Rejected("Gemm: c", "may not alias its inputs"));
+  EXPECT_THAT(b.Gemm(kN, kN, 2, 2, 2, 1.0f, p + 8, 2, p, 2, 0.0f, p, 2),
+              Rejected("Gemm: c", "may not alias its inputs"));
+  // Two 2 x 2 outputs 2 floats apart.
+  EXPECT_THAT(b.GemmStridedBatched(kN, kN, 2, 2, 1, 1.0f, p, 1, 2, p + 4, 2, 2,
+                                   0.0f, p + 8, 2, 2, 2),
+              Rejected("GemmStridedBatched: stride_c 2", "would overlap"));
+  // Nothing was written.
+  EXPECT_EQ(Download(buf), values);
+  // Disjoint ranges of one buffer, and a copy onto itself, are fine.
+  EXPECT_OK(b.Copy(p, 4, p + 4));
+  EXPECT_OK(b.Copy(p, 8, p));
+  EXPECT_OK(b.Copy2D(2, 2, p, 4, p + 2, 4));
+  EXPECT_OK(b.Copy2D(2, 4, p, 4, p, 4));
+}
+
 // What a device's driver enforces, on every device-memory backend: kernels
 // and device copies touch its live allocations and registered memory only,
 // and the host side of a copy is never one of them.
