@@ -171,7 +171,10 @@ class DeviceBuffer {
 // float, on EnqueueSumSquares' queue, in the pass that applies it: an
 // update's size at no extra memory traffic. The sum is the one
 // EnqueueSquaredDistance(n, new, old) queues (on cpu bit for bit; on cuda
-// in the same order where the arrays share 16-byte alignment).
+// in the same order where every array the update reads or writes is
+// 16-byte aligned: Axpby's x and y, AdamWStep's g, p, m and v, and the
+// distance's new and old; otherwise the two may differ in the last bits,
+// as a float sum taken in another order does).
 enum class SquaredChange { kIgnore, kQueue };
 
 // Non-Virtual Interface: the public methods are the only entry points. Each
