@@ -29,6 +29,24 @@ own, on one fixed batch of random tokens (its loss must fall). Variants:
         result (tests/gpu/cuda_backend_test.cc measured ours; torch stores
         the same bf16 intermediates), so they can differ by ~5%; order-1
         faults (a wrong scale, a missing normalization) stay far above.
+  bf16params  the model's parameters in bfloat16 (mixed precision: the
+        daemon keeps fp32 master weights and state, the trainer bf16
+        parameters and gradients); Newton-Schulz in float32 on both sides,
+        so that what is checked is the mixed-precision path (bf16
+        gradients widened, fp32 masters updated, rounded back into the
+        trainer's memory; on a GPU over CUDA IPC). The torch side keeps
+        fp32 masters of its own, stepped with the same bf16 gradients
+        (widened) and never synced: after each step canzona's parameters
+        must equal the masters rounded to bf16 within 2e-3 (relative
+        Frobenius, both groups): only elements whose masters straddle a
+        rounding boundary may differ, each by one ulp (2^-8 relative).
+        Measured on the cpu backend over 10 steps: 3.8e-5; with the torch
+        side re-reading its masters from the rounded parameters every step
+        (what a daemon that lost its masters would do: sub-ulp updates
+        vanish) 2.8e-3 (matrices) and 5.4e-3 (vectors), growing with the
+        steps. On a GPU the two sides' fp32 updates differ more (cuBLAS
+        against torch's matmuls, ~1e-3 of an update), so more masters
+        straddle a boundary: ~5e-4 by that estimate, within the bound.
   Vector parameters (AdamW) on identical inputs: tolerance 1e-3. Float32
   in another order, and elements with tiny gradients amplify rounding in
   m / sqrt(v) (3e-5 measured over 20 steps on the cpu backend); a missing
@@ -62,7 +80,10 @@ MUON = {"lr": 1e-3, "weight_decay": 0.1, "momentum": 0.95, "nesterov": True,
         "ns_steps": 5, "eps": 1e-7}
 ADAMW = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 TOLERANCES = {"fp32": {"matrix": 1e-3, "vector": 1e-3},
-              "bf16": {"matrix": 6e-2, "vector": 1e-3}}
+              "bf16": {"matrix": 6e-2, "vector": 1e-3},
+              "bf16params": {"matrix": 2e-3, "vector": 2e-3}}
+# The daemon's Newton-Schulz precision per variant.
+NS_PRECISION = {"fp32": "fp32", "bf16": "bf16", "bf16params": "fp32"}
 HEAD_NAMES = ("embed", "lm_head")
 
 
@@ -180,7 +201,14 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
     torch.manual_seed(seed)
     model, vocab, seq = make_model(torch)
     model = model.to(device)
+    # bf16params: canzona trains bf16 parameters; the torch side steps fp32
+    # masters of them (exactly the bf16 values at the start).
+    bf16_params = variant == "bf16params"
+    if bf16_params:
+        model = model.to(torch.bfloat16)
     mirror = copy.deepcopy(model)
+    if bf16_params:
+        mirror = mirror.float()
     names = [n for n, _ in model.named_parameters()]
     groups = {n: route(n, p) for n, p in model.named_parameters()}
 
@@ -191,7 +219,8 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
         adamw_betas=ADAMW["betas"], adamw_eps=ADAMW["eps"],
         adamw_weight_decay=ADAMW["weight_decay"], route=route,
         muon_settings={"ns_coefficients": "simple", "scale": "spectral",
-                       "eps": MUON["eps"], "ns_precision": variant},
+                       "eps": MUON["eps"],
+                       "ns_precision": NS_PRECISION[variant]},
         target=args.target,
         job_id="torch-check-%s-%d-%d" % (variant, os.getpid(), seed % 10000))
     # Registered from here on: whatever fails below, close() deregisters.
@@ -213,7 +242,8 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
         for step in range(1, args.steps + 1):
             with torch.no_grad():
                 for n in names:
-                    mirror_params[n].copy_(params[n])
+                    if not bf16_params:  # lockstep
+                        mirror_params[n].copy_(params[n])
             before = {n: params[n].detach().clone() for n in names}
             with torch.autocast(device_type=device.type,
                                 dtype=torch.bfloat16,
@@ -224,7 +254,8 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
             loss.backward()
             losses.append(loss.item())
             for n in names:
-                mirror_params[n].grad = params[n].grad.detach().clone()
+                mirror_params[n].grad = params[n].grad.detach().to(
+                    mirror_params[n].dtype, copy=True)
 
             sync(torch, device)
             t0 = time.perf_counter()
@@ -244,8 +275,13 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
 
             with torch.no_grad():
                 for n in names:
-                    ours = (params[n] - before[n]).double()
-                    ref = (mirror_params[n] - before[n]).double()
+                    if bf16_params:
+                        # The parameters against the masters, rounded.
+                        ours = params[n].double()
+                        ref = mirror_params[n].to(torch.bfloat16).double()
+                    else:
+                        ours = (params[n] - before[n]).double()
+                        ref = (mirror_params[n] - before[n]).double()
                     if not bool(torch.isfinite(ours).all()):
                         raise RuntimeError("step %d: %s: non-finite update"
                                            % (step, n))
@@ -352,7 +388,8 @@ def run(args, result):
     else:
         result["reference"] = "torch.optim.Muon + torch.optim.AdamW"
     for variant in args.variants.split(","):
-        if variant == "fp32" and getattr(torch.optim, "Muon", None):
+        if (NS_PRECISION[variant] == "fp32" and
+                getattr(torch.optim, "Muon", None)):
             with Float32MuonNs(torch):
                 outcome = run_variant(torch, canzona_torch, args, variant,
                                       muon_cls)
@@ -381,7 +418,7 @@ def main():
     parser.add_argument("--backend", default="cpu",
                         help="backend of the started canzonad")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    parser.add_argument("--variants", default="fp32,bf16")
+    parser.add_argument("--variants", default="fp32,bf16,bf16params")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--allow-builtin-muon", action="store_true",
                         help="without torch.optim.Muon, compare with a copy "
@@ -395,9 +432,11 @@ def main():
     result = {"status": "failed", "reason": "", "variants": [],
               "settings": {"muon": MUON, "muon_daemon_extra": {
                   "ns_coefficients": "simple", "scale": "spectral",
-                  "ns_precision": "= the variant"}, "adamw": ADAMW,
+                  "ns_precision": NS_PRECISION}, "adamw": ADAMW,
                   "lockstep": "torch takes canzona's parameters and "
-                              "gradients before every step"},
+                              "gradients before every step (bf16params: "
+                              "the gradients only; its fp32 masters are "
+                              "its own)"},
               "tolerances": TOLERANCES}
     daemon = None
     with tempfile.TemporaryDirectory(prefix="canzona-torch-check.") as tmp:

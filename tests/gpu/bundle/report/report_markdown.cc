@@ -174,6 +174,14 @@ void RenderTorchCheck(std::string& md, const json& report) {
                       " | ", Cell(v["canzona_step_ms"], 3), " | ",
                       Cell(v["torch_step_ms"], 3), " |\n");
     }
+    for (const json& v : f["variants"]) {
+      if (Get(v, "name") != "bf16params") continue;
+      md +=
+          "\nbf16params: bf16 parameters (fp32 masters in the daemon); its "
+          "errors are the parameters' against torch's own fp32 masters "
+          "rounded to bf16, not the updates'.\n";
+      break;
+    }
   }
 }
 
