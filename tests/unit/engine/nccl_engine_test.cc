@@ -492,6 +492,40 @@ TEST(NcclEngineTest, TheParamsEventAnswersBeforeTheParametersLand) {
   ASSERT_OK(run.Deregister(cluster));
 }
 
+// What an early answer leaves in flight is the parameters' writes only:
+// the daemon has read every gradient by then (its one wait, for the sums,
+// comes after the reductions), so a trainer may overwrite its gradients
+// right after the answer, before waiting for the events (canzona.torch's
+// zero_grad, the next backward) without changing the step. The fake runs
+// the copier's copies only at a wait, so a gradient read still pending at
+// the answer would read the overwritten values here.
+TEST(NcclEngineTest, TheGradientsAreReadBeforeAnEarlyAnswer) {
+  SetCpuBlasThreads(1);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    FakeCudaIpc ipc;
+    FakeNcclApi nccl({.simulate_data = true, .defer_copies = true});
+    Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
+    JobConfig config =
+        MakeJobConfig("nccl-grads-read", 1, 1, "cost", MuonModel());
+    config.bucket_order = true;
+    config.dtype = dtype;
+    config.cuda_ipc = true;
+    config.params_event = true;
+    config.skip_params_event_wait = true;
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    ASSERT_OK(run.RunSteps(cluster, 1, 1));
+    TrainerRank& rank = *run.ranks()[0];
+    rank.WriteGrads(/*step=*/7);  // another step's gradients, at once
+    ASSERT_OK(run.AwaitParams(cluster, rank, -1));
+    ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 1, {}));
+    EXPECT_OK(run.Compare(reference, /*bitwise=*/dtype == DType::kFloat32));
+    ASSERT_OK(run.Deregister(cluster));
+  }
+}
+
 // With TP the step's waits stay as many: the TP owners' update sizes
 // queue on the device with the DP-owned ones (one wait per TP-owned matrix
 // before), whatever the number of matrices a rank owns. DP1 x TP2, two
