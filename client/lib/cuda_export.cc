@@ -158,9 +158,9 @@ absl::StatusOr<canzona::v1::BufferRef> CudaBufferRef(
     return absl::FailedPreconditionError(
         "device_ptr lives in memory CUDA IPC cannot share (a cudaMallocAsync "
         "pool or a virtual-memory mapping): allocate the trainer's buffers "
-        "with cudaMalloc; with PyTorch, do not use "
-        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or "
-        "backend:cudaMallocAsync");
+        "with cudaMalloc; with PyTorch, do not set expandable_segments:True "
+        "or backend:cudaMallocAsync in PYTORCH_ALLOC_CONF (or "
+        "PYTORCH_CUDA_ALLOC_CONF, its old name)");
   }
   char bus_id[32] = {};
   if (absl::Status s =

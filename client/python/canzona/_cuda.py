@@ -55,7 +55,9 @@ def _loaded_libraries(stem):
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
-                path = line.rstrip("\n").split(" ")[-1]
+                # The path is the sixth field and may hold spaces.
+                fields = line.rstrip("\n").split(None, 5)
+                path = fields[5] if len(fields) == 6 else ""
                 if (os.path.basename(path).startswith(stem + ".so")
                         and path not in found):
                     found.append(path)
@@ -210,9 +212,10 @@ def _export(rt, device_ptr, nbytes, device, event_handle):
         raise CanzonaError(
             "device_ptr lives in memory CUDA IPC cannot share (a "
             "cudaMallocAsync pool or a virtual-memory mapping): allocate the "
-            "trainer's buffers with cudaMalloc; with PyTorch, do not use "
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True or "
-            "backend:cudaMallocAsync", "FAILED_PRECONDITION")
+            "trainer's buffers with cudaMalloc; with PyTorch, do not set "
+            "expandable_segments:True or backend:cudaMallocAsync in "
+            "PYTORCH_ALLOC_CONF (or PYTORCH_CUDA_ALLOC_CONF, its old name)",
+            "FAILED_PRECONDITION")
     bus_id = ctypes.create_string_buffer(32)
     rt.check(rt.pci_bus_id(bus_id, 32, device), "cudaDeviceGetPCIBusId")
     base = ctypes.c_uint64(0)

@@ -145,6 +145,9 @@ fi
 ld_path="$(printf '%s\n' "${lib_dirs[@]}" | awk '!seen[$0]++' | paste -sd:)"
 export LD_LIBRARY_PATH="${ld_path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 env_set run_ld_library_path "$LD_LIBRARY_PATH"
+# PyTorch's allocator settings (expandable segments make its memory
+# unshareable over legacy CUDA IPC: canzona.torch refuses it).
+env_set torch_alloc_conf "${PYTORCH_ALLOC_CONF-unset} / ${PYTORCH_CUDA_ALLOC_CONF-unset}"
 
 # --- GPU -------------------------------------------------------------------------
 
