@@ -63,6 +63,7 @@ void RankBuilder::AccountMemory(const RankSetup& setup, RankRuntime& rt) {
   buffers += rt.buckets_->buffer_bytes();
   if (rt.device_copy_ != nullptr) buffers += rt.device_copy_->bytes();
   buffers += rt.rule_scratch_->bytes();
+  for (const auto& [i, rule] : rt.rules_) buffers += rule->own_bytes();
   buffers += rt.block_gather_->bytes();
   buffers += rt.compute().workspace_bytes();
   for (int g = 0; g < rt.tp_->groups(); ++g) {

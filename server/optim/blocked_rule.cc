@@ -66,6 +66,12 @@ absl::StatusOr<std::unique_ptr<UpdateRule>> UpdateRule::CreateBlocked(
       rule->gather_ = rule->own_gather_.data();
     }
   }
+  // Each batch's Newton-Schulz workspace and scratch now, not in a step.
+  for (const std::vector<int>& batch : rule->batches_) {
+    std::vector<UpdateRule*> members;
+    for (int k : batch) members.push_back(rule->block_rules_[k].get());
+    CANZONA_RETURN_IF_ERROR(ReserveMuonBatch(members));
+  }
   rule->blocks_ = std::move(blocks);
   rule->block_params_.resize(rule->blocks_.size());
   rule->block_grads_.resize(rule->blocks_.size());

@@ -35,6 +35,9 @@ class RuleImpl {
   absl::StatusOr<OptimizerState> SaveState() const;
   absl::Status LoadState(const OptimizerState& state);
   int64_t state_bytes() const;
+  // Bytes of memory of its own besides state and scratch (Muon's batch
+  // scratch).
+  virtual int64_t own_bytes() const { return 0; }
   // Later AddScratch calls take from `scratch` (null: their own memory).
   void ShareScratch(SharedScratch* scratch) { shared_scratch_ = scratch; }
 
@@ -96,6 +99,9 @@ class MuonRule : public RuleImpl {
   absl::StatusOr<float*> BatchScratch(int64_t count);
 
   const NewtonSchulzSpec& spec() const { return spec_; }
+  int64_t own_bytes() const override {
+    return batch_scratch_.size() * static_cast<int64_t>(sizeof(float));
+  }
 
  private:
   MuonRule(const MuonOptions& options, int64_t rows, int64_t cols,

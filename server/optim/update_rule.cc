@@ -246,6 +246,13 @@ int64_t UpdateRule::state_bytes() const {
   return bytes;
 }
 
+int64_t UpdateRule::own_bytes() const {
+  if (impl_ != nullptr) return impl_->own_bytes();
+  int64_t bytes = 0;
+  for (const auto& rule : block_rules_) bytes += rule->own_bytes();
+  return bytes;
+}
+
 // The batch's leader (rules[0]'s Muon rule) when every rule may step
 // with it; INVALID_ARGUMENT naming the first that may not.
 absl::StatusOr<MuonRule*> CheckMuonBatch(

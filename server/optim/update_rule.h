@@ -139,6 +139,10 @@ class UpdateRule {
 
   // Bytes of persistent state in backend memory (scratch excluded).
   int64_t state_bytes() const;
+  // Bytes of backend memory the rule keeps besides its state and the
+  // shared scratch: a Muon batch leader's momentum outputs
+  // (ReserveMuonBatch).
+  int64_t own_bytes() const;
 
   // The blocks of a blocked rule (empty otherwise). Its state is every
   // block's, each tensor and counter named "block<k>/<name>"
@@ -212,9 +216,10 @@ absl::Status StepMuonBatch(absl::Span<UpdateRule* const> rules,
 
 // What StepMuonBatch needs for `rules` (checked as it checks them), made
 // now rather than in the first step: the batch's Newton-Schulz workspace
-// (each rule reserves one matrix's) and its scratch for the momentum
-// outputs. Otherwise the first step allocates both, beyond what setup
-// reported, and on cuda the workspace's growth drops the captured graphs.
+// (each rule reserves one matrix's; Backend::workspace_bytes) and its
+// scratch for the momentum outputs (the leader's own_bytes). Otherwise the
+// first step allocates both, and on cuda the workspace's growth drops the
+// captured graphs. Nothing for fewer than two rules.
 absl::Status ReserveMuonBatch(absl::Span<UpdateRule* const> rules);
 
 }  // namespace canzona

@@ -659,6 +659,27 @@ TEST(UpdateRuleTest, StepsAllocateNothingAfterCreate) {
       ASSERT_OK(rule->Step(param.data(), grad.data()));
     EXPECT_EQ(backend.allocations(), after_create);
   }
+  // A blocked Muon rule's same-shape blocks step as one batch: its
+  // scratch and workspace are made at creation too (k and v: 4 x 6 each),
+  // and counted as the rule's own memory.
+  CountingBackend backend(CpuBackend());
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer param, backend.Allocate(96));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer grad, backend.Allocate(96));
+  std::mt19937_64 rng(2);
+  const std::vector<float> g = RandomNormal(96, rng, 1.0);
+  ASSERT_OK(backend.CopyFromHost(g.data(), 96, grad.data()));
+  ASSERT_OK_AND_ASSIGN(
+      auto blocked,
+      UpdateRule::CreateBlocked(Config(kMuon, {}), {16, 6},
+                                {.sizes = {4, 2, 2}, .repeat = 2,
+                                 .merge_repeats = true},
+                                "qkv", &backend));
+  EXPECT_GE(blocked->own_bytes(), 2 * 4 * 6 * 4);
+  const int64_t after_create = backend.allocations();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK(blocked->Step(param.data(), grad.data()));
+  }
+  EXPECT_EQ(backend.allocations(), after_create);
 }
 
 // Muon and AdamW queue their update's size in the pass that applies it
