@@ -228,6 +228,8 @@ class Backend {
   absl::Status EnqueueCopyFromHost(const float* host, int64_t count,
                                    float* dst);
   absl::Status EnqueueCopyToHost(const float* src, int64_t count, float* host);
+  // src == dst is a no-op; partly overlapping ranges are INVALID_ARGUMENT
+  // (undefined on a GPU), as in Copy2D.
   absl::Status Copy(const float* src, int64_t count, float* dst);
   // Copies a rows x cols block between strided row-major layouts.
   absl::Status Copy2D(int64_t rows, int64_t cols, const float* src,
@@ -237,7 +239,10 @@ class Backend {
   absl::Status Synchronize();
 
   // ---- Dense linear algebra (row-major) ----------------------------------
-  // C[m x n] = alpha * op(A) * op(B) + beta * C, op(A) is m x k.
+  // C[m x n] = alpha * op(A) * op(B) + beta * C, op(A) is m x k. C may
+  // not overlap A or B (INVALID_ARGUMENT; undefined in cuBLAS), nor, in
+  // the batched form, one entry's C another's; spans are compared, so an
+  // interleaved layout that touches no common element is refused too.
   absl::Status Gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n,
                     int64_t k, float alpha, const float* a, int64_t lda,
                     const float* b, int64_t ldb, float beta, float* c,

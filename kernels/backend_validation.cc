@@ -245,6 +245,8 @@ bool RowsOverlap(int64_t rows, int64_t cols, const float* src, int64_t src_ld,
 // A (strided-batched) GEMM's three operands: op(A) is m x k, stored k x m
 // when transposed; op(B) k x n likewise; C m x n. C may not overlap A or
 // B, nor one batch entry's C another's (cuBLAS runs them concurrently).
+// Conservative: spans are compared, not elements (no caller interleaves
+// a GEMM's operands).
 absl::Status CheckGemmRanges(const Backend& backend, absl::string_view what,
                              Transpose trans_a, Transpose trans_b, int64_t m,
                              int64_t n, int64_t k, const float*& a, int64_t lda,
@@ -258,7 +260,7 @@ absl::Status CheckGemmRanges(const Backend& backend, absl::string_view what,
   if (batch > 1 && stride_c < Spanned(m, n, ldc)) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": stride_c ", stride_c, " is less than one C's span (",
-        Spanned(m, n, ldc), " floats): the batch's outputs would overlap"));
+        Spanned(m, n, ldc), " floats): the batch's output spans overlap"));
   }
   constexpr absl::string_view kAlias =
       "a GEMM's output may not alias its inputs";

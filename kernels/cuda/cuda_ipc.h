@@ -49,8 +49,8 @@ class CudaIpcOpener {
   // An event handle opened for waiting; Wait blocks the host until the
   // exporting process's last record of it completed, or DEADLINE_EXCEEDED
   // at `deadline`: a trainer that died before its GPU reached the record
-  // leaves it pending for good, and the waiting thread (a rank's DP lane
-  // or worker) must still end for the rank to be removed.
+  // may leave it pending for good, and the waiting thread (a rank's DP
+  // lane, per bucket) must still end for the rank to be removed.
   virtual absl::StatusOr<void*> OpenEvent(const std::string& handle,
                                           int device) = 0;
   virtual absl::Status WaitEvent(void* event, int device,

@@ -125,8 +125,8 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
   // Row-major X (n x m) is column-major X' = X^T (m x n, ld m), and a
   // row-major buffer read column-major is the transpose. In column-major:
   //   A' = X'^T X' = X X^T             (n x n; its row-major view is A^T)
-  //   B' = c A' A' + b A'              (row-major view: c A A + b A = B)
-  //   X'_next = X' B' + a X'           (row-major view: B X + a X)
+  //   B' = a I + b A' + c A' A'        (row-major view: a I + b A + c A A)
+  //   X'_next = X' B'                  (row-major view: B X)
   // so every product is exactly the row-major one; no symmetry is assumed.
   const int64_t sx = n * m;
   const int64_t sa = n * n;

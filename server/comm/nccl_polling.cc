@@ -1,7 +1,5 @@
 #include "server/comm/nccl_polling.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/base/status_macros.h"

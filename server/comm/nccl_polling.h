@@ -7,8 +7,6 @@
 #ifndef CANZONA_SERVER_COMM_NCCL_POLLING_H_
 #define CANZONA_SERVER_COMM_NCCL_POLLING_H_
 
-#include <functional>
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -19,7 +17,6 @@ namespace canzona::nccl_internal {
 
 // "<prefix>: <message>" with the status's code.
 absl::Status Prefixed(const absl::Status& status, absl::string_view prefix);
-
 
 // ncclCommGetAsyncError with an error as UNAVAILABLE: the communicator (or a
 // peer) failed while work was in flight.

@@ -71,7 +71,7 @@ BucketCollectives::BucketCollectives(Staging staging, Parts parts)
         }
       }
     }
-    if (S == 1) continue;  // per-parameter copies, no collective
+    if (S == 1) continue;  // no collective, so no slot
     int64_t need = 0;
     if (!layout.sliced || grads == nullptr) {
       need = b.elements * DTypeBytes(b.reduce_dtype);

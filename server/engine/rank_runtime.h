@@ -189,8 +189,9 @@ class RankRuntime {
   DeviceBuffer device_param_, device_grad_;
 
   // ZeRO-1 (owned_buffers.h), in staging memory: the fp32 gradients of
-  // what the rank holds, the master copies, the bucket slot and a 16-bit
-  // reduce-scatter's output; `owned_` points into them (and into the
+  // what the rank holds, the master copies, the bucket slot, a 16-bit
+  // reduce-scatter's output and the conversions' host scratch; `owned_`
+  // points into them (and into the
   // trainer's buffers). `before_`: an update's previous values (the update
   // RMS).
   OwnedMemory owned_memory_;

@@ -213,8 +213,9 @@ absl::Status RankBuilder::CreateTpLane(const RankSetup& setup, RankRuntime& rt,
 // Host staging that copies to and from a GPU is page-locked, so that those
 // copies are DMA at the link's rate and enqueue without waits: on the Gloo
 // plane, with cuda compute (OwnedDeviceCopy) or a trainer's CUDA IPC
-// buffers (the bucket copies), the owned gradients, the master weights and
-// the bucket slot, and with cuda compute an fp32 shm trainer's values.
+// buffers (the bucket copies), the owned gradients, the master weights,
+// the bucket slot and the conversions' scratch, and with cuda compute an
+// fp32 shm trainer's values.
 // Only where the GPU is a real one: a cpu daemon without GPU trainers never
 // starts CUDA, and the device-like cpu backend of tests pins nothing.
 void RankBuilder::PinStaging(const RankSetup& setup, RankRuntime& rt) {

@@ -49,8 +49,9 @@ small to large, dtypes in --dtypes order (the bundle: bf16 first, the one
 that fits at 8B). Time: the deadline is --budget seconds from the start,
 or the runner's limit less a margin ($CANZONA_CHECK_LIMIT_S, which the
 bundle's runner sets), whichever comes first; a row that would not end by
-it (the last row's time scaled by the parameters) is skipped, and one cut
-by SIGTERM is recorded as skipped, not as a failure. The JSON is rewritten
+it (the last row's time scaled by the parameters) is skipped; one cut by
+SIGTERM anyway is recorded as failed (so is the check: the runner's timeout
+fails it), with the rows before it kept. The JSON is rewritten
 after every row, so a run killed by the runner's time limit keeps what it
 measured.
 
@@ -529,9 +530,10 @@ def run(args, result):
                 row = run_row(torch, canzona_torch, example, args, size,
                               dtype_name, muon_cls, started, state)
             except Terminated as e:
-                # The runner's limit cut this row: what ran before stands.
+                # The runner's limit cut this row (the check fails: the
+                # runner's timeout says so too); the rows before it stand.
                 result["rows"].append({
-                    "size": size, "dtype": dtype_name, "status": "skipped",
+                    "size": size, "dtype": dtype_name, "status": "failed",
                     "reason": "cut by the check's time limit (%s)" % e})
                 write(args, result)
                 raise
@@ -602,7 +604,8 @@ def main():
                         help="seconds to wait for the daemon's "
                         "parameters-written events after a step")
     parser.add_argument("--budget", type=int, default=150,
-                        help="seconds after which no further row starts")
+                        help="seconds from the start by which every row "
+                        "must end (by estimate)")
     parser.add_argument("--allow-builtin-muon", action="store_true",
                         help="without torch.optim.Muon, time a copy of its "
                         "algorithm (self-tests on old torch)")
@@ -637,7 +640,7 @@ def main():
                     args, tmp, ["--comm", args.comm])
             run(args, result)
         except Terminated:
-            # The cut row is recorded as skipped: the measured rows stand.
+            # The cut row is recorded as failed; the measured rows stand.
             conclude(result)
         except BaseException as e:  # noqa: BLE001
             traceback.print_exc()

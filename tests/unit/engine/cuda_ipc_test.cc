@@ -303,10 +303,10 @@ TEST(CudaIpcEngineTest, TheTrainersGpuIsFoundByItsPciBusId) {
 }
 
 // A trainer that died before its GPU reached its "gradients written"
-// record leaves the event pending for good. The Gloo plane waits for it on
-// the host (the DP lane per bucket, the worker per step): the wait ends at
-// the step timeout with an error instead of holding those threads, and
-// with them the rank's removal, forever.
+// record may leave the event pending for good. The Gloo plane waits for it
+// on the host (the DP lane, per bucket): the wait ends at the step timeout
+// with an error instead of holding the lane, and with it the rank's
+// removal, forever.
 TEST(CudaIpcEngineTest, APendingTrainerEventEndsTheStepAtTheTimeout) {
   SetCpuBlasThreads(1);
   FakeCudaIpc fake;

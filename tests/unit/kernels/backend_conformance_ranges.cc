@@ -97,7 +97,7 @@ TEST_P(BackendConformanceTest, OverlapsAGpuLeavesUndefinedAreRefused) {
   // Two 2 x 2 outputs 2 floats apart.
   EXPECT_THAT(b.GemmStridedBatched(kN, kN, 2, 2, 1, 1.0f, p, 1, 2, p + 4, 2, 2,
                                    0.0f, p + 8, 2, 2, 2),
-              Rejected("GemmStridedBatched: stride_c 2", "would overlap"));
+              Rejected("GemmStridedBatched: stride_c 2", "spans overlap"));
   // Nothing was written.
   EXPECT_EQ(Download(buf), values);
   // Disjoint ranges of one buffer, and a copy onto itself, are fine.
