@@ -249,11 +249,30 @@ absl::StatusOr<const void*> BucketCollectives::GradSource(int b) {
   return slot;
 }
 
-absl::Status BucketCollectives::Reduce(int b) {
+void BucketCollectives::CaptureGradients(int64_t step,
+                                         absl::Span<const int> buckets) {
+  if (parts_.snapshots == nullptr) return;
+  const absl::Status captured = parts_.snapshots->Capture(step, buckets);
+  if (!captured.ok()) {
+    spdlog::warn("{}: step {}: no snapshot of the gradients event ({}); "
+                 "those buckets wait for its last record",
+                 staging_.who, step, captured.ToString());
+  }
+}
+
+absl::Status BucketCollectives::Reduce(int b, int64_t step) {
   // A GPU trainer's gradients are final once its event completed (it
-  // records the event after backward wrote them, before GradReady/Step).
-  CANZONA_RETURN_IF_ERROR(
-      staging_.trainer->WaitGradients(*parts_.copier, staging_.on_device));
+  // records the event after backward wrote them, before GradReady/Step):
+  // the record GradReady saw (GradientSnapshots), else the latest.
+  const NcclEvent snapshot = parts_.snapshots != nullptr
+                                 ? parts_.snapshots->For(step, b)
+                                 : nullptr;
+  if (snapshot != nullptr) {
+    CANZONA_RETURN_IF_ERROR(parts_.copier->WaitEvent(snapshot));
+  } else {
+    CANZONA_RETURN_IF_ERROR(
+        staging_.trainer->WaitGradients(*parts_.copier, staging_.on_device));
+  }
   CANZONA_RETURN_IF_ERROR(ReadMasters(b));
   // No wait: the step's work follows the reductions on the device
   // (RankRuntime::AfterReductions).

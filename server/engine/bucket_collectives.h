@@ -26,8 +26,9 @@
 // host scratch of conversions through the IPC layer is OwnedBuffers'.
 //
 //   DpLane lane(buckets,
-//       [c](int64_t, int b) { return c->Reduce(b); },
+//       [c](int64_t k, int b) { return c->Reduce(b, k); },
 //       [c](int64_t, int b) { return c->Gather(b); });
+//   c->CaptureGradients(k, buckets);  // at GradReady, before MarkReady
 //
 // Thread-safety: Reduce and Gather run on the rank's DP lane thread only.
 // Between a step's reductions and its gathers the worker owns the owned
@@ -50,6 +51,7 @@
 #include "kernels/backend.h"
 #include "server/comm/communicator.h"
 #include "server/engine/exported_events.h"
+#include "server/engine/gradient_snapshots.h"
 #include "server/engine/job_plan.h"
 #include "server/engine/owned_buffers.h"
 #include "server/engine/rank_layout.h"
@@ -71,6 +73,9 @@ class BucketCollectives {
     // The "parameters written" events, one per bucket, recorded after its
     // gather instead of a host wait (null: the gathers wait).
     std::unique_ptr<ExportedEvents> params_written;
+    // A GPU trainer's gradients event as of each bucket's GradReady (NCCL
+    // plane; null: the reductions wait for the event itself).
+    std::unique_ptr<GradientSnapshots> snapshots;
     // Staging memory: the unsliced reduce-scatter's output (my largest
     // even part); the layerwise gather's packed send and receive buffers;
     // the calibration's all-reduce.
@@ -91,8 +96,15 @@ class BucketCollectives {
   BucketCollectives(const BucketCollectives&) = delete;
   BucketCollectives& operator=(const BucketCollectives&) = delete;
 
-  absl::Status Reduce(int b);
+  // Reduce bucket b of step `step` (0: a step without GradReady
+  // snapshots).
+  absl::Status Reduce(int b, int64_t step = 0);
   absl::Status Gather(int b);
+  // At GradReady, before the lane may take them: what the trainer's
+  // gradients event means now, for `buckets` of `step` (GradientSnapshots;
+  // nothing without one). Any thread; a failure is logged and those
+  // buckets wait for the event itself.
+  void CaptureGradients(int64_t step, absl::Span<const int> buckets);
 
   // Whether the staged fp32 master weights of bf16 / fp16 parameters are
   // set (a checkpoint or import wrote them: true), or must be read from the

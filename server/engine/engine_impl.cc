@@ -338,6 +338,11 @@ void EngineImpl::GradReady(const v1::GradReadyRequest& request,
           "step ", request.step(), ": GradReady must name the next step, ",
           next, ", before its Step call")));
     }
+    // What the trainer's gradients event means now, before the lane may
+    // take these buckets (and before the trainer can record it again).
+    rank->rt->buckets().CaptureGradients(
+        request.step(), absl::MakeConstSpan(request.buckets().data(),
+                                            request.buckets_size()));
     // Under job->mu: ordered with Step's MarkAllReady of the step before.
     rank->lane().MarkReady(request.step(), request.buckets());
   }

@@ -153,6 +153,21 @@ absl::Status RankBuilder::CreateBucketCollectives(
                    RankString(setup.coords), written.status().ToString());
     }
   }
+  if (rt.resident() && setup.trainer != nullptr &&
+      setup.trainer->grad_event() != nullptr) {
+    absl::StatusOr<std::unique_ptr<GradientSnapshots>> snapshots =
+        GradientSnapshots::Create(
+            rt.backends_.nccl_api(), rt.device(),
+            static_cast<NcclEvent>(setup.trainer->grad_event()),
+            static_cast<int>(layout.buckets.size()));
+    if (snapshots.ok()) {
+      parts.snapshots = *std::move(snapshots);
+    } else {
+      // The reductions then wait for the event's latest record.
+      spdlog::warn("rank {}: no gradients-event snapshots: {}",
+                   RankString(setup.coords), snapshots.status().ToString());
+    }
+  }
   parts.copier = std::move(copiers.dp);
   parts.dp = std::move(groups.dp.comm);
   parts.cross = std::move(groups.cross.comm);

@@ -101,7 +101,7 @@ absl::Status Registration::Setup(Job& job, LocalRank& rank) const {
   BucketCollectives* buckets = &rank.rt->buckets();
   rank.SetLane(std::make_unique<DpLane>(
       static_cast<int>(rank.rt->layout().buckets.size()),
-      [buckets](int64_t, int b) { return buckets->Reduce(b); },
+      [buckets](int64_t k, int b) { return buckets->Reduce(b, k); },
       [buckets](int64_t, int b) { return buckets->Gather(b); }));
   return absl::OkStatus();
 }

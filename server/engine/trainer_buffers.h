@@ -103,6 +103,8 @@ class TrainerBuffers {
   // stream wait for the trainer's event (device staging) or a host wait;
   // nothing when the trainer exported no event.
   absl::Status WaitGradients(StagingCopier& copier, bool device_staging) const;
+  // The trainer's "gradients written" event, opened (null: none).
+  void* grad_event() const { return grad_event_; }
   // Whether the data plane's collectives can work on trainer memory in
   // place: host staging (Gloo) over shared memory, device staging (NCCL)
   // over the trainer's CUDA IPC memory.

@@ -589,6 +589,7 @@ absl::Status FakeNcclApi::EventRecord(NcclEvent event, NcclStream stream) {
   FakeNcclCall call;
   call.op = "cudaEventRecord";
   call.stream = stream;
+  call.send = event;
   absl::Status status = RecordLocked(std::move(call));
   if (!status.ok()) return status;
   auto it = events_.find(event);

@@ -14,6 +14,7 @@
 // steps; CUDA IPC buffers copied on the stream after a
 // stream wait on the trainer's event, never through the host; shared-memory
 // trainer buffers page-locked while their rank lives; settings validated.
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <set>
@@ -455,6 +456,64 @@ TEST(NcclEngineTest, UpdatesWaitForTheTrainersLastEvent) {
   }
   EXPECT_EQ(waits, 3 * (buckets + 1));
   ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+  ASSERT_OK(run.Deregister(cluster));
+}
+
+// A trainer's host runs ahead of its GPU and records its one gradients
+// event again for every bucket it reports, so by the time the DP lane
+// takes bucket b the event's latest record may be a later bucket's: a
+// reduction waiting for it would wait for nearly all of backward. The
+// daemon snapshots the event at each GradReady instead (GradientSnapshots):
+// a stream of its own waits for the trainer's event then and records the
+// bucket's event, and the bucket's reduction waits for that. The trainer's
+// event itself is waited for directly only before the updates (the record
+// Step reported).
+TEST(NcclEngineTest, ReductionsWaitForTheRecordTheirGradReadySaw) {
+  SetCpuBlasThreads(1);
+  FakeCudaIpc ipc;
+  FakeNcclApi nccl({.simulate_data = true});
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
+  JobConfig config =
+      MakeJobConfig("nccl-snapshots", 1, 1, "cost", MuonModel());
+  config.bucket_order = true;
+  config.cuda_ipc = true;
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  nccl.ClearCalls();
+  constexpr int kSteps = 3;
+  ASSERT_OK(run.RunStepsOverlapped(cluster, 1, kSteps, /*shuffled=*/false, 5));
+  const int buckets = run.registered[0].buckets_size();
+  ASSERT_GE(buckets, 2);
+  // The streams that wait for the trainer's event (FakeCudaIpc's opened
+  // events are the fake itself), and where each event was last recorded.
+  std::map<NcclStream, int> trainer_waits;
+  std::map<const void*, NcclStream> recorded_on;
+  int snapshot_waits = 0;
+  for (const FakeNcclCall& c : nccl.calls()) {
+    if (c.op == "cudaEventRecord") recorded_on[c.send] = c.stream;
+    if (c.op != "cudaStreamWaitEvent") continue;
+    if (c.send == static_cast<const void*>(&ipc)) {
+      ++trainer_waits[c.stream];
+      continue;
+    }
+    auto it = recorded_on.find(c.send);
+    if (it != recorded_on.end() && it->second != c.stream &&
+        trainer_waits.count(it->second) > 0) {
+      ++snapshot_waits;  // an event recorded after a trainer-event wait
+    }
+  }
+  ASSERT_EQ(trainer_waits.size(), 2u);
+  // The snapshot stream: one wait per bucket reported; the copier's: one
+  // per step, before the updates.
+  std::vector<int> counts;
+  for (const auto& [stream, n] : trainer_waits) counts.push_back(n);
+  std::sort(counts.begin(), counts.end());
+  EXPECT_EQ(counts[0], kSteps);
+  EXPECT_EQ(counts[1], kSteps * buckets);
+  EXPECT_EQ(snapshot_waits, kSteps * buckets);
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, kSteps, {}));
   EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
   ASSERT_OK(run.Deregister(cluster));
 }
