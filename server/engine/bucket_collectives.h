@@ -105,6 +105,10 @@ class BucketCollectives {
   // nothing without one). Any thread; a failure is logged and those
   // buckets wait for the event itself.
   void CaptureGradients(int64_t step, absl::Span<const int> buckets);
+  // The job moved to another step: no snapshot taken so far applies.
+  void ForgetSnapshots() {
+    if (parts_.snapshots != nullptr) parts_.snapshots->Forget();
+  }
 
   // Whether the staged fp32 master weights of bf16 / fp16 parameters are
   // set (a checkpoint or import wrote them: true), or must be read from the

@@ -39,6 +39,11 @@ absl::Status GradientSnapshots::Capture(int64_t step,
   return absl::OkStatus();
 }
 
+void GradientSnapshots::Forget() {
+  absl::MutexLock lock(&mu_);
+  step_.assign(step_.size(), 0);
+}
+
 NcclEvent GradientSnapshots::For(int64_t step, int b) const {
   absl::MutexLock lock(&mu_);
   return step > 0 && step_[b] == step ? events_[b] : nullptr;

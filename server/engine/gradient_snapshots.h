@@ -53,6 +53,10 @@ class GradientSnapshots {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Bucket b's snapshot event if Capture took one for `step`, else null.
   NcclEvent For(int64_t step, int b) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Forgets every snapshot: the job moved to another step (a checkpoint
+  // loaded, state imported), and a step number seen before must not find
+  // an old snapshot, long complete, for a bucket not reported again.
+  void Forget() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   GradientSnapshots(NcclApi* api, int device, NcclEvent trainer_event)

@@ -94,7 +94,9 @@ class LocalRank {
   // failed hands it to the engine from the worker itself (it cannot join
   // itself).
   std::unique_ptr<Worker> worker;
-  // Worker-only from here on.
+  // Worker-only from here on, but for the DP collectives' gradients-event
+  // snapshots, which GradReady takes on RPC threads once the job is ready
+  // (BucketCollectives::CaptureGradients is thread-safe).
   std::unique_ptr<RankRuntime> rt;
   // Checkpoint collectives run (names their control-plane keys, the same
   // on every rank of the job).

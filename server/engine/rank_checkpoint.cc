@@ -233,6 +233,7 @@ void MoveToStep(Job& job, LocalRank& rank, int64_t step) {
   progress.steps_done = step;
   progress.next_step = step + 1;
   rank.lane().Reset(step);
+  rank.rt->buckets().ForgetSnapshots();
   // No update of this run precedes the next step.
   absl::Status cleared = rank.rt->pending_update().Clear();
   if (!cleared.ok()) {

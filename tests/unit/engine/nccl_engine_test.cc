@@ -15,6 +15,7 @@
 // stream wait on the trainer's event, never through the host; shared-memory
 // trainer buffers page-locked while their rank lives; settings validated.
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -34,6 +35,7 @@
 #include "kernels/cpu/device_like_memory.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "server/engine/engine_impl.h"
+#include "server/engine/gradient_snapshots.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/comm/fake_nccl_api.h"
 #include "tests/unit/engine/engine_test_util.h"
@@ -474,8 +476,7 @@ TEST(NcclEngineTest, ReductionsWaitForTheRecordTheirGradReadySaw) {
   FakeCudaIpc ipc;
   FakeNcclApi nccl({.simulate_data = true});
   Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
-  JobConfig config =
-      MakeJobConfig("nccl-snapshots", 1, 1, "cost", MuonModel());
+  JobConfig config = MakeJobConfig("nccl-snapshots", 1, 1, "cost", MuonModel());
   config.bucket_order = true;
   config.cuda_ipc = true;
   JobRun run(config);
@@ -486,36 +487,76 @@ TEST(NcclEngineTest, ReductionsWaitForTheRecordTheirGradReadySaw) {
   ASSERT_OK(run.RunStepsOverlapped(cluster, 1, kSteps, /*shuffled=*/false, 5));
   const int buckets = run.registered[0].buckets_size();
   ASSERT_GE(buckets, 2);
-  // The streams that wait for the trainer's event (FakeCudaIpc's opened
-  // events are the fake itself), and where each event was last recorded.
+  // Per stream, in order: the waits on the trainer's event (FakeCudaIpc's
+  // opened events are the fake itself) and the events recorded or waited
+  // for.
+  const void* trainer = static_cast<const void*>(&ipc);
   std::map<NcclStream, int> trainer_waits;
-  std::map<const void*, NcclStream> recorded_on;
-  int snapshot_waits = 0;
+  std::map<NcclStream, std::vector<FakeNcclCall>> on;
   for (const FakeNcclCall& c : nccl.calls()) {
-    if (c.op == "cudaEventRecord") recorded_on[c.send] = c.stream;
-    if (c.op != "cudaStreamWaitEvent") continue;
-    if (c.send == static_cast<const void*>(&ipc)) {
+    if (c.op != "cudaStreamWaitEvent" && c.op != "cudaEventRecord") continue;
+    on[c.stream].push_back(c);
+    if (c.op == "cudaStreamWaitEvent" && c.send == trainer) {
       ++trainer_waits[c.stream];
-      continue;
-    }
-    auto it = recorded_on.find(c.send);
-    if (it != recorded_on.end() && it->second != c.stream &&
-        trainer_waits.count(it->second) > 0) {
-      ++snapshot_waits;  // an event recorded after a trainer-event wait
     }
   }
+  // Two streams wait for it: the snapshots' (once per bucket reported)
+  // and the copier's (once per step, before the updates).
   ASSERT_EQ(trainer_waits.size(), 2u);
-  // The snapshot stream: one wait per bucket reported; the copier's: one
-  // per step, before the updates.
-  std::vector<int> counts;
-  for (const auto& [stream, n] : trainer_waits) counts.push_back(n);
-  std::sort(counts.begin(), counts.end());
-  EXPECT_EQ(counts[0], kSteps);
-  EXPECT_EQ(counts[1], kSteps * buckets);
-  EXPECT_EQ(snapshot_waits, kSteps * buckets);
+  NcclStream snapshots = trainer_waits.begin()->first;
+  NcclStream copier = std::next(trainer_waits.begin())->first;
+  if (trainer_waits[snapshots] < trainer_waits[copier]) {
+    std::swap(snapshots, copier);
+  }
+  EXPECT_EQ(trainer_waits[snapshots], kSteps * buckets);
+  EXPECT_EQ(trainer_waits[copier], kSteps);
+  // The snapshots' stream: each bucket's event recorded right after a wait
+  // for the trainer's, in the order GradReady reported them.
+  std::vector<const void*> recorded;
+  const std::vector<FakeNcclCall>& taken = on[snapshots];
+  ASSERT_EQ(taken.size(), 2u * kSteps * buckets);
+  for (size_t i = 0; i < taken.size(); i += 2) {
+    EXPECT_EQ(taken[i].op, "cudaStreamWaitEvent");
+    EXPECT_EQ(taken[i].send, trainer);
+    EXPECT_EQ(taken[i + 1].op, "cudaEventRecord");
+    recorded.push_back(taken[i + 1].send);
+  }
+  // The copier waits for those events, each bucket for its own, in the
+  // same order (the lane reduces in the order the buckets came).
+  std::vector<const void*> waited;
+  for (const FakeNcclCall& c : on[copier]) {
+    if (c.op != "cudaStreamWaitEvent") continue;
+    if (std::find(recorded.begin(), recorded.end(), c.send) != recorded.end()) {
+      waited.push_back(c.send);
+    }
+  }
+  EXPECT_EQ(waited, recorded);
+  EXPECT_EQ(std::set<const void*>(recorded.begin(), recorded.end()).size(),
+            static_cast<size_t>(buckets));
   ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, kSteps, {}));
   EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
   ASSERT_OK(run.Deregister(cluster));
+}
+
+// A snapshot answers only for the step it was taken for, and none after
+// the job moved to another step (a checkpoint loaded): a step number seen
+// again must not find an old, long complete snapshot of a bucket not
+// reported again, whose reduction would then not wait for backward.
+TEST(GradientSnapshotsTest, OnlyTheirStepAndNoneAfterAMove) {
+  FakeNcclApi nccl;
+  int trainer_event = 0;
+  ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<GradientSnapshots> snapshots,
+      GradientSnapshots::Create(
+          &nccl, 0, reinterpret_cast<NcclEvent>(&trainer_event), 3));
+  EXPECT_EQ(snapshots->For(0, 1), nullptr);
+  const std::vector<int> one = {1};
+  ASSERT_OK(snapshots->Capture(5, one));
+  EXPECT_NE(snapshots->For(5, 1), nullptr);
+  EXPECT_EQ(snapshots->For(5, 0), nullptr);
+  EXPECT_EQ(snapshots->For(6, 1), nullptr);
+  snapshots->Forget();
+  EXPECT_EQ(snapshots->For(5, 1), nullptr);
 }
 
 // The negative control: the answer comes before the parameters land (a
@@ -746,8 +787,7 @@ TEST(NcclEngineTest, OneRankReservesNoCollectiveMemory) {
     }
     // The communicators' barrier floats only.
     EXPECT_LE(reserved, 64);
-    buffer_bytes[dtype == DType::kBFloat16] =
-        run.registered[0].buffer_bytes();
+    buffer_bytes[dtype == DType::kBFloat16] = run.registered[0].buffer_bytes();
     ASSERT_OK(run.RunSteps(cluster, 1, 2));
     ASSERT_OK(run.Deregister(cluster));
   }
