@@ -195,11 +195,14 @@ TEST_F(CpuBackendTest, SizesBeyondBlasIndexRangeAreRejected) {
   const int64_t big = int64_t{1} << 31;
   const Transpose kN = Transpose::kNo;
   const std::string range = "exceeds the 32-bit BLAS/LAPACK index range";
-  EXPECT_THAT(backend_->Gemm(kN, kN, big, 1, 1, 1, p, 1, p, 1, 0, p, 1),
+  // A GEMM's operands apart (its C may not alias A or B): 2^31 floats each.
+  float* b = p + big;
+  float* c = p + 2 * big;
+  EXPECT_THAT(backend_->Gemm(kN, kN, big, 1, 1, 1, p, 1, b, 1, 0, c, 1),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("Gemm: m = 2147483648 " + range)));
-  EXPECT_THAT(backend_->GemmStridedBatched(kN, kN, 1, 1, 1, 1, p, 1, 0, p, 1, 0,
-                                           0, p, big, 0, 2),
+  EXPECT_THAT(backend_->GemmStridedBatched(kN, kN, 1, 1, 1, 1, p, 1, 0, b, 1, 0,
+                                           0, c, big, 1, 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("GemmStridedBatched: ldc = 2147483648")));
   EXPECT_THAT(backend_->Syrk(kN, 1, big, 1, p, big, 0, p, 1),
