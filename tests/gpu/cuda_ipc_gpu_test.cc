@@ -92,6 +92,64 @@ absl::StatusOr<Export> ParseExport(const std::string& out) {
   return e;
 }
 
+// This binary re-run as a child (CANZONA_IPC_CHILD=1) running one child
+// test: its stdin and stdout are pipes held here.
+struct Child {
+  pid_t pid = 0;
+  int to = -1;    // its stdin
+  int from = -1;  // its stdout
+};
+
+absl::StatusOr<Child> SpawnChild(const std::string& test) {
+  int to_child[2], from_child[2];
+  if (::pipe(to_child) != 0 || ::pipe(from_child) != 0) {
+    return absl::InternalError("pipe failed");
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
+  posix_spawn_file_actions_addclose(&actions, to_child[1]);
+  posix_spawn_file_actions_addclose(&actions, from_child[0]);
+  std::vector<std::string> env_strings = {"CANZONA_IPC_CHILD=1"};
+  for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
+  std::vector<char*> env;
+  for (auto& s : env_strings) env.push_back(s.data());
+  env.push_back(nullptr);
+  std::string self = "/proc/self/exe";
+  std::string filter = "--gtest_filter=" + test;
+  char* argv[] = {self.data(), filter.data(), nullptr};
+  Child child;
+  const int spawned = posix_spawn(&child.pid, self.c_str(), &actions, nullptr,
+                                  argv, env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(to_child[0]);
+  ::close(from_child[1]);
+  if (spawned != 0) {
+    ::close(to_child[1]);
+    ::close(from_child[0]);
+    return absl::InternalError("posix_spawn failed");
+  }
+  child.to = to_child[1];
+  child.from = from_child[0];
+  return child;
+}
+
+// What the child printed until a whole line starting with `tag` arrived
+// (or its stdout closed: then without one).
+std::string ReadUntilTagged(int fd, const std::string& tag) {
+  std::string out;
+  char buf[4096];
+  size_t at = std::string::npos;
+  while (at == std::string::npos || out.find('\n', at) == std::string::npos) {
+    const ssize_t got = ::read(fd, buf, sizeof(buf));
+    if (got <= 0) break;
+    out.append(buf, got);
+    at = out.find(tag);
+  }
+  return out;
+}
+
 // The parent must find the child's answer among gtest's own lines (which
 // come first on the same stdout), whatever they are.
 TEST(CudaIpcProtocolTest, TheTaggedLineIsFoundAmongGtestOutput) {
@@ -198,42 +256,13 @@ TEST(CudaIpcChild, DyingExporter) {
 TEST(CudaIpcGpuTest, AWaitForADeadTrainersEventEndsByItsDeadline) {
   if (IsChild()) GTEST_SKIP();
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  int to_child[2], from_child[2];
-  ASSERT_EQ(::pipe(to_child), 0);
-  ASSERT_EQ(::pipe(from_child), 0);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
-  posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
-  posix_spawn_file_actions_addclose(&actions, to_child[1]);
-  posix_spawn_file_actions_addclose(&actions, from_child[0]);
-  std::vector<std::string> env_strings = {"CANZONA_IPC_CHILD=1"};
-  for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
-  std::vector<char*> env;
-  for (auto& s : env_strings) env.push_back(s.data());
-  env.push_back(nullptr);
-  std::string self = "/proc/self/exe";
-  std::string filter = "--gtest_filter=CudaIpcChild.DyingExporter";
-  char* argv[] = {self.data(), filter.data(), nullptr};
-  pid_t child = 0;
-  ASSERT_EQ(
-      posix_spawn(&child, self.c_str(), &actions, nullptr, argv, env.data()),
-      0);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(to_child[0]);
-  ::close(from_child[1]);
-  std::string out;
-  char buf[4096];
-  size_t tag = std::string::npos;
-  while (tag == std::string::npos || out.find('\n', tag) == std::string::npos) {
-    const ssize_t got = ::read(from_child[0], buf, sizeof(buf));
-    if (got <= 0) break;
-    out.append(buf, got);
-    tag = out.find(kEventTag);
-  }
+  ASSERT_OK_AND_ASSIGN(const Child child,
+                       SpawnChild("CudaIpcChild.DyingExporter"));
+  const std::string out = ReadUntilTagged(child.from, kEventTag);
+  const size_t tag = out.find(kEventTag);
   if (tag == std::string::npos || out.find('\n', tag) == std::string::npos) {
-    ::close(to_child[1]);
-    ::waitpid(child, nullptr, 0);
+    ::close(child.to);
+    ::waitpid(child.pid, nullptr, 0);
     FAIL() << "the child exported no event:\n" << out;
   }
   const size_t begin = tag + std::strlen(kEventTag);
@@ -243,10 +272,10 @@ TEST(CudaIpcGpuTest, AWaitForADeadTrainersEventEndsByItsDeadline) {
   CudaIpcOpener* ipc = RealCudaIpcOpener();
   ASSERT_OK_AND_ASSIGN(void* event, ipc->OpenEvent(handle, 0));
   // The trainer dies with its record pending.
-  ::close(to_child[1]);
+  ::close(child.to);
   int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ::close(from_child[0]);
+  ASSERT_EQ(::waitpid(child.pid, &status, 0), child.pid);
+  ::close(child.from);
   EXPECT_TRUE(WIFSIGNALED(status));
   const absl::Duration timeout = absl::Seconds(3);
   const absl::Time start = absl::Now();
@@ -256,8 +285,8 @@ TEST(CudaIpcGpuTest, AWaitForADeadTrainersEventEndsByItsDeadline) {
   EXPECT_TRUE(waited.ok() ||
               waited.code() == absl::StatusCode::kDeadlineExceeded)
       << waited;
-  ::testing::Test::RecordProperty(
-      "dead_exporter_wait", waited.ok() ? "completed" : "deadline");
+  ::testing::Test::RecordProperty("dead_exporter_wait",
+                                  waited.ok() ? "completed" : "deadline");
   std::printf("a dead exporter's pending event: %s after %s\n",
               waited.ok() ? "completed" : waited.ToString().c_str(),
               absl::FormatDuration(took).c_str());
@@ -267,41 +296,14 @@ TEST(CudaIpcGpuTest, AWaitForADeadTrainersEventEndsByItsDeadline) {
 TEST(CudaIpcGpuTest, TrainerBufferOpensInTheDaemon) {
   if (IsChild()) GTEST_SKIP();
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  int to_child[2], from_child[2];
-  ASSERT_EQ(::pipe(to_child), 0);
-  ASSERT_EQ(::pipe(from_child), 0);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
-  posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
-  posix_spawn_file_actions_addclose(&actions, to_child[1]);
-  posix_spawn_file_actions_addclose(&actions, from_child[0]);
-  std::vector<std::string> env_strings = {"CANZONA_IPC_CHILD=1"};
-  for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
-  std::vector<char*> env;
-  for (auto& s : env_strings) env.push_back(s.data());
-  env.push_back(nullptr);
-  std::string self = "/proc/self/exe";
-  std::string filter = "--gtest_filter=CudaIpcChild.Exporter";
-  char* argv[] = {self.data(), filter.data(), nullptr};
-  pid_t child = 0;
-  ASSERT_EQ(
-      posix_spawn(&child, self.c_str(), &actions, nullptr, argv, env.data()),
-      0);
-  ::close(to_child[0]);
-  ::close(from_child[1]);
-  // Reads until the tagged line arrived (or the child's stdout closed).
-  std::string out;
+  ASSERT_OK_AND_ASSIGN(const Child child_process,
+                       SpawnChild("CudaIpcChild.Exporter"));
+  const pid_t child = child_process.pid;
+  const int to_child = child_process.to, from_child = child_process.from;
+  const std::string out = ReadUntilTagged(from_child, kExportTag);
   char buf[4096];
-  size_t tag = std::string::npos;
-  while (tag == std::string::npos || out.find('\n', tag) == std::string::npos) {
-    const ssize_t got = ::read(from_child[0], buf, sizeof(buf));
-    if (got <= 0) break;
-    out.append(buf, got);
-    tag = out.find(kExportTag);
-  }
-  if (tag == std::string::npos) {
-    ::close(to_child[1]);
+  if (out.find(kExportTag) == std::string::npos) {
+    ::close(to_child);
     ::waitpid(child, nullptr, 0);
     FAIL() << "the child exported nothing:\n" << out;
   }
@@ -346,13 +348,13 @@ TEST(CudaIpcGpuTest, TrainerBufferOpensInTheDaemon) {
   ASSERT_OK(cuda->EventRecord(written, stream));
   const std::string answer =
       absl::StrCat(absl::BytesToHexString(written_handle), "\n");
-  ASSERT_EQ(::write(to_child[1], answer.data(), answer.size()),
+  ASSERT_EQ(::write(to_child, answer.data(), answer.size()),
             static_cast<ssize_t>(answer.size()));
   // Until the child verified (or gave up): it still waits on our event.
   std::string rest;
   ssize_t got;
   while (rest.find(kVerifiedTag) == std::string::npos &&
-         (got = ::read(from_child[0], buf, sizeof(buf))) > 0) {
+         (got = ::read(from_child, buf, sizeof(buf))) > 0) {
     rest.append(buf, got);
   }
   for (;;) {
@@ -368,15 +370,14 @@ TEST(CudaIpcGpuTest, TrainerBufferOpensInTheDaemon) {
   ssize_t got;
 #endif
   ipc->Close(opened, device);
-  ::close(to_child[1]);
-  while ((got = ::read(from_child[0], buf, sizeof(buf))) > 0)
+  ::close(to_child);
+  while ((got = ::read(from_child, buf, sizeof(buf))) > 0)
     rest.append(buf, got);
-  ::close(from_child[0]);
+  ::close(from_child);
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out << rest;
   EXPECT_NE(rest.find(kVerifiedTag), std::string::npos) << out << rest;
-  posix_spawn_file_actions_destroy(&actions);
 }
 
 }  // namespace
