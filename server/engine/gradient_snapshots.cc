@@ -14,7 +14,10 @@ absl::StatusOr<std::unique_ptr<GradientSnapshots>> GradientSnapshots::Create(
     CANZONA_ASSIGN_OR_RETURN(NcclEvent event, api->EventCreate());
     out->events_.push_back(event);
   }
-  out->step_.assign(buckets, 0);
+  {
+    absl::MutexLock lock(&out->mu_);
+    out->step_.assign(buckets, 0);
+  }
   return out;
 }
 
