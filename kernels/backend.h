@@ -81,7 +81,7 @@ enum class EigenPrecision { kFloat32, kFloat64 };
 // A fully resolved Newton-Schulz iteration:
 //   X <- X / (norm_scale * ||X||_F + norm_eps)
 //   for each (a, b, c) in coefficients:
-//     A = X X^T; B = b A + c A A; X = a X + B X
+//     A = X X^T; B = a I + b A + c A A; X = B X
 // applied to the wide orientation of the matrix (transposed when
 // rows > cols, transposed back afterwards).
 //
@@ -97,6 +97,12 @@ struct NewtonSchulzSpec {
   float norm_eps = 1e-7f;
   NsPrecision precision = NsPrecision::kFloat32;
   NsAlgorithm algorithm = NsAlgorithm::kStandard;
+  // The standard iteration's symmetric products X X^T and A A computed one
+  // triangle only (cpu: SYRK for both; cuda float32: SYRK where it runs it;
+  // cuda bf16: the lower tiles, kernels/symmetric_tiles.h, where the short
+  // side splits into tiles of 1024 or more), then mirrored. False: full
+  // GEMMs, the baseline `canzonactl bench kernels` times it against.
+  bool symmetric_products = true;
 };
 
 // The algorithm `spec` runs as on `batch` rows x cols matrices on a backend

@@ -44,15 +44,18 @@ absl::Status RunKernelBench(const BenchOptions& options) {
     out["ns_precision"] = precision;
     out["shapes"] = nlohmann::json::array();
     for (const ShapeRate& r : measured.shapes) {
-      out["shapes"].push_back({{"rows", r.rows},
-                               {"cols", r.cols},
-                               {"ns_seconds", r.ns_seconds},
-                               {"ns_gflops", r.ns_gflops},
-                               {"gemm_gflops", r.gemm_gflops},
-                               {"ns_over_gemm", r.ns_gflops / r.gemm_gflops},
-                               {"gram_seconds", r.gram_seconds},
-                               {"gram_speedup", r.ns_seconds / r.gram_seconds},
-                               {"auto", r.auto_algorithm}});
+      out["shapes"].push_back(
+          {{"rows", r.rows},
+           {"cols", r.cols},
+           {"ns_seconds", r.ns_seconds},
+           {"ns_gflops", r.ns_gflops},
+           {"gemm_gflops", r.gemm_gflops},
+           {"ns_over_gemm", r.ns_gflops / r.gemm_gflops},
+           {"full_products_seconds", r.full_products_seconds},
+           {"symmetric_speedup", r.full_products_seconds / r.ns_seconds},
+           {"gram_seconds", r.gram_seconds},
+           {"gram_speedup", r.ns_seconds / r.gram_seconds},
+           {"auto", r.auto_algorithm}});
       if (options.kernels.batch > 0) {
         out["shapes"].back()["batch"] = {
             {"matrices", options.kernels.batch},
@@ -67,18 +70,22 @@ absl::Status RunKernelBench(const BenchOptions& options) {
     std::printf("backend: %s   model: %s   Newton-Schulz: %d steps, %s\n",
                 measured.rates.device.c_str(), options.kernels.model.c_str(),
                 options.kernels.ns_steps, precision);
-    // NS is the standard iteration; gram ms and std/gram time the Gram
-    // iteration on the same shape, same run; auto names what
+    // NS is the standard iteration (its symmetric products one triangle
+    // each, GFLOP/s counting them as full GEMMs); full ms times it with full
+    // GEMMs, full/NS the saving; gram ms and std/gram time the Gram
+    // iteration; all on the same shape, same run; auto names what
     // ns_algorithm=auto runs there (kernels/ns_algorithm.h).
-    std::printf("%-14s %12s %12s %12s %10s %10s %9s %9s\n", "shape", "NS ms",
-                "NS GFLOP/s", "GEMM GFLOP/s", "NS/GEMM", "gram ms", "std/gram",
-                "auto");
+    std::printf("%-14s %12s %12s %12s %10s %10s %8s %10s %9s %9s\n", "shape",
+                "NS ms", "NS GFLOP/s", "GEMM GFLOP/s", "NS/GEMM", "full ms",
+                "full/NS", "gram ms", "std/gram", "auto");
     for (const ShapeRate& r : measured.shapes) {
-      std::printf("%-14s %12.2f %12.1f %12.1f %10.2f %10.2f %9.2f %9s\n",
-                  absl::StrCat(r.rows, "x", r.cols).c_str(), r.ns_seconds * 1e3,
-                  r.ns_gflops, r.gemm_gflops, r.ns_gflops / r.gemm_gflops,
-                  r.gram_seconds * 1e3, r.ns_seconds / r.gram_seconds,
-                  r.auto_algorithm.c_str());
+      std::printf(
+          "%-14s %12.2f %12.1f %12.1f %10.2f %10.2f %8.2f %10.2f %9.2f %9s\n",
+          absl::StrCat(r.rows, "x", r.cols).c_str(), r.ns_seconds * 1e3,
+          r.ns_gflops, r.gemm_gflops, r.ns_gflops / r.gemm_gflops,
+          r.full_products_seconds * 1e3, r.full_products_seconds / r.ns_seconds,
+          r.gram_seconds * 1e3, r.ns_seconds / r.gram_seconds,
+          r.auto_algorithm.c_str());
     }
     if (options.kernels.batch > 0) {
       std::printf(

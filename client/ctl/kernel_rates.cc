@@ -54,6 +54,8 @@ absl::StatusOr<KernelRates> MeasureKernelRates(
   gram_spec.algorithm = NsAlgorithm::kGram;
   NewtonSchulzSpec auto_spec = spec;
   auto_spec.algorithm = NsAlgorithm::kAuto;
+  NewtonSchulzSpec full_spec = spec;
+  full_spec.symmetric_products = false;
 
   KernelRates out;
   out.bf16 = precision == NsPrecision::kBfloat16;
@@ -86,6 +88,12 @@ absl::StatusOr<KernelRates> MeasureKernelRates(
       CANZONA_ASSIGN_OR_RETURN(WorkloadTiming gram_time,
                                TimeWorkload(*gram, options.min_time));
       rate.gram_seconds = seconds(gram_time);
+      CANZONA_ASSIGN_OR_RETURN(
+          auto full, KernelWorkload::NewtonSchulz(backend.get(), full_spec, 1,
+                                                  shape.rows, shape.cols));
+      CANZONA_ASSIGN_OR_RETURN(WorkloadTiming full_time,
+                               TimeWorkload(*full, options.min_time));
+      rate.full_products_seconds = seconds(full_time);
       rate.auto_algorithm = NsAlgorithmName(ResolvedNsAlgorithm(
           auto_spec, backend->kind(), shape.rows, shape.cols));
     }

@@ -42,8 +42,11 @@ struct KernelBenchOptions {
 struct ShapeRate {
   int64_t rows = 0, cols = 0;
   double ns_seconds = 0, ns_gflops = 0, gemm_gflops = 0;
-  // compare_algorithms: the Gram iteration's time and auto's choice.
+  // compare_algorithms: the Gram iteration's time and auto's choice, and
+  // the standard iteration's with full GEMMs for its symmetric products
+  // (NewtonSchulzSpec::symmetric_products false: what ns_seconds saves).
   double gram_seconds = 0;
+  double full_products_seconds = 0;
   std::string auto_algorithm;
   // batch > 0: seconds for `batch` matrices, per-matrix calls and one
   // batched call, standard and gram.

@@ -407,7 +407,12 @@ class CpuBackend final : public Backend {
            gram ? absl::Span<const std::array<float, 3>>()
                 : absl::MakeConstSpan(spec.coefficients)) {
         // A = X X^T (ssyrk: half the flops of sgemm), both triangles.
-        SyrkUnchecked(Transpose::kNo, m, n, 1.0f, x, n, 0.0f, gram_xx, m);
+        if (spec.symmetric_products) {
+          SyrkUnchecked(Transpose::kNo, m, n, 1.0f, x, n, 0.0f, gram_xx, m);
+        } else {
+          GemmUnchecked(Transpose::kNo, Transpose::kYes, m, m, n, 1.0f, x, n, x,
+                        n, 0.0f, gram_xx, m);
+        }
         // B = a I + b A + c A A, so that X = B X has no "a X" term, which
         // would need a copy of X (sgemm's C must not alias its inputs); the
         // cuda backend does the same (newton_schulz.cc).
@@ -417,8 +422,16 @@ class CpuBackend final : public Backend {
           }
           poly[r * m + r] += abc[0];
         }
-        GemmUnchecked(Transpose::kNo, Transpose::kNo, m, m, m, abc[2], gram_xx,
-                      m, gram_xx, m, 1.0f, poly, m);
+        // A is symmetric (mirrored), so A A = A A^T: ssyrk again, half the
+        // flops, onto the symmetric a I + b A, whose upper triangle it
+        // updates before mirroring.
+        if (spec.symmetric_products) {
+          SyrkUnchecked(Transpose::kNo, m, m, abc[2], gram_xx, m, 1.0f, poly,
+                        m);
+        } else {
+          GemmUnchecked(Transpose::kNo, Transpose::kNo, m, m, m, abc[2],
+                        gram_xx, m, gram_xx, m, 1.0f, poly, m);
+        }
         GemmUnchecked(Transpose::kNo, Transpose::kNo, m, n, m, 1.0f, poly, m, x,
                       n, 0.0f, y, n);
         std::swap(x, y);

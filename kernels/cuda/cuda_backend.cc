@@ -224,12 +224,18 @@ class CudaBackend final : public Backend {
   // captured on its second; a key whose capture fails runs eagerly for good.
   // CANZONA_CUDA_GRAPHS=0 turns them off.
   bool ns_graphs_enabled_ = true;
+  // CANZONA_NS_SYMMETRIC=0: full GEMMs for Newton-Schulz's symmetric
+  // products (kernels/symmetric_tiles.h), whatever the spec asks.
+  bool ns_symmetric_enabled_ = true;
   void* ns_graphs_workspace_ = nullptr;  // the workspace they were made with
   std::map<std::string, cudaGraphExec_t> ns_graphs_;
   std::set<std::string> ns_eager_;
   std::set<std::string> ns_seen_;     // keys run once eagerly, captured next
   void* cublas_workspace_ = nullptr;  // fixed, so captures never allocate
   void DropNsGraphs();
+  cuda_internal::NsContext NsRunContext() const {
+    return {stream_, cublas_, num_sms_, ns_symmetric_enabled_};
+  }
   Workspace solver_ws_;   // cuSOLVER work arrays, copies and devInfo
   Workspace scratch_ws_;  // reductions, flags, permutations
   // SumSquaresMany's segment table, written here and copied to the device
@@ -328,6 +334,8 @@ absl::Status CudaBackend::Init() {
       cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspace));
   const char* graphs = std::getenv("CANZONA_CUDA_GRAPHS");
   ns_graphs_enabled_ = graphs == nullptr || std::string(graphs) != "0";
+  const char* symmetric = std::getenv("CANZONA_NS_SYMMETRIC");
+  ns_symmetric_enabled_ = symmetric == nullptr || std::string(symmetric) != "0";
   void* pinned = nullptr;
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaHostAlloc(&pinned, sizeof(PinnedScratch), cudaHostAllocDefault));
@@ -713,7 +721,7 @@ absl::Status CudaBackend::DoReserveNewtonSchulz(const NewtonSchulzSpec& spec,
                                                 int64_t cols) {
   CANZONA_RETURN_IF_ERROR(Activate());
   return Reserve(ns_ws_, cuda_internal::NewtonSchulzWorkspaceBytes(
-                             spec.precision,
+                             NsRunContext(), spec,
                              ResolvedNsAlgorithm(spec, kind(), rows, cols),
                              batch, rows, cols))
       .status();
@@ -730,10 +738,10 @@ absl::Status CudaBackend::DoNewtonSchulz(const NewtonSchulzSpec& spec,
                                          float* output) {
   CANZONA_RETURN_IF_ERROR(Activate());
   const NsAlgorithm algorithm = ResolvedNsAlgorithm(spec, kind(), rows, cols);
+  const cuda_internal::NsContext ctx = NsRunContext();
   const size_t bytes = cuda_internal::NewtonSchulzWorkspaceBytes(
-      spec.precision, algorithm, batch, rows, cols);
+      ctx, spec, algorithm, batch, rows, cols);
   CANZONA_ASSIGN_OR_RETURN(void* ws, Reserve(ns_ws_, bytes));
-  const cuda_internal::NsContext ctx{stream_, cublas_, num_sms_};
   auto run = [&] {
     return cuda_internal::RunNewtonSchulz(ctx, spec, algorithm, batch, rows,
                                           cols, input, output, ws);
@@ -746,6 +754,7 @@ absl::Status CudaBackend::DoNewtonSchulz(const NewtonSchulzSpec& spec,
   // Everything the captured launches depend on.
   std::string key = absl::StrCat(
       static_cast<int>(spec.precision), ":", static_cast<int>(algorithm), ":",
+      ctx.symmetric_products && spec.symmetric_products ? "sym:" : "full:",
       batch, ":", rows, ":", cols, ":", reinterpret_cast<uintptr_t>(input), ":",
       reinterpret_cast<uintptr_t>(output), ":",
       absl::bit_cast<uint32_t>(spec.norm_scale), ":",

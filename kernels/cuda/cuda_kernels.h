@@ -158,6 +158,23 @@ cudaError_t NsLoad(const LaunchConfig& cfg, int64_t batch, int64_t rows,
 cudaError_t NsStore(const LaunchConfig& cfg, int64_t batch, int64_t rows,
                     int64_t cols, bool transpose, NsElement elem,
                     const void* src, float* dst);
+// MirrorUpperToLower on `batch` contiguous n x n matrices of `elem`.
+cudaError_t NsMirrorUpperToLower(const LaunchConfig& cfg, int64_t batch,
+                                 int64_t n, NsElement elem, void* c);
+// The pointer arrays of the symmetric products' tiles
+// (kernels/symmetric_tiles.h) for `batch` matrices of short side n and long
+// side l, `count` tiles of side `side` each: nine arrays of batch * count
+// pointers, one after the other in `out`, entry i * count + t of each
+// being matrix i's tile t:
+//   [0, 3): X X^T from x0 (A operands, B operands, results in a),
+//   [3, 6): the same from x1,
+//   [6, 9): A A (A operands and B operands in a, results in b).
+// Element sizes by `elem`; x0 / x1 matrices l * n apart, a / b ones n * n.
+cudaError_t NsSymmetricTilePointers(const LaunchConfig& cfg, int64_t batch,
+                                    int64_t n, int64_t l, int64_t side,
+                                    int64_t count, NsElement elem,
+                                    const void* x0, const void* x1,
+                                    const void* a, void* b, void** out);
 // dst[b] = scale * src[b] + shift * I for `batch` contiguous n x n matrices
 // of `elem`, computed in float32 and rounded once: the start of a
 // Newton-Schulz step's polynomial a I + b A + c A A, to which cuBLAS adds

@@ -442,12 +442,13 @@ __global__ void ColumnDotsKernel(int64_t rows, int64_t cols, const float* a,
 // only its upper tile and writes only its lower tile (on the diagonal both
 // are the same tile: all reads finish before the barrier), so blocks never
 // race.
-__global__ void MirrorUpperToLowerKernel(int64_t batch, int64_t n, float* c,
+template <typename T>
+__global__ void MirrorUpperToLowerKernel(int64_t batch, int64_t n, T* c,
                                          int64_t ldc, int64_t stride) {
-  __shared__ float tile[kTile][kTile + 1];
+  __shared__ T tile[kTile][kTile + 1];
   const int64_t tiles = CeilDiv(n, kTile);
   for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
-    float* m = c + b * stride;
+    T* m = c + b * stride;
     for (int64_t bi = blockIdx.y; bi < tiles; bi += gridDim.y) {
       for (int64_t bj = blockIdx.x; bj <= bi && bj < tiles; bj += gridDim.x) {
         // Load source tile (rows bj*T.., cols bi*T..) from the upper part.
@@ -679,9 +680,12 @@ cudaError_t TransposeDoubleToFloat(const LaunchConfig& cfg, int64_t rows,
   return cudaGetLastError();
 }
 
-cudaError_t MirrorUpperToLower(const LaunchConfig& cfg, int64_t batch,
-                               int64_t n, float* c, int64_t ldc,
-                               int64_t stride) {
+namespace {
+
+template <typename T>
+cudaError_t LaunchMirrorUpperToLower(const LaunchConfig& cfg, int64_t batch,
+                                     int64_t n, T* c, int64_t ldc,
+                                     int64_t stride) {
   if (batch <= 0 || n <= 1) return cudaSuccess;
   int64_t tiles = CeilDiv(n, kTile);
   if (tiles > kMaxGridYZ) tiles = kMaxGridYZ;
@@ -689,9 +693,27 @@ cudaError_t MirrorUpperToLower(const LaunchConfig& cfg, int64_t batch,
   // Blocks above the diagonal (bj > bi) find no work and exit at once.
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(tiles),
                   static_cast<unsigned>(gz));
-  MirrorUpperToLowerKernel<<<grid, dim3(kTile, kTileRows), 0, cfg.stream>>>(
+  MirrorUpperToLowerKernel<T><<<grid, dim3(kTile, kTileRows), 0, cfg.stream>>>(
       batch, n, c, ldc, stride);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t MirrorUpperToLower(const LaunchConfig& cfg, int64_t batch,
+                               int64_t n, float* c, int64_t ldc,
+                               int64_t stride) {
+  return LaunchMirrorUpperToLower(cfg, batch, n, c, ldc, stride);
+}
+
+cudaError_t NsMirrorUpperToLower(const LaunchConfig& cfg, int64_t batch,
+                                 int64_t n, NsElement elem, void* c) {
+  if (elem == NsElement::kBfloat16) {
+    return LaunchMirrorUpperToLower(cfg, batch, n,
+                                    static_cast<__nv_bfloat16*>(c), n, n * n);
+  }
+  return LaunchMirrorUpperToLower(cfg, batch, n, static_cast<float*>(c), n,
+                                  n * n);
 }
 
 }  // namespace canzona::cuda_kernels

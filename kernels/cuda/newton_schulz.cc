@@ -14,6 +14,7 @@
 #include "kernels/base/status_macros.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/gram_newton_schulz.h"
+#include "kernels/symmetric_tiles.h"
 
 namespace canzona::cuda_internal {
 namespace {
@@ -24,13 +25,32 @@ using cuda_kernels::NsElement;
 // Byte offsets of the workspace regions, each 256-byte aligned (cuBLAS
 // prefers aligned operands; the norm kernel reads float4).
 // The Gram iteration's s x s buffers take the place of A and B.
+// `tiles`: the bf16 standard iteration's symmetric products by tiles
+// (kernels/symmetric_tiles.h), whose pointer arrays take `pointers`.
 struct Layout {
-  size_t x0 = 0, x1 = 0, a = 0, b = 0, partials = 0, denom = 0, total = 0;
+  size_t x0 = 0, x1 = 0, a = 0, b = 0, partials = 0, denom = 0, pointers = 0,
+         total = 0;
   int parts = 1;
+  SymmetricTiles tiles;
 };
 
-Layout MakeLayout(NsPrecision precision, NsAlgorithm algorithm, int64_t batch,
-                  int64_t rows, int64_t cols) {
+// Where the standard iteration computes its symmetric products by tiles:
+// bf16 (float32 runs SYRK instead, below), asked for, and a short side that
+// splits into whole tiles of kSymmetricMinTile or more.
+SymmetricTiles TilesFor(bool symmetric, const NewtonSchulzSpec& spec,
+                        NsAlgorithm algorithm, int64_t n) {
+  if (algorithm != NsAlgorithm::kStandard || !symmetric ||
+      spec.precision != NsPrecision::kBfloat16) {
+    return {n, 1};
+  }
+  return ChooseSymmetricTiles(n);
+}
+
+// `symmetric`: the spec's symmetric_products where the context allows it.
+Layout MakeLayout(bool symmetric, const NewtonSchulzSpec& spec,
+                  NsAlgorithm algorithm, int64_t batch, int64_t rows,
+                  int64_t cols) {
+  const NsPrecision precision = spec.precision;
   const size_t elem = precision == NsPrecision::kBfloat16 ? 2 : 4;
   const int64_t n = rows < cols ? rows : cols;
   const size_t x_bytes =
@@ -58,6 +78,12 @@ Layout MakeLayout(NsPrecision precision, NsAlgorithm algorithm, int64_t batch,
       WorkspaceRoundUp(static_cast<size_t>(batch) * l.parts * sizeof(double));
   l.denom = off;
   off += WorkspaceRoundUp(static_cast<size_t>(batch) * sizeof(float));
+  l.tiles = TilesFor(symmetric, spec, algorithm, n);
+  l.pointers = off;
+  if (l.tiles.tiled()) {
+    off += WorkspaceRoundUp(static_cast<size_t>(9 * batch * l.tiles.count()) *
+                            sizeof(void*));
+  }
   l.total = off;
   return l;
 }
@@ -85,9 +111,13 @@ absl::Status NsBatchedGemm(const NsContext& ctx, bool bf16,
   return absl::OkStatus();
 }
 
-size_t NewtonSchulzWorkspaceBytes(NsPrecision precision, NsAlgorithm algorithm,
-                                  int64_t batch, int64_t rows, int64_t cols) {
-  return MakeLayout(precision, algorithm, batch, rows, cols).total;
+size_t NewtonSchulzWorkspaceBytes(const NsContext& ctx,
+                                  const NewtonSchulzSpec& spec,
+                                  NsAlgorithm algorithm, int64_t batch,
+                                  int64_t rows, int64_t cols) {
+  return MakeLayout(ctx.symmetric_products && spec.symmetric_products, spec,
+                    algorithm, batch, rows, cols)
+      .total;
 }
 
 absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
@@ -101,8 +131,9 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
   const bool transpose = rows > cols;
   const int64_t n = transpose ? cols : rows;
   const int64_t m = transpose ? rows : cols;
+  const bool symmetric = ctx.symmetric_products && spec.symmetric_products;
   const Layout layout =
-      MakeLayout(spec.precision, algorithm, batch, rows, cols);
+      MakeLayout(symmetric, spec, algorithm, batch, rows, cols);
   char* base = static_cast<char*>(workspace);
   void* x = base + layout.x0;
   void* x_next = base + layout.x1;
@@ -127,14 +158,16 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
   //   A' = X'^T X' = X X^T             (n x n; its row-major view is A^T)
   //   B' = a I + b A' + c A' A'        (row-major view: a I + b A + c A A)
   //   X'_next = X' B'                  (row-major view: B X)
-  // so every product is exactly the row-major one; no symmetry is assumed.
+  // so every product is exactly the row-major one. A' and A' A' are
+  // symmetric: where spec.symmetric_products lets it, one triangle is
+  // computed (SYRK in float32, the lower tiles in bf16) and mirrored.
   const int64_t sx = n * m;
   const int64_t sa = n * n;
   // float32 only: cuBLAS has no batched SYRK, so SYRK (half the flops) pays
   // off per matrix when the matrices are big or few; otherwise one batched
   // GEMM launch wins. Untuned threshold (~512^3 multiply-adds).
   const bool use_syrk =
-      !bf16 && (batch == 1 || n * n * m >= (int64_t{1} << 27));
+      !bf16 && symmetric && (batch == 1 || n * n * m >= (int64_t{1} << 27));
   if (algorithm == NsAlgorithm::kGram) {
     // The whole iteration (gram_newton_schulz.h); x ends on the result.
     CANZONA_RETURN_IF_ERROR(RunGramSteps(ctx, spec, batch, n, m, x, x_next, a));
@@ -142,7 +175,50 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
   const auto standard_steps = algorithm == NsAlgorithm::kGram
                                   ? absl::Span<const std::array<float, 3>>()
                                   : absl::MakeConstSpan(spec.coefficients);
+  // bf16 by tiles: one pointer-array batched GEMM per symmetric product over
+  // the lower tiles of every matrix (kernels/symmetric_tiles.h), the arrays
+  // written once per call for both of X's buffers.
+  const SymmetricTiles& tiles = layout.tiles;
+  const int64_t entries = batch * tiles.count();
+  void** pointers = reinterpret_cast<void**>(base + layout.pointers);
+  if (tiles.tiled() && !standard_steps.empty()) {
+    CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::NsSymmetricTilePointers(
+        cfg, batch, n, m, tiles.side, tiles.count(), elem, base + layout.x0,
+        base + layout.x1, a, b, pointers));
+  }
+  // The tile products: C_t = alpha op(A_t) op(B_t) + beta C_t over the
+  // arrays starting at `set` (3 arrays of `entries`).
+  auto tile_gemm = [&](int set, cublasOperation_t ta, int64_t k, int64_t lda,
+                       float alpha, float beta) -> absl::Status {
+    void** at = pointers + 3 * set * entries;
+    CANZONA_CUDA_RETURN_IF_ERROR(cublasGemmBatchedEx_64(
+        ctx.cublas, ta, CUBLAS_OP_N, tiles.side, tiles.side, k, &alpha, at,
+        CUDA_R_16BF, lda, at + entries, CUDA_R_16BF, lda, &beta,
+        at + 2 * entries, CUDA_R_16BF, n, entries, CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT));
+    return absl::OkStatus();
+  };
+  bool x_is_x0 = true;
   for (const auto& [ca, cb, cc] : standard_steps) {
+    if (tiles.tiled()) {
+      // A's lower tiles, then its upper triangle from them: the tiles of
+      // A A read whole rows of A.
+      CANZONA_RETURN_IF_ERROR(
+          tile_gemm(x_is_x0 ? 0 : 1, CUBLAS_OP_T, m, m, 1.0f, 0.0f));
+      CANZONA_CUDA_RETURN_IF_ERROR(
+          cuda_kernels::NsMirrorUpperToLower(cfg, batch, n, elem, a));
+      CANZONA_CUDA_RETURN_IF_ERROR(
+          cuda_kernels::NsScaleAddIdentity(cfg, batch, n, cb, ca, elem, a, b));
+      CANZONA_RETURN_IF_ERROR(tile_gemm(2, CUBLAS_OP_N, n, n, cc, 1.0f));
+      CANZONA_CUDA_RETURN_IF_ERROR(
+          cuda_kernels::NsMirrorUpperToLower(cfg, batch, n, elem, b));
+      CANZONA_RETURN_IF_ERROR(NsBatchedGemm(ctx, bf16, CUBLAS_OP_N, CUBLAS_OP_N,
+                                            m, n, n, 1.0f, x, m, sx, b, n, sa,
+                                            0.0f, x_next, m, sx, batch));
+      std::swap(x, x_next);
+      x_is_x0 = !x_is_x0;
+      continue;
+    }
     if (use_syrk) {
       const float one = 1.0f, zero = 0.0f;
       for (int64_t i = 0; i < batch; ++i) {
@@ -167,13 +243,28 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
     // float64 is the copy's (server/DESIGN.md 3.1).
     CANZONA_CUDA_RETURN_IF_ERROR(
         cuda_kernels::NsScaleAddIdentity(cfg, batch, n, cb, ca, elem, a, b));
-    CANZONA_RETURN_IF_ERROR(NsBatchedGemm(ctx, bf16, CUBLAS_OP_N, CUBLAS_OP_N,
-                                          n, n, n, cc, a, n, sa, a, n, sa, 1.0f,
-                                          b, n, sa, batch));
+    if (use_syrk) {
+      // A is symmetric (mirrored), so A A = A A^T: SYRK onto the symmetric
+      // a I + b A, one triangle, then mirrored.
+      const float one = 1.0f;
+      for (int64_t i = 0; i < batch; ++i) {
+        CANZONA_CUDA_RETURN_IF_ERROR(
+            cublasSsyrk_64(ctx.cublas, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, n,
+                           n, &cc, static_cast<const float*>(a) + i * sa, n,
+                           &one, static_cast<float*>(b) + i * sa, n));
+      }
+      CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::MirrorUpperToLower(
+          cfg, batch, n, static_cast<float*>(b), n, sa));
+    } else {
+      CANZONA_RETURN_IF_ERROR(NsBatchedGemm(ctx, bf16, CUBLAS_OP_N, CUBLAS_OP_N,
+                                            n, n, n, cc, a, n, sa, a, n, sa,
+                                            1.0f, b, n, sa, batch));
+    }
     CANZONA_RETURN_IF_ERROR(NsBatchedGemm(ctx, bf16, CUBLAS_OP_N, CUBLAS_OP_N,
                                           m, n, n, 1.0f, x, m, sx, b, n, sa,
                                           0.0f, x_next, m, sx, batch));
     std::swap(x, x_next);
+    x_is_x0 = !x_is_x0;
   }
 
   // Back to float32 (and to rows x cols when we transposed).

@@ -37,12 +37,17 @@ struct NsContext {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;  // bound to `stream`
   int num_sms = 1;
+  // False: full GEMMs whatever spec.symmetric_products asks
+  // (CANZONA_NS_SYMMETRIC=0 in the daemon's environment).
+  bool symmetric_products = true;
 };
 
-// Device workspace bytes RunNewtonSchulz needs for this problem;
-// `algorithm` is kStandard or kGram (resolved, never kAuto).
-size_t NewtonSchulzWorkspaceBytes(NsPrecision precision, NsAlgorithm algorithm,
-                                  int64_t batch, int64_t rows, int64_t cols);
+// Device workspace bytes RunNewtonSchulz needs for this problem in this
+// context; `algorithm` is kStandard or kGram (resolved, never kAuto).
+size_t NewtonSchulzWorkspaceBytes(const NsContext& ctx,
+                                  const NewtonSchulzSpec& spec,
+                                  NsAlgorithm algorithm, int64_t batch,
+                                  int64_t rows, int64_t cols);
 
 // Orthogonalizes `batch` contiguous rows x cols float32 matrices from `input`
 // into `output` (may alias) with `algorithm` (kStandard or kGram; the Gram

@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/symmetric_tiles.h"
 
 namespace canzona::cuda_kernels {
 namespace {
@@ -128,7 +129,53 @@ __global__ void ScaleAddIdentityKernel(int64_t total, int64_t n, float scale,
   }
 }
 
+// One thread per (matrix, tile): the nine pointer arrays of
+// NsSymmetricTilePointers, offsets from kernels/symmetric_tiles.h.
+__global__ void SymmetricTilePointersKernel(int64_t batch, int64_t n, int64_t l,
+                                            int64_t side, int64_t count,
+                                            int64_t elem_bytes, const char* x0,
+                                            const char* x1, const char* a,
+                                            char* b, void** out) {
+  const int64_t entries = batch * count;
+  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < entries;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = e / count;
+    const int64_t t = e % count;
+    const int64_t sx = i * n * l * elem_bytes;
+    const int64_t sa = i * n * n * elem_bytes;
+    const TileOperands gram = GramTileOperands(t, side, n, l);
+    const TileOperands square = SquareTileOperands(t, side, n);
+    const char* xs[2] = {x0, x1};
+    for (int p = 0; p < 2; ++p) {
+      out[(3 * p + 0) * entries + e] =
+          const_cast<char*>(xs[p] + sx + gram.a * elem_bytes);
+      out[(3 * p + 1) * entries + e] =
+          const_cast<char*>(xs[p] + sx + gram.b * elem_bytes);
+      out[(3 * p + 2) * entries + e] =
+          const_cast<char*>(a + sa + gram.c * elem_bytes);
+    }
+    out[6 * entries + e] = const_cast<char*>(a + sa + square.a * elem_bytes);
+    out[7 * entries + e] = const_cast<char*>(a + sa + square.b * elem_bytes);
+    out[8 * entries + e] = b + sa + square.c * elem_bytes;
+  }
+}
+
 }  // namespace
+
+cudaError_t NsSymmetricTilePointers(const LaunchConfig& cfg, int64_t batch,
+                                    int64_t n, int64_t l, int64_t side,
+                                    int64_t count, NsElement elem,
+                                    const void* x0, const void* x1,
+                                    const void* a, void* b, void** out) {
+  if (batch <= 0 || count <= 0) return cudaSuccess;
+  const int64_t elem_bytes = elem == NsElement::kBfloat16 ? 2 : 4;
+  SymmetricTilePointersKernel<<<internal::GridFor(cfg, batch * count), kThreads,
+                                0, cfg.stream>>>(
+      batch, n, l, side, count, elem_bytes, static_cast<const char*>(x0),
+      static_cast<const char*>(x1), static_cast<const char*>(a),
+      static_cast<char*>(b), out);
+  return cudaGetLastError();
+}
 
 int NsNormParts(int64_t matrix_size) {
   // ~16 float4 per thread; capped so the per-matrix finalization stays cheap.

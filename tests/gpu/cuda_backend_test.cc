@@ -30,6 +30,7 @@
 namespace canzona {
 namespace {
 
+using ::canzona::backend_reference::Matrix;
 using ::canzona::backend_reference::NewtonSchulzReference;
 using ::canzona::backend_reference::QuinticSpec;
 using ::canzona::backend_reference::RandomNormal;
@@ -131,22 +132,6 @@ TEST_F(CudaBackendTest, RejectsBadDeviceIndex) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("range")));
 }
 
-// The largest shape from the Newton-Schulz benchmarks: a float64 reference
-// would take seconds, so the cpu backend (itself checked against float64 on
-// smaller shapes) is the reference here.
-TEST_F(CudaBackendTest, LargeNewtonSchulzMatchesCpu) {
-  const int64_t rows = 256, cols = 1024;
-  const std::vector<float> x = RandomNormal(rows * cols, 100);
-  const NewtonSchulzSpec spec = QuinticSpec();
-  ASSERT_OK_AND_ASSIGN(std::vector<float> want,
-                       RunNewtonSchulz(*cpu_, spec, 1, rows, cols, x, false));
-  ASSERT_OK_AND_ASSIGN(std::vector<float> got,
-                       RunNewtonSchulz(*cuda_, spec, 1, rows, cols, x, false));
-  EXPECT_LE(RelativeError(got, ToDouble(want)), kFp32Tol);
-}
-
-// ---- Newton-Schulz in bf16, and in place ------------------------------------
-
 struct NsShape {
   int64_t batch;
   int64_t rows;
@@ -160,6 +145,28 @@ std::string NsShapeName(const ::testing::TestParamInfo<NsShape>& info) {
   return absl::StrCat(info.param.batch, "x", info.param.rows, "x",
                       info.param.cols);
 }
+
+// The largest shape from the Newton-Schulz benchmarks: a float64 reference
+// would take seconds, so the cpu backend (itself checked against float64 on
+// smaller shapes) is the reference here. 2 x 512 x 512 runs float32 SYRK
+// per matrix of a batch (both symmetric products), which the smaller
+// batched shapes elsewhere do not reach.
+TEST_F(CudaBackendTest, LargeNewtonSchulzMatchesCpu) {
+  for (const NsShape& s : {NsShape{1, 256, 1024}, NsShape{2, 512, 512}}) {
+    SCOPED_TRACE(::testing::PrintToString(s));
+    const std::vector<float> x = RandomNormal(s.batch * s.rows * s.cols, 100);
+    const NewtonSchulzSpec spec = QuinticSpec();
+    ASSERT_OK_AND_ASSIGN(
+        std::vector<float> want,
+        RunNewtonSchulz(*cpu_, spec, s.batch, s.rows, s.cols, x, false));
+    ASSERT_OK_AND_ASSIGN(
+        std::vector<float> got,
+        RunNewtonSchulz(*cuda_, spec, s.batch, s.rows, s.cols, x, false));
+    EXPECT_LE(RelativeError(got, ToDouble(want)), kFp32Tol);
+  }
+}
+
+// ---- Newton-Schulz in bf16, and in place ------------------------------------
 
 class CudaNewtonSchulzTest : public CudaBackendTest,
                              public ::testing::WithParamInterface<NsShape> {};
@@ -236,6 +243,48 @@ INSTANTIATE_TEST_SUITE_P(
                       NsShape{1, 256, 1024}),
     NsShapeName);
 
+// The bf16 standard iteration computes X X^T and A A by their lower tiles
+// where the short side splits into tiles of 1024 or more
+// (kernels/symmetric_tiles.h; the shapes above are too small and take full
+// GEMMs): transposed (k = 2), batched (k = 3) and square (k = 4). Against
+// the cpu's float32 iteration (float64 would take minutes on these shapes)
+// the tiles must be within the bf16 tolerance and as accurate as the full
+// products they replace (symmetric_products = false), within a margin for
+// bf16's rounding.
+TEST_F(CudaBackendTest, Bfloat16SymmetricTilesMatchFullProducts) {
+  for (const NsShape& s : {NsShape{1, 4096, 2048}, NsShape{2, 3072, 3072},
+                           NsShape{1, 4096, 4096}}) {
+    SCOPED_TRACE(::testing::PrintToString(s));
+    const int64_t per = s.rows * s.cols;
+    const std::vector<float> x = RandomNormal(s.batch * per, 103);
+    NewtonSchulzSpec spec = QuinticSpec(NsPrecision::kBfloat16);
+    ASSERT_OK_AND_ASSIGN(
+        std::vector<float> tiled,
+        RunNewtonSchulz(*cuda_, spec, s.batch, s.rows, s.cols, x, false));
+    spec.symmetric_products = false;
+    ASSERT_OK_AND_ASSIGN(
+        std::vector<float> full,
+        RunNewtonSchulz(*cuda_, spec, s.batch, s.rows, s.cols, x, false));
+    ASSERT_OK_AND_ASSIGN(std::vector<float> want,
+                         RunNewtonSchulz(*cpu_, QuinticSpec(), s.batch, s.rows,
+                                         s.cols, x, false));
+    for (int64_t i = 0; i < s.batch; ++i) {
+      auto part = [&](const std::vector<float>& v) {
+        return std::vector<float>(v.begin() + i * per,
+                                  v.begin() + (i + 1) * per);
+      };
+      const Matrix reference = ToDouble(part(want));
+      const double tiled_error = RelativeError(part(tiled), reference);
+      const double full_error = RelativeError(part(full), reference);
+      EXPECT_LE(tiled_error, kBf16NsTol) << "matrix " << i;
+      EXPECT_LE(full_error, kBf16NsTol) << "matrix " << i;
+      EXPECT_LE(tiled_error, 1.25 * full_error + 2e-3)
+          << "matrix " << i << ": tiles " << tiled_error << ", full "
+          << full_error;
+    }
+  }
+}
+
 // CUDA graphs: later calls on the same buffers replay the graph captured by
 // the first; each must compute on the buffers' current contents, equal to
 // a backend without graphs (CANZONA_CUDA_GRAPHS=0) and to the cpu backend.
@@ -245,30 +294,38 @@ TEST_F(CudaBackendTest, NewtonSchulzGraphReplaysSeeFreshData) {
       CreateBackend(BackendKind::kCuda, 0);
   ::unsetenv("CANZONA_CUDA_GRAPHS");
   ASSERT_OK(eager);
-  const int64_t rows = 96, cols = 160, n = rows * cols;
-  for (NsPrecision precision :
-       {NsPrecision::kFloat32, NsPrecision::kBfloat16}) {
-    const NewtonSchulzSpec spec = QuinticSpec(precision);
-    ASSERT_OK_AND_ASSIGN(DeviceBuffer x, cuda_->Allocate(n));
-    ASSERT_OK_AND_ASSIGN(DeviceBuffer y, (*eager)->Allocate(n));
-    ASSERT_OK_AND_ASSIGN(DeviceBuffer c, cpu_->Allocate(n));
-    for (int round = 0; round < 3; ++round) {
-      SCOPED_TRACE(::testing::Message() << "round " << round);
-      const std::vector<float> data = RandomNormal(n, 200 + round);
-      ASSERT_OK(cuda_->CopyFromHost(data.data(), n, x.data()));
-      ASSERT_OK(cuda_->NewtonSchulz(spec, 1, rows, cols, x.data(), x.data()));
-      ASSERT_OK((*eager)->CopyFromHost(data.data(), n, y.data()));
-      ASSERT_OK(
-          (*eager)->NewtonSchulz(spec, 1, rows, cols, y.data(), y.data()));
-      const NewtonSchulzSpec fp32 = QuinticSpec(NsPrecision::kFloat32);
-      ASSERT_OK(cpu_->CopyFromHost(data.data(), n, c.data()));
-      ASSERT_OK(cpu_->NewtonSchulz(fp32, 1, rows, cols, c.data(), c.data()));
-      ASSERT_OK_AND_ASSIGN(std::vector<float> got, Download(*cuda_, x));
-      ASSERT_OK_AND_ASSIGN(std::vector<float> want, Download(**eager, y));
-      ASSERT_OK_AND_ASSIGN(std::vector<float> ref, Download(*cpu_, c));
-      EXPECT_LE(RelativeError(got, ToDouble(want)), 1e-6);
-      EXPECT_LE(RelativeError(got, ToDouble(ref)),
-                precision == NsPrecision::kFloat32 ? kFp32Tol : kBf16NsTol);
+  // 2048 x 2048: bf16 by symmetric tiles (pointer arrays written inside the
+  // graph), fp32 by SYRK; 96 x 160: full GEMMs.
+  for (const auto& [rows, cols] :
+       {std::pair<int64_t, int64_t>{96, 160}, {2048, 2048}}) {
+    const int64_t n = rows * cols;
+    for (NsPrecision precision :
+         {NsPrecision::kFloat32, NsPrecision::kBfloat16}) {
+      SCOPED_TRACE(::testing::Message()
+                   << rows << "x" << cols
+                   << " bf16=" << (precision == NsPrecision::kBfloat16));
+      const NewtonSchulzSpec spec = QuinticSpec(precision);
+      ASSERT_OK_AND_ASSIGN(DeviceBuffer x, cuda_->Allocate(n));
+      ASSERT_OK_AND_ASSIGN(DeviceBuffer y, (*eager)->Allocate(n));
+      ASSERT_OK_AND_ASSIGN(DeviceBuffer c, cpu_->Allocate(n));
+      for (int round = 0; round < 3; ++round) {
+        SCOPED_TRACE(::testing::Message() << "round " << round);
+        const std::vector<float> data = RandomNormal(n, 200 + round);
+        ASSERT_OK(cuda_->CopyFromHost(data.data(), n, x.data()));
+        ASSERT_OK(cuda_->NewtonSchulz(spec, 1, rows, cols, x.data(), x.data()));
+        ASSERT_OK((*eager)->CopyFromHost(data.data(), n, y.data()));
+        ASSERT_OK(
+            (*eager)->NewtonSchulz(spec, 1, rows, cols, y.data(), y.data()));
+        const NewtonSchulzSpec fp32 = QuinticSpec(NsPrecision::kFloat32);
+        ASSERT_OK(cpu_->CopyFromHost(data.data(), n, c.data()));
+        ASSERT_OK(cpu_->NewtonSchulz(fp32, 1, rows, cols, c.data(), c.data()));
+        ASSERT_OK_AND_ASSIGN(std::vector<float> got, Download(*cuda_, x));
+        ASSERT_OK_AND_ASSIGN(std::vector<float> want, Download(**eager, y));
+        ASSERT_OK_AND_ASSIGN(std::vector<float> ref, Download(*cpu_, c));
+        EXPECT_LE(RelativeError(got, ToDouble(want)), 1e-6);
+        EXPECT_LE(RelativeError(got, ToDouble(ref)),
+                  precision == NsPrecision::kFloat32 ? kFp32Tol : kBf16NsTol);
+      }
     }
   }
 }

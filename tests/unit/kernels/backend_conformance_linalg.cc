@@ -402,6 +402,18 @@ TEST_P(BackendConformanceTest, NewtonSchulzEachCoefficientAlone) {
   ExpectNewtonSchulzMatches(*backend_, spec, 2, 11, 19, 840, true, tol);
 }
 
+TEST_P(BackendConformanceTest, NewtonSchulzFullProductsMatchTheReferenceToo) {
+  // symmetric_products (the default, above) computes one triangle of X X^T
+  // and of A A and mirrors it; the full GEMMs it is measured against
+  // (canzonactl bench kernels) must be the same iteration. Both orientations
+  // and a batch, since the triangle is per matrix and per orientation.
+  NewtonSchulzSpec spec = QuinticSpec();
+  spec.symmetric_products = false;
+  const double tol = tolerances().newton_schulz;
+  ExpectNewtonSchulzMatches(*backend_, spec, 3, 19, 11, 880, false, tol);
+  ExpectNewtonSchulzMatches(*backend_, spec, 2, 48, 64, 890, false, tol);
+}
+
 TEST_P(BackendConformanceTest, NewtonSchulzNormalizationOnly) {
   // No coefficient steps: X / (norm_scale ||X||_F + eps) alone.
   NewtonSchulzSpec spec;

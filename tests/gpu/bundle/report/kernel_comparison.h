@@ -20,7 +20,9 @@ inline constexpr double kSpeedupGoal = 1.5;
 inline constexpr double kGemmFractionGoal = 0.6;
 
 // One row per (precision, shape) that bench kernels measured:
-//   precision, rows, cols, ours_ms, ours_gflops,
+//   precision, rows, cols, ours_ms, ours_gflops, full_products_ms and
+//   symmetric_speedup (ours with full GEMMs for X X^T and A A, and its time
+//   over ours; null when not measured),
 //   torch_ms, torch_addmm_ms (null without torch), speedup (the faster torch
 //   form's time over ours), speedup_goal_met,
 //   gemm_gflops + gemm_reference: fp32 rows use our fp32 GEMM (same backend,

@@ -102,15 +102,20 @@ void RenderNewtonSchulz(std::string& md, const json& report) {
       "x over the faster torch form (default or addmm), and >= ",
       static_cast<int>(kGemmFractionGoal * 100),
       "% of the GEMM rate of the same GPU and shape (s x l x s). Times are "
-      "medians.\n\n");
+      "medians. \"full\" is ours with full GEMMs for the symmetric products "
+      "X X^T and A A (one triangle each otherwise), in the same run.\n\n");
   md +=
-      "| precision | shape | ours ms | torch ms | torch addmm ms | speedup | "
-      "ours GFLOP/s | GEMM GFLOP/s (reference) | of GEMM |\n"
-      "|---|---|---|---|---|---|---|---|---|\n";
+      "| precision | shape | ours ms | full ms | full/ours | torch ms | "
+      "torch addmm ms | speedup | ours GFLOP/s | GEMM GFLOP/s (reference) | "
+      "of GEMM |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const json& r : rows) {
+    const json full = r.value("full_products_ms", json());
+    const json saving = r.value("symmetric_speedup", json());
     absl::StrAppend(
         &md, "| ", Get(r, "precision"), " | ", Cell(r["rows"]), "x",
-        Cell(r["cols"]), " | ", Cell(r["ours_ms"], 3), " | ",
+        Cell(r["cols"]), " | ", Cell(r["ours_ms"], 3), " | ", Cell(full, 3),
+        " | ", saving.is_null() ? "–" : Cell(saving) + "x", " | ",
         Cell(r["torch_ms"], 3), " | ", Cell(r["torch_addmm_ms"], 3), " | ",
         r["speedup"].is_null() ? "–" : Cell(r["speedup"]) + "x",
         Goal(r["speedup_goal_met"]), " | ", Cell(r["ours_gflops"], 0), " | ",

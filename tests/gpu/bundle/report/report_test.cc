@@ -257,6 +257,7 @@ TEST_F(ReportDir, KernelComparisonArithmetic) {
                  {{{"rows", 1024},
                    {"cols", 5120},
                    {"ns_seconds", ms / 1e3},
+                   {"full_products_seconds", 1.25 * ms / 1e3},
                    {"ns_gflops", ours_gflops},
                    {"gemm_gflops", our_gemm}}}}};
   };
@@ -289,6 +290,8 @@ TEST_F(ReportDir, KernelComparisonArithmetic) {
   json rows = CompareKernels(results);
   ASSERT_EQ(rows.size(), 2u);
   const json& bf16 = rows[0];
+  EXPECT_NEAR(bf16["full_products_ms"].get<double>(), 1.25 * ours_bf16, 1e-9);
+  EXPECT_NEAR(bf16["symmetric_speedup"].get<double>(), 1.25, 1e-9);
   EXPECT_NEAR(bf16["speedup"].get<double>(),
               std::min(torch_bf16, torch_addmm) / ours_bf16, 1e-9);
   EXPECT_EQ(bf16["speedup_goal_met"].get<bool>(),
