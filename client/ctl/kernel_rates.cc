@@ -82,18 +82,19 @@ absl::StatusOr<KernelRates> MeasureKernelRates(
     rate.ns_gflops = ns->flops() / seconds(ns_time) / 1e9;
     rate.gemm_gflops = gemm->flops() / seconds(gemm_time) / 1e9;
     if (options.compare_algorithms) {
-      CANZONA_ASSIGN_OR_RETURN(
-          auto gram, KernelWorkload::NewtonSchulz(backend.get(), gram_spec, 1,
+      // One matrix of this shape under another spec, timed alike.
+      auto time_spec =
+          [&](const NewtonSchulzSpec& other) -> absl::StatusOr<double> {
+        CANZONA_ASSIGN_OR_RETURN(
+            auto ns, KernelWorkload::NewtonSchulz(backend.get(), other, 1,
                                                   shape.rows, shape.cols));
-      CANZONA_ASSIGN_OR_RETURN(WorkloadTiming gram_time,
-                               TimeWorkload(*gram, options.min_time));
-      rate.gram_seconds = seconds(gram_time);
-      CANZONA_ASSIGN_OR_RETURN(
-          auto full, KernelWorkload::NewtonSchulz(backend.get(), full_spec, 1,
-                                                  shape.rows, shape.cols));
-      CANZONA_ASSIGN_OR_RETURN(WorkloadTiming full_time,
-                               TimeWorkload(*full, options.min_time));
-      rate.full_products_seconds = seconds(full_time);
+        CANZONA_ASSIGN_OR_RETURN(WorkloadTiming time,
+                                 TimeWorkload(*ns, options.min_time));
+        return seconds(time);
+      };
+      CANZONA_ASSIGN_OR_RETURN(rate.gram_seconds, time_spec(gram_spec));
+      CANZONA_ASSIGN_OR_RETURN(rate.full_products_seconds,
+                               time_spec(full_spec));
       rate.auto_algorithm = NsAlgorithmName(ResolvedNsAlgorithm(
           auto_spec, backend->kind(), shape.rows, shape.cols));
     }

@@ -88,6 +88,26 @@ Layout MakeLayout(bool symmetric, const NewtonSchulzSpec& spec,
   return l;
 }
 
+// For each of `batch` float32 matrices: C = alpha op(S) op(S)^T + beta C
+// (column-major, n x n, leading dimension n, matrices n * n apart; S is
+// n x k for CUBLAS_OP_N, k x n for CUBLAS_OP_T, with leading dimension
+// lds, matrices stride_s apart). SYRK writes the lower triangle (the
+// row-major upper one), which the mirror copies onto the other: cuBLAS has
+// no batched SYRK, so one call per matrix.
+absl::Status SyrkMirrored(const NsContext& ctx, cublasOperation_t trans,
+                          int64_t batch, int64_t n, int64_t k, float alpha,
+                          const float* s, int64_t lds, int64_t stride_s,
+                          float beta, float* c) {
+  for (int64_t i = 0; i < batch; ++i) {
+    CANZONA_CUDA_RETURN_IF_ERROR(
+        cublasSsyrk_64(ctx.cublas, CUBLAS_FILL_MODE_LOWER, trans, n, k, &alpha,
+                       s + i * stride_s, lds, &beta, c + i * n * n, n));
+  }
+  CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::MirrorUpperToLower(
+      {ctx.stream, ctx.num_sms}, batch, n, c, n, n * n));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status NsBatchedGemm(const NsContext& ctx, bool bf16,
@@ -220,16 +240,9 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
       continue;
     }
     if (use_syrk) {
-      const float one = 1.0f, zero = 0.0f;
-      for (int64_t i = 0; i < batch; ++i) {
-        // Lower triangle in column-major == upper triangle row-major.
-        CANZONA_CUDA_RETURN_IF_ERROR(
-            cublasSsyrk_64(ctx.cublas, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_T, n,
-                           m, &one, static_cast<const float*>(x) + i * sx, m,
-                           &zero, static_cast<float*>(a) + i * sa, n));
-      }
-      CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::MirrorUpperToLower(
-          cfg, batch, n, static_cast<float*>(a), n, sa));
+      CANZONA_RETURN_IF_ERROR(SyrkMirrored(ctx, CUBLAS_OP_T, batch, n, m, 1.0f,
+                                           static_cast<const float*>(x), m, sx,
+                                           0.0f, static_cast<float*>(a)));
     } else {
       CANZONA_RETURN_IF_ERROR(NsBatchedGemm(ctx, bf16, CUBLAS_OP_T, CUBLAS_OP_N,
                                             n, n, m, 1.0f, x, m, sx, x, m, sx,
@@ -245,16 +258,10 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
         cuda_kernels::NsScaleAddIdentity(cfg, batch, n, cb, ca, elem, a, b));
     if (use_syrk) {
       // A is symmetric (mirrored), so A A = A A^T: SYRK onto the symmetric
-      // a I + b A, one triangle, then mirrored.
-      const float one = 1.0f;
-      for (int64_t i = 0; i < batch; ++i) {
-        CANZONA_CUDA_RETURN_IF_ERROR(
-            cublasSsyrk_64(ctx.cublas, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, n,
-                           n, &cc, static_cast<const float*>(a) + i * sa, n,
-                           &one, static_cast<float*>(b) + i * sa, n));
-      }
-      CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::MirrorUpperToLower(
-          cfg, batch, n, static_cast<float*>(b), n, sa));
+      // a I + b A.
+      CANZONA_RETURN_IF_ERROR(SyrkMirrored(ctx, CUBLAS_OP_N, batch, n, n, cc,
+                                           static_cast<const float*>(a), n, sa,
+                                           1.0f, static_cast<float*>(b)));
     } else {
       CANZONA_RETURN_IF_ERROR(NsBatchedGemm(ctx, bf16, CUBLAS_OP_N, CUBLAS_OP_N,
                                             n, n, n, cc, a, n, sa, a, n, sa,
