@@ -246,11 +246,13 @@ INSTANTIATE_TEST_SUITE_P(
 // The bf16 standard iteration computes X X^T and A A by their lower tiles
 // where the short side splits into tiles of 1024 or more
 // (kernels/symmetric_tiles.h; the shapes above are too small and take full
-// GEMMs): transposed (k = 2), batched (k = 3) and square (k = 4). Against
-// the cpu's float32 iteration (float64 would take minutes on these shapes)
-// the tiles must be within the bf16 tolerance and as accurate as the full
-// products they replace (symmetric_products = false), within a margin for
-// bf16's rounding.
+// GEMMs): transposed (k = 2), batched (k = 3) and square (k = 4). Each must
+// equal the full products it replaces (symmetric_products = false) up to
+// bf16 rounding: a host emulation of both in bf16 put them 0.4-0.5% apart
+// on these shapes, each ~1% from float32. The smallest is also checked
+// against the cpu's float32 iteration, within the bf16 tolerance and no
+// worse than the full products; the bundle's runner gives the cpu one BLAS
+// thread, so the larger ones skip that reference (seconds each).
 TEST_F(CudaBackendTest, Bfloat16SymmetricTilesMatchFullProducts) {
   for (const NsShape& s : {NsShape{1, 4096, 2048}, NsShape{2, 3072, 3072},
                            NsShape{1, 4096, 4096}}) {
@@ -265,14 +267,19 @@ TEST_F(CudaBackendTest, Bfloat16SymmetricTilesMatchFullProducts) {
     ASSERT_OK_AND_ASSIGN(
         std::vector<float> full,
         RunNewtonSchulz(*cuda_, spec, s.batch, s.rows, s.cols, x, false));
-    ASSERT_OK_AND_ASSIGN(std::vector<float> want,
-                         RunNewtonSchulz(*cpu_, QuinticSpec(), s.batch, s.rows,
-                                         s.cols, x, false));
+    std::vector<float> want;
+    if (s.rows * s.cols <= 4096 * 2048) {
+      ASSERT_OK_AND_ASSIGN(want, RunNewtonSchulz(*cpu_, QuinticSpec(), s.batch,
+                                                 s.rows, s.cols, x, false));
+    }
     for (int64_t i = 0; i < s.batch; ++i) {
       auto part = [&](const std::vector<float>& v) {
         return std::vector<float>(v.begin() + i * per,
                                   v.begin() + (i + 1) * per);
       };
+      EXPECT_LE(RelativeError(part(tiled), ToDouble(part(full))), 2e-2)
+          << "matrix " << i;
+      if (want.empty()) continue;
       const Matrix reference = ToDouble(part(want));
       const double tiled_error = RelativeError(part(tiled), reference);
       const double full_error = RelativeError(part(full), reference);
@@ -283,6 +290,26 @@ TEST_F(CudaBackendTest, Bfloat16SymmetricTilesMatchFullProducts) {
           << full_error;
     }
   }
+}
+
+// CANZONA_NS_SYMMETRIC=0 in the environment makes a backend run full
+// products whatever the spec asks: the same bits as symmetric_products
+// false on a backend without it.
+TEST_F(CudaBackendTest, SymmetricProductsCanBeTurnedOffByTheEnvironment) {
+  ::setenv("CANZONA_NS_SYMMETRIC", "0", 1);
+  absl::StatusOr<std::unique_ptr<Backend>> off =
+      CreateBackend(BackendKind::kCuda, 0);
+  ::unsetenv("CANZONA_NS_SYMMETRIC");
+  ASSERT_OK(off);
+  const int64_t rows = 4096, cols = 2048;
+  const std::vector<float> x = RandomNormal(rows * cols, 104);
+  NewtonSchulzSpec spec = QuinticSpec(NsPrecision::kBfloat16);
+  ASSERT_OK_AND_ASSIGN(std::vector<float> refused,
+                       RunNewtonSchulz(**off, spec, 1, rows, cols, x, false));
+  spec.symmetric_products = false;
+  ASSERT_OK_AND_ASSIGN(std::vector<float> full,
+                       RunNewtonSchulz(*cuda_, spec, 1, rows, cols, x, false));
+  EXPECT_EQ(refused, full);
 }
 
 // CUDA graphs: later calls on the same buffers replay the graph captured by
@@ -299,6 +326,18 @@ TEST_F(CudaBackendTest, NewtonSchulzGraphReplaysSeeFreshData) {
   for (const auto& [rows, cols] :
        {std::pair<int64_t, int64_t>{96, 160}, {2048, 2048}}) {
     const int64_t n = rows * cols;
+    // The cpu's float32 result per round, shared by both precisions (one
+    // BLAS thread in the bundle).
+    std::vector<std::vector<float>> refs;
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer c, cpu_->Allocate(n));
+    for (int round = 0; round < 3; ++round) {
+      const std::vector<float> data = RandomNormal(n, 200 + round);
+      const NewtonSchulzSpec fp32 = QuinticSpec(NsPrecision::kFloat32);
+      ASSERT_OK(cpu_->CopyFromHost(data.data(), n, c.data()));
+      ASSERT_OK(cpu_->NewtonSchulz(fp32, 1, rows, cols, c.data(), c.data()));
+      ASSERT_OK_AND_ASSIGN(std::vector<float> ref, Download(*cpu_, c));
+      refs.push_back(std::move(ref));
+    }
     for (NsPrecision precision :
          {NsPrecision::kFloat32, NsPrecision::kBfloat16}) {
       SCOPED_TRACE(::testing::Message()
@@ -307,7 +346,6 @@ TEST_F(CudaBackendTest, NewtonSchulzGraphReplaysSeeFreshData) {
       const NewtonSchulzSpec spec = QuinticSpec(precision);
       ASSERT_OK_AND_ASSIGN(DeviceBuffer x, cuda_->Allocate(n));
       ASSERT_OK_AND_ASSIGN(DeviceBuffer y, (*eager)->Allocate(n));
-      ASSERT_OK_AND_ASSIGN(DeviceBuffer c, cpu_->Allocate(n));
       for (int round = 0; round < 3; ++round) {
         SCOPED_TRACE(::testing::Message() << "round " << round);
         const std::vector<float> data = RandomNormal(n, 200 + round);
@@ -316,14 +354,10 @@ TEST_F(CudaBackendTest, NewtonSchulzGraphReplaysSeeFreshData) {
         ASSERT_OK((*eager)->CopyFromHost(data.data(), n, y.data()));
         ASSERT_OK(
             (*eager)->NewtonSchulz(spec, 1, rows, cols, y.data(), y.data()));
-        const NewtonSchulzSpec fp32 = QuinticSpec(NsPrecision::kFloat32);
-        ASSERT_OK(cpu_->CopyFromHost(data.data(), n, c.data()));
-        ASSERT_OK(cpu_->NewtonSchulz(fp32, 1, rows, cols, c.data(), c.data()));
         ASSERT_OK_AND_ASSIGN(std::vector<float> got, Download(*cuda_, x));
         ASSERT_OK_AND_ASSIGN(std::vector<float> want, Download(**eager, y));
-        ASSERT_OK_AND_ASSIGN(std::vector<float> ref, Download(*cpu_, c));
         EXPECT_LE(RelativeError(got, ToDouble(want)), 1e-6);
-        EXPECT_LE(RelativeError(got, ToDouble(ref)),
+        EXPECT_LE(RelativeError(got, ToDouble(refs[round])),
                   precision == NsPrecision::kFloat32 ? kFp32Tol : kBf16NsTol);
       }
     }

@@ -63,8 +63,10 @@ bool InLowerTile(int64_t i, int64_t j, int64_t side) {
   return i / side >= j / side;
 }
 
-// The strict upper tiles from the lower ones, column-major (what the cuda
-// kernel's row-major upper-to-lower copy does to these buffers).
+// The strict upper tiles from the lower ones, column-major: what the cuda
+// kernel's row-major upper-to-lower copy leaves there (it also rewrites the
+// diagonal tiles' upper halves from their lower ones, which a tile product
+// of X X^T or A A computes symmetric up to rounding anyway).
 void Mirror(int64_t n, int64_t side, std::vector<float>& m) {
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < n; ++i) {
