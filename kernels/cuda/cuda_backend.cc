@@ -754,8 +754,8 @@ absl::Status CudaBackend::DoNewtonSchulz(const NewtonSchulzSpec& spec,
   // Everything the captured launches depend on.
   std::string key = absl::StrCat(
       static_cast<int>(spec.precision), ":", static_cast<int>(algorithm), ":",
-      ctx.symmetric_products && spec.symmetric_products ? "sym:" : "full:",
-      batch, ":", rows, ":", cols, ":", reinterpret_cast<uintptr_t>(input), ":",
+      cuda_internal::SymmetricProducts(ctx, spec) ? "sym:" : "full:", batch,
+      ":", rows, ":", cols, ":", reinterpret_cast<uintptr_t>(input), ":",
       reinterpret_cast<uintptr_t>(output), ":",
       absl::bit_cast<uint32_t>(spec.norm_scale), ":",
       absl::bit_cast<uint32_t>(spec.norm_eps));

@@ -135,8 +135,8 @@ size_t NewtonSchulzWorkspaceBytes(const NsContext& ctx,
                                   const NewtonSchulzSpec& spec,
                                   NsAlgorithm algorithm, int64_t batch,
                                   int64_t rows, int64_t cols) {
-  return MakeLayout(ctx.symmetric_products && spec.symmetric_products, spec,
-                    algorithm, batch, rows, cols)
+  return MakeLayout(SymmetricProducts(ctx, spec), spec, algorithm, batch, rows,
+                    cols)
       .total;
 }
 
@@ -151,7 +151,7 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
   const bool transpose = rows > cols;
   const int64_t n = transpose ? cols : rows;
   const int64_t m = transpose ? rows : cols;
-  const bool symmetric = ctx.symmetric_products && spec.symmetric_products;
+  const bool symmetric = SymmetricProducts(ctx, spec);
   const Layout layout =
       MakeLayout(symmetric, spec, algorithm, batch, rows, cols);
   char* base = static_cast<char*>(workspace);
@@ -220,26 +220,13 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
   };
   bool x_is_x0 = true;
   for (const auto& [ca, cb, cc] : standard_steps) {
+    // A = X X^T, both triangles: the tiles of A A read whole rows of A.
     if (tiles.tiled()) {
-      // A's lower tiles, then its upper triangle from them: the tiles of
-      // A A read whole rows of A.
       CANZONA_RETURN_IF_ERROR(
           tile_gemm(x_is_x0 ? 0 : 1, CUBLAS_OP_T, m, m, 1.0f, 0.0f));
       CANZONA_CUDA_RETURN_IF_ERROR(
           cuda_kernels::NsMirrorUpperToLower(cfg, batch, n, elem, a));
-      CANZONA_CUDA_RETURN_IF_ERROR(
-          cuda_kernels::NsScaleAddIdentity(cfg, batch, n, cb, ca, elem, a, b));
-      CANZONA_RETURN_IF_ERROR(tile_gemm(2, CUBLAS_OP_N, n, n, cc, 1.0f));
-      CANZONA_CUDA_RETURN_IF_ERROR(
-          cuda_kernels::NsMirrorUpperToLower(cfg, batch, n, elem, b));
-      CANZONA_RETURN_IF_ERROR(NsBatchedGemm(ctx, bf16, CUBLAS_OP_N, CUBLAS_OP_N,
-                                            m, n, n, 1.0f, x, m, sx, b, n, sa,
-                                            0.0f, x_next, m, sx, batch));
-      std::swap(x, x_next);
-      x_is_x0 = !x_is_x0;
-      continue;
-    }
-    if (use_syrk) {
+    } else if (use_syrk) {
       CANZONA_RETURN_IF_ERROR(SyrkMirrored(ctx, CUBLAS_OP_T, batch, n, m, 1.0f,
                                            static_cast<const float*>(x), m, sx,
                                            0.0f, static_cast<float*>(a)));
@@ -256,9 +243,13 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
     // float64 is the copy's (server/DESIGN.md 3.1).
     CANZONA_CUDA_RETURN_IF_ERROR(
         cuda_kernels::NsScaleAddIdentity(cfg, batch, n, cb, ca, elem, a, b));
-    if (use_syrk) {
-      // A is symmetric (mirrored), so A A = A A^T: SYRK onto the symmetric
-      // a I + b A.
+    // A is symmetric (mirrored), so A A = A A^T: one triangle onto the
+    // symmetric a I + b A, then mirrored.
+    if (tiles.tiled()) {
+      CANZONA_RETURN_IF_ERROR(tile_gemm(2, CUBLAS_OP_N, n, n, cc, 1.0f));
+      CANZONA_CUDA_RETURN_IF_ERROR(
+          cuda_kernels::NsMirrorUpperToLower(cfg, batch, n, elem, b));
+    } else if (use_syrk) {
       CANZONA_RETURN_IF_ERROR(SyrkMirrored(ctx, CUBLAS_OP_N, batch, n, n, cc,
                                            static_cast<const float*>(a), n, sa,
                                            1.0f, static_cast<float*>(b)));

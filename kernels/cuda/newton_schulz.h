@@ -42,6 +42,13 @@ struct NsContext {
   bool symmetric_products = true;
 };
 
+// Whether a run computes one triangle of its symmetric products: the spec
+// asks for it and the context allows it.
+inline bool SymmetricProducts(const NsContext& ctx,
+                              const NewtonSchulzSpec& spec) {
+  return ctx.symmetric_products && spec.symmetric_products;
+}
+
 // Device workspace bytes RunNewtonSchulz needs for this problem in this
 // context; `algorithm` is kStandard or kGram (resolved, never kAuto).
 size_t NewtonSchulzWorkspaceBytes(const NsContext& ctx,

@@ -106,6 +106,17 @@ absl::StatusOr<std::vector<float>> RunNewtonSchulz(
   return Download(backend, result);
 }
 
+// A cuda backend created while `variable` is set to `value` (the backend
+// reads its switches at creation).
+absl::StatusOr<std::unique_ptr<Backend>> CudaBackendWith(const char* variable,
+                                                         const char* value) {
+  ::setenv(variable, value, 1);
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      CreateBackend(BackendKind::kCuda, 0);
+  ::unsetenv(variable);
+  return backend;
+}
+
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -296,10 +307,8 @@ TEST_F(CudaBackendTest, Bfloat16SymmetricTilesMatchFullProducts) {
 // products whatever the spec asks: the same bits as symmetric_products
 // false on a backend without it.
 TEST_F(CudaBackendTest, SymmetricProductsCanBeTurnedOffByTheEnvironment) {
-  ::setenv("CANZONA_NS_SYMMETRIC", "0", 1);
   absl::StatusOr<std::unique_ptr<Backend>> off =
-      CreateBackend(BackendKind::kCuda, 0);
-  ::unsetenv("CANZONA_NS_SYMMETRIC");
+      CudaBackendWith("CANZONA_NS_SYMMETRIC", "0");
   ASSERT_OK(off);
   const int64_t rows = 4096, cols = 2048;
   const std::vector<float> x = RandomNormal(rows * cols, 104);
@@ -316,10 +325,8 @@ TEST_F(CudaBackendTest, SymmetricProductsCanBeTurnedOffByTheEnvironment) {
 // the first; each must compute on the buffers' current contents, equal to
 // a backend without graphs (CANZONA_CUDA_GRAPHS=0) and to the cpu backend.
 TEST_F(CudaBackendTest, NewtonSchulzGraphReplaysSeeFreshData) {
-  ::setenv("CANZONA_CUDA_GRAPHS", "0", 1);
   absl::StatusOr<std::unique_ptr<Backend>> eager =
-      CreateBackend(BackendKind::kCuda, 0);
-  ::unsetenv("CANZONA_CUDA_GRAPHS");
+      CudaBackendWith("CANZONA_CUDA_GRAPHS", "0");
   ASSERT_OK(eager);
   // 2048 x 2048: bf16 by symmetric tiles (pointer arrays written inside the
   // graph), fp32 by SYRK; 96 x 160: full GEMMs.
