@@ -185,14 +185,19 @@ void LayoutGroups(const JobPlan& jp, int stage, RankLayout& out) {
     layout.group = &g;
     layout.send_counts.assign(TP, 0);
     layout.back_recv.assign(TP, 0);
+    int64_t whole_here = 0;
     for (int i : g.params) {
       const int h = plan.tp_owner[i];
       const int64_t n = jp.params[i].fragment_numel;
       layout.send_counts[h] += 2 * n;
       layout.back_recv[h] += n;
       layout.local += n;
-      if (h == t) layout.tp_owned_here += n;
+      if (h == t) {
+        layout.tp_owned_here += n;
+        whole_here += NumElements(jp.params[i].shape);
+      }
     }
+    out.max_group_whole = std::max(out.max_group_whole, whole_here);
     layout.recv_counts.assign(TP, 2 * layout.tp_owned_here);
     layout.back_send.assign(TP, layout.tp_owned_here);
     out.groups.push_back(std::move(layout));

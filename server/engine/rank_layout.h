@@ -110,6 +110,9 @@ struct RankLayout {
   int64_t layerwise_total = 0;  // the layerwise gather's receive buffer
   int64_t max_state = 0;        // the largest state shape (whole matrices)
   int64_t max_whole = 0;        // the largest matrix assembled here (TP)
+  // The most elements of whole matrices one micro group assembles here
+  // (the TP owner's): what its updates move to a GPU in one copy.
+  int64_t max_group_whole = 0;
   int64_t max_redundant = 0;    // the largest redundantly updated fragment
 };
 

@@ -1,5 +1,6 @@
 #include "server/engine/rank_runtime.h"
 
+#include "absl/strings/str_cat.h"
 #include "kernels/base/status_macros.h"
 
 namespace canzona {
@@ -14,20 +15,44 @@ void RankRuntime::ReleaseRules() {
   rules_.clear();
 }
 
-absl::Status RankRuntime::Update(int i, float* param, const float* grad,
-                                 const StepOptions& options) {
-  UpdateRule& rule = *rules_.at(i);
-  if (backends_.updates_in_place()) return rule.Step(param, grad, options);
-  Backend& backend = backends_.compute();
-  const int64_t n = NumElements(rule.shape());
+absl::Status RankRuntime::UpdateWhole(absl::Span<const WholeUpdate> updates) {
+  int64_t elements = 0;
+  for (const WholeUpdate& u : updates) {
+    if (u.offset != elements) {
+      return absl::InternalError(absl::StrCat(
+          "UpdateWhole: parameter ", u.param, " at offset ", u.offset,
+          " where the matrices before it end at ", elements));
+    }
+    elements += NumElements(rule(u.param).shape());
+  }
+  if (elements > whole_capacity()) {
+    return absl::InternalError(
+        absl::StrCat("UpdateWhole: ", elements, " elements of whole matrices ",
+                     "in buffers of ", whole_capacity()));
+  }
+  if (backends_.updates_in_place()) {
+    for (const WholeUpdate& u : updates) {
+      CANZONA_RETURN_IF_ERROR(rule(u.param).Step(
+          whole_param() + u.offset, whole_grad() + u.offset, u.options));
+    }
+    return absl::OkStatus();
+  }
+  if (updates.empty()) return absl::OkStatus();
+  Backend& backend = compute();
   float* p = device_param_.data();
   float* g = device_grad_.data();
   // Enqueued from page-locked staging (RankBuilder::PinStaging): one wait
-  // per matrix, not one per copy.
-  CANZONA_RETURN_IF_ERROR(backend.EnqueueCopyFromHost(grad, n, g));
-  CANZONA_RETURN_IF_ERROR(backend.EnqueueCopyFromHost(param, n, p));
-  CANZONA_RETURN_IF_ERROR(rule.Step(p, g, options));
-  CANZONA_RETURN_IF_ERROR(backend.EnqueueCopyToHost(p, n, param));
+  // for all of them, not one per matrix or per copy.
+  CANZONA_RETURN_IF_ERROR(
+      backend.EnqueueCopyFromHost(whole_grad(), elements, g));
+  CANZONA_RETURN_IF_ERROR(
+      backend.EnqueueCopyFromHost(whole_param(), elements, p));
+  for (const WholeUpdate& u : updates) {
+    CANZONA_RETURN_IF_ERROR(
+        rule(u.param).Step(p + u.offset, g + u.offset, u.options));
+  }
+  CANZONA_RETURN_IF_ERROR(
+      backend.EnqueueCopyToHost(p, elements, whole_param()));
   return backend.Synchronize();
 }
 

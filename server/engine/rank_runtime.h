@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "server/comm/communicator.h"
 #include "server/engine/bucket_collectives.h"
@@ -106,13 +107,26 @@ class RankRuntime {
   // has stopped); the batches pointing at them go too.
   void ReleaseRules();
 
-  // Parameter i's update on `param` / `grad` in staging memory (the TP
-  // owner's and the redundant updates' whole matrices): in place when
-  // staging is the compute backend's memory (cpu, or the NCCL data plane);
-  // else (cuda compute, host staging) through the device buffers (the copy
-  // back synchronizes, so `param` is final on return).
-  absl::Status Update(int i, float* param, const float* grad,
-                      const StepOptions& options);
+  // Whole matrices assembled side by side in whole_param() / whole_grad()
+  // (the TP owner's and the redundant updates'): parameter `param`'s at
+  // `offset` elements, each right after the one before, the first at 0.
+  struct WholeUpdate {
+    int param = -1;
+    int64_t offset = 0;
+    StepOptions options;
+  };
+  // Elements whole_param() / whole_grad() hold: the largest matrix, and
+  // with host staging beside a GPU the largest micro group's matrices
+  // hosted here (RankLayout::max_group_whole), so that a group's updates
+  // cross to the GPU together.
+  int64_t whole_capacity() const { return whole_param_.size(); }
+  // Runs `updates`: in place when staging is the compute backend's memory
+  // (cpu, or the NCCL data plane); else (cuda compute, host staging)
+  // through the device buffers, one copy each way for all of them and one
+  // wait, so the parameters are final in whole_param() on return.
+  // INTERNAL if they are not laid out as WholeUpdate says or overrun
+  // whole_capacity() (a layout bug).
+  absl::Status UpdateWhole(absl::Span<const WholeUpdate> updates);
 
   // ZeRO-1 (owned_buffers.h): where the step finds the fp32 gradients and
   // values of what the rank holds.
@@ -183,9 +197,9 @@ class RankRuntime {
   std::vector<UpdateBatch> dp_owned_batches_;
   int owned_params_ = 0;
   int64_t state_bytes_ = 0;
-  // cuda compute with host (Gloo) staging: each TP-owned or redundant
-  // update copies its whole parameter and gradient through these device
-  // buffers, sized for the largest such matrix (RankLayout::max_whole).
+  // cuda compute with host (Gloo) staging: the TP-owned and redundant
+  // updates copy their whole parameters and gradients through these
+  // device buffers, sized like the whole matrices in staging.
   DeviceBuffer device_param_, device_grad_;
 
   // ZeRO-1 (owned_buffers.h), in staging memory: the fp32 gradients of

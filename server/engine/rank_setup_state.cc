@@ -31,16 +31,22 @@ absl::Status RankBuilder::AllocateOwned(const RankSetup& setup,
   CANZONA_ASSIGN_OR_RETURN(
       rt.redundant_recv_,
       staging.Allocate(2 * layout.max_redundant * layout.tp_size));
-  CANZONA_ASSIGN_OR_RETURN(rt.whole_grad_, staging.Allocate(layout.max_whole));
-  CANZONA_ASSIGN_OR_RETURN(rt.whole_param_, staging.Allocate(layout.max_whole));
-  if (!rt.backends_.updates_in_place()) {
-    // RankRuntime::Update's device copies of a whole TP-owned or redundant
-    // matrix (the DP-owned ones run on OwnedDeviceCopy): the largest of
-    // those, not of every state (an embedding: 1.24 GB at Qwen3-0.6B).
-    CANZONA_ASSIGN_OR_RETURN(rt.device_param_,
-                             rt.compute().Allocate(layout.max_whole));
-    CANZONA_ASSIGN_OR_RETURN(rt.device_grad_,
-                             rt.compute().Allocate(layout.max_whole));
+  // The whole matrices the TP owner and the redundant updates assemble: the
+  // largest, or beside a GPU a micro group's (RankRuntime::UpdateWhole: one
+  // copy each way and one wait per group; in place, the buffers stay one
+  // matrix large and a group's matrices go as many at a time as fit).
+  const bool in_place = rt.backends_.updates_in_place();
+  const int64_t whole =
+      in_place ? layout.max_whole
+               : std::max(layout.max_whole, layout.max_group_whole);
+  CANZONA_ASSIGN_OR_RETURN(rt.whole_grad_, staging.Allocate(whole));
+  CANZONA_ASSIGN_OR_RETURN(rt.whole_param_, staging.Allocate(whole));
+  if (!in_place) {
+    // Their device copies (the DP-owned updates run on OwnedDeviceCopy):
+    // sized for those matrices, not for every state (an embedding: 1.24 GB
+    // at Qwen3-0.6B).
+    CANZONA_ASSIGN_OR_RETURN(rt.device_param_, rt.compute().Allocate(whole));
+    CANZONA_ASSIGN_OR_RETURN(rt.device_grad_, rt.compute().Allocate(whole));
   }
   return absl::OkStatus();
 }

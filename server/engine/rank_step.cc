@@ -274,38 +274,71 @@ class RankStep {
 
   // 5a. On the host of micro group `g`'s matrices: assembles each whole
   // matrix from the fragments the gather brought, runs its rule, and packs
-  // the updated fragments per rank.
+  // the updated fragments per rank. The group's matrices go side by side,
+  // as many at a time as the whole buffers hold (beside a GPU: the whole
+  // group, one copy each way and one wait; RankRuntime::UpdateWhole).
   absl::Status UpdateTpOwned(int g) {
-    Backend& staging = rt_.staging();
-    GroupBuffers& b = rt_.tp_lane().buffers(g);
     const GroupLayout& group = layout_.groups[g];
-    const int TP = layout_.tp_size;
-    int64_t at = 0;  // offset of the parameter in each rank's slice
+    std::vector<RankRuntime::WholeUpdate> run;
+    int64_t at = 0;     // the next matrix's offset in each rank's slice
+    int64_t first = 0;  // the run's first matrix's offset there
+    int64_t whole = 0;  // the run's elements
     for (int i : group.group->params) {
       if (jp_.plan.tp_owner[i] != layout_.tp_rank) continue;
-      const ParamMeta& m = jp_.params[i];
+      const int64_t numel = NumElements(jp_.params[i].shape);
+      if (!run.empty() && whole + numel > rt_.whole_capacity()) {
+        CANZONA_RETURN_IF_ERROR(UpdateTpOwnedRun(g, run, first));
+        run.clear();
+        first = at;
+        whole = 0;
+      }
+      run.push_back({i, whole, OptionsFor(i)});
+      whole += numel;
+      at += jp_.params[i].fragment_numel;
+    }
+    return UpdateTpOwnedRun(g, run, first);
+  }
+
+  // `run`: matrices of group `g` that lie one after the other in each
+  // rank's slice, the first at `at`.
+  absl::Status UpdateTpOwnedRun(int g,
+                                absl::Span<const RankRuntime::WholeUpdate> run,
+                                int64_t at) {
+    if (run.empty()) return absl::OkStatus();
+    const GroupLayout& group = layout_.groups[g];
+    Backend& staging = rt_.staging();
+    GroupBuffers& b = rt_.tp_lane().buffers(g);
+    const int TP = layout_.tp_size;
+    int64_t next = at;
+    for (const RankRuntime::WholeUpdate& u : run) {
+      const ParamMeta& m = jp_.params[u.param];
       const int64_t n = m.fragment_numel;
       for (int j = 0; j < TP; ++j) {
-        float* frag = b.recv.data() + 2 * group.tp_owned_here * j + 2 * at;
-        CANZONA_RETURN_IF_ERROR(
-            MoveFragment(staging, m, TP, j, frag, rt_.whole_grad(), true));
-        CANZONA_RETURN_IF_ERROR(
-            MoveFragment(staging, m, TP, j, frag + n, rt_.whole_param(), true));
+        float* frag = b.recv.data() + 2 * group.tp_owned_here * j + 2 * next;
+        CANZONA_RETURN_IF_ERROR(MoveFragment(
+            staging, m, TP, j, frag, rt_.whole_grad() + u.offset, true));
+        CANZONA_RETURN_IF_ERROR(MoveFragment(
+            staging, m, TP, j, frag + n, rt_.whole_param() + u.offset, true));
       }
-      CANZONA_RETURN_IF_ERROR(
-          rt_.Update(i, rt_.whole_param(), rt_.whole_grad(), OptionsFor(i)));
+      next += n;
+    }
+    CANZONA_RETURN_IF_ERROR(rt_.UpdateWhole(run));
+    next = at;
+    for (const RankRuntime::WholeUpdate& u : run) {
+      const ParamMeta& m = jp_.params[u.param];
+      const int64_t n = m.fragment_numel;
       for (int j = 0; j < TP; ++j) {
-        float* updated = b.back.data() + group.tp_owned_here * j + at;
-        CANZONA_RETURN_IF_ERROR(
-            MoveFragment(staging, m, TP, j, updated, rt_.whole_param(), false));
+        float* updated = b.back.data() + group.tp_owned_here * j + next;
+        CANZONA_RETURN_IF_ERROR(MoveFragment(
+            staging, m, TP, j, updated, rt_.whole_param() + u.offset, false));
         // The old fragment came in the gather (no longer needed).
-        if (layout_.update_counted[i]) {
+        if (layout_.update_counted[u.param]) {
           const float* old =
-              b.recv.data() + 2 * group.tp_owned_here * j + 2 * at + n;
+              b.recv.data() + 2 * group.tp_owned_here * j + 2 * next + n;
           CANZONA_RETURN_IF_ERROR(CountUpdate(staging, updated, old, n));
         }
       }
-      at += n;
+      next += n;
     }
     return absl::OkStatus();
   }
@@ -337,8 +370,8 @@ class RankStep {
       }
       const absl::Time c0 = absl::Now();
       times_->tp_gather += Seconds(g0, c0);
-      CANZONA_RETURN_IF_ERROR(
-          rt_.Update(i, rt_.whole_param(), rt_.whole_grad(), OptionsFor(i)));
+      const RankRuntime::WholeUpdate whole{i, 0, OptionsFor(i)};
+      CANZONA_RETURN_IF_ERROR(rt_.UpdateWhole({&whole, 1}));
       CANZONA_RETURN_IF_ERROR(MoveFragment(staging, m, TP, t,
                                            rt_.owned().param_at[i],
                                            rt_.whole_param(), false));

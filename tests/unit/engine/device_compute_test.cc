@@ -23,6 +23,7 @@
 #include "server/engine/engine_impl.h"
 #include "server/engine/owned_buffers.h"
 #include "server/engine/owned_device_copy.h"
+#include "server/engine/rank_layout.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/comm/fake_nccl_api.h"
 #include "tests/unit/engine/engine_test_util.h"
@@ -153,6 +154,45 @@ TEST(DeviceComputeStepTest, OneRankStepWaitsTwice) {
     EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
     ASSERT_OK(run.Deregister(cluster));
   }
+}
+
+// The TP owner's whole matrices cross to the GPU a micro group at a time:
+// one copy each way and one wait per group that hosts any, not one per
+// matrix (each rank of a DP1 x TP2 job hosts several matrices in a group).
+TEST(DeviceComputeStepTest, TpOwnedUpdatesWaitOncePerMicroGroup) {
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr, nullptr,
+                  /*batch_updates=*/true, /*device_like_cpu=*/true);
+  JobConfig config = MakeJobConfig("dev-tp-waits", 1, 2, "cost", MoeModel(4));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const JobPlan> jp, PlanOf(config));
+  std::vector<int> groups_hosting(config.world(), 0);
+  int matrices = 0, groups = 0;
+  for (int g = 0; g < config.world(); ++g) {
+    ASSERT_OK_AND_ASSIGN(RankSpec spec, SpecOf(config, g));
+    ASSERT_OK_AND_ASSIGN(RankLayout layout,
+                         LayoutRank(*jp, spec.settings, spec.coords));
+    for (const GroupLayout& group : layout.groups) {
+      int here = 0;
+      for (int i : group.group->params) {
+        here += jp->plan.tp_owner[i] == layout.tp_rank ? 1 : 0;
+      }
+      groups_hosting[g] += here > 0 ? 1 : 0;
+      matrices += here;
+      groups += here > 0 ? 1 : 0;
+    }
+  }
+  ASSERT_GT(matrices, groups) << "no micro group hosts two matrices on a rank";
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RunAll(cluster, 3));
+  for (int g = 0; g < config.world(); ++g) {
+    for (const v1::StepResponse& r : run.responses[g]) {
+      // The gradient sums, the DP-owned values' copy back, and one per group.
+      EXPECT_EQ(r.host_waits(), 2 + groups_hosting[g]) << "rank " << g;
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+  ASSERT_OK(run.Deregister(cluster));
 }
 
 // Host staging that copies to the GPU is page-locked while the rank lives
