@@ -33,7 +33,7 @@ void CudaIpcRegistry::Mapping::Reset() {
 
 absl::StatusOr<CudaIpcRegistry::Mapping> CudaIpcRegistry::Map(
     const std::string& field, const canzona::v1::CudaIpcBufferRef& ref,
-    uint64_t expected_bytes, int device, int devices) {
+    uint64_t expected_bytes, int element_bytes, int device, int devices) {
   if (ref.mem_handle().size() != kCudaIpcHandleBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ".cuda_ipc.mem_handle: ", ref.mem_handle().size(),
@@ -44,9 +44,10 @@ absl::StatusOr<CudaIpcRegistry::Mapping> CudaIpcRegistry::Map(
         absl::StrCat(field, ".cuda_ipc.device: ", device, " outside [0, ",
                      devices, ") on this node"));
   }
-  if (ref.offset() % sizeof(float) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".cuda_ipc.offset: ", ref.offset(), " is not 4-byte aligned"));
+  if (element_bytes <= 0 || ref.offset() % element_bytes != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".cuda_ipc.offset: ", ref.offset(), " is not ",
+                     element_bytes, "-byte aligned"));
   }
   if (ref.bytes() != expected_bytes) {
     return absl::InvalidArgumentError(

@@ -8,11 +8,14 @@
 //   CudaIpcRegistry registry(RealCudaIpcOpener());
 //   CANZONA_ASSIGN_OR_RETURN(CudaIpcRegistry::Mapping grad,
 //       registry.Map("parameters[3] 'w'.grad", ref.cuda_ipc(), bytes,
-//                    device, CudaDeviceCount()));
+//                    DTypeBytes(dtype), device, CudaDeviceCount()));
 //   float* device_grad = grad.data();
 //
 // Validation (INVALID_ARGUMENT naming `field`): the handle's size, the
-// device (0 <= device < devices), offset alignment (4 bytes), the byte count
+// device (0 <= device < devices), offset alignment (the element's size: a
+// bf16 tensor packed after an odd-sized one starts 2 bytes past a 4-byte
+// boundary, and every kernel, copy and collective reading it takes 2-byte
+// elements), the byte count
 // against the parameter's, and [offset, offset + bytes) inside the opened
 // allocation. Which device: TrainerBuffers resolves the trainer's PCI bus id
 // to this process's index first.
@@ -63,10 +66,12 @@ class CudaIpcRegistry {
   };
 
   // Opens `ref` on `device` (this process's index of the GPU the trainer
-  // named); `devices`: how many CUDA devices this process sees.
+  // named); `devices`: how many CUDA devices this process sees;
+  // `element_bytes`: the size of the buffer's elements (its alignment).
   absl::StatusOr<Mapping> Map(const std::string& field,
                               const canzona::v1::CudaIpcBufferRef& ref,
-                              uint64_t expected_bytes, int device, int devices);
+                              uint64_t expected_bytes, int element_bytes,
+                              int device, int devices);
 
   // Allocations open now (tests).
   int open_allocations() const;

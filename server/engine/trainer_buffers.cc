@@ -135,7 +135,8 @@ absl::StatusOr<void*> TrainerBuffers::MapOne(const std::string& job_id,
     }
     CANZONA_ASSIGN_OR_RETURN(
         CudaIpcRegistry::Mapping m,
-        options.registry->Map(where, r, need, device, devices));
+        options.registry->Map(where, r, need, DTypeBytes(dtype), device,
+                              devices));
     on_device_ = true;
     device_ = device;
     opener_ = options.opener;

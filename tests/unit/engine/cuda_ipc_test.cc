@@ -21,6 +21,7 @@
 #include "server/engine/job_plan.h"
 #include "server/engine/rank_layout.h"
 #include "tests/matchers/status_matchers.h"
+#include "tests/unit/comm/fake_nccl_api.h"
 #include "tests/unit/engine/engine_test_util.h"
 #include "tests/unit/engine/parts_test_util.h"
 
@@ -28,6 +29,7 @@ namespace canzona::engine_test {
 namespace {
 
 namespace v1 = ::canzona::v1;
+using ::canzona::testing::FakeNcclApi;
 using ::canzona::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -49,10 +51,10 @@ TEST(CudaIpcRegistryTest, OpensEachAllocationOnceAndClosesAfterTheLast) {
   CudaIpcRegistry registry(&fake);
   ASSERT_OK_AND_ASSIGN(
       CudaIpcRegistry::Mapping a,
-      registry.Map("a", Ref(handle, 0, 64), 64, /*device=*/0, 1));
+      registry.Map("a", Ref(handle, 0, 64), 64, 4, /*device=*/0, 1));
   ASSERT_OK_AND_ASSIGN(
       CudaIpcRegistry::Mapping b,
-      registry.Map("b", Ref(handle, 256, 128), 128, /*device=*/0, 1));
+      registry.Map("b", Ref(handle, 256, 128), 128, 4, /*device=*/0, 1));
   EXPECT_EQ(a.data(), memory.data());
   EXPECT_EQ(b.data(), memory.data() + 64);
   EXPECT_EQ(fake.opens.load(), 1);
@@ -70,21 +72,28 @@ TEST(CudaIpcRegistryTest, BadReferencesNameTheFieldAndLeaveNothingOpen) {
   std::vector<float> memory(1024);
   const std::string handle = FakeCudaIpc::Handle(memory.data(), 4096);
   CudaIpcRegistry registry(&fake);
-  EXPECT_THAT(registry.Map("p.grad", Ref("short", 0, 64), 64, /*device=*/0, 1),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("p.grad.cuda_ipc.mem_handle")));
   EXPECT_THAT(
-      registry.Map("p.grad", Ref(handle, 0, 64, 2), 64, /*device=*/2, 2 - 1),
+      registry.Map("p.grad", Ref("short", 0, 64), 64, 4, /*device=*/0, 1),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("p.grad.cuda_ipc.mem_handle")));
+  EXPECT_THAT(
+      registry.Map("p.grad", Ref(handle, 0, 64, 2), 64, 4, /*device=*/2, 2 - 1),
       StatusIs(absl::StatusCode::kInvalidArgument,
                HasSubstr("cuda_ipc.device: 2 outside [0, 1)")));
-  EXPECT_THAT(registry.Map("p.grad", Ref(handle, 2, 64), 64, /*device=*/0, 1),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("not 4-byte aligned")));
-  EXPECT_THAT(registry.Map("p.grad", Ref(handle, 0, 60), 64, /*device=*/0, 1),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("cuda_ipc.bytes: 60")));
   EXPECT_THAT(
-      registry.Map("p.grad", Ref(handle, 4064, 64), 64, /*device=*/0, 1),
+      registry.Map("p.grad", Ref(handle, 2, 64), 64, 4, /*device=*/0, 1),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("p.grad.cuda_ipc.offset: 2 is not 4-byte aligned")));
+  EXPECT_THAT(
+      registry.Map("p.grad", Ref(handle, 3, 64), 64, 2, /*device=*/0, 1),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("p.grad.cuda_ipc.offset: 3 is not 2-byte aligned")));
+  EXPECT_THAT(
+      registry.Map("p.grad", Ref(handle, 0, 60), 64, 4, /*device=*/0, 1),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("cuda_ipc.bytes: 60")));
+  EXPECT_THAT(
+      registry.Map("p.grad", Ref(handle, 4064, 64), 64, 4, /*device=*/0, 1),
       StatusIs(absl::StatusCode::kInvalidArgument,
                HasSubstr("leaves the exported allocation of 4096")));
   EXPECT_EQ(registry.open_allocations(), 0);
@@ -249,6 +258,39 @@ INSTANTIATE_TEST_SUITE_P(Bf16, IpcBucketCopiesTest,
                                             ::testing::Bool(),
                                             ::testing::Bool()),
                          CopyCaseName);
+
+// A bf16 model packed back to back, as canzona.torch packs it, where a
+// parameter of odd size puts every later one 2 bytes past a 4-byte
+// boundary: registered and stepped bitwise on both data planes (the GPU
+// run's torch models had even sizes only; a 4-byte rule refused these).
+TEST(CudaIpcEngineTest, Bfloat16TensorsAtTwoByteOffsetsStepBitwise) {
+  SetCpuBlasThreads(1);
+  std::vector<ModelParam> model = {
+      {"embed.weight", {96, 32}, 0, "adamw"},
+      {"layers.0.norm.weight", {33}, -1, "adamw"},
+      {"layers.0.attn.weight", {64, 32}, 0, "muon"},
+      {"layers.0.gate.bias", {7}, -1, "adamw"},
+      {"layers.0.mlp.weight", {32, 64}, 1, "muon"}};
+  for (const bool nccl_plane : {false, true}) {
+    SCOPED_TRACE(nccl_plane ? "NCCL plane" : "Gloo plane");
+    FakeCudaIpc ipc;
+    FakeNcclApi nccl({.simulate_data = true, .defer_copies = true});
+    Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc,
+                    nccl_plane ? &nccl : nullptr);
+    const int dp = nccl_plane ? 1 : 2;
+    JobConfig config = MakeJobConfig("ipc-odd", dp, 1, "cost", model);
+    config.dtype = DType::kBFloat16;
+    config.cuda_ipc = true;
+    config.bucket_order = true;
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    ASSERT_OK(run.RunSteps(cluster, 1, 3));
+    ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
+    EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+    ASSERT_OK(run.Deregister(cluster));
+  }
+}
 
 TEST(CudaIpcEngineTest, MixedOrUnservableBuffersAreRejected) {
   FakeCudaIpc fake;
