@@ -372,15 +372,20 @@ def test_overlap_and_hierarchical_sharding_are_bitwise(daemon, tmp_path, kind):
     """module= (GradReady from backward hooks, async step, WaitParams in
     forward pre-hooks) and shard_group_size=1 (every DP rank a group of its
     own: replicated state, all-reduced gradients) give the plain step's
-    bits; small buckets so that the model spans several."""
+    bits; small buckets so that the model spans several. So does overlap
+    when the loop clears gradients with model.zero_grad() (.grad = None,
+    as Hugging Face's Trainer does): backward must still accumulate into
+    the memory the daemon reduces from the hooks' reports."""
     common = ("--optimizer", kind, "--last", "6", "--bucket-size", "20000")
     plain = run_ranks(daemon, 2, str(tmp_path / "plain"), *common)
     overlap = run_ranks(daemon, 2, str(tmp_path / "overlap"), *common,
                         "--overlap")
     hier = run_ranks(daemon, 2, str(tmp_path / "hier"), *common, "--overlap",
                      "--shard-group-size", "1")
+    none = run_ranks(daemon, 2, str(tmp_path / "none"), *common, "--overlap",
+                     "--model-zero-grad")
     assert plain[0]["buckets"] > 2, plain[0]["buckets"]
-    for other in (overlap, hier):
+    for other in (overlap, hier, none):
         for a, b in zip(plain, other):
             assert a["losses"] == b["losses"]
             for n, p in a["params"].items():

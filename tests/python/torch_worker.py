@@ -67,6 +67,9 @@ def main():
                    help="save each step's gradients (what the daemon got)")
     p.add_argument("--max-grad-norm", type=float, default=0.0,
                    help="clip in the daemon (canzona.torch max_grad_norm)")
+    p.add_argument("--model-zero-grad", action="store_true",
+                   help="model.zero_grad() (.grad = None, as Hugging Face's "
+                        "Trainer does) instead of opt.zero_grad()")
     args = p.parse_args()
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
@@ -111,7 +114,10 @@ def main():
                          opt.last_step["clip_factor"]))
         deltas.append({n: (q.detach() - before[n]).norm().item()
                        for n, q in model.named_parameters()})
-        opt.zero_grad()
+        if args.model_zero_grad:
+            model.zero_grad(set_to_none=True)
+        else:
+            opt.zero_grad()
         if sched is not None:
             sched.step()
         losses.append(loss.item())

@@ -100,6 +100,22 @@ def default_route(name, param, matrix_group):
     return matrix_group
 
 
+def _into_view(param, view, rebind=True):
+    """Makes ``view`` (the memory the daemon reads) hold ``param``'s
+    gradient where ``param.grad`` is another tensor, zeros where it is None;
+    ``rebind``: ``param.grad`` is the view afterwards."""
+    grad = param.grad
+    if grad is not None and grad.data_ptr() == view.data_ptr():
+        return
+    with torch.no_grad():
+        if grad is None:
+            view.zero_()
+        else:
+            view.copy_(grad)
+    if rebind:
+        param.grad = view
+
+
 def _setting_value(value):
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -337,7 +353,7 @@ class Optimizer(torch.optim.Optimizer):
                     gview.zero_()
                 param.data = pview
                 param.grad = gview
-                param.register_hook(self._mark_grad)
+                param.register_hook(self._grad_arrives(param, gview))
                 self._grads.append((param, gview))
                 self._names.append(name)
                 by_group[group].append(param)
@@ -466,9 +482,15 @@ class Optimizer(torch.optim.Optimizer):
                     sub.register_forward_pre_hook(self._before_forward(mine)))
 
     def _accumulated(self, j):
+        param, view = self._grads[j]
+
         def hook(*unused):
             del unused
             self._seen_grad = True
+            # backward(create_graph=True) accumulates out of place, into a
+            # new .grad: its values go to the view before the bucket is
+            # reported (.grad stays the caller's, graph and all).
+            _into_view(param, view, rebind=False)
             if not self._sync:
                 return
             b = self._bucket_of[j]
@@ -527,19 +549,27 @@ class Optimizer(torch.optim.Optimizer):
                     stream = torch.cuda.current_stream(self.device)
                 event.wait(stream)
 
-    def _mark_grad(self, grad):
-        self._seen_grad = True
-        return grad
+    def _grad_arrives(self, param, view):
+        """A hook that runs before ``param``'s gradient accumulates (a
+        leaf's tensor hooks run before AccumulateGrad, on its stream): puts
+        the shared view back where the caller replaced ``.grad`` —
+        ``model.zero_grad()`` sets it to None, as Hugging Face's Trainer
+        does every step — so that backward accumulates into the memory the
+        daemon reads. Otherwise AccumulateGrad would keep the gradient in a
+        tensor of its own, and with ``module=`` the buckets its hooks report
+        would be reduced from the stale view."""
+        def hook(grad):
+            self._seen_grad = True
+            _into_view(param, view)
+            return grad
+        return hook
 
     def _restore_grads(self):
-        """Puts the shared views back where a caller replaced .grad."""
+        """Puts the shared views back where a caller replaced .grad; a
+        parameter left without one (no gradient since ``.grad = None``)
+        steps on zeros, not on an old gradient."""
         for param, view in self._grads:
-            if param.grad is None:
-                param.grad = view
-            elif param.grad.data_ptr() != view.data_ptr():
-                with torch.no_grad():
-                    view.copy_(param.grad)
-                param.grad = view
+            _into_view(param, view)
 
     @torch.no_grad()
     def step(self, closure=None, max_grad_norm=0.0):
