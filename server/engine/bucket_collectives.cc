@@ -260,19 +260,30 @@ void BucketCollectives::CaptureGradients(int64_t step,
   }
 }
 
+absl::Status BucketCollectives::WaitForTrainer(NcclEvent snapshot) {
+  // On the NCCL plane the copier's stream waits on the device, unless NCCL
+  // work follows on it (DP or cross-group collectives): ncclCommAbort
+  // synchronizes with everything enqueued before its kernels, so a trainer
+  // whose GPU never reaches its record (killed, or hung in its own
+  // collective) would hold the step timeout's abort, and every Abort
+  // behind its lock, for as long. There the host polls, bounded by the
+  // step timeout; the lane waits for each of those collectives anyway.
+  const bool on_device =
+      staging_.on_device && parts_.dp->size() == 1 && parts_.cross->size() == 1;
+  if (snapshot == nullptr) {
+    return staging_.trainer->WaitGradients(*parts_.copier, on_device);
+  }
+  if (on_device) return parts_.copier->WaitEvent(snapshot);
+  return parts_.copier->AwaitEvent(
+      snapshot, "the trainer's gradients-written event (as of GradReady)");
+}
+
 absl::Status BucketCollectives::Reduce(int b, int64_t step) {
   // A GPU trainer's gradients are final once its event completed (it
   // records the event after backward wrote them, before GradReady/Step):
   // the record GradReady saw (GradientSnapshots), else the latest.
-  const NcclEvent snapshot = parts_.snapshots != nullptr
-                                 ? parts_.snapshots->For(step, b)
-                                 : nullptr;
-  if (snapshot != nullptr) {
-    CANZONA_RETURN_IF_ERROR(parts_.copier->WaitEvent(snapshot));
-  } else {
-    CANZONA_RETURN_IF_ERROR(
-        staging_.trainer->WaitGradients(*parts_.copier, staging_.on_device));
-  }
+  CANZONA_RETURN_IF_ERROR(WaitForTrainer(
+      parts_.snapshots != nullptr ? parts_.snapshots->For(step, b) : nullptr));
   CANZONA_RETURN_IF_ERROR(ReadMasters(b));
   // No wait: the step's work follows the reductions on the device
   // (RankRuntime::AfterReductions).

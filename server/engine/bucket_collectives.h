@@ -135,9 +135,7 @@ class BucketCollectives {
   // the trainer's last "gradients written" event, the one Step reports
   // too: trainer work queued after its last GradReady (on parameters or
   // gradients) comes before the daemon's writes.
-  absl::Status AfterTrainer() {
-    return staging_.trainer->WaitGradients(*parts_.copier, staging_.on_device);
-  }
+  absl::Status AfterTrainer() { return WaitForTrainer(nullptr); }
   // The "parameters written" events (null when the gathers wait).
   const ExportedEvents* params_written() const {
     return parts_.params_written.get();
@@ -168,6 +166,11 @@ class BucketCollectives {
     bool masters_in_order = false;
   };
 
+  // Work enqueued on the copier from here on comes after the trainer's
+  // gradients: `snapshot` (GradientSnapshots) where one was taken, else
+  // the trainer's event; on the device, or on the host where NCCL work
+  // follows on the copier's stream (WaitForTrainer's comment says why).
+  absl::Status WaitForTrainer(NcclEvent snapshot);
   // Master copies of bucket b's held parameters from the trainer.
   absl::Status ReadMasters(int b);
   // Gradient j (parameter i) from the trainer into its owned slot as fp32.

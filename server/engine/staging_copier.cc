@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/poll.h"
 #include "kernels/base/status_macros.h"
 
 namespace canzona {
@@ -68,6 +69,9 @@ class HostStagingCopier final : public StagingCopier {
   absl::Status WaitEvent(NcclEvent) override {
     return absl::InternalError("a host stage copier cannot wait for events");
   }
+  absl::Status AwaitEvent(NcclEvent, absl::string_view) override {
+    return absl::InternalError("a host stage copier cannot wait for events");
+  }
   absl::Status RecordEvent(NcclEvent) override {
     return absl::InternalError("a host stage copier cannot record events");
   }
@@ -127,6 +131,17 @@ class DeviceStagingCopier final : public StagingCopier {
   absl::Status WaitEvent(NcclEvent event) override {
     CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
     return api_->StreamWaitEvent(stream_, event);
+  }
+  absl::Status AwaitEvent(NcclEvent event, absl::string_view what) override {
+    CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
+    const absl::Time deadline = absl::Now() + timeout_;
+    return PollUntilDone([&]() -> absl::StatusOr<bool> {
+      CANZONA_ASSIGN_OR_RETURN(bool done, api_->EventQuery(event));
+      if (done) return true;
+      if (absl::Now() < deadline) return false;
+      return absl::DeadlineExceededError(absl::StrCat(
+          what, " did not complete within ", absl::FormatDuration(timeout_)));
+    });
   }
   absl::Status RecordEvent(NcclEvent event) override {
     CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));

@@ -54,6 +54,13 @@ class StagingCopier {
   // Work enqueued later waits on the device for `event` (a cudaEvent_t the
   // trainer recorded after backward). Device copiers only.
   virtual absl::Status WaitEvent(NcclEvent event) = 0;
+  // Returns once `event` completed (polled on the host, bounded by the
+  // copier's timeout: DEADLINE_EXCEEDED naming `what`), so that nothing
+  // enqueued later depends on it on the device. For events another process
+  // may never complete (a trainer's, or a snapshot of one) ahead of NCCL
+  // work: NCCL's abort synchronizes with everything enqueued before its
+  // kernels. Device copiers only.
+  virtual absl::Status AwaitEvent(NcclEvent event, absl::string_view what) = 0;
   // Records `event` (a "parameters written" event the daemon exported,
   // ExportedEvents) after everything enqueued so far, in place of Finish's
   // host wait: the trainer's stream waits for it on the device. Device

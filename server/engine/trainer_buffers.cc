@@ -195,9 +195,9 @@ absl::StatusOr<void*> TrainerBuffers::MapOne(const std::string& job_id,
 }
 
 absl::Status TrainerBuffers::WaitGradients(StagingCopier& copier,
-                                           bool device_staging) const {
+                                           bool on_device) const {
   if (grad_event_ == nullptr) return absl::OkStatus();
-  if (device_staging) {
+  if (on_device) {
     return copier.WaitEvent(static_cast<NcclEvent>(grad_event_));
   }
   return opener_->WaitEvent(grad_event_, device_,

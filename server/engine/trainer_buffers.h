@@ -22,7 +22,7 @@
 //                            TrainerBuffers::Map(request, spec.fragment_numel,
 //                                                options));
 //   // On the rank's DP lane thread:
-//   CANZONA_RETURN_IF_ERROR(buffers->WaitGradients(copier, device_staging));
+//   CANZONA_RETURN_IF_ERROR(buffers->WaitGradients(copier, on_device));
 //   CANZONA_RETURN_IF_ERROR(buffers->Read(buffers->grad(j), j, n,
 //       DType::kFloat32, staged, copier, device_staging, scratch));
 //
@@ -100,9 +100,10 @@ class TrainerBuffers {
   int device() const { return device_; }
 
   // Makes what `copier` does next see the trainer's final gradients: a
-  // stream wait for the trainer's event (device staging) or a host wait;
-  // nothing when the trainer exported no event.
-  absl::Status WaitGradients(StagingCopier& copier, bool device_staging) const;
+  // stream wait for the trainer's event (`on_device`: device staging with
+  // no NCCL work after it on the copier's stream) or a host wait, polled
+  // until the step timeout; nothing when the trainer exported no event.
+  absl::Status WaitGradients(StagingCopier& copier, bool on_device) const;
   // The trainer's "gradients written" event, opened (null: none).
   void* grad_event() const { return grad_event_; }
   // Whether the data plane's collectives can work on trainer memory in

@@ -797,14 +797,56 @@ TEST(NcclEngineTest, OneRankReservesNoCollectiveMemory) {
 // With and without the trainer's "parameters written" event (recorded,
 // rather than waited for, after the gathers: DP2 x TP2, sync and
 // overlapped steps).
+// Device-side waits of a stream that runs NCCL work for the trainer: for
+// an event the fake never recorded (the trainer's), or for one recorded
+// on a stream that waited for such (a GradientSnapshots event).
+int NcclStreamWaitsForTheTrainer(const FakeNcclApi& nccl) {
+  const std::vector<FakeNcclCall> calls = nccl.calls();
+  std::set<const void*> recorded, trainers;
+  std::set<NcclStream> waited_for_trainer, runs_nccl;
+  for (const FakeNcclCall& c : calls) {
+    if (c.op == "cudaEventRecord") recorded.insert(c.send);
+  }
+  for (const FakeNcclCall& c : calls) {
+    if (c.op == "cudaStreamWaitEvent" && recorded.count(c.send) == 0) {
+      trainers.insert(c.send);
+      waited_for_trainer.insert(c.stream);
+    }
+  }
+  for (const FakeNcclCall& c : calls) {
+    if (c.op == "cudaEventRecord" && waited_for_trainer.count(c.stream) > 0) {
+      trainers.insert(c.send);
+    }
+  }
+  for (const FakeNcclCall& c : nccl.nccl_calls()) {
+    if (c.stream != nullptr) runs_nccl.insert(c.stream);
+  }
+  int waits = 0;
+  for (const FakeNcclCall& c : calls) {
+    waits += c.op == "cudaStreamWaitEvent" && trainers.count(c.send) > 0 &&
+             runs_nccl.count(c.stream) > 0;
+  }
+  return waits;
+}
+
+// CUDA IPC buffers move on the DP lane's stream, never through host
+// memory. At DP1 the daemon's streams wait for the trainer's event on the
+// device; at DP > 1, where NCCL work follows on that stream, the host
+// polls it (or the snapshot of it GradReady took) instead: ncclCommAbort
+// synchronizes with everything enqueued before its kernels, so a stream
+// that waited for a trainer whose GPU never reaches its record would hold
+// the step timeout's abort for as long.
 TEST(NcclEngineTest, IpcBuffersMoveOnTheStreamAfterWaitingForTheEvent) {
   SetCpuBlasThreads(1);
-  for (bool params_event : {false, true}) {
-    SCOPED_TRACE(params_event ? "parameters event" : "no parameters event");
+  for (const auto& [dp, params_event] :
+       {std::pair{2, false}, std::pair{2, true}, std::pair{1, true}}) {
+    SCOPED_TRACE(absl::StrCat(
+        "DP", dp,
+        params_event ? ", parameters event" : ", no parameters event"));
     FakeCudaIpc ipc;
     FakeNcclApi nccl(DataMode());
     Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
-    JobConfig config = MakeJobConfig("nccl-ipc", 2, 2, "cost");
+    JobConfig config = MakeJobConfig("nccl-ipc", dp, 2, "cost");
     config.cuda_ipc = true;
     config.params_event = params_event;
     JobRun run(config);
@@ -814,10 +856,13 @@ TEST(NcclEngineTest, IpcBuffersMoveOnTheStreamAfterWaitingForTheEvent) {
     ASSERT_OK(run.RunStepsOverlapped(cluster, 3, 4, /*shuffled=*/true, 5));
     ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 4, {}));
     EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
-    // The daemon's streams wait for the trainer's event on the device; no
-    // host wait, no copy through host memory.
     EXPECT_GT(nccl.calls_named("cudaStreamWaitEvent").size(), 0u);
-    EXPECT_EQ(ipc.event_waits.load(), 0);
+    EXPECT_EQ(NcclStreamWaitsForTheTrainer(nccl), 0);
+    if (dp == 1) {
+      EXPECT_EQ(ipc.event_waits.load(), 0);
+    } else {
+      EXPECT_GT(ipc.event_waits.load(), 0);
+    }
     EXPECT_EQ(ipc.copied_bytes.load(), 0);
     // Device memory needs no pinning.
     EXPECT_TRUE(nccl.calls_named("cudaHostRegister").empty());
