@@ -738,6 +738,9 @@ absl::Status Backend::GatherColumns(int64_t rows, int64_t cols,
       CheckMatrices(kWhat, rows, cols, {{"src", src}, {"dst", dst}}));
   CANZONA_RETURN_IF_ERROR(checks::Permutation(kWhat, perm, cols));
   if (rows == 0 || cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckDisjoint(
+      kWhat, "src", src, SatMul(rows, cols), "dst", dst, SatMul(rows, cols),
+      "a kernel reading src while writing dst races"));
   CANZONA_RETURN_IF_ERROR(CheckRanges(
       *this, kWhat,
       {{"src", src, SatMul(rows, cols)}, {"dst", dst, SatMul(rows, cols)}}));
@@ -752,6 +755,9 @@ absl::Status Backend::GatherRows(int64_t rows, int64_t cols,
       CheckMatrices(kWhat, rows, cols, {{"src", src}, {"dst", dst}}));
   CANZONA_RETURN_IF_ERROR(checks::Permutation(kWhat, perm, rows));
   if (rows == 0 || cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckDisjoint(
+      kWhat, "src", src, SatMul(rows, cols), "dst", dst, SatMul(rows, cols),
+      "a kernel reading src while writing dst races"));
   CANZONA_RETURN_IF_ERROR(CheckRanges(
       *this, kWhat,
       {{"src", src, SatMul(rows, cols)}, {"dst", dst, SatMul(rows, cols)}}));
@@ -763,6 +769,9 @@ absl::Status Backend::Transpose2D(int64_t rows, int64_t cols, const float* src,
   CANZONA_RETURN_IF_ERROR(
       CheckMatrices("Transpose2D", rows, cols, {{"src", src}, {"dst", dst}}));
   if (rows == 0 || cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckDisjoint(
+      "Transpose2D", "src", src, SatMul(rows, cols), "dst", dst,
+      SatMul(rows, cols), "a kernel reading src while writing dst races"));
   CANZONA_RETURN_IF_ERROR(CheckRanges(
       *this, "Transpose2D",
       {{"src", src, SatMul(rows, cols)}, {"dst", dst, SatMul(rows, cols)}}));

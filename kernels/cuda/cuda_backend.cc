@@ -780,8 +780,14 @@ absl::Status CudaBackend::DoNewtonSchulz(const NewtonSchulzSpec& spec,
   if (ns_seen_.size() < kMaxGraphs && ns_seen_.insert(key).second) {
     return run();
   }
-  CANZONA_CUDA_RETURN_IF_ERROR(
-      cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) !=
+      cudaSuccess) {
+    // A stream that cannot capture runs the key eagerly, as any failed
+    // capture does, rather than failing every Newton-Schulz of the shape.
+    (void)cudaGetLastError();
+    ns_eager_.insert(std::move(key));
+    return run();
+  }
   const absl::Status captured = run();
   cudaGraph_t graph = nullptr;
   cudaError_t result = cudaStreamEndCapture(stream_, &graph);

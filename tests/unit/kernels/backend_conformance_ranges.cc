@@ -98,6 +98,14 @@ TEST_P(BackendConformanceTest, OverlapsAGpuLeavesUndefinedAreRefused) {
   EXPECT_THAT(b.GemmStridedBatched(kN, kN, 2, 2, 1, 1.0f, p, 1, 2, p + 4, 2, 2,
                                    0.0f, p + 8, 2, 2, 2),
               Rejected("GemmStridedBatched: stride_c 2", "spans overlap"));
+  // Permutations and transposes in place (a kernel reading what it writes).
+  const std::vector<int64_t> swap = {1, 0};
+  EXPECT_THAT(b.Transpose2D(2, 2, p, p),
+              Rejected("Transpose2D: src", "overlap"));
+  EXPECT_THAT(b.GatherColumns(2, 2, swap, p, p + 2),
+              Rejected("GatherColumns: src", "overlap"));
+  EXPECT_THAT(b.GatherRows(2, 2, swap, p + 2, p),
+              Rejected("GatherRows: src", "overlap"));
   // Nothing was written.
   EXPECT_EQ(Download(buf), values);
   // Disjoint ranges of one buffer, and a copy onto itself, are fine.
