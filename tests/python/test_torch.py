@@ -367,6 +367,53 @@ def test_state_dict_resumes_bitwise_in_new_processes(daemon, tmp_path, world):
             assert torch.equal(p, b["params"][n]), n
 
 
+def test_overlap_waits_where_a_container_s_parameters_are_read(daemon):
+    """module=: a ParameterList has no forward of its own (the module above
+    it reads its weights), so after a step that answered early the parent's
+    forward waits for their buckets before it runs, not a child's forward
+    that runs after the weights were read."""
+    waited = set()
+
+    class ListModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            g = torch.Generator().manual_seed(0)
+            self.weights = torch.nn.ParameterList(
+                [torch.nn.Parameter(torch.randn(16, 16, generator=g) / 4)
+                 for _ in range(3)])
+            self.head = torch.nn.Linear(16, 4)
+            self.seen = []
+
+        def forward(self, x):
+            self.seen.append(set(waited))
+            for w in self.weights:
+                x = torch.tanh(x @ w)
+            return self.head(x)
+
+    model = ListModel()
+    opt = ct.Muon(model.named_parameters(), module=model, target=daemon,
+                  job_id="list-" + uuid.uuid4().hex[:8])
+    real = opt.client.wait_params
+
+    def counted(job_id, rank, step, bucket):
+        waited.add(bucket)
+        return real(job_id, rank, step, bucket)
+    opt.client.wait_params = counted
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    for _ in range(3):
+        waited.clear()
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    opt.close()
+    weights = {id(w) for w in model.weights}
+    buckets = {opt._bucket_of[j] for j, (p, _) in enumerate(opt._grads)
+               if id(p) in weights}
+    assert buckets
+    for seen in model.seen[1:]:
+        assert buckets <= seen, (buckets, seen)
+
+
 @pytest.mark.parametrize("kind", ["muon", "soap"])
 def test_overlap_and_hierarchical_sharding_are_bitwise(daemon, tmp_path, kind):
     """module= (GradReady from backward hooks, async step, WaitParams in

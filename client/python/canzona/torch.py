@@ -473,13 +473,25 @@ class Optimizer(torch.optim.Optimizer):
             self._hooks.append(acc.register_hook(self._accumulated(j)))
             self._accumulators.append(acc)
         index = {id(p): j for j, (p, _) in enumerate(self._grads)}
+        # A container without a forward of its own (ParameterList,
+        # ParameterDict, ModuleList...) is never called: the module above
+        # it reads its parameters, so that module's forward waits for them.
+        parent = {id(child): sub for sub in module.modules()
+                  for child in sub.children()}
+        waits = {}  # id(module) -> (module, buckets)
         for sub in module.modules():
-            mine = sorted({self._bucket_of[index[id(p)]]
-                           for p in sub.parameters(recurse=False)
-                           if id(p) in index})
-            if mine:
-                self._hooks.append(
-                    sub.register_forward_pre_hook(self._before_forward(mine)))
+            mine = {self._bucket_of[index[id(p)]]
+                    for p in sub.parameters(recurse=False) if id(p) in index}
+            if not mine:
+                continue
+            reader = sub
+            while (type(reader).forward is torch.nn.Module.forward
+                   and id(reader) in parent):
+                reader = parent[id(reader)]
+            waits.setdefault(id(reader), (reader, set()))[1].update(mine)
+        for reader, buckets in waits.values():
+            self._hooks.append(reader.register_forward_pre_hook(
+                self._before_forward(sorted(buckets))))
 
     def _accumulated(self, j):
         param, view = self._grads[j]
