@@ -177,12 +177,16 @@ def make_model(torch, vocab=512, dim=256, heads=4, ffn=1024, layers=2,
             self.blocks = nn.ModuleList(Block() for _ in range(layers))
             self.norm = nn.LayerNorm(dim)
             self.lm_head = nn.Linear(dim, vocab, bias=False)
+            # One element: in bf16 every tensor packed after it starts 2
+            # bytes past a 4-byte boundary (CUDA IPC offsets the daemon
+            # must take), as a scalar gain or an odd-sized bias does.
+            self.logit_scale = nn.Parameter(torch.ones(1))
 
         def forward(self, tokens):
             x = self.embed(tokens) + self.pos_embed[:tokens.size(1)]
             for block in self.blocks:
                 x = block(x)
-            return self.lm_head(self.norm(x))
+            return self.lm_head(self.norm(x)) * self.logit_scale
 
     return Decoder(), vocab, seq
 
