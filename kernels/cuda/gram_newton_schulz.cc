@@ -115,12 +115,10 @@ absl::Status RunGramSteps(const NsContext& ctx, const NewtonSchulzSpec& spec,
       CANZONA_RETURN_IF_ERROR(
           SmallProducts(ctx, bf16, batch, n, c, r, r, b, z));
       if (step == first) {
-        // Q = a I + Z: Q starts as I, so no product.
-        CANZONA_RETURN_IF_ERROR(CopyDevice(ctx, z, all, q));
-        for (int64_t i = 0; i < batch; ++i) {
-          CANZONA_CUDA_RETURN_IF_ERROR(
-              cuda_kernels::AddIdentity(cfg, n, a, q + i * sa));
-        }
+        // Q = a I + Z: Q starts as I, so no product; one launch for the
+        // batch (the same float32 sums as adding a to Z's diagonal).
+        CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::NsScaleAddIdentity(
+            cfg, batch, n, 1.0f, a, cuda_kernels::NsElement::kFloat32, z, q));
       } else {
         // Q <- a Q + Z Q.
         CANZONA_RETURN_IF_ERROR(CopyDevice(ctx, q, all, q_next));
