@@ -5,9 +5,16 @@
 //
 // Per step (a, b, c), on the wide orientation X (n x m, n <= m), batched over
 // same-shape matrices, with no host synchronization anywhere:
-//   A = X X^T                 one GEMM (float32: SYRK + mirror kernel)
-//   B = b A + c A A           one GEMM, beta = b, C pre-filled with A
-//   X' = a X + B X            one GEMM, beta = a, C pre-filled with X
+//   A = X X^T                 one product, symmetric (below)
+//   B = a I + b A + c A A     a scale-and-shift kernel fills C with
+//                             a I + b A, one product adds c A A (beta 1),
+//                             symmetric too
+//   X' = B X                  one GEMM into the other X buffer (no copy of
+//                             X for "a X": a I is in B)
+// The symmetric products compute one triangle and mirror it
+// (NewtonSchulzSpec::symmetric_products): SYRK in float32 where it runs,
+// the lower tiles as one pointer-array batched GEMM in bf16
+// (kernels/symmetric_tiles.h), full GEMMs otherwise.
 // kBfloat16 keeps X, A, B in bf16 with float32 accumulation (tensor cores);
 // kFloat32 keeps everything in float32 with TF32 off.
 //
