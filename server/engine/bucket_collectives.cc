@@ -399,7 +399,6 @@ absl::Status BucketCollectives::WriteHeld(int b) {
 absl::Status BucketCollectives::Gather(int b) {
   const JobPlan& jp = *staging_.plan;
   const RankLayout& layout = *staging_.layout;
-  const BucketLayout& bucket = layout.buckets[b];
   if (layout.sliced && parts_.dp->size() > 1) {
     CANZONA_RETURN_IF_ERROR(GatherSliced(b));
   } else if (jp.plan.strategy == plan::Strategy::kLayerwise &&
