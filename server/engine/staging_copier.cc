@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -134,14 +133,7 @@ class DeviceStagingCopier final : public StagingCopier {
   }
   absl::Status AwaitEvent(NcclEvent event, absl::string_view what) override {
     CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
-    const absl::Time deadline = absl::Now() + timeout_;
-    return PollUntilDone([&]() -> absl::StatusOr<bool> {
-      CANZONA_ASSIGN_OR_RETURN(bool done, api_->EventQuery(event));
-      if (done) return true;
-      if (absl::Now() < deadline) return false;
-      return absl::DeadlineExceededError(absl::StrCat(
-          what, " did not complete within ", absl::FormatDuration(timeout_)));
-    });
+    return Poll(event, what);
   }
   absl::Status RecordEvent(NcclEvent event) override {
     CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
@@ -165,22 +157,7 @@ class DeviceStagingCopier final : public StagingCopier {
     host_waits_.fetch_add(1, std::memory_order_relaxed);
     CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
     CANZONA_RETURN_IF_ERROR(api_->EventRecord(done_, stream_));
-    // Spin briefly (copies of a bucket take microseconds), then sleep.
-    const absl::Time deadline = absl::Now() + timeout_;
-    for (int polls = 0;; ++polls) {
-      CANZONA_ASSIGN_OR_RETURN(bool done, api_->EventQuery(done_));
-      if (done) return absl::OkStatus();
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "staging copies on device ", device_, " did not complete within ",
-            absl::FormatDuration(timeout_)));
-      }
-      if (polls > 1000) {
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      } else {
-        std::this_thread::yield();
-      }
-    }
+    return Poll(done_, absl::StrCat("staging copies on device ", device_));
   }
   NcclStream stream() const override { return stream_; }
   int64_t host_waits() const override {
@@ -192,6 +169,20 @@ class DeviceStagingCopier final : public StagingCopier {
   }
 
  private:
+  // Returns once `event` completed: polled (spinning briefly, as copies of a
+  // bucket take microseconds, then sleeping; kernels/base/poll.h) until the
+  // copier's timeout, then DEADLINE_EXCEEDED naming `what`.
+  absl::Status Poll(NcclEvent event, absl::string_view what) {
+    const absl::Time deadline = absl::Now() + timeout_;
+    return PollUntilDone([&]() -> absl::StatusOr<bool> {
+      CANZONA_ASSIGN_OR_RETURN(bool done, api_->EventQuery(event));
+      if (done) return true;
+      if (absl::Now() < deadline) return false;
+      return absl::DeadlineExceededError(absl::StrCat(
+          what, " did not complete within ", absl::FormatDuration(timeout_)));
+    });
+  }
+
   const AllocationRegistry& staging_;
   NcclApi* const api_;
   const int device_;
