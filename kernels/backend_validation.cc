@@ -272,6 +272,19 @@ absl::Status CheckGemmRanges(const Backend& backend, absl::string_view what,
                      {{"a", a, span_a}, {"b", b, span_b}, {"c", c, span_c}});
 }
 
+// A kernel that reads all of `src` while it writes `dst` (a permutation, a
+// transpose: rows x cols each): the two apart, and both where the backend
+// may touch them (CheckRanges may redirect the caller's pointers).
+absl::Status CheckReorder(const Backend& backend, absl::string_view what,
+                          int64_t rows, int64_t cols, const float*& src,
+                          float*& dst) {
+  const int64_t count = SatMul(rows, cols);
+  CANZONA_RETURN_IF_ERROR(
+      CheckDisjoint(what, "src", src, count, "dst", dst, count,
+                    "a kernel reading src while writing dst races"));
+  return CheckRanges(backend, what, {{"src", src, count}, {"dst", dst, count}});
+}
+
 }  // namespace
 
 absl::StatusOr<RegisteredMemory> Backend::RegisterMemory(
@@ -738,12 +751,7 @@ absl::Status Backend::GatherColumns(int64_t rows, int64_t cols,
       CheckMatrices(kWhat, rows, cols, {{"src", src}, {"dst", dst}}));
   CANZONA_RETURN_IF_ERROR(checks::Permutation(kWhat, perm, cols));
   if (rows == 0 || cols == 0) return absl::OkStatus();
-  CANZONA_RETURN_IF_ERROR(CheckDisjoint(
-      kWhat, "src", src, SatMul(rows, cols), "dst", dst, SatMul(rows, cols),
-      "a kernel reading src while writing dst races"));
-  CANZONA_RETURN_IF_ERROR(CheckRanges(
-      *this, kWhat,
-      {{"src", src, SatMul(rows, cols)}, {"dst", dst, SatMul(rows, cols)}}));
+  CANZONA_RETURN_IF_ERROR(CheckReorder(*this, kWhat, rows, cols, src, dst));
   return DoGatherColumns(rows, cols, perm, src, dst);
 }
 
@@ -755,12 +763,7 @@ absl::Status Backend::GatherRows(int64_t rows, int64_t cols,
       CheckMatrices(kWhat, rows, cols, {{"src", src}, {"dst", dst}}));
   CANZONA_RETURN_IF_ERROR(checks::Permutation(kWhat, perm, rows));
   if (rows == 0 || cols == 0) return absl::OkStatus();
-  CANZONA_RETURN_IF_ERROR(CheckDisjoint(
-      kWhat, "src", src, SatMul(rows, cols), "dst", dst, SatMul(rows, cols),
-      "a kernel reading src while writing dst races"));
-  CANZONA_RETURN_IF_ERROR(CheckRanges(
-      *this, kWhat,
-      {{"src", src, SatMul(rows, cols)}, {"dst", dst, SatMul(rows, cols)}}));
+  CANZONA_RETURN_IF_ERROR(CheckReorder(*this, kWhat, rows, cols, src, dst));
   return DoGatherRows(rows, cols, perm, src, dst);
 }
 
@@ -769,12 +772,8 @@ absl::Status Backend::Transpose2D(int64_t rows, int64_t cols, const float* src,
   CANZONA_RETURN_IF_ERROR(
       CheckMatrices("Transpose2D", rows, cols, {{"src", src}, {"dst", dst}}));
   if (rows == 0 || cols == 0) return absl::OkStatus();
-  CANZONA_RETURN_IF_ERROR(CheckDisjoint(
-      "Transpose2D", "src", src, SatMul(rows, cols), "dst", dst,
-      SatMul(rows, cols), "a kernel reading src while writing dst races"));
-  CANZONA_RETURN_IF_ERROR(CheckRanges(
-      *this, "Transpose2D",
-      {{"src", src, SatMul(rows, cols)}, {"dst", dst, SatMul(rows, cols)}}));
+  CANZONA_RETURN_IF_ERROR(
+      CheckReorder(*this, "Transpose2D", rows, cols, src, dst));
   return DoTranspose2D(rows, cols, src, dst);
 }
 
