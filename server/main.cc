@@ -230,8 +230,11 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
   // outlives the engine and the servers.
   MetricsRegistry metrics;
   RegisterProcessMetrics(&metrics);
+  // auto is gloo: NCCL needs a GPU per local rank, which only the operator
+  // knows the node's jobs to have.
+  const std::string comm = flags.comm == "nccl" ? "nccl" : "gloo";
   CanzonaMetrics::Register(&metrics)
-      .build_info->WithLabels({"0.1.0", flags.backend, "gloo"})
+      .build_info->WithLabels({"0.1.0", flags.backend, comm})
       ->Set(1);
   std::unique_ptr<MetricsHttpServer> metrics_server;
   if (!flags.metrics_address.empty()) {
@@ -249,9 +252,7 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
                           ? absl::StrCat(socket_path, "@", ::getpid())
                           : flags.daemon_id;
   options.backend = flags.backend;
-  // auto is gloo: NCCL needs a GPU per local rank, which only the operator
-  // knows the node's jobs to have.
-  options.comm = flags.comm == "nccl" ? "nccl" : "gloo";
+  options.comm = comm;
   options.comm_host = flags.comm_host;
   options.required_token = security.token;
   options.max_jobs = flags.max_jobs;

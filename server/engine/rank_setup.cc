@@ -17,19 +17,20 @@
 
 namespace canzona {
 
-// The compute backend on the rank's GPU, a cpu backend for host work, and
-// where staging lives: host memory (Gloo) or the GPU (NCCL). The rank's GPU
-// is the one its trainer's buffers live on (found by PCI bus id); a trainer
-// with host buffers gets its global rank modulo the devices present (a
-// node's trainers are its consecutive global ranks).
+int RankGpu(const TrainerBuffers* trainer, int global, int devices) {
+  if (trainer != nullptr && trainer->on_device()) return trainer->device();
+  return devices > 0 ? global % devices : 0;
+}
+
+// The compute backend on the rank's GPU (RankGpu), a cpu backend for host
+// work, and where staging lives: host memory (Gloo) or the GPU (NCCL).
 absl::Status RankBuilder::CreateBackends(const RankSetup& setup,
                                          RankBackends& b) {
-  const int devices = setup.backend == "cpu" ? 0 : setup.cuda_devices();
-  if (setup.trainer != nullptr && setup.trainer->on_device()) {
-    b.device_ = setup.trainer->device();
-  } else {
-    b.device_ = devices > 0 ? setup.global % devices : 0;
-  }
+  // The NCCL plane's ranks each have a GPU, even where the cpu backend
+  // stands in for it (tests: a fake NCCL keeps them apart as NCCL does).
+  const int devices =
+      setup.backend == "cpu" && !setup.nccl ? 0 : setup.cuda_devices();
+  b.device_ = RankGpu(setup.trainer, setup.global, devices);
   if ((setup.nccl || setup.device_like_cpu) && setup.backend == "cpu") {
     // Only tests run the NCCL plane on the cpu backend (over a fake NCCL,
     // EngineOptions::nccl_api), or ask for it on the Gloo plane

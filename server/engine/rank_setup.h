@@ -63,6 +63,11 @@ struct RankSetup {
   std::function<void()> on_failure;
 };
 
+// The GPU rank `global` works on: its trainer's, for buffers in GPU memory
+// (CUDA IPC); else its global rank modulo the node's `devices` (a node's
+// trainers are its consecutive global ranks); 0 without devices.
+int RankGpu(const TrainerBuffers* trainer, int global, int devices);
+
 // Builds the rank's runtime and fills `response` (plan digest, owned
 // parameters, state bytes, buckets). Collective with the job's other ranks
 // (communicator rendezvous).

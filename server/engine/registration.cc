@@ -1,5 +1,6 @@
 #include "server/engine/registration.h"
 
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -64,10 +65,17 @@ absl::Status Registration::Setup(Job& job, LocalRank& rank) const {
   CANZONA_RETURN_IF_ERROR(agreement.AwaitAllRanks(
       job.settings.world, absl::Now() + options_.register_timeout));
   int local_ranks = 0;
+  std::map<int, const TrainerBuffers*> trainers;  // by global rank
   {
     absl::MutexLock lock(&job.mu);
     job.barrier_passed = true;
     local_ranks = static_cast<int>(job.ranks.size());
+    for (const auto& [global, r] : job.ranks) {
+      trainers[global] = r->buffers.get();
+    }
+  }
+  if (options_.comm == "nccl") {
+    CANZONA_RETURN_IF_ERROR(CheckOneRankPerGpu(job.id, trainers));
   }
   CANZONA_ASSIGN_OR_RETURN(std::shared_ptr<const JobPlan> jp, EnsurePlan(job));
   CANZONA_RETURN_IF_ERROR(
@@ -103,6 +111,30 @@ absl::Status Registration::Setup(Job& job, LocalRank& rank) const {
       static_cast<int>(rank.rt->layout().buckets.size()),
       [buckets](int64_t k, int b) { return buckets->Reduce(b, k); },
       [buckets](int64_t, int b) { return buckets->Gather(b); }));
+  return absl::OkStatus();
+}
+
+// NCCL runs one rank of a communicator per GPU: 2.28 refuses two with
+// "Duplicate GPU detected", and only once the whole group has connected.
+// The job's local ranks each know their GPU (RankGpu) before that.
+absl::Status Registration::CheckOneRankPerGpu(
+    const std::string& job_id,
+    const std::map<int, const TrainerBuffers*>& trainers) const {
+  const int devices = NodeCudaDevices(options_);
+  std::map<int, int> rank_on_gpu;
+  for (const auto& [global, trainer] : trainers) {
+    const int gpu = RankGpu(trainer, global, devices);
+    auto [other, first] = rank_on_gpu.emplace(gpu, global);
+    if (first) continue;
+    const bool ipc = trainer != nullptr && trainer->on_device();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "comm 'nccl' runs one rank per GPU: ranks ", other->second, " and ",
+        global, " of job '", job_id, "' both use GPU ", gpu,
+        ipc ? " (their tensors' param.cuda_ipc.pci_bus_id)"
+            : absl::StrCat(" (global rank modulo the ", devices, " GPUs)"),
+        "; give each trainer its own GPU (torch.cuda.set_device(local_rank)) "
+        "or run the daemon with --comm=gloo"));
+  }
   return absl::OkStatus();
 }
 

@@ -17,6 +17,7 @@
 #define CANZONA_SERVER_ENGINE_REGISTRATION_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -48,6 +49,11 @@ class Registration {
   absl::Status Agree(Job& job, LocalRank& rank, const std::string& plist) const;
   // (2)-(4).
   absl::Status Setup(Job& job, LocalRank& rank) const;
+  // (2) FAILED_PRECONDITION where two of the job's local ranks (by global
+  // rank) would run NCCL on one GPU.
+  absl::Status CheckOneRankPerGpu(
+      const std::string& job_id,
+      const std::map<int, const TrainerBuffers*>& trainers) const;
   // (3) The job's plan, built once on this daemon.
   absl::StatusOr<std::shared_ptr<const JobPlan>> EnsurePlan(Job& job) const;
   // (5) Marks the rank set up; the last local rank fires every Register.

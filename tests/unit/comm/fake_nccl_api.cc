@@ -164,6 +164,18 @@ absl::Status FakeNcclApi::ReadyForCall(const Comm& c, const char* op,
   return absl::OkStatus();
 }
 
+absl::Status FakeNcclApi::StreamOnDeviceLocked(NcclStream stream, int device,
+                                               const char* op,
+                                               const char* what) {
+  auto it = stream_devices_.find(stream);
+  if (it == stream_devices_.end() || it->second == device) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(op, ": a stream of device ",
+                                                 it->second, " used with ",
+                                                 what, " on device ", device));
+}
+
 std::unique_ptr<FakeNcclApi::Entry> FakeNcclApi::NewEntryLocked() {
   auto entry = std::make_unique<Entry>();
   entry->hang = hang_;
@@ -258,6 +270,15 @@ absl::StatusOr<NcclComm> FakeNcclApi::CommInitRank(int nranks,
   auto comm = std::make_unique<Comm>();
   comm->world = world.get();
   comm->rank = rank;
+  comm->device = ThreadLocked().device;
+  auto [other, first] = world->rank_on_device.emplace(comm->device, comm->rank);
+  if (!first && world->error.ok()) {
+    // NCCL finds this once the group has exchanged its peers' devices and
+    // fails every rank's initialization.
+    world->error = absl::InvalidArgumentError(absl::StrCat(
+        "ncclCommInitRank: Duplicate GPU detected: rank ", other->second,
+        " and rank ", rank, " both on CUDA device ", comm->device));
+  }
   comm->blocking = blocking;
   Comm* c = comm.get();
   comms_.push_back(std::move(comm));
@@ -338,6 +359,8 @@ absl::Status FakeNcclApi::DataCall(const char* name, Kind kind,
   if (!status.ok()) return status;
   if (!c.ok()) return c.status();
   CANZONA_RETURN_IF_ERROR(ReadyForCall(**c, name, /*data=*/true));
+  CANZONA_RETURN_IF_ERROR(
+      StreamOnDeviceLocked(stream, (*c)->device, name, "a communicator"));
   if (count < 0) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": negative count"));
   }
@@ -533,7 +556,8 @@ absl::StatusOr<NcclEvent> FakeNcclApi::CreateEvent(const char* op,
   absl::Status status = RecordLocked(std::move(call));
   if (!status.ok()) return status;
   NcclEvent event = FakeHandle<NcclEvent>(++next_event_);
-  events_[event] = EventState{.exported = exported};
+  events_[event] =
+      EventState{.device = ThreadLocked().device, .exported = exported};
   return event;
 }
 
@@ -596,6 +620,8 @@ absl::Status FakeNcclApi::EventRecord(NcclEvent event, NcclStream stream) {
   if (it == events_.end()) {
     return absl::InvalidArgumentError("cudaEventRecord: unknown event");
   }
+  CANZONA_RETURN_IF_ERROR(StreamOnDeviceLocked(stream, it->second.device,
+                                               "cudaEventRecord", "an event"));
   it->second.stream = stream;
   it->second.target = streams_[stream].enqueued;
   return absl::OkStatus();
@@ -653,7 +679,10 @@ absl::StatusOr<NcclStream> FakeNcclApi::StreamCreate() {
   absl::Status status = RecordLocked(std::move(call));
   if (!status.ok()) return status;
   // Far from the handles Stream(n) gives tests.
-  return FakeHandle<NcclStream>((int64_t{1} << 24) + ++next_stream_);
+  NcclStream stream =
+      FakeHandle<NcclStream>((int64_t{1} << 24) + ++next_stream_);
+  stream_devices_[stream] = ThreadLocked().device;
+  return stream;
 }
 
 absl::Status FakeNcclApi::StreamDestroy(NcclStream stream) {
@@ -712,6 +741,10 @@ absl::Status FakeNcclApi::ConvertAsync(DType from, const void* src, DType to,
   call.stream = stream;
   absl::Status status = RecordLocked(std::move(call));
   if (!status.ok()) return status;
+  // A kernel launch: on a stream of the current device.
+  CANZONA_RETURN_IF_ERROR(StreamOnDeviceLocked(stream, ThreadLocked().device,
+                                               "ConvertDTypeAsync",
+                                               "the current device"));
   if (options_.simulate_data && n > 0) {
     CANZONA_ASSIGN_OR_RETURN(
         src, device_like::HostAddress(src, n * DTypeBytes(from),

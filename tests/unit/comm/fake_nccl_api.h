@@ -42,6 +42,20 @@
 // fails INVALID_ARGUMENT, as NCCL's does, and so do calls on a finalized
 // one. Blocking communicators are never in progress.
 //
+// Devices: streams, events and communicators belong to the calling
+// thread's current device (SetDevice) when created, and the fake keeps
+// CUDA's and NCCL's rules about them, so that a node's many GPUs (which a
+// one-GPU test machine never shows) are checked here: a kernel
+// (ConvertAsync) goes to a stream of the current device, an event is
+// recorded on a stream of its own device, an NCCL operation runs on a
+// stream of its communicator's device (INVALID_ARGUMENT otherwise; copies
+// and waits may cross devices, as in CUDA); two ranks of one communicator
+// on one device fail its initialization asynchronously, as NCCL's
+// "Duplicate GPU detected". Streams the fake did not create (Stream(n),
+// null) are not checked. One fake stands for every node, so a device
+// number is one GPU wherever its rank runs (tests give each rank of a job
+// its own).
+//
 // Failure injection: SetHang makes work enqueued from then on never
 // complete; SetNeverReady makes non-blocking calls from then on stay in
 // progress until their communicator is aborted (a first collective that
@@ -222,6 +236,7 @@ class FakeNcclApi : public NcclApi {
   struct Comm {
     World* world = nullptr;
     int rank = 0;
+    int device = 0;
     bool blocking = true;
     bool aborted = false;
     bool finalized = false;
@@ -262,6 +277,7 @@ class FakeNcclApi : public NcclApi {
   struct World {
     int nranks = 0;
     std::set<int> joined;
+    std::map<int, int> rank_on_device;
     std::map<int64_t, std::vector<Op*>> collectives;
     // (src, dst, seq) -> {send, recv}
     std::map<std::tuple<int, int, int64_t>, std::pair<Op*, Op*>> p2p;
@@ -280,6 +296,7 @@ class FakeNcclApi : public NcclApi {
     std::vector<Comm*> group_comms;  // used inside the open group
   };
   struct EventState {
+    int device = 0;
     NcclStream stream = nullptr;
     int64_t target = 0;
     bool exported = false;
@@ -297,6 +314,11 @@ class FakeNcclApi : public NcclApi {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // INVALID_ARGUMENT while `c` is in progress (or, for `data`, finalized).
   static absl::Status ReadyForCall(const Comm& c, const char* op, bool data);
+  // INVALID_ARGUMENT when `stream` (one this fake created) belongs to
+  // another device than `device`, which `what` names.
+  absl::Status StreamOnDeviceLocked(NcclStream stream, int device,
+                                    const char* op, const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Work of a call or a closed group on `comms`: queued now on blocking
   // communicators, held in a Launch on non-blocking ones (INVALID_ARGUMENT
   // when they are mixed, as in NCCL).
@@ -339,6 +361,8 @@ class FakeNcclApi : public NcclApi {
   std::map<std::string, std::unique_ptr<World>> worlds_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Comm>> comms_ ABSL_GUARDED_BY(mu_);
   std::map<NcclStream, StreamState> streams_ ABSL_GUARDED_BY(mu_);
+  // The device of each stream StreamCreate made.
+  std::map<NcclStream, int> stream_devices_ ABSL_GUARDED_BY(mu_);
   std::map<NcclEvent, EventState> events_ ABSL_GUARDED_BY(mu_);
   std::set<void*> allocations_ ABSL_GUARDED_BY(mu_);
   std::map<void*, int64_t> host_registered_ ABSL_GUARDED_BY(mu_);

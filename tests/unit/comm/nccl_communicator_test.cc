@@ -73,11 +73,13 @@ NcclComm InitRank(FakeNcclApi& api, int rank, int size) {
   EXPECT_OK(id);
   NcclComm mine = nullptr;
   for (int r = 0; r < size; ++r) {
+    EXPECT_OK(api.SetDevice(r));  // a GPU per rank, as NCCL needs
     absl::StatusOr<NcclComm> comm =
         api.CommInitRank(size, *id, r, /*blocking=*/false);
     EXPECT_OK(comm);
     if (r == rank) mine = *comm;
   }
+  EXPECT_OK(api.SetDevice(rank));
   return mine;
 }
 
@@ -86,7 +88,7 @@ std::unique_ptr<NcclCommunicator> Solo(FakeNcclApi& api, int rank, int size,
                                        const NcclOptions& options) {
   auto c = NcclCommunicator::Create(
       &api, InitRank(api, rank, size),
-      {.rank = rank, .device = 0, .stream = FakeNcclApi::Stream(0)}, size,
+      {.rank = rank, .device = rank, .stream = FakeNcclApi::Stream(0)}, size,
       options);
   EXPECT_OK(c);
   api.ClearCalls();
@@ -162,6 +164,7 @@ TEST(FakeNcclApiTest, NonBlockingCallsStayInProgressUntilPolled) {
   EXPECT_THAT(api.AllReduce(&x, &x, 1, kF32, a, s),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("still in progress")));
+  ASSERT_OK(api.SetDevice(1));  // one GPU per rank
   ASSERT_OK_AND_ASSIGN(NcclComm b, api.CommInitRank(2, id, 1, false));
   EXPECT_EQ(Poll(api, a), kInProgress);  // launch
   EXPECT_EQ(Poll(api, a), kReady);
@@ -188,6 +191,51 @@ TEST(FakeNcclApiTest, NonBlockingCallsStayInProgressUntilPolled) {
   ASSERT_OK_AND_ASSIGN(NcclUniqueId solo, api.GetUniqueId());
   ASSERT_OK_AND_ASSIGN(NcclComm c, api.CommInitRank(3, solo, 0, true));
   EXPECT_EQ(Poll(api, c), kReady);
+}
+
+// What a node of many GPUs enforces and a one-GPU machine never shows: the
+// device each stream, event and communicator was created on.
+TEST(FakeNcclApiTest, KeepsCudaAndNcclRulesAboutDevices) {
+  FakeNcclApi api;
+  float x = 1, y = 0;
+  ASSERT_OK(api.SetDevice(1));
+  ASSERT_OK_AND_ASSIGN(NcclStream on1, api.StreamCreate());
+  ASSERT_OK_AND_ASSIGN(NcclEvent event1, api.EventCreate());
+  ASSERT_OK(api.SetDevice(0));
+  ASSERT_OK_AND_ASSIGN(NcclStream on0, api.StreamCreate());
+  ASSERT_OK_AND_ASSIGN(NcclEvent event0, api.EventCreate());
+  // Copies and waits may cross devices; a kernel goes to a stream of the
+  // current device, an event to a stream of its own.
+  EXPECT_OK(api.MemcpyAsync(&y, &x, sizeof(x), on1));
+  EXPECT_OK(api.StreamWaitEvent(on1, event0));
+  EXPECT_THAT(
+      api.ConvertAsync(DType::kFloat32, &x, DType::kFloat32, &y, 1, on1),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("a stream of device 1 used with the current device "
+                         "on device 0")));
+  EXPECT_THAT(api.EventRecord(event0, on1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("cudaEventRecord")));
+  EXPECT_OK(api.EventRecord(event1, on1));
+  EXPECT_OK(api.ConvertAsync(DType::kFloat32, &x, DType::kFloat32, &y, 1, on0));
+  // An NCCL operation runs on a stream of its communicator's device.
+  ASSERT_OK_AND_ASSIGN(NcclUniqueId solo, api.GetUniqueId());
+  ASSERT_OK_AND_ASSIGN(NcclComm comm0, api.CommInitRank(1, solo, 0, true));
+  EXPECT_THAT(api.AllReduce(&x, &x, 1, kF32, comm0, on1),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("ncclAllReduce: a stream of device 1")));
+  EXPECT_OK(api.AllReduce(&x, &x, 1, kF32, comm0, on0));
+  // Two ranks of one communicator on one GPU: every rank's initialization
+  // fails, as NCCL's "Duplicate GPU detected".
+  ASSERT_OK_AND_ASSIGN(NcclUniqueId id, api.GetUniqueId());
+  ASSERT_OK_AND_ASSIGN(NcclComm a, api.CommInitRank(2, id, 0, false));
+  ASSERT_OK_AND_ASSIGN(NcclComm b, api.CommInitRank(2, id, 1, false));
+  for (NcclComm c : {a, b}) {
+    EXPECT_THAT(api.CommGetAsyncError(c),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("Duplicate GPU detected: rank 0 and rank 1 "
+                                   "both on CUDA device 0")));
+  }
 }
 
 // --- Plan-to-call translation (record-only) ---------------------------------
@@ -911,7 +959,7 @@ class SimGroup {
     RunOnRanks(size, [&](int r) {
       auto c = CreateNcclCommunicator(
           &store_, "sim", &api_,
-          {.rank = r, .device = 0, .stream = FakeNcclApi::Stream(r)}, size,
+          {.rank = r, .device = r, .stream = FakeNcclApi::Stream(r)}, size,
           options);
       ASSERT_OK(c);
       comms_[r] = *std::move(c);
@@ -1041,7 +1089,8 @@ TEST(NcclSimulatedDataTest, AMissingPeerTimesOutOnTheRanksThatCame) {
   std::vector<std::unique_ptr<Communicator>> comms(2);
   RunOnRanks(2, [&](int r) {
     auto c = CreateNcclCommunicator(
-        &store, "late", &api, {.rank = r, .stream = FakeNcclApi::Stream(r)}, 2,
+        &store, "late", &api,
+        {.rank = r, .device = r, .stream = FakeNcclApi::Stream(r)}, 2,
         Options(absl::Milliseconds(100)));
     ASSERT_OK(c);
     comms[r] = *std::move(c);
@@ -1058,7 +1107,8 @@ TEST(NcclSimulatedDataTest, APeerStuckInItsLaunchTimesOutTheOthers) {
   std::vector<std::unique_ptr<Communicator>> comms(2);
   RunOnRanks(2, [&](int r) {
     auto c = CreateNcclCommunicator(
-        &store, "stuck", &api, {.rank = r, .stream = FakeNcclApi::Stream(r)}, 2,
+        &store, "stuck", &api,
+        {.rank = r, .device = r, .stream = FakeNcclApi::Stream(r)}, 2,
         Options(absl::Milliseconds(100)));
     ASSERT_OK(c);
     comms[r] = *std::move(c);

@@ -74,7 +74,7 @@ class BucketCollectivesTest : public ::testing::TestWithParam<Case> {
         r.registry = std::make_unique<CudaIpcRegistry>(&r.ipc);
         options.registry = r.registry.get();
         options.opener = &r.ipc;
-        options.cuda_devices = [] { return 1; };
+        options.cuda_devices = [] { return kFakeGpus; };
       }
       ASSERT_OK_AND_ASSIGN(r.buffers,
                            TrainerBuffers::Map(r.trainer->MakeRegister(),

@@ -310,6 +310,7 @@ Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
     if (nccl != nullptr) {
       options.comm = "nccl";
       options.nccl_api = nccl;
+      options.cuda_devices = kFakeGpus;
     }
     if (cuda_ipc != nullptr) {
       options.cuda_ipc = cuda_ipc;
@@ -681,6 +682,9 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
     }
     const int unit = DTypeBytes(config_.dtype);
     const uint64_t bytes = static_cast<uint64_t>(local_numel_[i]) * unit;
+    const std::string pci_bus_id = config_.pci_bus_id.empty()
+                                       ? FakeCudaIpc::BusId(global_ % kFakeGpus)
+                                       : config_.pci_bus_id;
     if (config_.cuda_ipc) {
       // The fake IPC "allocation" is this rank's whole shm object.
       const std::string handle =
@@ -689,13 +693,13 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
       p_ref->set_mem_handle(handle);
       p_ref->set_offset(offsets_[i] * unit);
       p_ref->set_bytes(bytes);
-      p_ref->set_pci_bus_id(config_.pci_bus_id);
+      p_ref->set_pci_bus_id(pci_bus_id);
       v1::CudaIpcBufferRef* g_ref = q->mutable_grad()->mutable_cuda_ipc();
       g_ref->set_mem_handle(handle);
       g_ref->set_offset(grad_offsets_[i] * unit);
       g_ref->set_bytes(bytes);
       g_ref->set_event_handle(FakeCudaIpc::EventHandle(global_));
-      g_ref->set_pci_bus_id(config_.pci_bus_id);
+      g_ref->set_pci_bus_id(pci_bus_id);
       continue;
     }
     v1::ShmBufferRef* param = q->mutable_param()->mutable_shm();

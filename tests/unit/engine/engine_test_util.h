@@ -38,6 +38,12 @@
 
 namespace canzona::engine_test {
 
+// The GPUs a test "node" has (FakeCudaIpc::devices, and what a Cluster on
+// the fake NCCL plane reports): each rank of a job up to this size gets a
+// GPU of its own, as NCCL needs, so a device mix-up fails the fakes' device
+// checks.
+inline constexpr int kFakeGpus = 8;
+
 // Every value of the reference: full matrices per parameter, by name.
 using Params = std::map<std::string, std::vector<float>>;
 
@@ -132,7 +138,9 @@ struct JobConfig {
   // (the negative control).
   bool params_event = false;
   bool skip_params_event_wait = false;
-  // The GPU the CUDA IPC buffers name by PCI bus id (empty: none, device 0).
+  // The GPU the CUDA IPC buffers name by PCI bus id (empty: each rank's
+  // own, FakeCudaIpc::BusId(global rank % kFakeGpus), as on a node whose
+  // trainers each have a GPU).
   std::string pci_bus_id;
   // The trainer's parameters and gradients (bf16 / fp16: mixed precision,
   // the daemon keeps fp32 master weights).
@@ -176,7 +184,7 @@ class FakeCudaIpc final : public CudaIpcOpener {
   static std::string BusId(int device);
 
   // How many GPUs this "daemon" sees (set before use).
-  int devices = 1;
+  int devices = kFakeGpus;
   std::atomic<int> opens{0}, closes{0}, events_open{0}, event_waits{0};
   // False: host waits for an opened event last until their deadline.
   std::atomic<bool> events_complete{true};

@@ -47,6 +47,7 @@ namespace v1 = ::canzona::v1;
 using ::canzona::testing::FakeNcclApi;
 using ::canzona::testing::FakeNcclCall;
 using ::canzona::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 FakeNcclApi::Options DataMode() {
@@ -895,6 +896,37 @@ TEST(NcclEngineTest, MissingPeerGivesAStatusAndAbortsNotAHang) {
   ASSERT_OK(other.Init());
   ASSERT_OK(other.RunAll(cluster, 2));
   ASSERT_OK_AND_ASSIGN(Params reference, Reference(other.config(), 2, {}));
+  EXPECT_OK(other.Compare(reference, /*bitwise=*/true));
+  EXPECT_OK(other.Deregister(cluster));
+}
+
+// NCCL runs one rank of a communicator per GPU; two trainers of a job on
+// one GPU (a missing torch.cuda.set_device) are refused at registration,
+// naming the ranks and the GPU, before NCCL (the fake as the library)
+// would fail them after connecting. The daemons keep serving.
+TEST(NcclEngineTest, TwoRanksOnOneGpuAreRefusedAtRegistration) {
+  SetCpuBlasThreads(1);
+  FakeCudaIpc ipc;
+  FakeNcclApi nccl(DataMode());
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
+  JobConfig config = MakeJobConfig("nccl-one-gpu", 4, 1, "cost");
+  config.cuda_ipc = true;
+  config.pci_bus_id = FakeCudaIpc::BusId(3);
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  EXPECT_THAT(
+      run.RegisterAll(cluster),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr("one rank per GPU"), HasSubstr("both use GPU 3"),
+                     HasSubstr("param.cuda_ipc.pci_bus_id"))));
+  EXPECT_TRUE(nccl.calls_named("ncclCommInitRank").empty());
+  // Each rank on a GPU of its own (the default bus ids): it runs.
+  JobConfig apart = MakeJobConfig("nccl-own-gpus", 4, 1, "cost");
+  apart.cuda_ipc = true;
+  JobRun other(apart);
+  ASSERT_OK(other.Init());
+  ASSERT_OK(other.RunAll(cluster, 2));
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(apart, 2, {}));
   EXPECT_OK(other.Compare(reference, /*bitwise=*/true));
   EXPECT_OK(other.Deregister(cluster));
 }
