@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
@@ -306,11 +307,15 @@ absl::Status CudaBackend::Init() {
         pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
     // Peer access (cudaDeviceEnablePeerAccess) does not cover pool
     // memory: a pool's allocations are reachable from another GPU only if
-    // the pool grants it. NCCL reads and writes staging of several local
+    // the pool grants it. NCCL may read and write staging of several local
     // ranks (one per GPU) through direct pointers within the process, so
-    // every peer that can reach this GPU gets read-write access.
+    // every peer that can reach this GPU gets read-write access. A peer the
+    // driver refuses (some PCIe or virtualized topologies) is left out, not
+    // fatal: NCCL's transports move data through buffers of their own; the
+    // description names the peers granted and refused.
     int devices = 0;
     CANZONA_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&devices));
+    std::vector<std::string> peers, refused;
     for (int peer = 0; peer < devices; ++peer) {
       if (peer == device_) continue;
       int can = 0;
@@ -321,7 +326,20 @@ absl::Status CudaBackend::Init() {
       access.location.type = cudaMemLocationTypeDevice;
       access.location.id = peer;
       access.flags = cudaMemAccessFlagsProtReadWrite;
-      CANZONA_CUDA_RETURN_IF_ERROR(cudaMemPoolSetAccess(pool_, &access, 1));
+      if (cudaMemPoolSetAccess(pool_, &access, 1) == cudaSuccess) {
+        peers.push_back(absl::StrCat(peer));
+      } else {
+        (void)cudaGetLastError();
+        refused.push_back(absl::StrCat(peer));
+      }
+    }
+    if (!peers.empty() || !refused.empty()) {
+      absl::StrAppend(&description_, ", pool peers [", absl::StrJoin(peers, ","),
+                      "]");
+      if (!refused.empty()) {
+        absl::StrAppend(&description_, " refused [",
+                        absl::StrJoin(refused, ","), "]");
+      }
     }
   }
   // cuBLAS gets its workspace up front (32 MiB, what it asks for on

@@ -414,6 +414,66 @@ def test_overlap_waits_where_a_container_s_parameters_are_read(daemon):
         assert buckets <= seen, (buckets, seen)
 
 
+def test_a_bucket_s_event_covers_every_stream_its_gradients_used(
+        daemon, monkeypatch):
+    """module= on a GPU: AccumulateGrad runs on the stream each
+    parameter's forward used, so a bucket whose parameters were used under
+    two streams has its gradients-ready event recorded once the reporting
+    stream waited for the other. Streams and the event are stand-ins here
+    (this machine has no GPU); the hooks and the order are the real ones."""
+    class Stream:
+        def __init__(self, handle):
+            self.cuda_stream = handle
+            self.waited = []
+
+        def __eq__(self, other):
+            return self.cuda_stream == other.cuda_stream
+
+        def wait_stream(self, other):
+            self.waited.append(other.cuda_stream)
+
+    class Event:
+        def __init__(self):
+            self.records = []
+
+        def record(self, stream):
+            self.records.append((stream.cuda_stream, list(stream.waited)))
+            stream.waited.clear()
+
+    main, side = Stream(1), Stream(2)
+    current = [main]
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: current[0])
+    g = torch.Generator().manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16, bias=False),
+                                torch.nn.Linear(16, 16, bias=False))
+    # Backward accumulates the second layer first: its forward ran under
+    # the side stream, the first layer's under the main one. (Hooks run in
+    # the order they were registered: these before the optimizer's.)
+    accumulators = []  # before torch 2.1: hooks on the kept nodes
+    for layer, stream in ((model[1], side), (model[0], main)):
+        def use(*_, s=stream):
+            current[0] = s
+        w = layer.weight
+        if hasattr(w, "register_post_accumulate_grad_hook"):
+            w.register_post_accumulate_grad_hook(use)
+        else:
+            accumulators.append(w.expand_as(w).grad_fn.next_functions[0][0])
+            accumulators[-1].register_hook(use)
+    opt = ct.Muon(model.named_parameters(), module=model, target=daemon,
+                  job_id="streams-" + uuid.uuid4().hex[:8])
+    try:
+        assert len(opt.registered["buckets"]) == 1
+        opt._event = Event()
+        x = torch.randn(4, 16, generator=g)
+        model(x).square().mean().backward()
+        # Reported from the main stream after it waited for the side one.
+        assert opt._event.records == [(1, [2])]
+        opt.step()
+    finally:
+        opt.close()
+
+
 @pytest.mark.parametrize("kind", ["muon", "soap"])
 def test_overlap_and_hierarchical_sharding_are_bitwise(daemon, tmp_path, kind):
     """module= (GradReady from backward hooks, async step, WaitParams in

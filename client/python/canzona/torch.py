@@ -116,6 +116,15 @@ def _into_view(param, view, rebind=True):
         param.grad = view
 
 
+def _join_streams(current, streams):
+    """Makes stream ``current`` wait on the device for each other stream
+    of ``streams``, so that one event recorded on ``current`` covers the
+    work already queued on all of them."""
+    for stream in streams:
+        if stream != current:
+            current.wait_stream(stream)
+
+
 def _setting_value(value):
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -455,6 +464,10 @@ class Optimizer(torch.optim.Optimizer):
             if param.requires_grad:
                 self._bucket_size[self._bucket_of[j]] += 1
         self._left = list(self._bucket_size)
+        # GPU: the streams each bucket's gradients accumulated on this
+        # backward (AccumulateGrad runs on the stream its parameter's
+        # forward used), by handle.
+        self._grad_streams = [{} for _ in buckets]
         # A hook that runs once a parameter's gradient is fully accumulated
         # for this backward: torch >= 2.1 has one; before, hooks on the
         # AccumulateGrad nodes (the Megatron DDP technique), which must stay
@@ -506,10 +519,16 @@ class Optimizer(torch.optim.Optimizer):
             if not self._sync:
                 return
             b = self._bucket_of[j]
+            if self._event is not None:
+                stream = torch.cuda.current_stream(self.device)
+                self._grad_streams[b][stream.cuda_stream] = stream
             self._left[b] -= 1
             if self._left[b] == 0 and b not in self._reported:
                 self._reported.add(b)
-                self._record_grads()
+                # A parameter used under another stream in forward
+                # accumulated there: the event must cover those adds too.
+                self._record_grads(self._grad_streams[b].values())
+                self._grad_streams[b].clear()
                 self.client.grad_ready(self.job_id, self.rank, self.steps + 1,
                                        [b])
         return hook
@@ -545,11 +564,14 @@ class Optimizer(torch.optim.Optimizer):
             self._await_params()
             self._unsynced.clear()
 
-    def _record_grads(self):
-        """GPU: marks on the current stream where the gradients are final;
-        the daemon's copies wait for this event on the device."""
+    def _record_grads(self, streams=()):
+        """GPU: marks on the current stream, after what ``streams`` hold,
+        where the gradients are final; the daemon's copies wait for this
+        event on the device."""
         if self._event is not None:
-            self._event.record(torch.cuda.current_stream(self.device))
+            current = torch.cuda.current_stream(self.device)
+            _join_streams(current, streams)
+            self._event.record(current)
 
     def _await_params(self, bucket=-1):
         """GPU, --comm nccl: the current stream waits on the device for the
@@ -616,6 +638,8 @@ class Optimizer(torch.optim.Optimizer):
         self._seen_grad = False
         if overlap:
             self._left = list(self._bucket_size)
+            for streams in self._grad_streams:
+                streams.clear()
             self._reported = set()
             self._unsynced = set(range(len(self._bucket_size)))
         return loss
