@@ -776,6 +776,20 @@ def test_cuda_refs_reach_the_daemon(daemon, transport, fake_cuda):
                                 "daemon has no usable CUDA device")
 
 
+def test_torch_s_cuda_runtime_comes_first_among_mapped_copies(monkeypatch):
+    """Two runtimes mapped (an extension's libcudart.so.12 at the lower
+    address, torch's .13 above it): the device calls go to torch's."""
+    mapped = ["/ext/libcudart.so.12", "/torch/lib/libcudart.so.13.0.96"]
+    monkeypatch.setattr(_cuda, "_loaded_libraries", lambda stem: list(mapped))
+    fake_torch = type(sys)("torch")
+    fake_torch.version = type(sys)("torch.version")
+    fake_torch.version.cuda = "13.0"
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    assert _cuda._cudart_candidates()[:2] == mapped[::-1]
+    fake_torch.version.cuda = None  # a cpu build: the maps' order
+    assert _cuda._cudart_candidates()[:2] == mapped
+
+
 def test_cuda_event_needs_a_device():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

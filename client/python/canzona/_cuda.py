@@ -66,11 +66,25 @@ def _loaded_libraries(stem):
     return found
 
 
+def _soname_major(path):
+    """13 for .../libcudart.so.13 or libcudart.so.13.0.96; None without."""
+    tail = os.path.basename(path).partition(".so.")[2]
+    major = tail.split(".")[0]
+    return int(major) if major.isdigit() else None
+
+
 def _cudart_candidates():
     """Where libcudart may be, best first: the copy torch loaded, torch's
-    lib folder, the nvidia-* pip packages, then the loader's search."""
+    lib folder, the nvidia-* pip packages, then the loader's search. Of
+    the copies already mapped, torch's CUDA major version first: another
+    runtime some extension pulled in (a libcudart.so.12 beside torch's .13)
+    would set and read a current device torch does not use."""
     candidates = _loaded_libraries("libcudart")
     torch = sys.modules.get("torch")
+    version = getattr(getattr(torch, "version", None), "cuda", None)
+    if version:
+        want = version.split(".")[0]
+        candidates.sort(key=lambda path: str(_soname_major(path)) != want)
     folders = []
     if torch is not None and getattr(torch, "__file__", None):
         folders.append(os.path.join(os.path.dirname(torch.__file__), "lib"))

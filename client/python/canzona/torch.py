@@ -387,6 +387,10 @@ class Optimizer(torch.optim.Optimizer):
                 # same GPU (another process, allocating its master weights
                 # and state at Register) cannot use it.
                 torch.cuda.empty_cache()
+                # The copies into the buffer are queued on the current
+                # stream; whatever the daemon reads of it from Register on
+                # (another process, its own streams) is written by then.
+                torch.cuda.current_stream(self._event.device).synchronize()
             param_groups = []
             for gname, (kind, spec) in self._groups.items():
                 if by_group[gname]:
