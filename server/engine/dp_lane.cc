@@ -1,5 +1,6 @@
 #include "server/engine/dp_lane.h"
 
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -146,6 +147,23 @@ void DpLane::WaitIdle() {
   while (!queue_.empty() || running_) cv_.Wait(&mu_);
 }
 
+absl::Status DpLane::RunOnLane(const std::function<absl::Status()>& fn) {
+  absl::Status status;
+  bool ran = false;
+  Task task;
+  task.run = [&fn, &status] { status = fn(); };
+  task.ran = &ran;
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(task));
+  cv_.SignalAll();
+  while (!ran) cv_.Wait(&mu_);
+  return status;
+}
+
+void DpLane::DropCollectivesLocked() {
+  std::erase_if(queue_, [](const Task& t) { return !t.run; });
+}
+
 void DpLane::Reset(int64_t last_step) {
   std::vector<std::pair<Waiter, absl::Status>> finished;
   {
@@ -167,7 +185,7 @@ void DpLane::Fail(absl::Status status) {
   {
     absl::MutexLock lock(&mu_);
     if (error_.ok()) error_ = std::move(status);
-    queue_.clear();
+    DropCollectivesLocked();
     ready_.clear();
     finished = TakeFinishedLocked();
     cv_.SignalAll();
@@ -217,6 +235,14 @@ void DpLane::Loop() {
       queue_.pop_front();
       running_ = true;
     }
+    if (task.run) {
+      task.run();
+      absl::MutexLock lock(&mu_);
+      running_ = false;
+      *task.ran = true;
+      cv_.SignalAll();
+      continue;
+    }
     const absl::Time start = absl::Now();
     absl::Status status;
     if (task.communicate) {
@@ -231,7 +257,7 @@ void DpLane::Loop() {
       if (task.communicate) comm_s_ += took;
       if (!status.ok()) {
         if (error_.ok()) error_ = std::move(status);
-        queue_.clear();
+        DropCollectivesLocked();
         ready_.clear();
       } else if (error_.ok()) {
         if (task.reduce) {

@@ -84,6 +84,13 @@ class DpLane {
   // work that must not race the communication thread (checkpoints).
   void WaitIdle();
 
+  // Runs `fn` on the lane's thread after what is queued now, between two
+  // collectives, and returns its status; also on a failed lane. For work
+  // on what only the lane's thread may drive (the DP copier, one thread's
+  // at a time) while the trainer may already report the next step's
+  // buckets: WaitIdle does not keep those from starting.
+  absl::Status RunOnLane(const std::function<absl::Status()>& fn);
+
   // After a checkpoint load or state import moved the job to step
   // `last_step`: every bucket counts as gathered at it, nothing is ready.
   // Call only when idle.
@@ -103,6 +110,10 @@ class DpLane {
     int bucket = 0;
     bool reduce = false;
     bool communicate = true;
+    // RunOnLane's: runs instead of a collective, then sets *ran (under
+    // mu_); kept when a failure drops the collectives.
+    std::function<void()> run;
+    bool* ran = nullptr;
   };
   struct Waiter {
     int64_t step = 0;
@@ -113,6 +124,8 @@ class DpLane {
 
   void Loop();
   void PostReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A failure drops the queued collectives (RunOnLane's work stays).
+  void DropCollectivesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool GatheredLocked(int64_t k, int bucket) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Removes the waiters that can finish now; the caller runs them unlocked.

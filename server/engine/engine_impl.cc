@@ -479,9 +479,14 @@ void EngineImpl::RunOnRank(
               after_failure]() {
     // The last step's background all-gathers finish first: checkpoints
     // and imports must not race the DP lane; nor its copies in flight
-    // (reductions of a next step's buckets leave theirs so).
+    // (reductions of a next step's buckets leave theirs so). The hand-over
+    // drives the DP copier, so it runs on the lane's thread: an
+    // overlapping trainer may have the lane reduce its next step's buckets
+    // by now.
     rank->lane().WaitIdle();
-    absl::Status handed = rank->rt->AfterReductions();
+    RankRuntime* rt = rank->rt.get();
+    absl::Status handed =
+        rank->lane().RunOnLane([rt] { return rt->AfterReductions(); });
     if (!handed.ok() && !after_failure) return (*shared_done)(handed);
     if (!handed.ok()) {
       spdlog::warn("rank {}: the DP lane's copies: {}",

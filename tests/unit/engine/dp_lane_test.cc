@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -136,6 +137,31 @@ TEST(DpLaneTest, FailureIsStickyAndReachesEveryWaiter) {
   EXPECT_THAT(p.WaitGathered(1, Soon(), nullptr),
               StatusIs(absl::StatusCode::kUnavailable));
   p.WaitIdle();
+}
+
+// The DP copier is one thread's at a time: work on it from elsewhere (a
+// checkpoint's hand-over while the trainer already reports the next
+// step's buckets) runs on the lane's thread, after what is queued, and
+// on a failed lane too.
+TEST(DpLaneTest, RunOnLaneRunsOnItsThreadAfterWhatIsQueued) {
+  Recorder rec;
+  std::atomic<std::thread::id> reduced_on;
+  DpLane p(2, [&](int64_t step, int bucket) {
+    reduced_on = std::this_thread::get_id();
+    return rec.Fn('r')(step, bucket);
+  }, rec.Fn('g'));
+  p.MarkAllReady(1);
+  std::thread::id ran_on;
+  ASSERT_OK(p.RunOnLane([&] {
+    ran_on = std::this_thread::get_id();
+    return rec.Fn('x')(0, 0);
+  }));
+  EXPECT_THAT(rec.events(), ElementsAre("r1.0", "r1.1", "x0.0"));
+  EXPECT_EQ(ran_on, reduced_on.load());
+  EXPECT_NE(ran_on, std::this_thread::get_id());
+  p.Fail(absl::UnavailableError("peer died"));
+  EXPECT_THAT(p.RunOnLane([] { return absl::InternalError("mine"); }),
+              StatusIs(absl::StatusCode::kInternal));
 }
 
 TEST(DpLaneTest, WaitTimesOutAndResetMovesTheStep) {
