@@ -370,6 +370,29 @@ def start_daemon(args, workdir, extra_args=()):
     raise RuntimeError("canzonad did not start; see %s" % log.name)
 
 
+def fmt(value, pattern="%.2f"):
+    return "-" if value is None else pattern % value
+
+
+def failed_variant(variant, args, reason):
+    """The row of a variant that raised (every key the report reads)."""
+    tolerances = TOLERANCES.get(variant, {})
+    return {"name": variant, "steps": args.steps, "status": "failed",
+            "reason": reason, "matrix_max_rel_err": None,
+            "matrix_tolerance": tolerances.get("matrix"),
+            "vector_max_rel_err": None,
+            "vector_tolerance": tolerances.get("vector"),
+            "loss_first": None, "loss_last": None,
+            "canzona_step_ms": None, "torch_step_ms": None}
+
+
+def write(args, result):
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=2)
+    os.replace(tmp, args.out)
+
+
 def run(args, result):
     try:
         import torch
@@ -396,22 +419,36 @@ def run(args, result):
     else:
         result["reference"] = "torch.optim.Muon + torch.optim.AdamW"
     for variant in args.variants.split(","):
-        if (NS_PRECISION[variant] == "fp32" and
-                getattr(torch.optim, "Muon", None)):
-            with Float32MuonNs(torch):
+        # A variant that raises is one failed row: the others still run,
+        # and the JSON is rewritten after each (a run the runner's limit
+        # cuts keeps the variants before it).
+        try:
+            if (NS_PRECISION[variant] == "fp32" and
+                    getattr(torch.optim, "Muon", None)):
+                with Float32MuonNs(torch):
+                    outcome = run_variant(torch, canzona_torch, args, variant,
+                                          muon_cls)
+            else:
                 outcome = run_variant(torch, canzona_torch, args, variant,
                                       muon_cls)
-        else:
-            outcome = run_variant(torch, canzona_torch, args, variant,
-                                  muon_cls)
+        except Exception as e:  # noqa: BLE001  recorded per variant
+            traceback.print_exc()
+            outcome = failed_variant(variant, args, "%s: %s" % (
+                type(e).__name__, str(e).strip().split("\n")[0][:300]))
         result["variants"].append(outcome)
-        print("%s: %s; matrices %.3g (tol %g), vectors %.3g (tol %g); loss "
-              "%.4f -> %.4f; step ms canzona %.2f, torch %.2f %s" % (
-                  variant, outcome["status"], outcome["matrix_max_rel_err"],
-                  outcome["matrix_tolerance"], outcome["vector_max_rel_err"],
-                  outcome["vector_tolerance"], outcome["loss_first"],
-                  outcome["loss_last"], outcome["canzona_step_ms"],
-                  outcome["torch_step_ms"], outcome["reason"]), flush=True)
+        write(args, result)
+        print("%s: %s; matrices %s (tol %s), vectors %s (tol %s); loss "
+              "%s -> %s; step ms canzona %s, torch %s %s" % (
+                  variant, outcome["status"],
+                  fmt(outcome["matrix_max_rel_err"], "%.3g"),
+                  fmt(outcome["matrix_tolerance"], "%g"),
+                  fmt(outcome["vector_max_rel_err"], "%.3g"),
+                  fmt(outcome["vector_tolerance"], "%g"),
+                  fmt(outcome["loss_first"], "%.4f"),
+                  fmt(outcome["loss_last"], "%.4f"),
+                  fmt(outcome["canzona_step_ms"]),
+                  fmt(outcome["torch_step_ms"]), outcome["reason"]),
+              flush=True)
     failed = [v for v in result["variants"] if v["status"] != "passed"]
     result.update(status="failed" if failed else "passed",
                   reason="; ".join("%s: %s" % (v["name"], v["reason"])
@@ -460,8 +497,7 @@ def main():
             if daemon is not None:
                 daemon.terminate()
                 daemon.wait(timeout=30)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
+    write(args, result)
     print("torch_check: %s %s" % (result["status"], result["reason"]))
     if result["status"] == "skipped":
         return args.skip_exit_code

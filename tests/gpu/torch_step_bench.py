@@ -45,11 +45,15 @@ gc, torch.cuda.empty_cache) before canzona's side; a side that runs out of
 memory (torch.cuda.OutOfMemoryError, RESOURCE_EXHAUSTED from the daemon)
 marks its row skipped with the reason, as does a row whose canzona side
 would not fit by estimate (checked before either side runs). Sizes run
-small to large, dtypes in --dtypes order (the bundle: bf16 first, the one
-that fits at 8B). Time: the deadline is --budget seconds from the start,
-or the runner's limit less a margin ($CANZONA_CHECK_LIMIT_S, which the
-bundle's runner sets), whichever comes first; a row that would not end by
-it (the last row's time scaled by the parameters) is skipped; one cut by
+small to large, dtypes in --dtypes order (the bundle: fp32 first, whose
+torch side needs the least memory at 8B: no bf16 copies beside its
+masters). 8b runs one sequence per batch (BATCH; only its step is judged,
+which the batch does not change). Time: the deadline is --budget seconds
+from the start, or the runner's limit less a margin
+($CANZONA_CHECK_LIMIT_S, which the bundle's runner sets), whichever comes
+first; a row that would not end by it is skipped, by an estimate from
+the last row: its timed iterations scaled by the parameters, the rest of
+it (building, registering, freeing) by at most 3x; one cut by
 SIGTERM anyway is recorded as failed (so is the check: the runner's timeout
 fails it), with the rows before it kept. The JSON is rewritten
 after every row, so a run killed by the runner's time limit keeps what it
@@ -99,6 +103,11 @@ SIZES = {
     "0.6b": "qwen3-0.6b.json",
     "8b": "qwen3-8b.json",
 }
+
+
+# Sequences per batch where --batch is too many: an 8B model's activations
+# and fp32 logits (vocabulary 151936) beside its optimizer state.
+BATCH = {"8b": 1}
 
 
 class Terminated(BaseException):
@@ -155,8 +164,9 @@ def shape_of(size, args):
     return shape
 
 
-def make_config(example, shape, args):
-    attrs = dict(shape, seq=args.seq, batch=args.batch)
+def make_config(example, shape, args, size=None):
+    batch = min(args.batch, BATCH.get(size, args.batch))
+    attrs = dict(shape, seq=args.seq, batch=batch)
     return type("BenchConfig", (example.Config,), attrs)
 
 
@@ -400,8 +410,9 @@ def run_row(torch, canzona_torch, example, args, size, dtype_name, muon_cls,
            "canzona_peak_gib": None, "torch_peak_gib": None,
            "canzona_daemon_gib": None}
     shape = shape_of(size, args)
-    config = make_config(example, shape, args)
+    config = make_config(example, shape, args, size)
     row["shape"] = shape
+    row["batch"] = config.batch
     # A smoke run's shapes are not the size's: no goal is judged on them.
     row["shapes_overridden"] = bool(args.tiny or args.layers)
     # The parameter count without building the model (the example's
@@ -418,9 +429,15 @@ def run_row(torch, canzona_torch, example, args, size, dtype_name, muon_cls,
         row.update(status="failed", reason="not run: the daemon was lost "
                    "earlier (%s)" % state["daemon_lost"])
         return row
-    # The last row's time scaled by the parameters (the first row: free).
+    # From the last row (the first row: free): its timed iterations grow
+    # with the parameters, its building and registering less than that.
     last = state.get("last")
-    estimate = last[1] * row["params"] / last[0] if last else 0.0
+    estimate = 0.0
+    if last:
+        params, total_s, iterations_s = last
+        scale = row["params"] / params
+        estimate = (iterations_s * scale +
+                    (total_s - iterations_s) * min(scale, 3.0))
     if now + estimate >= deadline(args):
         row["reason"] = ("time: %.0f s left, the row needs ~%.0f s" % (
             max(0.0, deadline(args) - now), estimate))
@@ -463,7 +480,11 @@ def run_row(torch, canzona_torch, example, args, size, dtype_name, muon_cls,
         if "daemon" in figures:
             row["canzona_daemon"] = figures["daemon"]
             row["canzona_daemon_gib"] = figures["daemon_gib"]
-    state["last"] = (row["params"], time.monotonic() - now)
+    iterations_s = (args.warmup + args.steps) * sum(
+        row["%s_iteration_ms" % side] or 0.0
+        for side in ("torch", "canzona")) / 1e3
+    total_s = time.monotonic() - now
+    state["last"] = (row["params"], total_s, min(iterations_s, total_s))
     row["step_ratio"] = ratio(row["torch_step_ms"], row["canzona_step_ms"])
     row["iteration_ratio"] = ratio(row["torch_iteration_ms"],
                                    row["canzona_iteration_ms"])

@@ -50,7 +50,9 @@ top="$work/canzona-bundle"
 # Layout.
 for f in run.sh bin/canzonad bin/canzonactl bin/tp_mlp_trainer bin/canzona-bundle-report \
   checks/torch_check.py checks/torch_ns_bench.py checks/torch_step_bench.py checks/probe_python.py \
-  share/canzona/models/qwen3-32b.json share/canzona/bundle/cuda-libs.txt share/canzona/bundle/info.txt \
+  share/canzona/models/qwen3-32b.json share/canzona/models/qwen3-0.6b.json \
+  share/canzona/models/qwen3-8b.json examples/train_torch.py python/canzona/torch.py \
+  share/canzona/bundle/cuda-libs.txt share/canzona/bundle/info.txt \
   share/canzona/bundle/runner_checks.sh share/canzona/bundle/runner_environment.sh; do
   [[ -e "$top/$f" ]] || fail "$f missing"
 done

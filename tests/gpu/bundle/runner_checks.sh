@@ -5,7 +5,7 @@
 # (start_daemon, with_daemons, stop_daemons).
 #
 # Uses run.sh's variables: report, work, bin, start, budget, reserve, only,
-# check_number, daemon_pids.
+# check_number, daemon_pids; and its write_report.
 
 log() { printf '[%4ds] %s\n' "$((SECONDS - start))" "$*" | tee -a "$report/runner.log"; }
 env_set() { printf '%s=%s\n' "$1" "${2//$'\n'/ }" >>"$report/env.txt"; }
@@ -28,6 +28,9 @@ record() {
   local file
   file="$report/checks/$(printf '%02d' "$check_number")-${name//[^A-Za-z0-9_.-]/_}.rec"
   { echo "name=$name"; printf '%s\n' "$@"; } >"$file"
+  # The report as it stands (run.sh's write_report): a run stopped from
+  # outside keeps every finished check's result.
+  write_report
 }
 
 skip() {  # NAME GROUP KIND REASON

@@ -148,6 +148,9 @@ env_set run_ld_library_path "$LD_LIBRARY_PATH"
 # PyTorch's allocator settings (expandable segments make its memory
 # unshareable over legacy CUDA IPC: canzona.torch refuses it).
 env_set torch_alloc_conf "${PYTORCH_ALLOC_CONF-unset} / ${PYTORCH_CUDA_ALLOC_CONF-unset}"
+# Recorded, then cleared: both sides of every comparison run on torch's
+# default allocator, and a machine's expandable segments fail no check.
+unset PYTORCH_ALLOC_CONF PYTORCH_CUDA_ALLOC_CONF
 
 # --- GPU -------------------------------------------------------------------------
 
