@@ -3,6 +3,7 @@
 #include <cblas.h>
 #include <lapacke.h>
 #include <sanitizer/asan_interface.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -125,7 +126,11 @@ double SumSquaresOf(int64_t n, Value value) {
 // Distinct CpuBackend objects may be used concurrently.
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(MemorySpace space) : space_(space) {}
+  CpuBackend(MemorySpace space, bool page_aligned)
+      : space_(space),
+        alignment_(page_aligned
+                       ? static_cast<size_t>(::sysconf(_SC_PAGESIZE))
+                       : kAlignment) {}
 
   BackendKind kind() const override { return BackendKind::kCpu; }
   MemorySpace memory_space() const override { return space_; }
@@ -167,13 +172,13 @@ class CpuBackend final : public Backend {
   }
   // aligned_alloc requires the size to be a multiple of the alignment; the
   // entry point bounds count * sizeof(float), so this cannot wrap.
-  static size_t Padded(int64_t count) {
-    return (Bytes(count) + kAlignment - 1) / kAlignment * kAlignment;
+  size_t Padded(int64_t count) const {
+    return (Bytes(count) + alignment_ - 1) / alignment_ * alignment_;
   }
 
   absl::StatusOr<DeviceBuffer> DoAllocate(int64_t count) override {
     const size_t bytes = Padded(count);
-    void* p = std::aligned_alloc(kAlignment, bytes);
+    void* p = std::aligned_alloc(alignment_, bytes);
     if (p == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "Allocate: cannot allocate ", count, " floats (", bytes, " bytes)"));
@@ -703,6 +708,8 @@ class CpuBackend final : public Backend {
   }
 
   const MemorySpace space_;
+  // Of every allocation's start and padded size: kAlignment, or a page.
+  const size_t alignment_;
   // Device-like memory: copies to the host enqueued and not yet delivered
   // (DoEnqueueCopyToHost).
   struct PendingCopy {
@@ -714,8 +721,10 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(MemorySpace space) {
-  return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(space));
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(MemorySpace space,
+                                                          bool page_aligned) {
+  return std::unique_ptr<Backend>(
+      std::make_unique<CpuBackend>(space, page_aligned));
 }
 
 void SetCpuBlasThreads(int threads) {

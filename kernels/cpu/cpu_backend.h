@@ -18,8 +18,12 @@ namespace canzona {
 // one: the same kernels on host memory, with device memory's range rules
 // (MemorySpace): every kernel argument inside its allocations or memory
 // registered with it, every host argument of a copy outside them.
+// `page_aligned`: every allocation starts on a page and its padding fills
+// its last page (host staging beside a GPU): page-locking it
+// (cudaHostRegister works in whole pages) never reaches a page another
+// allocation, maybe another rank's, has already locked.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(
-    MemorySpace space = MemorySpace::kHost);
+    MemorySpace space = MemorySpace::kHost, bool page_aligned = false);
 
 // Threads OpenBLAS uses inside each call, process-wide. A daemon runs one
 // device worker per local rank, each calling BLAS concurrently: one thread

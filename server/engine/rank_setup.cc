@@ -48,7 +48,11 @@ absl::Status RankBuilder::CreateBackends(const RankSetup& setup,
   if (b.backend_->memory_space() == MemorySpace::kHost) {
     b.host_ = b.backend_.get();
   } else {
-    CANZONA_ASSIGN_OR_RETURN(b.host_backend_, CreateBackend(BackendKind::kCpu));
+    // Host staging beside a GPU gets page-locked (PinStaging): whole pages
+    // of its own, not shared with another rank's.
+    CANZONA_ASSIGN_OR_RETURN(
+        b.host_backend_,
+        CreateCpuBackend(MemorySpace::kHost, /*page_aligned=*/true));
     b.host_ = b.host_backend_.get();
   }
   // The GPU the rank works with: its compute device, or where its

@@ -6,11 +6,13 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -90,6 +92,28 @@ TEST_F(CpuBackendTest, AllocateIs64ByteAligned) {
   for (int64_t count : {1, 7, 1000, 4099}) {
     ASSERT_OK_AND_ASSIGN(DeviceBuffer buffer, backend_->Allocate(count));
     EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.data()) % 64, 0u) << count;
+  }
+}
+
+// Host staging beside a GPU is page-locked per rank, in whole pages: two
+// small buffers (two ranks' sums, say) on one page would have the second
+// rank's cudaHostRegister refused and its copies left pageable.
+TEST(CpuBackendPagesTest, PageAlignedAllocationsShareNoPage) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Backend> backend,
+                       CreateCpuBackend(MemorySpace::kHost, true));
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<DeviceBuffer> buffers;
+  std::vector<std::pair<uintptr_t, uintptr_t>> pages;  // [first, last]
+  for (int64_t count : {1, 5, 1000, 1025, 3}) {
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer buffer, backend->Allocate(count));
+    const auto begin = reinterpret_cast<uintptr_t>(buffer.data());
+    EXPECT_EQ(begin % page, 0u) << count;
+    const uintptr_t end = begin + count * sizeof(float) - 1;
+    for (const auto& [first, last] : pages) {
+      EXPECT_TRUE(end / page < first || begin / page > last) << count;
+    }
+    pages.emplace_back(begin / page, end / page);
+    buffers.push_back(std::move(buffer));
   }
 }
 
