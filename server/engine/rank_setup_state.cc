@@ -272,11 +272,16 @@ void RankBuilder::PinStaging(const RankSetup& setup, RankRuntime& rt) {
   for (const DeviceBuffer* b : buffers) {
     if (b->size() > 0) ranges.push_back({b->data(), Bytes(*b)});
   }
+  // Values updated in place in the trainer's shared memory (its fp32
+  // parameters: a bf16 model's fp32 norms too) go to the GPU and back each
+  // step (OwnedDeviceCopy).
+  bool in_place = false;
+  for (size_t i = 0; i < rt.owned_.param_at.size(); ++i) {
+    in_place |= rt.owned_.param_at[i] != nullptr && !rt.owned_.master[i];
+  }
   if (!rt.backends_.updates_in_place() && setup.trainer != nullptr &&
-      !setup.trainer->on_device() && !setup.trainer->mixed_precision()) {
-    // An fp32 trainer's values, updated in place in its shared memory, go
-    // to the GPU and back each step too (OwnedDeviceCopy): its mappings
-    // whole, as the NCCL plane pins them.
+      !setup.trainer->on_device() && in_place) {
+    // The mappings whole, as the NCCL plane pins them.
     for (const TrainerBuffers::MemoryRange& m :
          setup.trainer->SharedMemoryMappings()) {
       ranges.push_back(m);
