@@ -212,8 +212,18 @@ class CpuBackend final : public Backend {
   }
   absl::Status DoCopyToHost(const float* src, int64_t count,
                             float* host) override {
-    Deliver();
+    CANZONA_RETURN_IF_ERROR(Deliver());
     return Move(src, count, host);
+  }
+  // Standing in for a GPU, an enqueued copy from the host reads it now but
+  // remembers what it read: a source changed before the next wait (which
+  // a GPU may not have read yet) fails that wait.
+  absl::Status DoEnqueueCopyFromHost(const float* host, int64_t count,
+                                     float* dst) override {
+    if (space_ == MemorySpace::kDevice) {
+      sources_.push_back({host, std::vector<float>(host, host + count)});
+    }
+    return Move(host, count, dst);
   }
   // Standing in for a GPU, the host side of an enqueued copy is written
   // at the next wait, with the values the copy read when enqueued: a
@@ -245,16 +255,30 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status DoSynchronize() override {
-    Deliver();
-    return absl::OkStatus();
-  }
-  // Completes the enqueued copies to the host, in order.
-  void Deliver() {
+  absl::Status DoSynchronize() override { return Deliver(); }
+  // At a wait: releases the enqueued copies' host sources,
+  // FAILED_PRECONDITION where one changed since (checked first: a copy to
+  // the host enqueued after one from the same range lands after it, in
+  // stream order), then completes the enqueued copies to the host, in
+  // order.
+  absl::Status Deliver() {
+    absl::Status status;
+    for (const SourceCopy& c : sources_) {
+      if (status.ok() && std::memcmp(c.host, c.values.data(),
+                                     c.values.size() * sizeof(float)) != 0) {
+        status = absl::FailedPreconditionError(absl::StrCat(
+            "EnqueueCopyFromHost: its host source (", c.values.size(),
+            " floats at ", absl::Hex(reinterpret_cast<uintptr_t>(c.host)),
+            ") changed before the wait that releases it; a GPU may copy "
+            "the new bytes"));
+      }
+    }
+    sources_.clear();
     for (const PendingCopy& c : pending_) {
       std::memcpy(c.host, c.values.data(), c.values.size() * sizeof(float));
     }
     pending_.clear();
+    return status;
   }
 
   // ---- Dense linear algebra ----------------------------------------------
@@ -717,6 +741,13 @@ class CpuBackend final : public Backend {
     std::vector<float> values;
   };
   std::vector<PendingCopy> pending_;
+  // Device-like memory: the host sources of enqueued copies from the host
+  // and what they held (DoEnqueueCopyFromHost).
+  struct SourceCopy {
+    const float* host;
+    std::vector<float> values;
+  };
+  std::vector<SourceCopy> sources_;
 };
 
 }  // namespace

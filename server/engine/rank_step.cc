@@ -69,7 +69,13 @@ class RankStep {
     CANZONA_ASSIGN_OR_RETURN(bool finite, CheckGradients());
     if (!finite) {
       // Nothing changed: the trainer's parameters stay as they are. The
-      // next step's reductions still come after this step's reads.
+      // next step's reductions still come after this step's reads: with
+      // OwnedDeviceCopy, its copies to the GPU read host staging, which
+      // only a wait releases (Backend: "host must stay as it is until the
+      // next Synchronize"), not the sums' read alone.
+      if (rt_.device_copy() != nullptr) {
+        CANZONA_RETURN_IF_ERROR(rt_.compute().Synchronize());
+      }
       CANZONA_RETURN_IF_ERROR(rt_.BeforeGathers());
       rank_.lane().StartGathers(request_.step, layout_.gather_order, false);
       result_->skipped_nonfinite = true;

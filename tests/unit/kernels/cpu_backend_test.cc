@@ -117,6 +117,31 @@ TEST(CpuBackendPagesTest, PageAlignedAllocationsShareNoPage) {
   }
 }
 
+// Standing in for a GPU, the backend holds callers to EnqueueCopyFromHost's
+// contract: the host source stays as it is until the next wait, since a
+// GPU may read it any time before.
+TEST(CpuAsDeviceTest, AHostSourceChangedBeforeTheWaitFailsIt) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Backend> backend,
+                       CreateCpuBackend(MemorySpace::kDevice));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer device, backend->Allocate(4));
+  std::vector<float> host = {1, 2, 3, 4};
+  ASSERT_OK(backend->EnqueueCopyFromHost(host.data(), 4, device.data()));
+  EXPECT_OK(backend->Synchronize());
+  host[2] = 7;  // released: free to change
+  ASSERT_OK(backend->EnqueueCopyFromHost(host.data(), 4, device.data()));
+  host[1] = 9;
+  EXPECT_THAT(backend->Synchronize(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("changed before the wait")));
+  // A waiting copy back releases the sources too.
+  ASSERT_OK(backend->EnqueueCopyFromHost(host.data(), 4, device.data()));
+  std::vector<float> back(4);
+  ASSERT_OK(backend->CopyToHost(device.data(), 4, back.data()));
+  EXPECT_EQ(back, host);
+  host[0] = 5;
+  EXPECT_OK(backend->Synchronize());
+}
+
 TEST_F(CpuBackendTest, LerpFollowsTorchFormulaBitwise) {
   for (int64_t n : {1, 7, 1003}) {
     for (float w : {0.0f, 0.3f, 0.5f, 0.7f, 1.0f, -0.25f, 1.5f, -0.7f}) {
