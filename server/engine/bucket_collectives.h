@@ -131,6 +131,9 @@ class BucketCollectives {
   Communicator& cross() { return *parts_.cross; }
   // The DP copier (its stream runs the reductions and the gathers).
   StagingCopier& copier() { return *parts_.copier; }
+  // The layerwise gather's receive buffer, from which a GPU trainer's
+  // parameters are written (empty for other strategies).
+  const DeviceBuffer& gathered() const { return parts_.gathered; }
   // Work enqueued from here on (the step's updates, after HandTo) waits for
   // the trainer's last "gradients written" event, the one Step reports
   // too: trainer work queued after its last GradReady (on parameters or

@@ -269,6 +269,9 @@ void RankBuilder::PinStaging(const RankSetup& setup, RankRuntime& rt) {
     buffers.push_back(&rt.whole_grad_);
     buffers.push_back(&rt.whole_param_);
   }
+  // A GPU trainer's fp32 parameters come from the layerwise gather's
+  // buffer (bf16 ones through the pinned scratch).
+  if (ipc) buffers.push_back(&rt.buckets().gathered());
   for (const DeviceBuffer* b : buffers) {
     if (b->size() > 0) ranges.push_back({b->data(), Bytes(*b)});
   }

@@ -217,32 +217,42 @@ TEST(DeviceComputeStepTest, HostStagingIsPageLockedWhileTheRankLives) {
     cluster.engines[i]->Shutdown();
     ASSERT_OK_AND_ASSIGN(cluster.engines[i], CreateEngine(std::move(options)));
   }
-  JobConfig config = MakeJobConfig("dev-pin", 2, 1, "cost", MoeModel(4));
-  config.dtype = DType::kBFloat16;
-  config.cuda_ipc = true;
-  JobRun run(config);
-  ASSERT_OK(run.Init());
-  ASSERT_OK(run.RegisterAll(cluster));
-  // Per rank: gradients, masters, slot and scratch (and the whole matrices of
-  // TP-owned updates, none here), whole pages, none twice.
-  EXPECT_GE(pin.host_registered(), 2);
-  EXPECT_LE(pin.host_registered(), 4 * config.world());
-  // Every copy between the trainer's GPU memory and host staging is DMA,
-  // the bf16 conversions' scratch included.
-  ipc.pinned = [&pin](const void* p, size_t n) {
-    return pin.HostRegistered(p, static_cast<int64_t>(n));
-  };
-  ASSERT_OK(run.RunSteps(cluster, 1, 3));
-  EXPECT_GT(ipc.to_host.load(), 0);
-  EXPECT_EQ(ipc.pageable_copies.load(), 0);
-  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
-  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
-  ASSERT_OK(run.Deregister(cluster));
-  const absl::Time deadline = absl::Now() + absl::Seconds(15);
-  while (pin.host_registered() > 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
+  // bf16 (through the conversions' scratch), and fp32 under layerwise
+  // (parameters written from its gather's buffer).
+  for (const auto& [strategy, dtype] :
+       {std::pair{"cost", DType::kBFloat16},
+        std::pair{"layerwise", DType::kFloat32}}) {
+    SCOPED_TRACE(absl::StrCat(strategy, " ", DTypeName(dtype)));
+    JobConfig config = MakeJobConfig("dev-pin", 2, 1, strategy, MoeModel(4));
+    config.dtype = dtype;
+    config.cuda_ipc = true;
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    // Per rank: gradients, masters, slot, scratch, the layerwise gather's
+    // buffer (and the whole matrices of TP-owned updates, none here), whole
+    // pages, none twice.
+    EXPECT_GE(pin.host_registered(), 2);
+    EXPECT_LE(pin.host_registered(), 5 * config.world());
+    // Every copy between the trainer's GPU memory and host staging is DMA,
+    // the bf16 conversions' scratch included.
+    ipc.pageable_copies = 0;
+    ipc.pinned = [&pin](const void* p, size_t n) {
+      return pin.HostRegistered(p, static_cast<int64_t>(n));
+    };
+    ASSERT_OK(run.RunSteps(cluster, 1, 3));
+    EXPECT_GT(ipc.to_host.load(), 0);
+    EXPECT_EQ(ipc.pageable_copies.load(), 0);
+    ipc.pinned = nullptr;
+    ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
+    EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+    ASSERT_OK(run.Deregister(cluster));
+    const absl::Time deadline = absl::Now() + absl::Seconds(15);
+    while (pin.host_registered() > 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_EQ(pin.host_registered(), 0);
   }
-  EXPECT_EQ(pin.host_registered(), 0);
 }
 
 std::vector<float> Random(int64_t n, uint32_t seed) {
