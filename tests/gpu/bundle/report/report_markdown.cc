@@ -283,6 +283,48 @@ void RenderTorchStepBench(std::string& md, const json& report,
   }
 }
 
+// One line under the summary, since a cut output shows the top: how the
+// goals stand (each section below has them one by one).
+void RenderGoalsLine(std::string& md, const json& report) {
+  int met = 0, not_met = 0, not_measured = 0;
+  for (const TorchStepBench& bench :
+       {kNcclTorchStepBench, kGlooTorchStepBench}) {
+    if (!report.contains(bench.key) || report[bench.key].is_null()) continue;
+    for (const json& g : report[bench.key]["goals"]) {
+      const std::string status = g.value("status", "");
+      if (status == "met") {
+        ++met;
+      } else if (status == "not met") {
+        ++not_met;
+      } else {
+        ++not_measured;
+      }
+    }
+  }
+  int ns_met = 0, ns_judged = 0;
+  if (report.contains("newton_schulz") && report["newton_schulz"].is_array()) {
+    for (const json& r : report["newton_schulz"]) {
+      for (const char* key : {"speedup_goal_met", "gemm_goal_met"}) {
+        if (!r.contains(key) || r[key].is_null()) continue;
+        ++ns_judged;
+        if (r[key].get<bool>()) ++ns_met;
+      }
+    }
+  }
+  if (met + not_met + not_measured + ns_judged == 0) return;
+  md += "\n**Goals:**";
+  if (met + not_met + not_measured > 0) {
+    absl::StrAppend(&md, " optimizer step ", met, " met, ", not_met,
+                    " not met, ", not_measured, " not measured");
+  }
+  if (ns_judged > 0) {
+    absl::StrAppend(&md, met + not_met + not_measured > 0 ? ";" : "",
+                    " Newton-Schulz ", ns_met, " of ", ns_judged,
+                    " shape goals met");
+  }
+  md += ".\n";
+}
+
 }  // namespace
 
 std::string RenderMarkdown(const json& report) {
@@ -298,6 +340,7 @@ std::string RenderMarkdown(const json& report) {
   absl::StrAppend(&md, "**", Cell(s["passed"]), " passed, ", Cell(s["failed"]),
                   " failed, ", Cell(s["skipped"]), " skipped** of ",
                   Cell(s["total"]), " checks.\n");
+  RenderGoalsLine(md, report);
   if (run.contains("warning")) {
     absl::StrAppend(&md, "\n**Warning:** ", Get(run, "warning"), "\n");
   }

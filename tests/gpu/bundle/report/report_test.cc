@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/bundle/report/check_record.h"
@@ -309,6 +310,17 @@ TEST_F(ReportDir, KernelComparisonArithmetic) {
               1e-9);
   EXPECT_EQ(fp32["gemm_goal_met"].get<bool>(),
             ours_gflops / our_gemm >= kGemmFractionGoal);
+  // Counted in the goals line under the summary: two goals per row.
+  int met = 0;
+  for (const json& r : rows) {
+    met += r["speedup_goal_met"].get<bool>() + r["gemm_goal_met"].get<bool>();
+  }
+  Write("env.txt", "gpu_present=1\n");
+  ASSERT_OK_AND_ASSIGN(json report, BuildReport(dir_));
+  report["newton_schulz"] = rows;
+  EXPECT_THAT(RenderMarkdown(report),
+              HasSubstr(absl::StrCat("**Goals:** Newton-Schulz ", met,
+                                     " of 4 shape goals met.\n")));
   // Without torch: no speedup, and bf16 has no GEMM reference.
   results.pop_back();
   rows = CompareKernels(results);
@@ -420,6 +432,9 @@ TEST_F(ReportDir, TorchStepBenchTableAndGoals) {
               1e-12);
 
   const std::string md = RenderMarkdown(report);
+  // The goals at a glance under the summary.
+  EXPECT_THAT(md, HasSubstr(" checks.\n\n**Goals:** optimizer step 3 met, "
+                            "2 not met, 1 not measured.\n"));
   EXPECT_THAT(md, HasSubstr("## Optimizer step (--comm nccl, DP1): "
                             "canzona.torch vs torch.optim.Muon + AdamW\n\nOn "
                             "**NVIDIA H200**"));
@@ -468,6 +483,8 @@ TEST_F(ReportDir, TorchStepBenchNotRunLeavesEveryGoalNotMeasured) {
                             "nvidia-smi))."));
   EXPECT_THAT(md, HasSubstr("- step >= 3.0x faster than torch at 0.6b, fp32: "
                             "**not measured** (check skipped: no GPU"));
+  EXPECT_THAT(md, HasSubstr("**Goals:** optimizer step 0 met, 0 not met, 6 "
+                            "not measured.\n"));
   // Without the check there is no section.
   std::filesystem::remove(dir_ / "checks/01-bench.rec");
   ASSERT_OK_AND_ASSIGN(report, BuildReport(dir_));
