@@ -27,6 +27,7 @@ gemm_gflops}]} to --out; exit status 0 unless it failed.
 import argparse
 import inspect
 import json
+import os
 import sys
 import time
 import traceback
@@ -185,10 +186,20 @@ def run(args, result):
             print("%s %dx%d: NS5 %.3f ms (addmm %.3f ms), GEMM %.0f GFLOP/s"
                   % (precision, rows, cols, ns_ms, addmm_ms,
                      result["shapes"][-1]["gemm_gflops"]), flush=True)
+            # What is measured so far survives a cut at the runner's limit.
+            result["reason"] = "cut after %d shapes" % len(result["shapes"])
+            write(args, result)
             del grad, a, b
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     result.update(status="passed", reason="")
+
+
+def write(args, result):
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=2)
+    os.replace(tmp, args.out)
 
 
 def main():
@@ -213,8 +224,7 @@ def main():
     except Exception as e:
         traceback.print_exc()
         result.update(status="failed", reason="%s: %s" % (type(e).__name__, e))
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
+    write(args, result)
     print("torch_ns_bench: %s %s" % (result["status"], result["reason"]))
     if result["status"] == "skipped":
         return args.skip_exit_code
