@@ -358,7 +358,12 @@ absl::Status CudaBackend::Init() {
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaHostAlloc(&pinned, sizeof(PinnedScratch), cudaHostAllocDefault));
   pinned_ = new (pinned) PinnedScratch();
-  return absl::OkStatus();
+  // The queued sums' workspace has one size: taken here, not by a step's
+  // first EnqueueSumSquares.
+  return Reserve(queued_ws_,
+                 (cuda_kernels::kMaxReductionBlocks + kQueuedSums) *
+                     sizeof(double))
+      .status();
 }
 
 CudaBackend::~CudaBackend() {

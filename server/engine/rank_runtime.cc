@@ -64,6 +64,36 @@ absl::Status RankRuntime::ScaleGradients(float factor) {
                                    owned_.grads);
 }
 
+absl::Status RankRuntime::SumGradients(std::vector<double>& sums) {
+  const std::vector<int>& params = held_grads_;
+  // Gradients summed on one backend, with one wait, into their places.
+  struct On {
+    std::vector<size_t> at;
+    std::vector<const float*> grads;
+    std::vector<int64_t> counts;
+    absl::Status Sum(Backend& backend, std::vector<double>& sums) const {
+      if (at.empty()) return absl::OkStatus();
+      std::vector<double> mine(at.size());
+      CANZONA_RETURN_IF_ERROR(
+          backend.SumSquaresMany(grads, counts, absl::MakeSpan(mine)));
+      for (size_t j = 0; j < at.size(); ++j) sums[at[j]] = mine[j];
+      return absl::OkStatus();
+    }
+  } on_staging, on_compute;
+  sums.assign(params.size(), 0);
+  for (size_t k = 0; k < params.size(); ++k) {
+    const int i = params[k];
+    const float* copied =
+        device_copy_ != nullptr ? device_copy_->view().grad_at[i] : nullptr;
+    On& on = copied != nullptr ? on_compute : on_staging;
+    on.at.push_back(k);
+    on.grads.push_back(copied != nullptr ? copied : owned_.grad_at[i]);
+    on.counts.push_back(plan_->params[i].fragment_numel);
+  }
+  CANZONA_RETURN_IF_ERROR(on_staging.Sum(staging(), sums));
+  return on_compute.Sum(compute(), sums);
+}
+
 absl::Status RankRuntime::AfterReductions() {
   CANZONA_RETURN_IF_ERROR(buckets_->AfterTrainer());
   return buckets_->copier().HandTo(

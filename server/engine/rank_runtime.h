@@ -103,6 +103,15 @@ class RankRuntime {
   // Every held gradient times `factor` (the 1 / DP average, clipping),
   // wherever the step reads it (after LoadDpOwned).
   absl::Status ScaleGradients(float factor);
+  // The parameters of the rank's stage it holds a gradient of (plan
+  // indices, trainer order).
+  const std::vector<int>& held_grads() const { return held_grads_; }
+  // The squared sum of each of held_grads() into `sums`, in double,
+  // wherever the step reads them: one SumSquaresMany, one wait, per backend
+  // (under OwnedDeviceCopy the DP-owned ones on the GPU, the others in
+  // host staging). Setup runs it once too, so that step 1 allocates
+  // nothing for it.
+  absl::Status SumGradients(std::vector<double>& sums);
   // Drops the rules and their state (a rank removed gracefully: its worker
   // has stopped); the batches pointing at them go too.
   void ReleaseRules();
@@ -185,6 +194,7 @@ class RankRuntime {
   // backends and everything that copies from the pinned trainer memory.
   RankBackends backends_;
   std::shared_ptr<const JobPlan> plan_;
+  std::vector<int> held_grads_;
   RankLayout layout_;
 
   // The rules' scratch, shared by all of them (declared first: it outlives

@@ -213,6 +213,11 @@ absl::StatusOr<std::unique_ptr<RankRuntime>> RankBuilder::Build(
     spdlog::info("rank {} updates on {}", RankString(setup.coords),
                  rt->compute().description());
   }
+  // The step's norm pass once on the zeroed gradients: what it reserves
+  // (the cuda backend's segment table and partials) is reserved here, not
+  // in step 1.
+  std::vector<double> sums;
+  CANZONA_RETURN_IF_ERROR(rt->SumGradients(sums));
   // Setup allocated and zero-filled staging on the compute backend's
   // stream; the lanes' copier and NCCL streams use it from the first step
   // on with no event in between.

@@ -24,6 +24,9 @@ absl::Status RankBuilder::AllocateOwned(const RankSetup& setup,
   CANZONA_RETURN_IF_ERROR(
       canzona::AllocateOwned(*rt.plan_, layout, *setup.trainer, rt.resident(),
                              staging, &rt.owned_memory_, &rt.owned_));
+  for (int i : layout.stage_params) {
+    if (rt.owned_.grad_at[i] != nullptr) rt.held_grads_.push_back(i);
+  }
   CANZONA_ASSIGN_OR_RETURN(rt.scalars_,
                            staging.Allocate(RankRuntime::kWorldValues));
   CANZONA_ASSIGN_OR_RETURN(rt.redundant_send_,

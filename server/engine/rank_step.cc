@@ -16,28 +16,6 @@
 namespace canzona {
 namespace {
 
-// Gradients summed on one backend, with one wait, into their places in
-// the step's list.
-struct GradientSums {
-  std::vector<size_t> at;
-  std::vector<const float*> grads;
-  std::vector<int64_t> counts;
-
-  void Add(size_t k, const float* grad, int64_t n) {
-    at.push_back(k);
-    grads.push_back(grad);
-    counts.push_back(n);
-  }
-  absl::Status Sum(Backend& backend, std::vector<double>& sums) const {
-    if (at.empty()) return absl::OkStatus();
-    std::vector<double> mine(at.size());
-    CANZONA_RETURN_IF_ERROR(
-        backend.SumSquaresMany(grads, counts, absl::MakeSpan(mine)));
-    for (size_t j = 0; j < at.size(); ++j) sums[at[j]] = mine[j];
-    return absl::OkStatus();
-  }
-};
-
 // The compute backend's time marks around the DP-owned updates.
 constexpr int kComputeStart = 0;
 constexpr int kComputeEnd = 1;
@@ -149,21 +127,9 @@ class RankStep {
     // overflow (at most 1.2e77 each), so a sum is finite exactly when
     // every element is. Under OwnedDeviceCopy the DP-owned gradients are
     // summed on the GPU, the others in host staging.
-    std::vector<int> params;
-    GradientSums on_staging, on_compute;
-    const OwnedDeviceCopy* copy = rt_.device_copy();
-    for (int i : layout_.stage_params) {
-      const float* g = rt_.owned().grad_at[i];
-      if (g == nullptr) continue;
-      params.push_back(i);
-      const float* copied = copy != nullptr ? copy->view().grad_at[i] : nullptr;
-      (copied != nullptr ? on_compute : on_staging)
-          .Add(params.size() - 1, copied != nullptr ? copied : g,
-               jp_.params[i].fragment_numel);
-    }
-    std::vector<double> sums(params.size());
-    CANZONA_RETURN_IF_ERROR(on_staging.Sum(rt_.staging(), sums));
-    CANZONA_RETURN_IF_ERROR(on_compute.Sum(rt_.compute(), sums));
+    const std::vector<int>& params = rt_.held_grads();
+    std::vector<double> sums;
+    CANZONA_RETURN_IF_ERROR(rt_.SumGradients(sums));
     for (size_t k = 0; k < params.size(); ++k) {
       if (!std::isfinite(sums[k])) nonfinite = 1;
       if (layout_.counted[params[k]]) sumsq += sums[k];
