@@ -151,9 +151,13 @@ absl::Status DpLane::RunOnLane(const std::function<absl::Status()>& fn) {
   absl::Status status;
   bool ran = false;
   Task task;
-  task.run = [&fn, &status] { status = fn(); };
+  task.run = fn;
+  task.result = &status;
   task.ran = &ran;
   absl::MutexLock lock(&mu_);
+  if (stopping_) {
+    return absl::UnavailableError("the rank's communication thread stopped");
+  }
   queue_.push_back(std::move(task));
   cv_.SignalAll();
   while (!ran) cv_.Wait(&mu_);
@@ -230,15 +234,27 @@ void DpLane::Loop() {
     {
       absl::MutexLock lock(&mu_);
       while (queue_.empty() && !stopping_) cv_.Wait(&mu_);
-      if (stopping_) return;
+      if (stopping_) {
+        // RunOnLane's waiters get an answer, not a hang.
+        for (const Task& t : queue_) {
+          if (!t.run) continue;
+          *t.result =
+              absl::UnavailableError("the rank's communication thread stopped");
+          *t.ran = true;
+        }
+        queue_.clear();
+        cv_.SignalAll();
+        return;
+      }
       task = queue_.front();
       queue_.pop_front();
       running_ = true;
     }
     if (task.run) {
-      task.run();
+      absl::Status result = task.run();
       absl::MutexLock lock(&mu_);
       running_ = false;
+      *task.result = std::move(result);
       *task.ran = true;
       cv_.SignalAll();
       continue;

@@ -88,7 +88,9 @@ class DpLane {
   // collectives, and returns its status; also on a failed lane. For work
   // on what only the lane's thread may drive (the DP copier, one thread's
   // at a time) while the trainer may already report the next step's
-  // buckets: WaitIdle does not keep those from starting.
+  // buckets: WaitIdle does not keep those from starting. Not from the
+  // lane's own thread (a Done callback): it would wait for itself.
+  // UNAVAILABLE, without running `fn`, once the lane stops.
   absl::Status RunOnLane(const std::function<absl::Status()>& fn);
 
   // After a checkpoint load or state import moved the job to step
@@ -97,7 +99,8 @@ class DpLane {
   void Reset(int64_t last_step);
 
   // Makes the lane fail with `status` (first error wins): pending and
-  // later waits and callbacks get it; queued work is dropped.
+  // later waits and callbacks get it; queued collectives are dropped
+  // (RunOnLane's work still runs).
   void Fail(absl::Status status);
 
   // Communication seconds completed and exposed seconds waited since the
@@ -110,9 +113,11 @@ class DpLane {
     int bucket = 0;
     bool reduce = false;
     bool communicate = true;
-    // RunOnLane's: runs instead of a collective, then sets *ran (under
-    // mu_); kept when a failure drops the collectives.
-    std::function<void()> run;
+    // RunOnLane's: runs instead of a collective, then its status goes to
+    // *result and *ran is set (under mu_); kept when a failure drops the
+    // collectives.
+    std::function<absl::Status()> run;
+    absl::Status* result = nullptr;
     bool* ran = nullptr;
   };
   struct Waiter {

@@ -41,6 +41,12 @@ absl::Status RankBuilder::CreateBackends(const RankSetup& setup,
     // beside a GPU.
     CANZONA_ASSIGN_OR_RETURN(b.backend_,
                              CreateCpuBackend(MemorySpace::kDevice));
+  } else if (setup.backend == "cpu" && setup.trainer != nullptr &&
+             setup.trainer->on_device()) {
+    // cpu compute is host staging here, page-locked for the GPU trainer's
+    // copies (PinStaging): whole pages of its own.
+    CANZONA_ASSIGN_OR_RETURN(
+        b.backend_, CreateCpuBackend(MemorySpace::kHost, /*page_aligned=*/true));
   } else {
     CANZONA_ASSIGN_OR_RETURN(b.backend_,
                              CreateBackendByName(setup.backend, b.device_));

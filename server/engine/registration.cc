@@ -65,17 +65,21 @@ absl::Status Registration::Setup(Job& job, LocalRank& rank) const {
   CANZONA_RETURN_IF_ERROR(agreement.AwaitAllRanks(
       job.settings.world, absl::Now() + options_.register_timeout));
   int local_ranks = 0;
-  std::map<int, const TrainerBuffers*> trainers;  // by global rank
+  // The local ranks' GPUs (RankGpu; while the ranks are surely alive).
+  std::map<int, LocalGpu> gpus;  // by global rank
+  const int devices = NodeCudaDevices(options_);
   {
     absl::MutexLock lock(&job.mu);
     job.barrier_passed = true;
     local_ranks = static_cast<int>(job.ranks.size());
     for (const auto& [global, r] : job.ranks) {
-      trainers[global] = r->buffers.get();
+      const TrainerBuffers* trainer = r->buffers.get();
+      gpus[global] = {RankGpu(trainer, global, devices),
+                      trainer != nullptr && trainer->on_device()};
     }
   }
   if (options_.comm == "nccl") {
-    CANZONA_RETURN_IF_ERROR(CheckOneRankPerGpu(job.id, trainers));
+    CANZONA_RETURN_IF_ERROR(CheckOneRankPerGpu(job.id, gpus, devices));
   }
   CANZONA_ASSIGN_OR_RETURN(std::shared_ptr<const JobPlan> jp, EnsurePlan(job));
   CANZONA_RETURN_IF_ERROR(
@@ -118,18 +122,16 @@ absl::Status Registration::Setup(Job& job, LocalRank& rank) const {
 // "Duplicate GPU detected", and only once the whole group has connected.
 // The job's local ranks each know their GPU (RankGpu) before that.
 absl::Status Registration::CheckOneRankPerGpu(
-    const std::string& job_id,
-    const std::map<int, const TrainerBuffers*>& trainers) const {
-  const int devices = NodeCudaDevices(options_);
+    const std::string& job_id, const std::map<int, LocalGpu>& gpus,
+    int devices) const {
   std::map<int, int> rank_on_gpu;
-  for (const auto& [global, trainer] : trainers) {
-    const int gpu = RankGpu(trainer, global, devices);
-    auto [other, first] = rank_on_gpu.emplace(gpu, global);
+  for (const auto& [global, gpu] : gpus) {
+    auto [other, first] = rank_on_gpu.emplace(gpu.device, global);
     if (first) continue;
-    const bool ipc = trainer != nullptr && trainer->on_device();
+    const bool ipc = gpu.ipc || gpus.at(other->second).ipc;
     return absl::FailedPreconditionError(absl::StrCat(
         "comm 'nccl' runs one rank per GPU: ranks ", other->second, " and ",
-        global, " of job '", job_id, "' both use GPU ", gpu,
+        global, " of job '", job_id, "' both use GPU ", gpu.device,
         ipc ? " (their tensors' param.cuda_ipc.pci_bus_id)"
             : absl::StrCat(" (global rank modulo the ", devices, " GPUs)"),
         "; give each trainer its own GPU (torch.cuda.set_device(local_rank)) "

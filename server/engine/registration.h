@@ -49,11 +49,16 @@ class Registration {
   absl::Status Agree(Job& job, LocalRank& rank, const std::string& plist) const;
   // (2)-(4).
   absl::Status Setup(Job& job, LocalRank& rank) const;
+  // A local rank's GPU, and whether its trainer's tensors named it.
+  struct LocalGpu {
+    int device = 0;
+    bool ipc = false;
+  };
   // (2) FAILED_PRECONDITION where two of the job's local ranks (by global
-  // rank) would run NCCL on one GPU.
-  absl::Status CheckOneRankPerGpu(
-      const std::string& job_id,
-      const std::map<int, const TrainerBuffers*>& trainers) const;
+  // rank) would run NCCL on one GPU (of the node's `devices`).
+  absl::Status CheckOneRankPerGpu(const std::string& job_id,
+                                  const std::map<int, LocalGpu>& gpus,
+                                  int devices) const;
   // (3) The job's plan, built once on this daemon.
   absl::StatusOr<std::shared_ptr<const JobPlan>> EnsurePlan(Job& job) const;
   // (5) Marks the rank set up; the last local rank fires every Register.

@@ -52,8 +52,9 @@ which the batch does not change). Time: the deadline is --budget seconds
 from the start, or the runner's limit less a margin
 ($CANZONA_CHECK_LIMIT_S, which the bundle's runner sets), whichever comes
 first; a row that would not end by it is skipped, by an estimate from
-the last row: its timed iterations scaled by the parameters, the rest of
-it (building, registering, freeing) by at most 3x; one cut by
+the last row of its dtype: its timed iterations scaled by the parameters
+times the batch, the rest of it (building, registering, freeing) by the
+parameters up to 3x; one cut by
 SIGTERM anyway is recorded as failed (so is the check: the runner's timeout
 fails it), with the rows before it kept. The JSON is rewritten
 after every row, so a run killed by the runner's time limit keeps what it
@@ -429,14 +430,15 @@ def run_row(torch, canzona_torch, example, args, size, dtype_name, muon_cls,
         row.update(status="failed", reason="not run: the daemon was lost "
                    "earlier (%s)" % state["daemon_lost"])
         return row
-    # From the last row (the first row: free): its timed iterations grow
-    # with the parameters, its building and registering less than that.
-    last = state.get("last")
+    # From the last row of this dtype, else the last row (the first row:
+    # free): its timed iterations grow with the parameters times the batch,
+    # its building and registering less than the parameters.
+    last = state.get("last_" + dtype_name) or state.get("last")
     estimate = 0.0
     if last:
-        params, total_s, iterations_s = last
+        params, batch, total_s, iterations_s = last
         scale = row["params"] / params
-        estimate = (iterations_s * scale +
+        estimate = (iterations_s * scale * config.batch / batch +
                     (total_s - iterations_s) * min(scale, 3.0))
     if now + estimate >= deadline(args):
         row["reason"] = ("time: %.0f s left, the row needs ~%.0f s" % (
@@ -484,7 +486,8 @@ def run_row(torch, canzona_torch, example, args, size, dtype_name, muon_cls,
         row["%s_iteration_ms" % side] or 0.0
         for side in ("torch", "canzona")) / 1e3
     total_s = time.monotonic() - now
-    state["last"] = (row["params"], total_s, min(iterations_s, total_s))
+    state["last"] = state["last_" + dtype_name] = (
+        row["params"], config.batch, total_s, min(iterations_s, total_s))
     row["step_ratio"] = ratio(row["torch_step_ms"], row["canzona_step_ms"])
     row["iteration_ratio"] = ratio(row["torch_iteration_ms"],
                                    row["canzona_iteration_ms"])

@@ -414,13 +414,16 @@ def test_overlap_waits_where_a_container_s_parameters_are_read(daemon):
         assert buckets <= seen, (buckets, seen)
 
 
+@pytest.mark.parametrize("unused", [False, True])
 def test_a_bucket_s_event_covers_every_stream_its_gradients_used(
-        daemon, monkeypatch):
+        daemon, monkeypatch, unused):
     """module= on a GPU: AccumulateGrad runs on the stream each
     parameter's forward used, so a bucket whose parameters were used under
     two streams has its gradients-ready event recorded once the reporting
-    stream waited for the other. Streams and the event are stand-ins here
-    (this machine has no GPU); the hooks and the order are the real ones."""
+    stream waited for the other; with a parameter that got no gradient no
+    hook reports the bucket, and step() records after that wait instead.
+    Streams and the event are stand-ins here (this machine has no GPU);
+    the hooks and the order are the real ones."""
     class Stream:
         def __init__(self, handle):
             self.cuda_stream = handle
@@ -447,6 +450,8 @@ def test_a_bucket_s_event_covers_every_stream_its_gradients_used(
     g = torch.Generator().manual_seed(3)
     model = torch.nn.Sequential(torch.nn.Linear(16, 16, bias=False),
                                 torch.nn.Linear(16, 16, bias=False))
+    if unused:
+        model.unused = torch.nn.Linear(16, 16, bias=False)  # no gradient
     # Backward accumulates the second layer first: its forward ran under
     # the side stream, the first layer's under the main one. (Hooks run in
     # the order they were registered: these before the optimizer's.)
@@ -466,10 +471,16 @@ def test_a_bucket_s_event_covers_every_stream_its_gradients_used(
         assert len(opt.registered["buckets"]) == 1
         opt._event = Event()
         x = torch.randn(4, 16, generator=g)
-        model(x).square().mean().backward()
+        model[1](model[0](x)).square().mean().backward()
         # Reported from the main stream after it waited for the side one.
+        if unused:
+            assert opt._event.records == []
+            opt.step()
+        else:
+            assert opt._event.records == [(1, [2])]
+            opt.step()
+            opt._event.records.pop()  # step()'s own: nothing to wait for
         assert opt._event.records == [(1, [2])]
-        opt.step()
     finally:
         opt.close()
 

@@ -631,7 +631,11 @@ class Optimizer(torch.optim.Optimizer):
         # The previous step's parameters must be in place before this
         # step reads them (a step without a forward in between).
         self.synchronize()
-        self._record_grads()
+        # With module=, the buckets no hook reported (a parameter without a
+        # gradient) may have accumulated on other streams too.
+        self._record_grads([stream for streams in self._grad_streams
+                            for stream in streams.values()]
+                           if overlap else ())
         self.last_step = self.client.step(self.job_id, self.rank,
                                           self.steps + 1, lr,
                                           async_params=overlap,

@@ -102,13 +102,30 @@ write_report() {
     echo "canzona bundle: report tool failed ($(tail -n1 "$report/logs/report.log"))" >"$work/summary.txt"
   fi
   if [[ -n "$archive" ]]; then
-    tar -C "$(dirname "$report")" -czf "$archive.tmp" "$(basename "$report")" 2>/dev/null &&
+    # Exit status 1: a log grew while read (a daemon still writing); the
+    # archive is still whole.
+    tar -C "$(dirname "$report")" --warning=no-file-changed -czf "$archive.tmp" \
+      "$(basename "$report")" 2>>"$report/logs/report.log"
+    if (($? <= 1)); then
       mv -f "$archive.tmp" "$archive"
+    else
+      log "report archive not updated (tar failed; see logs/report.log)"
+    fi
   fi
 }
 cleanup() { stop_daemons; rm -rf "$work"; }
+# Stopped from outside: the running check (its timeout's process group)
+# and the daemons stop, and the report holds every check finished so far.
+interrupted() {
+  log "interrupted"
+  if [[ -n "$check_pid" ]]; then kill -TERM -- "-$check_pid" 2>/dev/null; fi
+  stop_daemons
+  write_report
+  exit 143
+}
+check_pid=""
 trap cleanup EXIT
-trap 'log "interrupted"; write_report; exit 130' INT TERM
+trap interrupted INT TERM
 source "$info/runner_environment.sh" || { echo "run.sh: $info/runner_environment.sh missing" >&2; exit 2; }
 
 # --- cpu: the daemon starts and a CPU job steps (no GPU needed) ----------------

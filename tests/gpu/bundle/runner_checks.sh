@@ -5,7 +5,8 @@
 # (start_daemon, with_daemons, stop_daemons).
 #
 # Uses run.sh's variables: report, work, bin, start, budget, reserve, only,
-# check_number, daemon_pids; and its write_report.
+# check_number, daemon_pids, check_pid (the running check's timeout, whose
+# process group a TERM stops); and its write_report.
 
 log() { printf '[%4ds] %s\n' "$((SECONDS - start))" "$*" | tee -a "$report/runner.log"; }
 env_set() { printf '%s=%s\n' "$1" "${2//$'\n'/ }" >>"$report/env.txt"; }
@@ -63,8 +64,14 @@ run_check() {
   local t0=$SECONDS t0ns rc
   t0ns=$(date +%s%N)
   # The check may plan its work by the limit (torch_step_bench.py does).
-  CANZONA_CHECK_LIMIT_S="$limit" timeout -k 10 "$limit" "$@" >"$report/$logfile" 2>&1
+  # In the background, waited for: bash runs a trap (TERM from outside)
+  # only once a foreground command returns, and timeout runs in a process
+  # group of its own, which the trap then stops (check_pid).
+  CANZONA_CHECK_LIMIT_S="$limit" timeout -k 10 "$limit" "$@" >"$report/$logfile" 2>&1 </dev/null &
+  check_pid=$!
+  wait "$check_pid"
   rc=$?
+  check_pid=""
   local ms=$((($(date +%s%N) - t0ns) / 1000000))
   local timed_out=0
   if ((rc == 124 || rc == 137)) && ((SECONDS - t0 >= limit)); then timed_out=1; fi
@@ -126,6 +133,8 @@ with_daemons() {
   done
   run_check "$name" "$group" "$kind" "$limit" "$data" -- "$@"
   stop_daemons
+  # Again with the daemons' logs complete.
+  write_report
 }
 
 sock() { echo "unix:$work/$1.sock"; }
