@@ -65,22 +65,24 @@ absl::Status Registration::Setup(Job& job, LocalRank& rank) const {
   CANZONA_RETURN_IF_ERROR(agreement.AwaitAllRanks(
       job.settings.world, absl::Now() + options_.register_timeout));
   int local_ranks = 0;
-  // The local ranks' GPUs (RankGpu; while the ranks are surely alive).
+  // On the NCCL plane, the local ranks' GPUs (RankGpu; taken while the
+  // ranks are surely alive). The Gloo plane asks CUDA nothing here.
+  const bool nccl = options_.comm == "nccl";
+  const int devices = nccl ? NodeCudaDevices(options_) : 0;
   std::map<int, LocalGpu> gpus;  // by global rank
-  const int devices = NodeCudaDevices(options_);
   {
     absl::MutexLock lock(&job.mu);
     job.barrier_passed = true;
     local_ranks = static_cast<int>(job.ranks.size());
     for (const auto& [global, r] : job.ranks) {
       const TrainerBuffers* trainer = r->buffers.get();
-      gpus[global] = {RankGpu(trainer, global, devices),
-                      trainer != nullptr && trainer->on_device()};
+      if (nccl) {
+        gpus[global] = {RankGpu(trainer, global, devices),
+                        trainer != nullptr && trainer->on_device()};
+      }
     }
   }
-  if (options_.comm == "nccl") {
-    CANZONA_RETURN_IF_ERROR(CheckOneRankPerGpu(job.id, gpus, devices));
-  }
+  if (nccl) CANZONA_RETURN_IF_ERROR(CheckOneRankPerGpu(job.id, gpus, devices));
   CANZONA_ASSIGN_OR_RETURN(std::shared_ptr<const JobPlan> jp, EnsurePlan(job));
   CANZONA_RETURN_IF_ERROR(
       agreement.CheckDigest(rank.global, job.settings.world, jp->plan.digest,
