@@ -129,10 +129,8 @@ TEST(CudaIpcEngineTest, StepsOnIpcBuffersAreBitwiseAndReleaseTheirMemory) {
     EXPECT_GT(fake.copied_bytes.load(), 0);
     ASSERT_OK(run.Deregister(cluster));
     // Closed once the ranks stopped lingering (at most 5 s).
-    const absl::Time deadline = absl::Now() + absl::Seconds(15);
-    while (fake.closes.load() < fake.opens.load() && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(50));
-    }
+    Eventually([&] { return fake.closes.load() >= fake.opens.load(); },
+               absl::Seconds(15));
     EXPECT_EQ(fake.closes.load(), fake.opens.load());
     EXPECT_EQ(fake.events_open.load(), 0);
   }

@@ -247,10 +247,7 @@ TEST(DeviceComputeStepTest, HostStagingIsPageLockedWhileTheRankLives) {
     ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
     EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
     ASSERT_OK(run.Deregister(cluster));
-    const absl::Time deadline = absl::Now() + absl::Seconds(15);
-    while (pin.host_registered() > 0 && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(50));
-    }
+    Eventually([&] { return pin.host_registered() == 0; }, absl::Seconds(15));
     EXPECT_EQ(pin.host_registered(), 0);
   }
 }

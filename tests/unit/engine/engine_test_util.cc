@@ -273,6 +273,13 @@ FusedLayouts FusedAndSeparate(const std::string& optimizer, bool blocks) {
   return m;
 }
 
+void Eventually(const std::function<bool()>& done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
 std::string UniqueJobId(const std::string& stem) {
   // pid and counter alone collide with the leftovers (in /dev/shm) of an
   // earlier process with the same pid that was killed mid-test.
@@ -661,6 +668,9 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
       s->set_value(config_.muon_ns_precision);
     }
   }
+  const std::string pci_bus_id = config_.pci_bus_id.empty()
+                                     ? FakeCudaIpc::BusId(global_ % kFakeGpus)
+                                     : config_.pci_bus_id;
   for (size_t i = 0; i < config_.params.size(); ++i) {
     const ModelParam& p = config_.params[i];
     if (!Holds(p)) continue;  // another pipeline stage's
@@ -682,9 +692,6 @@ v1::RegisterRequest TrainerRank::MakeRegister() const {
     }
     const int unit = DTypeBytes(config_.dtype);
     const uint64_t bytes = static_cast<uint64_t>(local_numel_[i]) * unit;
-    const std::string pci_bus_id = config_.pci_bus_id.empty()
-                                       ? FakeCudaIpc::BusId(global_ % kFakeGpus)
-                                       : config_.pci_bus_id;
     if (config_.cuda_ipc) {
       // The fake IPC "allocation" is this rank's whole shm object.
       const std::string handle =

@@ -200,6 +200,12 @@ class FakeCudaIpc final : public CudaIpcOpener {
   std::atomic<int64_t> pageable_copies{0};
 };
 
+// Waits until `done` holds, asking every 50 ms, at most `timeout` (the
+// caller then asserts what it waited for): for what a deregistered rank
+// releases once its linger ends (JobRegistry::Options::linger, 5 s), in
+// the background.
+void Eventually(const std::function<bool()>& done, absl::Duration timeout);
+
 // A unique job id (pid + counter): shm names never collide across tests.
 std::string UniqueJobId(const std::string& stem);
 

@@ -675,10 +675,7 @@ TEST_F(NcclJobTest, SharedMemoryTrainerBuffersArePinnedWhileTheRankLives) {
   ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 2, {}));
   EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
   ASSERT_OK(run.Deregister(cluster_));
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (nccl_.host_registered() > 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  Eventually([&] { return nccl_.host_registered() == 0; }, absl::Seconds(30));
   EXPECT_EQ(nccl_.host_registered(), 0);
   EXPECT_EQ(nccl_.calls_named("cudaHostUnregister").size(), pins.size());
 }
