@@ -230,9 +230,10 @@ class Backend {
   // `host` must stay as it is until the next Synchronize or waiting
   // CopyToHost (FromHost; other calls that wait on a GPU do not release
   // it by contract, and the device-like cpu backend holds callers to
-  // that), and holds the values only after it (ToHost). On page-locked host memory a
-  // GPU moves them by DMA at the link's rate while the host goes on; a
-  // caller moving many ranges pays one wait instead of one per range.
+  // that), and holds the values only after it (ToHost). On page-locked
+  // host memory a GPU moves them by DMA at the link's rate while the host
+  // goes on; a caller moving many ranges pays one wait instead of one per
+  // range.
   absl::Status EnqueueCopyFromHost(const float* host, int64_t count,
                                    float* dst);
   absl::Status EnqueueCopyToHost(const float* src, int64_t count, float* host);

@@ -128,9 +128,8 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(MemorySpace space, bool page_aligned)
       : space_(space),
-        alignment_(page_aligned
-                       ? static_cast<size_t>(::sysconf(_SC_PAGESIZE))
-                       : kAlignment) {}
+        alignment_(page_aligned ? static_cast<size_t>(::sysconf(_SC_PAGESIZE))
+                                : kAlignment) {}
 
   BackendKind kind() const override { return BackendKind::kCpu; }
   MemorySpace memory_space() const override { return space_; }

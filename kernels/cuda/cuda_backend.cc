@@ -334,8 +334,8 @@ absl::Status CudaBackend::Init() {
       }
     }
     if (!peers.empty() || !refused.empty()) {
-      absl::StrAppend(&description_, ", pool peers [", absl::StrJoin(peers, ","),
-                      "]");
+      absl::StrAppend(&description_, ", pool peers [",
+                      absl::StrJoin(peers, ","), "]");
       if (!refused.empty()) {
         absl::StrAppend(&description_, " refused [",
                         absl::StrJoin(refused, ","), "]");
@@ -360,9 +360,8 @@ absl::Status CudaBackend::Init() {
   pinned_ = new (pinned) PinnedScratch();
   // The queued sums' workspace has one size: taken here, not by a step's
   // first EnqueueSumSquares.
-  return Reserve(queued_ws_,
-                 (cuda_kernels::kMaxReductionBlocks + kQueuedSums) *
-                     sizeof(double))
+  return Reserve(queued_ws_, (cuda_kernels::kMaxReductionBlocks + kQueuedSums) *
+                                 sizeof(double))
       .status();
 }
 

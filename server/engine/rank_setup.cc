@@ -46,7 +46,8 @@ absl::Status RankBuilder::CreateBackends(const RankSetup& setup,
     // cpu compute is host staging here, page-locked for the GPU trainer's
     // copies (PinStaging): whole pages of its own.
     CANZONA_ASSIGN_OR_RETURN(
-        b.backend_, CreateCpuBackend(MemorySpace::kHost, /*page_aligned=*/true));
+        b.backend_,
+        CreateCpuBackend(MemorySpace::kHost, /*page_aligned=*/true));
   } else {
     CANZONA_ASSIGN_OR_RETURN(b.backend_,
                              CreateBackendByName(setup.backend, b.device_));

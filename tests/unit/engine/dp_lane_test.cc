@@ -146,10 +146,11 @@ TEST(DpLaneTest, FailureIsStickyAndReachesEveryWaiter) {
 TEST(DpLaneTest, RunOnLaneRunsOnItsThreadAfterWhatIsQueued) {
   Recorder rec;
   std::atomic<std::thread::id> reduced_on;
-  DpLane p(2, [&](int64_t step, int bucket) {
+  DpLane::BucketFn reduce = [&](int64_t step, int bucket) {
     reduced_on = std::this_thread::get_id();
     return rec.Fn('r')(step, bucket);
-  }, rec.Fn('g'));
+  };
+  DpLane p(2, reduce, rec.Fn('g'));
   p.MarkAllReady(1);
   std::thread::id ran_on;
   ASSERT_OK(p.RunOnLane([&] {
