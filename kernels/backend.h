@@ -36,6 +36,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kernels/allocation_registry.h"
 #include "kernels/ns_algorithm.h"
@@ -375,6 +378,24 @@ class Backend {
   // is a GPU's: the engine's tests hold a step to its budget of waits.
   int64_t host_waits() const { return host_waits_; }
 
+  // ---- Bounded host waits --------------------------------------------------
+  // Each of those waits lasts at most `timeout`: past it, DEADLINE_EXCEEDED
+  // naming the method, the backend's work still in flight. A GPU stream
+  // can wait for good for another process's event (a trainer that died or
+  // hangs in its own collective before its record), and an unbounded wait
+  // would hold the rank's worker, and with it the rank's removal, as long
+  // (ScopedWaitTimeout: a step's waits each end within the step timeout,
+  // as its waits for the DP lane and its peers do).
+  // absl::InfiniteDuration(), the default, waits as long as the work takes.
+  // Once a wait gave up the backend is `stalled` until a wait finds its
+  // work finished: a wait without a timeout then fails at once
+  // (FAILED_PRECONDITION) instead of hanging, and a stalled backend frees
+  // nothing its work may still use when destroyed (the memory is lost to
+  // the process rather than the process to a hang).
+  void set_wait_timeout(absl::Duration timeout) { wait_timeout_ = timeout; }
+  absl::Duration wait_timeout() const { return wait_timeout_; }
+  bool stalled() const { return stalled_; }
+
   // ---- Matrix helpers (row-major, contiguous: ld == cols) ----------------
   // a[i, i] += alpha for the n x n matrix a.
   absl::Status AddIdentity(int64_t n, float alpha, float* a);
@@ -409,8 +430,41 @@ class Backend {
   // Adds a sum computed on the host to the default queue (a backend whose
   // DoEnqueue-methods finish on return).
   void QueueHostSum(double sum) { queued_sum_squares_ += sum; }
+  // How a Do-method waits for the backend's work, as the wait timeout
+  // says: `finished` asks without blocking (cudaStreamQuery), `block`
+  // waits without a bound (cudaStreamSynchronize: no polling where no
+  // timeout is set), `pause` runs between two questions (PollUntilDone's
+  // after its first 50 us). `method` names the wait in errors.
+  absl::Status AwaitWork(
+      absl::string_view method,
+      const std::function<absl::StatusOr<bool>()>& finished,
+      const std::function<absl::Status()>& block,
+      const std::function<void(absl::Duration)>& pause = absl::SleepFor);
 
  private:
+  // Counts a host wait of `method` (host_waits), then DoBeginHostWait.
+  absl::Status BeginHostWait(absl::string_view method);
+  // Runs a Do-method that waits for the backend's work: if a wait in it
+  // gave up (AwaitWork), the call fails whatever the method returned, so
+  // that no implementation can report results its wait never saw.
+  template <typename Result, typename Call>
+  Result RunWaiting(absl::string_view method, Call call) {
+    const int64_t given_up = waits_given_up_;
+    Result result = call();
+    if (result.ok() && waits_given_up_ != given_up) {
+      return GaveUpButSucceeded(method);
+    }
+    return result;
+  }
+  static absl::Status GaveUpButSucceeded(absl::string_view method);
+  // Where a backend whose work is done when each call returns, standing
+  // in for a GPU in tests, waits for work that may never finish (the cpu
+  // backend's SetDeviceLikeWorkBlocked): at each host wait's start, through
+  // AwaitWork. A GPU backend waits inside its Do-methods instead.
+  virtual absl::Status DoBeginHostWait(absl::string_view /*method*/) {
+    return absl::OkStatus();
+  }
+
   // Forgets a buffer's allocation, then frees it (DeviceBuffer::Reset).
   void Release(float* data, int64_t size) {
     allocations_.Remove(data);
@@ -421,6 +475,9 @@ class Backend {
   // The default EnqueueSumSquares' sums so far, added in order.
   double queued_sum_squares_ = 0;
   int64_t host_waits_ = 0;
+  absl::Duration wait_timeout_ = absl::InfiniteDuration();
+  int64_t waits_given_up_ = 0;  // AwaitWork's, ever
+  bool stalled_ = false;
   // The default DoMark's times (absl::Time as nanoseconds since the epoch;
   // 0: not marked).
   std::array<int64_t, kTimeMarks> marked_ns_ = {};
@@ -571,6 +628,24 @@ inline void DeviceBuffer::Reset() {
   data_ = nullptr;
   size_ = 0;
 }
+
+// Sets a backend's wait timeout for a scope (a step: the step timeout)
+// and puts the one before back when it ends.
+// Thread-safety: the backend's owner thread.
+class ScopedWaitTimeout {
+ public:
+  ScopedWaitTimeout(Backend& backend, absl::Duration timeout)
+      : backend_(backend), before_(backend.wait_timeout()) {
+    backend_.set_wait_timeout(timeout);
+  }
+  ~ScopedWaitTimeout() { backend_.set_wait_timeout(before_); }
+  ScopedWaitTimeout(const ScopedWaitTimeout&) = delete;
+  ScopedWaitTimeout& operator=(const ScopedWaitTimeout&) = delete;
+
+ private:
+  Backend& backend_;
+  const absl::Duration before_;
+};
 
 // The factory (kernels/backend_factory.cc, target canzona_kernels, which
 // links every backend; the interface alone is canzona_backend).

@@ -4,6 +4,7 @@
 // Do-method. Checks run in argument order, so the first bad argument is the
 // one reported.
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <string>
@@ -19,6 +20,7 @@
 #include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "kernels/backend_checks.h"
+#include "kernels/base/poll.h"
 #include "kernels/base/status_macros.h"
 
 namespace canzona {
@@ -322,15 +324,18 @@ absl::Status Backend::CopyFromHost(const float* host, int64_t count,
                                    float* dst) {
   CANZONA_ASSIGN_OR_RETURN(
       bool any, CheckFromHost(*this, "CopyFromHost", host, count, dst));
-  return any ? DoCopyFromHost(host, count, dst) : absl::OkStatus();
+  if (!any) return absl::OkStatus();
+  return RunWaiting<absl::Status>(
+      "CopyFromHost", [&] { return DoCopyFromHost(host, count, dst); });
 }
 
 absl::Status Backend::CopyToHost(const float* src, int64_t count, float* host) {
   CANZONA_ASSIGN_OR_RETURN(bool any,
                            CheckToHost(*this, "CopyToHost", src, count, host));
   if (!any) return absl::OkStatus();
-  ++host_waits_;
-  return DoCopyToHost(src, count, host);
+  CANZONA_RETURN_IF_ERROR(BeginHostWait("CopyToHost"));
+  return RunWaiting<absl::Status>(
+      "CopyToHost", [&] { return DoCopyToHost(src, count, host); });
 }
 
 absl::Status Backend::EnqueueCopyFromHost(const float* host, int64_t count,
@@ -390,8 +395,9 @@ absl::Status Backend::Fill(float value, int64_t count, float* dst) {
 }
 
 absl::Status Backend::Synchronize() {
-  ++host_waits_;
-  return DoSynchronize();
+  CANZONA_RETURN_IF_ERROR(BeginHostWait("Synchronize"));
+  return RunWaiting<absl::Status>("Synchronize",
+                                  [&] { return DoSynchronize(); });
 }
 
 // ---- Dense linear algebra ---------------------------------------------------
@@ -461,8 +467,9 @@ absl::Status Backend::SymmetricEigen(int64_t n, float* a, float* eigenvalues,
   if (n == 0) return absl::OkStatus();
   CANZONA_RETURN_IF_ERROR(CheckRanges(
       *this, kWhat, {{"a", a, SatMul(n, n)}, {"eigenvalues", eigenvalues, n}}));
-  ++host_waits_;
-  return DoSymmetricEigen(n, a, eigenvalues, precision);
+  CANZONA_RETURN_IF_ERROR(BeginHostWait(kWhat));
+  return RunWaiting<absl::Status>(
+      kWhat, [&] { return DoSymmetricEigen(n, a, eigenvalues, precision); });
 }
 
 absl::Status Backend::QrOrthonormalize(int64_t rows, int64_t cols, float* a) {
@@ -591,8 +598,9 @@ absl::StatusOr<double> Backend::SumSquares(int64_t n, const float* x) {
   CANZONA_RETURN_IF_ERROR(CheckVectors("SumSquares", n, {{"x", x}}));
   if (n == 0) return 0.0;
   CANZONA_RETURN_IF_ERROR(CheckRanges(*this, "SumSquares", {{"x", x, n}}));
-  ++host_waits_;
-  return DoSumSquares(n, x);
+  CANZONA_RETURN_IF_ERROR(BeginHostWait("SumSquares"));
+  return RunWaiting<absl::StatusOr<double>>("SumSquares",
+                                            [&] { return DoSumSquares(n, x); });
 }
 
 absl::Status Backend::EnqueueSumSquares(int64_t n, const float* x) {
@@ -616,9 +624,12 @@ absl::Status Backend::EnqueueSquaredDistance(int64_t n, const float* a,
 }
 
 absl::StatusOr<double> Backend::TakeSumSquares() {
-  if (queued_unread_) ++host_waits_;
+  if (queued_unread_) {
+    CANZONA_RETURN_IF_ERROR(BeginHostWait("TakeSumSquares"));
+  }
   queued_unread_ = false;
-  return DoTakeSumSquares();
+  return RunWaiting<absl::StatusOr<double>>("TakeSumSquares",
+                                            [&] { return DoTakeSumSquares(); });
 }
 
 absl::Status Backend::DoEnqueueSumSquares(int64_t n, const float* x) {
@@ -658,6 +669,61 @@ absl::StatusOr<double> Backend::DoSecondsBetween(int from, int to) {
   return 1e-9 * static_cast<double>(marked_ns_[to] - marked_ns_[from]);
 }
 
+absl::Status Backend::BeginHostWait(absl::string_view method) {
+  ++host_waits_;
+  return DoBeginHostWait(method);
+}
+
+absl::Status Backend::GaveUpButSucceeded(absl::string_view method) {
+  return absl::InternalError(
+      absl::StrCat(method,
+                   ": returned success after a wait for the backend's work "
+                   "gave up; its results were never read"));
+}
+
+absl::Status Backend::AwaitWork(
+    absl::string_view method,
+    const std::function<absl::StatusOr<bool>()>& finished,
+    const std::function<absl::Status()>& block,
+    const std::function<void(absl::Duration)>& pause) {
+  if (wait_timeout_ == absl::InfiniteDuration()) {
+    if (!stalled_) return block();
+    // Waiting without a bound on work that did not finish by an earlier
+    // deadline would hang the caller (a teardown, a checkpoint) for as
+    // long as that work waits: perhaps for good.
+    CANZONA_ASSIGN_OR_RETURN(const bool done, finished());
+    if (!done) {
+      ++waits_given_up_;
+      return absl::FailedPreconditionError(absl::StrCat(
+          method,
+          ": the backend's work has not finished since an earlier "
+          "wait gave up at its timeout; it may wait for good for a "
+          "trainer's event that is never recorded"));
+    }
+    stalled_ = false;
+    return absl::OkStatus();
+  }
+  const absl::Time deadline = absl::Now() + wait_timeout_;
+  CANZONA_RETURN_IF_ERROR(PollUntilDone(
+      [&]() -> absl::StatusOr<bool> {
+        CANZONA_ASSIGN_OR_RETURN(const bool done, finished());
+        if (done) return true;
+        if (absl::Now() < deadline) return false;
+        stalled_ = true;
+        ++waits_given_up_;
+        return absl::DeadlineExceededError(absl::StrCat(
+            method,
+            ": the backend's work did not finish within the wait "
+            "timeout (",
+            absl::FormatDuration(wait_timeout_),
+            "; a step's is --step-timeout); its stream may be waiting for a "
+            "trainer's event that a dead or hung trainer never records"));
+      },
+      pause));
+  stalled_ = false;
+  return absl::OkStatus();
+}
+
 absl::Status Backend::SumSquaresMany(absl::Span<const float* const> xs,
                                      absl::Span<const int64_t> ns,
                                      absl::Span<double> out) {
@@ -677,9 +743,10 @@ absl::Status Backend::SumSquaresMany(absl::Span<const float* const> xs,
         CheckRanges(*this, kWhat, {{x_name, resolved[k], ns[k]}}));
   }
   if (xs.empty()) return absl::OkStatus();
-  ++host_waits_;
+  CANZONA_RETURN_IF_ERROR(BeginHostWait(kWhat));
   queued_unread_ = false;
-  return DoSumSquaresMany(resolved, ns, out);
+  return RunWaiting<absl::Status>(
+      kWhat, [&] { return DoSumSquaresMany(resolved, ns, out); });
 }
 
 absl::Status Backend::DoSumSquaresMany(absl::Span<const float* const> xs,
@@ -699,8 +766,9 @@ absl::StatusOr<bool> Backend::AllFinite(int64_t n, const float* x) {
   CANZONA_RETURN_IF_ERROR(CheckVectors("AllFinite", n, {{"x", x}}));
   if (n == 0) return true;
   CANZONA_RETURN_IF_ERROR(CheckRanges(*this, "AllFinite", {{"x", x, n}}));
-  ++host_waits_;
-  return DoAllFinite(n, x);
+  CANZONA_RETURN_IF_ERROR(BeginHostWait("AllFinite"));
+  return RunWaiting<absl::StatusOr<bool>>("AllFinite",
+                                          [&] { return DoAllFinite(n, x); });
 }
 
 // ---- Matrix helpers ---------------------------------------------------------

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -20,6 +21,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "kernels/backend_checks.h"
@@ -124,6 +127,8 @@ double SumSquaresOf(int64_t n, Value value) {
 // Thread-safety: not thread-safe (as Backend): the scratch buffers used by
 // NewtonSchulz, QrOrthonormalize and ColumnDots are per-object state.
 // Distinct CpuBackend objects may be used concurrently.
+std::atomic<bool> device_like_work_blocked{false};
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend(MemorySpace space, bool page_aligned)
@@ -255,6 +260,24 @@ class CpuBackend final : public Backend {
   }
 
   absl::Status DoSynchronize() override { return Deliver(); }
+
+  absl::Status DoBeginHostWait(absl::string_view method) override {
+    if (space_ != MemorySpace::kDevice) return absl::OkStatus();
+    auto finished = []() -> absl::StatusOr<bool> {
+      return !device_like_work_blocked.load();
+    };
+    return AwaitWork(method, finished, [&]() -> absl::Status {
+      const absl::Time give_up = absl::Now() + absl::Minutes(1);
+      while (device_like_work_blocked.load() && absl::Now() < give_up) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      if (!device_like_work_blocked.load()) return absl::OkStatus();
+      return absl::InternalError(
+          absl::StrCat(method,
+                       ": a wait without a timeout on work that never "
+                       "finishes; on a GPU it would never return"));
+    });
+  }
   // At a wait: releases the enqueued copies' host sources,
   // FAILED_PRECONDITION where one changed since (checked first: a copy to
   // the host enqueued after one from the same range lands after it, in
@@ -755,6 +778,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(MemorySpace space,
                                                           bool page_aligned) {
   return std::unique_ptr<Backend>(
       std::make_unique<CpuBackend>(space, page_aligned));
+}
+
+void SetDeviceLikeWorkBlocked(bool blocked) {
+  device_like_work_blocked.store(blocked);
 }
 
 void SetCpuBlasThreads(int threads) {

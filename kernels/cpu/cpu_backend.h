@@ -25,6 +25,15 @@ namespace canzona {
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(
     MemorySpace space = MemorySpace::kHost, bool page_aligned = false);
 
+// Tests: while set, the work of every cpu backend standing in for a GPU
+// (MemorySpace::kDevice) "never finishes", as a GPU stream's that waits
+// for an event no one records (a dead or hung trainer's): its host waits
+// last their timeout (Backend::set_wait_timeout). One without a timeout
+// would hang on a GPU; here it fails with INTERNAL after a minute, so a
+// test shows the unbounded wait instead of hanging.
+// Process-wide; thread-safe.
+void SetDeviceLikeWorkBlocked(bool blocked);
+
 // Threads OpenBLAS uses inside each call, process-wide. A daemon runs one
 // device worker per local rank, each calling BLAS concurrently: one thread
 // per worker avoids oversubscribing the cores (OpenBLAS threads spin).

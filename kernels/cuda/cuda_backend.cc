@@ -17,6 +17,7 @@
 #include <new>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -201,8 +202,13 @@ class CudaBackend final : public Backend {
   // DMA'd later, so we wait for those to honour "the caller may reuse its
   // buffer when the call returns".
   absl::Status CopyHostToDevice(const void* host, size_t bytes, void* dst);
-  // Copies `bytes` from device memory to pinned_ and waits.
-  absl::Status FetchToPinned(const void* src, size_t bytes, void* pinned_dst);
+  // Copies `bytes` from device memory to pinned_ and waits (for `method`).
+  absl::Status FetchToPinned(const void* src, size_t bytes, void* pinned_dst,
+                             absl::string_view method);
+  // Waits on the host for everything queued on stream_, within the wait
+  // timeout (Backend::AwaitWork): a query loop where a timeout is set,
+  // cudaStreamSynchronize where none is.
+  absl::Status AwaitStream(absl::string_view method);
   LaunchConfig Cfg() const { return LaunchConfig{stream_, num_sms_}; }
 
   const int device_;
@@ -243,6 +249,7 @@ class CudaBackend final : public Backend {
   // (page-locked: the copy is DMA on the stream, not a wait), grown to the
   // most vectors one call has had.
   cuda_kernels::SumSquaresSegment* pinned_segments_ = nullptr;
+  double* pinned_results_ = nullptr;  // after the segments, in their block
   size_t pinned_segment_capacity_ = 0;
   std::vector<cuda_kernels::SumSquaresSegment*> retired_segments_;
   // EnqueueSumSquares: partials, then room for kQueuedSums results; how
@@ -372,6 +379,14 @@ CudaBackend::~CudaBackend() {
     (void)cudaGetLastError();
     return;
   }
+  if (stalled() && stream_ != nullptr &&
+      cudaStreamQuery(stream_) == cudaErrorNotReady) {
+    // The stream may wait for good (Backend::stalled): every call below
+    // that frees memory may synchronize with it and hang the daemon. Its
+    // memory, handles and stream are left to the process instead.
+    (void)cudaGetLastError();
+    return;
+  }
   if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
   DropNsGraphs();
   for (Workspace* ws : {&ns_ws_, &solver_ws_, &scratch_ws_, &queued_ws_}) {
@@ -411,7 +426,9 @@ void CudaBackend::DeviceRelease(void* p) {
     if (cudaFreeAsync(p, stream_) != cudaSuccess) (void)cudaGetLastError();
     return;
   }
-  // Plain cudaFree must not race queued kernels still using p.
+  // Plain cudaFree must not race queued kernels still using p; on a
+  // stream that may wait for good (stalled) the memory is left instead.
+  if (stalled()) return;
   (void)cudaStreamSynchronize(stream_);
   if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
 }
@@ -433,27 +450,65 @@ absl::StatusOr<void*> CudaBackend::Reserve(Workspace& ws, size_t bytes) {
   return ws.data;
 }
 
+namespace {
+
+// Whether the host memory at `p` is pageable (neither page-locked nor
+// mapped): a cudaMemcpyAsync between it and the device synchronizes with
+// the stream inside the call, without a bound. Unknown: page-locked.
+bool Pageable(const void* p) {
+  cudaPointerAttributes attributes;
+  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeUnregistered;
+}
+
+}  // namespace
+
 absl::Status CudaBackend::CopyHostToDevice(const void* host, size_t bytes,
                                            void* dst) {
+  // From pageable memory the driver waits for the stream before staging
+  // the bytes, unbounded: the bounded wait first leaves it nothing to wait
+  // for. From page-locked memory the copy is DMA, later: waited for after.
+  const bool pageable = Pageable(host);
+  if (pageable) CANZONA_RETURN_IF_ERROR(AwaitStream("CopyFromHost"));
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
-  cudaPointerAttributes attributes;
-  if (cudaPointerGetAttributes(&attributes, host) != cudaSuccess) {
-    (void)cudaGetLastError();
-    attributes.type = cudaMemoryTypeHost;  // unknown: be safe and wait
-  }
-  if (attributes.type != cudaMemoryTypeUnregistered) {
-    CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  }
+  if (!pageable) CANZONA_RETURN_IF_ERROR(AwaitStream("CopyFromHost"));
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::FetchToPinned(const void* src, size_t bytes,
-                                        void* pinned_dst) {
+                                        void* pinned_dst,
+                                        absl::string_view method) {
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(pinned_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
-  CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  return absl::OkStatus();
+  return AwaitStream(method);
+}
+
+absl::Status CudaBackend::AwaitStream(absl::string_view method) {
+  const std::string what = absl::StrCat(description_, " ", method);
+  return AwaitWork(
+      what,
+      [&]() -> absl::StatusOr<bool> {
+        const cudaError_t code = cudaStreamQuery(stream_);
+        if (code == cudaErrorNotReady) {
+          (void)cudaGetLastError();
+          return false;
+        }
+        CANZONA_CUDA_RETURN_IF_ERROR(code);
+        return true;
+      },
+      [&]() -> absl::Status {
+        CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+        return absl::OkStatus();
+      },
+      // Yield rather than sleep between queries, as cudaStreamSynchronize
+      // spins under CUDA's default scheduling where the cores outnumber the
+      // GPUs: a sleep's pause (up to 100 us) would be seen late on every
+      // step's one wait, the critical path of a GPU's step.
+      [](absl::Duration) { std::this_thread::yield(); });
 }
 
 // ---- Memory ---------------------------------------------------------------
@@ -498,11 +553,13 @@ absl::Status CudaBackend::DoCopyFromHost(const float* host, int64_t count,
 absl::Status CudaBackend::DoCopyToHost(const float* src, int64_t count,
                                        float* host) {
   CANZONA_RETURN_IF_ERROR(Activate());
+  // Into pageable memory cudaMemcpyAsync returns only once the copy is
+  // done, behind the stream's work, unbounded: the bounded wait first.
+  if (Pageable(host)) CANZONA_RETURN_IF_ERROR(AwaitStream("CopyToHost"));
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(host, src, static_cast<size_t>(count) * sizeof(float),
                       cudaMemcpyDeviceToHost, stream_));
-  CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  return absl::OkStatus();
+  return AwaitStream("CopyToHost");
 }
 
 // Asynchronous only from page-locked host memory; from pageable memory the
@@ -553,8 +610,7 @@ absl::Status CudaBackend::DoFill(float value, int64_t count, float* dst) {
 
 absl::Status CudaBackend::DoSynchronize() {
   CANZONA_RETURN_IF_ERROR(Activate());
-  CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  return absl::OkStatus();
+  return AwaitStream("Synchronize");
 }
 
 // ---- Dense linear algebra -------------------------------------------------
@@ -640,7 +696,8 @@ absl::Status CudaBackend::DoSymmetricEigen(int64_t n, float* a,
     CANZONA_CUDA_RETURN_IF_ERROR(cusolverDnSsyevd(
         cusolver_, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, ni, v, ni,
         eigenvalues, work, lwork, info));
-    CANZONA_RETURN_IF_ERROR(FetchToPinned(info, sizeof(int), &pinned_->info));
+    CANZONA_RETURN_IF_ERROR(
+        FetchToPinned(info, sizeof(int), &pinned_->info, kWhat));
     if (pinned_->info != 0) {
       return absl::InternalError(absl::StrCat(
           kWhat, ": cusolverDnSsyevd failed (info = ", pinned_->info,
@@ -677,7 +734,8 @@ absl::Status CudaBackend::DoSymmetricEigen(int64_t n, float* a,
   CANZONA_CUDA_RETURN_IF_ERROR(cusolverDnDsyevd(
       cusolver_, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, ni, v, ni, w,
       work, lwork, info));
-  CANZONA_RETURN_IF_ERROR(FetchToPinned(info, sizeof(int), &pinned_->info));
+  CANZONA_RETURN_IF_ERROR(
+      FetchToPinned(info, sizeof(int), &pinned_->info, kWhat));
   if (pinned_->info != 0) {
     return absl::InternalError(absl::StrCat(
         kWhat, ": cusolverDnDsyevd failed (info = ", pinned_->info,
@@ -934,7 +992,8 @@ absl::StatusOr<double> CudaBackend::DoSumSquares(int64_t n, const float* x) {
   double* result = partials + cuda_kernels::kMaxReductionBlocks;
   CANZONA_CUDA_RETURN_IF_ERROR(
       cuda_kernels::SumSquares(Cfg(), n, x, partials, result));
-  CANZONA_RETURN_IF_ERROR(FetchToPinned(result, sizeof(double), &pinned_->sum));
+  CANZONA_RETURN_IF_ERROR(
+      FetchToPinned(result, sizeof(double), &pinned_->sum, "SumSquares"));
   return pinned_->sum;
 }
 
@@ -949,8 +1008,13 @@ absl::Status CudaBackend::DoSumSquaresMany(absl::Span<const float* const> xs,
   if (k > pinned_segment_capacity_) {
     const size_t capacity = std::max<size_t>(k, 1024);
     void* table = nullptr;
+    // [segments | results]: the results come back into page-locked memory,
+    // so that their copy never waits inside cudaMemcpyAsync (into the
+    // caller's pageable memory it would, unbounded) and the one bounded
+    // wait below is the only one.
     const cudaError_t allocated = cudaHostAlloc(
-        &table, capacity * sizeof(cuda_kernels::SumSquaresSegment),
+        &table,
+        capacity * (sizeof(cuda_kernels::SumSquaresSegment) + sizeof(double)),
         cudaHostAllocDefault);
     if (allocated != cudaSuccess) {
       (void)cudaGetLastError();  // not the next launch's error
@@ -962,6 +1026,7 @@ absl::Status CudaBackend::DoSumSquaresMany(absl::Span<const float* const> xs,
       retired_segments_.push_back(pinned_segments_);
     }
     pinned_segments_ = static_cast<cuda_kernels::SumSquaresSegment*>(table);
+    pinned_results_ = reinterpret_cast<double*>(pinned_segments_ + capacity);
     pinned_segment_capacity_ = capacity;
   }
   int64_t total_blocks = 0;
@@ -998,17 +1063,28 @@ absl::Status CudaBackend::DoSumSquaresMany(absl::Span<const float* const> xs,
         partials, results));
     CANZONA_RETURN_IF_ERROR(FetchQueuedSums());
     CANZONA_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(out.data(), results, k * sizeof(double),
+        cudaMemcpyAsync(pinned_results_, results, k * sizeof(double),
                         cudaMemcpyDeviceToHost, stream_));
-    CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    CANZONA_RETURN_IF_ERROR(AwaitStream("SumSquaresMany"));
+    std::copy(pinned_results_, pinned_results_ + k, out.begin());
     return absl::OkStatus();
   }();
   if (!status.ok()) {
     // Nothing may still copy from the table or into the pinned results
     // when the next call writes them, and the queued sums, still on the
     // device, stay queued.
-    (void)cudaStreamSynchronize(stream_);
-    (void)cudaGetLastError();
+    if (stalled()) {
+      // The stream may run this call's copies whenever it resumes: the
+      // block is left to them (freed at teardown) and the next call
+      // takes a new one.
+      retired_segments_.push_back(pinned_segments_);
+      pinned_segments_ = nullptr;
+      pinned_results_ = nullptr;
+      pinned_segment_capacity_ = 0;
+    } else {
+      (void)cudaStreamSynchronize(stream_);
+      (void)cudaGetLastError();
+    }
     queued_ = fetched;
     return status;
   }
@@ -1065,7 +1141,7 @@ absl::Status CudaBackend::DrainQueuedSums() {
   const int fetched = queued_;
   if (fetched == 0) return absl::OkStatus();
   CANZONA_RETURN_IF_ERROR(FetchQueuedSums());
-  CANZONA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  CANZONA_RETURN_IF_ERROR(AwaitStream("TakeSumSquares"));
   AddQueuedSums(fetched);
   return absl::OkStatus();
 }
@@ -1118,7 +1194,8 @@ absl::StatusOr<bool> CudaBackend::DoAllFinite(int64_t n, const float* x) {
   int* flag = static_cast<int*>(ws);
   CANZONA_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0, sizeof(int), stream_));
   CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::FlagNonFinite(Cfg(), n, x, flag));
-  CANZONA_RETURN_IF_ERROR(FetchToPinned(flag, sizeof(int), &pinned_->flag));
+  CANZONA_RETURN_IF_ERROR(
+      FetchToPinned(flag, sizeof(int), &pinned_->flag, "AllFinite"));
   return pinned_->flag == 0;
 }
 

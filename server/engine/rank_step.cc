@@ -35,6 +35,13 @@ class RankStep {
 
   absl::Status Run() {
     const int64_t waits = rt_.host_waits();
+    // The step's host waits for its backends' work each end within the
+    // step timeout, as its waits for the DP lane and its peers do: a GPU
+    // stream waiting on the device for a trainer's event (DP1 on the NCCL
+    // plane) can wait for good if the trainer died or hangs before its
+    // record.
+    ScopedWaitTimeout compute(rt_.compute(), context_.timeout);
+    ScopedWaitTimeout staging(rt_.staging(), context_.timeout);
     absl::Status status = Steps();
     result_->host_waits = rt_.host_waits() - waits;
     if (status.ok() && !result_->skipped_nonfinite) TimeCompute();

@@ -23,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -890,6 +891,48 @@ TEST(NcclEngineTest, MissingPeerGivesAStatusAndAbortsNotAHang) {
   EXPECT_FALSE(nccl.calls_named("ncclCommAbort").empty());
   // The daemons keep serving another job on the NCCL plane.
   JobRun other(MakeJobConfig("nccl-after", 2, 1, "sc"));
+  ASSERT_OK(other.Init());
+  ASSERT_OK(other.RunAll(cluster, 2));
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(other.config(), 2, {}));
+  EXPECT_OK(other.Compare(reference, /*bitwise=*/true));
+  EXPECT_OK(other.Deregister(cluster));
+}
+
+// One GPU at DP1 waits on the device for its trainer's "gradients
+// written" event, then on the host for the step's sums. A trainer that
+// died or hangs (in its own collective) before its GPU reaches the record
+// leaves that stream waiting, maybe for good (the bundle's
+// AWaitForADeadTrainersEventEndsByItsDeadline asks the driver). The
+// device-like stand-in's work "never finishes" the same way: the step
+// ends at the step timeout with DEADLINE_EXCEEDED instead of holding the
+// rank's worker, the rank leaves without waiting on the stalled stream,
+// and the daemon keeps serving. (Without the step's wait timeout the
+// stand-in's unbounded wait fails after a minute, where a GPU's would
+// never return.)
+TEST(NcclEngineTest, AStreamThatNeverFinishesEndsTheStepAtTheTimeout) {
+  SetCpuBlasThreads(1);
+  FakeCudaIpc ipc;
+  FakeNcclApi nccl(DataMode());
+  const absl::Duration timeout = absl::Seconds(2);
+  Cluster cluster(timeout, absl::Seconds(20), "cpu", &ipc, &nccl);
+  JobConfig config = MakeJobConfig("nccl-stalled", 1, 1, "cost", MuonModel());
+  config.bucket_order = true;
+  config.cuda_ipc = true;
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  ASSERT_OK(run.RunSteps(cluster, 1, 1));
+  SetDeviceLikeWorkBlocked(true);
+  absl::Cleanup unblock = [] { SetDeviceLikeWorkBlocked(false); };
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(run.RunSteps(cluster, 2, 2),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("did not finish within the wait timeout")));
+  EXPECT_LT(absl::Now() - start, 2 * timeout + absl::Seconds(2));
+  EXPECT_OK(run.Deregister(cluster));
+  EXPECT_LT(absl::Now() - start, 4 * timeout + absl::Seconds(2));
+  SetDeviceLikeWorkBlocked(false);
+  JobRun other(MakeJobConfig("nccl-after-stall", 1, 1, "cost"));
   ASSERT_OK(other.Init());
   ASSERT_OK(other.RunAll(cluster, 2));
   ASSERT_OK_AND_ASSIGN(Params reference, Reference(other.config(), 2, {}));

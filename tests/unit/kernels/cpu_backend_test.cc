@@ -18,12 +18,15 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/kernels/backend_conformance.h"
 #include "tests/unit/kernels/backend_reference.h"
+#include "tests/unit/optim/forwarding_backend.h"
 
 namespace canzona {
 namespace {
@@ -140,6 +143,91 @@ TEST(CpuAsDeviceTest, AHostSourceChangedBeforeTheWaitFailsIt) {
   EXPECT_EQ(back, host);
   host[0] = 5;
   EXPECT_OK(backend->Synchronize());
+}
+
+// A GPU stream waiting for an event no one records (a dead trainer's)
+// never finishes; the stand-in's work "never finishes" while
+// SetDeviceLikeWorkBlocked is set. Host waits then end at the wait
+// timeout, the backend stays stalled until a wait finds its work done,
+// and a wait without a timeout on a stalled backend fails at once
+// instead of hanging. A host backend's work is the host's: never blocked.
+TEST(CpuAsDeviceTest, HostWaitsEndAtTheirTimeoutOnWorkThatNeverFinishes) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Backend> backend,
+                       CreateCpuBackend(MemorySpace::kDevice));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Backend> host,
+                       CreateCpuBackend(MemorySpace::kHost));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer device, backend->Allocate(4));
+  std::vector<float> values = {1, 2, 3, 4};
+  ASSERT_OK(backend->CopyFromHost(values.data(), 4, device.data()));
+  SetDeviceLikeWorkBlocked(true);
+  absl::Cleanup unblock = [] { SetDeviceLikeWorkBlocked(false); };
+  const absl::Duration timeout = absl::Milliseconds(300);
+  {
+    ScopedWaitTimeout scope(*backend, timeout);
+    const absl::Time start = absl::Now();
+    EXPECT_THAT(backend->SumSquares(4, device.data()),
+                StatusIs(absl::StatusCode::kDeadlineExceeded,
+                         HasSubstr("SumSquares: the backend's work did not "
+                                   "finish within the wait timeout")));
+    EXPECT_GE(absl::Now() - start, timeout - absl::Milliseconds(5));
+    EXPECT_LT(absl::Now() - start, timeout + absl::Seconds(5));
+    EXPECT_TRUE(backend->stalled());
+    EXPECT_OK(host->Synchronize());
+  }
+  EXPECT_EQ(backend->wait_timeout(), absl::InfiniteDuration());
+  const absl::Time start = absl::Now();
+  std::vector<float> back(4);
+  EXPECT_THAT(backend->CopyToHost(device.data(), 4, back.data()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("CopyToHost: the backend's work has not "
+                                 "finished since an earlier wait gave up")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_FALSE(host->stalled());
+  // The work finishes after all (the event came late): the next wait sees
+  // it and the backend is whole again.
+  SetDeviceLikeWorkBlocked(false);
+  EXPECT_OK(backend->CopyToHost(device.data(), 4, back.data()));
+  EXPECT_EQ(back, values);
+  EXPECT_FALSE(backend->stalled());
+  ScopedWaitTimeout scope(*backend, timeout);
+  EXPECT_OK(backend->Synchronize());
+}
+
+// A backend whose Synchronize waits for work that never finishes and then
+// returns success anyway: the cuda SumSquaresMany's defect when its wait
+// first had a timeout (it reported sums it never read). The entry point
+// turns any such success into an error.
+class SwallowingBackend : public ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  bool swallow = true;
+
+ protected:
+  absl::Status DoSynchronize() override {
+    const absl::Status waited = AwaitWork(
+        "Synchronize", []() -> absl::StatusOr<bool> { return false; },
+        [] { return absl::OkStatus(); });
+    return swallow ? absl::OkStatus() : waited;
+  }
+};
+
+TEST(BackendWaitsTest, AWaitThatGaveUpNeverEndsInSuccess) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Backend> inner, CreateCpuBackend());
+  SwallowingBackend backend(std::move(inner));
+  backend.set_wait_timeout(absl::Milliseconds(20));
+  EXPECT_THAT(backend.Synchronize(),
+              StatusIs(absl::StatusCode::kInternal,
+                       HasSubstr("Synchronize: returned success after a wait "
+                                 "for the backend's work gave up")));
+  EXPECT_TRUE(backend.stalled());
+  backend.swallow = false;
+  EXPECT_THAT(backend.Synchronize(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
+  backend.set_wait_timeout(absl::InfiniteDuration());
+  EXPECT_THAT(backend.Synchronize(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  backend.swallow = true;
+  EXPECT_THAT(backend.Synchronize(), StatusIs(absl::StatusCode::kInternal));
 }
 
 TEST_F(CpuBackendTest, LerpFollowsTorchFormulaBitwise) {
