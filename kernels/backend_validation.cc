@@ -594,6 +594,51 @@ absl::Status Backend::AdamWStep(int64_t n, float lr, float beta1, float beta2,
                      change);
 }
 
+absl::Status Backend::AdamWStepMany(absl::Span<const AdamWTensor> tensors,
+                                    float lr, float beta1, float beta2,
+                                    float eps, float weight_decay, int64_t step,
+                                    SquaredChange change) {
+  constexpr absl::string_view kWhat = "AdamWStepMany";
+  CANZONA_RETURN_IF_ERROR(checks::AtLeast(kWhat, "step", step, 1));
+  std::vector<AdamWTensor> resolved;
+  resolved.reserve(tensors.size());
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    AdamWTensor t = tensors[k];
+    const std::string at = absl::StrCat("tensors[", k, "].");
+    const std::string n = at + "n", g = at + "g", p = at + "p", m = at + "m",
+                      v = at + "v";
+    CANZONA_RETURN_IF_ERROR(checks::NonNegative(kWhat, n, t.n));
+    for (const auto& [name, ptr] :
+         {std::pair<absl::string_view, const void*>{g, t.g},
+          {p, t.p},
+          {m, t.m},
+          {v, t.v}}) {
+      CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, name, ptr, t.n));
+    }
+    if (t.n == 0) continue;
+    CANZONA_RETURN_IF_ERROR(CheckRanges(
+        *this, kWhat,
+        {{g, t.g, t.n}, {p, t.p, t.n}, {m, t.m, t.n}, {v, t.v, t.n}}));
+    resolved.push_back(t);
+  }
+  if (resolved.empty()) return absl::OkStatus();
+  if (change == SquaredChange::kQueue) queued_unread_ = true;
+  return DoAdamWStepMany(resolved, lr, beta1, beta2, eps, weight_decay, step,
+                         change);
+}
+
+absl::Status Backend::DoAdamWStepMany(absl::Span<const AdamWTensor> tensors,
+                                      float lr, float beta1, float beta2,
+                                      float eps, float weight_decay,
+                                      int64_t step, SquaredChange change) {
+  for (const AdamWTensor& t : tensors) {
+    CANZONA_RETURN_IF_ERROR(DoAdamWStep(t.n, lr, beta1, beta2, eps,
+                                        weight_decay, step, t.g, t.p, t.m, t.v,
+                                        change));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<double> Backend::SumSquares(int64_t n, const float* x) {
   CANZONA_RETURN_IF_ERROR(CheckVectors("SumSquares", n, {{"x", x}}));
   if (n == 0) return 0.0;
@@ -686,11 +731,10 @@ absl::Status Backend::AwaitWork(
     const std::function<absl::StatusOr<bool>()>& finished,
     const std::function<absl::Status()>& block,
     const std::function<void(absl::Duration)>& pause) {
-  if (wait_timeout_ == absl::InfiniteDuration()) {
-    if (!stalled_) return block();
-    // Waiting without a bound on work that did not finish by an earlier
-    // deadline would hang the caller (a teardown, a checkpoint) for as
-    // long as that work waits: perhaps for good.
+  if (stalled_) {
+    // Work that did not finish within a whole timeout before: waiting for
+    // it again, without a bound (a teardown, a checkpoint) or for another
+    // timeout, would only hold the caller, perhaps for good.
     CANZONA_ASSIGN_OR_RETURN(const bool done, finished());
     if (!done) {
       ++waits_given_up_;
@@ -703,6 +747,7 @@ absl::Status Backend::AwaitWork(
     stalled_ = false;
     return absl::OkStatus();
   }
+  if (wait_timeout_ == absl::InfiniteDuration()) return block();
   const absl::Time deadline = absl::Now() + wait_timeout_;
   CANZONA_RETURN_IF_ERROR(PollUntilDone(
       [&]() -> absl::StatusOr<bool> {

@@ -267,7 +267,7 @@ class CpuBackend final : public Backend {
       return !device_like_work_blocked.load();
     };
     return AwaitWork(method, finished, [&]() -> absl::Status {
-      const absl::Time give_up = absl::Now() + absl::Minutes(1);
+      const absl::Time give_up = absl::Now() + absl::Seconds(20);
       while (device_like_work_blocked.load() && absl::Now() < give_up) {
         absl::SleepFor(absl::Milliseconds(10));
       }

@@ -29,8 +29,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(
 // (MemorySpace::kDevice) "never finishes", as a GPU stream's that waits
 // for an event no one records (a dead or hung trainer's): its host waits
 // last their timeout (Backend::set_wait_timeout). One without a timeout
-// would hang on a GPU; here it fails with INTERNAL after a minute, so a
-// test shows the unbounded wait instead of hanging.
+// would hang on a GPU; here it fails with INTERNAL after 20 s, so a test
+// shows the unbounded wait instead of hanging.
 // Process-wide; thread-safe.
 void SetDeviceLikeWorkBlocked(bool blocked);
 

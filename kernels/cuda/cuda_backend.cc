@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "kernels/backend_checks.h"
@@ -151,6 +152,10 @@ class CudaBackend final : public Backend {
                            float eps, float weight_decay, int64_t step,
                            const float* g, float* p, float* m, float* v,
                            SquaredChange change) override;
+  absl::Status DoAdamWStepMany(absl::Span<const AdamWTensor> tensors, float lr,
+                               float beta1, float beta2, float eps,
+                               float weight_decay, int64_t step,
+                               SquaredChange change) override;
   absl::StatusOr<double> DoSumSquares(int64_t n, const float* x) override;
   absl::Status DoSumSquaresMany(absl::Span<const float* const> xs,
                                 absl::Span<const int64_t> ns,
@@ -255,6 +260,9 @@ class CudaBackend final : public Backend {
   // EnqueueSumSquares: partials, then room for kQueuedSums results; how
   // many wait, and the total of those already read, in queue order.
   Workspace queued_ws_;
+  // AdamWStepMany's partials: at most kAdamWManyMax tensors of at most
+  // kMaxReductionBlocks blocks each (one size: taken at Init).
+  Workspace many_ws_;
   int queued_ = 0;
   double queued_total_ = 0;
   // Enqueues the copy of the waiting results to pinned_->queued; after the
@@ -367,10 +375,19 @@ absl::Status CudaBackend::Init() {
   pinned_ = new (pinned) PinnedScratch();
   // The queued sums' workspace has one size: taken here, not by a step's
   // first EnqueueSumSquares.
-  return Reserve(queued_ws_, (cuda_kernels::kMaxReductionBlocks + kQueuedSums) *
-                                 sizeof(double))
+  CANZONA_RETURN_IF_ERROR(
+      Reserve(queued_ws_, (cuda_kernels::kMaxReductionBlocks + kQueuedSums) *
+                              sizeof(double))
+          .status());
+  return Reserve(many_ws_, static_cast<size_t>(cuda_kernels::kAdamWManyMax) *
+                               cuda_kernels::kMaxReductionBlocks *
+                               sizeof(double))
       .status();
 }
+
+// How long a backend's destruction waits for its stream before it leaves
+// its memory to the process (Backend::stalled).
+constexpr absl::Duration kTeardownWait = absl::Seconds(10);
 
 CudaBackend::~CudaBackend() {
   // Best effort: a destructor cannot report, and the process may be going
@@ -379,17 +396,20 @@ CudaBackend::~CudaBackend() {
     (void)cudaGetLastError();
     return;
   }
-  if (stalled() && stream_ != nullptr &&
-      cudaStreamQuery(stream_) == cudaErrorNotReady) {
-    // The stream may wait for good (Backend::stalled): every call below
-    // that frees memory may synchronize with it and hang the daemon. Its
-    // memory, handles and stream are left to the process instead.
-    (void)cudaGetLastError();
-    return;
+  if (stream_ != nullptr) {
+    // A stream that does not finish within kTeardownWait (or, stalled, at
+    // once) may wait for good: every call below that frees memory may
+    // synchronize with it and hang the daemon. Its memory, handles and
+    // stream are left to the process instead.
+    set_wait_timeout(kTeardownWait);
+    if (!AwaitStream("teardown").ok()) {
+      (void)cudaGetLastError();
+      return;
+    }
   }
-  if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
   DropNsGraphs();
-  for (Workspace* ws : {&ns_ws_, &solver_ws_, &scratch_ws_, &queued_ws_}) {
+  for (Workspace* ws :
+       {&ns_ws_, &solver_ws_, &scratch_ws_, &queued_ws_, &many_ws_}) {
     if (ws->data != nullptr) DeviceRelease(ws->data);
     ws->data = nullptr;
   }
@@ -668,6 +688,9 @@ absl::Status CudaBackend::DoSymmetricEigen(int64_t n, float* a,
   constexpr absl::string_view kWhat = "SymmetricEigen";
   CANZONA_RETURN_IF_ERROR(FitsInt(kWhat, "n * n", checks::SatMul(n, n)));
   CANZONA_RETURN_IF_ERROR(Activate());
+  // syevd may wait for the stream inside cuSOLVER (its host stage reads the
+  // tridiagonal form), without a bound: the bounded wait first.
+  CANZONA_RETURN_IF_ERROR(AwaitStream(kWhat));
   const int ni = static_cast<int>(n);
   const size_t nn = static_cast<size_t>(n) * static_cast<size_t>(n);
   const LaunchConfig cfg = Cfg();
@@ -809,7 +832,8 @@ absl::Status CudaBackend::DoReserveNewtonSchulz(const NewtonSchulzSpec& spec,
 
 int64_t CudaBackend::workspace_bytes() const {
   return static_cast<int64_t>(ns_ws_.bytes + solver_ws_.bytes +
-                              scratch_ws_.bytes + queued_ws_.bytes);
+                              scratch_ws_.bytes + queued_ws_.bytes +
+                              many_ws_.bytes);
 }
 
 absl::Status CudaBackend::DoNewtonSchulz(const NewtonSchulzSpec& spec,
@@ -951,14 +975,13 @@ absl::Status CudaBackend::DoAdamDirection(int64_t n, const float* m,
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::DoAdamWStep(int64_t n, float lr, float beta1,
-                                      float beta2, float eps,
-                                      float weight_decay, int64_t step,
-                                      const float* g, float* p, float* m,
-                                      float* v, SquaredChange change) {
-  CANZONA_RETURN_IF_ERROR(Activate());
-  // torch computes these scalars in Python (double) and hands them to the
-  // kernels as float32: do the same.
+namespace {
+
+// torch computes these scalars in Python (double) and hands them to the
+// kernels as float32: so do AdamWStep and AdamWStepMany.
+cuda_kernels::AdamWScalars AdamWScalarsOf(float lr, float beta1, float beta2,
+                                          float eps, float weight_decay,
+                                          int64_t step) {
   const double bc1 =
       1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
   const double bc2 =
@@ -972,6 +995,19 @@ absl::Status CudaBackend::DoAdamWStep(int64_t n, float lr, float beta1,
   s.step_size = static_cast<float>(static_cast<double>(lr) / bc1);
   s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   s.eps = eps;
+  return s;
+}
+
+}  // namespace
+
+absl::Status CudaBackend::DoAdamWStep(int64_t n, float lr, float beta1,
+                                      float beta2, float eps,
+                                      float weight_decay, int64_t step,
+                                      const float* g, float* p, float* m,
+                                      float* v, SquaredChange change) {
+  CANZONA_RETURN_IF_ERROR(Activate());
+  const cuda_kernels::AdamWScalars s =
+      AdamWScalarsOf(lr, beta1, beta2, eps, weight_decay, step);
   if (change == SquaredChange::kQueue) {
     return Enqueue([&](double* partials, double* result) {
       const cuda_kernels::ChangeSum sum{partials, result};
@@ -980,6 +1016,50 @@ absl::Status CudaBackend::DoAdamWStep(int64_t n, float lr, float beta1,
   }
   CANZONA_CUDA_RETURN_IF_ERROR(
       cuda_kernels::AdamWStep(Cfg(), n, s, g, p, m, v));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoAdamWStepMany(absl::Span<const AdamWTensor> tensors,
+                                          float lr, float beta1, float beta2,
+                                          float eps, float weight_decay,
+                                          int64_t step, SquaredChange change) {
+  CANZONA_RETURN_IF_ERROR(Activate());
+  const bool counted = change == SquaredChange::kQueue;
+  cuda_kernels::AdamWMany many;
+  many.s = AdamWScalarsOf(lr, beta1, beta2, eps, weight_decay, step);
+  for (size_t first = 0; first < tensors.size();
+       first += cuda_kernels::kAdamWManyMax) {
+    const int count = static_cast<int>(
+        std::min<size_t>(cuda_kernels::kAdamWManyMax, tensors.size() - first));
+    // Each change sum takes a queue slot, as AdamWStep's does.
+    if (counted && queued_ + count > kQueuedSums) {
+      CANZONA_RETURN_IF_ERROR(DrainQueuedSums());
+    }
+    many.count = count;
+    int64_t total_blocks = 0;
+    for (int k = 0; k < count; ++k) {
+      const AdamWTensor& t = tensors[first + k];
+      const int blocks =
+          cuda_kernels::AdamWBlocks(Cfg(), t.n, t.g, t.p, t.m, t.v, counted);
+      many.segments[k] = {
+          t.g, t.p, t.m, t.v, t.n, static_cast<int32_t>(total_blocks), blocks};
+      total_blocks += blocks;
+    }
+    if (total_blocks > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AdamWStepMany: ", total_blocks, " blocks exceed one launch"));
+    }
+    double* partials = nullptr;
+    double* results = nullptr;
+    if (counted) {
+      partials = static_cast<double*>(many_ws_.data);
+      results = static_cast<double*>(queued_ws_.data) +
+                cuda_kernels::kMaxReductionBlocks + queued_;
+    }
+    CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::AdamWStepMany(
+        Cfg(), many, static_cast<int>(total_blocks), partials, results));
+    if (counted) queued_ += count;
+  }
   return absl::OkStatus();
 }
 

@@ -70,6 +70,38 @@ cudaError_t AdamWStep(const LaunchConfig& cfg, int64_t n, const AdamWScalars& s,
                       const float* g, float* p, float* m, float* v,
                       const ChangeSum* change = nullptr);
 
+// AdamWStep on up to kAdamWManyMax tensors in one launch (two with their
+// change sums), passed by value as the launch's parameters (no table to
+// copy, nothing to keep alive after the launch; 48 bytes a tensor keeps
+// the parameters under CUDA's classic 4 KB). Tensor k runs on blocks
+// [first_block, first_block + blocks) of the launch as AdamWStep runs it
+// on a grid of `blocks` (AdamWBlocks), so every result, and every change
+// sum, is bitwise AdamWStep's alone.
+struct AdamWSegment {
+  const float* g;
+  float* p;
+  float* m;
+  float* v;
+  int64_t n;
+  int32_t first_block;
+  int32_t blocks;
+};
+inline constexpr int kAdamWManyMax = 64;
+struct AdamWMany {
+  AdamWSegment segments[kAdamWManyMax];
+  int count;
+  AdamWScalars s;
+};
+// The blocks AdamWStep runs n elements on (counted: with a ChangeSum).
+int AdamWBlocks(const LaunchConfig& cfg, int64_t n, const float* g,
+                const float* p, const float* m, const float* v, bool counted);
+// `total_blocks`: the segments' blocks together. With `partials`
+// (total_blocks doubles) and `results` (count doubles), each tensor's
+// change sum goes to results[k], as AdamWStep's ChangeSum::result.
+cudaError_t AdamWStepMany(const LaunchConfig& cfg, const AdamWMany& many,
+                          int total_blocks, double* partials = nullptr,
+                          double* results = nullptr);
+
 cudaError_t FloatToDouble(const LaunchConfig& cfg, int64_t n, const float* src,
                           double* dst);
 cudaError_t DoubleToFloat(const LaunchConfig& cfg, int64_t n, const double* src,

@@ -348,6 +348,61 @@ __global__ void SumSquaresManyResultKernel(const SumSquaresSegment* segments,
   if (threadIdx.x == 0) results[blockIdx.x] = sum;
 }
 
+// AdamWStepMany's segment for block b: the last starting at or before b.
+__device__ inline const AdamWSegment& AdamWSegmentOf(const AdamWMany& many,
+                                                     int b) {
+  int lo = 0, hi = many.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (many.segments[mid].first_block <= b) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return many.segments[lo];
+}
+
+__device__ inline bool AdamWVectorized(const AdamWSegment& t) {
+  return Aligned16(t.g) && Aligned16(t.p) && Aligned16(t.m) && Aligned16(t.v);
+}
+
+// Block b works for its segment as that segment's block b - first_block of
+// ElementwiseKernel's grid of `blocks` (elementwise results do not depend
+// on the grid), or, with `partials`, of SumSquaresPartialKernel's over
+// the changes (the same order: each change sum bitwise AdamWStep's).
+__global__ void AdamWManyKernel(const __grid_constant__ AdamWMany many,
+                                double* partials) {
+  const int b = blockIdx.x;
+  const AdamWSegment& t = AdamWSegmentOf(many, b);
+  const AdamWOp op{t.g, t.p, t.m, t.v, many.s};
+  const bool vectorized = AdamWVectorized(t);
+  const int64_t block = b - t.first_block;
+  if (partials != nullptr) {
+    const double sum = BlockSum(ThreadSumSquares(t.n, Changes<AdamWOp>{op, t.p},
+                                                 vectorized, block, t.blocks));
+    if (threadIdx.x == 0) partials[b] = sum;
+    return;
+  }
+  const int64_t stride = int64_t{blockDim.x} * t.blocks;
+  const int64_t tid = block * blockDim.x + threadIdx.x;
+  int64_t start = 0;
+  if (vectorized) {
+    const int64_t n4 = t.n / 4;
+    for (int64_t i = tid; i < n4; i += stride) op.Apply4(i * 4);
+    start = n4 * 4;
+  }
+  for (int64_t i = start + tid; i < t.n; i += stride) op.Apply1(i);
+}
+
+// One block per segment: its partials into its result.
+__global__ void AdamWManyResultKernel(const __grid_constant__ AdamWMany many,
+                                      const double* partials, double* results) {
+  const AdamWSegment& t = many.segments[blockIdx.x];
+  const double sum = BlockSumOf(t.blocks, partials + t.first_block);
+  if (threadIdx.x == 0) results[blockIdx.x] = sum;
+}
+
 __global__ void FlagNonFiniteKernel(int64_t n, const float* x, int* flag) {
   const int64_t stride = int64_t{blockDim.x} * gridDim.x;
   bool bad = false;
@@ -562,6 +617,26 @@ cudaError_t AdamWStep(const LaunchConfig& cfg, int64_t n, const AdamWScalars& s,
     return LaunchCounted(cfg, n, op, p, vectorized, *change);
   }
   return LaunchElementwise(cfg, n, op, vectorized);
+}
+
+int AdamWBlocks(const LaunchConfig& cfg, int64_t n, const float* g,
+                const float* p, const float* m, const float* v, bool counted) {
+  if (n <= 0) return 0;
+  const bool vectorized =
+      Aligned16(g) && Aligned16(p) && Aligned16(m) && Aligned16(v);
+  if (counted) return ReductionBlocks(cfg, n, vectorized);
+  return GridFor(cfg, vectorized ? CeilDiv(n, 4) : n);
+}
+
+cudaError_t AdamWStepMany(const LaunchConfig& cfg, const AdamWMany& many,
+                          int total_blocks, double* partials, double* results) {
+  if (many.count <= 0 || total_blocks <= 0) return cudaSuccess;
+  AdamWManyKernel<<<total_blocks, kThreads, 0, cfg.stream>>>(many, partials);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || partials == nullptr) return err;
+  AdamWManyResultKernel<<<many.count, kThreads, 0, cfg.stream>>>(many, partials,
+                                                                 results);
+  return cudaGetLastError();
 }
 
 cudaError_t FloatToDouble(const LaunchConfig& cfg, int64_t n, const float* src,

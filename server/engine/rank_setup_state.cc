@@ -113,6 +113,7 @@ absl::Status RankBuilder::BatchUpdates(const RankSetup& setup,
       BatchDpOwnedUpdates(*rt.plan_, rt.layout_, rt.rules_, *values,
                           {.enabled = setup.batch_updates});
   for (const UpdateBatch& b : rt.dp_owned_batches_) {
+    if (b.rules[0]->config().kind != OptimizerKind::kMuon) continue;
     CANZONA_RETURN_IF_ERROR(ReserveMuonBatch(b.rules));
   }
   // The old values of the batches that count their updates from a copy,

@@ -239,6 +239,11 @@ class RankStep {
     if (batch.params.size() == 1) {
       CANZONA_RETURN_IF_ERROR(batch.rules[0]->Step(
           batch.param_ptrs[0], batch.grad_ptrs[0], options));
+    } else if (batch.rules[0]->config().kind == OptimizerKind::kAdamW) {
+      // BatchDpOwnedUpdates counts an AdamW batch in its pass or not at
+      // all: the copies above (one size for all members) never run here.
+      CANZONA_RETURN_IF_ERROR(StepAdamWBatch(batch.rules, batch.param_ptrs,
+                                             batch.grad_ptrs, options));
     } else {
       CANZONA_RETURN_IF_ERROR(StepMuonBatch(batch.rules, batch.param_ptrs,
                                             batch.grad_ptrs, options));

@@ -11,8 +11,13 @@ std::vector<UpdateBatch> BatchDpOwnedUpdates(
     const std::map<int, std::unique_ptr<UpdateRule>>& rules,
     const OwnedBuffers& owned, const BatchOptions& options) {
   std::vector<UpdateBatch> batches;
-  // The open batch of each (group, shape).
-  std::map<std::tuple<std::string, std::vector<int64_t>>, size_t> open;
+  // The open batch of each (group, kind, shape, counted): Muon matrices of
+  // one shape (one batched Newton-Schulz); AdamW tensors of any shape (one
+  // AdamWStepMany), alike in whether their change is counted, so that a
+  // batch counts in its pass and keeps no copy of old values.
+  std::map<std::tuple<std::string, OptimizerKind, std::vector<int64_t>, bool>,
+           size_t>
+      open;
   for (int i : layout.stage_params) {
     if (!layout.dp_owned[i] || layout.mode[i] != UpdateMode::kDpOwned) continue;
     auto rule = rules.find(i);
@@ -20,12 +25,16 @@ std::vector<UpdateBatch> BatchDpOwnedUpdates(
     UpdateRule* r = rule->second.get();
     const ParamMeta& m = jp.params[i];
     const int64_t n = m.fragment_numel;
+    const OptimizerKind kind = r->config().kind;
+    const bool adamw = kind == OptimizerKind::kAdamW;
     const bool batchable = options.enabled &&
-                           r->config().kind == OptimizerKind::kMuon &&
+                           (kind == OptimizerKind::kMuon || adamw) &&
                            r->blocks().empty() && n <= options.max_elements;
     size_t at = batches.size();
     if (batchable) {
-      auto key = std::make_tuple(m.group, m.shape);
+      auto key = std::make_tuple(m.group, kind,
+                                 adamw ? std::vector<int64_t>{} : m.shape,
+                                 adamw && layout.update_counted[i]);
       auto it = open.find(key);
       if (it != open.end() &&
           batches[it->second].elements + n <= options.max_elements) {

@@ -1,46 +1,38 @@
 // AdamW (torch.optim.AdamW, single-tensor path) on any shape: one fused
-// backend kernel per step.
+// backend kernel per step, or one backend call for a batch of tensors
+// (StepAdamWBatch).
 #include "kernels/base/status_macros.h"
 #include "server/optim/rule_impl.h"
 
 namespace canzona::optim_internal {
-namespace {
 
-class AdamWRule : public RuleImpl {
- public:
-  AdamWRule(const AdamWOptions& options, std::vector<int64_t> shape,
-            Backend* backend)
-      : RuleImpl(OptimizerKind::kAdamW, backend),
-        options_(options),
-        shape_(std::move(shape)),
-        numel_(NumElements(shape_)) {}
+AdamWRule::AdamWRule(const AdamWOptions& options, std::vector<int64_t> shape,
+                     Backend* backend)
+    : RuleImpl(OptimizerKind::kAdamW, backend),
+      options_(options),
+      shape_(std::move(shape)),
+      numel_(NumElements(shape_)) {}
 
-  absl::Status Init() {
-    CANZONA_ASSIGN_OR_RETURN(exp_avg_, AddState("exp_avg", shape_));
-    CANZONA_ASSIGN_OR_RETURN(exp_avg_sq_, AddState("exp_avg_sq", shape_));
-    return absl::OkStatus();
-  }
+absl::Status AdamWRule::Init() {
+  CANZONA_ASSIGN_OR_RETURN(exp_avg_, AddState("exp_avg", shape_));
+  CANZONA_ASSIGN_OR_RETURN(exp_avg_sq_, AddState("exp_avg_sq", shape_));
+  return absl::OkStatus();
+}
 
-  absl::Status Step(float* param, const float* grad, double lr,
-                    SquaredChange change) override {
-    ++step_;
-    return backend_->AdamWStep(
-        numel_, static_cast<float>(lr), static_cast<float>(options_.beta1),
-        static_cast<float>(options_.beta2), static_cast<float>(options_.eps),
-        static_cast<float>(options_.weight_decay), step_, grad, param, exp_avg_,
-        exp_avg_sq_, change);
-  }
-  bool queues_change() const override { return true; }
+absl::Status AdamWRule::Step(float* param, const float* grad, double lr,
+                             SquaredChange change) {
+  const Backend::AdamWTensor t = BeginStep(param, grad);
+  return backend_->AdamWStep(
+      t.n, static_cast<float>(lr), static_cast<float>(options_.beta1),
+      static_cast<float>(options_.beta2), static_cast<float>(options_.eps),
+      static_cast<float>(options_.weight_decay), step_, t.g, t.p, t.m, t.v,
+      change);
+}
 
- private:
-  AdamWOptions options_;
-  std::vector<int64_t> shape_;
-  int64_t numel_;
-  float* exp_avg_ = nullptr;
-  float* exp_avg_sq_ = nullptr;
-};
-
-}  // namespace
+Backend::AdamWTensor AdamWRule::BeginStep(float* param, const float* grad) {
+  ++step_;
+  return {numel_, grad, param, exp_avg_, exp_avg_sq_};
+}
 
 absl::StatusOr<std::unique_ptr<RuleImpl>> CreateAdamWRule(
     const AdamWOptions& options, std::vector<int64_t> shape, Backend* backend) {

@@ -117,6 +117,32 @@ class MuonRule : public RuleImpl {
   DeviceBuffer batch_scratch_;
 };
 
+// AdamW is exposed so StepAdamWBatch can step many tensors in one backend
+// call (Backend::AdamWStepMany).
+class AdamWRule : public RuleImpl {
+ public:
+  AdamWRule(const AdamWOptions& options, std::vector<int64_t> shape,
+            Backend* backend);
+  absl::Status Init();
+
+  absl::Status Step(float* param, const float* grad, double lr,
+                    SquaredChange change) override;
+  bool queues_change() const override { return true; }
+
+  // The step this rule's next update is; BeginStep moves to it and returns
+  // its tensors, which the caller must then update.
+  int64_t next_step() const { return step_ + 1; }
+  Backend::AdamWTensor BeginStep(float* param, const float* grad);
+  const AdamWOptions& options() const { return options_; }
+
+ private:
+  AdamWOptions options_;
+  std::vector<int64_t> shape_;
+  int64_t numel_;
+  float* exp_avg_ = nullptr;
+  float* exp_avg_sq_ = nullptr;
+};
+
 absl::StatusOr<std::unique_ptr<RuleImpl>> CreateAdamWRule(
     const AdamWOptions& options, std::vector<int64_t> shape, Backend* backend);
 absl::StatusOr<std::unique_ptr<RuleImpl>> CreateShampooRule(

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -326,6 +327,55 @@ absl::Status StepMuonBatch(absl::Span<UpdateRule* const> rules,
         muon->ApplyUpdate(params[i], work + i * numel, lr, options.change));
   }
   return absl::OkStatus();
+}
+
+absl::Status StepAdamWBatch(absl::Span<UpdateRule* const> rules,
+                            absl::Span<float* const> params,
+                            absl::Span<const float* const> grads,
+                            const StepOptions& options) {
+  if (rules.size() != params.size() || rules.size() != grads.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("StepAdamWBatch: ", rules.size(), " rules, ",
+                     params.size(), " params, ", grads.size(), " grads"));
+  }
+  if (rules.empty()) return absl::OkStatus();
+  const UpdateRule& first = *rules[0];
+  for (size_t i = 0; i < rules.size(); ++i) {
+    const UpdateRule& rule = *rules[i];
+    if (rule.impl_ == nullptr || rule.config_.kind != OptimizerKind::kAdamW) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AdamW batch: rule ", i, " is ", OptimizerKindName(rule.config_.kind),
+          rule.impl_ == nullptr ? " (blocked)" : "", ", not adamw"));
+    }
+    if (!(rule.config_.adamw == first.config_.adamw) ||
+        rule.backend_ != first.backend_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AdamW batch: rule ", i,
+                       " differs from rule 0 in config or backend"));
+    }
+  }
+  auto adamw = [&](size_t i) {
+    return static_cast<optim_internal::AdamWRule*>(rules[i]->impl_.get());
+  };
+  const int64_t step = adamw(0)->next_step();
+  for (size_t i = 1; i < rules.size(); ++i) {
+    if (adamw(i)->next_step() == step) continue;
+    for (size_t j = 0; j < rules.size(); ++j) {
+      CANZONA_RETURN_IF_ERROR(rules[j]->Step(params[j], grads[j], options));
+    }
+    return absl::OkStatus();
+  }
+  CANZONA_ASSIGN_OR_RETURN(double lr, EffectiveLr(first.config_, options));
+  std::vector<Backend::AdamWTensor> tensors;
+  tensors.reserve(rules.size());
+  for (size_t i = 0; i < rules.size(); ++i) {
+    tensors.push_back(adamw(i)->BeginStep(params[i], grads[i]));
+  }
+  const AdamWOptions& o = adamw(0)->options();
+  return first.backend_->AdamWStepMany(
+      tensors, static_cast<float>(lr), static_cast<float>(o.beta1),
+      static_cast<float>(o.beta2), static_cast<float>(o.eps),
+      static_cast<float>(o.weight_decay), step, options.change);
 }
 
 }  // namespace canzona

@@ -159,6 +159,10 @@ class UpdateRule {
                                     const StepOptions& options);
   friend absl::StatusOr<optim_internal::MuonRule*> CheckMuonBatch(
       absl::Span<UpdateRule* const> rules);
+  friend absl::Status StepAdamWBatch(absl::Span<UpdateRule* const> rules,
+                                     absl::Span<float* const> params,
+                                     absl::Span<const float* const> grads,
+                                     const StepOptions& options);
 
   UpdateRule(const OptimizerConfig& config, std::vector<int64_t> shape,
              Backend* backend, std::unique_ptr<optim_internal::RuleImpl> impl);
@@ -213,6 +217,17 @@ absl::Status StepMuonBatch(absl::Span<UpdateRule* const> rules,
                            absl::Span<float* const> params,
                            absl::Span<const float* const> grads,
                            const StepOptions& options = {});
+
+// AdamW on several tensors of one optimizer group (any shapes) in one
+// backend call (Backend::AdamWStepMany) instead of one per tensor. Every
+// rule must be an unblocked adamw rule with the same config and backend
+// (INVALID_ARGUMENT otherwise). Equivalent to rules[i]->Step(params[i],
+// grads[i], options) for each i, bitwise; rules at different steps (a
+// state loaded for some) step one by one.
+absl::Status StepAdamWBatch(absl::Span<UpdateRule* const> rules,
+                            absl::Span<float* const> params,
+                            absl::Span<const float* const> grads,
+                            const StepOptions& options = {});
 
 // What StepMuonBatch needs for `rules` (checked as it checks them), made
 // now rather than in the first step: the batch's Newton-Schulz workspace

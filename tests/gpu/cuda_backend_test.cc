@@ -9,16 +9,27 @@
 
 #include <stdlib.h>
 
+#if CANZONA_ENABLE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <ostream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -370,6 +381,79 @@ TEST_F(CudaBackendTest, NewtonSchulzGraphReplaysSeeFreshData) {
     }
   }
 }
+
+#if CANZONA_ENABLE_CUDA
+// The backend's stream waits on the device for an event whose record does
+// not come (a trainer that died or hangs before it: here a host function
+// holds the other stream). A wait with a timeout ends by it with
+// DEADLINE_EXCEEDED, SumSquaresMany's included (it once returned success
+// with sums it never read); later waits fail at once instead of waiting
+// again; once the record comes the next wait finds the stream finished and
+// the sums are right.
+TEST_F(CudaBackendTest, WaitsEndAtTheirTimeoutOnAStreamThatDoesNotFinish) {
+  constexpr int64_t n = 4096;
+  const std::vector<float> data = RandomNormal(n, 7);
+  double want = 0;
+  for (float v : data) want += static_cast<double>(v) * v;
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer x, cuda_->Allocate(n));
+  ASSERT_OK(cuda_->CopyFromHost(data.data(), n, x.data()));
+  std::atomic<bool> release{false};
+  cudaStream_t other = nullptr;
+  cudaEvent_t event = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking),
+            cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+            cudaSuccess);
+  ASSERT_EQ(cudaLaunchHostFunc(
+                other,
+                [](void* flag) {
+                  while (!static_cast<std::atomic<bool>*>(flag)->load()) {
+                    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                  }
+                },
+                &release),
+            cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(event, other), cudaSuccess);
+  auto* stream = static_cast<cudaStream_t>(cuda_->native_stream());
+  ASSERT_EQ(cudaStreamWaitEvent(stream, event, 0), cudaSuccess);
+  absl::Cleanup cleanup = [&] {
+    release = true;
+    (void)cudaStreamSynchronize(other);
+    (void)cudaEventDestroy(event);
+    (void)cudaStreamDestroy(other);
+  };
+  const std::vector<const float*> xs = {x.data(), x.data()};
+  const std::vector<int64_t> ns = {n, n};
+  std::vector<double> sums(2, -1);
+  {
+    const absl::Duration timeout = absl::Seconds(1);
+    ScopedWaitTimeout scope(*cuda_, timeout);
+    const absl::Time start = absl::Now();
+    EXPECT_THAT(cuda_->SumSquaresMany(xs, ns, absl::MakeSpan(sums)),
+                StatusIs(absl::StatusCode::kDeadlineExceeded,
+                         HasSubstr("SumSquaresMany")));
+    EXPECT_GE(absl::Now() - start, timeout);
+    EXPECT_LT(absl::Now() - start, timeout + absl::Seconds(2));
+    EXPECT_TRUE(cuda_->stalled());
+    const absl::Time again = absl::Now();
+    EXPECT_THAT(cuda_->Synchronize(),
+                StatusIs(absl::StatusCode::kFailedPrecondition));
+    EXPECT_LT(absl::Now() - again, timeout);
+  }
+  release = true;
+  absl::Status synchronized;
+  for (int i = 0; i < 500; ++i) {
+    synchronized = cuda_->Synchronize();
+    if (synchronized.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_OK(synchronized);
+  EXPECT_FALSE(cuda_->stalled());
+  ASSERT_OK(cuda_->SumSquaresMany(xs, ns, absl::MakeSpan(sums)));
+  EXPECT_NEAR(sums[0], want, 1e-9 * want);
+  EXPECT_EQ(sums[1], sums[0]);
+}
+#endif  // CANZONA_ENABLE_CUDA
 
 }  // namespace
 }  // namespace canzona

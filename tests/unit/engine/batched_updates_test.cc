@@ -1,6 +1,7 @@
 // Batched DP-owned updates (update_batches.h): same-shape Muon matrices (MoE
-// experts) step in one batched Newton-Schulz, bitwise equal to one update
-// per matrix on the cpu backend, single process or distributed.
+// experts) step in one batched Newton-Schulz, and one group's AdamW tensors
+// in one AdamWStepMany, bitwise equal to one update per matrix on the cpu
+// backend, single process or distributed.
 #include <map>
 #include <memory>
 #include <set>
@@ -46,32 +47,51 @@ TEST(BatchLocalUpdatesTest, ExpertsOfOneShapeShareABatch) {
   const std::vector<UpdateBatch> batched =
       BatchDpOwnedUpdates(*jp, layout, rules, owned, {});
   // Per layer: one batch of 6 fc1, one of 6 fc2 ... and the two layers'
-  // experts of one shape join (same group and shape): 12 + 12.
+  // experts of one shape join (same group and shape): 12 + 12. The AdamW
+  // tensors (embedding, norms) of one group share one batch whatever their
+  // shapes (one AdamWStepMany).
   std::map<std::vector<int64_t>, size_t> largest;
   std::set<int> seen;
+  int adamw_tensors = 0;
+  for (int i : layout.stage_params) {
+    adamw_tensors += jp->params[i].group == "adamw" ? 1 : 0;
+  }
+  ASSERT_GE(adamw_tensors, 2);
+  int adamw_batches = 0;
   for (const UpdateBatch& b : batched) {
-    const std::vector<int64_t>& shape = jp->params[b.params[0]].shape;
-    largest[shape] = std::max(largest[shape], b.params.size());
+    const ParamMeta& first = jp->params[b.params[0]];
+    const bool adamw = first.group == "adamw";
+    if (adamw) {
+      ++adamw_batches;
+      EXPECT_THAT(b.params, SizeIs(adamw_tensors));
+      EXPECT_EQ(b.rules[0]->config().kind, OptimizerKind::kAdamW);
+    } else {
+      largest[first.shape] = std::max(largest[first.shape], b.params.size());
+    }
     for (int i : b.params) {
       EXPECT_TRUE(seen.insert(i).second) << "twice: " << i;
-      EXPECT_EQ(jp->params[i].shape, shape);
-      EXPECT_EQ(jp->params[i].group, jp->params[b.params[0]].group);
+      if (!adamw) EXPECT_EQ(jp->params[i].shape, first.shape);
+      // linear_qkv [128, 64] (muon) and the embedding [128, 64] (adamw)
+      // do not mix.
+      EXPECT_EQ(jp->params[i].group, first.group);
     }
   }
+  EXPECT_EQ(adamw_batches, 1);
   EXPECT_EQ(seen.size(), layout.stage_params.size());
   EXPECT_EQ(largest[(std::vector<int64_t>{64, 32})], 12u);
-  // linear_qkv [128, 64] (muon) and the embedding [128, 64] (adamw) do not
-  // mix; AdamW is never batched.
-  for (const UpdateBatch& b : batched) {
-    if (jp->params[b.params[0]].group == "adamw") {
-      EXPECT_THAT(b.params, SizeIs(1));
-    }
+  // Disabled: one update per tensor.
+  for (const UpdateBatch& b :
+       BatchDpOwnedUpdates(*jp, layout, rules, owned, {.enabled = false})) {
+    EXPECT_THAT(b.params, SizeIs(1));
   }
-  // Disabled, or capped at one expert's worth: one update per matrix.
-  for (const BatchOptions& options : {BatchOptions{.enabled = false},
-                                      BatchOptions{.max_elements = 64 * 32}}) {
-    for (const UpdateBatch& b :
-         BatchDpOwnedUpdates(*jp, layout, rules, owned, options)) {
+  // Capped at one expert's worth: one update per matrix; the small AdamW
+  // tensors still share batches within the cap, the embedding alone.
+  const int64_t cap = 64 * 32;
+  for (const UpdateBatch& b :
+       BatchDpOwnedUpdates(*jp, layout, rules, owned, {.max_elements = cap})) {
+    if (b.rules[0]->config().kind == OptimizerKind::kAdamW) {
+      EXPECT_TRUE(b.params.size() == 1 || b.elements <= cap) << b.elements;
+    } else {
       EXPECT_THAT(b.params, SizeIs(1));
     }
   }

@@ -291,6 +291,84 @@ TEST_P(BackendConformanceTest, AdamWStepFromRandomStateAtStepOneAndTen) {
   }
 }
 
+// One group's AdamW tensors in one call: bitwise AdamWStep on each, every
+// change sum queued as its own call queues it (TakeSumSquares adds them in
+// the same order), across more tensors than one cuda launch takes (64),
+// with misaligned (offset) and empty ones, over several steps.
+TEST_P(BackendConformanceTest, AdamWStepManyEqualsAdamWStepEach) {
+  const AdamWConfig c = {1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f};
+  std::vector<int64_t> ns;
+  for (int k = 0; k < 70; ++k) {
+    const int64_t sizes[] = {128, 1024, 1, 7, 1003, 65537, 0};
+    ns.push_back(sizes[k % 7]);
+  }
+  // Two copies of every tensor's state: one stepped by AdamWStepMany, one
+  // by AdamWStep each.
+  struct Copy {
+    std::vector<DeviceBuffer> g, p, m, v;
+    std::vector<Backend::AdamWTensor> tensors;
+  };
+  Copy many, each;
+  for (Copy* copy : {&many, &each}) {
+    for (size_t k = 0; k < ns.size(); ++k) {
+      const int64_t offset = kOffsets[k % 2];
+      const int64_t size = ns[k] + 2;  // room for either offset
+      const uint32_t seed = 9000 + 10 * static_cast<uint32_t>(k);
+      copy->p.push_back(Upload(RandomNormal(size, seed)));
+      copy->m.push_back(Upload(RandomNormal(size, seed + 1)));
+      std::vector<float> v = RandomNormal(size, seed + 2);
+      for (float& e : v) e = std::abs(e) + 0.01f;
+      copy->v.push_back(Upload(v));
+      copy->g.push_back(Zeros(size));
+      copy->tensors.push_back(
+          {ns[k], copy->g[k].data() + offset, copy->p[k].data() + offset,
+           copy->m[k].data() + offset, copy->v[k].data() + offset});
+    }
+  }
+  for (int64_t step = 1; step <= 3; ++step) {
+    SCOPED_TRACE(absl::StrCat("step ", step));
+    const SquaredChange change =
+        step == 2 ? SquaredChange::kIgnore : SquaredChange::kQueue;
+    for (size_t k = 0; k < ns.size(); ++k) {
+      const std::vector<float> g = RandomNormal(
+          ns[k] + 2, 9500 + 10 * static_cast<uint32_t>(k + 100 * step));
+      for (Copy* copy : {&many, &each}) {
+        ASSERT_OK(
+            backend_->CopyFromHost(g.data(), ns[k] + 2, copy->g[k].data()));
+      }
+    }
+    ASSERT_OK(backend_->AdamWStepMany(many.tensors, c.lr, c.beta1, c.beta2,
+                                      c.eps, c.weight_decay, step, change));
+    ASSERT_OK_AND_ASSIGN(const double many_sum, backend_->TakeSumSquares());
+    for (const Backend::AdamWTensor& t : each.tensors) {
+      ASSERT_OK(backend_->AdamWStep(t.n, c.lr, c.beta1, c.beta2, c.eps,
+                                    c.weight_decay, step, t.g, t.p, t.m, t.v,
+                                    change));
+    }
+    ASSERT_OK_AND_ASSIGN(const double each_sum, backend_->TakeSumSquares());
+    EXPECT_EQ(many_sum, each_sum);
+    if (change == SquaredChange::kQueue) EXPECT_GT(many_sum, 0);
+    for (size_t k = 0; k < ns.size(); ++k) {
+      SCOPED_TRACE(absl::StrCat("tensor ", k, " of ", ns[k]));
+      EXPECT_EQ(Download(many.p[k]), Download(each.p[k]));
+      EXPECT_EQ(Download(many.m[k]), Download(each.m[k]));
+      EXPECT_EQ(Download(many.v[k]), Download(each.v[k]));
+    }
+  }
+  // A bad tensor is named, and nothing is written.
+  const std::vector<float> before = Download(many.p[2]);
+  std::vector<Backend::AdamWTensor> bad = many.tensors;
+  bad[3].p = many.p[3].data() + 3;  // runs past its allocation
+  EXPECT_THAT(
+      backend_->AdamWStepMany(bad, c.lr, c.beta1, c.beta2, c.eps,
+                              c.weight_decay, 4),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tensors[3].p")));
+  EXPECT_THAT(backend_->AdamWStepMany(many.tensors, c.lr, c.beta1, c.beta2,
+                                      c.eps, c.weight_decay, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("step")));
+  EXPECT_EQ(Download(many.p[2]), before);
+}
+
 TEST_P(BackendConformanceTest, SumSquaresAccumulatesInDouble) {
   // 2^20 values near 1: a float accumulator would be off by ~1e-4 relative.
   const int64_t n = (int64_t{1} << 20) + 3;

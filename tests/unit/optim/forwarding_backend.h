@@ -121,6 +121,11 @@ class ForwardingBackend : public Backend {
                            float* m, float* v, SquaredChange change) override {
     return inner_->AdamWStep(n, lr, b1, b2, eps, wd, step, g, p, m, v, change);
   }
+  absl::Status DoAdamWStepMany(absl::Span<const AdamWTensor> tensors, float lr,
+                               float b1, float b2, float eps, float wd,
+                               int64_t step, SquaredChange change) override {
+    return inner_->AdamWStepMany(tensors, lr, b1, b2, eps, wd, step, change);
+  }
   absl::StatusOr<double> DoSumSquares(int64_t n, const float* x) override {
     return inner_->SumSquares(n, x);
   }

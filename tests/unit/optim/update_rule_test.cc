@@ -932,6 +932,105 @@ TEST_P(StepMuonBatchTest, EqualsPerMatrixSteps) {
 INSTANTIATE_TEST_SUITE_P(Algorithms, StepMuonBatchTest,
                          ::testing::Values("standard", "gram"));
 
+// One group's AdamW tensors of any shapes step in one backend call,
+// bitwise the per-tensor steps, the lr override and the queued change sums
+// included; rules at different steps (a state loaded for one) step one by
+// one, still right.
+TEST(StepAdamWBatchTest, EqualsPerTensorStepsInOneBackendCall) {
+  class CountingBackend : public ForwardingBackend {
+   public:
+    using ForwardingBackend::ForwardingBackend;
+    int many = 0;
+
+   protected:
+    absl::Status DoAdamWStepMany(absl::Span<const AdamWTensor> tensors,
+                                 float lr, float b1, float b2, float eps,
+                                 float wd, int64_t step,
+                                 SquaredChange change) override {
+      ++many;
+      return ForwardingBackend::DoAdamWStepMany(tensors, lr, b1, b2, eps, wd,
+                                                step, change);
+    }
+  };
+  CountingBackend backend(CpuBackend());
+  const OptimizerConfig config = Config(kAdamW, {{"weight_decay", "0.1"}});
+  const std::vector<std::vector<int64_t>> shapes = {{10}, {4, 6}, {128}};
+  std::vector<std::unique_ptr<UpdateRule>> batched, single;
+  std::vector<DeviceBuffer> pb, ps, gb;
+  std::mt19937_64 rng(23);
+  std::vector<UpdateRule*> rules;
+  std::vector<float*> params;
+  std::vector<const float*> grads;
+  for (const std::vector<int64_t>& shape : shapes) {
+    const int64_t n = NumElements(shape);
+    batched.push_back(*UpdateRule::Create(config, shape, &backend));
+    single.push_back(*UpdateRule::Create(config, shape, &backend));
+    const std::vector<float> p0 = RandomNormal(n, rng, 0.2);
+    pb.push_back(*backend.Allocate(n));
+    ps.push_back(*backend.Allocate(n));
+    gb.push_back(*backend.Allocate(n));
+    ASSERT_OK(backend.CopyFromHost(p0.data(), n, pb.back().data()));
+    ASSERT_OK(backend.CopyFromHost(p0.data(), n, ps.back().data()));
+    rules.push_back(batched.back().get());
+    params.push_back(pb.back().data());
+    grads.push_back(gb.back().data());
+  }
+  auto compare = [&] {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const int64_t n = NumElements(shapes[i]);
+      std::vector<float> a(n), b(n);
+      ASSERT_OK(backend.CopyToHost(pb[i].data(), n, a.data()));
+      ASSERT_OK(backend.CopyToHost(ps[i].data(), n, b.data()));
+      EXPECT_EQ(a, b) << "tensor " << i;
+      ASSERT_OK_AND_ASSIGN(OptimizerState sa, batched[i]->SaveState());
+      ASSERT_OK_AND_ASSIGN(OptimizerState sb, single[i]->SaveState());
+      EXPECT_TRUE(sa == sb) << "tensor " << i;
+    }
+  };
+  const StepOptions options = {.lr = 0.02f, .change = SquaredChange::kQueue};
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const int64_t n = NumElements(shapes[i]);
+      const std::vector<float> g = RandomNormal(n, rng, 1.0);
+      ASSERT_OK(backend.CopyFromHost(g.data(), n, gb[i].data()));
+      ASSERT_OK(single[i]->Step(ps[i].data(), gb[i].data(), options));
+    }
+    ASSERT_OK_AND_ASSIGN(const double single_sum, backend.TakeSumSquares());
+    ASSERT_OK(StepAdamWBatch(rules, params, grads, options));
+    ASSERT_OK_AND_ASSIGN(const double batched_sum, backend.TakeSumSquares());
+    EXPECT_EQ(batched_sum, single_sum);
+    EXPECT_GT(batched_sum, 0);
+  }
+  EXPECT_EQ(backend.many, 3);
+  compare();
+  // One rule a step behind (its state loaded from another step): one by one.
+  ASSERT_OK_AND_ASSIGN(OptimizerState behind, batched[1]->SaveState());
+  behind.step = 2;
+  ASSERT_OK(batched[1]->LoadState(behind));
+  ASSERT_OK(single[1]->LoadState(behind));
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    ASSERT_OK(single[i]->Step(ps[i].data(), gb[i].data(), options));
+  }
+  ASSERT_OK(StepAdamWBatch(rules, params, grads, options));
+  EXPECT_EQ(backend.many, 3);
+  compare();
+  // A rule of another optimizer or config is refused.
+  ASSERT_OK_AND_ASSIGN(auto muon,
+                       UpdateRule::Create(Config(kMuon, {}), {4, 6}, &backend));
+  std::vector<UpdateRule*> mixed = {rules[0], muon.get()};
+  std::vector<float*> two_params = {params[0], params[1]};
+  std::vector<const float*> two_grads = {grads[0], grads[1]};
+  EXPECT_THAT(StepAdamWBatch(mixed, two_params, two_grads, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("muon")));
+  ASSERT_OK_AND_ASSIGN(
+      auto other, UpdateRule::Create(Config(kAdamW, {{"weight_decay", "0"}}),
+                                     {4, 6}, &backend));
+  mixed = {rules[0], other.get()};
+  EXPECT_THAT(
+      StepAdamWBatch(mixed, two_params, two_grads, {}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("config")));
+}
+
 TEST(StepOptionsTest, LrOverrideScalesTheUpdate) {
   for (OptimizerKind kind : {kMuon, kAdamW, kShampoo, kSoap}) {
     SCOPED_TRACE(std::string(OptimizerKindName(kind)));
