@@ -336,7 +336,8 @@ class Backend {
   // what AdamWStep on each in order gives, and with kQueue each tensor's
   // change sum queued as its own call queues it, in order. On cuda a few
   // launches for all of them, not one or two per tensor (at Qwen3-0.6B,
-  // 115 AdamW tensors a step, most of 128 or 1024 elements).
+  // 115 AdamW tensors a step, most of 128 or 1024 elements). The tensors
+  // must not share memory (on cuda they step concurrently).
   // INVALID_ARGUMENT naming "tensors[k].p" and so on.
   struct AdamWTensor {
     int64_t n = 0;

@@ -1025,7 +1025,7 @@ absl::Status CudaBackend::DoAdamWStepMany(absl::Span<const AdamWTensor> tensors,
                                           int64_t step, SquaredChange change) {
   CANZONA_RETURN_IF_ERROR(Activate());
   const bool counted = change == SquaredChange::kQueue;
-  cuda_kernels::AdamWMany many;
+  cuda_kernels::AdamWMany many{};
   many.s = AdamWScalarsOf(lr, beta1, beta2, eps, weight_decay, step);
   for (size_t first = 0; first < tensors.size();
        first += cuda_kernels::kAdamWManyMax) {

@@ -92,6 +92,8 @@ struct AdamWMany {
   int count;
   AdamWScalars s;
 };
+static_assert(sizeof(AdamWMany) <= 4096,
+              "AdamWMany is a kernel parameter: CUDA's classic limit is 4 KB");
 // The blocks AdamWStep runs n elements on (counted: with a ChangeSum).
 int AdamWBlocks(const LaunchConfig& cfg, int64_t n, const float* g,
                 const float* p, const float* m, const float* v, bool counted);

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/base/status_macros.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/kernels/backend_conformance.h"
 #include "tests/unit/kernels/backend_reference.h"
@@ -293,15 +294,29 @@ TEST_P(BackendConformanceTest, AdamWStepFromRandomStateAtStepOneAndTen) {
 
 // One group's AdamW tensors in one call: bitwise AdamWStep on each, every
 // change sum queued as its own call queues it (TakeSumSquares adds them in
-// the same order), across more tensors than one cuda launch takes (64),
-// with misaligned (offset) and empty ones, over several steps.
+// the same order): more non-empty tensors than one cuda launch takes (64),
+// misaligned (offset) and empty ones, one large enough that each thread
+// loops (more elements than 1024 blocks of 256 threads take four at a
+// time), and a queue nearly full before each call (so a misplaced slot
+// loses a queued sum, and the queue drains mid-call), over several steps.
 TEST_P(BackendConformanceTest, AdamWStepManyEqualsAdamWStepEach) {
   const AdamWConfig c = {1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f};
   std::vector<int64_t> ns;
-  for (int k = 0; k < 70; ++k) {
+  for (int k = 0; k < 90; ++k) {
     const int64_t sizes[] = {128, 1024, 1, 7, 1003, 65537, 0};
     ns.push_back(sizes[k % 7]);
   }
+  ns[40] = (int64_t{1} << 20) * 5 / 4 + 3;
+  // Sums queued before each call: they must come out in the total.
+  const std::vector<float> filler = RandomNormal(33, 8999, 0.0f, 3.0f);
+  DeviceBuffer dfiller = Upload(filler);
+  auto fill_queue = [&]() -> absl::Status {
+    for (int i = 0; i < 1000; ++i) {
+      CANZONA_RETURN_IF_ERROR(
+          backend_->EnqueueSumSquares(1 + i % 33, dfiller.data()));
+    }
+    return absl::OkStatus();
+  };
   // Two copies of every tensor's state: one stepped by AdamWStepMany, one
   // by AdamWStep each.
   struct Copy {
@@ -337,9 +352,11 @@ TEST_P(BackendConformanceTest, AdamWStepManyEqualsAdamWStepEach) {
             backend_->CopyFromHost(g.data(), ns[k] + 2, copy->g[k].data()));
       }
     }
+    ASSERT_OK(fill_queue());
     ASSERT_OK(backend_->AdamWStepMany(many.tensors, c.lr, c.beta1, c.beta2,
                                       c.eps, c.weight_decay, step, change));
     ASSERT_OK_AND_ASSIGN(const double many_sum, backend_->TakeSumSquares());
+    ASSERT_OK(fill_queue());
     for (const Backend::AdamWTensor& t : each.tensors) {
       ASSERT_OK(backend_->AdamWStep(t.n, c.lr, c.beta1, c.beta2, c.eps,
                                     c.weight_decay, step, t.g, t.p, t.m, t.v,
