@@ -254,35 +254,57 @@ int64_t UpdateRule::own_bytes() const {
   return bytes;
 }
 
-// The batch's leader (rules[0]'s Muon rule) when every rule may step
-// with it; INVALID_ARGUMENT naming the first that may not.
-absl::StatusOr<MuonRule*> CheckMuonBatch(
-    absl::Span<UpdateRule* const> rules) {
+// The batch's leader (rules[0]'s rule) when every rule is an unblocked
+// `kind` rule that may step with it (the same options and backend; Muon
+// also the same shape); INVALID_ARGUMENT naming the first that may not.
+absl::StatusOr<optim_internal::RuleImpl*> CheckBatch(
+    OptimizerKind kind, absl::Span<UpdateRule* const> rules) {
+  const bool muon = kind == OptimizerKind::kMuon;
+  const absl::string_view what = muon ? "Muon batch" : "AdamW batch";
   if (rules.empty()) {
-    return absl::InvalidArgumentError("Muon batch: no rules");
+    return absl::InvalidArgumentError(absl::StrCat(what, ": no rules"));
   }
   const UpdateRule& first = *rules[0];
   for (size_t i = 0; i < rules.size(); ++i) {
     const UpdateRule& rule = *rules[i];
     if (rule.impl_ == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Muon batch: rule ", i,
-                       " is blocked (it batches its own blocks)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": rule ", i, " is blocked (it batches its own blocks)"));
     }
-    if (rule.config_.kind != OptimizerKind::kMuon) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Muon batch: rule ", i, " is ",
-                       OptimizerKindName(rule.config_.kind), ", not muon"));
+    if (rule.config_.kind != kind) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": rule ", i, " is ", OptimizerKindName(rule.config_.kind),
+          ", not ", OptimizerKindName(kind)));
     }
-    if (!(rule.config_.muon == first.config_.muon) ||
-        rule.shape_ != first.shape_ || rule.backend_ != first.backend_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Muon batch: rule ", i,
-                       " differs from rule 0 in config, shape or backend"));
+    const bool same_options = muon ? rule.config_.muon == first.config_.muon
+                                   : rule.config_.adamw == first.config_.adamw;
+    if (!same_options || (muon && rule.shape_ != first.shape_) ||
+        rule.backend_ != first.backend_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": rule ", i, " differs from rule 0 in ",
+          muon ? "config, shape or backend" : "config or backend"));
     }
   }
-  return static_cast<MuonRule*>(first.impl_.get());
+  return first.impl_.get();
 }
+
+namespace {
+
+// StepMuonBatch's and StepAdamWBatch's arguments: one per rule.
+absl::Status CheckBatchArguments(absl::string_view what, size_t rules,
+                                 size_t params, size_t grads) {
+  if (rules == params && rules == grads) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": ", rules, " rules, ", params, " params, ", grads, " grads"));
+}
+
+absl::StatusOr<MuonRule*> CheckMuonBatch(absl::Span<UpdateRule* const> rules) {
+  CANZONA_ASSIGN_OR_RETURN(optim_internal::RuleImpl * leader,
+                           CheckBatch(OptimizerKind::kMuon, rules));
+  return static_cast<MuonRule*>(leader);
+}
+
+}  // namespace
 
 absl::Status ReserveMuonBatch(absl::Span<UpdateRule* const> rules) {
   if (rules.size() < 2) return absl::OkStatus();
@@ -300,11 +322,8 @@ absl::Status StepMuonBatch(absl::Span<UpdateRule* const> rules,
                            absl::Span<float* const> params,
                            absl::Span<const float* const> grads,
                            const StepOptions& options) {
-  if (rules.size() != params.size() || rules.size() != grads.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("StepMuonBatch: ", rules.size(), " rules, ", params.size(),
-                     " params, ", grads.size(), " grads"));
-  }
+  CANZONA_RETURN_IF_ERROR(CheckBatchArguments("StepMuonBatch", rules.size(),
+                                              params.size(), grads.size()));
   if (rules.empty()) return absl::OkStatus();
   CANZONA_ASSIGN_OR_RETURN(MuonRule * leader,
                            CheckMuonBatch(rules));
@@ -333,27 +352,11 @@ absl::Status StepAdamWBatch(absl::Span<UpdateRule* const> rules,
                             absl::Span<float* const> params,
                             absl::Span<const float* const> grads,
                             const StepOptions& options) {
-  if (rules.size() != params.size() || rules.size() != grads.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("StepAdamWBatch: ", rules.size(), " rules, ",
-                     params.size(), " params, ", grads.size(), " grads"));
-  }
+  CANZONA_RETURN_IF_ERROR(CheckBatchArguments("StepAdamWBatch", rules.size(),
+                                              params.size(), grads.size()));
   if (rules.empty()) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckBatch(OptimizerKind::kAdamW, rules).status());
   const UpdateRule& first = *rules[0];
-  for (size_t i = 0; i < rules.size(); ++i) {
-    const UpdateRule& rule = *rules[i];
-    if (rule.impl_ == nullptr || rule.config_.kind != OptimizerKind::kAdamW) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "AdamW batch: rule ", i, " is ", OptimizerKindName(rule.config_.kind),
-          rule.impl_ == nullptr ? " (blocked)" : "", ", not adamw"));
-    }
-    if (!(rule.config_.adamw == first.config_.adamw) ||
-        rule.backend_ != first.backend_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("AdamW batch: rule ", i,
-                       " differs from rule 0 in config or backend"));
-    }
-  }
   auto adamw = [&](size_t i) {
     return static_cast<optim_internal::AdamWRule*>(rules[i]->impl_.get());
   };

@@ -157,8 +157,8 @@ class UpdateRule {
                                     absl::Span<float* const> params,
                                     absl::Span<const float* const> grads,
                                     const StepOptions& options);
-  friend absl::StatusOr<optim_internal::MuonRule*> CheckMuonBatch(
-      absl::Span<UpdateRule* const> rules);
+  friend absl::StatusOr<optim_internal::RuleImpl*> CheckBatch(
+      OptimizerKind kind, absl::Span<UpdateRule* const> rules);
   friend absl::Status StepAdamWBatch(absl::Span<UpdateRule* const> rules,
                                      absl::Span<float* const> params,
                                      absl::Span<const float* const> grads,
