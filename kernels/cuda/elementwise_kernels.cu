@@ -31,12 +31,15 @@ __device__ inline void Store4(float* p, int64_t i, float4 v) {
   *reinterpret_cast<float4*>(p + i) = v;
 }
 
-// Runs op.Apply1(i) for every i < n, or op.Apply4(i) for every multiple of 4
-// below n (then Apply1 for the tail) when `vectorized`.
+// One thread's share of op.Apply1(i) for every i < n, or op.Apply4(i) for
+// every multiple of 4 below n (then Apply1 for the tail) when `vectorized`,
+// as block `block` of `blocks` grid-striding over n.
 template <class Op>
-__global__ void ElementwiseKernel(int64_t n, Op op, bool vectorized) {
-  const int64_t stride = int64_t{blockDim.x} * gridDim.x;
-  const int64_t tid = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+__device__ inline void ThreadElementwise(int64_t n, const Op& op,
+                                         bool vectorized, int64_t block,
+                                         int64_t blocks) {
+  const int64_t stride = int64_t{blockDim.x} * blocks;
+  const int64_t tid = block * blockDim.x + threadIdx.x;
   int64_t start = 0;
   if (vectorized) {
     const int64_t n4 = n / 4;
@@ -44,6 +47,11 @@ __global__ void ElementwiseKernel(int64_t n, Op op, bool vectorized) {
     start = n4 * 4;
   }
   for (int64_t i = start + tid; i < n; i += stride) op.Apply1(i);
+}
+
+template <class Op>
+__global__ void ElementwiseKernel(int64_t n, Op op, bool vectorized) {
+  ThreadElementwise(n, op, vectorized, blockIdx.x, gridDim.x);
 }
 
 template <class Op>
@@ -316,14 +324,12 @@ __global__ void SumPartialsKernel(int count, const double* partials,
   if (threadIdx.x == 0) *result = sum;
 }
 
-// SumSquaresMany's partials: block b works for the segment whose blocks
-// hold b, as that segment's block b - first_block of its own grid.
-__global__ void SumSquaresManyPartialKernel(int count,
-                                            const SumSquaresSegment* segments,
-                                            double* partials) {
-  const int b = blockIdx.x;
-  // The last segment starting at or before b (empty segments start where
-  // the next one does, so the next one is found).
+// The segment block b of a launch over `count` segments works for: the
+// last whose first_block is at or before b (empty segments start where the
+// next one does, so the next one is found).
+template <typename Segment>
+__device__ inline int SegmentOfBlock(const Segment* segments, int count,
+                                     int b) {
   int lo = 0, hi = count - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
@@ -333,7 +339,16 @@ __global__ void SumSquaresManyPartialKernel(int count,
       hi = mid - 1;
     }
   }
-  const SumSquaresSegment s = segments[lo];
+  return lo;
+}
+
+// SumSquaresMany's partials: block b works for the segment whose blocks
+// hold b, as that segment's block b - first_block of its own grid.
+__global__ void SumSquaresManyPartialKernel(int count,
+                                            const SumSquaresSegment* segments,
+                                            double* partials) {
+  const int b = blockIdx.x;
+  const SumSquaresSegment s = segments[SegmentOfBlock(segments, count, b)];
   const double sum = BlockSum(ThreadSumSquares(
       s.n, Elements{s.x}, Aligned16(s.x), b - s.first_block, s.blocks));
   if (threadIdx.x == 0) partials[b] = sum;
@@ -348,21 +363,6 @@ __global__ void SumSquaresManyResultKernel(const SumSquaresSegment* segments,
   if (threadIdx.x == 0) results[blockIdx.x] = sum;
 }
 
-// AdamWStepMany's segment for block b: the last starting at or before b.
-__device__ inline const AdamWSegment& AdamWSegmentOf(const AdamWMany& many,
-                                                     int b) {
-  int lo = 0, hi = many.count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (many.segments[mid].first_block <= b) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return many.segments[lo];
-}
-
 __device__ inline bool AdamWVectorized(const AdamWSegment& t) {
   return Aligned16(t.g) && Aligned16(t.p) && Aligned16(t.m) && Aligned16(t.v);
 }
@@ -374,7 +374,8 @@ __device__ inline bool AdamWVectorized(const AdamWSegment& t) {
 __global__ void AdamWManyKernel(const __grid_constant__ AdamWMany many,
                                 double* partials) {
   const int b = blockIdx.x;
-  const AdamWSegment& t = AdamWSegmentOf(many, b);
+  const AdamWSegment& t =
+      many.segments[SegmentOfBlock(many.segments, many.count, b)];
   const AdamWOp op{t.g, t.p, t.m, t.v, many.s};
   const bool vectorized = AdamWVectorized(t);
   const int64_t block = b - t.first_block;
@@ -384,15 +385,7 @@ __global__ void AdamWManyKernel(const __grid_constant__ AdamWMany many,
     if (threadIdx.x == 0) partials[b] = sum;
     return;
   }
-  const int64_t stride = int64_t{blockDim.x} * t.blocks;
-  const int64_t tid = block * blockDim.x + threadIdx.x;
-  int64_t start = 0;
-  if (vectorized) {
-    const int64_t n4 = t.n / 4;
-    for (int64_t i = tid; i < n4; i += stride) op.Apply4(i * 4);
-    start = n4 * 4;
-  }
-  for (int64_t i = start + tid; i < t.n; i += stride) op.Apply1(i);
+  ThreadElementwise(t.n, op, vectorized, block, t.blocks);
 }
 
 // One block per segment: its partials into its result.
