@@ -376,6 +376,18 @@ class Backend {
   absl::StatusOr<double> TakeSumSquares();
   // Returns true when every element is finite (waits).
   absl::StatusOr<bool> AllFinite(int64_t n, const float* x);
+  // x *= float(numerator / (size(x) + eps)), computed where x lives and
+  // without a host wait: size is the l2 norm (kL2) or the root mean square
+  // (kRms) of n elements, numerator is size(reference), or 1 with
+  // `reference` null, the ratio taken in double from sums of squares each
+  // bitwise SumSquares's; so bitwise Scale(n, float(ratio), x) after two
+  // SumSquares calls, less their two host round trips (Shampoo's grafting
+  // gives its direction the graft's norm, SOAP's normalize_grads its update
+  // unit RMS: before, a round trip per matrix per step). reference may
+  // alias x.
+  enum class Norm { kL2, kRms };
+  absl::Status ScaleToNorm(int64_t n, const float* reference, Norm norm,
+                           double eps, float* x);
 
   // ---- Device time ---------------------------------------------------------
   // Phases of work the host only enqueues (a GPU runs it later) are timed
@@ -434,6 +446,19 @@ class Backend {
   absl::Status GatherRows(int64_t rows, int64_t cols,
                           absl::Span<const int64_t> perm, const float* src,
                           float* dst);
+  // dst's columns are src's in descending order of keys[0, cols): stable
+  // (equal keys keep their order, -0 equal to +0), NaN keys last; that is
+  // GatherColumns with the permutation a stable host sort of the keys
+  // gives, bit for bit, but sorted where the keys live (SOAP's basis
+  // refresh copied its keys to the host and its permutation back: a round
+  // trip and a pageable upload per side per refresh). dst must not alias
+  // src; keys may lie in either.
+  absl::Status SortColumns(int64_t rows, int64_t cols, const float* keys,
+                           const float* src, float* dst);
+  // dst's rows are src's in descending order of keys[0, rows), as
+  // SortColumns.
+  absl::Status SortRows(int64_t rows, int64_t cols, const float* keys,
+                        const float* src, float* dst);
   // dst[cols x rows] = src[rows x cols]^T   (dst must not alias src)
   absl::Status Transpose2D(int64_t rows, int64_t cols, const float* src,
                            float* dst);
@@ -616,6 +641,8 @@ class Backend {
   virtual absl::Status DoMark(int mark);
   virtual absl::StatusOr<double> DoSecondsBetween(int from, int to);
   virtual absl::StatusOr<bool> DoAllFinite(int64_t n, const float* x) = 0;
+  virtual absl::Status DoScaleToNorm(int64_t n, const float* reference,
+                                     Norm norm, double eps, float* x) = 0;
 
   // n > 0.
   virtual absl::Status DoAddIdentity(int64_t n, float alpha, float* a) = 0;
@@ -632,6 +659,11 @@ class Backend {
   virtual absl::Status DoGatherRows(int64_t rows, int64_t cols,
                                     absl::Span<const int64_t> perm,
                                     const float* src, float* dst) = 0;
+  virtual absl::Status DoSortColumns(int64_t rows, int64_t cols,
+                                     const float* keys, const float* src,
+                                     float* dst) = 0;
+  virtual absl::Status DoSortRows(int64_t rows, int64_t cols, const float* keys,
+                                  const float* src, float* dst) = 0;
   virtual absl::Status DoTranspose2D(int64_t rows, int64_t cols,
                                      const float* src, float* dst) = 0;
 };

@@ -3,6 +3,7 @@
 // from calls that touch no element, and dispatches to the implementation's
 // Do-method. Checks run in argument order, so the first bad argument is the
 // one reported.
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -816,6 +817,28 @@ absl::StatusOr<bool> Backend::AllFinite(int64_t n, const float* x) {
                                           [&] { return DoAllFinite(n, x); });
 }
 
+absl::Status Backend::ScaleToNorm(int64_t n, const float* reference, Norm norm,
+                                  double eps, float* x) {
+  constexpr absl::string_view kWhat = "ScaleToNorm";
+  CANZONA_RETURN_IF_ERROR(CheckVectors(kWhat, n, {{"x", x}}));
+  if (norm != Norm::kL2 && norm != Norm::kRms) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWhat, ": norm = ", static_cast<int>(norm), " is not l2 or rms"));
+  }
+  if (!(eps >= 0) || !std::isfinite(eps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": eps = ", eps, " must be finite and >= 0"));
+  }
+  if (n == 0) return absl::OkStatus();
+  if (reference == nullptr) {
+    CANZONA_RETURN_IF_ERROR(CheckRanges(*this, kWhat, {{"x", x, n}}));
+  } else {
+    CANZONA_RETURN_IF_ERROR(
+        CheckRanges(*this, kWhat, {{"reference", reference, n}, {"x", x, n}}));
+  }
+  return DoScaleToNorm(n, reference, norm, eps, x);
+}
+
 // ---- Matrix helpers ---------------------------------------------------------
 
 absl::Status Backend::AddIdentity(int64_t n, float alpha, float* a) {
@@ -878,6 +901,32 @@ absl::Status Backend::GatherRows(int64_t rows, int64_t cols,
   if (rows == 0 || cols == 0) return absl::OkStatus();
   CANZONA_RETURN_IF_ERROR(CheckReorder(*this, kWhat, rows, cols, src, dst));
   return DoGatherRows(rows, cols, perm, src, dst);
+}
+
+absl::Status Backend::SortColumns(int64_t rows, int64_t cols, const float* keys,
+                                  const float* src, float* dst) {
+  constexpr absl::string_view kWhat = "SortColumns";
+  CANZONA_RETURN_IF_ERROR(
+      CheckMatrices(kWhat, rows, cols, {{"src", src}, {"dst", dst}}));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "keys", keys, cols));
+  CANZONA_RETURN_IF_ERROR(checks::Int32Index(kWhat, "cols", cols, "sort"));
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckRanges(*this, kWhat, {{"keys", keys, cols}}));
+  CANZONA_RETURN_IF_ERROR(CheckReorder(*this, kWhat, rows, cols, src, dst));
+  return DoSortColumns(rows, cols, keys, src, dst);
+}
+
+absl::Status Backend::SortRows(int64_t rows, int64_t cols, const float* keys,
+                               const float* src, float* dst) {
+  constexpr absl::string_view kWhat = "SortRows";
+  CANZONA_RETURN_IF_ERROR(
+      CheckMatrices(kWhat, rows, cols, {{"src", src}, {"dst", dst}}));
+  CANZONA_RETURN_IF_ERROR(checks::Pointer(kWhat, "keys", keys, rows));
+  CANZONA_RETURN_IF_ERROR(checks::Int32Index(kWhat, "rows", rows, "sort"));
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(CheckRanges(*this, kWhat, {{"keys", keys, rows}}));
+  CANZONA_RETURN_IF_ERROR(CheckReorder(*this, kWhat, rows, cols, src, dst));
+  return DoSortRows(rows, cols, keys, src, dst);
 }
 
 absl::Status Backend::Transpose2D(int64_t rows, int64_t cols, const float* src,

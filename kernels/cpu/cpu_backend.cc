@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -389,6 +390,7 @@ class CpuBackend final : public Backend {
     for (const std::vector<double>* v : {&eig_a_, &eig_w_, &col_acc_}) {
       bytes += static_cast<int64_t>(v->capacity() * sizeof(double));
     }
+    bytes += static_cast<int64_t>(order_.capacity() * sizeof(int64_t));
     return bytes + gram_ws_.bytes();
   }
 
@@ -605,6 +607,19 @@ class CpuBackend final : public Backend {
     return finite;
   }
 
+  absl::Status DoScaleToNorm(int64_t n, const float* reference, Norm norm,
+                             double eps, float* x) override {
+    const double divisor = norm == Norm::kRms ? static_cast<double>(n) : 1.0;
+    double numerator = 1.0;
+    if (reference != nullptr) {
+      CANZONA_ASSIGN_OR_RETURN(const double sum, DoSumSquares(n, reference));
+      numerator = std::sqrt(sum / divisor);
+    }
+    CANZONA_ASSIGN_OR_RETURN(const double sum, DoSumSquares(n, x));
+    return DoScale(
+        n, static_cast<float>(numerator / (std::sqrt(sum / divisor) + eps)), x);
+  }
+
   // ---- Matrix helpers ----------------------------------------------------
 
   absl::Status DoAddIdentity(int64_t n, float alpha, float* a) override {
@@ -659,6 +674,18 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status DoSortColumns(int64_t rows, int64_t cols, const float* keys,
+                             const float* src, float* dst) override {
+    const std::vector<int64_t>& order = DescendingOrder(cols, keys);
+    return DoGatherColumns(rows, cols, order, src, dst);
+  }
+
+  absl::Status DoSortRows(int64_t rows, int64_t cols, const float* keys,
+                          const float* src, float* dst) override {
+    const std::vector<int64_t>& order = DescendingOrder(rows, keys);
+    return DoGatherRows(rows, cols, order, src, dst);
+  }
+
   absl::Status DoTranspose2D(int64_t rows, int64_t cols, const float* src,
                              float* dst) override {
     TransposeBlocked(rows, cols, src, cols, dst, rows);
@@ -666,6 +693,19 @@ class CpuBackend final : public Backend {
   }
 
   // ---- Helpers -------------------------------------------------------------
+
+  // The indices of keys[0, n) in descending order, stable, NaN last (the
+  // order SortColumns and SortRows define); in a member reused call to call.
+  const std::vector<int64_t>& DescendingOrder(int64_t n, const float* keys) {
+    order_.resize(static_cast<size_t>(n));
+    std::iota(order_.begin(), order_.end(), int64_t{0});
+    std::stable_sort(order_.begin(), order_.end(),
+                     [keys](int64_t a, int64_t b) {
+                       return !std::isnan(keys[a]) &&
+                              (std::isnan(keys[b]) || keys[a] > keys[b]);
+                     });
+    return order_;
+  }
 
   static absl::Status Move(const float* src, int64_t count, float* dst) {
     std::memmove(dst, src, static_cast<size_t>(count) * sizeof(float));
@@ -736,6 +776,7 @@ class CpuBackend final : public Backend {
   std::vector<double> eig_a_;
   std::vector<double> eig_w_;
   std::vector<double> col_acc_;
+  std::vector<int64_t> order_;  // DescendingOrder's
 
   // Runs update(i) for every i < n, in order; with SquaredChange::kQueue
   // also queues the sum of squares of what it changed in `out` (new - old

@@ -168,6 +168,8 @@ class CudaBackend final : public Backend {
   absl::StatusOr<double> DoSecondsBetween(int from, int to) override;
   absl::StatusOr<bool> DoAllFinite(int64_t n, const float* x) override;
 
+  absl::Status DoScaleToNorm(int64_t n, const float* reference, Norm norm,
+                             double eps, float* x) override;
   absl::Status DoAddIdentity(int64_t n, float alpha, float* a) override;
   absl::Status DoScaleColumns(int64_t rows, int64_t cols, const float* d,
                               float* a) override;
@@ -179,6 +181,10 @@ class CudaBackend final : public Backend {
   absl::Status DoGatherRows(int64_t rows, int64_t cols,
                             absl::Span<const int64_t> perm, const float* src,
                             float* dst) override;
+  absl::Status DoSortColumns(int64_t rows, int64_t cols, const float* keys,
+                             const float* src, float* dst) override;
+  absl::Status DoSortRows(int64_t rows, int64_t cols, const float* keys,
+                          const float* src, float* dst) override;
   absl::Status DoTranspose2D(int64_t rows, int64_t cols, const float* src,
                              float* dst) override;
   absl::Status DoReserveNewtonSchulz(const NewtonSchulzSpec& spec,
@@ -1077,6 +1083,20 @@ absl::StatusOr<double> CudaBackend::DoSumSquares(int64_t n, const float* x) {
   return pinned_->sum;
 }
 
+absl::Status CudaBackend::DoScaleToNorm(int64_t n, const float* reference,
+                                        Norm norm, double eps, float* x) {
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_ASSIGN_OR_RETURN(
+      void* ws, Reserve(scratch_ws_, (cuda_kernels::kMaxReductionBlocks + 2) *
+                                         sizeof(double)));
+  auto* partials = static_cast<double*>(ws);
+  double* sums = partials + cuda_kernels::kMaxReductionBlocks;
+  const double divisor = norm == Norm::kRms ? static_cast<double>(n) : 1.0;
+  CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::ScaleToNorm(
+      Cfg(), n, reference, divisor, eps, x, partials, sums));
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::DoSumSquaresMany(absl::Span<const float* const> xs,
                                            absl::Span<const int64_t> ns,
                                            absl::Span<double> out) {
@@ -1325,6 +1345,36 @@ absl::Status CudaBackend::DoGatherRows(int64_t rows, int64_t cols,
   CANZONA_RETURN_IF_ERROR(CopyHostToDevice(perm.data(), bytes, ws));
   CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::GatherRows(
       Cfg(), rows, cols, static_cast<const int64_t*>(ws), src, dst));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoSortColumns(int64_t rows, int64_t cols,
+                                        const float* keys, const float* src,
+                                        float* dst) {
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_ASSIGN_OR_RETURN(
+      void* ws,
+      Reserve(scratch_ws_, static_cast<size_t>(cols) * sizeof(int64_t)));
+  auto* order = static_cast<int64_t*>(ws);
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::DescendingOrder(Cfg(), cols, keys, order));
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::GatherColumns(Cfg(), rows, cols, order, src, dst));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoSortRows(int64_t rows, int64_t cols,
+                                     const float* keys, const float* src,
+                                     float* dst) {
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_ASSIGN_OR_RETURN(
+      void* ws,
+      Reserve(scratch_ws_, static_cast<size_t>(rows) * sizeof(int64_t)));
+  auto* order = static_cast<int64_t*>(ws);
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::DescendingOrder(Cfg(), rows, keys, order));
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::GatherRows(Cfg(), rows, cols, order, src, dst));
   return absl::OkStatus();
 }
 

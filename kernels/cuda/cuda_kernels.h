@@ -139,6 +139,14 @@ cudaError_t SumSquaresMany(const LaunchConfig& cfg, int count,
 // output share 16-byte alignment.
 cudaError_t SquaredDistance(const LaunchConfig& cfg, int64_t n, const float* a,
                             const float* b, double* partials, double* result);
+// x *= float(numerator / (sqrt(sums[1] / divisor) + eps)) where sums[1] is
+// SumSquares(x) and numerator sqrt(sums[0] / divisor), sums[0] being
+// SumSquares(reference), or 1 with reference null: Backend::ScaleToNorm
+// without a host wait. partials: kMaxReductionBlocks doubles; sums: two
+// doubles (both device).
+cudaError_t ScaleToNorm(const LaunchConfig& cfg, int64_t n,
+                        const float* reference, double divisor, double eps,
+                        float* x, double* partials, double* sums);
 // Sets *flag = 1 when some x[i] is not finite; *flag must be zeroed first.
 cudaError_t FlagNonFinite(const LaunchConfig& cfg, int64_t n, const float* x,
                           int* flag);
@@ -151,6 +159,10 @@ cudaError_t ScaleColumns(const LaunchConfig& cfg, int64_t rows, int64_t cols,
 // out[j] = sum_i a[i, j] b[i, j], accumulated in double.
 cudaError_t ColumnDots(const LaunchConfig& cfg, int64_t rows, int64_t cols,
                        const float* a, const float* b, float* out);
+// order[r] = the index of the r-th key of keys[0, n) in descending order:
+// stable, NaN last (Backend::SortColumns). order: n device int64s.
+cudaError_t DescendingOrder(const LaunchConfig& cfg, int64_t n,
+                            const float* keys, int64_t* order);
 // perm is a device array.
 cudaError_t GatherColumns(const LaunchConfig& cfg, int64_t rows, int64_t cols,
                           const int64_t* perm, const float* src, float* dst);

@@ -460,6 +460,53 @@ __global__ void GatherRowsKernel(int64_t rows, int64_t cols,
 
 #undef CANZONA_FOR_2D
 
+// Whether key a at index ia comes before key b at index ib in descending
+// order: NaN last, equal keys (-0 == +0, NaN with NaN) by index.
+__device__ inline bool SortsBefore(float a, int64_t ia, float b, int64_t ib) {
+  const bool a_nan = isnan(a);
+  const bool b_nan = isnan(b);
+  if (a_nan != b_nan) return b_nan;
+  if (!a_nan && a != b) return a > b;
+  return ia < ib;
+}
+
+// order[rank of key j] = j: each thread counts the keys sorting before its
+// own, reading them a block-wide tile at a time from shared memory. The
+// loops' bounds are uniform across a block (its __syncthreads).
+__global__ void DescendingOrderKernel(int64_t n, const float* keys,
+                                      int64_t* order) {
+  __shared__ float tile[kThreads];
+  const int64_t stride = int64_t{blockDim.x} * gridDim.x;
+  for (int64_t base = int64_t{blockIdx.x} * blockDim.x; base < n;
+       base += stride) {
+    const int64_t j = base + threadIdx.x;
+    const float key = j < n ? keys[j] : 0.0f;
+    int64_t rank = 0;
+    for (int64_t t0 = 0; t0 < n; t0 += blockDim.x) {
+      __syncthreads();
+      if (t0 + threadIdx.x < n) tile[threadIdx.x] = keys[t0 + threadIdx.x];
+      __syncthreads();
+      const int64_t m = n - t0 < blockDim.x ? n - t0 : int64_t{blockDim.x};
+      for (int64_t t = 0; t < m; ++t) {
+        rank += SortsBefore(tile[t], t0 + t, key, j) ? 1 : 0;
+      }
+    }
+    if (j < n) order[rank] = j;
+  }
+}
+
+// x *= float(numerator / (size(x) + eps)) from the sums of squares in
+// sums[0] (the reference's, when there is one) and sums[1] (x's): every
+// thread takes the same double arithmetic the host would, then ScaleOp.
+__global__ void ScaleToNormKernel(int64_t n, const double* sums,
+                                  bool has_reference, double divisor,
+                                  double eps, float* x, bool vectorized) {
+  const double numerator = has_reference ? sqrt(sums[0] / divisor) : 1.0;
+  const float factor =
+      static_cast<float>(numerator / (sqrt(sums[1] / divisor) + eps));
+  ThreadElementwise(n, ScaleOp{x, factor}, vectorized, blockIdx.x, gridDim.x);
+}
+
 // Block (32, 8): each block owns 32 adjacent columns (coalesced row reads);
 // the 8 thread rows split the matrix rows and are reduced in shared memory.
 __global__ void ColumnDotsKernel(int64_t rows, int64_t cols, const float* a,
@@ -584,6 +631,23 @@ cudaError_t Axpby(const LaunchConfig& cfg, int64_t n, float alpha,
 
 cudaError_t Scale(const LaunchConfig& cfg, int64_t n, float alpha, float* x) {
   return LaunchElementwise(cfg, n, ScaleOp{x, alpha}, Aligned16(x));
+}
+
+cudaError_t ScaleToNorm(const LaunchConfig& cfg, int64_t n,
+                        const float* reference, double divisor, double eps,
+                        float* x, double* partials, double* sums) {
+  if (n <= 0) return cudaSuccess;
+  if (reference != nullptr) {
+    const cudaError_t err = SumSquares(cfg, n, reference, partials, sums);
+    if (err != cudaSuccess) return err;
+  }
+  const cudaError_t err = SumSquares(cfg, n, x, partials, sums + 1);
+  if (err != cudaSuccess) return err;
+  const bool vectorized = Aligned16(x);
+  const int grid = GridFor(cfg, vectorized ? CeilDiv(n, 4) : n);
+  ScaleToNormKernel<<<grid, kThreads, 0, cfg.stream>>>(
+      n, sums, reference != nullptr, divisor, eps, x, vectorized);
+  return cudaGetLastError();
 }
 
 cudaError_t EmaSquare(const LaunchConfig& cfg, int64_t n, float decay,
@@ -717,6 +781,14 @@ cudaError_t GatherColumns(const LaunchConfig& cfg, int64_t rows, int64_t cols,
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   GatherColumnsKernel<<<Grid2D(cfg, rows, cols), dim3(32, 8), 0, cfg.stream>>>(
       rows, cols, perm, src, dst);
+  return cudaGetLastError();
+}
+
+cudaError_t DescendingOrder(const LaunchConfig& cfg, int64_t n,
+                            const float* keys, int64_t* order) {
+  if (n <= 0) return cudaSuccess;
+  DescendingOrderKernel<<<GridFor(cfg, n), kThreads, 0, cfg.stream>>>(n, keys,
+                                                                      order);
   return cudaGetLastError();
 }
 

@@ -161,13 +161,10 @@ class ShampooRule : public RuleImpl {
             Transpose::kNo, Transpose::kNo, b.rows, b.cols, b.cols, 1.0f,
             product_, b.cols, b.r_inv, b.cols, 0.0f, out, b.cols));
         if (grafting) {
-          CANZONA_ASSIGN_OR_RETURN(double graft_sq,
-                                   backend_->SumSquares(n, graft_dir_));
-          CANZONA_ASSIGN_OR_RETURN(double dir_sq, backend_->SumSquares(n, out));
-          const double ratio =
-              std::sqrt(graft_sq) / (std::sqrt(dir_sq) + 1e-16);
-          CANZONA_RETURN_IF_ERROR(
-              backend_->Scale(n, static_cast<float>(ratio), out));
+          // The graft's norm, taken where out lives: two sums read on the
+          // host were two round trips per block per step.
+          CANZONA_RETURN_IF_ERROR(backend_->ScaleToNorm(
+              n, graft_dir_, Backend::Norm::kL2, 1e-16, out));
         }
       }
       if (!contiguous) {

@@ -6,7 +6,6 @@
 // re-projected with the new one); exp_avg_sq is only permuted.
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "kernels/base/status_macros.h"
 #include "server/optim/rule_impl.h"
@@ -50,8 +49,6 @@ class SoapRule : public RuleImpl {
       CANZONA_ASSIGN_OR_RETURN(square_b_, AddScratch(max_dim * max_dim));
       CANZONA_ASSIGN_OR_RETURN(diag_, AddScratch(max_dim));
     }
-    host_diag_.resize(max_dim);
-    perm_.resize(max_dim);
     return absl::OkStatus();
   }
 
@@ -89,8 +86,10 @@ class SoapRule : public RuleImpl {
                                 static_cast<float>(options_.eps), projected_));
     CANZONA_RETURN_IF_ERROR(ProjectBack(projected_, out_));
     if (options_.normalize_grads) {
-      CANZONA_ASSIGN_OR_RETURN(double sum_sq, backend_->SumSquares(n, out_));
-      alpha /= 1e-30 + std::sqrt(sum_sq / static_cast<double>(n));
+      // Unit RMS where out_ lives: a sum read on the host was a round trip
+      // per matrix per step.
+      CANZONA_RETURN_IF_ERROR(
+          backend_->ScaleToNorm(n, nullptr, Backend::Norm::kRms, 1e-30, out_));
     }
     CANZONA_RETURN_IF_ERROR(
         backend_->Axpby(n, static_cast<float>(-alpha), out_, 1.0f, param));
@@ -150,9 +149,7 @@ class SoapRule : public RuleImpl {
   absl::Status EigenBasis(int64_t k, const float* factor, float* q) {
     CANZONA_RETURN_IF_ERROR(
         EigenWithRetry(backend_, k, factor, 1.0f, 1e-30f, square_a_, diag_));
-    for (int64_t j = 0; j < k; ++j) perm_[j] = k - 1 - j;
-    return backend_->GatherColumns(k, k, absl::MakeConstSpan(perm_.data(), k),
-                                   square_a_, q);
+    return backend_->SortColumns(k, k, diag_, square_a_, q);
   }
 
   // One power iteration: sort the basis by diag(Q^T GX Q) descending
@@ -165,23 +162,18 @@ class SoapRule : public RuleImpl {
                                            k, 1.0f, factor, k, q, k, 0.0f,
                                            square_a_, k));
     CANZONA_RETURN_IF_ERROR(backend_->ColumnDots(k, k, q, square_a_, diag_));
-    CANZONA_RETURN_IF_ERROR(backend_->CopyToHost(diag_, k, host_diag_.data()));
-    std::iota(perm_.begin(), perm_.begin() + k, int64_t{0});
-    std::stable_sort(
-        perm_.begin(), perm_.begin() + k,
-        [this](int64_t a, int64_t b) { return host_diag_[a] > host_diag_[b]; });
-    const absl::Span<const int64_t> perm(perm_.data(), k);
-    // (GX Q)[:, perm] == GX (Q[:, perm]): one GEMM serves both.
+    // Sorted where the keys live, no round trip to the host.
+    // (GX Q)[:, order] == GX (Q[:, order]): one GEMM serves both.
     CANZONA_RETURN_IF_ERROR(
-        backend_->GatherColumns(k, k, perm, square_a_, square_b_));
+        backend_->SortColumns(k, k, diag_, square_a_, square_b_));
     CANZONA_RETURN_IF_ERROR(backend_->QrOrthonormalize(k, k, square_b_));
     CANZONA_RETURN_IF_ERROR(backend_->Copy(square_b_, k * k, q));
     if (left) {
       CANZONA_RETURN_IF_ERROR(
-          backend_->GatherRows(rows_, cols_, perm, exp_avg_sq_, tmp_));
+          backend_->SortRows(rows_, cols_, diag_, exp_avg_sq_, tmp_));
     } else {
       CANZONA_RETURN_IF_ERROR(
-          backend_->GatherColumns(rows_, cols_, perm, exp_avg_sq_, tmp_));
+          backend_->SortColumns(rows_, cols_, diag_, exp_avg_sq_, tmp_));
     }
     return backend_->Copy(tmp_, rows_ * cols_, exp_avg_sq_);
   }
@@ -235,8 +227,6 @@ class SoapRule : public RuleImpl {
   float* square_a_ = nullptr;
   float* square_b_ = nullptr;
   float* diag_ = nullptr;
-  std::vector<float> host_diag_;
-  std::vector<int64_t> perm_;
 };
 
 }  // namespace

@@ -464,6 +464,38 @@ TEST_P(BackendConformanceTest, InvalidArgumentsNameMethodAndField) {
       {"gather rows size",
        [&](Backend& b) { return b.GatherRows(3, 2, dup, p, p + 32); },
        "GatherRows: perm has 4 entries, expected 3"},
+      {"sort columns null keys",
+       [&](Backend& b) { return b.SortColumns(2, 4, nullptr, p, p + 32); },
+       "SortColumns: keys is null for 4 elements"},
+      {"sort columns aliasing",
+       [&](Backend& b) { return b.SortColumns(2, 4, p, p, p + 4); },
+       "SortColumns: src"},
+      {"sort rows negative",
+       [&](Backend& b) { return b.SortRows(-4, 2, p, p, p + 32); },
+       "SortRows: rows must be >= 0"},
+      {"sort rows null dst",
+       [&](Backend& b) { return b.SortRows(4, 2, p, p, nullptr); },
+       "SortRows: dst is null for 8 elements"},
+      {"scale to norm null x",
+       [&](Backend& b) {
+         return b.ScaleToNorm(3, p, Backend::Norm::kL2, 0, nullptr);
+       },
+       "ScaleToNorm: x is null for 3 elements"},
+      {"scale to norm negative n",
+       [&](Backend& b) {
+         return b.ScaleToNorm(-3, nullptr, Backend::Norm::kRms, 0, p);
+       },
+       "ScaleToNorm: n must be >= 0"},
+      {"scale to norm norm",
+       [&](Backend& b) {
+         return b.ScaleToNorm(3, nullptr, static_cast<Backend::Norm>(7), 0, p);
+       },
+       "ScaleToNorm: norm = 7 is not l2 or rms"},
+      {"scale to norm eps",
+       [&](Backend& b) {
+         return b.ScaleToNorm(3, nullptr, Backend::Norm::kL2, -1, p);
+       },
+       "ScaleToNorm: eps = -1 must be finite and >= 0"},
       {"transpose null dst",
        [&](Backend& b) { return b.Transpose2D(2, 3, p, nullptr); },
        "Transpose2D: dst is null"},

@@ -143,6 +143,10 @@ class ForwardingBackend : public Backend {
   absl::StatusOr<bool> DoAllFinite(int64_t n, const float* x) override {
     return inner_->AllFinite(n, x);
   }
+  absl::Status DoScaleToNorm(int64_t n, const float* reference, Norm norm,
+                             double eps, float* x) override {
+    return inner_->ScaleToNorm(n, reference, norm, eps, x);
+  }
   absl::Status DoAddIdentity(int64_t n, float alpha, float* a) override {
     return inner_->AddIdentity(n, alpha, a);
   }
@@ -163,6 +167,14 @@ class ForwardingBackend : public Backend {
                             absl::Span<const int64_t> perm, const float* s,
                             float* d) override {
     return inner_->GatherRows(r, c, perm, s, d);
+  }
+  absl::Status DoSortColumns(int64_t r, int64_t c, const float* keys,
+                             const float* s, float* d) override {
+    return inner_->SortColumns(r, c, keys, s, d);
+  }
+  absl::Status DoSortRows(int64_t r, int64_t c, const float* keys,
+                          const float* s, float* d) override {
+    return inner_->SortRows(r, c, keys, s, d);
   }
   absl::Status DoTranspose2D(int64_t r, int64_t c, const float* s,
                              float* d) override {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -680,6 +681,64 @@ TEST(UpdateRuleTest, StepsAllocateNothingAfterCreate) {
     ASSERT_OK(blocked->Step(param.data(), grad.data()));
   }
   EXPECT_EQ(backend.allocations(), after_create);
+}
+
+// On a GPU each host wait idles the device behind a round trip, so a step
+// waits only where a solver must report to the host: the eigensolver of
+// Shampoo's root-inverse refresh and of SOAP's first call. Shampoo's
+// grafting norm, SOAP's normalize_grads and SOAP's basis sort stay on the
+// backend (Backend::ScaleToNorm, SortColumns, SortRows); host_waits
+// counts for every backend alike, so the cpu's count is a GPU's.
+TEST(UpdateRuleTest, StepsWaitOnTheHostOnlyForAnEigensolver) {
+  struct Case {
+    OptimizerKind kind;
+    Settings settings;
+    std::vector<int> solver_steps;  // 1-based steps that may wait
+  };
+  const std::vector<Case> cases = {
+      {kMuon, {}, {}},
+      {kAdamW, {}, {}},
+      // Refreshes at steps 2, 3 and 6; steps 4, 5 and 7 graft (adam).
+      {kShampoo,
+       {{"max_preconditioner_dim", "4"},
+        {"precondition_frequency", "3"},
+        {"start_preconditioning_step", "2"}},
+       {2, 3, 6}},
+      {kShampoo,
+       {{"grafting", "adagrad"},
+        {"precondition_frequency", "3"},
+        {"start_preconditioning_step", "2"}},
+       {2, 3, 6}},
+      // Bases from an eigensolver at step 1; sorted refreshes at 3, 5, 7.
+      {kSoap,
+       {{"precondition_frequency", "2"}, {"normalize_grads", "true"}},
+       {1}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(OptimizerKindName(c.kind)));
+    std::unique_ptr<Backend> backend = CpuBackend();
+    ASSERT_NE(backend, nullptr);
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer param, backend->Allocate(42));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer grad, backend->Allocate(42));
+    std::mt19937_64 rng(5);
+    ASSERT_OK_AND_ASSIGN(
+        auto rule,
+        UpdateRule::Create(Config(c.kind, c.settings), {7, 6}, backend.get()));
+    for (int step = 1; step <= 7; ++step) {
+      SCOPED_TRACE(absl::StrCat("step ", step));
+      const std::vector<float> g = RandomNormal(42, rng, 1.0);
+      ASSERT_OK(backend->CopyFromHost(g.data(), 42, grad.data()));
+      const int64_t waits = backend->host_waits();
+      ASSERT_OK(rule->Step(param.data(), grad.data()));
+      const bool solver =
+          std::count(c.solver_steps.begin(), c.solver_steps.end(), step) > 0;
+      if (solver) {
+        EXPECT_GT(backend->host_waits(), waits);
+      } else {
+        EXPECT_EQ(backend->host_waits(), waits);
+      }
+    }
+  }
 }
 
 // Muon and AdamW queue their update's size in the pass that applies it
