@@ -421,14 +421,9 @@ absl::Status BucketCollectives::Gather(int b) {
   }
   if (b != layout.gather_order.back()) return absl::OkStatus();
   return parts_.calibration->EndRound(
-      [&](absl::Span<float> sums) -> absl::Status {
-        float* staged = parts_.sums.data();
-        const int64_t bytes = static_cast<int64_t>(sums.size() * sizeof(float));
-        CANZONA_RETURN_IF_ERROR(copier.Copy(staged, sums.data(), bytes));
-        CANZONA_RETURN_IF_ERROR(
-            parts_.dp->AllReduce(staged, static_cast<int64_t>(sums.size())));
-        CANZONA_RETURN_IF_ERROR(copier.Copy(sums.data(), staged, bytes));
-        return copier.Finish();
+      [&](absl::Span<float> sums) {
+        return SumThroughStaging(copier, *parts_.dp, parts_.sums.data(),
+                                 parts_.host_sums->data(), sums);
       },
       staging_.who);
 }

@@ -54,6 +54,7 @@
 #include "server/engine/gradient_snapshots.h"
 #include "server/engine/job_plan.h"
 #include "server/engine/owned_buffers.h"
+#include "server/engine/pinned_host_memory.h"
 #include "server/engine/rank_layout.h"
 #include "server/engine/staging_copier.h"
 #include "server/engine/trainer_buffers.h"
@@ -80,6 +81,8 @@ class BucketCollectives {
     // even part); the layerwise gather's packed send and receive buffers;
     // the calibration's all-reduce.
     DeviceBuffer part, packed, gathered, sums;
+    // The calibration's sums on the host (SumThroughStaging).
+    std::unique_ptr<PinnedHostFloats> host_sums;
   };
   // What the collectives read and write besides their own parts.
   struct Staging {

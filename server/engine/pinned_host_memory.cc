@@ -4,9 +4,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
 namespace canzona {
@@ -73,6 +77,31 @@ PinnedHostMemory::~PinnedHostMemory() {
       spdlog::warn("unpinning a host buffer: {}", std::string(s.message()));
     }
   }
+}
+
+void PinnedHostFloats::FreeHost::operator()(float* p) const { std::free(p); }
+
+absl::StatusOr<std::unique_ptr<PinnedHostFloats>> PinnedHostFloats::Create(
+    NcclApi* api, int device, int64_t count) {
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t bytes = std::max<size_t>(
+      (static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(float) + page -
+       1) /
+          page * page,
+      page);
+  auto* data = static_cast<float*>(std::aligned_alloc(page, bytes));
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host staging of ", count, " floats: out of host memory"));
+  }
+  std::memset(data, 0, bytes);
+  std::unique_ptr<PinnedHostFloats> floats(
+      new PinnedHostFloats(std::unique_ptr<float, FreeHost>(data), count));
+  if (api != nullptr) {
+    floats->pinned_ = PinnedHostMemory::Pin(
+        api, device, {{data, static_cast<int64_t>(bytes)}});
+  }
+  return floats;
 }
 
 }  // namespace canzona

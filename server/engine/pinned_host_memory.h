@@ -14,9 +14,12 @@
 #ifndef CANZONA_SERVER_ENGINE_PINNED_HOST_MEMORY_H_
 #define CANZONA_SERVER_ENGINE_PINNED_HOST_MEMORY_H_
 
+#include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "server/comm/nccl_api.h"
 #include "server/engine/trainer_buffers.h"
 
@@ -45,6 +48,39 @@ class PinnedHostMemory {
   NcclApi* const api_;
   const int device_;
   std::vector<void*> pinned_;
+};
+
+// PinnedHostFloats: `count` floats of host memory on pages of their own,
+// page-locked for a rank's GPU while this lives: the host side of the few
+// floats a staging copier sums over a communicator through the device
+// (SumThroughStaging: a step's world sums, the uneven calibration's). A
+// pageable side there costs more than a slow copy: cudaMemcpyAsync into
+// pageable memory returns only once the copy, and the all-reduce queued
+// before it, finished, a wait outside the copier's timeout that a peer
+// hung in that all-reduce would hold forever. Without an `api` (the Gloo
+// plane's host staging), or where the driver refuses, the floats stay
+// pageable (PinnedHostMemory's warning).
+//
+// Thread-safety: owned by one rank's runtime; used on its worker.
+class PinnedHostFloats {
+ public:
+  static absl::StatusOr<std::unique_ptr<PinnedHostFloats>> Create(
+      NcclApi* api, int device, int64_t count);
+
+  float* data() const { return data_.get(); }
+  int64_t size() const { return count_; }
+
+ private:
+  struct FreeHost {
+    void operator()(float* p) const;
+  };
+  PinnedHostFloats(std::unique_ptr<float, FreeHost> data, int64_t count)
+      : data_(std::move(data)), count_(count) {}
+
+  // Declared before the pinning, which is undone first.
+  std::unique_ptr<float, FreeHost> data_;
+  const int64_t count_;
+  std::unique_ptr<PinnedHostMemory> pinned_;
 };
 
 }  // namespace canzona

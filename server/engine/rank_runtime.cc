@@ -119,12 +119,8 @@ absl::Status RankRuntime::WorldSum(WorldValues& values) {
   // On the world communicator's own stream (its copier's): the copy in, the
   // all-reduce and the copy out in order, one wait at the end (was one per
   // call on the compute stream, and one between the streams).
-  float* staged = scalars_.data();
-  constexpr int64_t kBytes = sizeof(WorldValues);
-  CANZONA_RETURN_IF_ERROR(world_copier_->Copy(staged, values.data(), kBytes));
-  CANZONA_RETURN_IF_ERROR(world_->AllReduce(staged, kWorldValues));
-  CANZONA_RETURN_IF_ERROR(world_copier_->Copy(values.data(), staged, kBytes));
-  return world_copier_->Finish();
+  return SumThroughStaging(*world_copier_, *world_, scalars_.data(),
+                           host_scalars_->data(), absl::MakeSpan(values));
 }
 
 }  // namespace canzona

@@ -227,6 +227,8 @@ class RankRuntime {
   // values.
   DeviceBuffer redundant_send_, redundant_recv_, whole_grad_, whole_param_;
   DeviceBuffer scalars_;
+  // Their host side (SumThroughStaging), page-locked beside a GPU.
+  std::unique_ptr<PinnedHostFloats> host_scalars_;
   // Host staging page-locked for the GPU (RankBuilder::PinStaging): the
   // owned memory and the whole matrices above, declared after them so that
   // it is unlocked before they go.

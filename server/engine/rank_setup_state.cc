@@ -29,6 +29,10 @@ absl::Status RankBuilder::AllocateOwned(const RankSetup& setup,
   }
   CANZONA_ASSIGN_OR_RETURN(rt.scalars_,
                            staging.Allocate(RankRuntime::kWorldValues));
+  CANZONA_ASSIGN_OR_RETURN(
+      rt.host_scalars_,
+      PinnedHostFloats::Create(rt.backends_.nccl_api(), rt.device(),
+                               RankRuntime::kWorldValues));
   CANZONA_ASSIGN_OR_RETURN(rt.redundant_send_,
                            staging.Allocate(2 * layout.max_redundant));
   CANZONA_ASSIGN_OR_RETURN(
@@ -139,9 +143,11 @@ absl::Status RankBuilder::CreateBucketCollectives(
     CANZONA_ASSIGN_OR_RETURN(parts.part, staging.Allocate(layout.max_slice));
   }
   if (cal->enabled()) {
+    const int64_t sums = 2 * static_cast<int64_t>(layout.buckets.size());
+    CANZONA_ASSIGN_OR_RETURN(parts.sums, staging.Allocate(sums));
     CANZONA_ASSIGN_OR_RETURN(
-        parts.sums,
-        staging.Allocate(2 * static_cast<int64_t>(layout.buckets.size())));
+        parts.host_sums,
+        PinnedHostFloats::Create(rt.backends_.nccl_api(), rt.device(), sums));
   }
   if (!layout.layerwise_counts.empty()) {
     CANZONA_ASSIGN_OR_RETURN(

@@ -221,4 +221,18 @@ absl::StatusOr<std::unique_ptr<StagingCopier>> CreateDeviceStagingCopier(
       api, device, timeout, stream, *done, *taken, staging));
 }
 
+absl::Status SumThroughStaging(StagingCopier& copier, Communicator& comm,
+                               float* staged, float* host,
+                               absl::Span<float> values) {
+  const auto count = static_cast<int64_t>(values.size());
+  const int64_t bytes = count * static_cast<int64_t>(sizeof(float));
+  std::memcpy(host, values.data(), static_cast<size_t>(bytes));
+  CANZONA_RETURN_IF_ERROR(copier.Copy(staged, host, bytes));
+  CANZONA_RETURN_IF_ERROR(comm.AllReduce(staged, count));
+  CANZONA_RETURN_IF_ERROR(copier.Copy(host, staged, bytes));
+  CANZONA_RETURN_IF_ERROR(copier.Finish());
+  std::memcpy(values.data(), host, static_cast<size_t>(bytes));
+  return absl::OkStatus();
+}
+
 }  // namespace canzona

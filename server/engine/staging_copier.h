@@ -34,8 +34,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "kernels/allocation_registry.h"
 #include "kernels/base/dtype.h"
+#include "server/comm/communicator.h"
 #include "server/comm/nccl_api.h"
 
 namespace canzona {
@@ -102,6 +104,16 @@ std::unique_ptr<StagingCopier> CreateHostStagingCopier(
 absl::StatusOr<std::unique_ptr<StagingCopier>> CreateDeviceStagingCopier(
     NcclApi* api, int device, absl::Duration timeout,
     const AllocationRegistry* staging);
+
+// values <- their sum over `comm`, through the copier's staging: `values`
+// to `host`, to `staged`, the all-reduce on the copier's stream, and back,
+// with one wait (Finish, bounded by the copier's timeout) at the end.
+// `staged`: values.size() floats of staging; `host`: as many host floats,
+// page-locked beside a GPU (PinnedHostFloats), so that no copy waits inside
+// the driver. The step's world sums and the uneven calibration's.
+absl::Status SumThroughStaging(StagingCopier& copier, Communicator& comm,
+                               float* staged, float* host,
+                               absl::Span<float> values);
 
 }  // namespace canzona
 

@@ -46,7 +46,7 @@ FakeNcclApi::FakeNcclApi(Options options) : options_(options) {}
 
 FakeNcclApi::~FakeNcclApi() {
   absl::MutexLock lock(&mu_);
-  for (void* p : allocations_) std::free(p);
+  for (const auto& [p, bytes] : allocations_) std::free(p);
 }
 
 NcclStream FakeNcclApi::Stream(int n) { return FakeHandle<NcclStream>(n + 1); }
@@ -653,7 +653,7 @@ absl::StatusOr<void*> FakeNcclApi::Malloc(int64_t bytes) {
   void* p = std::aligned_alloc(256, size);
   if (p == nullptr) return absl::ResourceExhaustedError("cudaMalloc");
   std::memset(p, 0xff, size);  // NaN floats: unwritten lanes show up
-  allocations_.insert(p);
+  allocations_[p] = bytes;
   return p;
 }
 
@@ -831,14 +831,29 @@ int64_t FakeNcclApi::host_registered() const {
   return static_cast<int64_t>(host_registered_.size());
 }
 
-bool FakeNcclApi::HostRegistered(const void* ptr, int64_t bytes) const {
-  absl::MutexLock lock(&mu_);
+namespace {
+
+// Whether [ptr, ptr + bytes) lies inside one of `ranges` (begin -> bytes).
+bool InsideOne(const std::map<void*, int64_t>& ranges, const void* ptr,
+               int64_t bytes) {
   const char* p = static_cast<const char*>(ptr);
-  auto it = host_registered_.upper_bound(const_cast<char*>(p));
-  if (it == host_registered_.begin()) return false;
+  auto it = ranges.upper_bound(const_cast<char*>(p));
+  if (it == ranges.begin()) return false;
   --it;
   const char* begin = static_cast<const char*>(it->first);
   return p >= begin && p + bytes <= begin + it->second;
+}
+
+}  // namespace
+
+bool FakeNcclApi::HostRegistered(const void* ptr, int64_t bytes) const {
+  absl::MutexLock lock(&mu_);
+  return InsideOne(host_registered_, ptr, bytes);
+}
+
+bool FakeNcclApi::DeviceAllocated(const void* ptr, int64_t bytes) const {
+  absl::MutexLock lock(&mu_);
+  return InsideOne(allocations_, ptr, bytes);
 }
 
 void FakeNcclApi::PushLocked(NcclStream stream, std::unique_ptr<Entry> entry) {

@@ -220,6 +220,9 @@ class FakeNcclApi : public NcclApi {
   int64_t host_registered() const;
   // Whether [ptr, ptr + bytes) lies inside one range registered now.
   bool HostRegistered(const void* ptr, int64_t bytes) const;
+  // Whether [ptr, ptr + bytes) lies inside one live cudaMalloc allocation
+  // (this fake's device memory, which is host memory underneath).
+  bool DeviceAllocated(const void* ptr, int64_t bytes) const;
 
  private:
   enum class Kind {
@@ -364,7 +367,8 @@ class FakeNcclApi : public NcclApi {
   // The device of each stream StreamCreate made.
   std::map<NcclStream, int> stream_devices_ ABSL_GUARDED_BY(mu_);
   std::map<NcclEvent, EventState> events_ ABSL_GUARDED_BY(mu_);
-  std::set<void*> allocations_ ABSL_GUARDED_BY(mu_);
+  // cudaMalloc's allocations and their sizes.
+  std::map<void*, int64_t> allocations_ ABSL_GUARDED_BY(mu_);
   std::map<void*, int64_t> host_registered_ ABSL_GUARDED_BY(mu_);
 };
 

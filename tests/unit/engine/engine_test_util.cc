@@ -843,10 +843,21 @@ absl::StatusOr<CudaIpcOpened> FakeCudaIpc::Open(const std::string& handle,
   std::memcpy(&opened.size, handle.data() + sizeof(opened.base),
               sizeof(opened.size));
   ++opens;
+  absl::MutexLock lock(&mu_);
+  opened_.emplace_back(static_cast<const char*>(opened.base), opened.size);
   return opened;
 }
 
 void FakeCudaIpc::Close(const CudaIpcOpened&, int) { ++closes; }
+
+bool FakeCudaIpc::InsideOpened(const void* p, size_t bytes) const {
+  const auto* begin = static_cast<const char*>(p);
+  absl::MutexLock lock(&mu_);
+  for (const auto& [base, size] : opened_) {
+    if (begin >= base && begin + bytes <= base + size) return true;
+  }
+  return false;
+}
 
 std::string FakeCudaIpc::BusId(int device) {
   return absl::StrFormat("0000:%02x:00.0", device);

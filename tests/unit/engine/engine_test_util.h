@@ -23,10 +23,12 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/base/dtype.h"
 #include "kernels/cuda/cuda_ipc.h"
@@ -198,6 +200,14 @@ class FakeCudaIpc final : public CudaIpcOpener {
   // is not are counted (a GPU stages them through a bounce buffer).
   std::function<bool(const void*, size_t)> pinned;
   std::atomic<int64_t> pageable_copies{0};
+
+  // Whether [p, p + bytes) lies inside one "device" buffer opened so far
+  // (a GPU trainer's memory, host memory underneath).
+  bool InsideOpened(const void* p, size_t bytes) const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<std::pair<const char*, uint64_t>> opened_ ABSL_GUARDED_BY(mu_);
 };
 
 // Waits until `done` holds, asking every 50 ms, at most `timeout` (the

@@ -14,6 +14,8 @@
 // steps; CUDA IPC buffers copied on the stream after a
 // stream wait on the trainer's event, never through the host; shared-memory
 // trainer buffers page-locked while their rank lives; settings validated.
+#include <unistd.h>
+
 #include <algorithm>
 #include <iterator>
 #include <map>
@@ -682,6 +684,63 @@ TEST_F(NcclJobTest, SharedMemoryTrainerBuffersArePinnedWhileTheRankLives) {
   EXPECT_EQ(nccl_.calls_named("cudaHostUnregister").size(), pins.size());
 }
 
+// Every copy or conversion with a side in host memory reads or writes
+// page-locked memory: a trainer's shared memory (fp32), and the daemon's
+// own host floats, the world sums and the uneven calibration's, with a
+// shared-memory fp32 trainer and a CUDA IPC bf16 one. A pageable side makes
+// cudaMemcpyAsync wait inside the driver: before the copy, or, into
+// pageable memory, until the copy and the all-reduce before it finished,
+// a wait outside the copier's timeout that no count of waits shows (the
+// world sums' 5 floats went so, each way, every step at DP > 1).
+TEST(NcclEngineTest, HostSidesOfEveryCopyArePageLocked) {
+  SetCpuBlasThreads(1);
+  for (bool ipc_bf16 : {false, true}) {
+    SCOPED_TRACE(ipc_bf16 ? "CUDA IPC bf16" : "shared memory fp32");
+    FakeCudaIpc ipc;
+    FakeNcclApi nccl(DataMode());
+    Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
+    JobConfig config = MakeJobConfig(
+        ipc_bf16 ? "nccl-pinned-ipc" : "nccl-pinned-shm", 2, 1, "cost");
+    if (ipc_bf16) {
+      config.dtype = DType::kBFloat16;
+      config.cuda_ipc = true;
+      config.bucket_order = true;
+    }
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    nccl.ClearCalls();
+    ASSERT_OK(run.RunSteps(cluster, 1, 3));
+    int64_t host_sides = 0;
+    auto expect_pinned = [&](const FakeNcclCall& c, const void* side,
+                             int64_t bytes, const char* which) {
+      if (device_like::HostAlias(side) != nullptr ||
+          nccl.DeviceAllocated(side, bytes) ||
+          ipc.InsideOpened(side, static_cast<size_t>(bytes))) {
+        return;  // device memory: the backend's, NCCL's, the trainer's
+      }
+      ++host_sides;
+      EXPECT_TRUE(nccl.HostRegistered(side, bytes))
+          << c.op << " " << c.dtype << " " << which << " " << side << " +"
+          << bytes << " bytes is pageable";
+    };
+    for (const FakeNcclCall& c : nccl.calls_named("cudaMemcpyAsync")) {
+      expect_pinned(c, c.send, c.count, "src");
+      expect_pinned(c, c.recv, c.count, "dst");
+    }
+    for (const FakeNcclCall& c : nccl.calls_named("ConvertDTypeAsync")) {
+      const bool widen = c.dtype == "bf16->fp32";
+      expect_pinned(c, c.send, c.count * (widen ? 2 : 4), "src");
+      expect_pinned(c, c.recv, c.count * (widen ? 4 : 2), "dst");
+    }
+    // The world sums, each way, every step, on both ranks.
+    EXPECT_GE(host_sides, 2 * 3 * config.world());
+    ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
+    EXPECT_OK(run.Compare(reference, /*bitwise=*/!ipc_bf16));
+    ASSERT_OK(run.Deregister(cluster));
+  }
+}
+
 // Copies between the device staging and a trainer's shared memory (one
 // side host memory, not device-like) in one step: where the trainer lays
 // its buckets out in bucket order, one per bucket each for the gradients,
@@ -864,8 +923,11 @@ TEST(NcclEngineTest, IpcBuffersMoveOnTheStreamAfterWaitingForTheEvent) {
       EXPECT_GT(ipc.event_waits.load(), 0);
     }
     EXPECT_EQ(ipc.copied_bytes.load(), 0);
-    // Device memory needs no pinning.
-    EXPECT_TRUE(nccl.calls_named("cudaHostRegister").empty());
+    // The trainer's device memory needs no pinning: only the daemon's own
+    // host floats are (SumThroughStaging's: a page each).
+    for (const FakeNcclCall& c : nccl.calls_named("cudaHostRegister")) {
+      EXPECT_EQ(c.count, sysconf(_SC_PAGESIZE));
+    }
     ASSERT_OK(run.Deregister(cluster));
   }
 }
