@@ -699,8 +699,10 @@ TEST(NcclEngineTest, HostSidesOfEveryCopyArePageLocked) {
     FakeCudaIpc ipc;
     FakeNcclApi nccl(DataMode());
     Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
-    JobConfig config = MakeJobConfig(
-        ipc_bf16 ? "nccl-pinned-ipc" : "nccl-pinned-shm", 2, 1, "cost");
+    // Shared memory at DP2 x TP2: the TP lane's copies too.
+    JobConfig config =
+        MakeJobConfig(ipc_bf16 ? "nccl-pinned-ipc" : "nccl-pinned-shm", 2,
+                      ipc_bf16 ? 1 : 2, "cost");
     if (ipc_bf16) {
       config.dtype = DType::kBFloat16;
       config.cuda_ipc = true;
