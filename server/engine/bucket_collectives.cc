@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "kernels/base/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -274,8 +275,14 @@ absl::Status BucketCollectives::WaitForTrainer(NcclEvent snapshot) {
     return staging_.trainer->WaitGradients(*parts_.copier, on_device);
   }
   if (on_device) return parts_.copier->WaitEvent(snapshot);
-  return parts_.copier->AwaitEvent(
-      snapshot, "the trainer's gradients-written event (as of GradReady)");
+  if (staging_.on_device) {
+    return parts_.copier->AwaitEvent(
+        snapshot, "the trainer's gradients-written event (as of GradReady)");
+  }
+  // The Gloo plane's copier is the host's: the snapshot is polled here, as
+  // WaitGradients polls the trainer's event, with the same deadline.
+  return parts_.snapshots->Await(
+      snapshot, absl::Now() + staging_.trainer->event_timeout());
 }
 
 absl::Status BucketCollectives::Reduce(int b, int64_t step) {
@@ -423,7 +430,7 @@ absl::Status BucketCollectives::Gather(int b) {
   return parts_.calibration->EndRound(
       [&](absl::Span<float> sums) {
         return SumThroughStaging(copier, *parts_.dp, parts_.sums.data(),
-                                 parts_.host_sums->data(), sums);
+                                 *parts_.host_sums, sums);
       },
       staging_.who);
 }

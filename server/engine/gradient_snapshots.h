@@ -17,7 +17,8 @@
 //   CANZONA_RETURN_IF_ERROR(e != nullptr ? copier.WaitEvent(e)
 //                                        : trainer.WaitGradients(...));
 //
-// Owns a stream and one event per bucket on the rank's GPU (NCCL plane).
+// Owns a stream and one event per bucket on the rank's GPU (either plane:
+// on the Gloo plane the reductions' host waits poll the snapshot, Await).
 // Thread-safety: Capture runs on RPC threads (GradReady), For on the DP
 // lane; the steps they name are guarded.
 #ifndef CANZONA_SERVER_ENGINE_GRADIENT_SNAPSHOTS_H_
@@ -31,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "server/comm/nccl_api.h"
 
@@ -53,6 +55,11 @@ class GradientSnapshots {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Bucket b's snapshot event if Capture took one for `step`, else null.
   NcclEvent For(int64_t step, int b) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns once `snapshot` (a For result) completed, polled on the host:
+  // on the Gloo plane, whose copier cannot wait on the device. Past
+  // `deadline` DEADLINE_EXCEEDED: a trainer that died before its GPU
+  // reached the record leaves the snapshot pending for good.
+  absl::Status Await(NcclEvent snapshot, absl::Time deadline) const;
   // Forgets every snapshot: the job moved to another step (a checkpoint
   // loaded, state imported), and a step number seen before must not find
   // an old snapshot, long complete, for a bucket not reported again.

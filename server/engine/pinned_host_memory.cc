@@ -79,24 +79,28 @@ PinnedHostMemory::~PinnedHostMemory() {
   }
 }
 
-void PinnedHostFloats::FreeHost::operator()(float* p) const { std::free(p); }
+PinnedHostFloats::~PinnedHostFloats() {
+  if (abandoned_) {
+    (void)pinned_.release();
+    return;
+  }
+  pinned_.reset();  // unlocked before freed
+  std::free(data_);
+}
 
 absl::StatusOr<std::unique_ptr<PinnedHostFloats>> PinnedHostFloats::Create(
     NcclApi* api, int device, int64_t count) {
   const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t bytes = std::max<size_t>(
-      (static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(float) + page -
-       1) /
-          page * page,
-      page);
+  const size_t wanted =
+      static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(float);
+  const size_t bytes = (wanted + page - 1) / page * page;  // whole pages
   auto* data = static_cast<float*>(std::aligned_alloc(page, bytes));
   if (data == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("host staging of ", count, " floats: out of host memory"));
   }
   std::memset(data, 0, bytes);
-  std::unique_ptr<PinnedHostFloats> floats(
-      new PinnedHostFloats(std::unique_ptr<float, FreeHost>(data), count));
+  std::unique_ptr<PinnedHostFloats> floats(new PinnedHostFloats(data, count));
   if (api != nullptr) {
     floats->pinned_ = PinnedHostMemory::Pin(
         api, device, {{data, static_cast<int64_t>(bytes)}});

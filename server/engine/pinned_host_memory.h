@@ -66,21 +66,26 @@ class PinnedHostFloats {
  public:
   static absl::StatusOr<std::unique_ptr<PinnedHostFloats>> Create(
       NcclApi* api, int device, int64_t count);
+  ~PinnedHostFloats();
+  PinnedHostFloats(const PinnedHostFloats&) = delete;
+  PinnedHostFloats& operator=(const PinnedHostFloats&) = delete;
 
-  float* data() const { return data_.get(); }
+  float* data() const { return data_; }
   int64_t size() const { return count_; }
 
- private:
-  struct FreeHost {
-    void operator()(float* p) const;
-  };
-  PinnedHostFloats(std::unique_ptr<float, FreeHost> data, int64_t count)
-      : data_(std::move(data)), count_(count) {}
+  // Leaves the floats, locked, to the process when this goes: a copy into
+  // them may still be queued behind a collective that did not finish (the
+  // wait for it timed out), and the device would write into freed memory
+  // once the collective's abort lets it run.
+  void Abandon() { abandoned_ = true; }
 
-  // Declared before the pinning, which is undone first.
-  std::unique_ptr<float, FreeHost> data_;
+ private:
+  PinnedHostFloats(float* data, int64_t count) : data_(data), count_(count) {}
+
+  float* const data_;  // page-aligned, whole pages
   const int64_t count_;
   std::unique_ptr<PinnedHostMemory> pinned_;
+  bool abandoned_ = false;
 };
 
 }  // namespace canzona

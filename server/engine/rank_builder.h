@@ -58,6 +58,7 @@ class RankBuilder {
   static absl::Status CreateTpLane(const RankSetup& setup, RankRuntime& rt,
                                    Copiers& copiers, Groups& groups);
   static void PinStaging(const RankSetup& setup, RankRuntime& rt);
+  static NcclApi* SnapshotApi(const RankSetup& setup, const RankRuntime& rt);
   static void RegisterMetrics(const RankSetup& setup, RankRuntime& rt);
   static void AccountMemory(const RankSetup& setup, RankRuntime& rt);
   static void Describe(const RankRuntime& rt,

@@ -120,7 +120,7 @@ absl::Status RankRuntime::WorldSum(WorldValues& values) {
   // all-reduce and the copy out in order, one wait at the end (was one per
   // call on the compute stream, and one between the streams).
   return SumThroughStaging(*world_copier_, *world_, scalars_.data(),
-                           host_scalars_->data(), absl::MakeSpan(values));
+                           *host_scalars_, absl::MakeSpan(values));
 }
 
 }  // namespace canzona

@@ -132,6 +132,28 @@ absl::Status RankBuilder::BatchUpdates(const RankSetup& setup,
   return absl::OkStatus();
 }
 
+// The CUDA calls that snapshot a GPU trainer's gradients event at each
+// GradReady (GradientSnapshots): the NCCL plane's, or on the Gloo plane the
+// CUDA runtime's, where the event was opened through it (a test's fake
+// event means nothing to real CUDA). Null: no snapshots, each reduction
+// waits for the event's latest record.
+NcclApi* RankBuilder::SnapshotApi(const RankSetup& setup,
+                                  const RankRuntime& rt) {
+  if (setup.trainer == nullptr || setup.trainer->grad_event() == nullptr) {
+    return nullptr;
+  }
+  if (rt.resident()) return rt.backends_.nccl_api();
+  if (setup.nccl_api != nullptr) return setup.nccl_api;
+  if (!setup.trainer->opened_by_cuda()) return nullptr;
+  absl::StatusOr<NcclApi*> real = RealNcclApi();
+  if (!real.ok()) {
+    spdlog::warn("rank {}: no gradients-event snapshots: {}",
+                 RankString(setup.coords), real.status().ToString());
+    return nullptr;
+  }
+  return *real;
+}
+
 // The DP collectives (DP lane) with their scratch and calibration.
 absl::Status RankBuilder::CreateBucketCollectives(
     const RankSetup& setup, RankRuntime& rt, Copiers& copiers, Groups& groups,
@@ -169,11 +191,11 @@ absl::Status RankBuilder::CreateBucketCollectives(
                    RankString(setup.coords), written.status().ToString());
     }
   }
-  if (rt.resident() && setup.trainer != nullptr &&
-      setup.trainer->grad_event() != nullptr) {
+  NcclApi* snapshot_api = SnapshotApi(setup, rt);
+  if (snapshot_api != nullptr) {
     absl::StatusOr<std::unique_ptr<GradientSnapshots>> snapshots =
         GradientSnapshots::Create(
-            rt.backends_.nccl_api(), rt.device(),
+            snapshot_api, rt.device(),
             static_cast<NcclEvent>(setup.trainer->grad_event()),
             static_cast<int>(layout.buckets.size()));
     if (snapshots.ok()) {

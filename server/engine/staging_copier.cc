@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/poll.h"
 #include "kernels/base/status_macros.h"
+#include "server/engine/pinned_host_memory.h"
 
 namespace canzona {
 namespace {
@@ -222,16 +223,25 @@ absl::StatusOr<std::unique_ptr<StagingCopier>> CreateDeviceStagingCopier(
 }
 
 absl::Status SumThroughStaging(StagingCopier& copier, Communicator& comm,
-                               float* staged, float* host,
+                               float* staged, PinnedHostFloats& host,
                                absl::Span<float> values) {
   const auto count = static_cast<int64_t>(values.size());
+  if (count == 0) return absl::OkStatus();
+  if (count > host.size()) {
+    return absl::InternalError(absl::StrCat("SumThroughStaging: ", count,
+                                            " values for ", host.size(),
+                                            " host floats"));
+  }
   const int64_t bytes = count * static_cast<int64_t>(sizeof(float));
-  std::memcpy(host, values.data(), static_cast<size_t>(bytes));
-  CANZONA_RETURN_IF_ERROR(copier.Copy(staged, host, bytes));
+  std::memcpy(host.data(), values.data(), static_cast<size_t>(bytes));
+  CANZONA_RETURN_IF_ERROR(copier.Copy(staged, host.data(), bytes));
   CANZONA_RETURN_IF_ERROR(comm.AllReduce(staged, count));
-  CANZONA_RETURN_IF_ERROR(copier.Copy(host, staged, bytes));
-  CANZONA_RETURN_IF_ERROR(copier.Finish());
-  std::memcpy(values.data(), host, static_cast<size_t>(bytes));
+  CANZONA_RETURN_IF_ERROR(copier.Copy(host.data(), staged, bytes));
+  if (absl::Status finished = copier.Finish(); !finished.ok()) {
+    host.Abandon();
+    return finished;
+  }
+  std::memcpy(values.data(), host.data(), static_cast<size_t>(bytes));
   return absl::OkStatus();
 }
 

@@ -105,14 +105,17 @@ absl::StatusOr<std::unique_ptr<StagingCopier>> CreateDeviceStagingCopier(
     NcclApi* api, int device, absl::Duration timeout,
     const AllocationRegistry* staging);
 
+class PinnedHostFloats;  // pinned_host_memory.h
+
 // values <- their sum over `comm`, through the copier's staging: `values`
 // to `host`, to `staged`, the all-reduce on the copier's stream, and back,
 // with one wait (Finish, bounded by the copier's timeout) at the end.
-// `staged`: values.size() floats of staging; `host`: as many host floats,
-// page-locked beside a GPU (PinnedHostFloats), so that no copy waits inside
-// the driver. The step's world sums and the uneven calibration's.
+// `staged`: values.size() floats of staging; `host`: at least as many host
+// floats, page-locked beside a GPU, so that no copy waits inside the
+// driver; abandoned when the wait fails (the copy into them may still
+// run). The step's world sums and the uneven calibration's.
 absl::Status SumThroughStaging(StagingCopier& copier, Communicator& comm,
-                               float* staged, float* host,
+                               float* staged, PinnedHostFloats& host,
                                absl::Span<float> values);
 
 }  // namespace canzona

@@ -106,6 +106,11 @@ class TrainerBuffers {
   absl::Status WaitGradients(StagingCopier& copier, bool on_device) const;
   // The trainer's "gradients written" event, opened (null: none).
   void* grad_event() const { return grad_event_; }
+  // How long a host wait for grad_event() lasts (then DEADLINE_EXCEEDED).
+  absl::Duration event_timeout() const { return event_timeout_; }
+  // Whether the buffers and events were opened through real CUDA (not a
+  // test's fake): only then may real CUDA calls use the opened event.
+  bool opened_by_cuda() const { return opener_ == RealCudaIpcOpener(); }
   // Whether the data plane's collectives can work on trainer memory in
   // place: host staging (Gloo) over shared memory, device staging (NCCL)
   // over the trainer's CUDA IPC memory.

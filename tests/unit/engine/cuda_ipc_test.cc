@@ -6,6 +6,7 @@
 // one synchronous copy per bucket each way where the trainer lays its
 // buckets out in bucket order (one per parameter otherwise).
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -30,6 +31,7 @@ namespace {
 
 namespace v1 = ::canzona::v1;
 using ::canzona::testing::FakeNcclApi;
+using ::canzona::testing::FakeNcclCall;
 using ::canzona::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -372,6 +374,58 @@ TEST(CudaIpcEngineTest, APendingTrainerEventEndsTheStepAtTheTimeout) {
     EXPECT_OK(run.Deregister(cluster));
     EXPECT_LT(absl::Now() - start, 8 * timeout);
   }
+}
+
+// On the Gloo plane too, a GPU trainer's gradients event is snapshot at
+// each GradReady (GradientSnapshots): a stream of the daemon's waits for
+// the record as of then and records the bucket's own event, and bucket b's
+// reduction polls that on the host. Before, each reduction waited on the
+// host for the event's latest record, often the last bucket's (the
+// trainer's host runs ahead of its GPU): every reduction waited for nearly
+// all of backward, and none overlapped it. The trainer's event itself is
+// waited for once a step, before the updates (the record Step reported).
+TEST(CudaIpcEngineTest, GlooReductionsWaitForTheRecordTheirGradReadySaw) {
+  SetCpuBlasThreads(1);
+  FakeCudaIpc ipc;
+  FakeNcclApi cuda({.simulate_data = true});  // the CUDA runtime's calls
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &cuda,
+                  /*batch_updates=*/true, /*device_like_cpu=*/false,
+                  /*gloo=*/true);
+  JobConfig config = IpcConfig("ipc-gloo-snapshots", 2, 1);
+  config.bucket_order = true;
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  EXPECT_TRUE(cuda.calls_named("ncclCommInitRank").empty()) << "Gloo plane";
+  cuda.ClearCalls();
+  ipc.event_waits = 0;
+  constexpr int kSteps = 3;
+  ASSERT_OK(run.RunStepsOverlapped(cluster, 1, kSteps, /*shuffled=*/false, 5));
+  int64_t buckets = 0;
+  for (const v1::RegisterResponse& r : run.registered) {
+    buckets += r.buckets_size();
+  }
+  ASSERT_GE(buckets, 2 * config.world());
+  // Each rank's snapshot stream waits for the trainer's event (FakeCudaIpc's
+  // opened events are the fake itself) once per bucket reported, and
+  // records that bucket's event; the reductions poll those (cudaEventQuery:
+  // the only events polled on this plane).
+  const void* trainer = static_cast<const void*>(&ipc);
+  std::set<const void*> recorded;
+  int64_t snapshot_waits = 0;
+  for (const FakeNcclCall& c : cuda.calls()) {
+    if (c.op == "cudaStreamWaitEvent" && c.send == trainer) ++snapshot_waits;
+    if (c.op == "cudaEventRecord") recorded.insert(c.send);
+  }
+  EXPECT_EQ(snapshot_waits, kSteps * buckets);
+  EXPECT_EQ(recorded.size(), static_cast<size_t>(buckets));
+  EXPECT_GE(cuda.poll_count(), kSteps * buckets);
+  // The host waits for the trainer's event itself: once a step per rank
+  // (was once per bucket more).
+  EXPECT_EQ(ipc.event_waits.load(), kSteps * config.world());
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, kSteps, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+  ASSERT_OK(run.Deregister(cluster));
 }
 
 TEST(CudaIpcEngineTest, AGpuTheDaemonCannotSeeIsNamedByItsBusId) {

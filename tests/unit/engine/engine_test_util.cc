@@ -303,8 +303,9 @@ JobConfig MakeJobConfig(const std::string& stem, int dp, int tp,
 
 Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
                  const std::string& backend, CudaIpcOpener* cuda_ipc,
-                 NcclApi* nccl, bool batch_updates, bool device_like_cpu)
-    : nccl(nccl) {
+                 NcclApi* nccl, bool batch_updates, bool device_like_cpu,
+                 bool gloo)
+    : nccl(gloo ? nullptr : nccl) {
   for (int i = 0; i < 2; ++i) {
     EngineOptions options;
     options.backend = backend;
@@ -315,7 +316,7 @@ Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
     options.device_like_cpu =
         device_like_cpu || (everywhere != nullptr && everywhere[0] == '1');
     if (nccl != nullptr) {
-      options.comm = "nccl";
+      options.comm = gloo ? "gloo" : "nccl";
       options.nccl_api = nccl;
       options.cuda_devices = kFakeGpus;
     }

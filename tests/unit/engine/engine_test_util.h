@@ -235,11 +235,14 @@ struct Cluster {
   // `device_like_cpu`: EngineOptions::device_like_cpu (the cpu backend as
   // a GPU beside host staging on the Gloo plane); also when the
   // environment sets CANZONA_TEST_DEVICE_LIKE_CPU=1.
+  // `gloo`: the Gloo plane even with `nccl`, which then stands in only for
+  // the CUDA runtime calls beside it (the gradients-event snapshots).
   explicit Cluster(absl::Duration step_timeout = absl::Seconds(20),
                    absl::Duration register_timeout = absl::Seconds(20),
                    const std::string& backend = "cpu",
                    CudaIpcOpener* cuda_ipc = nullptr, NcclApi* nccl = nullptr,
-                   bool batch_updates = true, bool device_like_cpu = false);
+                   bool batch_updates = true, bool device_like_cpu = false,
+                   bool gloo = false);
   ~Cluster();
   InMemoryKvStore kv;
   std::unique_ptr<Engine> engines[2];
