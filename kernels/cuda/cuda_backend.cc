@@ -212,6 +212,9 @@ class CudaBackend final : public Backend {
   // staged by the driver before cudaMemcpyAsync returns; pinned sources are
   // DMA'd later, so we wait for those to honour "the caller may reuse its
   // buffer when the call returns".
+  // The stable descending order of keys[0, n) (SortColumns), computed into
+  // the scratch workspace on the stream.
+  absl::StatusOr<const int64_t*> DescendingOrder(int64_t n, const float* keys);
   absl::Status CopyHostToDevice(const void* host, size_t bytes, void* dst);
   // Copies `bytes` from device memory to pinned_ and waits (for `method`).
   absl::Status FetchToPinned(const void* src, size_t bytes, void* pinned_dst,
@@ -1348,16 +1351,21 @@ absl::Status CudaBackend::DoGatherRows(int64_t rows, int64_t cols,
   return absl::OkStatus();
 }
 
+absl::StatusOr<const int64_t*> CudaBackend::DescendingOrder(int64_t n,
+                                                            const float* keys) {
+  CANZONA_ASSIGN_OR_RETURN(
+      void* ws, Reserve(scratch_ws_, static_cast<size_t>(n) * sizeof(int64_t)));
+  auto* order = static_cast<int64_t*>(ws);
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::DescendingOrder(Cfg(), n, keys, order));
+  return order;
+}
+
 absl::Status CudaBackend::DoSortColumns(int64_t rows, int64_t cols,
                                         const float* keys, const float* src,
                                         float* dst) {
   CANZONA_RETURN_IF_ERROR(Activate());
-  CANZONA_ASSIGN_OR_RETURN(
-      void* ws,
-      Reserve(scratch_ws_, static_cast<size_t>(cols) * sizeof(int64_t)));
-  auto* order = static_cast<int64_t*>(ws);
-  CANZONA_CUDA_RETURN_IF_ERROR(
-      cuda_kernels::DescendingOrder(Cfg(), cols, keys, order));
+  CANZONA_ASSIGN_OR_RETURN(const int64_t* order, DescendingOrder(cols, keys));
   CANZONA_CUDA_RETURN_IF_ERROR(
       cuda_kernels::GatherColumns(Cfg(), rows, cols, order, src, dst));
   return absl::OkStatus();
@@ -1367,12 +1375,7 @@ absl::Status CudaBackend::DoSortRows(int64_t rows, int64_t cols,
                                      const float* keys, const float* src,
                                      float* dst) {
   CANZONA_RETURN_IF_ERROR(Activate());
-  CANZONA_ASSIGN_OR_RETURN(
-      void* ws,
-      Reserve(scratch_ws_, static_cast<size_t>(rows) * sizeof(int64_t)));
-  auto* order = static_cast<int64_t*>(ws);
-  CANZONA_CUDA_RETURN_IF_ERROR(
-      cuda_kernels::DescendingOrder(Cfg(), rows, keys, order));
+  CANZONA_ASSIGN_OR_RETURN(const int64_t* order, DescendingOrder(rows, keys));
   CANZONA_CUDA_RETURN_IF_ERROR(
       cuda_kernels::GatherRows(Cfg(), rows, cols, order, src, dst));
   return absl::OkStatus();

@@ -8,6 +8,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "kernels/base/poll.h"
+#include "kernels/base/status_macros.h"
 
 namespace canzona {
 
@@ -66,6 +69,16 @@ DType FromNcclDataType(NcclDataType dtype) {
       return DType::kFloat16;
   }
   return DType::kFloat32;
+}
+
+absl::StatusOr<bool> EventDoneBy(NcclApi& api, NcclEvent event,
+                                 absl::Time deadline) {
+  bool done = false;
+  CANZONA_RETURN_IF_ERROR(PollUntilDone([&]() -> absl::StatusOr<bool> {
+    CANZONA_ASSIGN_OR_RETURN(done, api.EventQuery(event));
+    return done || absl::Now() >= deadline;
+  }));
+  return done;
 }
 
 }  // namespace canzona

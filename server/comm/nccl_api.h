@@ -48,6 +48,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "kernels/base/dtype.h"
 
 struct CUstream_st;
@@ -194,6 +195,13 @@ class NcclApi {
 // destroyed). FAILED_PRECONDITION in builds without CUDA
 // (CANZONA_ENABLE_CUDA=OFF).
 absl::StatusOr<NcclApi*> RealNcclApi();
+
+// Polls `event` on the host (kernels/base/poll.h: a brief spin, then
+// growing pauses) until it completed (true) or `deadline` passed with it
+// still pending (false): the bounded host wait for a stream's work, the
+// caller naming what was late.
+absl::StatusOr<bool> EventDoneBy(NcclApi& api, NcclEvent event,
+                                 absl::Time deadline);
 
 }  // namespace canzona
 

@@ -1,8 +1,7 @@
 #include "server/engine/gradient_snapshots.h"
 
 #include "absl/status/status.h"
-#include "absl/time/clock.h"
-#include "kernels/base/poll.h"
+#include "absl/time/time.h"
 #include "kernels/base/status_macros.h"
 
 namespace canzona {
@@ -48,15 +47,12 @@ absl::Status GradientSnapshots::Capture(int64_t step,
 absl::Status GradientSnapshots::Await(NcclEvent snapshot,
                                       absl::Time deadline) const {
   CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
-  return PollUntilDone([&]() -> absl::StatusOr<bool> {
-    CANZONA_ASSIGN_OR_RETURN(bool done, api_->EventQuery(snapshot));
-    if (done) return true;
-    if (absl::Now() < deadline) return false;
-    return absl::DeadlineExceededError(
-        "the trainer's gradients-written event (as of GradReady) did not "
-        "complete by its deadline; did the trainer die or hang before its "
-        "GPU reached the record?");
-  });
+  CANZONA_ASSIGN_OR_RETURN(bool done, EventDoneBy(*api_, snapshot, deadline));
+  if (done) return absl::OkStatus();
+  return absl::DeadlineExceededError(
+      "the trainer's gradients-written event (as of GradReady) did not "
+      "complete by its deadline; did the trainer die or hang before its "
+      "GPU reached the record?");
 }
 
 void GradientSnapshots::Forget() {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/base/poll.h"
+#include "absl/time/clock.h"
 #include "kernels/base/status_macros.h"
 #include "server/engine/pinned_host_memory.h"
 
@@ -171,17 +171,14 @@ class DeviceStagingCopier final : public StagingCopier {
 
  private:
   // Returns once `event` completed: polled (spinning briefly, as copies of a
-  // bucket take microseconds, then sleeping; kernels/base/poll.h) until the
+  // bucket take microseconds, then sleeping; EventDoneBy) until the
   // copier's timeout, then DEADLINE_EXCEEDED naming `what`.
   absl::Status Poll(NcclEvent event, absl::string_view what) {
-    const absl::Time deadline = absl::Now() + timeout_;
-    return PollUntilDone([&]() -> absl::StatusOr<bool> {
-      CANZONA_ASSIGN_OR_RETURN(bool done, api_->EventQuery(event));
-      if (done) return true;
-      if (absl::Now() < deadline) return false;
-      return absl::DeadlineExceededError(absl::StrCat(
-          what, " did not complete within ", absl::FormatDuration(timeout_)));
-    });
+    CANZONA_ASSIGN_OR_RETURN(bool done,
+                             EventDoneBy(*api_, event, absl::Now() + timeout_));
+    if (done) return absl::OkStatus();
+    return absl::DeadlineExceededError(absl::StrCat(
+        what, " did not complete within ", absl::FormatDuration(timeout_)));
   }
 
   const AllocationRegistry& staging_;
