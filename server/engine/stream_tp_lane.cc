@@ -1,6 +1,5 @@
 // The device-staging (NCCL) TP lane: the worker enqueues the whole
 // micro-group pipeline on two streams ordered by CUDA events.
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -85,18 +84,12 @@ absl::Status StreamTpLane::ComputeWaits(NcclEvent event) {
   if (streams_.compute != nullptr) {
     return api.StreamWaitEvent(streams_.compute, event);
   }
-  const absl::Time deadline = absl::Now() + streams_.timeout;
-  while (true) {
-    CANZONA_ASSIGN_OR_RETURN(bool done, api.EventQuery(event));
-    if (done) return absl::OkStatus();
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("TP gather did not complete within ",
-                       absl::FormatDuration(streams_.timeout),
-                       " (a peer did not take part)"));
-    }
-    std::this_thread::yield();
-  }
+  CANZONA_ASSIGN_OR_RETURN(
+      bool done, EventDoneBy(api, event, absl::Now() + streams_.timeout));
+  if (done) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat(
+      "TP gather did not complete within ",
+      absl::FormatDuration(streams_.timeout), " (a peer did not take part)"));
 }
 
 absl::Status StreamTpLane::Record(NcclEvent event, NcclStream stream) {
