@@ -277,7 +277,9 @@ class Backend {
   // Eigendecomposition of the symmetric n x n matrix `a` (both triangles
   // set). On success `a` holds the orthonormal eigenvectors as columns
   // (a[i * n + j] = component i of eigenvector j) and `eigenvalues` the n
-  // eigenvalues in ascending order. INTERNAL if the solver fails to converge.
+  // eigenvalues in ascending order. INTERNAL if the solver fails to converge
+  // or an eigenvalue is not finite (a NaN or an infinity in `a`): checked
+  // with the solver's own report to the host, no wait of its own.
   absl::Status SymmetricEigen(int64_t n, float* a, float* eigenvalues,
                               EigenPrecision precision);
   // Householder QR of the rows x cols matrix `a` (rows >= cols), replacing
@@ -388,6 +390,15 @@ class Backend {
   enum class Norm { kL2, kRms };
   absl::Status ScaleToNorm(int64_t n, const float* reference, Norm norm,
                            double eps, float* x);
+  // out[i] = float(pow(x[i] - m + floor, exponent)) where m, the smallest
+  // x, is below `floor`, else float(pow(x[i], exponent)): the values lifted
+  // so that the smallest is `floor`, raised to `exponent`, in double, where
+  // x lives and without a host wait (Shampoo's inverse roots of a factor's
+  // eigenvalues, which a host loop took after a round trip and uploaded
+  // from pageable memory). m ignores NaN; a NaN x[i] gives a NaN out[i].
+  // out may alias x.
+  absl::Status LiftedPower(int64_t n, const float* x, double floor,
+                           double exponent, float* out);
 
   // ---- Device time ---------------------------------------------------------
   // Phases of work the host only enqueues (a GPU runs it later) are timed
@@ -465,6 +476,9 @@ class Backend {
 
  protected:
   friend class DeviceBuffer;
+  // SymmetricEigen's INTERNAL for an eigenvalue that is not finite, the
+  // same from every backend.
+  static absl::Status NonFiniteEigenvalue();
   // Returns memory obtained by DoAllocate. Never fails visibly.
   virtual void Free(float* data, int64_t size) = 0;
   // Where the host reaches the bytes at `data` (a buffer DoAllocate
@@ -643,6 +657,9 @@ class Backend {
   virtual absl::StatusOr<bool> DoAllFinite(int64_t n, const float* x) = 0;
   virtual absl::Status DoScaleToNorm(int64_t n, const float* reference,
                                      Norm norm, double eps, float* x) = 0;
+  // n > 0.
+  virtual absl::Status DoLiftedPower(int64_t n, const float* x, double floor,
+                                     double exponent, float* out) = 0;
 
   // n > 0.
   virtual absl::Status DoAddIdentity(int64_t n, float alpha, float* a) = 0;

@@ -458,6 +458,12 @@ absl::Status Backend::Syrk(Transpose trans, int64_t n, int64_t k, float alpha,
   return DoSyrk(trans, n, k, alpha, a, lda, beta, c, ldc);
 }
 
+absl::Status Backend::NonFiniteEigenvalue() {
+  return absl::InternalError(
+      "SymmetricEigen: an eigenvalue is not finite (the matrix holds a NaN "
+      "or an infinity)");
+}
+
 absl::Status Backend::SymmetricEigen(int64_t n, float* a, float* eigenvalues,
                                      EigenPrecision precision) {
   constexpr absl::string_view kWhat = "SymmetricEigen";
@@ -837,6 +843,29 @@ absl::Status Backend::ScaleToNorm(int64_t n, const float* reference, Norm norm,
         CheckRanges(*this, kWhat, {{"reference", reference, n}, {"x", x, n}}));
   }
   return DoScaleToNorm(n, reference, norm, eps, x);
+}
+
+absl::Status Backend::LiftedPower(int64_t n, const float* x, double floor,
+                                  double exponent, float* out) {
+  constexpr absl::string_view kWhat = "LiftedPower";
+  CANZONA_RETURN_IF_ERROR(CheckVectors(kWhat, n, {{"x", x}, {"out", out}}));
+  if (!std::isfinite(floor)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": floor = ", floor, " must be finite"));
+  }
+  if (!std::isfinite(exponent)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": exponent = ", exponent, " must be finite"));
+  }
+  if (n == 0) return absl::OkStatus();
+  CANZONA_RETURN_IF_ERROR(
+      CheckRanges(*this, kWhat, {{"x", x, n}, {"out", out, n}}));
+  if (out != x) {
+    // A GPU thread would read an x another thread already overwrote.
+    CANZONA_RETURN_IF_ERROR(CheckDisjoint(kWhat, "x", x, n, "out", out, n,
+                                          "out may equal x, not overlap it"));
+  }
+  return DoLiftedPower(n, x, floor, exponent, out);
 }
 
 // ---- Matrix helpers ---------------------------------------------------------

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -213,10 +214,12 @@ class CpuBackend final : public Backend {
   // memmove (callers may pass overlapping ranges).
   absl::Status DoCopyFromHost(const float* host, int64_t count,
                               float* dst) override {
+    CountPageable("CopyFromHost", host, count);
     return Move(host, count, dst);
   }
   absl::Status DoCopyToHost(const float* src, int64_t count,
                             float* host) override {
+    CountPageable("CopyToHost", host, count);
     CANZONA_RETURN_IF_ERROR(Deliver());
     return Move(src, count, host);
   }
@@ -226,6 +229,7 @@ class CpuBackend final : public Backend {
   absl::Status DoEnqueueCopyFromHost(const float* host, int64_t count,
                                      float* dst) override {
     if (space_ == MemorySpace::kDevice) {
+      CountPageable("EnqueueCopyFromHost", host, count);
       sources_.push_back({host, std::vector<float>(host, host + count)});
     }
     return Move(host, count, dst);
@@ -237,8 +241,17 @@ class CpuBackend final : public Backend {
   absl::Status DoEnqueueCopyToHost(const float* src, int64_t count,
                                    float* host) override {
     if (space_ == MemorySpace::kHost) return Move(src, count, host);
+    CountPageable("EnqueueCopyToHost", host, count);
     pending_.push_back({host, std::vector<float>(src, src + count)});
     return absl::OkStatus();
+  }
+  // Standing in for a GPU: a copy from or to pageable host memory is one a
+  // GPU would stage through a bounce buffer (device_like::CountCopy).
+  void CountPageable(absl::string_view what, const float* host,
+                     int64_t count) const {
+    if (space_ == MemorySpace::kDevice) {
+      device_like::CountCopy(what, host, static_cast<int64_t>(Bytes(count)));
+    }
   }
   absl::Status DoCopy(const float* src, int64_t count, float* dst) override {
     return Move(src, count, dst);
@@ -351,7 +364,8 @@ class CpuBackend final : public Backend {
     if (precision == EigenPrecision::kFloat32) {
       const lapack_int info =
           LAPACKE_ssyevd(LAPACK_ROW_MAJOR, 'V', 'U', ln, a, ln, eigenvalues);
-      return LapackStatus("LAPACKE_ssyevd", info);
+      CANZONA_RETURN_IF_ERROR(LapackStatus("LAPACKE_ssyevd", info));
+      return EigenvaluesFinite(n, eigenvalues);
     }
     // Shampoo falls back to double when the float32 solver fails; doing the
     // whole solve in double (not just refining) is what makes that retry
@@ -365,6 +379,12 @@ class CpuBackend final : public Backend {
     CANZONA_RETURN_IF_ERROR(LapackStatus("LAPACKE_dsyevd", info));
     for (int64_t i = 0; i < nn; ++i) a[i] = static_cast<float>(da[i]);
     for (int64_t i = 0; i < n; ++i) eigenvalues[i] = static_cast<float>(dw[i]);
+    return EigenvaluesFinite(n, eigenvalues);
+  }
+  static absl::Status EigenvaluesFinite(int64_t n, const float* eigenvalues) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(eigenvalues[i])) return NonFiniteEigenvalue();
+    }
     return absl::OkStatus();
   }
 
@@ -618,6 +638,21 @@ class CpuBackend final : public Backend {
     CANZONA_ASSIGN_OR_RETURN(const double sum, DoSumSquares(n, x));
     return DoScale(
         n, static_cast<float>(numerator / (std::sqrt(sum / divisor) + eps)), x);
+  }
+
+  absl::Status DoLiftedPower(int64_t n, const float* x, double floor,
+                             double exponent, float* out) override {
+    double lowest = std::numeric_limits<double>::infinity();
+    for (int64_t i = 0; i < n; ++i) {
+      lowest = std::fmin(lowest, static_cast<double>(x[i]));
+    }
+    const bool lift = lowest < floor;
+    for (int64_t i = 0; i < n; ++i) {
+      double v = x[i];
+      if (lift) v = v - lowest + floor;
+      out[i] = static_cast<float>(std::pow(v, exponent));
+    }
+    return absl::OkStatus();
   }
 
   // ---- Matrix helpers ----------------------------------------------------

@@ -66,7 +66,9 @@ constexpr int kQueuedSums = 1024;
 struct PinnedScratch {
   double sum = 0.0;
   int flag = 0;
-  int info = 0;
+  // SymmetricEigen's report: the solver's info, then whether an eigenvalue
+  // is not finite (one copy, the wait the solver needs anyway).
+  int eigen_report[2] = {};
   double queued[kQueuedSums] = {};
 };
 
@@ -170,6 +172,8 @@ class CudaBackend final : public Backend {
 
   absl::Status DoScaleToNorm(int64_t n, const float* reference, Norm norm,
                              double eps, float* x) override;
+  absl::Status DoLiftedPower(int64_t n, const float* x, double floor,
+                             double exponent, float* out) override;
   absl::Status DoAddIdentity(int64_t n, float alpha, float* a) override;
   absl::Status DoScaleColumns(int64_t rows, int64_t cols, const float* d,
                               float* a) override;
@@ -219,6 +223,11 @@ class CudaBackend final : public Backend {
   // Copies `bytes` from device memory to pinned_ and waits (for `method`).
   absl::Status FetchToPinned(const void* src, size_t bytes, void* pinned_dst,
                              absl::string_view method);
+  // After a syevd: the solver's info at report[0] and whether an
+  // eigenvalue is not finite (flagged into report[1]) in one copy and
+  // wait; INTERNAL naming `solver` for either.
+  absl::Status FetchEigenReport(int64_t n, const float* eigenvalues,
+                                int* report, absl::string_view solver);
   // Waits on the host for everything queued on stream_, within the wait
   // timeout (Backend::AwaitWork): a query loop where a timeout is set,
   // cudaStreamSynchronize where none is.
@@ -717,8 +726,9 @@ absl::Status CudaBackend::DoSymmetricEigen(int64_t n, float* a,
     const size_t w_off = v_off + (nn * sizeof(float) + 255) / 256 * 256;
     const size_t info_off =
         w_off + (static_cast<size_t>(lwork) * sizeof(float) + 255) / 256 * 256;
-    CANZONA_ASSIGN_OR_RETURN(void* ws,
-                             Reserve(solver_ws_, info_off + sizeof(int)));
+    CANZONA_ASSIGN_OR_RETURN(
+        void* ws,
+        Reserve(solver_ws_, info_off + sizeof(pinned_->eigen_report)));
     char* base = static_cast<char*>(ws);
     auto* v = reinterpret_cast<float*>(base + v_off);
     auto* work = reinterpret_cast<float*>(base + w_off);
@@ -729,12 +739,7 @@ absl::Status CudaBackend::DoSymmetricEigen(int64_t n, float* a,
         cusolver_, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, ni, v, ni,
         eigenvalues, work, lwork, info));
     CANZONA_RETURN_IF_ERROR(
-        FetchToPinned(info, sizeof(int), &pinned_->info, kWhat));
-    if (pinned_->info != 0) {
-      return absl::InternalError(absl::StrCat(
-          kWhat, ": cusolverDnSsyevd failed (info = ", pinned_->info,
-          pinned_->info > 0 ? ", did not converge)" : ", bad argument)"));
-    }
+        FetchEigenReport(n, eigenvalues, info, "cusolverDnSsyevd"));
     // Column-major eigenvectors-as-columns == row-major eigenvectors-as-rows;
     // the interface wants them as row-major columns: transpose.
     CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::Transpose(cfg, 1, n, n, v, a));
@@ -754,8 +759,8 @@ absl::Status CudaBackend::DoSymmetricEigen(int64_t n, float* a,
       reinterpret_cast<const double*>(eigenvalues), &lwork));
   const size_t info_off =
       w_off + (static_cast<size_t>(lwork) * sizeof(double) + 255) / 256 * 256;
-  CANZONA_ASSIGN_OR_RETURN(void* ws,
-                           Reserve(solver_ws_, info_off + sizeof(int)));
+  CANZONA_ASSIGN_OR_RETURN(
+      void* ws, Reserve(solver_ws_, info_off + sizeof(pinned_->eigen_report)));
   char* base = static_cast<char*>(ws);
   auto* v = reinterpret_cast<double*>(base + v_off);
   auto* w = reinterpret_cast<double*>(base + ev_off);
@@ -766,17 +771,34 @@ absl::Status CudaBackend::DoSymmetricEigen(int64_t n, float* a,
   CANZONA_CUDA_RETURN_IF_ERROR(cusolverDnDsyevd(
       cusolver_, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, ni, v, ni, w,
       work, lwork, info));
-  CANZONA_RETURN_IF_ERROR(
-      FetchToPinned(info, sizeof(int), &pinned_->info, kWhat));
-  if (pinned_->info != 0) {
-    return absl::InternalError(absl::StrCat(
-        kWhat, ": cusolverDnDsyevd failed (info = ", pinned_->info,
-        pinned_->info > 0 ? ", did not converge)" : ", bad argument)"));
-  }
-  CANZONA_CUDA_RETURN_IF_ERROR(
-      cuda_kernels::TransposeDoubleToFloat(cfg, n, n, v, a));
+  // Rounded before the report, so that one too large for float32 counts as
+  // not finite; `a` is written only after it (a failure leaves the input).
   CANZONA_CUDA_RETURN_IF_ERROR(
       cuda_kernels::DoubleToFloat(cfg, n, w, eigenvalues));
+  CANZONA_RETURN_IF_ERROR(
+      FetchEigenReport(n, eigenvalues, info, "cusolverDnDsyevd"));
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::TransposeDoubleToFloat(cfg, n, n, v, a));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::FetchEigenReport(int64_t n, const float* eigenvalues,
+                                           int* report,
+                                           absl::string_view solver) {
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(report + 1, 0, sizeof(int), stream_));
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::FlagNonFinite(Cfg(), n, eigenvalues, report + 1));
+  CANZONA_RETURN_IF_ERROR(FetchToPinned(report, sizeof(pinned_->eigen_report),
+                                        pinned_->eigen_report,
+                                        "SymmetricEigen"));
+  const int info = pinned_->eigen_report[0];
+  if (info != 0) {
+    return absl::InternalError(
+        absl::StrCat("SymmetricEigen: ", solver, " failed (info = ", info,
+                     info > 0 ? ", did not converge)" : ", bad argument)"));
+  }
+  if (pinned_->eigen_report[1] != 0) return NonFiniteEigenvalue();
   return absl::OkStatus();
 }
 
@@ -1097,6 +1119,14 @@ absl::Status CudaBackend::DoScaleToNorm(int64_t n, const float* reference,
   const double divisor = norm == Norm::kRms ? static_cast<double>(n) : 1.0;
   CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::ScaleToNorm(
       Cfg(), n, reference, divisor, eps, x, partials, sums));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::DoLiftedPower(int64_t n, const float* x, double floor,
+                                        double exponent, float* out) {
+  CANZONA_RETURN_IF_ERROR(Activate());
+  CANZONA_CUDA_RETURN_IF_ERROR(
+      cuda_kernels::LiftedPower(Cfg(), n, x, floor, exponent, out));
   return absl::OkStatus();
 }
 

@@ -147,6 +147,10 @@ cudaError_t SquaredDistance(const LaunchConfig& cfg, int64_t n, const float* a,
 cudaError_t ScaleToNorm(const LaunchConfig& cfg, int64_t n,
                         const float* reference, double divisor, double eps,
                         float* x, double* partials, double* sums);
+// Backend::LiftedPower: out[i] = float(pow(x[i] - m + floor, exponent))
+// where m = min(x) < floor, else float(pow(x[i], exponent)); one block.
+cudaError_t LiftedPower(const LaunchConfig& cfg, int64_t n, const float* x,
+                        double floor, double exponent, float* out);
 // Sets *flag = 1 when some x[i] is not finite; *flag must be zeroed first.
 cudaError_t FlagNonFinite(const LaunchConfig& cfg, int64_t n, const float* x,
                           int* flag);

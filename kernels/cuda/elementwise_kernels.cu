@@ -5,6 +5,7 @@
 // aligned they move float4s (one 128-bit load/store per operand per
 // iteration), which is what it takes to reach HBM bandwidth on H100.
 #include <cuda_runtime.h>
+#include <math_constants.h>
 
 #include <cmath>
 #include <cstdint>
@@ -507,6 +508,33 @@ __global__ void ScaleToNormKernel(int64_t n, const double* sums,
   ThreadElementwise(n, ScaleOp{x, factor}, vectorized, blockIdx.x, gridDim.x);
 }
 
+// One block: n is a factor's side (its eigenvalues). The smallest x
+// (NaN ignored, as fmin does) is reduced in shared memory, then each thread
+// lifts and raises its own elements in double, as the host loop did. Every
+// thread reads x before the barrier and only its own elements after it, so
+// out may alias x.
+__global__ void LiftedPowerKernel(int64_t n, const float* x, double floor,
+                                  double exponent, float* out) {
+  __shared__ float lowest[kThreads];
+  float m = CUDART_INF_F;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = fminf(m, x[i]);
+  lowest[threadIdx.x] = m;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s /= 2) {
+    if (threadIdx.x < s) {
+      lowest[threadIdx.x] = fminf(lowest[threadIdx.x], lowest[threadIdx.x + s]);
+    }
+    __syncthreads();
+  }
+  const double m_all = lowest[0];
+  const bool lift = m_all < floor;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    double v = x[i];
+    if (lift) v = v - m_all + floor;
+    out[i] = static_cast<float>(pow(v, exponent));
+  }
+}
+
 // Block (32, 8): each block owns 32 adjacent columns (coalesced row reads);
 // the 8 thread rows split the matrix rows and are reduced in shared memory.
 __global__ void ColumnDotsKernel(int64_t rows, int64_t cols, const float* a,
@@ -647,6 +675,13 @@ cudaError_t ScaleToNorm(const LaunchConfig& cfg, int64_t n,
   const int grid = GridFor(cfg, vectorized ? CeilDiv(n, 4) : n);
   ScaleToNormKernel<<<grid, kThreads, 0, cfg.stream>>>(
       n, sums, reference != nullptr, divisor, eps, x, vectorized);
+  return cudaGetLastError();
+}
+
+cudaError_t LiftedPower(const LaunchConfig& cfg, int64_t n, const float* x,
+                        double floor, double exponent, float* out) {
+  if (n <= 0) return cudaSuccess;
+  LiftedPowerKernel<<<1, kThreads, 0, cfg.stream>>>(n, x, floor, exponent, out);
   return cudaGetLastError();
 }
 

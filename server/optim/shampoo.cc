@@ -4,7 +4,6 @@
 // problem with its own factors, grafting state and graft norm.
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status_macros.h"
@@ -78,8 +77,6 @@ class ShampooRule : public RuleImpl {
     CANZONA_ASSIGN_OR_RETURN(scaled_, AddScratch(max_dim * max_dim));
     CANZONA_ASSIGN_OR_RETURN(eigvals_, AddScratch(max_dim));
     CANZONA_ASSIGN_OR_RETURN(roots_, AddScratch(max_dim));
-    host_eigvals_.resize(max_dim);
-    host_roots_.resize(max_dim);
     return absl::OkStatus();
   }
 
@@ -198,25 +195,10 @@ class ShampooRule : public RuleImpl {
     CANZONA_RETURN_IF_ERROR(
         EigenWithRetry(backend_, n, factor, static_cast<float>(1.0 / bc2),
                        static_cast<float>(epsilon), eigvecs_, eigvals_));
-    // n eigenvalues: the floor and the root are cheaper on the host than a
-    // kernel launch would be worth.
+    // Lifted and rooted where they live: no round trip to the host after
+    // the solver's (SymmetricEigen fails on a non-finite eigenvalue).
     CANZONA_RETURN_IF_ERROR(
-        backend_->CopyToHost(eigvals_, n, host_eigvals_.data()));
-    double min_lam = std::numeric_limits<double>::infinity();
-    for (int64_t i = 0; i < n; ++i) {
-      min_lam = std::min(min_lam, static_cast<double>(host_eigvals_[i]));
-    }
-    if (!std::isfinite(min_lam)) {
-      return absl::InternalError(
-          "shampoo: non-finite eigenvalue in a preconditioner factor");
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      double lam = host_eigvals_[i];
-      if (min_lam < epsilon) lam = lam - min_lam + epsilon;
-      host_roots_[i] = static_cast<float>(std::pow(lam, -0.25));
-    }
-    CANZONA_RETURN_IF_ERROR(
-        backend_->CopyFromHost(host_roots_.data(), n, roots_));
+        backend_->LiftedPower(n, eigvals_, epsilon, -0.25, roots_));
     CANZONA_RETURN_IF_ERROR(backend_->Copy(eigvecs_, n * n, scaled_));
     CANZONA_RETURN_IF_ERROR(backend_->ScaleColumns(n, n, roots_, scaled_));
     return backend_->Gemm(Transpose::kNo, Transpose::kYes, n, n, n, 1.0f,
@@ -237,8 +219,6 @@ class ShampooRule : public RuleImpl {
   float* scaled_ = nullptr;
   float* eigvals_ = nullptr;
   float* roots_ = nullptr;
-  std::vector<float> host_eigvals_;
-  std::vector<float> host_roots_;
 };
 
 }  // namespace

@@ -47,6 +47,7 @@ FakeNcclApi::FakeNcclApi(Options options) : options_(options) {}
 FakeNcclApi::~FakeNcclApi() {
   absl::MutexLock lock(&mu_);
   for (const auto& [p, bytes] : allocations_) std::free(p);
+  for (const auto& [p, bytes] : host_registered_) device_like::UnlockHost(p);
 }
 
 NcclStream FakeNcclApi::Stream(int n) { return FakeHandle<NcclStream>(n + 1); }
@@ -809,6 +810,10 @@ absl::Status FakeNcclApi::HostRegister(void* ptr, int64_t bytes) {
           "cudaHostRegister: cudaErrorHostMemoryAlreadyRegistered");
     }
   }
+  // Locked for the cpu backend standing in for a GPU too, which counts its
+  // copies from and to pageable memory.
+  CANZONA_RETURN_IF_ERROR(
+      device_like::LockHost(ptr, bytes, "cudaHostRegister"));
   host_registered_[ptr] = bytes;
   return absl::OkStatus();
 }
@@ -823,6 +828,7 @@ absl::Status FakeNcclApi::HostUnregister(void* ptr) {
     return absl::InvalidArgumentError(
         "cudaHostUnregister: cudaErrorHostMemoryNotRegistered");
   }
+  device_like::UnlockHost(ptr);
   return absl::OkStatus();
 }
 

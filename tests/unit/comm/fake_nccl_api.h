@@ -214,6 +214,9 @@ class FakeNcclApi : public NcclApi {
                            NcclStream stream) override;
   // Recorded ("cudaHostRegister": recv = ptr, count = bytes); registering
   // a range twice or unregistering one never registered fails, as CUDA's.
+  // The range is page-locked for the cpu backend standing in for a GPU too
+  // (device_like::LockHost), which counts its copies from and to pageable
+  // memory (device_like::PageableCopies), as a GPU would stage them.
   absl::Status HostRegister(void* ptr, int64_t bytes) override;
   absl::Status HostUnregister(void* ptr) override;
   // Host ranges registered now.

@@ -712,7 +712,11 @@ TEST(NcclEngineTest, HostSidesOfEveryCopyArePageLocked) {
     ASSERT_OK(run.Init());
     ASSERT_OK(run.RegisterAll(cluster));
     nccl.ClearCalls();
+    const int64_t pageable = device_like::PageableCopies();
     ASSERT_OK(run.RunSteps(cluster, 1, 3));
+    // The compute backend's own copies between the host and the "GPU".
+    EXPECT_EQ(device_like::PageableCopies(), pageable)
+        << "the last: " << device_like::LastPageableCopy();
     int64_t host_sides = 0;
     auto expect_pinned = [&](const FakeNcclCall& c, const void* side,
                              int64_t bytes, const char* which) {

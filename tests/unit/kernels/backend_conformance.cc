@@ -4,6 +4,7 @@
 #include "tests/unit/kernels/backend_conformance.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -496,6 +497,18 @@ TEST_P(BackendConformanceTest, InvalidArgumentsNameMethodAndField) {
          return b.ScaleToNorm(3, nullptr, Backend::Norm::kL2, -1, p);
        },
        "ScaleToNorm: eps = -1 must be finite and >= 0"},
+      {"lifted power null x",
+       [&](Backend& b) { return b.LiftedPower(3, nullptr, 1e-6, -0.25, p); },
+       "LiftedPower: x is null for 3 elements"},
+      {"lifted power null out",
+       [&](Backend& b) { return b.LiftedPower(3, p, 1e-6, -0.25, nullptr); },
+       "LiftedPower: out is null for 3 elements"},
+      {"lifted power floor",
+       [&](Backend& b) { return b.LiftedPower(3, p, std::nan(""), -0.25, p); },
+       "LiftedPower: floor = nan must be finite"},
+      {"lifted power exponent",
+       [&](Backend& b) { return b.LiftedPower(3, p, 1e-6, HUGE_VAL, p); },
+       "LiftedPower: exponent = inf must be finite"},
       {"transpose null dst",
        [&](Backend& b) { return b.Transpose2D(2, 3, p, nullptr); },
        "Transpose2D: dst is null"},

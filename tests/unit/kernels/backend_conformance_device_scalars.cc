@@ -1,9 +1,9 @@
 // Conformance: the entry points that keep a scalar decision on the backend
-// instead of reading it on the host (ScaleToNorm's ratio, SortColumns' and
-// SortRows' order). Each is held bitwise to the host round trip it replaces
-// (sums or keys read on the host, then Scale or a Gather), checked against
-// float64 or an independent host sort on fresh random data, and must not
-// wait (host_waits: on a GPU each wait idles the device).
+// instead of reading it on the host (ScaleToNorm's ratio, LiftedPower's
+// minimum, SortColumns' and SortRows' order). Each is held bitwise to the host
+// round trip it replaces (sums or keys read on the host, then Scale or a
+// Gather), checked against float64 or an independent host sort on fresh random
+// data, and must not wait (host_waits: on a GPU each wait idles the device).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -88,6 +88,50 @@ TEST_P(BackendConformanceTest, ScaleToNormIsScaleByTheRatioOfTwoSums) {
           }
           EXPECT_NEAR(std::sqrt(SumOfSquares(out.data(), n) / divisor), want,
                       1e-5 * want);
+        }
+      }
+    }
+  }
+}
+
+// LiftedPower against float64 on eigenvalue-like data: all above the floor
+// (no lift), some below it and negative (lifted), one NaN (ignored by the
+// minimum, NaN where it stands); sizes around the one block's 256 threads;
+// in place too. Every result within one float32 rounding of the exact
+// power (the device's double pow is within 2 ulp of double), no host wait.
+TEST_P(BackendConformanceTest, LiftedPowerLiftsTheSmallestToTheFloor) {
+  const double floor = 1e-6;
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{255}, int64_t{256},
+                    int64_t{257}, int64_t{4099}}) {
+    for (int lifted : {0, 1, 2}) {  // above the floor, below it, a NaN too
+      for (double exponent : {-0.25, 0.5}) {
+        for (bool in_place : {false, true}) {
+          SCOPED_TRACE(absl::StrCat("n=", n, " lifted=", lifted, " exponent=",
+                                    exponent, " in_place=", in_place));
+          std::vector<float> x = RandomNormal(n, 9300 + n + lifted, 0.0f, 1.0f);
+          for (float& v : x) v = lifted == 0 ? v * v + 1e-3f : v * 2e-3f;
+          if (lifted == 2) x[n / 2] = std::numeric_limits<float>::quiet_NaN();
+          double lowest = std::numeric_limits<double>::infinity();
+          for (float v : x) {
+            if (!std::isnan(v)) lowest = std::min<double>(lowest, v);
+          }
+          DeviceBuffer dx = Upload(x), dout = Zeros(n);
+          float* out = in_place ? dx.data() : dout.data();
+          const int64_t waits = backend_->host_waits();
+          ASSERT_OK(backend_->LiftedPower(n, dx.data(), floor, exponent, out));
+          EXPECT_EQ(backend_->host_waits(), waits) << "waited on the host";
+          const std::vector<float> got = Download(out, n);
+          for (int64_t i = 0; i < n; ++i) {
+            if (std::isnan(x[i])) {
+              EXPECT_TRUE(std::isnan(got[i])) << i;
+              continue;
+            }
+            const double v =
+                lowest < floor ? double{x[i]} - lowest + floor : x[i];
+            const double want = std::pow(v, exponent);
+            ASSERT_NEAR(got[i], want, 1.2e-7 * std::abs(want))
+                << i << ": x=" << x[i] << " lowest=" << lowest;
+          }
         }
       }
     }

@@ -242,6 +242,44 @@ TEST_P(BackendConformanceTest, SymmetricEigenBothPrecisions) {
   }
 }
 
+// A NaN or an infinity in the matrix, or a finite matrix whose largest
+// eigenvalue (6e38) is past float32's range (solved in double, rounded to
+// inf), is INTERNAL in both precisions, from the solver's own report: a
+// rule then fails its step instead of rooting NaN or inf eigenvalues. The
+// backend stays usable: a good matrix solves right after.
+TEST_P(BackendConformanceTest, SymmetricEigenFailsOnANonFiniteEigenvalue) {
+  const int64_t n = 5;
+  const float big = 3e38f;
+  struct Bad {
+    const char* name;
+    std::vector<float> a;
+  };
+  std::vector<float> nan = RandomSymmetric(n, 470);
+  nan[2 * n + 3] = nan[3 * n + 2] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> inf = RandomSymmetric(n, 471);
+  inf[1 * n + 1] = std::numeric_limits<float>::infinity();
+  std::vector<float> overflow(n * n, 0.0f);
+  overflow[0] = overflow[1] = overflow[n] = overflow[n + 1] = big;
+  for (EigenPrecision precision :
+       {EigenPrecision::kFloat32, EigenPrecision::kFloat64}) {
+    for (const Bad& bad :
+         {Bad{"nan", nan}, Bad{"inf", inf}, Bad{"overflow", overflow}}) {
+      SCOPED_TRACE(absl::StrCat(
+          bad.name, " f64=", precision == EigenPrecision::kFloat64));
+      DeviceBuffer da = Upload(bad.a), dw = Zeros(n);
+      const absl::Status status =
+          backend_->SymmetricEigen(n, da.data(), dw.data(), precision);
+      EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+    }
+    const std::vector<float> good = RandomSymmetric(n, 472);
+    DeviceBuffer da = Upload(good), dw = Zeros(n);
+    ASSERT_OK(backend_->SymmetricEigen(n, da.data(), dw.data(), precision));
+    const auto [residual, orth] =
+        EigenErrors(good, Download(da), Download(dw), n);
+    EXPECT_LT(residual, 1e-4);
+  }
+}
+
 TEST_P(BackendConformanceTest, SymmetricEigenRecoversKnownSpectrum) {
   // A = H diag(d) H with a Householder reflector H: eigenvalues d, known.
   const int64_t n = 9;

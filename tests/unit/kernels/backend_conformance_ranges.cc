@@ -71,6 +71,8 @@ TEST_P(BackendConformanceTest, RangesThatLeaveTheirAllocationAreRefused) {
   EXPECT_THAT(b.SumSquares(5, p).status(), Rejected("SumSquares: x", past));
   EXPECT_THAT(b.AllFinite(5, p).status(), Rejected("AllFinite: x", past));
   EXPECT_THAT(b.Transpose2D(1, 5, q, p), Rejected("Transpose2D: dst", past));
+  EXPECT_THAT(b.LiftedPower(5, q, 1e-6, -0.25, p),
+              Rejected("LiftedPower: out", past));
 
   // Nothing was written: the buffer still holds its four floats.
   EXPECT_EQ(Download(buf), four);
@@ -106,6 +108,8 @@ TEST_P(BackendConformanceTest, OverlapsAGpuLeavesUndefinedAreRefused) {
               Rejected("GatherColumns: src", "overlap"));
   EXPECT_THAT(b.GatherRows(2, 2, swap, p + 2, p),
               Rejected("GatherRows: src", "overlap"));
+  EXPECT_THAT(b.LiftedPower(4, p, 1e-6, -0.25, p + 1),
+              Rejected("LiftedPower: x", "overlap"));
   // Nothing was written.
   EXPECT_EQ(Download(buf), values);
   // Disjoint ranges of one buffer, and a copy onto itself, are fine.

@@ -147,6 +147,10 @@ class ForwardingBackend : public Backend {
                              double eps, float* x) override {
     return inner_->ScaleToNorm(n, reference, norm, eps, x);
   }
+  absl::Status DoLiftedPower(int64_t n, const float* x, double floor,
+                             double exponent, float* out) override {
+    return inner_->LiftedPower(n, x, floor, exponent, out);
+  }
   absl::Status DoAddIdentity(int64_t n, float alpha, float* a) override {
     return inner_->AddIdentity(n, alpha, a);
   }
