@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "kernels/backend.h"
 #include "kernels/base/status_macros.h"
+#include "kernels/cpu/device_like_memory.h"
 #include "server/engine/engine_impl.h"
 #include "server/optim/optimizer_config.h"
 #include "server/optim/update_rule.h"
@@ -780,8 +781,38 @@ absl::Status JobRun::RegisterAll(Cluster& cluster) {
   });
 }
 
+namespace {
+
+// On the NCCL plane every host range that meets the GPU is page-locked
+// (through the fake's cudaHostRegister): a copy of the compute backend to
+// or from pageable memory during a step (device_like::PageableCopies) is a
+// defect, a wait a GPU would hide inside cudaMemcpyAsync. OK elsewhere.
+class NoPageableCopies {
+ public:
+  explicit NoPageableCopies(const Cluster& cluster)
+      : checked_(cluster.nccl != nullptr),
+        before_(device_like::PageableCopies()) {}
+  absl::Status Check(absl::Status steps) const {
+    if (!steps.ok() || !checked_) return steps;
+    const int64_t copies = device_like::PageableCopies() - before_;
+    if (copies == 0) return absl::OkStatus();
+    return absl::InternalError(
+        absl::StrCat(copies,
+                     " copies of the compute backend met pageable host memory "
+                     "during the steps on the NCCL plane; the last: ",
+                     device_like::LastPageableCopy()));
+  }
+
+ private:
+  const bool checked_;
+  const int64_t before_;
+};
+
+}  // namespace
+
 absl::Status JobRun::RunSteps(Cluster& cluster, int first, int last) {
-  return ForAll(cluster, [&](TrainerRank& rank, Engine& engine) {
+  const NoPageableCopies pageable(cluster);
+  return pageable.Check(ForAll(cluster, [&](TrainerRank& rank, Engine& engine) {
     for (int s = first; s <= last; ++s) {
       rank.WriteGrads(s);
       Result<v1::StepResponse> step;
@@ -793,7 +824,7 @@ absl::Status JobRun::RunSteps(Cluster& cluster, int first, int last) {
       }
     }
     return absl::OkStatus();
-  });
+  }));
 }
 
 absl::Status JobRun::AwaitParams(Cluster& cluster, const TrainerRank& rank,
@@ -922,7 +953,8 @@ absl::Status FakeCudaIpc::CopyFromHost(int, const void* src, size_t bytes,
 
 absl::Status JobRun::RunStepsOverlapped(Cluster& cluster, int first, int last,
                                         bool shuffled, uint64_t seed) {
-  return ForAll(cluster, [&](TrainerRank& rank, Engine& engine) {
+  const NoPageableCopies pageable(cluster);
+  return pageable.Check(ForAll(cluster, [&](TrainerRank& rank, Engine& engine) {
     std::mt19937_64 rng(seed * 1000003 + rank.global());
     const v1::RegisterResponse& reg = registered[rank.global()];
     const int buckets = reg.buckets_size();
@@ -989,7 +1021,7 @@ absl::Status JobRun::RunStepsOverlapped(Cluster& cluster, int first, int last,
       }
     }
     return absl::OkStatus();
-  });
+  }));
 }
 
 absl::Status JobRun::RunAll(Cluster& cluster, int steps) {

@@ -341,7 +341,10 @@ class JobRun {
   // Registers every rank, runs `steps` steps on all, from threads.
   absl::Status RunAll(Cluster& cluster, int steps);
   absl::Status RegisterAll(Cluster& cluster);
-  // Steps first..last on every rank (registered already).
+  // Steps first..last on every rank (registered already). On the NCCL
+  // plane (a Cluster with `nccl`) INTERNAL when a copy of the compute
+  // backend met pageable host memory meanwhile (RunStepsOverlapped too):
+  // every host range that meets the GPU there is page-locked.
   absl::Status RunSteps(Cluster& cluster, int first, int last);
   // The same steps the way an overlapping trainer drives them: per bucket
   // in backward order it writes the bucket's gradients and reports it with
