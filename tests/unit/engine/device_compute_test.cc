@@ -6,7 +6,9 @@
 // shared-memory and CUDA IPC trainer buffers, steps bitwise equal to the
 // single-process reference; and OwnedDeviceCopy's copies: one each way for
 // the owned gradients and the master weights (not one per matrix), the
-// host ranges page-locked once, the values back only after the wait.
+// host ranges page-locked once (no copy to or from the GPU meets pageable
+// memory during a step: JobRun::RunSteps), the values back only after the
+// wait.
 #include <algorithm>
 #include <memory>
 #include <random>
@@ -58,9 +60,15 @@ class DeviceComputeEngineTest : public ::testing::TestWithParam<Case> {};
 TEST_P(DeviceComputeEngineTest, StepsAreBitwiseEqualToTheReference) {
   const Case& c = GetParam();
   FakeCudaIpc ipc;
+  // The CUDA runtime's calls beside the Gloo plane: host staging is
+  // page-locked through it, so the steps check that no copy to or from the
+  // GPU's copy meets pageable memory (JobRun::RunSteps); a GPU trainer's
+  // gradients event is snapshotted at each GradReady.
+  FakeNcclApi cuda({.simulate_data = true});
   Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu",
-                  c.cuda_ipc ? &ipc : nullptr, /*nccl=*/nullptr,
-                  /*batch_updates=*/true, /*device_like_cpu=*/true);
+                  c.cuda_ipc ? &ipc : nullptr, &cuda,
+                  /*batch_updates=*/true, /*device_like_cpu=*/true,
+                  /*gloo=*/true);
   JobConfig config =
       MakeJobConfig("dev-" + c.name, c.dp, c.tp, c.strategy,
                     c.strategy == "cost" ? MoeModel(4) : MuonModel());

@@ -306,7 +306,7 @@ Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
                  const std::string& backend, CudaIpcOpener* cuda_ipc,
                  NcclApi* nccl, bool batch_updates, bool device_like_cpu,
                  bool gloo)
-    : nccl(gloo ? nullptr : nccl) {
+    : nccl(gloo ? nullptr : nccl), page_locked(nccl != nullptr) {
   for (int i = 0; i < 2; ++i) {
     EngineOptions options;
     options.backend = backend;
@@ -783,15 +783,15 @@ absl::Status JobRun::RegisterAll(Cluster& cluster) {
 
 namespace {
 
-// On the NCCL plane every host range that meets the GPU is page-locked
-// (through the fake's cudaHostRegister): a copy of the compute backend to
-// or from pageable memory during a step (device_like::PageableCopies) is a
-// defect, a wait a GPU would hide inside cudaMemcpyAsync. OK elsewhere.
+// Where the engines page-lock through a fake CUDA runtime, every host
+// range that meets the GPU is page-locked (cudaHostRegister): a copy of the
+// compute backend to or from pageable memory during a step
+// (device_like::PageableCopies) is a defect, a wait a GPU would hide inside
+// cudaMemcpyAsync. OK elsewhere.
 class NoPageableCopies {
  public:
   explicit NoPageableCopies(const Cluster& cluster)
-      : checked_(cluster.nccl != nullptr),
-        before_(device_like::PageableCopies()) {}
+      : checked_(cluster.page_locked), before_(device_like::PageableCopies()) {}
   absl::Status Check(absl::Status steps) const {
     if (!steps.ok() || !checked_) return steps;
     const int64_t copies = device_like::PageableCopies() - before_;
@@ -799,7 +799,7 @@ class NoPageableCopies {
     return absl::InternalError(
         absl::StrCat(copies,
                      " copies of the compute backend met pageable host memory "
-                     "during the steps on the NCCL plane; the last: ",
+                     "during the steps; the last: ",
                      device_like::LastPageableCopy()));
   }
 

@@ -247,6 +247,9 @@ struct Cluster {
   InMemoryKvStore kv;
   std::unique_ptr<Engine> engines[2];
   NcclApi* nccl = nullptr;  // the engines' (null: the Gloo plane)
+  // The engines page-lock host staging through `nccl`'s cudaHostRegister
+  // (either plane): the steps then check the compute backend's copies.
+  bool page_locked = false;
 };
 
 // The initial full parameters and the full gradient of (step, dp rank).
@@ -341,10 +344,10 @@ class JobRun {
   // Registers every rank, runs `steps` steps on all, from threads.
   absl::Status RunAll(Cluster& cluster, int steps);
   absl::Status RegisterAll(Cluster& cluster);
-  // Steps first..last on every rank (registered already). On the NCCL
-  // plane (a Cluster with `nccl`) INTERNAL when a copy of the compute
-  // backend met pageable host memory meanwhile (RunStepsOverlapped too):
-  // every host range that meets the GPU there is page-locked.
+  // Steps first..last on every rank (registered already). INTERNAL when a
+  // copy of the compute backend met pageable host memory meanwhile
+  // (RunStepsOverlapped too) where the engines page-lock
+  // (Cluster::page_locked): every host range that meets the GPU then is.
   absl::Status RunSteps(Cluster& cluster, int first, int last);
   // The same steps the way an overlapping trainer drives them: per bucket
   // in backward order it writes the bucket's gradients and reports it with
