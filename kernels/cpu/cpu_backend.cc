@@ -31,6 +31,7 @@
 #include "kernels/base/status_macros.h"
 #include "kernels/cpu/device_like_memory.h"
 #include "kernels/cpu/gram_newton_schulz.h"
+#include "kernels/pageable_copies.h"
 
 namespace canzona {
 namespace {
@@ -245,12 +246,14 @@ class CpuBackend final : public Backend {
     pending_.push_back({host, std::vector<float>(src, src + count)});
     return absl::OkStatus();
   }
-  // Standing in for a GPU: a copy from or to pageable host memory is one a
-  // GPU would stage through a bounce buffer (device_like::CountCopy).
+  // Standing in for a GPU: a copy from or to host memory the fake runtime
+  // did not page-lock is one a GPU would stage through a bounce buffer.
   void CountPageable(absl::string_view what, const float* host,
                      int64_t count) const {
-    if (space_ == MemorySpace::kDevice) {
-      device_like::CountCopy(what, host, static_cast<int64_t>(Bytes(count)));
+    const auto bytes = static_cast<int64_t>(Bytes(count));
+    if (space_ == MemorySpace::kDevice && count > 0 &&
+        !device_like::HostLocked(host, bytes)) {
+      CountPageableCopy(what, host, bytes);
     }
   }
   absl::Status DoCopy(const float* src, int64_t count, float* dst) override {

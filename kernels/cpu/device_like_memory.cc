@@ -3,9 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "kernels/allocation_registry.h"
 #include "kernels/base/status_macros.h"
 
@@ -20,17 +18,6 @@ AllocationRegistry& Mappings() {
 AllocationRegistry& Locked() {
   static auto* locked = new AllocationRegistry();  // never destroyed
   return *locked;
-}
-
-struct PageableCount {
-  absl::Mutex mu;
-  int64_t count ABSL_GUARDED_BY(mu) = 0;
-  std::string last ABSL_GUARDED_BY(mu);
-};
-
-PageableCount& Pageable() {
-  static auto* pageable = new PageableCount();  // never destroyed
-  return *pageable;
 }
 
 size_t Reserved(int64_t bytes) {
@@ -95,27 +82,8 @@ absl::Status LockHost(const void* p, int64_t bytes, absl::string_view label) {
 
 void UnlockHost(const void* p) { Locked().Remove(p); }
 
-void CountCopy(absl::string_view what, const void* host, int64_t bytes) {
-  if (bytes <= 0 || Locked().CheckInside(what, "host", host, bytes).ok()) {
-    return;
-  }
-  PageableCount& pageable = Pageable();
-  absl::MutexLock lock(&pageable.mu);
-  ++pageable.count;
-  pageable.last = absl::StrCat(what, " of ", bytes, " bytes at ",
-                               absl::Hex(reinterpret_cast<uintptr_t>(host)));
-}
-
-int64_t PageableCopies() {
-  PageableCount& pageable = Pageable();
-  absl::MutexLock lock(&pageable.mu);
-  return pageable.count;
-}
-
-std::string LastPageableCopy() {
-  PageableCount& pageable = Pageable();
-  absl::MutexLock lock(&pageable.mu);
-  return pageable.last;
+bool HostLocked(const void* p, int64_t bytes) {
+  return Locked().CheckInside("HostLocked", "p", p, bytes).ok();
 }
 
 }  // namespace canzona::device_like

@@ -20,7 +20,6 @@
 #define CANZONA_KERNELS_CPU_DEVICE_LIKE_MEMORY_H_
 
 #include <cstdint>
-#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -50,19 +49,12 @@ absl::StatusOr<void*> HostAddress(void* p, int64_t bytes,
 // Page-locked host memory, as cudaHostRegister leaves it: the fake CUDA
 // runtimes of tests lock and unlock ranges here, and the cpu backend
 // standing in for a GPU counts each copy whose host side lies outside them
-// (CountCopy). On a GPU such a copy goes through a bounce buffer and may
-// wait for the stream inside cudaMemcpyAsync, a wait no count of host
-// waits shows; here a test can require none during a step.
+// (kernels/pageable_copies.h), as a GPU's driver would stage it.
 // INVALID_ARGUMENT for an empty range or one already locked.
 absl::Status LockHost(const void* p, int64_t bytes, absl::string_view label);
 void UnlockHost(const void* p);
-// Counts a copy between device-like memory and [host, host + bytes) when
-// that range is not inside one locked range; `what` names the method.
-void CountCopy(absl::string_view what, const void* host, int64_t bytes);
-// Copies counted so far with a pageable host side (process-wide), and the
-// last one's description ("CopyToHost of 20 bytes at 0x..."), for tests.
-int64_t PageableCopies();
-std::string LastPageableCopy();
+// Whether [p, p + bytes) lies inside one locked range.
+bool HostLocked(const void* p, int64_t bytes);
 
 }  // namespace canzona::device_like
 

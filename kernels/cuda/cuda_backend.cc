@@ -35,6 +35,7 @@
 #include "kernels/base/status_macros.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/newton_schulz.h"
+#include "kernels/pageable_copies.h"
 
 namespace canzona {
 namespace {
@@ -510,7 +511,10 @@ absl::Status CudaBackend::CopyHostToDevice(const void* host, size_t bytes,
   // the bytes, unbounded: the bounded wait first leaves it nothing to wait
   // for. From page-locked memory the copy is DMA, later: waited for after.
   const bool pageable = Pageable(host);
-  if (pageable) CANZONA_RETURN_IF_ERROR(AwaitStream("CopyFromHost"));
+  if (pageable) {
+    CountPageableCopy("CopyFromHost", host, static_cast<int64_t>(bytes));
+    CANZONA_RETURN_IF_ERROR(AwaitStream("CopyFromHost"));
+  }
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
   if (!pageable) CANZONA_RETURN_IF_ERROR(AwaitStream("CopyFromHost"));
@@ -593,7 +597,10 @@ absl::Status CudaBackend::DoCopyToHost(const float* src, int64_t count,
   CANZONA_RETURN_IF_ERROR(Activate());
   // Into pageable memory cudaMemcpyAsync returns only once the copy is
   // done, behind the stream's work, unbounded: the bounded wait first.
-  if (Pageable(host)) CANZONA_RETURN_IF_ERROR(AwaitStream("CopyToHost"));
+  if (Pageable(host)) {
+    CountPageableCopy("CopyToHost", host, count * int64_t{sizeof(float)});
+    CANZONA_RETURN_IF_ERROR(AwaitStream("CopyToHost"));
+  }
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(host, src, static_cast<size_t>(count) * sizeof(float),
                       cudaMemcpyDeviceToHost, stream_));
@@ -606,6 +613,10 @@ absl::Status CudaBackend::DoCopyToHost(const float* src, int64_t count,
 absl::Status CudaBackend::DoEnqueueCopyFromHost(const float* host,
                                                 int64_t count, float* dst) {
   CANZONA_RETURN_IF_ERROR(Activate());
+  if (Pageable(host)) {
+    CountPageableCopy("EnqueueCopyFromHost", host,
+                      count * int64_t{sizeof(float)});
+  }
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dst, host, static_cast<size_t>(count) * sizeof(float),
                       cudaMemcpyHostToDevice, stream_));
@@ -615,6 +626,10 @@ absl::Status CudaBackend::DoEnqueueCopyFromHost(const float* host,
 absl::Status CudaBackend::DoEnqueueCopyToHost(const float* src, int64_t count,
                                               float* host) {
   CANZONA_RETURN_IF_ERROR(Activate());
+  if (Pageable(host)) {
+    CountPageableCopy("EnqueueCopyToHost", host,
+                      count * int64_t{sizeof(float)});
+  }
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(host, src, static_cast<size_t>(count) * sizeof(float),
                       cudaMemcpyDeviceToHost, stream_));

@@ -216,7 +216,7 @@ class FakeNcclApi : public NcclApi {
   // a range twice or unregistering one never registered fails, as CUDA's.
   // The range is page-locked for the cpu backend standing in for a GPU too
   // (device_like::LockHost), which counts its copies from and to pageable
-  // memory (device_like::PageableCopies), as a GPU would stage them.
+  // memory (kernels/pageable_copies.h), as a GPU would stage them.
   absl::Status HostRegister(void* ptr, int64_t bytes) override;
   absl::Status HostUnregister(void* ptr) override;
   // Host ranges registered now.

@@ -22,7 +22,7 @@
 #include "kernels/backend.h"
 #include "kernels/base/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/cpu/device_like_memory.h"
+#include "kernels/pageable_copies.h"
 #include "server/engine/engine_impl.h"
 #include "server/engine/owned_buffers.h"
 #include "server/engine/owned_device_copy.h"
@@ -249,14 +249,13 @@ TEST(DeviceComputeStepTest, HostStagingIsPageLockedWhileTheRankLives) {
     ipc.pinned = [&pin](const void* p, size_t n) {
       return pin.HostRegistered(p, static_cast<int64_t>(n));
     };
-    const int64_t pageable = device_like::PageableCopies();
+    const int64_t pageable = PageableCopies();
     ASSERT_OK(run.RunSteps(cluster, 1, 3));
     EXPECT_GT(ipc.to_host.load(), 0);
     EXPECT_EQ(ipc.pageable_copies.load(), 0);
     // And every copy between host staging and the GPU's copy of the owned
     // values (OwnedDeviceCopy, the whole matrices).
-    EXPECT_EQ(device_like::PageableCopies(), pageable)
-        << "the last: " << device_like::LastPageableCopy();
+    EXPECT_EQ(PageableCopies(), pageable) << "the last: " << LastPageableCopy();
     ipc.pinned = nullptr;
     ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
     EXPECT_OK(run.Compare(reference, /*bitwise=*/true));

@@ -18,7 +18,7 @@
 #include "absl/time/clock.h"
 #include "kernels/backend.h"
 #include "kernels/base/status_macros.h"
-#include "kernels/cpu/device_like_memory.h"
+#include "kernels/pageable_copies.h"
 #include "server/engine/engine_impl.h"
 #include "server/optim/optimizer_config.h"
 #include "server/optim/update_rule.h"
@@ -306,7 +306,8 @@ Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
                  const std::string& backend, CudaIpcOpener* cuda_ipc,
                  NcclApi* nccl, bool batch_updates, bool device_like_cpu,
                  bool gloo)
-    : nccl(gloo ? nullptr : nccl), page_locked(nccl != nullptr) {
+    : nccl(gloo ? nullptr : nccl),
+      page_locked(nccl != nullptr || backend == "cuda") {
   for (int i = 0; i < 2; ++i) {
     EngineOptions options;
     options.backend = backend;
@@ -783,24 +784,24 @@ absl::Status JobRun::RegisterAll(Cluster& cluster) {
 
 namespace {
 
-// Where the engines page-lock through a fake CUDA runtime, every host
+// Where the engines page-lock (Cluster::page_locked), every host
 // range that meets the GPU is page-locked (cudaHostRegister): a copy of the
 // compute backend to or from pageable memory during a step
-// (device_like::PageableCopies) is a defect, a wait a GPU would hide inside
+// (kernels/pageable_copies.h) is a defect, a wait a GPU would hide inside
 // cudaMemcpyAsync. OK elsewhere.
 class NoPageableCopies {
  public:
   explicit NoPageableCopies(const Cluster& cluster)
-      : checked_(cluster.page_locked), before_(device_like::PageableCopies()) {}
+      : checked_(cluster.page_locked), before_(PageableCopies()) {}
   absl::Status Check(absl::Status steps) const {
     if (!steps.ok() || !checked_) return steps;
-    const int64_t copies = device_like::PageableCopies() - before_;
+    const int64_t copies = PageableCopies() - before_;
     if (copies == 0) return absl::OkStatus();
     return absl::InternalError(
         absl::StrCat(copies,
                      " copies of the compute backend met pageable host memory "
                      "during the steps; the last: ",
-                     device_like::LastPageableCopy()));
+                     LastPageableCopy()));
   }
 
  private:

@@ -247,8 +247,9 @@ struct Cluster {
   InMemoryKvStore kv;
   std::unique_ptr<Engine> engines[2];
   NcclApi* nccl = nullptr;  // the engines' (null: the Gloo plane)
-  // The engines page-lock host staging through `nccl`'s cudaHostRegister
-  // (either plane): the steps then check the compute backend's copies.
+  // The engines page-lock host staging (through `nccl`'s cudaHostRegister
+  // on either plane, or the CUDA runtime's with cuda compute): the steps
+  // then check the compute backend's copies (kernels/pageable_copies.h).
   bool page_locked = false;
 };
 

@@ -23,6 +23,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/device_like_memory.h"
+#include "kernels/pageable_copies.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/kernels/backend_conformance.h"
 #include "tests/unit/kernels/backend_reference.h"
@@ -143,6 +145,42 @@ TEST(CpuAsDeviceTest, AHostSourceChangedBeforeTheWaitFailsIt) {
   EXPECT_EQ(back, host);
   host[0] = 5;
   EXPECT_OK(backend->Synchronize());
+}
+
+// Standing in for a GPU, the backend counts each copy whose host side the
+// fake CUDA runtime did not page-lock (device_like::LockHost), in all four
+// copy forms, as a GPU's driver would stage it; inside a locked range, or
+// as a host backend, none.
+TEST(CpuAsDeviceTest, CopiesFromAndToPageableHostMemoryAreCounted) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Backend> device,
+                       CreateCpuBackend(MemorySpace::kDevice));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Backend> host_backend,
+                       CreateCpuBackend(MemorySpace::kHost));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer buffer, device->Allocate(8));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer host_buffer, host_backend->Allocate(8));
+  std::vector<float> host = RandomNormal(12, 40);
+  auto all_four = [&](Backend& b, float* data, float* from) {
+    ASSERT_OK(b.CopyFromHost(from, 8, data));
+    ASSERT_OK(b.EnqueueCopyFromHost(from, 8, data));
+    ASSERT_OK(b.EnqueueCopyToHost(data, 4, from + 4));
+    ASSERT_OK(b.Synchronize());
+    ASSERT_OK(b.CopyToHost(data, 4, from));
+  };
+  int64_t before = PageableCopies();
+  all_four(*device, buffer.data(), host.data());
+  EXPECT_EQ(PageableCopies() - before, 4);
+  EXPECT_THAT(LastPageableCopy(), HasSubstr("CopyToHost of 16 bytes at 0x"));
+
+  ASSERT_OK(device_like::LockHost(host.data(), 8 * sizeof(float), "test"));
+  before = PageableCopies();
+  all_four(*device, buffer.data(), host.data());
+  all_four(*host_backend, host_buffer.data(), host.data());
+  EXPECT_EQ(PageableCopies(), before);
+  // Half past the locked range is pageable still.
+  ASSERT_OK(device->CopyFromHost(host.data() + 4, 8, buffer.data()));
+  EXPECT_EQ(PageableCopies() - before, 1);
+  device_like::UnlockHost(host.data());
+  EXPECT_FALSE(device_like::HostLocked(host.data(), 4));
 }
 
 // A GPU stream waiting for an event no one records (a dead trainer's)
