@@ -449,21 +449,14 @@ class Backend {
   // out[j] = sum_i a[i, j] * b[i, j]   (zeros when rows == 0)
   absl::Status ColumnDots(int64_t rows, int64_t cols, const float* a,
                           const float* b, float* out);
-  // dst[:, j] = src[:, perm[j]]   (dst must not alias src)
-  absl::Status GatherColumns(int64_t rows, int64_t cols,
-                             absl::Span<const int64_t> perm, const float* src,
-                             float* dst);
-  // dst[i, :] = src[perm[i], :]   (dst must not alias src)
-  absl::Status GatherRows(int64_t rows, int64_t cols,
-                          absl::Span<const int64_t> perm, const float* src,
-                          float* dst);
   // dst's columns are src's in descending order of keys[0, cols): stable
   // (equal keys keep their order, -0 equal to +0), NaN keys last; that is
-  // GatherColumns with the permutation a stable host sort of the keys
-  // gives, bit for bit, but sorted where the keys live (SOAP's basis
-  // refresh copied its keys to the host and its permutation back: a round
-  // trip and a pageable upload per side per refresh). dst must not alias
-  // src; keys may lie in either.
+  // dst[:, j] = src[:, perm[j]] with the permutation a stable host sort of
+  // the keys gives, bit for bit, but sorted where the keys live (SOAP's
+  // basis refresh copied its keys to the host and its permutation back: a
+  // round trip and a pageable upload per side per refresh; the gathers by a
+  // host permutation it used are gone with it). dst must not alias src;
+  // keys may lie in either.
   absl::Status SortColumns(int64_t rows, int64_t cols, const float* keys,
                            const float* src, float* dst);
   // dst's rows are src's in descending order of keys[0, rows), as
@@ -669,13 +662,7 @@ class Backend {
   // cols > 0; rows may be 0 (then out is zeroed).
   virtual absl::Status DoColumnDots(int64_t rows, int64_t cols, const float* a,
                                     const float* b, float* out) = 0;
-  // rows, cols > 0 for the gathers and the transpose.
-  virtual absl::Status DoGatherColumns(int64_t rows, int64_t cols,
-                                       absl::Span<const int64_t> perm,
-                                       const float* src, float* dst) = 0;
-  virtual absl::Status DoGatherRows(int64_t rows, int64_t cols,
-                                    absl::Span<const int64_t> perm,
-                                    const float* src, float* dst) = 0;
+  // rows, cols > 0 for the sorts and the transpose.
   virtual absl::Status DoSortColumns(int64_t rows, int64_t cols,
                                      const float* keys, const float* src,
                                      float* dst) = 0;

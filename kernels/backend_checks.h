@@ -87,24 +87,6 @@ inline absl::Status Int32Index(absl::string_view what, absl::string_view field,
                                                  library, " index range"));
 }
 
-// `perm` must be a permutation of [0, size).
-inline absl::Status Permutation(absl::string_view what,
-                                absl::Span<const int64_t> perm, int64_t size) {
-  if (static_cast<int64_t>(perm.size()) != size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": perm has ", perm.size(), " entries, expected ", size));
-  }
-  std::vector<bool> seen(static_cast<size_t>(size), false);
-  for (int64_t p : perm) {
-    if (p < 0 || p >= size || seen[static_cast<size_t>(p)]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": perm is not a permutation of [0, ", size, ")"));
-    }
-    seen[static_cast<size_t>(p)] = true;
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace canzona::backend_checks
 
 #endif  // CANZONA_KERNELS_BACKEND_CHECKS_H_

@@ -908,30 +908,6 @@ absl::Status Backend::ColumnDots(int64_t rows, int64_t cols, const float* a,
   return DoColumnDots(rows, cols, a, b, out);
 }
 
-absl::Status Backend::GatherColumns(int64_t rows, int64_t cols,
-                                    absl::Span<const int64_t> perm,
-                                    const float* src, float* dst) {
-  constexpr absl::string_view kWhat = "GatherColumns";
-  CANZONA_RETURN_IF_ERROR(
-      CheckMatrices(kWhat, rows, cols, {{"src", src}, {"dst", dst}}));
-  CANZONA_RETURN_IF_ERROR(checks::Permutation(kWhat, perm, cols));
-  if (rows == 0 || cols == 0) return absl::OkStatus();
-  CANZONA_RETURN_IF_ERROR(CheckReorder(*this, kWhat, rows, cols, src, dst));
-  return DoGatherColumns(rows, cols, perm, src, dst);
-}
-
-absl::Status Backend::GatherRows(int64_t rows, int64_t cols,
-                                 absl::Span<const int64_t> perm,
-                                 const float* src, float* dst) {
-  constexpr absl::string_view kWhat = "GatherRows";
-  CANZONA_RETURN_IF_ERROR(
-      CheckMatrices(kWhat, rows, cols, {{"src", src}, {"dst", dst}}));
-  CANZONA_RETURN_IF_ERROR(checks::Permutation(kWhat, perm, rows));
-  if (rows == 0 || cols == 0) return absl::OkStatus();
-  CANZONA_RETURN_IF_ERROR(CheckReorder(*this, kWhat, rows, cols, src, dst));
-  return DoGatherRows(rows, cols, perm, src, dst);
-}
-
 absl::Status Backend::SortColumns(int64_t rows, int64_t cols, const float* keys,
                                   const float* src, float* dst) {
   constexpr absl::string_view kWhat = "SortColumns";

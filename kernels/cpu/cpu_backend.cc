@@ -691,37 +691,27 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status DoGatherColumns(int64_t rows, int64_t cols,
-                               absl::Span<const int64_t> perm, const float* src,
-                               float* dst) override {
-    for (int64_t i = 0; i < rows; ++i) {
-      const float* s = src + i * cols;
-      float* d = dst + i * cols;
-      for (int64_t j = 0; j < cols; ++j) d[j] = s[perm[j]];
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status DoGatherRows(int64_t rows, int64_t cols,
-                            absl::Span<const int64_t> perm, const float* src,
-                            float* dst) override {
-    for (int64_t i = 0; i < rows; ++i) {
-      std::memcpy(dst + i * cols, src + perm[i] * cols,
-                  static_cast<size_t>(cols) * sizeof(float));
-    }
-    return absl::OkStatus();
-  }
-
+  // dst[:, j] = src[:, order[j]] for the stable descending order of keys.
   absl::Status DoSortColumns(int64_t rows, int64_t cols, const float* keys,
                              const float* src, float* dst) override {
     const std::vector<int64_t>& order = DescendingOrder(cols, keys);
-    return DoGatherColumns(rows, cols, order, src, dst);
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* s = src + i * cols;
+      float* d = dst + i * cols;
+      for (int64_t j = 0; j < cols; ++j) d[j] = s[order[j]];
+    }
+    return absl::OkStatus();
   }
 
+  // dst[i, :] = src[order[i], :].
   absl::Status DoSortRows(int64_t rows, int64_t cols, const float* keys,
                           const float* src, float* dst) override {
     const std::vector<int64_t>& order = DescendingOrder(rows, keys);
-    return DoGatherRows(rows, cols, order, src, dst);
+    for (int64_t i = 0; i < rows; ++i) {
+      std::memcpy(dst + i * cols, src + order[i] * cols,
+                  static_cast<size_t>(cols) * sizeof(float));
+    }
+    return absl::OkStatus();
   }
 
   absl::Status DoTranspose2D(int64_t rows, int64_t cols, const float* src,

@@ -180,12 +180,6 @@ class CudaBackend final : public Backend {
                               float* a) override;
   absl::Status DoColumnDots(int64_t rows, int64_t cols, const float* a,
                             const float* b, float* out) override;
-  absl::Status DoGatherColumns(int64_t rows, int64_t cols,
-                               absl::Span<const int64_t> perm, const float* src,
-                               float* dst) override;
-  absl::Status DoGatherRows(int64_t rows, int64_t cols,
-                            absl::Span<const int64_t> perm, const float* src,
-                            float* dst) override;
   absl::Status DoSortColumns(int64_t rows, int64_t cols, const float* keys,
                              const float* src, float* dst) override;
   absl::Status DoSortRows(int64_t rows, int64_t cols, const float* keys,
@@ -1369,30 +1363,6 @@ absl::Status CudaBackend::DoColumnDots(int64_t rows, int64_t cols,
   CANZONA_RETURN_IF_ERROR(Activate());
   CANZONA_CUDA_RETURN_IF_ERROR(
       cuda_kernels::ColumnDots(Cfg(), rows, cols, a, b, out));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::DoGatherColumns(int64_t rows, int64_t cols,
-                                          absl::Span<const int64_t> perm,
-                                          const float* src, float* dst) {
-  CANZONA_RETURN_IF_ERROR(Activate());
-  const size_t bytes = static_cast<size_t>(cols) * sizeof(int64_t);
-  CANZONA_ASSIGN_OR_RETURN(void* ws, Reserve(scratch_ws_, bytes));
-  CANZONA_RETURN_IF_ERROR(CopyHostToDevice(perm.data(), bytes, ws));
-  CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::GatherColumns(
-      Cfg(), rows, cols, static_cast<const int64_t*>(ws), src, dst));
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::DoGatherRows(int64_t rows, int64_t cols,
-                                       absl::Span<const int64_t> perm,
-                                       const float* src, float* dst) {
-  CANZONA_RETURN_IF_ERROR(Activate());
-  const size_t bytes = static_cast<size_t>(rows) * sizeof(int64_t);
-  CANZONA_ASSIGN_OR_RETURN(void* ws, Reserve(scratch_ws_, bytes));
-  CANZONA_RETURN_IF_ERROR(CopyHostToDevice(perm.data(), bytes, ws));
-  CANZONA_CUDA_RETURN_IF_ERROR(cuda_kernels::GatherRows(
-      Cfg(), rows, cols, static_cast<const int64_t*>(ws), src, dst));
   return absl::OkStatus();
 }
 

@@ -201,9 +201,6 @@ TEST_P(BackendConformanceTest, InvalidArgumentsNameMethodAndField) {
   ASSERT_OK_AND_ASSIGN(DeviceBuffer buf, backend_->Allocate(64));
   float* p = buf.data();
   const Transpose kN = Transpose::kNo, kT = Transpose::kYes;
-  const std::vector<int64_t> dup = {0, 1, 1, 3};
-  const std::vector<int64_t> out_of_range = {0, 1, 2, 4};
-  const std::vector<int64_t> short_perm = {0, 1, 2};
   const NewtonSchulzSpec spec = QuinticSpec();
   const std::vector<ErrorCase> cases = {
       {"copy negative", [&](Backend& b) { return b.Copy(p, -1, p); },
@@ -442,29 +439,6 @@ TEST_P(BackendConformanceTest, InvalidArgumentsNameMethodAndField) {
       {"column dots null b",
        [&](Backend& b) { return b.ColumnDots(2, 3, p, nullptr, p); },
        "ColumnDots: b is null for 6 elements"},
-      {"gather columns duplicate",
-       [&](Backend& b) { return b.GatherColumns(2, 4, dup, p, p + 32); },
-       "GatherColumns: perm is not a permutation of [0, 4)"},
-      {"gather columns out of range",
-       [&](Backend& b) {
-         return b.GatherColumns(2, 4, out_of_range, p, p + 32);
-       },
-       "GatherColumns: perm is not a permutation of [0, 4)"},
-      {"gather columns size",
-       [&](Backend& b) { return b.GatherColumns(2, 4, short_perm, p, p + 32); },
-       "GatherColumns: perm has 3 entries, expected 4"},
-      {"gather columns null dst",
-       [&](Backend& b) { return b.GatherColumns(2, 4, dup, p, nullptr); },
-       "GatherColumns: dst is null for 8 elements"},
-      {"gather rows duplicate",
-       [&](Backend& b) { return b.GatherRows(4, 2, dup, p, p + 32); },
-       "GatherRows: perm is not a permutation of [0, 4)"},
-      {"gather rows negative",
-       [&](Backend& b) { return b.GatherRows(-4, 2, dup, p, p + 32); },
-       "GatherRows: rows must be >= 0"},
-      {"gather rows size",
-       [&](Backend& b) { return b.GatherRows(3, 2, dup, p, p + 32); },
-       "GatherRows: perm has 4 entries, expected 3"},
       {"sort columns null keys",
        [&](Backend& b) { return b.SortColumns(2, 4, nullptr, p, p + 32); },
        "SortColumns: keys is null for 4 elements"},
@@ -546,10 +520,10 @@ TEST_P(BackendConformanceTest, EmptyCallsAreStillValidated) {
   EXPECT_THAT(b.QrOrthonormalize(0, 2, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("QrOrthonormalize: rows must be >= cols")));
-  EXPECT_THAT(
-      b.GatherRows(0, 3, std::vector<int64_t>{0}, nullptr, nullptr),
-      StatusIs(absl::StatusCode::kInvalidArgument,
-               HasSubstr("GatherRows: perm has 1 entries, expected 0")));
+  // No rows to move, but three keys to read.
+  EXPECT_THAT(b.SortColumns(0, 3, nullptr, nullptr, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("SortColumns: keys is null")));
 }
 
 TEST_P(BackendConformanceTest, ZeroSizeCallsAreNoOps) {
@@ -592,10 +566,8 @@ TEST_P(BackendConformanceTest, ZeroSizeCallsAreNoOps) {
   // d is read only when some row is scaled.
   EXPECT_OK(b.ScaleColumns(0, 3, nullptr, nullptr));
   EXPECT_OK(b.ColumnDots(0, 0, nullptr, nullptr, nullptr));
-  EXPECT_OK(b.GatherColumns(0, 0, {}, nullptr, nullptr));
-  EXPECT_OK(
-      b.GatherColumns(0, 2, std::vector<int64_t>{1, 0}, nullptr, nullptr));
-  EXPECT_OK(b.GatherRows(0, 0, {}, nullptr, nullptr));
+  EXPECT_OK(b.SortColumns(0, 0, nullptr, nullptr, nullptr));
+  EXPECT_OK(b.SortRows(0, 0, nullptr, nullptr, nullptr));
   EXPECT_OK(b.Transpose2D(0, 7, nullptr, nullptr));
   EXPECT_OK(b.Synchronize());
 }

@@ -786,14 +786,26 @@ TEST_P(BackendConformanceTest, ColumnDotsOfZeroRowsAreZeros) {
   EXPECT_EQ(Download(dout), std::vector<float>(5, 0.0f));
 }
 
-TEST_P(BackendConformanceTest, GatherColumnsAndRows) {
+// Keys that put a random permutation's entries in descending order:
+// keys[perm[j]] = n - j, so a sort by them gathers by perm.
+std::vector<float> KeysOrdering(const std::vector<int64_t>& perm) {
+  const auto n = static_cast<int64_t>(perm.size());
+  std::vector<float> keys(perm.size());
+  for (int64_t j = 0; j < n; ++j) keys[perm[j]] = static_cast<float>(n - j);
+  return keys;
+}
+
+// The sorts' gathers on every matrix shape, by a random order (the sorts'
+// own order, ties and NaNs: backend_conformance_device_scalars.cc).
+TEST_P(BackendConformanceTest, SortColumnsAndRowsGatherOnEveryShape) {
   for (const Shape& s : kMatrixShapes) {
     SCOPED_TRACE(ShapeName(s.rows, s.cols));
     const std::vector<float> src = RandomNormal(s.rows * s.cols, 8200);
     DeviceBuffer dsrc = Upload(src), ddst = Zeros(s.rows * s.cols);
     const std::vector<int64_t> col_perm = RandomPermutation(s.cols, 8201);
-    ASSERT_OK(backend_->GatherColumns(s.rows, s.cols, col_perm, dsrc.data(),
-                                      ddst.data()));
+    DeviceBuffer col_keys = Upload(KeysOrdering(col_perm));
+    ASSERT_OK(backend_->SortColumns(s.rows, s.cols, col_keys.data(),
+                                    dsrc.data(), ddst.data()));
     std::vector<float> out = Download(ddst);
     for (int64_t i = 0; i < s.rows; ++i) {
       for (int64_t j = 0; j < s.cols; ++j) {
@@ -801,8 +813,9 @@ TEST_P(BackendConformanceTest, GatherColumnsAndRows) {
       }
     }
     const std::vector<int64_t> row_perm = RandomPermutation(s.rows, 8202);
-    ASSERT_OK(backend_->GatherRows(s.rows, s.cols, row_perm, dsrc.data(),
-                                   ddst.data()));
+    DeviceBuffer row_keys = Upload(KeysOrdering(row_perm));
+    ASSERT_OK(backend_->SortRows(s.rows, s.cols, row_keys.data(), dsrc.data(),
+                                 ddst.data()));
     out = Download(ddst);
     for (int64_t i = 0; i < s.rows; ++i) {
       for (int64_t j = 0; j < s.cols; ++j) {

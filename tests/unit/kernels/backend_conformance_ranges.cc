@@ -101,13 +101,12 @@ TEST_P(BackendConformanceTest, OverlapsAGpuLeavesUndefinedAreRefused) {
                                    0.0f, p + 8, 2, 2, 2),
               Rejected("GemmStridedBatched: stride_c 2", "spans overlap"));
   // Permutations and transposes in place (a kernel reading what it writes).
-  const std::vector<int64_t> swap = {1, 0};
   EXPECT_THAT(b.Transpose2D(2, 2, p, p),
               Rejected("Transpose2D: src", "overlap"));
-  EXPECT_THAT(b.GatherColumns(2, 2, swap, p, p + 2),
-              Rejected("GatherColumns: src", "overlap"));
-  EXPECT_THAT(b.GatherRows(2, 2, swap, p + 2, p),
-              Rejected("GatherRows: src", "overlap"));
+  EXPECT_THAT(b.SortColumns(2, 2, p + 12, p, p + 2),
+              Rejected("SortColumns: src", "overlap"));
+  EXPECT_THAT(b.SortRows(2, 2, p + 12, p + 2, p),
+              Rejected("SortRows: src", "overlap"));
   EXPECT_THAT(b.LiftedPower(4, p, 1e-6, -0.25, p + 1),
               Rejected("LiftedPower: x", "overlap"));
   // Nothing was written.

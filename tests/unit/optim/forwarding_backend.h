@@ -162,16 +162,6 @@ class ForwardingBackend : public Backend {
                             const float* b, float* out) override {
     return inner_->ColumnDots(r, c, a, b, out);
   }
-  absl::Status DoGatherColumns(int64_t r, int64_t c,
-                               absl::Span<const int64_t> perm, const float* s,
-                               float* d) override {
-    return inner_->GatherColumns(r, c, perm, s, d);
-  }
-  absl::Status DoGatherRows(int64_t r, int64_t c,
-                            absl::Span<const int64_t> perm, const float* s,
-                            float* d) override {
-    return inner_->GatherRows(r, c, perm, s, d);
-  }
   absl::Status DoSortColumns(int64_t r, int64_t c, const float* keys,
                              const float* s, float* d) override {
     return inner_->SortColumns(r, c, keys, s, d);
