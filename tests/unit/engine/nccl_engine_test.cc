@@ -37,7 +37,6 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/device_like_memory.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "kernels/pageable_copies.h"
 #include "server/engine/engine_impl.h"
 #include "server/engine/gradient_snapshots.h"
 #include "tests/matchers/status_matchers.h"
@@ -713,10 +712,9 @@ TEST(NcclEngineTest, HostSidesOfEveryCopyArePageLocked) {
     ASSERT_OK(run.Init());
     ASSERT_OK(run.RegisterAll(cluster));
     nccl.ClearCalls();
-    const int64_t pageable = PageableCopies();
+    // RunSteps also fails on a copy of the compute backend's own between
+    // the host and the "GPU" from or to pageable memory.
     ASSERT_OK(run.RunSteps(cluster, 1, 3));
-    // The compute backend's own copies between the host and the "GPU".
-    EXPECT_EQ(PageableCopies(), pageable) << "the last: " << LastPageableCopy();
     int64_t host_sides = 0;
     auto expect_pinned = [&](const FakeNcclCall& c, const void* side,
                              int64_t bytes, const char* which) {
