@@ -419,6 +419,14 @@ class Backend {
   // wait). Counted here for every backend alike, so a cpu backend's count
   // is a GPU's: the engine's tests hold a step to its budget of waits.
   int64_t host_waits() const { return host_waits_; }
+  // How many copies so far between this backend's device memory and host
+  // memory that is not page-locked (kernels/pageable_copies.h): on a GPU
+  // each goes through the driver's bounce buffer and may wait for the
+  // stream inside the call. A host backend counts none. Any thread may
+  // read it (StepResponse.pageable_copies).
+  int64_t pageable_copies() const {
+    return pageable_copies_.load(std::memory_order_relaxed);
+  }
 
   // ---- Bounded host waits --------------------------------------------------
   // Each of those waits lasts at most `timeout`: past it, DEADLINE_EXCEEDED
@@ -472,6 +480,10 @@ class Backend {
   // SymmetricEigen's INTERNAL for an eigenvalue that is not finite, the
   // same from every backend.
   static absl::Status NonFiniteEigenvalue();
+  // Counts a copy by `what` of `bytes` whose host side at `host` is
+  // pageable: here (pageable_copies) and process-wide (CountPageableCopy).
+  void NotePageableCopy(absl::string_view what, const void* host,
+                        int64_t bytes);
   // Returns memory obtained by DoAllocate. Never fails visibly.
   virtual void Free(float* data, int64_t size) = 0;
   // Where the host reaches the bytes at `data` (a buffer DoAllocate
@@ -528,6 +540,7 @@ class Backend {
   // The default EnqueueSumSquares' sums so far, added in order.
   double queued_sum_squares_ = 0;
   int64_t host_waits_ = 0;
+  std::atomic<int64_t> pageable_copies_{0};
   absl::Duration wait_timeout_ = absl::InfiniteDuration();
   int64_t waits_given_up_ = 0;  // AwaitWork's, ever
   bool stalled_ = false;

@@ -23,6 +23,7 @@
 #include "kernels/backend_checks.h"
 #include "kernels/base/poll.h"
 #include "kernels/base/status_macros.h"
+#include "kernels/pageable_copies.h"
 
 namespace canzona {
 namespace {
@@ -724,6 +725,12 @@ absl::StatusOr<double> Backend::DoSecondsBetween(int from, int to) {
 absl::Status Backend::BeginHostWait(absl::string_view method) {
   ++host_waits_;
   return DoBeginHostWait(method);
+}
+
+void Backend::NotePageableCopy(absl::string_view what, const void* host,
+                               int64_t bytes) {
+  pageable_copies_.fetch_add(1, std::memory_order_relaxed);
+  CountPageableCopy(what, host, bytes);
 }
 
 absl::Status Backend::GaveUpButSucceeded(absl::string_view method) {

@@ -104,6 +104,7 @@ struct Sample {
   double dp_comm_exposed = 0;
   double phases[kPhases] = {};  // the response's PhaseTimes
   int64_t host_waits = 0;       // the response's
+  int64_t pageable_copies = 0;  // the response's
 };
 
 struct RankResult {
@@ -134,6 +135,10 @@ struct ModeResult {
   // The daemon's host round trips per step (StepResponse.host_waits): the
   // most of any rank, median over steps.
   double median_host_waits = 0;
+  // The daemon's copies between the GPU and pageable host memory
+  // (StepResponse.pageable_copies), all ranks, all steps: 0 unless the
+  // driver refused to page-lock.
+  int64_t pageable_copies = 0;
 };
 
 double Median(std::vector<double> v) {
@@ -245,6 +250,7 @@ absl::Status RunIterations(const StepBenchOptions& o, const Mode& mode,
       s.phases[p] = (t.*kStepPhases[p].seconds)();
     }
     s.host_waits = response->host_waits();
+    s.pageable_copies = response->pageable_copies();
     if (!overlap) {
       Compute(o.forward_ms, o.busy);
     } else {
@@ -426,6 +432,7 @@ ModeResult Summarize(const Mode& mode, const std::vector<RankResult>& ranks) {
       s = std::max(s, x.step);
       p = std::max(p, x.wait);
       h = std::max(h, static_cast<double>(x.host_waits));
+      r.pageable_copies += x.pageable_copies;
       comm += x.dp_comm;
       exposed += x.dp_comm_exposed;
     }
@@ -628,6 +635,7 @@ void RunStepBench(StepBenchOptions o) {
            {"median_step_ms", r.median_step_ms},
            {"median_wait_params_ms", r.median_wait_ms},
            {"median_host_waits", r.median_host_waits},
+           {"pageable_copies", r.pageable_copies},
            {"dp_comm_ms_per_step", r.dp_comm_ms_per_step},
            {"dp_comm_exposed_ms_per_step", r.exposed_ms_per_step},
            {"exposed_over_total_comm", r.exposed_over_total},
@@ -696,6 +704,14 @@ void RunStepBench(StepBenchOptions o) {
       "of any rank, median):");
   for (const ModeResult& r : results) {
     std::printf(" %s %.0f", r.mode.name.c_str(), r.median_host_waits);
+  }
+  std::printf("\n");
+  std::printf(
+      "daemon copies from or to pageable host memory (StepResponse."
+      "pageable_copies; all ranks and steps):");
+  for (const ModeResult& r : results) {
+    std::printf(" %s %lld", r.mode.name.c_str(),
+                static_cast<long long>(r.pageable_copies));
   }
   std::printf("\n");
 }

@@ -31,7 +31,6 @@
 #include "kernels/base/status_macros.h"
 #include "kernels/cpu/device_like_memory.h"
 #include "kernels/cpu/gram_newton_schulz.h"
-#include "kernels/pageable_copies.h"
 
 namespace canzona {
 namespace {
@@ -248,12 +247,11 @@ class CpuBackend final : public Backend {
   }
   // Standing in for a GPU: a copy from or to host memory the fake runtime
   // did not page-lock is one a GPU would stage through a bounce buffer.
-  void CountPageable(absl::string_view what, const float* host,
-                     int64_t count) const {
+  void CountPageable(absl::string_view what, const float* host, int64_t count) {
     const auto bytes = static_cast<int64_t>(Bytes(count));
     if (space_ == MemorySpace::kDevice && count > 0 &&
         !device_like::HostLocked(host, bytes)) {
-      CountPageableCopy(what, host, bytes);
+      NotePageableCopy(what, host, bytes);
     }
   }
   absl::Status DoCopy(const float* src, int64_t count, float* dst) override {

@@ -31,11 +31,11 @@
 #include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "kernels/backend_checks.h"
+#include "kernels/base/cuda_host_memory.h"
 #include "kernels/base/cuda_status.h"
 #include "kernels/base/status_macros.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/newton_schulz.h"
-#include "kernels/pageable_copies.h"
 
 namespace canzona {
 namespace {
@@ -483,30 +483,14 @@ absl::StatusOr<void*> CudaBackend::Reserve(Workspace& ws, size_t bytes) {
   return ws.data;
 }
 
-namespace {
-
-// Whether the host memory at `p` is pageable (neither page-locked nor
-// mapped): a cudaMemcpyAsync between it and the device synchronizes with
-// the stream inside the call, without a bound. Unknown: page-locked.
-bool Pageable(const void* p) {
-  cudaPointerAttributes attributes;
-  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return attributes.type == cudaMemoryTypeUnregistered;
-}
-
-}  // namespace
-
 absl::Status CudaBackend::CopyHostToDevice(const void* host, size_t bytes,
                                            void* dst) {
   // From pageable memory the driver waits for the stream before staging
   // the bytes, unbounded: the bounded wait first leaves it nothing to wait
   // for. From page-locked memory the copy is DMA, later: waited for after.
-  const bool pageable = Pageable(host);
+  const bool pageable = CudaHostPageable(host);
   if (pageable) {
-    CountPageableCopy("CopyFromHost", host, static_cast<int64_t>(bytes));
+    NotePageableCopy("CopyFromHost", host, static_cast<int64_t>(bytes));
     CANZONA_RETURN_IF_ERROR(AwaitStream("CopyFromHost"));
   }
   CANZONA_CUDA_RETURN_IF_ERROR(
@@ -591,8 +575,8 @@ absl::Status CudaBackend::DoCopyToHost(const float* src, int64_t count,
   CANZONA_RETURN_IF_ERROR(Activate());
   // Into pageable memory cudaMemcpyAsync returns only once the copy is
   // done, behind the stream's work, unbounded: the bounded wait first.
-  if (Pageable(host)) {
-    CountPageableCopy("CopyToHost", host, count * int64_t{sizeof(float)});
+  if (CudaHostPageable(host)) {
+    NotePageableCopy("CopyToHost", host, count * int64_t{sizeof(float)});
     CANZONA_RETURN_IF_ERROR(AwaitStream("CopyToHost"));
   }
   CANZONA_CUDA_RETURN_IF_ERROR(
@@ -607,9 +591,9 @@ absl::Status CudaBackend::DoCopyToHost(const float* src, int64_t count,
 absl::Status CudaBackend::DoEnqueueCopyFromHost(const float* host,
                                                 int64_t count, float* dst) {
   CANZONA_RETURN_IF_ERROR(Activate());
-  if (Pageable(host)) {
-    CountPageableCopy("EnqueueCopyFromHost", host,
-                      count * int64_t{sizeof(float)});
+  if (CudaHostPageable(host)) {
+    NotePageableCopy("EnqueueCopyFromHost", host,
+                     count * int64_t{sizeof(float)});
   }
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dst, host, static_cast<size_t>(count) * sizeof(float),
@@ -620,9 +604,8 @@ absl::Status CudaBackend::DoEnqueueCopyFromHost(const float* host,
 absl::Status CudaBackend::DoEnqueueCopyToHost(const float* src, int64_t count,
                                               float* host) {
   CANZONA_RETURN_IF_ERROR(Activate());
-  if (Pageable(host)) {
-    CountPageableCopy("EnqueueCopyToHost", host,
-                      count * int64_t{sizeof(float)});
+  if (CudaHostPageable(host)) {
+    NotePageableCopy("EnqueueCopyToHost", host, count * int64_t{sizeof(float)});
   }
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(host, src, static_cast<size_t>(count) * sizeof(float),

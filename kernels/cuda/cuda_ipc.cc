@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "kernels/base/cuda_host_memory.h"
 #include "kernels/base/cuda_status.h"
 #include "kernels/base/poll.h"
 #include "kernels/base/status_macros.h"
@@ -141,6 +142,9 @@ class RealOpener final : public CudaIpcOpener {
   absl::Status CopyFromHost(int device, const void* src, size_t bytes,
                             void* dst) override {
     return CudaCopyFromHost(device, src, bytes, dst);
+  }
+  bool HostPageable(const void* host, size_t) override {
+    return CudaHostPageable(host);
   }
   absl::StatusOr<int> DeviceOfPciBusId(const std::string& pci_bus_id) override {
     int device = -1;

@@ -183,6 +183,11 @@ class NcclApi {
   // the link's rate and truly asynchronous, until unregistered.
   virtual absl::Status HostRegister(void* ptr, int64_t bytes) = 0;
   virtual absl::Status HostUnregister(void* ptr) = 0;
+  // Whether [ptr, ptr + bytes) is host memory the driver sees as pageable
+  // (neither page-locked nor device memory; cudaPointerGetAttributes): a
+  // MemcpyAsync with a side there goes through a bounce buffer and may
+  // wait inside the call (StepResponse.pageable_copies counts them).
+  virtual bool HostPageable(const void* ptr, int64_t bytes) const = 0;
   // `n` elements of `from` at `src` as `to` into `dst` on `stream` (device
   // memory: a conversion kernel; widening is exact, narrowing rounds to
   // nearest even like kernels/base/dtype.h). The ranges do not overlap.

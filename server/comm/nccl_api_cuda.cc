@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/base/cuda_host_memory.h"
 #include "kernels/base/cuda_status.h"
 #include "kernels/cuda/dtype_convert.h"
 #include "server/comm/nccl_api.h"
@@ -219,6 +220,9 @@ class RealApi : public NcclApi {
   }
   absl::Status HostUnregister(void* ptr) override {
     return CudaStatus(cudaHostUnregister(ptr), "cudaHostUnregister");
+  }
+  bool HostPageable(const void* ptr, int64_t) const override {
+    return CudaHostPageable(ptr);
   }
   absl::Status ConvertAsync(DType from, const void* src, DType to, void* dst,
                             int64_t n, NcclStream stream) override {

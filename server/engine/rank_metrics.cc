@@ -11,6 +11,7 @@ RankMetrics::RankMetrics(const CanzonaMetrics& m, const std::string& job,
   steps_ = m.steps_total->WithLabels({job, rank});
   skipped_ = m.steps_skipped_total->WithLabels({job, rank});
   host_waits_ = m.step_host_waits_total->WithLabels({job, rank});
+  pageable_copies_ = m.step_pageable_copies_total->WithLabels({job, rank});
   overlap_ = m.tp_overlap_ratio->WithLabels({job, rank});
   dp_comm_ = m.dp_comm_seconds_total->WithLabels({job, rank});
   dp_comm_exposed_ = m.dp_comm_exposed_seconds_total->WithLabels({job, rank});
@@ -26,6 +27,7 @@ void RankMetrics::RecordStep(const RankStepResult& result, double tp_comm_s,
   }
   steps_->Increment();
   host_waits_->Increment(static_cast<double>(result.host_waits));
+  pageable_copies_->Increment(static_cast<double>(result.pageable_copies));
   if (result.skipped_nonfinite) {
     skipped_->Increment();
   } else {

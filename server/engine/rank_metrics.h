@@ -30,6 +30,7 @@ class RankMetrics {
   Counter* steps_ = nullptr;
   Counter* skipped_ = nullptr;
   Counter* host_waits_ = nullptr;
+  Counter* pageable_copies_ = nullptr;
   Gauge* overlap_ = nullptr;
   Counter* dp_comm_ = nullptr;
   Counter* dp_comm_exposed_ = nullptr;

@@ -113,6 +113,17 @@ int64_t RankRuntime::host_waits() {
          world_copier_->host_waits();
 }
 
+int64_t RankRuntime::TakePageableCopies() {
+  // Staging is the compute backend where it is on the GPU, else host
+  // memory, which copies nothing to a GPU itself.
+  const int64_t total = compute().pageable_copies() +
+                        buckets_->copier().pageable_copies() +
+                        world_copier_->pageable_copies();
+  const int64_t since = total - pageable_copies_taken_;
+  pageable_copies_taken_ = total;
+  return since;
+}
+
 absl::Status RankRuntime::WorldSum(WorldValues& values) {
   // One rank's sums are its values: no trip through the device.
   if (world_->size() == 1) return absl::OkStatus();

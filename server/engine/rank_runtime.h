@@ -166,6 +166,12 @@ class RankRuntime {
   // Host round trips so far (StepResponse.host_waits): the compute
   // backend's waits and the DP and world copiers'.
   int64_t host_waits();
+  // Copies between the host and the GPU whose host side was pageable since
+  // the last call (StepResponse.pageable_copies): the compute backend's,
+  // and the DP and world copiers' (theirs and the trainer's CUDA IPC
+  // copies counted there). Beside a GPU every such side is page-locked
+  // (RankBuilder::PinStaging, PinnedHostMemory) unless the driver refused.
+  int64_t TakePageableCopies();
   // What the last step left for this step's world reduction.
   PendingUpdate& pending_update() { return pending_update_; }
   // The device time of the latest DP-owned updates the device finished
@@ -238,6 +244,7 @@ class RankRuntime {
   // The last step's update sum of squares (counted once job-wide), summed
   // over the world with the next step's gradient norm.
   PendingUpdate pending_update_;
+  int64_t pageable_copies_taken_ = 0;  // TakePageableCopies' total so far
   double finished_compute_seconds_ = -1;
   // The world reductions' copier (stream), declared before the
   // communicator, which is destroyed first.

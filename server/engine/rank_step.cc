@@ -44,6 +44,8 @@ class RankStep {
     ScopedWaitTimeout staging(rt_.staging(), context_.timeout);
     absl::Status status = Steps();
     result_->host_waits = rt_.host_waits() - waits;
+    // A failed step's copies go with the next answer.
+    if (status.ok()) result_->pageable_copies = rt_.TakePageableCopies();
     if (status.ok() && !result_->skipped_nonfinite) TimeCompute();
     return status;
   }

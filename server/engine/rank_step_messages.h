@@ -50,6 +50,9 @@ struct RankStepResult {
   // Host round trips from the step's start to its answer
   // (StepResponse.host_waits).
   int64_t host_waits = 0;
+  // Copies between the host and the GPU with a pageable host side since
+  // the previous step's answer (StepResponse.pageable_copies).
+  int64_t pageable_copies = 0;
 };
 
 }  // namespace canzona

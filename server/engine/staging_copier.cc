@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/base/status_macros.h"
+#include "kernels/pageable_copies.h"
 #include "server/engine/pinned_host_memory.h"
 
 namespace canzona {
@@ -115,6 +116,14 @@ class DeviceStagingCopier final : public StagingCopier {
     CANZONA_RETURN_IF_ERROR(
         CheckCopy(staging_, "StagingCopier::Copy", dst, src, bytes));
     CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
+    // A side outside staging is a trainer's or the daemon's host memory,
+    // page-locked unless cudaHostRegister refused it (RLIMIT_MEMLOCK), or
+    // a trainer's CUDA IPC buffer.
+    for (const void* side : {static_cast<const void*>(dst), src}) {
+      if (!staging_.Find(side).has_value() && api_->HostPageable(side, bytes)) {
+        NotePageableCopy("StagingCopier::Copy", side, bytes);
+      }
+    }
     return api_->MemcpyAsync(dst, src, bytes, stream_);
   }
   absl::Status Convert(DType from, const void* src, DType to, void* dst,
@@ -194,6 +203,12 @@ class DeviceStagingCopier final : public StagingCopier {
 };
 
 }  // namespace
+
+void StagingCopier::NotePageableCopy(absl::string_view what, const void* host,
+                                     int64_t bytes) {
+  pageable_copies_.fetch_add(1, std::memory_order_relaxed);
+  CountPageableCopy(what, host, bytes);
+}
 
 std::unique_ptr<StagingCopier> CreateHostStagingCopier(
     const AllocationRegistry* staging) {

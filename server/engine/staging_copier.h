@@ -27,6 +27,7 @@
 #ifndef CANZONA_SERVER_ENGINE_STAGING_COPIER_H_
 #define CANZONA_SERVER_ENGINE_STAGING_COPIER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -92,6 +93,23 @@ class StagingCopier {
   virtual absl::Status CheckCopySide(absl::string_view what,
                                      absl::string_view side, const void* p,
                                      int64_t bytes) const = 0;
+
+  // Copies between the host and a GPU so far whose host side was pageable
+  // (kernels/pageable_copies.h): a device copier's own Copy calls (the
+  // runtime says, NcclApi::HostPageable), and the copies the rank made
+  // itself through a trainer's CUDA IPC buffers (TrainerBuffers), counted
+  // here with NotePageableCopy. Any thread may read it
+  // (StepResponse.pageable_copies).
+  int64_t pageable_copies() const {
+    return pageable_copies_.load(std::memory_order_relaxed);
+  }
+  // Counts one such copy by `what` of `bytes` with its host side at
+  // `host`: here and process-wide (CountPageableCopy).
+  void NotePageableCopy(absl::string_view what, const void* host,
+                        int64_t bytes);
+
+ private:
+  std::atomic<int64_t> pageable_copies_{0};
 };
 
 // `staging` (the staging backend's allocations, Backend::allocations())

@@ -38,6 +38,7 @@ canzona::v1::StepResponse ToStepResponse(const RankStepResult& result) {
   out.set_skipped_nonfinite(result.skipped_nonfinite);
   out.set_clip_factor(result.clip_factor);
   out.set_host_waits(result.host_waits);
+  out.set_pageable_copies(result.pageable_copies);
   return out;
 }
 

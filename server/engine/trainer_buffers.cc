@@ -228,9 +228,11 @@ absl::Status TrainerBuffers::Read(const void* src, int j, int64_t n, DType as,
   if (as == dtype) {
     CANZONA_RETURN_IF_ERROR(
         copier.CheckCopySide("TrainerBuffers::Read", "dst", dst, bytes));
+    CountIfPageable("TrainerBuffers::Read", dst, bytes, copier);
     return opener_->CopyToHost(device_, src, bytes, dst);
   }
   CANZONA_ASSIGN_OR_RETURN(char* host, Scratch("Read", scratch, bytes));
+  CountIfPageable("TrainerBuffers::Read", host, bytes, copier);
   CANZONA_RETURN_IF_ERROR(opener_->CopyToHost(device_, src, bytes, host));
   return copier.Convert(dtype, host, as, dst, n);
 }
@@ -248,11 +250,21 @@ absl::Status TrainerBuffers::Write(DType from, const void* src, int j,
   if (from == dtype) {
     CANZONA_RETURN_IF_ERROR(
         copier.CheckCopySide("TrainerBuffers::Write", "src", src, bytes));
+    CountIfPageable("TrainerBuffers::Write", src, bytes, copier);
     return opener_->CopyFromHost(device_, src, bytes, dst);
   }
   CANZONA_ASSIGN_OR_RETURN(char* host, Scratch("Write", scratch, bytes));
   CANZONA_RETURN_IF_ERROR(copier.Convert(from, src, dtype, host, n));
+  CountIfPageable("TrainerBuffers::Write", host, bytes, copier);
   return opener_->CopyFromHost(device_, host, bytes, dst);
+}
+
+void TrainerBuffers::CountIfPageable(absl::string_view what, const void* host,
+                                     int64_t bytes,
+                                     StagingCopier& copier) const {
+  if (opener_->HostPageable(host, static_cast<size_t>(bytes))) {
+    copier.NotePageableCopy(what, host, bytes);
+  }
 }
 
 absl::StatusOr<char*> TrainerBuffers::Scratch(absl::string_view what,

@@ -161,6 +161,10 @@ class TrainerBuffers {
   // `scratch` when it holds `bytes` (INTERNAL naming `what` otherwise).
   static absl::StatusOr<char*> Scratch(absl::string_view what,
                                        absl::Span<char> scratch, int64_t bytes);
+  // Counts an IPC copy by `what` whose host side [host, host + bytes) the
+  // runtime sees as pageable on `copier` (StagingCopier::pageable_copies).
+  void CountIfPageable(absl::string_view what, const void* host, int64_t bytes,
+                       StagingCopier& copier) const;
   // The buffer `ref` of `numel` elements of `dtype` (`where` names it in
   // errors).
   absl::StatusOr<void*> MapOne(const std::string& job_id,

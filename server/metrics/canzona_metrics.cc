@@ -44,6 +44,12 @@ CanzonaMetrics CanzonaMetrics::Register(MetricsRegistry* r) {
       "Host round trips of the rank's steps: waits for its GPU between a "
       "step's start and its answer (StepResponse.host_waits).",
       {"job", "rank"});
+  m.step_pageable_copies_total = r->AddCounter(
+      "canzona_step_pageable_copies_total",
+      "Copies between host memory and the rank's GPU whose host side was "
+      "pageable, a bounce buffer and a wait in the driver each; 0 unless "
+      "cudaHostRegister was refused (StepResponse.pageable_copies).",
+      {"job", "rank"});
   m.rank_compute_flops =
       r->AddGauge("canzona_rank_compute_flops",
                   "The plan's optimizer flops per step on this rank's GPU.",

@@ -24,6 +24,7 @@ struct CanzonaMetrics {
   Family<Counter>* steps_total = nullptr;            // {job, rank}
   Family<Counter>* steps_skipped_total = nullptr;    // {job, rank}
   Family<Counter>* step_host_waits_total = nullptr;  // {job, rank}
+  Family<Counter>* step_pageable_copies_total = nullptr;  // {job, rank}
   Family<Gauge>* rank_compute_flops = nullptr;       // {job, rank}
   Family<Gauge>* plan_max_over_mean = nullptr;       // {job}
   Family<Gauge>* plan_makespan_over_lb = nullptr;    // {job}

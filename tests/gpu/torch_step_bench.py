@@ -290,7 +290,8 @@ class CanzonaSide:
 
     def breakdown(self, steps):
         """The daemon's view of the last `steps` steps: median ms per phase
-        and median host_waits (StepResponse)."""
+        and median host_waits, and the pageable copies of all of them
+        (StepResponse: 0 unless the driver refused to page-lock)."""
         stats = [s for s in self.stats[-steps:] if s]
         if not stats:
             return {}
@@ -298,7 +299,9 @@ class CanzonaSide:
         return {"phases_ms": {p: median([1e3 * s["seconds"][p]
                                          for s in stats]) for p in phases},
                 "host_waits": median([s.get("host_waits", 0)
-                                      for s in stats])}
+                                      for s in stats]),
+                "pageable_copies": sum(s.get("pageable_copies", 0)
+                                       for s in stats)}
 
 
 def median(values):

@@ -76,6 +76,8 @@ for m in json.load(open(sys.argv[1]))["modes"]:
     assert m["daemon_private_bytes_per_rank"] != -1, m
     # The daemon's host round trips per step: at least the sums' wait.
     assert m["median_host_waits"] >= 1, m
+    # Host memory on both sides: no copy meets a GPU.
+    assert m["pageable_copies"] == 0, m
 PY
 grep -q "daemon host round trips per step" "$DIR/out.txt" ||
   fail "no host round trips line"

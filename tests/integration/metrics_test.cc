@@ -144,6 +144,9 @@ TEST(MetricsIntegrationTest, LiveDaemonExportsTheContractAndPassesPromtool) {
     // would wait).
     EXPECT_GE(value(absl::StrCat("canzona_step_host_waits_total{", jr, "}")),
               kSteps);
+    // Host memory on both sides: no copy meets a GPU.
+    EXPECT_EQ(
+        value(absl::StrCat("canzona_step_pageable_copies_total{", jr, "}")), 0);
     for (const char* phase :
          {"reduce_scatter", "world_reduce", "local_compute", "tp_gather",
           "tp_compute", "tp_scatter", "all_gather", "wait", "total"}) {

@@ -474,7 +474,7 @@ def test_doorbell_steps_equal_grpc_steps(daemon, overlap):
         assert sa["seconds"].keys() == sb["seconds"].keys()
         assert sb["seconds"]["total"] > 0
         for key in ("grad_norm", "update_rms", "skipped_nonfinite",
-                    "clip_factor", "host_waits"):
+                    "clip_factor", "host_waits", "pageable_copies"):
             assert sa[key] == sb[key], key
     assert a["exported"]["state"] == b["exported"]["state"]
 

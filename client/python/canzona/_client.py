@@ -292,7 +292,9 @@ class Client:
              async_params=False, max_grad_norm=0.0):
         """Runs optimizer step ``step``; returns its statistics (grad_norm
         before clipping, clip_factor, update_rms of the previous step's
-        update, and host_waits: the daemon's host round trips in it). With
+        update, host_waits: the daemon's host round trips in it, and
+        pageable_copies: its copies between the GPU and host memory that
+        was not page-locked, 0 unless the memlock limit refused it). With
         async_params it returns after the update and the parameters arrive
         per bucket (wait_params). max_grad_norm > 0 clips this step at that
         norm instead of the job's."""
@@ -319,6 +321,7 @@ class Client:
             "clip_factor": float(r.get("clip_factor", 1.0)),
             # int64 is a string in the JSON mapping.
             "host_waits": int(r.get("host_waits", 0)),
+            "pageable_copies": int(r.get("pageable_copies", 0)),
         }
 
     def attach_step_doorbell(self, job_id, rank):

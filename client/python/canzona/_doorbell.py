@@ -300,4 +300,5 @@ def decode_step(payload, phases):
     return {"seconds": {p: getattr(r.seconds, p) for p in phases},
             "grad_norm": r.grad_norm, "update_rms": r.update_rms,
             "skipped_nonfinite": r.skipped_nonfinite,
-            "clip_factor": r.clip_factor, "host_waits": r.host_waits}
+            "clip_factor": r.clip_factor, "host_waits": r.host_waits,
+            "pageable_copies": r.pageable_copies}

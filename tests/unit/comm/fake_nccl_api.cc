@@ -801,6 +801,10 @@ absl::Status FakeNcclApi::HostRegister(void* ptr, int64_t bytes) {
   if (ptr == nullptr || bytes <= 0) {
     return absl::InvalidArgumentError("cudaHostRegister: empty range");
   }
+  if (refuse_host_register_) {
+    return absl::ResourceExhaustedError(
+        "cudaHostRegister: cudaErrorMemoryAllocation (RLIMIT_MEMLOCK)");
+  }
   const auto b = reinterpret_cast<uintptr_t>(ptr);
   for (const auto& [p, n] : host_registered_) {
     const auto q = reinterpret_cast<uintptr_t>(p);
@@ -860,6 +864,14 @@ bool FakeNcclApi::HostRegistered(const void* ptr, int64_t bytes) const {
 bool FakeNcclApi::DeviceAllocated(const void* ptr, int64_t bytes) const {
   absl::MutexLock lock(&mu_);
   return InsideOne(allocations_, ptr, bytes);
+}
+
+bool FakeNcclApi::HostPageable(const void* ptr, int64_t bytes) const {
+  if (device_like::HostAlias(ptr) != nullptr) return false;
+  absl::MutexLock lock(&mu_);
+  return !InsideOne(allocations_, ptr, bytes) &&
+         !InsideOne(host_registered_, ptr, bytes) &&
+         !(other_device_memory_ && other_device_memory_(ptr, bytes));
 }
 
 void FakeNcclApi::PushLocked(NcclStream stream, std::unique_ptr<Entry> entry) {

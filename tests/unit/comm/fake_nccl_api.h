@@ -226,6 +226,24 @@ class FakeNcclApi : public NcclApi {
   // Whether [ptr, ptr + bytes) lies inside one live cudaMalloc allocation
   // (this fake's device memory, which is host memory underneath).
   bool DeviceAllocated(const void* ptr, int64_t bytes) const;
+  // Pageable: host memory that is neither registered nor "device" memory
+  // (this fake's, the cpu backend's standing in for a GPU, or what
+  // set_other_device_memory names).
+  bool HostPageable(const void* ptr, int64_t bytes) const override;
+  // "Device" memory this fake did not allocate (a GPU trainer's buffers
+  // opened through CUDA IPC, host memory underneath): not pageable.
+  void set_other_device_memory(
+      std::function<bool(const void*, int64_t)> inside) {
+    absl::MutexLock lock(&mu_);
+    other_device_memory_ = std::move(inside);
+  }
+  // Refuses every cudaHostRegister from now on, as a container whose
+  // RLIMIT_MEMLOCK is too small does (cudaErrorMemoryAllocation): the
+  // daemon's host ranges stay pageable.
+  void RefuseHostRegister() {
+    absl::MutexLock lock(&mu_);
+    refuse_host_register_ = true;
+  }
 
  private:
   enum class Kind {
@@ -363,6 +381,9 @@ class FakeNcclApi : public NcclApi {
   bool never_ready_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status async_error_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Status> fail_next_ ABSL_GUARDED_BY(mu_);
+  std::function<bool(const void*, int64_t)> other_device_memory_
+      ABSL_GUARDED_BY(mu_);
+  bool refuse_host_register_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::thread::id, ThreadState> threads_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<World>> worlds_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Comm>> comms_ ABSL_GUARDED_BY(mu_);

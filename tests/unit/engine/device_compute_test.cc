@@ -22,6 +22,7 @@
 #include "kernels/backend.h"
 #include "kernels/base/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/pageable_copies.h"
 #include "server/engine/owned_buffers.h"
 #include "server/engine/owned_device_copy.h"
 #include "server/engine/rank_layout.h"
@@ -241,6 +242,9 @@ TEST(DeviceComputeStepTest, HostStagingIsPageLockedWhileTheRankLives) {
     ASSERT_OK(run.RunSteps(cluster, 1, 3));
     EXPECT_GT(ipc.to_host.load(), 0);
     EXPECT_EQ(ipc.pageable_copies.load(), 0);
+    for (const std::vector<v1::StepResponse>& steps : run.responses) {
+      for (const v1::StepResponse& r : steps) EXPECT_EQ(r.pageable_copies(), 0);
+    }
     ipc.pinned = nullptr;
     ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
     EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
@@ -248,6 +252,49 @@ TEST(DeviceComputeStepTest, HostStagingIsPageLockedWhileTheRankLives) {
     Eventually([&] { return pin.host_registered() == 0; }, absl::Seconds(15));
     EXPECT_EQ(pin.host_registered(), 0);
   }
+}
+
+// Where the driver refuses to page-lock host staging (a memlock limit too
+// small), the steps still match the reference and each answer reports the
+// rank's copies from and to pageable memory (StepResponse.pageable_copies):
+// the compute backend's and the trainer's CUDA IPC copies, each one the
+// process-wide count saw.
+TEST(DeviceComputeStepTest, RanksReportCopiesFromPageableStaging) {
+  FakeNcclApi pin;
+  pin.RefuseHostRegister();
+  FakeCudaIpc ipc;
+  ipc.pinned = [&pin](const void* p, size_t n) {
+    return pin.HostRegistered(p, static_cast<int64_t>(n));
+  };
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &pin,
+                  /*batch_updates=*/true, /*device_like_cpu=*/true,
+                  /*gloo=*/true);
+  cluster.page_locked = false;  // RunSteps: pageable copies are expected
+  JobConfig config = MakeJobConfig("dev-unpinned", 2, 1, "cost", MoeModel(4));
+  config.dtype = DType::kBFloat16;
+  config.cuda_ipc = true;
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  EXPECT_EQ(pin.host_registered(), 0);
+  const int64_t before = PageableCopies();
+  ipc.pageable_copies = 0;
+  ASSERT_OK(run.RunSteps(cluster, 1, 3));
+  int64_t reported = 0;
+  for (size_t g = 0; g < run.responses.size(); ++g) {
+    ASSERT_EQ(run.responses[g].size(), 3u);
+    for (const v1::StepResponse& r : run.responses[g]) {
+      EXPECT_GT(r.pageable_copies(), 0) << "rank " << g;
+      reported += r.pageable_copies();
+    }
+  }
+  EXPECT_EQ(reported, PageableCopies() - before) << LastPageableCopy();
+  // The trainer's copies among them, and the compute backend's besides.
+  EXPECT_GT(ipc.pageable_copies.load(), 0);
+  EXPECT_GT(reported, ipc.pageable_copies.load());
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+  ASSERT_OK(run.Deregister(cluster));
 }
 
 std::vector<float> Random(int64_t n, uint32_t seed) {

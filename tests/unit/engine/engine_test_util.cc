@@ -308,6 +308,14 @@ Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
                  bool gloo)
     : nccl(gloo ? nullptr : nccl),
       page_locked(nccl != nullptr || backend == "cuda") {
+  // A GPU trainer's opened buffers are device memory to the runtime too.
+  auto* fake_nccl = dynamic_cast<FakeNcclApi*>(nccl);
+  auto* fake_ipc = dynamic_cast<FakeCudaIpc*>(cuda_ipc);
+  if (fake_nccl != nullptr && fake_ipc != nullptr) {
+    fake_nccl->set_other_device_memory([fake_ipc](const void* p, int64_t n) {
+      return fake_ipc->InsideOpened(p, static_cast<size_t>(n));
+    });
+  }
   for (int i = 0; i < 2; ++i) {
     EngineOptions options;
     options.backend = backend;
@@ -935,7 +943,7 @@ void FakeCudaIpc::CloseEvent(void*, int) { --events_open; }
 absl::Status FakeCudaIpc::CopyToHost(int, const void* src, size_t bytes,
                                      void* dst) {
   std::memcpy(dst, src, bytes);
-  if (pinned && !pinned(dst, bytes)) ++pageable_copies;
+  if (HostPageable(dst, bytes)) ++pageable_copies;
   copied_bytes += static_cast<int64_t>(bytes);
   ++to_host;
   to_host_bytes += static_cast<int64_t>(bytes);
@@ -945,7 +953,7 @@ absl::Status FakeCudaIpc::CopyToHost(int, const void* src, size_t bytes,
 absl::Status FakeCudaIpc::CopyFromHost(int, const void* src, size_t bytes,
                                        void* dst) {
   std::memcpy(dst, src, bytes);
-  if (pinned && !pinned(src, bytes)) ++pageable_copies;
+  if (HostPageable(src, bytes)) ++pageable_copies;
   copied_bytes += static_cast<int64_t>(bytes);
   ++from_host;
   from_host_bytes += static_cast<int64_t>(bytes);

@@ -180,6 +180,10 @@ class FakeCudaIpc final : public CudaIpcOpener {
                           void* dst) override;
   absl::Status CopyFromHost(int device, const void* src, size_t bytes,
                             void* dst) override;
+  // With `pinned` set: outside what it calls page-locked.
+  bool HostPageable(const void* host, size_t bytes) override {
+    return pinned && !pinned(host, bytes);
+  }
   // GPUs "0000:0d:00.0" for device d < devices.
   absl::StatusOr<int> DeviceOfPciBusId(const std::string& pci_bus_id) override;
   absl::StatusOr<std::string> PciBusIdOf(int device) override;

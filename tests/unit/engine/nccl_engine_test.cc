@@ -37,6 +37,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/device_like_memory.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/pageable_copies.h"
 #include "server/engine/engine_impl.h"
 #include "server/engine/gradient_snapshots.h"
 #include "tests/matchers/status_matchers.h"
@@ -739,6 +740,57 @@ TEST(NcclEngineTest, HostSidesOfEveryCopyArePageLocked) {
     }
     // The world sums, each way, every step, on both ranks.
     EXPECT_GE(host_sides, 2 * 3 * config.world());
+    // And so the ranks report (StepResponse.pageable_copies).
+    for (const std::vector<v1::StepResponse>& steps : run.responses) {
+      for (const v1::StepResponse& r : steps) EXPECT_EQ(r.pageable_copies(), 0);
+    }
+    ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
+    EXPECT_OK(run.Compare(reference, /*bitwise=*/!ipc_bf16));
+    ASSERT_OK(run.Deregister(cluster));
+  }
+}
+
+// Where the driver refuses to page-lock (cudaHostRegister failing, as a
+// memlock limit too small makes it), the steps still run and match the
+// reference, and every rank reports its copies from and to pageable memory
+// in each answer (StepResponse.pageable_copies, the metric and alert
+// CanzonaPageableCopies): the compute backend's, the copier's (the
+// trainer's shared memory, the world sums' host floats) and the trainer's
+// CUDA IPC copies, each the one the process-wide count saw, none missed.
+TEST(NcclEngineTest,
+     RanksReportCopiesFromPageableMemoryWhenPageLockingIsRefused) {
+  SetCpuBlasThreads(1);
+  for (bool ipc_bf16 : {false, true}) {
+    SCOPED_TRACE(ipc_bf16 ? "CUDA IPC bf16" : "shared memory fp32");
+    FakeCudaIpc ipc;
+    FakeNcclApi nccl(DataMode());
+    nccl.RefuseHostRegister();
+    Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
+    cluster.page_locked = false;  // RunSteps: pageable copies are expected
+    JobConfig config =
+        MakeJobConfig(ipc_bf16 ? "nccl-refused-ipc" : "nccl-refused-shm", 2,
+                      ipc_bf16 ? 1 : 2, "cost");
+    if (ipc_bf16) {
+      config.dtype = DType::kBFloat16;
+      config.cuda_ipc = true;
+      config.bucket_order = true;
+    }
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    EXPECT_EQ(nccl.host_registered(), 0);
+    const int64_t before = PageableCopies();
+    ASSERT_OK(run.RunSteps(cluster, 1, 3));
+    int64_t reported = 0;
+    for (size_t g = 0; g < run.responses.size(); ++g) {
+      ASSERT_EQ(run.responses[g].size(), 3u);
+      for (const v1::StepResponse& r : run.responses[g]) {
+        // The world sums' floats at least, to the GPU and back.
+        EXPECT_GE(r.pageable_copies(), 2) << "rank " << g;
+        reported += r.pageable_copies();
+      }
+    }
+    EXPECT_EQ(reported, PageableCopies() - before) << LastPageableCopy();
     ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
     EXPECT_OK(run.Compare(reference, /*bitwise=*/!ipc_bf16));
     ASSERT_OK(run.Deregister(cluster));

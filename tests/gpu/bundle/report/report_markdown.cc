@@ -143,15 +143,16 @@ void RenderSteps(std::string& md, const json& report) {
                       Cell(mode["median_step_ms"]), " | ",
                       Cell(mode["dp_comm_ms_per_step"]), " | ",
                       Cell(mode["exposed_over_total_comm"]), " | ",
-                      Get(mode, "median_host_waits"), " |\n");
+                      Get(mode, "median_host_waits"), " | ",
+                      Get(mode, "pageable_copies"), " |\n");
     }
   }
   if (table.empty()) return;
   Section(md, "Step benchmarks (canzonactl bench step)");
   md +=
       "| check | layout | mode | iteration ms | step ms | DP comm ms | "
-      "exposed / total | host round trips |\n"
-      "|---|---|---|---|---|---|---|---|\n";
+      "exposed / total | host round trips | pageable copies |\n"
+      "|---|---|---|---|---|---|---|---|---|\n";
   md += table;
 }
 
@@ -214,6 +215,11 @@ void RenderDaemonBreakdown(std::string& md, const json& rows) {
     if (d.contains("host_waits") && d["host_waits"].is_number()) {
       absl::StrAppend(&md, "; host round trips ",
                       absl::StrFormat("%.0f", d["host_waits"].get<double>()));
+    }
+    if (d.contains("pageable_copies") && d["pageable_copies"].is_number()) {
+      absl::StrAppend(
+          &md, "; pageable copies ",
+          absl::StrFormat("%.0f", d["pageable_copies"].get<double>()));
     }
     md += "\n";
   }

@@ -223,17 +223,19 @@ TEST_F(ReportDir, StepTableShowsHostRoundTrips) {
   Write("data/step.json", R"({"dp": 1, "tp": 1, "modes": [
       {"mode": "flat/plain", "median_iteration_ms": 12.5,
        "median_step_ms": 3.25, "dp_comm_ms_per_step": 0.5,
-       "exposed_over_total_comm": 1.0, "median_host_waits": 5},
+       "exposed_over_total_comm": 1.0, "median_host_waits": 5,
+       "pageable_copies": 0},
       {"mode": "flat/overlap", "median_iteration_ms": 11.0,
        "median_step_ms": 2.0, "dp_comm_ms_per_step": 0.5,
        "exposed_over_total_comm": 0.25}]})");
   ASSERT_OK_AND_ASSIGN(json report, BuildReport(dir_));
   const std::string md = RenderMarkdown(report);
-  EXPECT_THAT(md, HasSubstr("| exposed / total | host round trips |\n"));
+  EXPECT_THAT(md, HasSubstr("| exposed / total | host round trips | "
+                            "pageable copies |\n"));
   EXPECT_THAT(md, HasSubstr("| step-cuda-nccl-ws1 | DP1 x TP1 | flat/plain | "
-                            "12.50 | 3.25 | 0.50 | 1.00 | 5 |\n"));
+                            "12.50 | 3.25 | 0.50 | 1.00 | 5 | 0 |\n"));
   EXPECT_THAT(md, HasSubstr("| flat/overlap | 11.00 | 2.00 | 0.50 | 0.25 | "
-                            "– |\n"));
+                            "– | – |\n"));
 }
 
 TEST_F(ReportDir, NotRunIsSkippedWithTheRunnersReason) {
@@ -382,7 +384,7 @@ constexpr char kTorchStepBench[] = R"({
      "step_ratio": 99, "canzona_iteration_ms": 10, "torch_iteration_ms": 14,
      "canzona_daemon": {"phases_ms": {"reduce_scatter": 0.01,
                                       "local_compute": 1.25, "total": 1.5},
-                        "host_waits": 5}},
+                        "host_waits": 5, "pageable_copies": 0}},
     {"size": "0.6b", "dtype": "fp32", "status": "measured", "reason": "",
      "params": 751632384, "canzona_step_ms": 4, "torch_step_ms": 14,
      "canzona_iteration_ms": 20, "torch_iteration_ms": 28},
@@ -450,7 +452,7 @@ TEST_F(ReportDir, TorchStepBenchTableAndGoals) {
   // The daemon's breakdown of the rows that have one (phases under 0.05
   // ms left out).
   EXPECT_THAT(md, HasSubstr("- 100m fp32: local_compute 1.25 total 1.50; "
-                            "host round trips 5\n"));
+                            "host round trips 5; pageable copies 0\n"));
   EXPECT_THAT(md, Not(HasSubstr("reduce_scatter 0.01")));
   EXPECT_THAT(md, Not(HasSubstr("- 0.6b fp32:")));
   EXPECT_THAT(md, HasSubstr("- step >= 3.0x faster than torch at 0.6b, bf16: "
@@ -534,7 +536,7 @@ TEST_F(ReportDir, TorchStepBenchOnTheGlooPlaneHasItsOwnGoal) {
   // The daemon's breakdown of the rows that have one (phases under 0.05
   // ms left out).
   EXPECT_THAT(md, HasSubstr("- 100m fp32: local_compute 1.25 total 1.50; "
-                            "host round trips 5\n"));
+                            "host round trips 5; pageable copies 0\n"));
   EXPECT_THAT(md, Not(HasSubstr("reduce_scatter 0.01")));
   EXPECT_THAT(md, Not(HasSubstr("- 0.6b fp32:")));
 }
