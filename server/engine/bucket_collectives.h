@@ -129,6 +129,11 @@ class BucketCollectives {
   int64_t scratch_bytes() const { return scratch_bytes_; }
   // The bytes of its own parts (part, packed, gathered, sums).
   int64_t buffer_bytes() const;
+  // The bytes of its host memory the driver refused to page-lock (the
+  // calibration's host sums).
+  int64_t pageable_host_bytes() const {
+    return parts_.host_sums != nullptr ? parts_.host_sums->refused_bytes() : 0;
+  }
 
   Communicator& dp() { return *parts_.dp; }
   Communicator& cross() { return *parts_.cross; }

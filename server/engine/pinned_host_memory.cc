@@ -52,6 +52,9 @@ std::unique_ptr<PinnedHostMemory> PinnedHostMemory::Pin(
   if (!ranges.empty()) {
     if (absl::Status s = api->SetDevice(device); !s.ok()) {
       spdlog::warn("host buffers stay pageable: {}", std::string(s.message()));
+      for (const TrainerBuffers::MemoryRange& r : ranges) {
+        pinned->refused_bytes_ += r.bytes;
+      }
       return pinned;
     }
   }
@@ -62,6 +65,7 @@ std::unique_ptr<PinnedHostMemory> PinnedHostMemory::Pin(
           "host buffer of {} bytes stays pageable (copies to the GPU wait "
           "on the host): {}",
           r.bytes, std::string(s.message()));
+      pinned->refused_bytes_ += r.bytes;
       continue;
     }
     pinned->pinned_.push_back(begin);

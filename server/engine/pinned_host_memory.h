@@ -41,6 +41,9 @@ class PinnedHostMemory {
 
   // Ranges pinned now.
   int pinned() const { return static_cast<int>(pinned_.size()); }
+  // Bytes (whole pages) the driver refused to pin: they stay pageable
+  // (RegisterResponse.pageable_host_bytes).
+  int64_t refused_bytes() const { return refused_bytes_; }
 
  private:
   PinnedHostMemory(NcclApi* api, int device) : api_(api), device_(device) {}
@@ -48,6 +51,7 @@ class PinnedHostMemory {
   NcclApi* const api_;
   const int device_;
   std::vector<void*> pinned_;
+  int64_t refused_bytes_ = 0;
 };
 
 // PinnedHostFloats: `count` floats of host memory on pages of their own,
@@ -72,6 +76,10 @@ class PinnedHostFloats {
 
   float* data() const { return data_; }
   int64_t size() const { return count_; }
+  // Bytes the driver refused to pin (PinnedHostMemory::refused_bytes).
+  int64_t refused_bytes() const {
+    return pinned_ != nullptr ? pinned_->refused_bytes() : 0;
+  }
 
   // Leaves the floats, locked, to the process when this goes: a copy into
   // them may still be queued behind a collective that did not finish (the

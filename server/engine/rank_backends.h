@@ -16,6 +16,7 @@
 #ifndef CANZONA_SERVER_ENGINE_RANK_BACKENDS_H_
 #define CANZONA_SERVER_ENGINE_RANK_BACKENDS_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,12 @@ class RankBackends {
   // live (CUDA IPC), and its PCI bus id (empty: no GPU involved).
   int device() const { return device_; }
   const std::string& pci_bus_id() const { return pci_bus_id_; }
+  // Bytes of the trainer's shared memory the driver refused to page-lock.
+  int64_t pageable_trainer_bytes() const {
+    return pinned_trainer_memory_ != nullptr
+               ? pinned_trainer_memory_->refused_bytes()
+               : 0;
+  }
 
  private:
   friend class RankBuilder;  // SetupRank

@@ -113,6 +113,13 @@ int64_t RankRuntime::host_waits() {
          world_copier_->host_waits();
 }
 
+int64_t RankRuntime::pageable_host_bytes() const {
+  int64_t bytes = buckets_->pageable_host_bytes();
+  if (host_scalars_ != nullptr) bytes += host_scalars_->refused_bytes();
+  if (pinned_staging_ != nullptr) bytes += pinned_staging_->refused_bytes();
+  return bytes + backends_.pageable_trainer_bytes();
+}
+
 int64_t RankRuntime::TakePageableCopies() {
   // Staging is the compute backend where it is on the GPU, else host
   // memory, which copies nothing to a GPU itself.

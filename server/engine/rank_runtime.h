@@ -189,6 +189,10 @@ class RankRuntime {
   // whole-matrix buffers, communicator scratch).
   int owned_params() const { return owned_params_; }
   int64_t state_bytes() const { return state_bytes_; }
+  // Bytes of host memory that meets the GPU which the driver refused to
+  // page-lock (RegisterResponse.pageable_host_bytes): the trainer's shared
+  // memory on the NCCL plane, host staging beside a GPU, the sums' floats.
+  int64_t pageable_host_bytes() const;
   int64_t master_bytes() const { return master_bytes_; }
   int64_t buffer_bytes() const { return buffer_bytes_; }
 

@@ -240,6 +240,14 @@ absl::StatusOr<std::unique_ptr<RankRuntime>> RankBuilder::Build(
       setup.job_id, RankString(setup.coords), rt->owned_params_,
       rt->master_bytes_, rt->state_bytes_, rt->buffer_bytes_,
       rt->layout_.groups.size());
+  if (const int64_t pageable = rt->pageable_host_bytes(); pageable > 0) {
+    spdlog::warn(
+        "rank {} of job {}: {} bytes of host memory the GPU copies to and "
+        "from stay pageable (cudaHostRegister refused; raise the memlock "
+        "limit, e.g. LimitMEMLOCK=infinity): its steps copy through bounce "
+        "buffers (StepResponse.pageable_copies)",
+        RankString(setup.coords), setup.job_id, pageable);
+  }
   return rt;
 }
 

@@ -111,6 +111,7 @@ void RankBuilder::Describe(const RankRuntime& rt,
   response->set_state_bytes(rt.state_bytes_);
   response->set_master_bytes(rt.master_bytes_);
   response->set_buffer_bytes(rt.buffer_bytes_);
+  response->set_pageable_host_bytes(rt.pageable_host_bytes());
 }
 
 }  // namespace canzona

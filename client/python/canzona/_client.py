@@ -213,7 +213,10 @@ class Client:
         dtype) or "float32" (Megatron's grad_reduce_in_fp32). The result's
         "buckets" lists each gradient bucket's parameter indices, in the
         order backward fills them; "master_bytes", "state_bytes" and
-        "buffer_bytes" the daemon's memory for this rank. params_events
+        "buffer_bytes" the daemon's memory for this rank;
+        "pageable_host_bytes" the host memory meeting the GPU the driver
+        refused to page-lock (the daemon's memlock limit; 0 normally).
+        params_events
         (CUDA buffers): the daemon answers step / wait_params without
         waiting for its GPU writes and records, per bucket, an
         interprocess event after them instead; "params_event_handles"
@@ -280,6 +283,7 @@ class Client:
             "state_bytes": _int(r.get("state_bytes")),
             "master_bytes": _int(r.get("master_bytes")),
             "buffer_bytes": _int(r.get("buffer_bytes")),
+            "pageable_host_bytes": _int(r.get("pageable_host_bytes")),
             # Per bucket, the indices of its parameters (in `parameters`).
             "buckets": [[int(j) for j in b.get("parameters", [])]
                         for b in r.get("buckets", [])],

@@ -56,6 +56,7 @@ import contextlib
 import os
 import time
 import uuid
+import warnings
 
 import torch
 
@@ -410,6 +411,14 @@ class Optimizer(torch.optim.Optimizer):
                                    else None),
                 params_events=params_events and self._event is not None)
             registered = True
+            pageable = self.registered.get("pageable_host_bytes", 0)
+            if pageable > 0:
+                warnings.warn(
+                    "canzona: the daemon could not page-lock %d bytes of "
+                    "host memory its GPU copies to and from (its memlock "
+                    "limit; systemd LimitMEMLOCK=infinity): steps run, "
+                    "slower, through the driver's bounce buffers" % pageable,
+                    RuntimeWarning, stacklevel=2)
             # The daemon's "parameters written" events, per bucket (granted
             # with --comm nccl, for every bucket or none): its answers then
             # come before its GPU writes end, and the current stream waits

@@ -245,6 +245,9 @@ TEST(DeviceComputeStepTest, HostStagingIsPageLockedWhileTheRankLives) {
     for (const std::vector<v1::StepResponse>& steps : run.responses) {
       for (const v1::StepResponse& r : steps) EXPECT_EQ(r.pageable_copies(), 0);
     }
+    for (const v1::RegisterResponse& r : run.registered) {
+      EXPECT_EQ(r.pageable_host_bytes(), 0);
+    }
     ipc.pinned = nullptr;
     ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
     EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
@@ -277,6 +280,11 @@ TEST(DeviceComputeStepTest, RanksReportCopiesFromPageableStaging) {
   ASSERT_OK(run.Init());
   ASSERT_OK(run.RegisterAll(cluster));
   EXPECT_EQ(pin.host_registered(), 0);
+  // Registration says so first: the owned gradients, masters, slot and
+  // scratch the updates copy to the GPU and back.
+  for (const v1::RegisterResponse& r : run.registered) {
+    EXPECT_GE(r.pageable_host_bytes(), r.master_bytes());
+  }
   const int64_t before = PageableCopies();
   ipc.pageable_copies = 0;
   ASSERT_OK(run.RunSteps(cluster, 1, 3));

@@ -740,9 +740,13 @@ TEST(NcclEngineTest, HostSidesOfEveryCopyArePageLocked) {
     }
     // The world sums, each way, every step, on both ranks.
     EXPECT_GE(host_sides, 2 * 3 * config.world());
-    // And so the ranks report (StepResponse.pageable_copies).
+    // And so the ranks report (StepResponse.pageable_copies,
+    // RegisterResponse.pageable_host_bytes).
     for (const std::vector<v1::StepResponse>& steps : run.responses) {
       for (const v1::StepResponse& r : steps) EXPECT_EQ(r.pageable_copies(), 0);
+    }
+    for (const v1::RegisterResponse& r : run.registered) {
+      EXPECT_EQ(r.pageable_host_bytes(), 0);
     }
     ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
     EXPECT_OK(run.Compare(reference, /*bitwise=*/!ipc_bf16));
@@ -779,6 +783,12 @@ TEST(NcclEngineTest,
     ASSERT_OK(run.Init());
     ASSERT_OK(run.RegisterAll(cluster));
     EXPECT_EQ(nccl.host_registered(), 0);
+    // Registration says so first: the sums' floats at least, a page each,
+    // and the trainer's shared memory where it has some.
+    const int64_t page = sysconf(_SC_PAGESIZE);
+    for (const v1::RegisterResponse& r : run.registered) {
+      EXPECT_GE(r.pageable_host_bytes(), ipc_bf16 ? page : 2 * page);
+    }
     const int64_t before = PageableCopies();
     ASSERT_OK(run.RunSteps(cluster, 1, 3));
     int64_t reported = 0;
