@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import uuid
+import warnings
 
 import pytest
 import torch
@@ -585,6 +586,32 @@ def test_a_failure_after_register_deregisters(daemon, monkeypatch):
         ct.Muon(model.named_parameters(), job_id=job)
     status = canzona.Client(daemon).status()
     assert not any(j["job_id"] == job for j in status["jobs"])
+
+
+def test_host_memory_the_daemon_could_not_lock_warns(daemon, monkeypatch):
+    # A daemon whose memlock limit refused cudaHostRegister reports the
+    # bytes at registration; the trainer hears of it, not only the daemon's
+    # log. (This cpu daemon locks nothing: its answer is 0, and no warning.)
+    os.environ["CANZONA_TARGET"] = daemon
+    register = canzona.Client.register
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        opt = ct.Muon(train_torch.build_model(0).named_parameters(),
+                      job_id="locked-" + uuid.uuid4().hex[:8])
+    assert opt.registered["pageable_host_bytes"] == 0
+    opt.close()
+
+    def refused(self, *args, **kwargs):
+        r = register(self, *args, **kwargs)
+        r["pageable_host_bytes"] = 1 << 20
+        return r
+
+    monkeypatch.setattr(canzona.Client, "register", refused)
+    with pytest.warns(RuntimeWarning,
+                      match="could not page-lock 1048576 bytes.*memlock"):
+        opt = ct.Muon(train_torch.build_model(0).named_parameters(),
+                      job_id="unlocked-" + uuid.uuid4().hex[:8])
+    opt.close()
 
 
 def _fused_and_separate(seed):
