@@ -71,6 +71,9 @@ struct StepBenchOptions {
   int shard_group_size = 0;  // 0: flat only
   double timeout_s = 300;
   bool json = false;
+  // Exit 1 after the output when any step copied between a GPU and
+  // pageable host memory (the GPU bundle's checks).
+  bool require_page_locked = false;
   // The trainer's parameters and gradients: fp32, or bf16 / fp16 (mixed
   // precision: the daemon keeps the fp32 masters).
   std::string dtype = "fp32";
@@ -467,6 +470,22 @@ void Fail(int code, const std::string& message) {
   throw CanzonactlExit(code, absl::StrCat("bench step: ", message));
 }
 
+// --require-page-locked: after the output, exit 1 when any step copied
+// between a GPU and pageable host memory, which measures a machine whose
+// memlock limit refused cudaHostRegister rather than the daemon.
+void CheckPageLocked(const StepBenchOptions& o,
+                     const std::vector<ModeResult>& results) {
+  int64_t copies = 0;
+  for (const ModeResult& r : results) copies += r.pageable_copies;
+  if (o.require_page_locked && copies > 0) {
+    Fail(1, absl::StrCat(copies,
+                         " copies between a GPU and pageable host memory "
+                         "(StepResponse.pageable_copies; the daemon's "
+                         "memlock limit refused cudaHostRegister) with "
+                         "--require-page-locked"));
+  }
+}
+
 void RunStepBench(StepBenchOptions o) {
   if (o.targets.empty()) o.targets.push_back(DefaultTarget());
   const int world = o.dp * o.tp;
@@ -652,6 +671,7 @@ void RunStepBench(StepBenchOptions o) {
                 : -1.0}});
     }
     std::printf("%s\n", out.dump(2).c_str());
+    CheckPageLocked(o, results);
     return;
   }
   std::printf("%-21s %7s %10s %9s %9s %12s %12s %10s %9s\n", "mode", "buckets",
@@ -714,6 +734,7 @@ void RunStepBench(StepBenchOptions o) {
                 static_cast<long long>(r.pageable_copies));
   }
   std::printf("\n");
+  CheckPageLocked(o, results);
 }
 
 }  // namespace
@@ -794,6 +815,10 @@ void AddBenchStepCommand(CLI::App* bench) {
                   "(mixed precision: fp32 master weights in the daemon)")
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "JSON output");
+  cmd->add_flag("--require-page-locked", o->require_page_locked,
+                "exit 1 after the output if any step copied between a GPU "
+                "and pageable host memory (StepResponse.pageable_copies: a "
+                "memlock limit that refused cudaHostRegister)");
   cmd->callback([o] { RunStepBench(*o); });
 }
 

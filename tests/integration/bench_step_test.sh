@@ -57,7 +57,9 @@ for mode in $MODES; do
   grep -q "^$mode " "$DIR/out.txt" || fail "no row for mode $mode"
 done
 
-"$CANZONACTL" "${ARGS[@]}" --json >"$DIR/out.json" 2>"$DIR/err.txt" ||
+# Host memory on both sides: nothing pageable meets a GPU, so the bundle's
+# requirement holds here too.
+"$CANZONACTL" "${ARGS[@]}" --json --require-page-locked >"$DIR/out.json" 2>"$DIR/err.txt" ||
   { cat "$DIR/err.txt" >&2; fail "bench step --json failed"; }
 for mode in $MODES; do
   grep -q "\"mode\": \"$mode\"" "$DIR/out.json" ||

@@ -217,7 +217,8 @@ fi
 
 # Steps take milliseconds: a hang ends at 30 s, not after the budget.
 step_args=(--model qwen3-0.6b --models-dir "$models" --layers 2 --vocab 4096 --steps 10
-  --warmup 2 --backward-ms 20 --forward-ms 10 --overlap --timeout 30 --json)
+  --warmup 2 --backward-ms 20 --forward-ms 10 --overlap --timeout 30 --json
+  --require-page-locked)
 if ((gpu)); then
   with_daemons step-cuda-nccl-ws1 step step 90 data/step-cuda-nccl-ws1.json \
     "--backend cuda --comm nccl --step-timeout 30 --register-timeout 60" -- \
