@@ -33,6 +33,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "kernels/base/cuda_host_memory.h"
 #include "kernels/base/status_macros.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/kernels/backend_conformance.h"
@@ -145,6 +146,42 @@ TEST_F(CudaBackendTest, DescribesDevice) {
   EXPECT_THAT(cuda_->description(), StartsWith("cuda:0 ("));
   EXPECT_THAT(cuda_->description(), HasSubstr(", sm_"));
   EXPECT_NE(cuda_->native_stream(), nullptr);
+}
+
+// What the driver calls pageable (kernels/base/cuda_host_memory.h), and so
+// what the cuda backend counts (Backend::pageable_copies,
+// StepResponse.pageable_copies): plain host memory only, not memory it
+// page-locked (cudaHostRegister, cudaMallocHost) nor its own device memory;
+// a copy from or to pageable memory is counted once, a page-locked one not.
+TEST_F(CudaBackendTest, CountsOnlyCopiesWithAPageableHostSide) {
+  constexpr int64_t n = 1 << 16;
+  std::vector<float> pageable = RandomNormal(n, 3);
+  std::vector<float> registered = RandomNormal(n, 4);
+  void* page_locked = nullptr;
+  ASSERT_EQ(cudaMallocHost(&page_locked, n * sizeof(float)), cudaSuccess);
+  auto* allocated = static_cast<float*>(page_locked);
+  ASSERT_EQ(cudaHostRegister(registered.data(), n * sizeof(float),
+                             cudaHostRegisterDefault),
+            cudaSuccess);
+  absl::Cleanup unlock = [&] {
+    (void)cudaHostUnregister(registered.data());
+    (void)cudaFreeHost(allocated);
+  };
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer x, cuda_->Allocate(n));
+  EXPECT_TRUE(CudaHostPageable(pageable.data()));
+  EXPECT_FALSE(CudaHostPageable(registered.data()));
+  EXPECT_FALSE(CudaHostPageable(allocated));
+  EXPECT_FALSE(CudaHostPageable(x.data()));
+
+  const int64_t before = cuda_->pageable_copies();
+  ASSERT_OK(cuda_->CopyFromHost(registered.data(), n, x.data()));
+  ASSERT_OK(cuda_->CopyToHost(x.data(), n, allocated));
+  EXPECT_EQ(cuda_->pageable_copies(), before);
+  ASSERT_OK(cuda_->CopyFromHost(pageable.data(), n, x.data()));
+  ASSERT_OK(cuda_->EnqueueCopyToHost(x.data(), n, registered.data()));
+  ASSERT_OK(cuda_->Synchronize());
+  EXPECT_EQ(cuda_->pageable_copies(), before + 1);
+  EXPECT_EQ(registered, pageable);  // the copies themselves moved the values
 }
 
 TEST_F(CudaBackendTest, RejectsBadDeviceIndex) {
