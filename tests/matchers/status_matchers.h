@@ -50,6 +50,15 @@ MATCHER_P(StatusIs, code, "has code " + ::testing::PrintToString(code)) {
   return status.code() == code;
 }
 
+// A StatusOr that is OK with a value `value_matcher` matches.
+MATCHER_P(IsOkAndHolds, value_matcher, "is OK and holds a matching value") {
+  if (!arg.ok()) {
+    *result_listener << "status is " << arg.status();
+    return false;
+  }
+  return ::testing::ExplainMatchResult(value_matcher, *arg, result_listener);
+}
+
 }  // namespace canzona::testing
 
 #define CANZONA_TEST_CONCAT_INNER_(a, b) a##b

@@ -37,6 +37,7 @@ namespace {
 
 namespace v1 = ::canzona::v1;
 using ::canzona::testing::FakeNcclApi;
+using ::canzona::testing::IsOkAndHolds;
 
 constexpr int kSteps = 4;
 
@@ -242,9 +243,7 @@ TEST(DeviceComputeStepTest, HostStagingIsPageLockedWhileTheRankLives) {
     ASSERT_OK(run.RunSteps(cluster, 1, 3));
     EXPECT_GT(ipc.to_host.load(), 0);
     EXPECT_EQ(ipc.pageable_copies.load(), 0);
-    for (const std::vector<v1::StepResponse>& steps : run.responses) {
-      for (const v1::StepResponse& r : steps) EXPECT_EQ(r.pageable_copies(), 0);
-    }
+    EXPECT_THAT(run.ReportedPageableCopies(0), IsOkAndHolds(0));
     for (const v1::RegisterResponse& r : run.registered) {
       EXPECT_EQ(r.pageable_host_bytes(), 0);
     }
@@ -288,14 +287,7 @@ TEST(DeviceComputeStepTest, RanksReportCopiesFromPageableStaging) {
   const int64_t before = PageableCopies();
   ipc.pageable_copies = 0;
   ASSERT_OK(run.RunSteps(cluster, 1, 3));
-  int64_t reported = 0;
-  for (size_t g = 0; g < run.responses.size(); ++g) {
-    ASSERT_EQ(run.responses[g].size(), 3u);
-    for (const v1::StepResponse& r : run.responses[g]) {
-      EXPECT_GT(r.pageable_copies(), 0) << "rank " << g;
-      reported += r.pageable_copies();
-    }
-  }
+  ASSERT_OK_AND_ASSIGN(int64_t reported, run.ReportedPageableCopies(1));
   EXPECT_EQ(reported, PageableCopies() - before) << LastPageableCopy();
   // The trainer's copies among them, and the compute backend's besides.
   EXPECT_GT(ipc.pageable_copies.load(), 0);

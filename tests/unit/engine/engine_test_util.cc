@@ -1092,6 +1092,22 @@ absl::Status JobRun::Compare(const Params& reference, bool bitwise,
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> JobRun::ReportedPageableCopies(int64_t each) const {
+  int64_t sum = 0;
+  for (size_t g = 0; g < responses.size(); ++g) {
+    for (size_t k = 0; k < responses[g].size(); ++k) {
+      const int64_t copies = responses[g][k].pageable_copies();
+      if (copies < each) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("rank ", g, " answer ", k + 1, " reported ", copies,
+                         " pageable copies, fewer than ", each));
+      }
+      sum += copies;
+    }
+  }
+  return sum;
+}
+
 absl::Status JobRun::Deregister(Cluster& cluster) {
   for (const auto& rank : ranks_) {
     v1::DeregisterRequest r;

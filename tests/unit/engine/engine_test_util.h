@@ -377,6 +377,10 @@ class JobRun {
   absl::Status Compare(const Params& reference, bool bitwise,
                        float tolerance = 1e-6f) const;
   absl::Status Deregister(Cluster& cluster);
+  // The copies with a pageable host side the answers so far reported
+  // (StepResponse.pageable_copies), summed; FAILED_PRECONDITION naming the
+  // rank and step where one answer reported fewer than `each`.
+  absl::StatusOr<int64_t> ReportedPageableCopies(int64_t each) const;
 
   const JobConfig& config() const { return config_; }
   std::vector<std::unique_ptr<TrainerRank>>& ranks() { return ranks_; }

@@ -50,6 +50,7 @@ namespace {
 namespace v1 = ::canzona::v1;
 using ::canzona::testing::FakeNcclApi;
 using ::canzona::testing::FakeNcclCall;
+using ::canzona::testing::IsOkAndHolds;
 using ::canzona::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::AnyOf;
@@ -685,6 +686,20 @@ TEST_F(NcclJobTest, SharedMemoryTrainerBuffersArePinnedWhileTheRankLives) {
   EXPECT_EQ(nccl_.calls_named("cudaHostUnregister").size(), pins.size());
 }
 
+// The jobs whose copies meet host memory on the NCCL plane: a shared-memory
+// fp32 trainer at DP2 x TP2 (the TP lane's copies too), or a CUDA IPC bf16
+// one at DP2 with its buckets in order.
+JobConfig HostCopiesConfig(const std::string& name, bool ipc_bf16) {
+  JobConfig config = MakeJobConfig(name + (ipc_bf16 ? "-ipc" : "-shm"), 2,
+                                   ipc_bf16 ? 1 : 2, "cost");
+  if (ipc_bf16) {
+    config.dtype = DType::kBFloat16;
+    config.cuda_ipc = true;
+    config.bucket_order = true;
+  }
+  return config;
+}
+
 // Every copy or conversion with a side in host memory reads or writes
 // page-locked memory: a trainer's shared memory (fp32), and the daemon's
 // own host floats, the world sums and the uneven calibration's, with a
@@ -700,15 +715,7 @@ TEST(NcclEngineTest, HostSidesOfEveryCopyArePageLocked) {
     FakeCudaIpc ipc;
     FakeNcclApi nccl(DataMode());
     Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
-    // Shared memory at DP2 x TP2: the TP lane's copies too.
-    JobConfig config =
-        MakeJobConfig(ipc_bf16 ? "nccl-pinned-ipc" : "nccl-pinned-shm", 2,
-                      ipc_bf16 ? 1 : 2, "cost");
-    if (ipc_bf16) {
-      config.dtype = DType::kBFloat16;
-      config.cuda_ipc = true;
-      config.bucket_order = true;
-    }
+    JobConfig config = HostCopiesConfig("nccl-pinned", ipc_bf16);
     JobRun run(config);
     ASSERT_OK(run.Init());
     ASSERT_OK(run.RegisterAll(cluster));
@@ -742,9 +749,7 @@ TEST(NcclEngineTest, HostSidesOfEveryCopyArePageLocked) {
     EXPECT_GE(host_sides, 2 * 3 * config.world());
     // And so the ranks report (StepResponse.pageable_copies,
     // RegisterResponse.pageable_host_bytes).
-    for (const std::vector<v1::StepResponse>& steps : run.responses) {
-      for (const v1::StepResponse& r : steps) EXPECT_EQ(r.pageable_copies(), 0);
-    }
+    EXPECT_THAT(run.ReportedPageableCopies(0), IsOkAndHolds(0));
     for (const v1::RegisterResponse& r : run.registered) {
       EXPECT_EQ(r.pageable_host_bytes(), 0);
     }
@@ -771,14 +776,7 @@ TEST(NcclEngineTest,
     nccl.RefuseHostRegister();
     Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
     cluster.page_locked = false;  // RunSteps: pageable copies are expected
-    JobConfig config =
-        MakeJobConfig(ipc_bf16 ? "nccl-refused-ipc" : "nccl-refused-shm", 2,
-                      ipc_bf16 ? 1 : 2, "cost");
-    if (ipc_bf16) {
-      config.dtype = DType::kBFloat16;
-      config.cuda_ipc = true;
-      config.bucket_order = true;
-    }
+    JobConfig config = HostCopiesConfig("nccl-refused", ipc_bf16);
     JobRun run(config);
     ASSERT_OK(run.Init());
     ASSERT_OK(run.RegisterAll(cluster));
@@ -791,15 +789,8 @@ TEST(NcclEngineTest,
     }
     const int64_t before = PageableCopies();
     ASSERT_OK(run.RunSteps(cluster, 1, 3));
-    int64_t reported = 0;
-    for (size_t g = 0; g < run.responses.size(); ++g) {
-      ASSERT_EQ(run.responses[g].size(), 3u);
-      for (const v1::StepResponse& r : run.responses[g]) {
-        // The world sums' floats at least, to the GPU and back.
-        EXPECT_GE(r.pageable_copies(), 2) << "rank " << g;
-        reported += r.pageable_copies();
-      }
-    }
+    // The world sums' floats at least, to the GPU and back, every answer.
+    ASSERT_OK_AND_ASSIGN(int64_t reported, run.ReportedPageableCopies(2));
     EXPECT_EQ(reported, PageableCopies() - before) << LastPageableCopy();
     ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
     EXPECT_OK(run.Compare(reference, /*bitwise=*/!ipc_bf16));
