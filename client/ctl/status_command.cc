@@ -92,6 +92,14 @@ void AddStatusCommand(CLI::App& app) {
                                 1e3 * (s.*phase.seconds)());
         }
         std::printf("%s\n", line.c_str());
+        if (rank.pageable_host_bytes() > 0 || rank.pageable_copies() > 0) {
+          std::printf(
+              "    warning: %lld bytes of host memory the GPU copies to and "
+              "from are not page-locked, %lld copies through them so far: "
+              "raise canzonad's memlock limit (LimitMEMLOCK=infinity)\n",
+              static_cast<long long>(rank.pageable_host_bytes()),
+              static_cast<long long>(rank.pageable_copies()));
+        }
       }
     }
   });

@@ -308,6 +308,7 @@ void EngineImpl::RunStep(std::shared_ptr<Job> job,
     RankProgress& progress = job->progress(*rank);
     progress.steps_done = k;
     progress.last = response.seconds();
+    progress.pageable_copies += response.pageable_copies();
   }
   done(response);
   RunAfterStep(*job, *rank, k);
@@ -450,6 +451,8 @@ v1::GetStatusResponse EngineImpl::GetStatus() {
       *rs->mutable_last_step_seconds() = progress.last;
       rs->set_device(progress.device);
       rs->set_pci_bus_id(progress.pci_bus_id);
+      rs->set_pageable_host_bytes(progress.pageable_host_bytes);
+      rs->set_pageable_copies(progress.pageable_copies);
     }
   }
   return response;

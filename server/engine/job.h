@@ -53,6 +53,9 @@ struct RankProgress {
   // The GPU the rank's updates run on once set up (-1, "": cpu).
   int device = -1;
   std::string pci_bus_id;
+  // RankStatus.pageable_host_bytes and pageable_copies.
+  int64_t pageable_host_bytes = 0;
+  int64_t pageable_copies = 0;
   bool setup_done = false;
   // Holds its place in the job on the control plane (claimed at
   // registration): its departure counts towards deleting the job's keys.

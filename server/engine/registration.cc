@@ -180,6 +180,7 @@ void Registration::MarkReady(Job& job, LocalRank& rank,
         progress.device = rank.rt->device();
         progress.pci_bus_id = rank.rt->pci_bus_id();
       }
+      progress.pageable_host_bytes = rank.rt->pageable_host_bytes();
       progress.register_done = std::move(done);
       ++job.setup_done;
       if (job.setup_done == static_cast<int>(job.ranks.size())) {

@@ -792,6 +792,18 @@ TEST(NcclEngineTest,
     // The world sums' floats at least, to the GPU and back, every answer.
     ASSERT_OK_AND_ASSIGN(int64_t reported, run.ReportedPageableCopies(2));
     EXPECT_EQ(reported, PageableCopies() - before) << LastPageableCopy();
+    // And the daemons' status (canzonactl status) shows both, per rank.
+    int64_t in_status = 0;
+    for (const std::unique_ptr<Engine>& engine : cluster.engines) {
+      const v1::GetStatusResponse status = engine->GetStatus();
+      for (const v1::JobStatus& job : status.jobs()) {
+        for (const v1::RankStatus& rank : job.local_ranks()) {
+          EXPECT_GE(rank.pageable_host_bytes(), page);
+          in_status += rank.pageable_copies();
+        }
+      }
+    }
+    EXPECT_EQ(in_status, reported);
     ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
     EXPECT_OK(run.Compare(reference, /*bitwise=*/!ipc_bf16));
     ASSERT_OK(run.Deregister(cluster));
