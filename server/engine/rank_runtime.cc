@@ -122,10 +122,11 @@ int64_t RankRuntime::pageable_host_bytes() const {
 
 int64_t RankRuntime::TakePageableCopies() {
   // Staging is the compute backend where it is on the GPU, else host
-  // memory, which copies nothing to a GPU itself.
-  const int64_t total = compute().pageable_copies() +
-                        buckets_->copier().pageable_copies() +
-                        world_copier_->pageable_copies();
+  // memory, which copies nothing to a GPU itself. The TP lane copies only
+  // between staging buffers today; counted so that a copy it adds is seen.
+  const int64_t total =
+      compute().pageable_copies() + buckets_->copier().pageable_copies() +
+      world_copier_->pageable_copies() + tp_->pageable_copies();
   const int64_t since = total - pageable_copies_taken_;
   pageable_copies_taken_ = total;
   return since;

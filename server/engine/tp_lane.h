@@ -25,6 +25,7 @@
 #ifndef CANZONA_SERVER_ENGINE_TP_LANE_H_
 #define CANZONA_SERVER_ENGINE_TP_LANE_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -92,6 +93,8 @@ class TpLane {
   Communicator& communicator() { return *parts_.tp.comm; }
   GroupBuffers& buffers(int i) { return parts_.buffers[i]; }
   int groups() const { return static_cast<int>(parts_.buffers.size()); }
+  // The lane's own copies between the host and a GPU from pageable memory.
+  int64_t pageable_copies() const { return parts_.copier->pageable_copies(); }
   // The last run's TP communication seconds and the part of it hidden
   // behind compute (canzona_tp_overlap_ratio; 0 where not measured).
   double comm_seconds() const { return comm_s_; }
