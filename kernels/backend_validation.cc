@@ -5,7 +5,6 @@
 // one reported.
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <string>
@@ -16,14 +15,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "kernels/backend_checks.h"
-#include "kernels/base/poll.h"
+#include "kernels/backend_ranges.h"
 #include "kernels/base/status_macros.h"
-#include "kernels/pageable_copies.h"
 
 namespace canzona {
 namespace {
@@ -115,64 +111,13 @@ absl::Status CheckCopy(absl::string_view what, absl::string_view src_name,
   return checks::Pointer(what, dst_name, dst, count);
 }
 
-// ---- Ranges -----------------------------------------------------------------
-
-// Which side of the backend a pointer argument is on.
-enum class Side { kBackend, kHost };
-
-// One pointer argument of an entry point, bound to the entry point's own
-// variable: the check may redirect it to where the host reaches the bytes
-// (a cpu backend standing in for a GPU hands out addresses the host cannot
-// dereference; AllocationRegistry::Allocation::alias).
-struct Range {
-  template <typename T>
-  Range(absl::string_view name, T*& p, int64_t elements,
-        Side side = Side::kBackend)
-      : name(name),
-        // float* and const float* are similar types: one may be accessed
-        // through the other.
-        slot(reinterpret_cast<const float**>(const_cast<const T**>(&p))),
-        elements(elements),
-        side(side) {}
-  absl::string_view name;
-  const float** slot;
-  int64_t elements;  // floats spanned (0: none touched)
-  Side side;
-};
-
-// Floats a rows x cols row-major operand with leading dimension ld spans,
-// and `batch` of them `stride` apart.
-int64_t Spanned(int64_t rows, int64_t cols, int64_t ld, int64_t batch = 1,
-                int64_t stride = 0) {
-  if (rows == 0 || cols == 0 || batch == 0) return 0;
-  const int64_t one = checks::SatAdd(SatMul(rows - 1, ld), cols);
-  return checks::SatAdd(SatMul(batch - 1, stride), one);
-}
-
-// Each range against the backend's allocations (see MemorySpace): on a
-// device, backend arguments inside one allocation and host arguments
-// outside all of them; on the host, neither may leave or run into one.
-absl::Status CheckRanges(const Backend& backend, absl::string_view what,
-                         std::initializer_list<Range> ranges) {
-  const AllocationRegistry& registry = backend.allocations();
-  const bool device = backend.memory_space() == MemorySpace::kDevice;
-  for (const Range& r : ranges) {
-    const int64_t bytes = SatMul(r.elements, sizeof(float));
-    const void* resolved = *r.slot;
-    if (!device) {
-      CANZONA_RETURN_IF_ERROR(
-          registry.CheckContained(what, r.name, *r.slot, bytes, &resolved));
-    } else if (r.side == Side::kBackend) {
-      CANZONA_RETURN_IF_ERROR(
-          registry.CheckInside(what, r.name, *r.slot, bytes, &resolved));
-    } else {
-      CANZONA_RETURN_IF_ERROR(
-          registry.CheckOutside(what, r.name, *r.slot, bytes));
-    }
-    *r.slot = static_cast<const float*>(resolved);
-  }
-  return absl::OkStatus();
-}
+using backend_ranges::CheckDisjoint;
+using backend_ranges::CheckGemmRanges;
+using backend_ranges::CheckRanges;
+using backend_ranges::CheckReorder;
+using backend_ranges::RowsOverlap;
+using backend_ranges::Side;
+using backend_ranges::Spanned;
 
 // A copy between host memory and the backend's, waiting or enqueued: the
 // arguments, then both ranges (`host` and the backend side may be
@@ -197,96 +142,6 @@ absl::StatusOr<bool> CheckToHost(const Backend& backend, absl::string_view what,
       CheckRanges(backend, what,
                   {{"src", src, count}, {"host", host, count, Side::kHost}}));
   return true;
-}
-
-// INVALID_ARGUMENT when `x` and `y` (floats) share an element: a device
-// copy or GEMM gives undefined results there, where the cpu backend's
-// loops happen to work, so the cpu refuses it too.
-absl::Status CheckDisjoint(absl::string_view what, absl::string_view x_name,
-                           const float* x, int64_t nx, absl::string_view y_name,
-                           const float* y, int64_t ny, absl::string_view why) {
-  const auto begin_x = reinterpret_cast<uintptr_t>(x);
-  const auto begin_y = reinterpret_cast<uintptr_t>(y);
-  const auto end_x = begin_x + static_cast<uintptr_t>(nx) * sizeof(float);
-  const auto end_y = begin_y + static_cast<uintptr_t>(ny) * sizeof(float);
-  if (nx == 0 || ny == 0 || end_x <= begin_y || end_y <= begin_x) {
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      what, ": ", x_name, " [", absl::Hex(begin_x), ", +", nx, " floats) and ",
-      y_name, " [", absl::Hex(begin_y), ", +", ny, " floats) overlap (", why,
-      ")"));
-}
-
-// Whether two rows x cols row-major blocks share an element. With one
-// leading dimension the rows interleave exactly: some row offset k in
-// (-rows, rows) has |dst - src + k ld| < cols; with two, their spans are
-// compared (conservative).
-bool RowsOverlap(int64_t rows, int64_t cols, const float* src, int64_t src_ld,
-                 const float* dst, int64_t dst_ld) {
-  const auto s = reinterpret_cast<intptr_t>(src);
-  const auto d = reinterpret_cast<intptr_t>(dst);
-  if ((d - s) % static_cast<intptr_t>(sizeof(float)) != 0 ||
-      src_ld != dst_ld) {
-    const intptr_t s_end =
-        s + static_cast<intptr_t>(Spanned(rows, cols, src_ld) * 4);
-    const intptr_t d_end =
-        d + static_cast<intptr_t>(Spanned(rows, cols, dst_ld) * 4);
-    return s < d_end && d < s_end;
-  }
-  const int64_t delta = static_cast<int64_t>((d - s) / 4);
-  const int64_t ld = src_ld;
-  // The k nearest -delta / ld, and its neighbours, within the rows.
-  const int64_t nearest = ld > 0 ? -delta / ld : 0;
-  for (int64_t k = nearest - 1; k <= nearest + 1; ++k) {
-    if (k <= -rows || k >= rows) continue;
-    const int64_t gap = delta + k * ld;
-    if (gap > -cols && gap < cols) return true;
-  }
-  return false;
-}
-
-// A (strided-batched) GEMM's three operands: op(A) is m x k, stored k x m
-// when transposed; op(B) k x n likewise; C m x n. C may not overlap A or
-// B, nor one batch entry's C another's (cuBLAS runs them concurrently).
-// Conservative: spans are compared, not elements (no caller interleaves
-// a GEMM's operands).
-absl::Status CheckGemmRanges(const Backend& backend, absl::string_view what,
-                             Transpose trans_a, Transpose trans_b, int64_t m,
-                             int64_t n, int64_t k, const float*& a, int64_t lda,
-                             int64_t stride_a, const float*& b, int64_t ldb,
-                             int64_t stride_b, float*& c, int64_t ldc,
-                             int64_t stride_c, int64_t batch) {
-  const bool ta = trans_a == Transpose::kYes, tb = trans_b == Transpose::kYes;
-  const int64_t span_a = Spanned(ta ? k : m, ta ? m : k, lda, batch, stride_a);
-  const int64_t span_b = Spanned(tb ? n : k, tb ? k : n, ldb, batch, stride_b);
-  const int64_t span_c = Spanned(m, n, ldc, batch, stride_c);
-  if (batch > 1 && stride_c < Spanned(m, n, ldc)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": stride_c ", stride_c, " is less than one C's span (",
-        Spanned(m, n, ldc), " floats): the batch's output spans overlap"));
-  }
-  constexpr absl::string_view kAlias =
-      "a GEMM's output may not alias its inputs";
-  CANZONA_RETURN_IF_ERROR(
-      CheckDisjoint(what, "c", c, span_c, "a", a, span_a, kAlias));
-  CANZONA_RETURN_IF_ERROR(
-      CheckDisjoint(what, "c", c, span_c, "b", b, span_b, kAlias));
-  return CheckRanges(backend, what,
-                     {{"a", a, span_a}, {"b", b, span_b}, {"c", c, span_c}});
-}
-
-// A kernel that reads all of `src` while it writes `dst` (a permutation, a
-// transpose: rows x cols each): the two apart, and both where the backend
-// may touch them (CheckRanges may redirect the caller's pointers).
-absl::Status CheckReorder(const Backend& backend, absl::string_view what,
-                          int64_t rows, int64_t cols, const float*& src,
-                          float*& dst) {
-  const int64_t count = SatMul(rows, cols);
-  CANZONA_RETURN_IF_ERROR(
-      CheckDisjoint(what, "src", src, count, "dst", dst, count,
-                    "a kernel reading src while writing dst races"));
-  return CheckRanges(backend, what, {{"src", src, count}, {"dst", dst, count}});
 }
 
 }  // namespace
@@ -635,18 +490,6 @@ absl::Status Backend::AdamWStepMany(absl::Span<const AdamWTensor> tensors,
                          change);
 }
 
-absl::Status Backend::DoAdamWStepMany(absl::Span<const AdamWTensor> tensors,
-                                      float lr, float beta1, float beta2,
-                                      float eps, float weight_decay,
-                                      int64_t step, SquaredChange change) {
-  for (const AdamWTensor& t : tensors) {
-    CANZONA_RETURN_IF_ERROR(DoAdamWStep(t.n, lr, beta1, beta2, eps,
-                                        weight_decay, step, t.g, t.p, t.m, t.v,
-                                        change));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<double> Backend::SumSquares(int64_t n, const float* x) {
   CANZONA_RETURN_IF_ERROR(CheckVectors("SumSquares", n, {{"x", x}}));
   if (n == 0) return 0.0;
@@ -685,18 +528,6 @@ absl::StatusOr<double> Backend::TakeSumSquares() {
                                             [&] { return DoTakeSumSquares(); });
 }
 
-absl::Status Backend::DoEnqueueSumSquares(int64_t n, const float* x) {
-  CANZONA_ASSIGN_OR_RETURN(double s, DoSumSquares(n, x));
-  queued_sum_squares_ += s;
-  return absl::OkStatus();
-}
-
-absl::StatusOr<double> Backend::DoTakeSumSquares() {
-  const double total = queued_sum_squares_;
-  queued_sum_squares_ = 0;
-  return total;
-}
-
 absl::Status Backend::Mark(int mark) {
   CANZONA_RETURN_IF_ERROR(CheckMark("Mark", mark));
   return DoMark(mark);
@@ -706,81 +537,6 @@ absl::StatusOr<double> Backend::SecondsBetween(int from, int to) {
   CANZONA_RETURN_IF_ERROR(CheckMark("SecondsBetween", from));
   CANZONA_RETURN_IF_ERROR(CheckMark("SecondsBetween", to));
   return DoSecondsBetween(from, to);
-}
-
-absl::Status Backend::DoMark(int mark) {
-  marked_ns_[mark] = absl::ToUnixNanos(absl::Now());
-  return absl::OkStatus();
-}
-
-absl::StatusOr<double> Backend::DoSecondsBetween(int from, int to) {
-  if (marked_ns_[from] == 0 || marked_ns_[to] == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("SecondsBetween: mark ", marked_ns_[from] == 0 ? from : to,
-                     " was never set"));
-  }
-  return 1e-9 * static_cast<double>(marked_ns_[to] - marked_ns_[from]);
-}
-
-absl::Status Backend::BeginHostWait(absl::string_view method) {
-  ++host_waits_;
-  return DoBeginHostWait(method);
-}
-
-void Backend::NotePageableCopy(absl::string_view what, const void* host,
-                               int64_t bytes) {
-  pageable_copies_.fetch_add(1, std::memory_order_relaxed);
-  CountPageableCopy(what, host, bytes);
-}
-
-absl::Status Backend::GaveUpButSucceeded(absl::string_view method) {
-  return absl::InternalError(
-      absl::StrCat(method,
-                   ": returned success after a wait for the backend's work "
-                   "gave up; its results were never read"));
-}
-
-absl::Status Backend::AwaitWork(
-    absl::string_view method,
-    const std::function<absl::StatusOr<bool>()>& finished,
-    const std::function<absl::Status()>& block,
-    const std::function<void(absl::Duration)>& pause) {
-  if (stalled_) {
-    // Work that did not finish within a whole timeout before: waiting for
-    // it again, without a bound (a teardown, a checkpoint) or for another
-    // timeout, would only hold the caller, perhaps for good.
-    CANZONA_ASSIGN_OR_RETURN(const bool done, finished());
-    if (!done) {
-      ++waits_given_up_;
-      return absl::FailedPreconditionError(absl::StrCat(
-          method,
-          ": the backend's work has not finished since an earlier "
-          "wait gave up at its timeout; it may wait for good for a "
-          "trainer's event that is never recorded"));
-    }
-    stalled_ = false;
-    return absl::OkStatus();
-  }
-  if (wait_timeout_ == absl::InfiniteDuration()) return block();
-  const absl::Time deadline = absl::Now() + wait_timeout_;
-  CANZONA_RETURN_IF_ERROR(PollUntilDone(
-      [&]() -> absl::StatusOr<bool> {
-        CANZONA_ASSIGN_OR_RETURN(const bool done, finished());
-        if (done) return true;
-        if (absl::Now() < deadline) return false;
-        stalled_ = true;
-        ++waits_given_up_;
-        return absl::DeadlineExceededError(absl::StrCat(
-            method,
-            ": the backend's work did not finish within the wait "
-            "timeout (",
-            absl::FormatDuration(wait_timeout_),
-            "; a step's is --step-timeout); its stream may be waiting for a "
-            "trainer's event that a dead or hung trainer never records"));
-      },
-      pause));
-  stalled_ = false;
-  return absl::OkStatus();
 }
 
 absl::Status Backend::SumSquaresMany(absl::Span<const float* const> xs,
@@ -806,19 +562,6 @@ absl::Status Backend::SumSquaresMany(absl::Span<const float* const> xs,
   queued_unread_ = false;
   return RunWaiting<absl::Status>(
       kWhat, [&] { return DoSumSquaresMany(resolved, ns, out); });
-}
-
-absl::Status Backend::DoSumSquaresMany(absl::Span<const float* const> xs,
-                                       absl::Span<const int64_t> ns,
-                                       absl::Span<double> out) {
-  for (size_t k = 0; k < xs.size(); ++k) {
-    if (ns[k] == 0) {
-      out[k] = 0;
-      continue;
-    }
-    CANZONA_ASSIGN_OR_RETURN(out[k], DoSumSquares(ns[k], xs[k]));
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<bool> Backend::AllFinite(int64_t n, const float* x) {
