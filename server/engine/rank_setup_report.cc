@@ -36,6 +36,8 @@ void RankBuilder::RegisterMetrics(const RankSetup& setup, RankRuntime& rt) {
       ->Set(static_cast<double>(rt.state_bytes_));
   m.rank_memory_bytes->WithLabels({setup.job_id, g, "buffers"})
       ->Set(static_cast<double>(rt.buffer_bytes_));
+  m.rank_pageable_host_bytes->WithLabels({setup.job_id, g})
+      ->Set(static_cast<double>(rt.pageable_host_bytes()));
   if (!rt.pci_bus_id().empty()) {
     m.rank_device_info
         ->WithLabels(

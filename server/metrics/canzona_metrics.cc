@@ -94,6 +94,13 @@ CanzonaMetrics CanzonaMetrics::Register(MetricsRegistry* r) {
       "(owned gradients, bucket staging, TP and whole-matrix buffers, "
       "communicator scratch).",
       {"job", "rank", "kind"});
+  m.rank_pageable_host_bytes = r->AddGauge(
+      "canzona_rank_pageable_host_bytes",
+      "Host memory of this rank that copies to or from a GPU but that the "
+      "driver refused to page-lock at registration, almost always the "
+      "daemon's memlock limit (RegisterResponse.pageable_host_bytes); 0 "
+      "where everything was locked or nothing copies to a GPU.",
+      {"job", "rank"});
   m.grad_norm = r->AddGauge(
       "canzona_grad_norm",
       "Last step's global L2 norm of the averaged gradient, before clipping.",

@@ -35,6 +35,7 @@ struct CanzonaMetrics {
   Family<Gauge>* registered_parameters = nullptr;            // {job}
   Family<Gauge>* optimizer_state_bytes = nullptr;            // {job, rank}
   Family<Gauge>* rank_memory_bytes = nullptr;  // {job, rank, kind}
+  Family<Gauge>* rank_pageable_host_bytes = nullptr;  // {job, rank}
   Family<Gauge>* grad_norm = nullptr;          // {job, rank}
   Family<Gauge>* clip_factor = nullptr;        // {job, rank}
   // 1 per rank on a GPU: {job, rank, device, pci_bus_id}.

@@ -147,6 +147,8 @@ TEST(MetricsIntegrationTest, LiveDaemonExportsTheContractAndPassesPromtool) {
     // Host memory on both sides: no copy meets a GPU.
     EXPECT_EQ(
         value(absl::StrCat("canzona_step_pageable_copies_total{", jr, "}")), 0);
+    EXPECT_EQ(value(absl::StrCat("canzona_rank_pageable_host_bytes{", jr, "}")),
+              0);
     for (const char* phase :
          {"reduce_scatter", "world_reduce", "local_compute", "tp_gather",
           "tp_compute", "tp_scatter", "all_gather", "wait", "total"}) {

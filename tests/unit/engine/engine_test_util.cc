@@ -336,6 +336,7 @@ Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
       options.cuda_devices = fake != nullptr ? fake->devices : 1;
     }
     options.control = &kv;
+    options.metrics = &metrics[i];
     options.daemon_id = absl::StrCat("daemon", i);
     options.step_timeout = step_timeout;
     options.register_timeout = register_timeout;

@@ -36,6 +36,7 @@
 #include "server/comm/nccl_api.h"
 #include "server/control/kv_store.h"
 #include "server/engine/engine.h"
+#include "server/metrics/registry.h"
 #include "server/optim/matrix_blocks.h"
 
 namespace canzona::engine_test {
@@ -249,6 +250,8 @@ struct Cluster {
                    bool gloo = false);
   ~Cluster();
   InMemoryKvStore kv;
+  // Each engine's metrics (server/metrics/README.md), as a daemon's.
+  MetricsRegistry metrics[2];
   std::unique_ptr<Engine> engines[2];
   NcclApi* nccl = nullptr;  // the engines' (null: the Gloo plane)
   // The engines page-lock host staging (through `nccl`'s cudaHostRegister

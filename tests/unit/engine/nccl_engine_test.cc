@@ -40,6 +40,7 @@
 #include "kernels/pageable_copies.h"
 #include "server/engine/engine_impl.h"
 #include "server/engine/gradient_snapshots.h"
+#include "server/metrics/registry.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/comm/fake_nccl_api.h"
 #include "tests/unit/engine/engine_test_util.h"
@@ -787,6 +788,23 @@ TEST(NcclEngineTest,
     for (const v1::RegisterResponse& r : run.registered) {
       EXPECT_GE(r.pageable_host_bytes(), ipc_bf16 ? page : 2 * page);
     }
+    // And the gauge of each rank, on the daemon that runs it, says the same.
+    int gauges = 0;
+    for (const MetricsRegistry& metrics : cluster.metrics) {
+      const std::string text = metrics.Expose();
+      for (size_t g = 0; g < run.registered.size(); ++g) {
+        const std::string series =
+            absl::StrCat("\ncanzona_rank_pageable_host_bytes{job=\"",
+                         config.job_id, "\",rank=\"", g, "\"} ");
+        const size_t at = text.find(series);
+        if (at == std::string::npos) continue;
+        ++gauges;
+        EXPECT_EQ(std::stod(text.substr(at + series.size())),
+                  static_cast<double>(run.registered[g].pageable_host_bytes()))
+            << series;
+      }
+    }
+    EXPECT_EQ(gauges, static_cast<int>(run.registered.size()));
     const int64_t before = PageableCopies();
     ASSERT_OK(run.RunSteps(cluster, 1, 3));
     // The world sums' floats at least, to the GPU and back, every answer.
