@@ -159,6 +159,124 @@ def _job_id(job_id):
     return "torch-%d" % os.getpid()
 
 
+def _parse_groups(groups):
+    """{group name: (optimizer kind, settings)} from Optimizer's ``groups``,
+    ``betas`` split into the daemon's beta1 and beta2."""
+    if not groups:
+        raise ValueError("groups: at least one group is needed")
+    parsed = {}
+    for gname, spec in groups.items():
+        spec = dict(spec)
+        kind = spec.pop("optimizer", None)
+        if kind not in _SETTINGS:
+            raise ValueError("groups[%r].optimizer: %r is not one of %s"
+                             % (gname, kind, sorted(_SETTINGS)))
+        if "betas" in spec:
+            spec["beta1"], spec["beta2"] = spec.pop("betas")
+        unknown = set(spec) - _SETTINGS[kind]
+        if unknown:
+            raise ValueError("groups[%r]: unknown settings %s for %s"
+                             % (gname, sorted(unknown), kind))
+        parsed[gname] = (kind, spec)
+    return parsed
+
+
+def _route_function(route, groups):
+    """Optimizer's ``route`` as a callable (name, param) -> group."""
+    if route is None:
+        if len(groups) != 1:
+            raise ValueError("route: needed with several groups")
+        only = next(iter(groups))
+        return lambda name, param: only
+    if callable(route):
+        return route
+    return lambda name, param: route[name]
+
+
+def _resolve_layout(layout, tp_size, world):
+    """(pp, dp, tp) from Optimizer's ``layout`` and ``tp_size``, checked
+    against the world size."""
+    if layout is None:
+        if world % tp_size:
+            raise ValueError("tp_size %d does not divide the world size %d"
+                             % (tp_size, world))
+        layout = (1, world // tp_size, tp_size)
+    elif isinstance(layout, dict):
+        layout = (layout.get("pp", 1), layout["dp"], layout.get("tp", 1))
+    layout = tuple(int(x) for x in layout)
+    pp, dp, tp = layout
+    if pp * dp * tp != world:
+        raise ValueError("layout %s has %d ranks, the world has %d"
+                         % (layout, pp * dp * tp, world))
+    return layout
+
+
+def _device_and_dtype(named):
+    """The one device and the one dtype of every parameter. One buffer, so
+    one dtype: float32, or bfloat16 / float16 (mixed precision: the daemon
+    keeps the fp32 master weights and state; this process keeps no fp32
+    copy)."""
+    for name, param in named:
+        if param.device.type not in ("cpu", "cuda"):
+            raise ValueError(
+                "parameter %r is on %s: the daemon maps host shared "
+                "memory or CUDA IPC device memory" % (name, param.device))
+    devices = {p.device for _, p in named}
+    if len(devices) != 1:
+        raise ValueError("parameters are on %s: one device per optimizer"
+                         % sorted(str(d) for d in devices))
+    dtypes = {p.dtype for _, p in named}
+    if len(dtypes) != 1:
+        raise ValueError("parameters are %s: one dtype per optimizer"
+                         % sorted(str(d) for d in dtypes))
+    dtype = dtypes.pop()
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError("parameters are %s: the daemon takes float32, "
+                         "bfloat16 or float16" % dtype)
+    return devices.pop(), dtype
+
+
+class _Entry:
+    """One parameter's place in the buffer and what Register says of it."""
+
+    __slots__ = ("name", "param", "group", "split", "shape", "offset")
+
+    def __init__(self, name, param, group, split, shape):
+        self.name, self.param, self.group = name, param, group
+        self.split, self.shape, self.offset = split, shape, 0
+
+
+def _buffer_entries(named, route_fn, groups, tp_split, tp):
+    """Each parameter's entry, and the elements of the parameters' half of
+    the buffer. Every parameter and gradient lives in one buffer: the
+    parameters, then the gradients, each in reverse order: the order
+    backward fills the daemon's buckets in (as Megatron's grad buffer), so
+    its collectives work on this buffer in place."""
+    entries = []
+    for name, param in named:
+        if not param.is_contiguous():
+            raise ValueError("parameter %r is not contiguous: the daemon "
+                             "needs one dense row-major buffer" % name)
+        group = route_fn(name, param)
+        if group not in groups:
+            raise ValueError("route: parameter %r -> unknown group %r"
+                             % (name, group))
+        split = tp_split.get(name)
+        if split is None:
+            split = (getattr(param, "partition_dim", -1)
+                     if getattr(param, "tensor_model_parallel", False)
+                     else -1)
+        shape = list(param.shape)
+        if split >= 0:
+            shape[split] *= tp
+        entries.append(_Entry(name, param, group, split, shape))
+    at = 0
+    for entry in reversed(entries):
+        entry.offset = at
+        at += entry.param.numel()
+    return entries, at
+
+
 class Optimizer(torch.optim.Optimizer):
     """A torch.optim.Optimizer whose state lives in canzonad.
 
@@ -226,45 +344,11 @@ class Optimizer(torch.optim.Optimizer):
                              % sorted(unknown_blocks))
         if not named:
             raise ValueError("named_parameters: empty")
-        if not groups:
-            raise ValueError("groups: at least one group is needed")
-        self._groups = {}
-        for gname, spec in groups.items():
-            spec = dict(spec)
-            kind = spec.pop("optimizer", None)
-            if kind not in _SETTINGS:
-                raise ValueError("groups[%r].optimizer: %r is not one of %s"
-                                 % (gname, kind, sorted(_SETTINGS)))
-            if "betas" in spec:
-                spec["beta1"], spec["beta2"] = spec.pop("betas")
-            unknown = set(spec) - _SETTINGS[kind]
-            if unknown:
-                raise ValueError("groups[%r]: unknown settings %s for %s"
-                                 % (gname, sorted(unknown), kind))
-            self._groups[gname] = (kind, spec)
-        if route is None:
-            if len(self._groups) != 1:
-                raise ValueError("route: needed with several groups")
-            only = next(iter(self._groups))
-            route_fn = lambda name, param: only
-        elif callable(route):
-            route_fn = route
-        else:
-            route_fn = lambda name, param: route[name]
-
+        self._groups = _parse_groups(groups)
+        route_fn = _route_function(route, self._groups)
         rank, world = _world()
-        if layout is None:
-            if world % tp_size:
-                raise ValueError("tp_size %d does not divide the world size %d"
-                                 % (tp_size, world))
-            layout = (1, world // tp_size, tp_size)
-        elif isinstance(layout, dict):
-            layout = (layout.get("pp", 1), layout["dp"], layout.get("tp", 1))
-        layout = tuple(int(x) for x in layout)
+        layout = _resolve_layout(layout, tp_size, world)
         pp, dp, tp = layout
-        if pp * dp * tp != world:
-            raise ValueError("layout %s has %d ranks, the world has %d"
-                             % (layout, pp * dp * tp, world))
         max_grad_norm = float(max_grad_norm)
         if not max_grad_norm >= 0 or max_grad_norm == float("inf"):
             raise ValueError("max_grad_norm: %r must be finite and >= 0"
@@ -276,112 +360,19 @@ class Optimizer(torch.optim.Optimizer):
         self.rank = (rank // (dp * tp), (rank // tp) % dp, rank % tp)
         self.global_rank = rank
         self.job_id = _job_id(job_id)
-        # Every parameter and gradient in one buffer: host shared memory,
-        # or device memory exported with CUDA IPC for a model on a GPU. The
-        # parameters, then the gradients, each in reverse order: the order
-        # backward fills the daemon's buckets in (as Megatron's grad
-        # buffer), so its collectives work on this buffer in place.
-        tp_split = dict(tp_split or {})
-        entries = []
-        total = 0
-        for name, param in named:
-            if param.device.type not in ("cpu", "cuda"):
-                raise ValueError(
-                    "parameter %r is on %s: the daemon maps host shared "
-                    "memory or CUDA IPC device memory" % (name, param.device))
-        devices = {p.device for _, p in named} or {torch.device("cpu")}
-        if len(devices) != 1:
-            raise ValueError("parameters are on %s: one device per optimizer"
-                             % sorted(str(d) for d in devices))
-        self.device = devices.pop()
-        # One buffer, so one dtype: float32, or bfloat16 / float16 (mixed
-        # precision: the daemon keeps the fp32 master weights and state;
-        # this process keeps no fp32 copy).
-        dtypes = {p.dtype for _, p in named}
-        if len(dtypes) != 1:
-            raise ValueError("parameters are %s: one dtype per optimizer"
-                             % sorted(str(d) for d in dtypes))
-        self.dtype = dtypes.pop()
-        if self.dtype not in _DTYPE_NAMES:
-            raise ValueError("parameters are %s: the daemon takes float32, "
-                             "bfloat16 or float16" % self.dtype)
-        unit = torch.tensor([], dtype=self.dtype).element_size()
-        for name, param in named:
-            if not param.is_contiguous():
-                raise ValueError("parameter %r is not contiguous: the daemon "
-                                 "needs one dense row-major buffer" % name)
-            group = route_fn(name, param)
-            if group not in self._groups:
-                raise ValueError("route: parameter %r -> unknown group %r"
-                                 % (name, group))
-            split = tp_split.get(name)
-            if split is None:
-                split = (getattr(param, "partition_dim", -1)
-                         if getattr(param, "tensor_model_parallel", False)
-                         else -1)
-            shape = list(param.shape)
-            if split >= 0:
-                shape[split] *= tp
-            entries.append([name, param, group, split, shape, 0])
-            total += 2 * param.numel()
-        at = 0
-        for entry in reversed(entries):
-            entry[5] = at
-            at += entry[1].numel()
-        half = at
+        self.device, self.dtype = _device_and_dtype(named)
+        entries, half = _buffer_entries(named, route_fn, self._groups,
+                                        dict(tp_split or {}), tp)
         self.client = canzona.Client(target, job_token=job_token,
                                      connect_timeout=connect_timeout,
                                      step_timeout=step_timeout, tls_ca=tls_ca)
         self._params_written = []
         registered = False
         try:
-            self._event = None
-            if self.device.type == "cuda":
-                index = self.device.index
-                if index is None:
-                    index = torch.cuda.current_device()
-                self._event = canzona.CudaEvent(index)
-                self._buffer = torch.empty(total, dtype=self.dtype,
-                                           device=torch.device("cuda", index))
-                flat = self._buffer
-            else:
-                self._buffer = self.client.allocate(self.job_id, rank,
-                                                    total * unit)
-                flat = torch.frombuffer(self._buffer, dtype=self.dtype)
-            self._grads = []
-            self._names = []
+            flat = self._allocate_buffer(2 * half, rank)
             self._seen_grad = False
-            parameters = []
-            by_group = {g: [] for g in self._groups}
-            for name, param, group, split, shape, offset in entries:
-                n = param.numel()
-                goffset = half + offset
-                pview = flat[offset:offset + n].view(param.shape)
-                gview = flat[goffset:goffset + n].view(param.shape)
-                with torch.no_grad():
-                    pview.copy_(param.data)
-                    gview.zero_()
-                param.data = pview
-                param.grad = gview
-                param.register_hook(self._grad_arrives(param, gview))
-                self._grads.append((param, gview))
-                self._names.append(name)
-                by_group[group].append(param)
-                if self._event is not None:
-                    base = flat.data_ptr()
-                    param_ref = ("cuda", base + offset * unit, n * unit)
-                    grad_ref = ("cuda", base + goffset * unit, n * unit,
-                                self._event.handle)
-                else:
-                    ref = self._buffer.name
-                    param_ref = (ref, offset * unit, n * unit)
-                    grad_ref = (ref, goffset * unit, n * unit)
-                parameters.append({
-                    "name": name, "shape": shape, "tp_split_dim": split,
-                    "group": group, "param": param_ref, "grad": grad_ref,
-                    "dtype": _DTYPE_NAMES[self.dtype],
-                    "blocks": blocks.get(name)})
-
+            parameters, by_group = self._move_into_buffer(entries, flat, half,
+                                                          blocks)
             if self._event is not None:
                 # The moved-from parameters' storage would stay reserved in
                 # this process's caching allocator, where the daemon on the
@@ -419,21 +410,7 @@ class Optimizer(torch.optim.Optimizer):
                     "limit; systemd LimitMEMLOCK=infinity): steps run, "
                     "slower, through the driver's bounce buffers" % pageable,
                     RuntimeWarning, stacklevel=2)
-            # The daemon's "parameters written" events, per bucket (granted
-            # with --comm nccl, for every bucket or none): its answers then
-            # come before its GPU writes end, and the current stream waits
-            # for these instead.
-            handles = self.registered.get("params_event_handles", [])
-            if any(handles) and not all(handles):
-                raise CanzonaError(
-                    "register: the daemon granted parameters-written events "
-                    "for %d of %d buckets (all or none)"
-                    % (sum(1 for h in handles if h), len(handles)),
-                    "INTERNAL")
-            if self._event is not None and handles and all(handles):
-                self._params_written = [
-                    canzona.CudaEvent.opened(self._event.device, h)
-                    for h in handles]
+            self._open_params_events()
             if step_doorbell and self.client.step_doorbell_supported():
                 self.client.attach_step_doorbell(self.job_id, self.rank)
             self.steps = 0
@@ -457,6 +434,80 @@ class Optimizer(torch.optim.Optimizer):
                     pass
             self.client.close()  # ends a canzona-bridge child now
             raise
+
+    def _allocate_buffer(self, elements, rank):
+        """The one buffer of every parameter and gradient, as a flat tensor:
+        device memory exported with CUDA IPC (with the event the daemon's
+        streams wait for) for a model on a GPU, else host shared memory."""
+        self._event = None
+        if self.device.type == "cuda":
+            index = self.device.index
+            if index is None:
+                index = torch.cuda.current_device()
+            self._event = canzona.CudaEvent(index)
+            self._buffer = torch.empty(elements, dtype=self.dtype,
+                                       device=torch.device("cuda", index))
+            return self._buffer
+        unit = torch.tensor([], dtype=self.dtype).element_size()
+        self._buffer = self.client.allocate(self.job_id, rank,
+                                            elements * unit)
+        return torch.frombuffer(self._buffer, dtype=self.dtype)
+
+    def _move_into_buffer(self, entries, flat, half, blocks):
+        """Moves each parameter's values into its place in ``flat`` (its
+        ``.data`` and ``.grad`` become views there) and returns Register's
+        parameter descriptions and the parameters of each group."""
+        unit = flat.element_size()
+        self._grads = []
+        self._names = []
+        parameters = []
+        by_group = {g: [] for g in self._groups}
+        for e in entries:
+            n = e.param.numel()
+            goffset = half + e.offset
+            pview = flat[e.offset:e.offset + n].view(e.param.shape)
+            gview = flat[goffset:goffset + n].view(e.param.shape)
+            with torch.no_grad():
+                pview.copy_(e.param.data)
+                gview.zero_()
+            e.param.data = pview
+            e.param.grad = gview
+            e.param.register_hook(self._grad_arrives(e.param, gview))
+            self._grads.append((e.param, gview))
+            self._names.append(e.name)
+            by_group[e.group].append(e.param)
+            if self._event is not None:
+                base = flat.data_ptr()
+                param_ref = ("cuda", base + e.offset * unit, n * unit)
+                grad_ref = ("cuda", base + goffset * unit, n * unit,
+                            self._event.handle)
+            else:
+                ref = self._buffer.name
+                param_ref = (ref, e.offset * unit, n * unit)
+                grad_ref = (ref, goffset * unit, n * unit)
+            parameters.append({
+                "name": e.name, "shape": e.shape, "tp_split_dim": e.split,
+                "group": e.group, "param": param_ref, "grad": grad_ref,
+                "dtype": _DTYPE_NAMES[self.dtype],
+                "blocks": blocks.get(e.name)})
+        return parameters, by_group
+
+    def _open_params_events(self):
+        """Opens the daemon's "parameters written" events, per bucket
+        (granted with --comm nccl, for every bucket or none): its answers
+        then come before its GPU writes end, and the current stream waits
+        for these instead."""
+        handles = self.registered.get("params_event_handles", [])
+        if any(handles) and not all(handles):
+            raise CanzonaError(
+                "register: the daemon granted parameters-written events "
+                "for %d of %d buckets (all or none)"
+                % (sum(1 for h in handles if h), len(handles)),
+                "INTERNAL")
+        if self._event is not None and handles and all(handles):
+            self._params_written = [
+                canzona.CudaEvent.opened(self._event.device, h)
+                for h in handles]
 
     # -- overlap ------------------------------------------------------------
 
