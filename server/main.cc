@@ -67,6 +67,7 @@ struct DaemonFlags {
   std::string daemon_id;
   std::string ready_file;
   std::string metrics_address = "127.0.0.1:9464";
+  double metrics_retention_s = 300;
   int cpu_threads = 1;
   bool batch_updates = true;
   double step_timeout_s = 60;
@@ -234,7 +235,7 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
   // knows the node's jobs to have.
   const std::string comm = flags.comm == "nccl" ? "nccl" : "gloo";
   CanzonaMetrics::Register(&metrics)
-      .build_info->WithLabels({"0.1.0", flags.backend, comm})
+      .build_info->Shared({"0.1.0", flags.backend, comm})
       ->Set(1);
   std::unique_ptr<MetricsHttpServer> metrics_server;
   if (!flags.metrics_address.empty()) {
@@ -247,6 +248,7 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
 
   EngineOptions options;
   options.metrics = &metrics;
+  options.metrics_retention = absl::Seconds(flags.metrics_retention_s);
   options.control = control;
   options.daemon_id = flags.daemon_id.empty()
                           ? absl::StrCat(socket_path, "@", ::getpid())
@@ -397,6 +399,11 @@ int main(int argc, char** argv) {
                  "host:port of the Prometheus /metrics endpoint (port 0: a "
                  "free one, see --ready-file; empty: off)")
       ->capture_default_str();
+  app.add_option("--metrics-retention", flags.metrics_retention_s,
+                 "seconds a job's series stay in /metrics after its last "
+                 "rank left this daemon")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option(
          "--cpu-threads", flags.cpu_threads,
          "BLAS threads per cpu device worker (one worker per local rank)")

@@ -12,13 +12,11 @@ CountingCommunicator::CountingCommunicator(std::unique_ptr<Communicator> inner,
                                            const std::string& rank)
     : inner_(std::move(inner)),
       reduce_scatter_(
-          m.comm_sent_bytes_total->WithLabels({job, rank, "reduce_scatter"})),
-      all_gather_(
-          m.comm_sent_bytes_total->WithLabels({job, rank, "all_gather"})),
-      all_reduce_(
-          m.comm_sent_bytes_total->WithLabels({job, rank, "all_reduce"})),
+          m.comm_sent_bytes_total->Shared({job, rank, "reduce_scatter"})),
+      all_gather_(m.comm_sent_bytes_total->Shared({job, rank, "all_gather"})),
+      all_reduce_(m.comm_sent_bytes_total->Shared({job, rank, "all_reduce"})),
       all_to_all_(
-          m.comm_sent_bytes_total->WithLabels({job, rank, "tp_all_to_all"})) {}
+          m.comm_sent_bytes_total->Shared({job, rank, "tp_all_to_all"})) {}
 
 absl::Status CountingCommunicator::ReduceScatterVTyped(
     DType dtype, const void* send, absl::Span<const int64_t> counts,

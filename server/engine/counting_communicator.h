@@ -60,10 +60,10 @@ class CountingCommunicator final : public Communicator {
   int64_t Others(absl::Span<const int64_t> counts) const;
 
   std::unique_ptr<Communicator> inner_;
-  Counter* reduce_scatter_;
-  Counter* all_gather_;
-  Counter* all_reduce_;
-  Counter* all_to_all_;
+  std::shared_ptr<Counter> reduce_scatter_;
+  std::shared_ptr<Counter> all_gather_;
+  std::shared_ptr<Counter> all_reduce_;
+  std::shared_ptr<Counter> all_to_all_;
 };
 
 }  // namespace canzona

@@ -111,7 +111,8 @@ EngineImpl::EngineImpl(EngineOptions options)
       registry_(JobRegistry::Options{
           options_.daemon_id, options_.control, options_.max_jobs,
           options_.max_bytes_per_job,
-          std::min(options_.step_timeout, absl::Seconds(5))}) {
+          std::min(options_.step_timeout, absl::Seconds(5)), options_.metrics,
+          options_.metrics_retention}) {
   registration_ = std::make_unique<Registration>(
       options_, &registry_, cuda_ipc_,
       [this](Job& job) { return AgreementFor(job); });

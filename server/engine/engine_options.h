@@ -51,6 +51,12 @@ struct EngineOptions {
   // metrics of server/metrics/README.md here; not owned, must outlive the
   // engine.
   MetricsRegistry* metrics = nullptr;
+  // How long a job's series (label job) stay in `metrics` after its last
+  // rank left this daemon: long enough for Prometheus to scrape its last
+  // values, then dropped (MetricsRegistry::RemoveSeries), so that the
+  // exposition of a long-running daemon does not grow with every job it
+  // ever served. A job back within it keeps its series.
+  absl::Duration metrics_retention = absl::Minutes(5);
   // Data plane between the daemons' ranks: "gloo" (host staging, TCP; the
   // default, and how several ranks share one GPU) or "nccl" (staging in
   // each rank's GPU memory, NCCL communicators; one GPU per local rank,

@@ -186,7 +186,10 @@ void JobRegistry::RemoveRefused(const std::shared_ptr<Job>& job,
   }
   if (empty) {
     auto it = jobs_.find(job->id);
-    if (it != jobs_.end() && it->second == job) jobs_.erase(it);
+    if (it != jobs_.end() && it->second == job) {
+      jobs_.erase(it);
+      gone_[job->id] = absl::Now();
+    }
   }
   // Called from the rank's own worker: it cannot join itself.
   if (rank->worker) retired_.push_back(std::move(rank->worker));
@@ -197,6 +200,7 @@ void JobRegistry::DropJobLocked(const std::shared_ptr<Job>& job,
   auto it = jobs_.find(job->id);
   if (it == jobs_.end() || it->second != job) return;
   jobs_.erase(it);
+  gone_[job->id] = absl::Now();
   if (!remember) return;
   failed_jobs_.push_back(job);
   if (failed_jobs_.size() > 16) {
@@ -287,6 +291,7 @@ void JobRegistry::Tick() {
         if (r->trainer.pid().has_value()) watched.emplace_back(job, g, r);
       }
     }
+    DropExpiredSeriesLocked(now);
   }
   for (auto& worker : retired) worker->StopAndJoin();
   for (auto& rank : expired) {
@@ -309,6 +314,26 @@ void JobRegistry::Tick() {
                      *rank->trainer.pid(), ") exited without deregistering"));
   }
   DeleteKeys();
+}
+
+void JobRegistry::DropExpiredSeriesLocked(absl::Time now) {
+  for (auto it = gone_.begin(); it != gone_.end();) {
+    const auto& [job_id, left] = *it;
+    if (jobs_.count(job_id) > 0) {
+      // Back: its series are live again (recorded anew when it leaves).
+      it = gone_.erase(it);
+      continue;
+    }
+    if (now < left + options_.metrics_retention) {
+      ++it;
+      continue;
+    }
+    if (options_.metrics != nullptr) {
+      const int dropped = options_.metrics->RemoveSeries("job", job_id);
+      spdlog::debug("job={}: {} series dropped from /metrics", job_id, dropped);
+    }
+    it = gone_.erase(it);
+  }
 }
 
 void JobRegistry::DeleteKeys() {

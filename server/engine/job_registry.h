@@ -38,6 +38,7 @@
 #include "server/control/kv_store.h"
 #include "server/engine/job.h"
 #include "server/engine/register_request.h"
+#include "server/metrics/registry.h"
 
 namespace canzona {
 
@@ -50,6 +51,10 @@ class JobRegistry {
     int64_t max_bytes_per_job = int64_t{1} << 40;
     // How long a gracefully departed rank keeps its communicators.
     absl::Duration linger = absl::Seconds(5);
+    // Where the jobs' series are (not owned; null: none), and how long
+    // they stay after a job left (EngineOptions::metrics_retention).
+    MetricsRegistry* metrics = nullptr;
+    absl::Duration metrics_retention = absl::Minutes(5);
   };
 
   explicit JobRegistry(Options options);
@@ -112,7 +117,8 @@ class JobRegistry {
 
   // The watcher's round: joins refused ranks' workers, ends expired
   // lingers, releases ranks whose trainer exited without deregistering,
-  // and deletes the control-plane keys of jobs that are over.
+  // deletes the control-plane keys of jobs that are over and drops the
+  // series of jobs gone for the metrics retention.
   void Tick() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Fails every job and in-flight call with UNAVAILABLE, stops every
@@ -126,6 +132,10 @@ class JobRegistry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes what the departures and dropped records queued.
   void DeleteKeys() ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops the series of the jobs gone for the retention. Under mu_, so
+  // that a job Admit brings back meanwhile keeps its new series.
+  void DropExpiredSeriesLocked(absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   std::atomic<bool> closed_{false};
@@ -143,6 +153,9 @@ class JobRegistry {
   // world); a job's keys to delete.
   std::vector<std::pair<std::string, int>> departures_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> dropped_ ABSL_GUARDED_BY(mu_);
+  // Jobs that left this daemon (their last local rank gone), and when:
+  // their series go after the metrics retention, unless they came back.
+  std::map<std::string, absl::Time> gone_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace canzona

@@ -5,18 +5,17 @@ namespace canzona {
 RankMetrics::RankMetrics(const CanzonaMetrics& m, const std::string& job,
                          const std::string& rank) {
   for (size_t i = 0; i < kStepPhases.size(); ++i) {
-    phase_[i] =
-        m.step_phase_seconds->WithLabels({job, rank, kStepPhases[i].name});
+    phase_[i] = m.step_phase_seconds->Shared({job, rank, kStepPhases[i].name});
   }
-  steps_ = m.steps_total->WithLabels({job, rank});
-  skipped_ = m.steps_skipped_total->WithLabels({job, rank});
-  host_waits_ = m.step_host_waits_total->WithLabels({job, rank});
-  pageable_copies_ = m.step_pageable_copies_total->WithLabels({job, rank});
-  overlap_ = m.tp_overlap_ratio->WithLabels({job, rank});
-  dp_comm_ = m.dp_comm_seconds_total->WithLabels({job, rank});
-  dp_comm_exposed_ = m.dp_comm_exposed_seconds_total->WithLabels({job, rank});
-  grad_norm_ = m.grad_norm->WithLabels({job, rank});
-  clip_factor_ = m.clip_factor->WithLabels({job, rank});
+  steps_ = m.steps_total->Shared({job, rank});
+  skipped_ = m.steps_skipped_total->Shared({job, rank});
+  host_waits_ = m.step_host_waits_total->Shared({job, rank});
+  pageable_copies_ = m.step_pageable_copies_total->Shared({job, rank});
+  overlap_ = m.tp_overlap_ratio->Shared({job, rank});
+  dp_comm_ = m.dp_comm_seconds_total->Shared({job, rank});
+  dp_comm_exposed_ = m.dp_comm_exposed_seconds_total->Shared({job, rank});
+  grad_norm_ = m.grad_norm->Shared({job, rank});
+  clip_factor_ = m.clip_factor->Shared({job, rank});
 }
 
 void RankMetrics::RecordStep(const RankStepResult& result, double tp_comm_s,

@@ -9,6 +9,7 @@
 #define CANZONA_SERVER_ENGINE_RANK_METRICS_H_
 
 #include <array>
+#include <memory>
 #include <string>
 
 #include "proto/names/step_phases.h"
@@ -26,16 +27,17 @@ class RankMetrics {
                   double tp_hidden_s);
 
  private:
-  std::array<Histogram*, kStepPhases.size()> phase_ = {};  // kStepPhases
-  Counter* steps_ = nullptr;
-  Counter* skipped_ = nullptr;
-  Counter* host_waits_ = nullptr;
-  Counter* pageable_copies_ = nullptr;
-  Gauge* overlap_ = nullptr;
-  Counter* dp_comm_ = nullptr;
-  Counter* dp_comm_exposed_ = nullptr;
-  Gauge* grad_norm_ = nullptr;
-  Gauge* clip_factor_ = nullptr;
+  std::array<std::shared_ptr<Histogram>, kStepPhases.size()>
+      phase_;  // kStepPhases
+  std::shared_ptr<Counter> steps_;
+  std::shared_ptr<Counter> skipped_;
+  std::shared_ptr<Counter> host_waits_;
+  std::shared_ptr<Counter> pageable_copies_;
+  std::shared_ptr<Gauge> overlap_;
+  std::shared_ptr<Counter> dp_comm_;
+  std::shared_ptr<Counter> dp_comm_exposed_;
+  std::shared_ptr<Gauge> grad_norm_;
+  std::shared_ptr<Gauge> clip_factor_;
 };
 
 }  // namespace canzona

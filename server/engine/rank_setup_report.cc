@@ -25,22 +25,22 @@ void RankBuilder::RegisterMetrics(const RankSetup& setup, RankRuntime& rt) {
           layout.tp_size +
       layout.tp_rank;
   if (at < plan.per_gpu.size()) {
-    m.rank_compute_flops->WithLabels({setup.job_id, g})
+    m.rank_compute_flops->Shared({setup.job_id, g})
         ->Set(plan.per_gpu[at].flops);
   }
-  m.optimizer_state_bytes->WithLabels({setup.job_id, g})
+  m.optimizer_state_bytes->Shared({setup.job_id, g})
       ->Set(static_cast<double>(rt.state_bytes_));
-  m.rank_memory_bytes->WithLabels({setup.job_id, g, "master"})
+  m.rank_memory_bytes->Shared({setup.job_id, g, "master"})
       ->Set(static_cast<double>(rt.master_bytes_));
-  m.rank_memory_bytes->WithLabels({setup.job_id, g, "state"})
+  m.rank_memory_bytes->Shared({setup.job_id, g, "state"})
       ->Set(static_cast<double>(rt.state_bytes_));
-  m.rank_memory_bytes->WithLabels({setup.job_id, g, "buffers"})
+  m.rank_memory_bytes->Shared({setup.job_id, g, "buffers"})
       ->Set(static_cast<double>(rt.buffer_bytes_));
-  m.rank_pageable_host_bytes->WithLabels({setup.job_id, g})
+  m.rank_pageable_host_bytes->Shared({setup.job_id, g})
       ->Set(static_cast<double>(rt.pageable_host_bytes()));
   if (!rt.pci_bus_id().empty()) {
     m.rank_device_info
-        ->WithLabels(
+        ->Shared(
             {setup.job_id, g, std::to_string(rt.device()), rt.pci_bus_id()})
         ->Set(1);
   }

@@ -201,10 +201,10 @@ void Registration::MarkReady(Job& job, LocalRank& rank,
     const std::shared_ptr<const JobPlan> jp = job.current_plan();
     if (options_.metrics != nullptr && jp != nullptr) {
       const CanzonaMetrics m = CanzonaMetrics::Register(options_.metrics);
-      m.plan_max_over_mean->WithLabels({job.id})->Set(jp->plan.max_over_mean());
-      m.plan_makespan_over_lb->WithLabels({job.id})->Set(
+      m.plan_max_over_mean->Shared({job.id})->Set(jp->plan.max_over_mean());
+      m.plan_makespan_over_lb->Shared({job.id})->Set(
           jp->plan.makespan_over_lb());
-      m.registered_parameters->WithLabels({job.id})->Set(
+      m.registered_parameters->Shared({job.id})->Set(
           static_cast<double>(jp->params.size()));
     }
   }

@@ -265,4 +265,14 @@ std::string MetricsRegistry::Expose() const {
   return out;
 }
 
+int MetricsRegistry::RemoveSeries(absl::string_view label,
+                                  absl::string_view value) {
+  absl::ReaderMutexLock lock(&mu_);
+  int removed = 0;
+  for (const auto& [name, family] : families_) {
+    removed += family->RemoveWhere(label, value);
+  }
+  return removed;
+}
+
 }  // namespace canzona

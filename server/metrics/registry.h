@@ -6,9 +6,10 @@
 //   MetricsRegistry registry;
 //   Family<Counter>* steps = registry.AddCounter(
 //       "canzona_steps_total", "Steps finished.", {"job", "rank"});
-//   Counter* c = steps->WithLabels({"job1", "0"});  // cache the child
-//   c->Increment();                                  // hot path: atomics
-//   std::string text = registry.Expose();            // GET /metrics body
+//   std::shared_ptr<Counter> c = steps->Shared({"job1", "0"});  // cache it
+//   c->Increment();                          // hot path: atomics
+//   std::string text = registry.Expose();    // GET /metrics body
+//   registry.RemoveSeries("job", "job1");    // the job is over
 //
 // Families print sorted by name, children sorted by label values; families
 // with no child yet are left out (as client_golang does). Values print as
@@ -16,12 +17,13 @@
 // +Inf, -Inf, NaN).
 //
 // Thread-safety: everything is thread-safe. Counter, Gauge and Histogram
-// updates are lock-free atomics; WithLabels takes a reader lock to find a
-// child and a writer lock only to create one. Children live as long as the
-// registry: cache their pointers.
+// updates are lock-free atomics; Shared and WithLabels take a reader lock
+// to find a child and a writer lock only to create one. A child lives while
+// the registry exposes it or someone holds it (Shared): cache those.
 #ifndef CANZONA_SERVER_METRICS_REGISTRY_H_
 #define CANZONA_SERVER_METRICS_REGISTRY_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -110,6 +112,9 @@ class FamilyBase {
   // Appends the family's text (HELP, TYPE, samples); nothing when it has no
   // child.
   virtual void Expose(std::string* out) const = 0;
+  // Drops every child whose label `label` has `value` (none where the
+  // family has no such label); the number dropped.
+  virtual int RemoveWhere(absl::string_view label, absl::string_view value) = 0;
 
  protected:
   // `{a="x",b="y"` without the closing brace (empty when no labels), so a
@@ -135,32 +140,60 @@ class Family final : public FamilyBase {
         make_(std::move(make)) {}
 
   // The child for `values` (one per label name, in order; missing values
-  // are empty, extra ones dropped), created on first use. Never null; the
-  // pointer stays valid as long as the registry.
-  T* WithLabels(std::vector<std::string> values) ABSL_LOCKS_EXCLUDED(mu_) {
+  // are empty, extra ones dropped), created on first use; never null. The
+  // series stays exposed until MetricsRegistry::RemoveSeries drops it.
+  // Shared: a holder's child stays valid after that (no longer exposed);
+  // WithLabels: for a use right away, by a caller whose series nothing
+  // removes meanwhile.
+  std::shared_ptr<T> Shared(std::vector<std::string> values)
+      ABSL_LOCKS_EXCLUDED(mu_) {
     values.resize(label_names().size());
     {
       absl::ReaderMutexLock lock(&mu_);
       auto it = children_.find(values);
-      if (it != children_.end()) return it->second.get();
+      if (it != children_.end()) return it->second;
     }
     absl::MutexLock lock(&mu_);
-    std::unique_ptr<T>& child = children_[std::move(values)];
+    std::shared_ptr<T>& child = children_[std::move(values)];
     if (child == nullptr) child = make_();
-    return child.get();
+    return child;
   }
-  T* WithLabels(std::initializer_list<absl::string_view> values) {
+  std::shared_ptr<T> Shared(std::initializer_list<absl::string_view> values) {
     std::vector<std::string> v;
     for (absl::string_view s : values) v.emplace_back(s);
-    return WithLabels(std::move(v));
+    return Shared(std::move(v));
+  }
+  T* WithLabels(std::vector<std::string> values) {
+    return Shared(std::move(values)).get();
+  }
+  T* WithLabels(std::initializer_list<absl::string_view> values) {
+    return Shared(values).get();
   }
 
   void Expose(std::string* out) const override ABSL_LOCKS_EXCLUDED(mu_);
+  int RemoveWhere(absl::string_view label, absl::string_view value) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    const std::vector<std::string>& names = label_names();
+    const auto at = std::find(names.begin(), names.end(), label);
+    if (at == names.end()) return 0;
+    const size_t k = static_cast<size_t>(at - names.begin());
+    absl::MutexLock lock(&mu_);
+    int removed = 0;
+    for (auto it = children_.begin(); it != children_.end();) {
+      if (it->first[k] == value) {
+        it = children_.erase(it);
+        ++removed;
+      } else {
+        ++it;
+      }
+    }
+    return removed;
+  }
 
  private:
   const std::function<std::unique_ptr<T>()> make_;
   mutable absl::Mutex mu_;
-  std::map<std::vector<std::string>, std::unique_ptr<T>> children_
+  std::map<std::vector<std::string>, std::shared_ptr<T>> children_
       ABSL_GUARDED_BY(mu_);
 };
 
@@ -192,6 +225,13 @@ class MetricsRegistry {
 
   // The text exposition format 0.0.4.
   std::string Expose() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Drops every series whose label `label` is `value`, in every family
+  // that has that label (a finished job's: label "job"), so that the
+  // exposition does not grow with every job a daemon ever ran. Children
+  // held through Family::Shared stay valid. The number of series dropped.
+  int RemoveSeries(absl::string_view label, absl::string_view value)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   template <typename T>

@@ -6,11 +6,14 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/base/status_macros.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "server/engine/engine_impl.h"
+#include "server/metrics/registry.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/engine/engine_test_util.h"
 #include "tests/unit/engine/single_threaded_blas.h"
@@ -205,6 +208,51 @@ TEST(EngineTest, SetupFailingAfterItsCommunicatorsLeavesTheEngineServing) {
   ASSERT_OK_AND_ASSIGN(Params reference, Reference(good, 2, {}));
   EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
   ASSERT_OK(run.Deregister(cluster));
+}
+
+// A job's series stay in /metrics while it runs and for the retention
+// after its last rank left the daemon (Prometheus scrapes its last values),
+// then go; another job's stay. Without this a long-running daemon's
+// exposition grows with every job it ever served.
+TEST(EngineTest, AJobsSeriesLeaveMetricsAfterTheRetention) {
+  constexpr absl::Duration kRetention = absl::Seconds(1);
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr, nullptr,
+                  true, false, false, kRetention);
+  const JobConfig first = MakeJobConfig("series-a", 2, 1, "cost");
+  const JobConfig second = MakeJobConfig("series-b", 2, 1, "cost");
+  JobRun a(first), b(second);
+  for (JobRun* run : {&a, &b}) {
+    ASSERT_OK(run->Init());
+    ASSERT_OK(run->RegisterAll(cluster));
+    ASSERT_OK(run->RunSteps(cluster, 1, 1));
+  }
+  // Series of `job` on the daemons, counted by their job label.
+  auto series = [&](const JobConfig& job) {
+    const std::string label = absl::StrCat("job=\"", job.job_id, "\"");
+    int n = 0;
+    for (const MetricsRegistry& metrics : cluster.metrics) {
+      const std::string text = metrics.Expose();
+      for (size_t at = text.find(label); at != std::string::npos;
+           at = text.find(label, at + 1)) {
+        ++n;
+      }
+    }
+    return n;
+  };
+  const int b_series = series(second);
+  EXPECT_GT(series(first), 20);
+  EXPECT_EQ(series(first), b_series);
+  const absl::Time left = absl::Now();
+  ASSERT_OK(a.Deregister(cluster));
+  const int right_after = series(first);
+  if (absl::Now() < left + kRetention) EXPECT_EQ(right_after, b_series);
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (series(first) > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(series(first), 0);
+  EXPECT_EQ(series(second), b_series);
+  ASSERT_OK(b.Deregister(cluster));
 }
 
 TEST(EngineTest, BadInputIsRejectedWithoutChangingState) {

@@ -305,7 +305,7 @@ JobConfig MakeJobConfig(const std::string& stem, int dp, int tp,
 Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
                  const std::string& backend, CudaIpcOpener* cuda_ipc,
                  NcclApi* nccl, bool batch_updates, bool device_like_cpu,
-                 bool gloo)
+                 bool gloo, absl::Duration metrics_retention)
     : nccl(gloo ? nullptr : nccl),
       page_locked(nccl != nullptr || backend == "cuda") {
   // A GPU trainer's opened buffers are device memory to the runtime too.
@@ -337,6 +337,7 @@ Cluster::Cluster(absl::Duration step_timeout, absl::Duration register_timeout,
     }
     options.control = &kv;
     options.metrics = &metrics[i];
+    options.metrics_retention = metrics_retention;
     options.daemon_id = absl::StrCat("daemon", i);
     options.step_timeout = step_timeout;
     options.register_timeout = register_timeout;

@@ -242,12 +242,14 @@ struct Cluster {
   // environment sets CANZONA_TEST_DEVICE_LIKE_CPU=1.
   // `gloo`: the Gloo plane even with `nccl`, which then stands in only for
   // the CUDA runtime calls beside it (the gradients-event snapshots).
+  // `metrics_retention`: EngineOptions::metrics_retention.
   explicit Cluster(absl::Duration step_timeout = absl::Seconds(20),
                    absl::Duration register_timeout = absl::Seconds(20),
                    const std::string& backend = "cpu",
                    CudaIpcOpener* cuda_ipc = nullptr, NcclApi* nccl = nullptr,
                    bool batch_updates = true, bool device_like_cpu = false,
-                   bool gloo = false);
+                   bool gloo = false,
+                   absl::Duration metrics_retention = absl::Minutes(5));
   ~Cluster();
   InMemoryKvStore kv;
   // Each engine's metrics (server/metrics/README.md), as a daemon's.

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <ctime>
 #include <limits>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -97,6 +98,37 @@ TEST(RegistryTest, GetOrCreateAndConflicts) {
   EXPECT_EQ(registry.AddGauge("x_total", "X.", {"a"}), nullptr);
   EXPECT_EQ(a->WithLabels({"1"}), a->WithLabels({"1"}));
   EXPECT_NE(a->WithLabels({"1"}), a->WithLabels({"2"}));
+}
+
+// A finished job's series go from every family with a job label, and only
+// those; a holder's child stays valid, and the same labels later make a
+// new series from zero.
+TEST(RegistryTest, RemoveSeriesDropsOneLabelValueEverywhere) {
+  MetricsRegistry registry;
+  Family<Counter>* steps =
+      registry.AddCounter("s_total", "S.", {"job", "rank"});
+  Family<Histogram>* phase =
+      registry.AddHistogram("p_seconds", "P.", {"job"}, {0.1, 1});
+  Family<Gauge>* other = registry.AddGauge("o", "O.", {"method"});
+  std::shared_ptr<Counter> held = steps->Shared({"a", "0"});
+  held->Increment(3);
+  steps->WithLabels({"a", "1"})->Increment();
+  steps->WithLabels({"b", "0"})->Increment(7);
+  phase->WithLabels({"a"})->Observe(0.5);
+  other->WithLabels({"a"})->Set(2);  // a label named otherwise: kept
+
+  EXPECT_EQ(registry.RemoveSeries("job", "a"), 3);
+  EXPECT_EQ(registry.Expose(),
+            "# HELP o O.\n# TYPE o gauge\no{method=\"a\"} 2\n"
+            "# HELP s_total S.\n# TYPE s_total counter\n"
+            "s_total{job=\"b\",rank=\"0\"} 7\n");
+  held->Increment();  // still valid, no longer exposed
+  EXPECT_EQ(held->Value(), 4);
+  EXPECT_EQ(registry.RemoveSeries("job", "a"), 0);
+  EXPECT_EQ(registry.RemoveSeries("nolabel", "a"), 0);
+  steps->WithLabels({"a", "0"})->Increment();
+  EXPECT_THAT(registry.Expose(),
+              HasSubstr("s_total{job=\"a\",rank=\"0\"} 1\n"));
 }
 
 TEST(RegistryTest, CounterNeverDecreases) {
