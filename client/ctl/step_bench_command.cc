@@ -486,33 +486,12 @@ void CheckPageLocked(const StepBenchOptions& o,
   }
 }
 
-void RunStepBench(StepBenchOptions o) {
-  if (o.targets.empty()) o.targets.push_back(DefaultTarget());
-  const int world = o.dp * o.tp;
-  const int targets = static_cast<int>(o.targets.size());
-  if (world % targets != 0) {
-    Fail(2, absl::StrCat("dp x tp = ", world, " ranks cannot be dealt evenly ",
-                         "to ", targets, " targets"));
-  }
-  if (o.shard_group_size != 0 &&
-      (o.dp % o.shard_group_size != 0 || o.shard_group_size >= o.dp)) {
-    Fail(2,
-         absl::StrCat("--shard-group-size ", o.shard_group_size,
-                      " must be a divisor of --dp ", o.dp, " smaller than it"));
-  }
-  if (!ParseDType(o.dtype).ok()) {
-    Fail(2, absl::StrCat("--dtype: '", o.dtype, "' is not fp32, bf16 or fp16"));
-  }
-  absl::StatusOr<std::vector<LocalParam>> params = ModelParams(o);
-  if (!params.ok()) Fail(2, std::string(params.status().message()));
-  const int64_t bucket_size =
-      o.bucket_size > 0 ? o.bucket_size : DefaultBucketSize(*params);
-  int64_t total = 0;
-  for (const LocalParam& p : *params) total += p.fragment_numel;
-
+// The modes to run, one after the other: plain, then with the doorbell and
+// with the overlap where asked, flat and with the shard group size.
+std::vector<Mode> BenchModes(const StepBenchOptions& o) {
+  std::vector<Mode> modes;
   std::vector<int> shard_sizes = {0};
   if (o.shard_group_size != 0) shard_sizes.push_back(o.shard_group_size);
-  std::vector<Mode> modes;
   for (int s : shard_sizes) {
     const std::string shard = o.shard_group_size == 0 ? ""
                               : s == 0                ? "flat/"
@@ -526,8 +505,13 @@ void RunStepBench(StepBenchOptions o) {
       modes.push_back({absl::StrCat(shard, "overlap_doorbell"), s, true, true});
     }
   }
+  return modes;
+}
 
-  // One client per rank, to the daemon serving its block of ranks.
+// One client per rank, to the daemon serving its block of ranks.
+std::vector<std::unique_ptr<Client>> ConnectClients(const StepBenchOptions& o,
+                                                    int world) {
+  const int targets = static_cast<int>(o.targets.size());
   Client::Options client_options;
   client_options.connect_timeout = absl::Seconds(10);
   client_options.job_token = GlobalConnectFlags().token;
@@ -542,138 +526,128 @@ void RunStepBench(StepBenchOptions o) {
     if (!client.ok()) Fail(1, std::string(client.status().message()));
     clients.push_back(*std::move(client));
   }
+  return clients;
+}
 
-  if (!o.json) {
-    std::printf(
-        "%s (%d layers, vocab %d, %s layout): %zu parameters, %.1f M "
-        "elements per rank (%s); DP%d x TP%d on %d daemon(s), %s, strategy "
-        "%s, bucket size %lld\n",
-        o.model.c_str(), o.layers, o.vocab, o.layout.c_str(), params->size(),
-        total / 1e6, o.dtype.c_str(), o.dp, o.tp, targets, o.optimizer.c_str(),
-        o.strategy.c_str(), static_cast<long long>(bucket_size));
-    std::printf(
-        "trainer: backward %.1f ms, forward %.1f ms (%s); %d steps after %d "
-        "warm-up; medians over steps of the slowest rank\n",
-        o.backward_ms, o.forward_ms, o.busy ? "spinning" : "sleeping", o.steps,
-        o.warmup);
-    std::fflush(stdout);
-  }
-
-  // The local daemons (unix sockets), whose private memory is sampled.
+// What the local daemons' memory probe needs: their pids and the ranks
+// they serve.
+struct LocalDaemons {
   std::vector<pid_t> pids;
-  for (const std::string& target : o.targets) {
-    absl::StatusOr<pid_t> pid = DaemonPid(target);
-    if (pid.ok()) pids.push_back(*pid);
-  }
-  const int local_ranks = static_cast<int>(pids.size()) * (world / targets);
-  const int64_t param_bytes =
-      total * DTypeBytes(ParseDType(o.dtype).value_or(DType::kFloat32));
+  int ranks = 0;
+};
 
-  const std::string run_id =
-      absl::StrCat(::getpid(), "-", absl::ToUnixMillis(absl::Now()) % 100000);
-  std::vector<ModeResult> results;
-  for (const Mode& mode : modes) {
-    std::string tag = mode.name;
-    std::replace(tag.begin(), tag.end(), '/', '-');
-    tag.erase(std::remove(tag.begin(), tag.end(), '='), tag.end());
-    const std::string job_id = absl::StrCat("bench-", run_id, "-", tag);
-    std::vector<RankResult> ranks(static_cast<size_t>(world));
-    std::vector<std::thread> threads;
-    DaemonMemoryProbe probe(world, pids);
-    const int64_t before = probe.Read();
-    for (int g = 0; g < world; ++g) {
-      threads.emplace_back([&, g] {
-        ranks[g].status =
-            RunRank(o, mode, job_id, *params, bucket_size, *clients[g],
-                    g / o.tp, g % o.tp, probe, ranks[g]);
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    // The first failure in time is usually the cause; a peer's timeout
-    // follows from it. Prefer a status that is not DEADLINE_EXCEEDED.
-    int failed = -1;
-    for (int g = 0; g < world; ++g) {
-      if (ranks[g].status.ok()) continue;
-      if (failed < 0 ||
-          (ranks[failed].status.code() == absl::StatusCode::kDeadlineExceeded &&
-           ranks[g].status.code() != absl::StatusCode::kDeadlineExceeded)) {
-        failed = g;
-      }
-    }
-    if (failed >= 0) {
-      Fail(1, absl::StrCat("mode ", mode.name, ": rank ", failed, " (",
-                           clients[failed]->target(),
-                           "): ", ranks[failed].status.message()));
-    }
-    results.push_back(Summarize(mode, ranks));
-    results.back().param_bytes = param_bytes;
-    if (before >= 0 && probe.after() >= 0 && local_ranks > 0) {
-      results.back().daemon_bytes_per_rank =
-          static_cast<double>(probe.after() - before) / local_ranks;
-    }
-    if (!o.json) {
-      std::fprintf(stderr, "mode %s done: median iteration %.1f ms\n",
-                   mode.name.c_str(), results.back().median_iteration_ms);
+// Runs one mode as a fresh job on every rank (a thread each); exits 1
+// naming the rank whose failure is most likely the cause.
+ModeResult RunMode(const StepBenchOptions& o, const Mode& mode,
+                   const std::string& run_id,
+                   const std::vector<LocalParam>& params, int64_t bucket_size,
+                   int64_t param_bytes,
+                   const std::vector<std::unique_ptr<Client>>& clients,
+                   const LocalDaemons& local) {
+  const int world = o.dp * o.tp;
+  std::string tag = mode.name;
+  std::replace(tag.begin(), tag.end(), '/', '-');
+  tag.erase(std::remove(tag.begin(), tag.end(), '='), tag.end());
+  const std::string job_id = absl::StrCat("bench-", run_id, "-", tag);
+  std::vector<RankResult> ranks(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  DaemonMemoryProbe probe(world, local.pids);
+  const int64_t before = probe.Read();
+  for (int g = 0; g < world; ++g) {
+    threads.emplace_back([&, g] {
+      ranks[g].status =
+          RunRank(o, mode, job_id, params, bucket_size, *clients[g], g / o.tp,
+                  g % o.tp, probe, ranks[g]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  // The first failure in time is usually the cause; a peer's timeout
+  // follows from it. Prefer a status that is not DEADLINE_EXCEEDED.
+  int failed = -1;
+  for (int g = 0; g < world; ++g) {
+    if (ranks[g].status.ok()) continue;
+    if (failed < 0 ||
+        (ranks[failed].status.code() == absl::StatusCode::kDeadlineExceeded &&
+         ranks[g].status.code() != absl::StatusCode::kDeadlineExceeded)) {
+      failed = g;
     }
   }
+  if (failed >= 0) {
+    Fail(1, absl::StrCat("mode ", mode.name, ": rank ", failed, " (",
+                         clients[failed]->target(),
+                         "): ", ranks[failed].status.message()));
+  }
+  ModeResult result = Summarize(mode, ranks);
+  result.param_bytes = param_bytes;
+  if (before >= 0 && probe.after() >= 0 && local.ranks > 0) {
+    result.daemon_bytes_per_rank =
+        static_cast<double>(probe.after() - before) / local.ranks;
+  }
+  if (!o.json) {
+    std::fprintf(stderr, "mode %s done: median iteration %.1f ms\n",
+                 mode.name.c_str(), result.median_iteration_ms);
+  }
+  return result;
+}
 
+void PrintJson(const StepBenchOptions& o, const std::vector<LocalParam>& params,
+               int64_t total, int64_t bucket_size,
+               const std::vector<ModeResult>& results) {
   const double first = results.front().median_iteration_ms;
-  if (o.json) {
-    nlohmann::json out = {{"model", o.model},
-                          {"layers", o.layers},
-                          {"vocab", o.vocab},
-                          {"layout", o.layout},
-                          {"parameters", params->size()},
-                          {"elements_per_rank", total},
-                          {"dp", o.dp},
-                          {"tp", o.tp},
-                          {"targets", o.targets},
-                          {"optimizer", o.optimizer},
-                          {"dtype", o.dtype},
-                          {"strategy", o.strategy},
-                          {"bucket_size", bucket_size},
-                          {"steps", o.steps},
-                          {"warmup", o.warmup},
-                          {"backward_ms", o.backward_ms},
-                          {"forward_ms", o.forward_ms},
-                          {"busy", o.busy},
-                          {"modes", nlohmann::json::array()}};
-    for (const ModeResult& r : results) {
-      nlohmann::json phases = nlohmann::json::object();
-      for (int p = 0; p < kPhases; ++p) {
-        phases[kStepPhases[p].name] = r.median_phase_ms[p];
-      }
-      out["modes"].push_back(
-          {{"mode", r.mode.name},
-           {"median_phase_ms", std::move(phases)},
-           {"shard_group_size", r.mode.shard_group_size},
-           {"overlap", r.mode.overlap},
-           {"doorbell", r.mode.doorbell},
-           {"buckets", r.buckets},
-           {"median_iteration_ms", r.median_iteration_ms},
-           {"median_step_ms", r.median_step_ms},
-           {"median_wait_params_ms", r.median_wait_ms},
-           {"median_host_waits", r.median_host_waits},
-           {"pageable_copies", r.pageable_copies},
-           {"dp_comm_ms_per_step", r.dp_comm_ms_per_step},
-           {"dp_comm_exposed_ms_per_step", r.exposed_ms_per_step},
-           {"exposed_over_total_comm", r.exposed_over_total},
-           {"iteration_vs_first",
-            first > 0 ? r.median_iteration_ms / first : 0},
-           {"param_bytes_per_rank", r.param_bytes},
-           {"master_bytes", r.master_bytes},
-           {"state_bytes", r.state_bytes},
-           {"buffer_bytes", r.buffer_bytes},
-           {"daemon_private_bytes_per_rank", r.daemon_bytes_per_rank},
-           {"daemon_over_param_bytes",
-            r.daemon_bytes_per_rank >= 0
-                ? r.daemon_bytes_per_rank / r.param_bytes
-                : -1.0}});
+  nlohmann::json out = {{"model", o.model},
+                        {"layers", o.layers},
+                        {"vocab", o.vocab},
+                        {"layout", o.layout},
+                        {"parameters", params.size()},
+                        {"elements_per_rank", total},
+                        {"dp", o.dp},
+                        {"tp", o.tp},
+                        {"targets", o.targets},
+                        {"optimizer", o.optimizer},
+                        {"dtype", o.dtype},
+                        {"strategy", o.strategy},
+                        {"bucket_size", bucket_size},
+                        {"steps", o.steps},
+                        {"warmup", o.warmup},
+                        {"backward_ms", o.backward_ms},
+                        {"forward_ms", o.forward_ms},
+                        {"busy", o.busy},
+                        {"modes", nlohmann::json::array()}};
+  for (const ModeResult& r : results) {
+    nlohmann::json phases = nlohmann::json::object();
+    for (int p = 0; p < kPhases; ++p) {
+      phases[kStepPhases[p].name] = r.median_phase_ms[p];
     }
-    std::printf("%s\n", out.dump(2).c_str());
-    CheckPageLocked(o, results);
-    return;
+    out["modes"].push_back(
+        {{"mode", r.mode.name},
+         {"median_phase_ms", std::move(phases)},
+         {"shard_group_size", r.mode.shard_group_size},
+         {"overlap", r.mode.overlap},
+         {"doorbell", r.mode.doorbell},
+         {"buckets", r.buckets},
+         {"median_iteration_ms", r.median_iteration_ms},
+         {"median_step_ms", r.median_step_ms},
+         {"median_wait_params_ms", r.median_wait_ms},
+         {"median_host_waits", r.median_host_waits},
+         {"pageable_copies", r.pageable_copies},
+         {"dp_comm_ms_per_step", r.dp_comm_ms_per_step},
+         {"dp_comm_exposed_ms_per_step", r.exposed_ms_per_step},
+         {"exposed_over_total_comm", r.exposed_over_total},
+         {"iteration_vs_first", first > 0 ? r.median_iteration_ms / first : 0},
+         {"param_bytes_per_rank", r.param_bytes},
+         {"master_bytes", r.master_bytes},
+         {"state_bytes", r.state_bytes},
+         {"buffer_bytes", r.buffer_bytes},
+         {"daemon_private_bytes_per_rank", r.daemon_bytes_per_rank},
+         {"daemon_over_param_bytes",
+          r.daemon_bytes_per_rank >= 0 ? r.daemon_bytes_per_rank / r.param_bytes
+                                       : -1.0}});
   }
+  std::printf("%s\n", out.dump(2).c_str());
+}
+
+void PrintTables(const std::vector<ModeResult>& results) {
+  const double first = results.front().median_iteration_ms;
   std::printf("%-21s %7s %10s %9s %9s %12s %12s %10s %9s\n", "mode", "buckets",
               "iter ms", "step ms", "wait ms", "dp_comm ms", "exposed ms",
               "exp/total", "vs first");
@@ -734,6 +708,71 @@ void RunStepBench(StepBenchOptions o) {
                 static_cast<long long>(r.pageable_copies));
   }
   std::printf("\n");
+}
+
+void RunStepBench(StepBenchOptions o) {
+  if (o.targets.empty()) o.targets.push_back(DefaultTarget());
+  const int world = o.dp * o.tp;
+  const int targets = static_cast<int>(o.targets.size());
+  if (world % targets != 0) {
+    Fail(2, absl::StrCat("dp x tp = ", world, " ranks cannot be dealt evenly ",
+                         "to ", targets, " targets"));
+  }
+  if (o.shard_group_size != 0 &&
+      (o.dp % o.shard_group_size != 0 || o.shard_group_size >= o.dp)) {
+    Fail(2,
+         absl::StrCat("--shard-group-size ", o.shard_group_size,
+                      " must be a divisor of --dp ", o.dp, " smaller than it"));
+  }
+  if (!ParseDType(o.dtype).ok()) {
+    Fail(2, absl::StrCat("--dtype: '", o.dtype, "' is not fp32, bf16 or fp16"));
+  }
+  absl::StatusOr<std::vector<LocalParam>> params = ModelParams(o);
+  if (!params.ok()) Fail(2, std::string(params.status().message()));
+  const int64_t bucket_size =
+      o.bucket_size > 0 ? o.bucket_size : DefaultBucketSize(*params);
+  int64_t total = 0;
+  for (const LocalParam& p : *params) total += p.fragment_numel;
+
+  const std::vector<std::unique_ptr<Client>> clients = ConnectClients(o, world);
+  if (!o.json) {
+    std::printf(
+        "%s (%d layers, vocab %d, %s layout): %zu parameters, %.1f M "
+        "elements per rank (%s); DP%d x TP%d on %d daemon(s), %s, strategy "
+        "%s, bucket size %lld\n",
+        o.model.c_str(), o.layers, o.vocab, o.layout.c_str(), params->size(),
+        total / 1e6, o.dtype.c_str(), o.dp, o.tp, targets, o.optimizer.c_str(),
+        o.strategy.c_str(), static_cast<long long>(bucket_size));
+    std::printf(
+        "trainer: backward %.1f ms, forward %.1f ms (%s); %d steps after %d "
+        "warm-up; medians over steps of the slowest rank\n",
+        o.backward_ms, o.forward_ms, o.busy ? "spinning" : "sleeping", o.steps,
+        o.warmup);
+    std::fflush(stdout);
+  }
+
+  // The local daemons (unix sockets), whose private memory is sampled.
+  LocalDaemons local;
+  for (const std::string& target : o.targets) {
+    absl::StatusOr<pid_t> pid = DaemonPid(target);
+    if (pid.ok()) local.pids.push_back(*pid);
+  }
+  local.ranks = static_cast<int>(local.pids.size()) * (world / targets);
+  const int64_t param_bytes =
+      total * DTypeBytes(ParseDType(o.dtype).value_or(DType::kFloat32));
+
+  const std::string run_id =
+      absl::StrCat(::getpid(), "-", absl::ToUnixMillis(absl::Now()) % 100000);
+  std::vector<ModeResult> results;
+  for (const Mode& mode : BenchModes(o)) {
+    results.push_back(RunMode(o, mode, run_id, *params, bucket_size,
+                              param_bytes, clients, local));
+  }
+  if (o.json) {
+    PrintJson(o, *params, total, bucket_size, results);
+  } else {
+    PrintTables(results);
+  }
   CheckPageLocked(o, results);
 }
 
