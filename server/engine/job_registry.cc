@@ -184,13 +184,7 @@ void JobRegistry::RemoveRefused(const std::shared_ptr<Job>& job,
     if (!stage_left) job->stage_plist.erase(stage);
     empty = job->ranks.empty();
   }
-  if (empty) {
-    auto it = jobs_.find(job->id);
-    if (it != jobs_.end() && it->second == job) {
-      jobs_.erase(it);
-      gone_[job->id] = absl::Now();
-    }
-  }
+  if (empty) DropJobLocked(job, /*remember=*/false);
   // Called from the rank's own worker: it cannot join itself.
   if (rank->worker) retired_.push_back(std::move(rank->worker));
 }
