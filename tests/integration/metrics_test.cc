@@ -18,14 +18,13 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "client/lib/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/integration/daemons.h"
 #include "tests/integration/trainer_process.h"
+#include "tests/matchers/exposed_samples.h"
 #include "tests/unit/engine/engine_test_util.h"
 
 namespace canzona {
@@ -55,25 +54,6 @@ std::string HttpGet(int port, const std::string& path) {
   }
   ::close(fd);
   return response;
-}
-
-// Sample lines by "name{labels}" (as printed) -> value.
-std::map<std::string, double> Samples(const std::string& text) {
-  std::map<std::string, double> out;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (line.empty() || line[0] == '#') continue;
-    const size_t space = line.rfind(' ');
-    double value = 0;
-    if (space == absl::string_view::npos) continue;
-    const absl::string_view v = line.substr(space + 1);
-    if (v == "+Inf") {
-      value = HUGE_VAL;
-    } else if (!absl::SimpleAtod(v, &value)) {
-      continue;
-    }
-    out[std::string(line.substr(0, space))] = value;
-  }
-  return out;
 }
 
 // One trainer process: register, `steps` steps, deregister. Exit 0 on
@@ -129,7 +109,7 @@ TEST(MetricsIntegrationTest, LiveDaemonExportsTheContractAndPassesPromtool) {
   const size_t at = response.find("\r\n\r\n");
   ASSERT_NE(at, std::string::npos);
   const std::string text = response.substr(at + 4);
-  const std::map<std::string, double> samples = Samples(text);
+  const std::map<std::string, double> samples = ExposedSamples(text);
   auto value = [&](const std::string& key) {
     auto it = samples.find(key);
     EXPECT_NE(it, samples.end()) << key << " missing in\n" << text;

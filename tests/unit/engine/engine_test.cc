@@ -1,10 +1,12 @@
 // The Engine end to end in one process: two engines ("two daemons") sharing
 // an in-memory control plane, trainer ranks as threads over POSIX shm.
 #include <chrono>
+#include <map>
 #include <string>
 #include <thread>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -14,6 +16,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "server/engine/engine_impl.h"
 #include "server/metrics/registry.h"
+#include "tests/matchers/exposed_samples.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/engine/engine_test_util.h"
 #include "tests/unit/engine/single_threaded_blas.h"
@@ -226,15 +229,13 @@ TEST(EngineTest, AJobsSeriesLeaveMetricsAfterTheRetention) {
     ASSERT_OK(run->RegisterAll(cluster));
     ASSERT_OK(run->RunSteps(cluster, 1, 1));
   }
-  // Series of `job` on the daemons, counted by their job label.
+  // Samples of `job` on the daemons, found by their job label.
   auto series = [&](const JobConfig& job) {
     const std::string label = absl::StrCat("job=\"", job.job_id, "\"");
     int n = 0;
     for (const MetricsRegistry& metrics : cluster.metrics) {
-      const std::string text = metrics.Expose();
-      for (size_t at = text.find(label); at != std::string::npos;
-           at = text.find(label, at + 1)) {
-        ++n;
+      for (const auto& [sample, value] : ExposedSamples(metrics.Expose())) {
+        if (absl::StrContains(sample, label)) ++n;
       }
     }
     return n;

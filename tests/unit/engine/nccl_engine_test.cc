@@ -41,6 +41,7 @@
 #include "server/engine/engine_impl.h"
 #include "server/engine/gradient_snapshots.h"
 #include "server/metrics/registry.h"
+#include "tests/matchers/exposed_samples.h"
 #include "tests/matchers/status_matchers.h"
 #include "tests/unit/comm/fake_nccl_api.h"
 #include "tests/unit/engine/engine_test_util.h"
@@ -791,15 +792,16 @@ TEST(NcclEngineTest,
     // And the gauge of each rank, on the daemon that runs it, says the same.
     int gauges = 0;
     for (const MetricsRegistry& metrics : cluster.metrics) {
-      const std::string text = metrics.Expose();
+      const std::map<std::string, double> samples =
+          ExposedSamples(metrics.Expose());
       for (size_t g = 0; g < run.registered.size(); ++g) {
         const std::string series =
-            absl::StrCat("\ncanzona_rank_pageable_host_bytes{job=\"",
-                         config.job_id, "\",rank=\"", g, "\"} ");
-        const size_t at = text.find(series);
-        if (at == std::string::npos) continue;
+            absl::StrCat("canzona_rank_pageable_host_bytes{job=\"",
+                         config.job_id, "\",rank=\"", g, "\"}");
+        auto it = samples.find(series);
+        if (it == samples.end()) continue;
         ++gauges;
-        EXPECT_EQ(std::stod(text.substr(at + series.size())),
+        EXPECT_EQ(it->second,
                   static_cast<double>(run.registered[g].pageable_host_bytes()))
             << series;
       }
