@@ -4,6 +4,11 @@
 // single-process reference (update rules on whole matrices with the
 // DP-averaged full gradients).
 //
+// The definitions: the models and their TP layout in engine_test_model.cc,
+// the reference in engine_test_reference.cc, FakeCudaIpc in
+// fake_cuda_ipc.cc, the cluster, trainer ranks and job runs in
+// engine_test_util.cc.
+//
 //   Cluster cluster;
 //   JobRun run(MakeJobConfig("t1", /*dp=*/2, /*tp=*/2, "cost"));
 //   ASSERT_OK(run.RunAll(cluster, /*steps=*/5));
@@ -103,6 +108,20 @@ FusedLayouts FusedAndSeparate(const std::string& optimizer, bool blocks = true);
 std::vector<ModelParam> MoeModel(int experts, int layers = 2);
 // MegatronModel with Muon for every matrix (AdamW for the rest).
 std::vector<ModelParam> MuonModel();
+
+// Tensor-parallel layout (engine_test_model.cc): the elements of `shape`;
+// `p`'s shape on one of `tp` ranks; TP rank j's fragment of a full tensor
+// (Megatron's: split along p.split, a fused matrix's blocks each split)
+// and its inverse, which writes the fragment into `full`.
+int64_t Numel(const std::vector<int64_t>& shape);
+std::vector<int64_t> LocalShape(const ModelParam& p, int tp);
+std::vector<float> Fragment(const ModelParam& p, int tp, int j,
+                            const std::vector<float>& full);
+void PutFragment(const ModelParam& p, int tp, int j,
+                 const std::vector<float>& frag, std::vector<float>* full);
+// The optimizer settings the tests give parameter group `group`.
+std::vector<std::pair<std::string, std::string>> GroupSettings(
+    const std::string& group);
 
 struct JobConfig {
   std::string job_id;
