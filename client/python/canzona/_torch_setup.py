@@ -1,0 +1,195 @@
+"""What canzona.torch.Optimizer's arguments become before it registers:
+the groups and their settings, each parameter's group, the (pp, dp, tp)
+layout, the one device and dtype, each parameter's place in the buffer,
+the job id and rank every process agrees on."""
+
+import os
+import uuid
+
+import torch
+
+
+# Hyperparameters each optimizer accepts (the daemon's `--set` keys).
+_SETTINGS = {
+    "muon": {"lr", "momentum", "nesterov", "ns_steps", "ns_coefficients",
+             "scale", "weight_decay", "eps", "ns_precision", "ns_algorithm"},
+    "adamw": {"lr", "beta1", "beta2", "eps", "weight_decay"},
+    "shampoo": {"lr", "beta1", "beta2", "epsilon", "weight_decay",
+                "max_preconditioner_dim", "precondition_frequency",
+                "start_preconditioning_step", "grafting", "grafting_beta2",
+                "grafting_epsilon"},
+    "soap": {"lr", "beta1", "beta2", "eps", "weight_decay",
+             "precondition_frequency", "max_precond_dim",
+             "shampoo_beta", "normalize_grads", "correct_bias"},
+}
+
+# Names that mark embeddings, output heads and MoE routers: AdamW by
+# convention even when 2-D.
+_ADAMW_NAME_PARTS = ("embed", "wte", "wpe", "lm_head", "output_layer",
+                     "router", "mlp.gate.weight")
+
+# The parameter dtypes the daemon takes, by canzona.Client's names.
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16",
+                torch.float16: "float16"}
+
+
+def default_route(name, param, matrix_group):
+    """2-D hidden weights -> ``matrix_group``; embeddings, lm_head, routers
+    and every tensor that is not 2-D -> "adamw"."""
+    if param.dim() != 2:
+        return "adamw"
+    lowered = name.lower()
+    if any(part in lowered for part in _ADAMW_NAME_PARTS):
+        return "adamw"
+    return matrix_group
+
+
+def _setting_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _world():
+    """(global rank, world size) from torch.distributed or the environment."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _job_id(job_id):
+    """The job id every rank agrees on."""
+    if job_id:
+        return job_id
+    if os.environ.get("CANZONA_JOB_ID"):
+        return os.environ["CANZONA_JOB_ID"]
+    run = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run and run != "none":
+        return "torch-" + "".join(c if c.isalnum() or c in "_-" else "-"
+                                  for c in run)[:58]
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        box = ["torch-" + uuid.uuid4().hex[:16]]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("job_id: pass one (or set CANZONA_JOB_ID) when "
+                         "torch.distributed is not initialized")
+    return "torch-%d" % os.getpid()
+
+
+def _parse_groups(groups):
+    """{group name: (optimizer kind, settings)} from Optimizer's ``groups``,
+    ``betas`` split into the daemon's beta1 and beta2."""
+    if not groups:
+        raise ValueError("groups: at least one group is needed")
+    parsed = {}
+    for gname, spec in groups.items():
+        spec = dict(spec)
+        kind = spec.pop("optimizer", None)
+        if kind not in _SETTINGS:
+            raise ValueError("groups[%r].optimizer: %r is not one of %s"
+                             % (gname, kind, sorted(_SETTINGS)))
+        if "betas" in spec:
+            spec["beta1"], spec["beta2"] = spec.pop("betas")
+        unknown = set(spec) - _SETTINGS[kind]
+        if unknown:
+            raise ValueError("groups[%r]: unknown settings %s for %s"
+                             % (gname, sorted(unknown), kind))
+        parsed[gname] = (kind, spec)
+    return parsed
+
+
+def _route_function(route, groups):
+    """Optimizer's ``route`` as a callable (name, param) -> group."""
+    if route is None:
+        if len(groups) != 1:
+            raise ValueError("route: needed with several groups")
+        only = next(iter(groups))
+        return lambda name, param: only
+    if callable(route):
+        return route
+    return lambda name, param: route[name]
+
+
+def _resolve_layout(layout, tp_size, world):
+    """(pp, dp, tp) from Optimizer's ``layout`` and ``tp_size``, checked
+    against the world size."""
+    if layout is None:
+        if world % tp_size:
+            raise ValueError("tp_size %d does not divide the world size %d"
+                             % (tp_size, world))
+        layout = (1, world // tp_size, tp_size)
+    elif isinstance(layout, dict):
+        layout = (layout.get("pp", 1), layout["dp"], layout.get("tp", 1))
+    layout = tuple(int(x) for x in layout)
+    pp, dp, tp = layout
+    if pp * dp * tp != world:
+        raise ValueError("layout %s has %d ranks, the world has %d"
+                         % (layout, pp * dp * tp, world))
+    return layout
+
+
+def _device_and_dtype(named):
+    """The one device and the one dtype of every parameter. One buffer, so
+    one dtype: float32, or bfloat16 / float16 (mixed precision: the daemon
+    keeps the fp32 master weights and state; this process keeps no fp32
+    copy)."""
+    for name, param in named:
+        if param.device.type not in ("cpu", "cuda"):
+            raise ValueError(
+                "parameter %r is on %s: the daemon maps host shared "
+                "memory or CUDA IPC device memory" % (name, param.device))
+    devices = {p.device for _, p in named}
+    if len(devices) != 1:
+        raise ValueError("parameters are on %s: one device per optimizer"
+                         % sorted(str(d) for d in devices))
+    dtypes = {p.dtype for _, p in named}
+    if len(dtypes) != 1:
+        raise ValueError("parameters are %s: one dtype per optimizer"
+                         % sorted(str(d) for d in dtypes))
+    dtype = dtypes.pop()
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError("parameters are %s: the daemon takes float32, "
+                         "bfloat16 or float16" % dtype)
+    return devices.pop(), dtype
+
+
+class _Entry:
+    """One parameter's place in the buffer and what Register says of it."""
+
+    __slots__ = ("name", "param", "group", "split", "shape", "offset")
+
+    def __init__(self, name, param, group, split, shape):
+        self.name, self.param, self.group = name, param, group
+        self.split, self.shape, self.offset = split, shape, 0
+
+
+def _buffer_entries(named, route_fn, groups, tp_split, tp):
+    """Each parameter's entry, and the elements of the parameters' half of
+    the buffer. Every parameter and gradient lives in one buffer: the
+    parameters, then the gradients, each in reverse order: the order
+    backward fills the daemon's buckets in (as Megatron's grad buffer), so
+    its collectives work on this buffer in place."""
+    entries = []
+    for name, param in named:
+        if not param.is_contiguous():
+            raise ValueError("parameter %r is not contiguous: the daemon "
+                             "needs one dense row-major buffer" % name)
+        group = route_fn(name, param)
+        if group not in groups:
+            raise ValueError("route: parameter %r -> unknown group %r"
+                             % (name, group))
+        split = tp_split.get(name)
+        if split is None:
+            split = (getattr(param, "partition_dim", -1)
+                     if getattr(param, "tensor_model_parallel", False)
+                     else -1)
+        shape = list(param.shape)
+        if split >= 0:
+            shape[split] *= tp
+        entries.append(_Entry(name, param, group, split, shape))
+    at = 0
+    for entry in reversed(entries):
+        entry.offset = at
+        at += entry.param.numel()
+    return entries, at
