@@ -86,10 +86,11 @@ class EngineImpl final : public Engine {
   void RunAfterStep(Job& job, LocalRank& rank, int64_t k);
   // The worker's step task.
   void RunStep(std::shared_ptr<Job> job, std::shared_ptr<LocalRank> rank,
-               v1::StepRequest request, Callback<v1::StepResponse> done);
-  // Step's checks before the rank accepts step k.
+               const RankStepRequest& request, Callback<v1::StepResponse> done);
+  // Step's checks before the rank accepts step k; `accepted` receives
+  // what the step reads.
   absl::StatusOr<std::shared_ptr<LocalRank>> AcceptStep(
-      Job& job, const v1::StepRequest& request);
+      Job& job, const v1::StepRequest& request, RankStepRequest* accepted);
   JobAgreement AgreementFor(Job& job);
   absl::Status Unavailable() const { return JobRegistry::Unavailable(); }
 
@@ -179,7 +180,7 @@ void EngineImpl::Register(const v1::RegisterRequest& request,
 // Step.
 
 absl::StatusOr<std::shared_ptr<LocalRank>> EngineImpl::AcceptStep(
-    Job& job, const v1::StepRequest& request) {
+    Job& job, const v1::StepRequest& request, RankStepRequest* accepted) {
   const v1::RankCoordinates& r = request.rank();
   const v1::WorldLayout& l = job.settings.layout;
   CANZONA_RETURN_IF_ERROR(CheckRankInLayout(l, r));
@@ -187,16 +188,9 @@ absl::StatusOr<std::shared_ptr<LocalRank>> EngineImpl::AcceptStep(
     return absl::InvalidArgumentError(absl::StrCat(
         "grad_scale ", request.grad_scale(), " must be finite and >= 0"));
   }
-  for (const auto& [group, lr] : request.lr()) {
-    if (!job.settings.configs.count(group)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("lr['", group, "']: unknown group"));
-    }
-    if (!(lr >= 0) || !std::isfinite(lr)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("lr['", group, "']: ", lr, " must be finite and >= 0"));
-    }
-  }
+  // What the step reads, checked before anything changes.
+  CANZONA_ASSIGN_OR_RETURN(*accepted,
+                           ToRankStepRequest(request, job.settings.configs));
   absl::MutexLock lock(&job.mu);
   if (job.state == JobState::kFailed) {
     return absl::FailedPreconditionError(
@@ -240,13 +234,15 @@ void EngineImpl::Step(const v1::StepRequest& request,
   absl::StatusOr<std::shared_ptr<Job>> job =
       registry_.FindJob(request.job_id());
   if (!job.ok()) return done(job.status());
-  absl::StatusOr<std::shared_ptr<LocalRank>> rank = AcceptStep(**job, request);
+  auto accepted = std::make_shared<RankStepRequest>();
+  absl::StatusOr<std::shared_ptr<LocalRank>> rank =
+      AcceptStep(**job, request, accepted.get());
   if (!rank.ok()) return done(rank.status());
   auto shared_done =
       std::make_shared<Callback<v1::StepResponse>>(std::move(done));
   Worker::Task task;
-  task.run = [this, job = *job, rank = *rank, request, shared_done]() {
-    RunStep(job, rank, request, std::move(*shared_done));
+  task.run = [this, job = *job, rank = *rank, accepted, shared_done]() {
+    RunStep(job, rank, *accepted, std::move(*shared_done));
   };
   task.cancel = [this, shared_done]() { (*shared_done)(Unavailable()); };
   if (!(*rank)->worker->Post(task)) task.cancel();
@@ -254,10 +250,10 @@ void EngineImpl::Step(const v1::StepRequest& request,
 
 void EngineImpl::RunStep(std::shared_ptr<Job> job,
                          std::shared_ptr<LocalRank> rank,
-                         v1::StepRequest request,
+                         const RankStepRequest& request,
                          Callback<v1::StepResponse> done) {
   const absl::Time start = absl::Now();
-  const int64_t k = request.step();
+  const int64_t k = request.step;
   absl::Status status =
       job->AwaitLocalArrivals(k, start + options_.step_timeout,
                               options_.step_timeout, registry_.closed_flag());
@@ -267,8 +263,7 @@ void EngineImpl::RunStep(std::shared_ptr<Job> job,
     const StepContext context{job->id, job->settings.layout.dp(),
                               job->settings.world, job->settings.max_grad_norm,
                               options_.step_timeout};
-    status = RunRankStep(*rank, rank->rt->plan(), context,
-                         ToRankStepRequest(request), &result);
+    status = RunRankStep(*rank, rank->rt->plan(), context, request, &result);
   }
   if (!status.ok()) {
     if (registry_.closed()) {

@@ -104,6 +104,8 @@ class RankStep {
     StepOptions o;
     auto it = request_.lr.find(jp_.params[i].group);
     if (it != request_.lr.end()) o.lr = it->second;
+    auto settings = request_.settings.find(jp_.params[i].group);
+    if (settings != request_.settings.end()) o.settings = &settings->second;
     return o;
   }
 

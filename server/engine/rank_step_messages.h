@@ -16,6 +16,7 @@
 #include <string>
 
 #include "server/engine/phase_seconds.h"
+#include "server/optim/optimizer_config.h"
 
 namespace canzona {
 
@@ -24,6 +25,10 @@ struct RankStepRequest {
   // Per optimizer group, this step's learning rate (StepOptions::lr);
   // other groups keep theirs.
   std::map<std::string, float> lr;
+  // Per optimizer group, this step's settings where the trainer scheduled
+  // some (StepOptions::settings); other groups run with their registered
+  // ones.
+  std::map<std::string, OptimizerConfig> settings;
   // The gradients are multiplied by this before use (loss-scale undo);
   // 0 means 1.
   double grad_scale = 0;

@@ -1,12 +1,46 @@
 #include "server/engine/step_messages.h"
 
+#include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
 namespace canzona {
 
-RankStepRequest ToRankStepRequest(const canzona::v1::StepRequest& request) {
+absl::StatusOr<RankStepRequest> ToRankStepRequest(
+    const canzona::v1::StepRequest& request,
+    const std::map<std::string, OptimizerConfig>& configs) {
   RankStepRequest out;
   out.step = request.step();
-  for (const auto& [group, value] : request.lr()) {
-    out.lr[group] = static_cast<float>(value);
+  for (const auto& [group, lr] : request.lr()) {
+    if (!configs.count(group)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lr['", group, "']: unknown group"));
+    }
+    if (!(lr >= 0) || !std::isfinite(lr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lr['", group, "']: ", lr, " must be finite and >= 0"));
+    }
+    out.lr[group] = static_cast<float>(lr);
+  }
+  for (const auto& [group, scheduled] : request.settings()) {
+    auto config = configs.find(group);
+    if (config == configs.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("settings['", group, "']: unknown group"));
+    }
+    const std::map<std::string, double> values(scheduled.values().begin(),
+                                               scheduled.values().end());
+    absl::StatusOr<OptimizerConfig> settings =
+        ScheduleSettings(config->second, values);
+    if (!settings.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "settings['", group, "']: ", settings.status().message()));
+    }
+    out.settings.emplace(group, *std::move(settings));
   }
   out.grad_scale = request.grad_scale();
   out.async_params = request.async_params();

@@ -4,7 +4,8 @@
 // calls them where it runs a Step (EngineImpl::RunStep); nothing below it
 // sees the protos.
 //
-//   RankStepRequest request = ToRankStepRequest(proto_request);
+//   CANZONA_ASSIGN_OR_RETURN(RankStepRequest request,
+//                            ToRankStepRequest(proto_request, configs));
 //   ...
 //   done(ToStepResponse(result));
 //
@@ -12,14 +13,24 @@
 #ifndef CANZONA_SERVER_ENGINE_STEP_MESSAGES_H_
 #define CANZONA_SERVER_ENGINE_STEP_MESSAGES_H_
 
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
 #include "canzona/v1/optimizer_service.pb.h"
 #include "server/engine/phase_seconds.h"
 #include "server/engine/rank_step_messages.h"
+#include "server/optim/optimizer_config.h"
 
 namespace canzona {
 
-// The fields the step reads (job_id and rank found the rank already).
-RankStepRequest ToRankStepRequest(const canzona::v1::StepRequest& request);
+// The fields the step reads (job_id and rank found the rank already), the
+// scheduled settings resolved against `configs` (the job's, by group).
+// INVALID_ARGUMENT naming the field for an unknown group, a learning rate
+// that is negative or not finite, or a setting ScheduleSettings refuses.
+absl::StatusOr<RankStepRequest> ToRankStepRequest(
+    const canzona::v1::StepRequest& request,
+    const std::map<std::string, OptimizerConfig>& configs);
 canzona::v1::PhaseTimes ToPhaseTimes(const PhaseSeconds& seconds);
 canzona::v1::StepResponse ToStepResponse(const RankStepResult& result);
 

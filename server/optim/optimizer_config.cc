@@ -1,5 +1,6 @@
 #include "server/optim/optimizer_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -427,6 +428,69 @@ absl::StatusOr<OptimizerConfig> MakeOptimizerConfig(
     CANZONA_RETURN_IF_ERROR(found->set(value, config));
   }
   return config;
+}
+
+const std::vector<std::string>& ScheduledSettingNames(OptimizerKind kind) {
+  static const auto* const muon =
+      new std::vector<std::string>{"momentum", "weight_decay"};
+  static const auto* const betas =
+      new std::vector<std::string>{"beta1", "beta2", "eps", "weight_decay"};
+  static const auto* const shampoo =
+      new std::vector<std::string>{"beta2", "epsilon", "weight_decay"};
+  switch (kind) {
+    case OptimizerKind::kMuon:
+      return *muon;
+    case OptimizerKind::kShampoo:
+      return *shampoo;
+    case OptimizerKind::kAdamW:
+    case OptimizerKind::kSoap:
+      break;
+  }
+  return *betas;
+}
+
+namespace {
+
+const Field* FindField(OptimizerKind kind, absl::string_view key) {
+  for (const Field& field : FieldsOf(kind)) {
+    if (field.key == key) return &field;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+absl::StatusOr<OptimizerConfig> ScheduleSettings(
+    const OptimizerConfig& registered,
+    const std::map<std::string, double>& values) {
+  const std::vector<std::string>& scheduled =
+      ScheduledSettingNames(registered.kind);
+  OptimizerConfig config = registered;
+  for (const auto& [key, value] : values) {
+    if (std::find(scheduled.begin(), scheduled.end(), key) == scheduled.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "setting ", key, ": ", OptimizerKindName(registered.kind),
+          " does not change it between steps (it may change ",
+          absl::StrJoin(scheduled, ", "), "; others are set at Register)"));
+    }
+    // The registration's own parser and range check.
+    CANZONA_RETURN_IF_ERROR(FindField(registered.kind, key)
+                                ->set(std::isfinite(value)
+                                          ? FormatDouble(value)
+                                          : absl::StrCat(value),
+                                      config));
+  }
+  return config;
+}
+
+bool DifferOnlyInScheduled(const OptimizerConfig& a, const OptimizerConfig& b) {
+  if (a.kind != b.kind) return false;
+  OptimizerConfig aligned = b;
+  for (const std::string& key : ScheduledSettingNames(a.kind)) {
+    const Field* field = FindField(a.kind, key);
+    if (!field->set(field->get(a), aligned).ok()) return false;
+  }
+  return aligned == a;
 }
 
 std::vector<std::pair<std::string, std::string>> ConfigSettings(

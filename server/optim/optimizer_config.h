@@ -19,6 +19,7 @@
 #define CANZONA_SERVER_OPTIM_OPTIMIZER_CONFIG_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -143,6 +144,25 @@ absl::StatusOr<OptimizerConfig> MakeOptimizerConfig(
 // MakeOptimizerConfig(config.kind, ConfigSettings(config)) == config.
 std::vector<std::pair<std::string, std::string>> ConfigSettings(
     const OptimizerConfig& config);
+
+// The settings a trainer may change between steps (StepRequest.settings:
+// torch.optim's param_groups edited by a schedule, Muon's momentum
+// warm-up): those each step reads afresh and that size nothing. muon:
+// momentum, weight_decay; adamw and soap: beta1, beta2, eps, weight_decay;
+// shampoo: beta2, epsilon, weight_decay (its beta1 decides whether it
+// keeps momentum at all).
+const std::vector<std::string>& ScheduledSettingNames(OptimizerKind kind);
+
+// `registered` with `values` applied for one step. INVALID_ARGUMENT naming
+// the key for one that is not in ScheduledSettingNames(registered.kind) or
+// a value out of the range MakeOptimizerConfig allows.
+absl::StatusOr<OptimizerConfig> ScheduleSettings(
+    const OptimizerConfig& registered,
+    const std::map<std::string, double>& values);
+
+// Whether `a` and `b` are one kind and differ at most in scheduled
+// settings.
+bool DifferOnlyInScheduled(const OptimizerConfig& a, const OptimizerConfig& b);
 
 // Enum spellings used in settings text.
 absl::string_view NsCoefficientsName(NsCoefficients value);

@@ -31,6 +31,10 @@ class RuleImpl {
   virtual absl::Status Step(float* param, const float* grad, double lr,
                             SquaredChange change) = 0;
   virtual bool queues_change() const { return false; }
+  // Steps from now on with `config`'s settings (the rule's kind; it
+  // differs from the one created with at most in ScheduledSettingNames,
+  // which each step reads afresh).
+  virtual void Retune(const OptimizerConfig& config) = 0;
 
   absl::StatusOr<OptimizerState> SaveState() const;
   absl::Status LoadState(const OptimizerState& state);
@@ -88,6 +92,9 @@ class MuonRule : public RuleImpl {
   absl::Status Step(float* param, const float* grad, double lr,
                     SquaredChange change) override;
   bool queues_change() const override { return true; }
+  void Retune(const OptimizerConfig& config) override {
+    options_ = config.muon;
+  }
 
   // Momentum update; writes the Newton-Schulz input U to `out` (rows x cols).
   absl::Status UpdateMomentum(const float* grad, float* out);
@@ -128,6 +135,9 @@ class AdamWRule : public RuleImpl {
   absl::Status Step(float* param, const float* grad, double lr,
                     SquaredChange change) override;
   bool queues_change() const override { return true; }
+  void Retune(const OptimizerConfig& config) override {
+    options_ = config.adamw;
+  }
 
   // The step this rule's next update is; BeginStep moves to it and returns
   // its tensors, which the caller must then update.

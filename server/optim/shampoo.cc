@@ -80,6 +80,10 @@ class ShampooRule : public RuleImpl {
     return absl::OkStatus();
   }
 
+  void Retune(const OptimizerConfig& config) override {
+    options_ = config.shampoo;
+  }
+
   absl::Status Step(float* param, const float* grad, double lr,
                     SquaredChange /*change*/) override {
     ++step_;

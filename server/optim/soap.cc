@@ -52,6 +52,10 @@ class SoapRule : public RuleImpl {
     return absl::OkStatus();
   }
 
+  void Retune(const OptimizerConfig& config) override {
+    options_ = config.soap;
+  }
+
   absl::Status Step(float* param, const float* grad, double lr,
                     SquaredChange /*change*/) override {
     const int64_t n = rows_ * cols_;

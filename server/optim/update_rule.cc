@@ -103,6 +103,7 @@ UpdateRule::UpdateRule(const OptimizerConfig& config,
                        std::vector<int64_t> shape, Backend* backend,
                        std::unique_ptr<RuleImpl> impl)
     : config_(config),
+      stepping_(config),
       shape_(std::move(shape)),
       backend_(backend),
       impl_(std::move(impl)) {}
@@ -187,7 +188,23 @@ absl::Status UpdateRule::Step(float* param, const float* grad,
   }
   if (impl_ == nullptr) return StepBlocks(param, grad, options);
   CANZONA_ASSIGN_OR_RETURN(double lr, EffectiveLr(config_, options));
+  CANZONA_RETURN_IF_ERROR(Settle(options));
   return impl_->Step(param, grad, lr, options.change);
+}
+
+absl::Status UpdateRule::Settle(const StepOptions& options) {
+  const OptimizerConfig& wanted =
+      options.settings != nullptr ? *options.settings : config_;
+  if (wanted == stepping_) return absl::OkStatus();
+  if (!DifferOnlyInScheduled(config_, wanted)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.settings: differ from the ", OptimizerKindName(config_.kind),
+        " rule's config in more than the settings a step may change (",
+        absl::StrJoin(ScheduledSettingNames(config_.kind), ", "), ")"));
+  }
+  impl_->Retune(wanted);
+  stepping_ = wanted;
+  return absl::OkStatus();
 }
 
 bool UpdateRule::QueuesChange() const {
@@ -329,6 +346,7 @@ absl::Status StepMuonBatch(absl::Span<UpdateRule* const> rules,
                            CheckMuonBatch(rules));
   const UpdateRule& first = *rules[0];
   CANZONA_ASSIGN_OR_RETURN(double lr, EffectiveLr(first.config_, options));
+  for (UpdateRule* rule : rules) CANZONA_RETURN_IF_ERROR(rule->Settle(options));
   const int64_t rows = first.shape_[0];
   const int64_t cols = first.shape_[1];
   const int64_t numel = rows * cols;
@@ -369,6 +387,7 @@ absl::Status StepAdamWBatch(absl::Span<UpdateRule* const> rules,
     return absl::OkStatus();
   }
   CANZONA_ASSIGN_OR_RETURN(double lr, EffectiveLr(first.config_, options));
+  for (UpdateRule* rule : rules) CANZONA_RETURN_IF_ERROR(rule->Settle(options));
   std::vector<Backend::AdamWTensor> tensors;
   tensors.reserve(rules.size());
   for (size_t i = 0; i < rules.size(); ++i) {

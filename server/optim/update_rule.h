@@ -41,6 +41,10 @@ struct StepOptions {
   // pass that applies it (the update RMS at no extra memory traffic); only
   // for rules whose QueuesChange() is true.
   SquaredChange change = SquaredChange::kIgnore;
+  // This step's settings where the trainer scheduled some
+  // (ScheduleSettings of the rule's config: StepRequest.settings); null:
+  // the config the rule was created with. Like lr, for this step only.
+  const OptimizerConfig* settings = nullptr;
 };
 
 // One named float32 state tensor, host copy, row-major.
@@ -169,8 +173,15 @@ class UpdateRule {
 
   absl::Status StepBlocks(float* param, const float* grad,
                           const StepOptions& options);
+  // Makes the rule step with options.settings (or its config): retunes it
+  // where they differ from the last step's. INVALID_ARGUMENT when they
+  // differ from its config in more than the scheduled settings.
+  absl::Status Settle(const StepOptions& options);
 
   OptimizerConfig config_;
+  // The settings the last step ran with (config_ unless one scheduled
+  // others); blocked rules leave it to their blocks' rules.
+  OptimizerConfig stepping_;
   std::vector<int64_t> shape_;
   Backend* backend_;
   std::unique_ptr<optim_internal::RuleImpl> impl_;  // null when blocked

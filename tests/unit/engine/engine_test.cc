@@ -1,6 +1,7 @@
 // The Engine end to end in one process: two engines ("two daemons") sharing
 // an in-memory control plane, trainer ranks as threads over POSIX shm.
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <string>
 #include <thread>
@@ -130,6 +131,38 @@ INSTANTIATE_TEST_SUITE_P(Layouts, EngineRandomGradTest,
                            return absl::StrCat("dp", std::get<0>(info.param),
                                                "tp", std::get<1>(info.param));
                          });
+
+// Settings a trainer schedules between steps (StepRequest.settings: Muon's
+// momentum warm-up, weight decay and beta schedules) reach every rule of
+// their group for their step only, wherever it runs (DP-owned, TP-owned,
+// batched MoE experts): the steps equal a reference stepping with the same
+// schedule, and not one without it (the negative control).
+TEST(EngineTest, ScheduledSettingsApplyToTheirStepOnly) {
+  for (const auto& [dp, tp, moe] :
+       {std::tuple{2, 2, false}, std::tuple{1, 2, true}}) {
+    SCOPED_TRACE(absl::StrCat("DP", dp, " x TP", tp, moe ? ", MoE" : ""));
+    Cluster cluster;
+    JobConfig config =
+        moe ? MakeJobConfig("sched-moe", dp, tp, "cost", MoeModel(4))
+            : MakeConfig("sched", dp, tp, "cost", true, /*exact=*/true);
+    config.step_settings[2] = {
+        {"muon", {{"momentum", 0.8}, {"weight_decay", 0.1}}},
+        {"adamw", {{"beta1", 0.8}, {"weight_decay", 0.05}}},
+        {"soap", {{"beta2", 0.9}, {"eps", 1e-6}}},
+        {"shampoo", {{"weight_decay", 0.02}}}};
+    config.step_settings[3] = {{"muon", {{"momentum", 0.85}}}};
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RunAll(cluster, 4));
+    ASSERT_OK_AND_ASSIGN(Params ref, Reference(run.config(), 4, {}));
+    EXPECT_OK(run.Compare(ref, /*bitwise=*/true));
+    JobConfig unscheduled = config;
+    unscheduled.step_settings.clear();
+    ASSERT_OK_AND_ASSIGN(Params without, Reference(unscheduled, 4, {}));
+    EXPECT_THAT(run.Compare(without, /*bitwise=*/false), Not(IsOk()));
+    EXPECT_OK(run.Deregister(cluster));
+  }
+}
 
 // ---------------------------------------------------------------------------
 // Non-finite gradients.
@@ -397,6 +430,22 @@ TEST(EngineTest, BadInputIsRejectedWithoutChangingState) {
     (*bad.mutable_lr())["nope"] = 0.1;
     EXPECT_THAT(StepSync(a, bad), StatusIs(absl::StatusCode::kInvalidArgument,
                                            HasSubstr("nope")));
+  }
+  // Scheduled settings: an unknown group, a setting fixed at Register, a
+  // value out of Register's range, and not a number.
+  for (const auto& [group, key, value, message] :
+       {std::tuple{"nope", "momentum", 0.9, "settings['nope']: unknown group"},
+        std::tuple{"muon", "ns_steps", 3.0,
+                   "settings['muon']: setting ns_steps: muon does not change "
+                   "it between steps (it may change momentum, weight_decay"},
+        std::tuple{"muon", "momentum", 1.5,
+                   "settings['muon']: setting momentum: bad value"},
+        std::tuple{"adamw", "beta2", std::nan(""),
+                   "settings['adamw']: setting beta2: bad value \"nan\""}}) {
+    v1::StepRequest bad = ranks[0]->MakeStep(2);
+    (*(*bad.mutable_settings())[group].mutable_values())[key] = value;
+    EXPECT_THAT(StepSync(a, bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr(message)));
   }
   EXPECT_THAT(a.GetPlan(v1::GetPlanRequest()),
               StatusIs(absl::StatusCode::kNotFound));

@@ -211,18 +211,36 @@ absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
         }
       }
     }
+    // This step's scheduled settings, by group.
+    std::map<std::string, OptimizerConfig> scheduled;
+    if (auto it = config.step_settings.find(s);
+        it != config.step_settings.end()) {
+      for (const auto& [group, values] : it->second) {
+        CANZONA_ASSIGN_OR_RETURN(
+            OptimizerConfig registered,
+            MakeOptimizerConfig(GroupKind(group), GroupSettings(group)));
+        CANZONA_ASSIGN_OR_RETURN(scheduled[group],
+                                 ScheduleSettings(registered, values));
+      }
+    }
     for (size_t k = 0; k < count; ++k) {
       const ModelParam& p = config.params[k];
       std::vector<float>& param = params[k];
+      StepOptions options;
+      if (auto it = scheduled.find(p.group); it != scheduled.end()) {
+        options.settings = &it->second;
+      }
       if (rules[k].size() == 1) {
-        CANZONA_RETURN_IF_ERROR(rules[k][0]->Step(param.data(), avg[k].data()));
+        CANZONA_RETURN_IF_ERROR(
+            rules[k][0]->Step(param.data(), avg[k].data(), options));
         if (round_each_step) param = Rounded(config.dtype, std::move(param));
         continue;
       }
       for (int j = 0; j < config.tp; ++j) {
         std::vector<float> pf = Fragment(p, config.tp, j, param);
         std::vector<float> gf = Fragment(p, config.tp, j, avg[k]);
-        CANZONA_RETURN_IF_ERROR(rules[k][j]->Step(pf.data(), gf.data()));
+        CANZONA_RETURN_IF_ERROR(
+            rules[k][j]->Step(pf.data(), gf.data(), options));
         PutFragment(p, config.tp, j, pf, &param);
       }
     }

@@ -295,6 +295,14 @@ v1::StepRequest TrainerRank::MakeStep(int64_t step) const {
   if (clip != config_.step_max_grad_norm.end()) {
     s.set_max_grad_norm(clip->second);
   }
+  auto settings = config_.step_settings.find(step);
+  if (settings != config_.step_settings.end()) {
+    for (const auto& [group, values] : settings->second) {
+      for (const auto& [key, value] : values) {
+        (*(*s.mutable_settings())[group].mutable_values())[key] = value;
+      }
+    }
+  }
   return s;
 }
 

@@ -177,6 +177,10 @@ struct JobConfig {
   // StepRequest.max_grad_norm per step.
   double max_grad_norm = 0;
   std::map<int64_t, double> step_max_grad_norm;
+  // StepRequest.settings per step: group -> setting -> value (torch.optim's
+  // param_groups changed by a schedule); the reference steps with the same.
+  std::map<int64_t, std::map<std::string, std::map<std::string, double>>>
+      step_settings;
   bool grad_reduce_fp32 = false;
   int world() const { return pp * dp * tp; }
 };

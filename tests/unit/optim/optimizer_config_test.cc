@@ -1,5 +1,7 @@
 #include "server/optim/optimizer_config.h"
 
+#include <cmath>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +15,7 @@ namespace {
 
 using ::canzona::testing::IsOk;
 using ::canzona::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pair;
@@ -223,6 +226,60 @@ TEST(MakeOptimizerConfigTest, ConfigSettingsRoundTrips) {
   EXPECT_THAT(ConfigSettings(muon),
               ::testing::Contains(Pair("momentum", "0.95")));
   EXPECT_THAT(ConfigSettings(muon), ::testing::Contains(Pair("eps", "1e-07")));
+}
+
+// What a step may change (StepRequest.settings) and what it may not.
+TEST(ScheduleSettingsTest, OnlyTheScheduledKeysInRegistersRanges) {
+  ASSERT_OK_AND_ASSIGN(
+      OptimizerConfig muon,
+      MakeOptimizerConfig(OptimizerKind::kMuon,
+                          {{"momentum", "0.9"}, {"ns_steps", "4"}}));
+  ASSERT_OK_AND_ASSIGN(
+      OptimizerConfig warm,
+      ScheduleSettings(muon, {{"momentum", 0.85}, {"weight_decay", 0.1}}));
+  EXPECT_EQ(warm.muon.momentum, 0.85);
+  EXPECT_EQ(warm.muon.weight_decay, 0.1);
+  EXPECT_EQ(warm.muon.ns_steps, 4);
+  EXPECT_EQ(warm.muon.lr, muon.muon.lr);
+  EXPECT_TRUE(DifferOnlyInScheduled(muon, warm));
+  // Not a scheduled key: named, with the ones that are.
+  EXPECT_THAT(ScheduleSettings(muon, {{"ns_steps", 3}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("setting ns_steps"),
+                             HasSubstr("momentum, weight_decay"))));
+  EXPECT_THAT(
+      ScheduleSettings(muon, {{"lr", 0.1}}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("setting lr")));
+  // Register's ranges, and numbers only.
+  EXPECT_THAT(
+      ScheduleSettings(muon, {{"momentum", 1.0}}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("in [0, 1)")));
+  EXPECT_THAT(ScheduleSettings(muon, {{"weight_decay", std::nan("")}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a finite number")));
+  // Each kind's keys are its own, and exact doubles survive.
+  for (OptimizerKind kind : {OptimizerKind::kMuon, OptimizerKind::kAdamW,
+                             OptimizerKind::kShampoo, OptimizerKind::kSoap}) {
+    SCOPED_TRACE(std::string(OptimizerKindName(kind)));
+    ASSERT_OK_AND_ASSIGN(OptimizerConfig registered,
+                         MakeOptimizerConfig(kind, {}));
+    std::map<std::string, double> values;
+    for (const std::string& key : ScheduledSettingNames(kind)) {
+      values[key] = 0.1 + 1e-13;  // in every scheduled key's range
+    }
+    ASSERT_OK_AND_ASSIGN(OptimizerConfig changed,
+                         ScheduleSettings(registered, values));
+    EXPECT_NE(changed, registered);
+    EXPECT_TRUE(DifferOnlyInScheduled(registered, changed));
+    for (const auto& [key, text] : ConfigSettings(changed)) {
+      if (values.count(key)) EXPECT_EQ(std::stod(text), 0.1 + 1e-13) << key;
+    }
+  }
+  ASSERT_OK_AND_ASSIGN(
+      OptimizerConfig fewer_steps,
+      MakeOptimizerConfig(OptimizerKind::kMuon,
+                          {{"momentum", "0.9"}, {"ns_steps", "3"}}));
+  EXPECT_FALSE(DifferOnlyInScheduled(muon, fewer_steps));
 }
 
 }  // namespace

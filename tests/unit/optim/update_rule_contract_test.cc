@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -33,6 +34,7 @@ using ::canzona::optim_test::kSoap;
 using ::canzona::optim_test::RandomNormal;
 using ::canzona::optim_test::Settings;
 using ::canzona::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 TEST(UpdateRuleTest, ShapeRequirements) {
@@ -639,6 +641,91 @@ TEST(StepOptionsTest, LrOverrideScalesTheUpdate) {
                                                      h.backend.get()));
   EXPECT_THAT(h.Step(*rule, std::vector<float>(30, 1.0f), StepOptions{-1.0f}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lr")));
+}
+
+// Scheduled settings (StepOptions::settings) hold for their step only:
+// a rule stepped once with them, then once without, equals a rule created
+// with them for the first step whose state a rule created with the
+// registered settings takes over for the second (bitwise; SOAP's first
+// call only initializes, so its steps are its second and third).
+TEST(StepOptionsTest, ScheduledSettingsHoldForTheirStepOnly) {
+  const std::vector<std::tuple<OptimizerKind, Settings, Settings>> cases = {
+      {kMuon, {}, {{"momentum", "0.5"}, {"weight_decay", "0.3"}}},
+      {kAdamW, {}, {{"beta1", "0.5"}, {"beta2", "0.9"}, {"eps", "1e-3"}}},
+      {kShampoo,
+       {{"beta2", "0.9"}},
+       {{"beta2", "0.5"}, {"epsilon", "1e-3"}, {"weight_decay", "0.2"}}},
+      {kSoap,
+       {},
+       {{"beta1", "0.5"}, {"beta2", "0.8"}, {"weight_decay", "0.2"}}},
+  };
+  for (const auto& [kind, registered_settings, scheduled_settings] : cases) {
+    SCOPED_TRACE(std::string(OptimizerKindName(kind)));
+    const OptimizerConfig registered = Config(kind, registered_settings);
+    Settings both = registered_settings;
+    both.insert(both.end(), scheduled_settings.begin(),
+                scheduled_settings.end());
+    const OptimizerConfig scheduled = Config(kind, both);
+    ASSERT_TRUE(DifferOnlyInScheduled(registered, scheduled));
+    std::mt19937_64 rng(11);
+    const std::vector<float> p0 = RandomNormal(30, rng, 0.2);
+    std::vector<std::vector<float>> grads;
+    for (int k = 0; k < 3; ++k) grads.push_back(RandomNormal(30, rng, 1.0));
+    const int first = kind == kSoap ? 1 : 0;  // SOAP's init call
+
+    Harness a;
+    a.Init(30);
+    ASSERT_OK_AND_ASSIGN(
+        auto rule, UpdateRule::Create(registered, {5, 6}, a.backend.get()));
+    a.SetParam(p0);
+    StepOptions with;
+    with.settings = &scheduled;
+    if (first == 1) ASSERT_OK(a.Step(*rule, grads[0]));
+    ASSERT_OK(a.Step(*rule, grads[first], with));
+    const std::vector<float> a1 = a.Param();
+    ASSERT_OK(a.Step(*rule, grads[first + 1]));
+    const std::vector<float> a2 = a.Param();
+
+    Harness b;
+    b.Init(30);
+    ASSERT_OK_AND_ASSIGN(
+        auto b_rule, UpdateRule::Create(scheduled, {5, 6}, b.backend.get()));
+    b.SetParam(p0);
+    if (first == 1) ASSERT_OK(b.Step(*b_rule, grads[0]));
+    ASSERT_OK(b.Step(*b_rule, grads[first]));
+    EXPECT_EQ(b.Param(), a1);
+    ASSERT_OK_AND_ASSIGN(OptimizerState state, b_rule->SaveState());
+    ASSERT_OK_AND_ASSIGN(
+        auto c_rule, UpdateRule::Create(registered, {5, 6}, b.backend.get()));
+    ASSERT_OK(c_rule->LoadState(state));
+    ASSERT_OK(b.Step(*c_rule, grads[first + 1]));
+    EXPECT_EQ(b.Param(), a2);
+
+    // The negative control: without the settings the first step differs.
+    Harness d;
+    d.Init(30);
+    ASSERT_OK_AND_ASSIGN(
+        auto d_rule, UpdateRule::Create(registered, {5, 6}, d.backend.get()));
+    d.SetParam(p0);
+    if (first == 1) ASSERT_OK(d.Step(*d_rule, grads[0]));
+    ASSERT_OK(d.Step(*d_rule, grads[first]));
+    EXPECT_NE(d.Param(), a1);
+  }
+  // Settings that differ in more than the scheduled ones are refused, and
+  // the rule steps on as before.
+  Harness h;
+  h.Init(30);
+  const OptimizerConfig muon = Config(kMuon, {});
+  ASSERT_OK_AND_ASSIGN(auto rule,
+                       UpdateRule::Create(muon, {5, 6}, h.backend.get()));
+  const OptimizerConfig other = Config(kMuon, {{"ns_steps", "3"}});
+  StepOptions bad;
+  bad.settings = &other;
+  EXPECT_THAT(h.Step(*rule, std::vector<float>(30, 1.0f), bad),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("options.settings"),
+                             HasSubstr("momentum, weight_decay"))));
+  EXPECT_OK(h.Step(*rule, std::vector<float>(30, 1.0f)));
 }
 
 }  // namespace
