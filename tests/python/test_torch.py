@@ -353,6 +353,79 @@ def test_lr_scheduler_reaches_the_daemon(daemon, tmp_path):
     assert results[0]["lrs"][0] == pytest.approx(0.02 * 0.5 ** 4)
 
 
+def test_a_schedule_of_momentum_and_decay_reaches_the_daemon(daemon):
+    # torch.optim semantics: settings a schedule writes into param_groups
+    # between steps (Muon's momentum warm-up, AdamW's beta1 and decay) hold
+    # for that step, as in plain PyTorch, where TorchMuon and AdamW read
+    # them afresh each step; back at the constructor's values they are
+    # the registered ones again.
+    os.environ["CANZONA_TARGET"] = daemon
+    schedule = [({"momentum": 0.85}, {"beta1": 0.85}),
+                ({"momentum": 0.9, "weight_decay": 0.1},
+                 {"beta1": 0.8, "weight_decay": 0.05}),
+                ({}, {})]
+    muon_base = {"momentum": 0.95, "weight_decay": 0.0}
+    adamw_base = {"beta1": 0.9, "weight_decay": 0.01}
+    model = train_torch.build_model(0)
+    opt = ct.Muon(model.named_parameters(), lr=0.02, adamw_lr=3e-3,
+                  adamw_weight_decay=0.01,
+                  job_id="schedule-" + uuid.uuid4().hex[:8])
+    groups = {g["name"]: g for g in opt.param_groups}
+    reference = train_torch.build_model(0)
+    named = list(reference.named_parameters())
+    matrix = [(n, p) for n, p in named if ct.default_route(n, p, "muon") == "muon"]
+    adamw = torch.optim.AdamW(
+        [p for n, p in named if ct.default_route(n, p, "muon") == "adamw"],
+        lr=3e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    muon = TorchMuon(0.02)
+    for step, (m, a) in enumerate(schedule, 1):
+        muon_now, adamw_now = dict(muon_base, **m), dict(adamw_base, **a)
+        groups["muon"].update(muon_now)
+        groups["adamw"].update(adamw_now)
+        groups["muon"]["initial_lr"] = 0.02  # a scheduler's key: not sent
+        opt.zero_grad()
+        train_torch.loss_fn(model, step, 0).backward()
+        opt.step()
+        muon.momentum, muon.wd = muon_now["momentum"], muon_now["weight_decay"]
+        adamw.param_groups[0]["betas"] = (adamw_now["beta1"], 0.999)
+        adamw.param_groups[0]["weight_decay"] = adamw_now["weight_decay"]
+        reference.zero_grad()
+        train_torch.loss_fn(reference, step, 0).backward()
+        with torch.no_grad():
+            adamw.step()
+            for n, p in matrix:
+                muon.step(p, p.grad, 0.02)
+    want = dict(reference.named_parameters())
+    worst = max(relative(p.detach(), want[n])
+                for n, p in model.named_parameters())
+    assert worst <= 1e-5, worst
+    # The negative control: the daemon without the schedule drifts away.
+    plain = train_torch.build_model(0)
+    unscheduled = ct.Muon(plain.named_parameters(), lr=0.02, adamw_lr=3e-3,
+                          adamw_weight_decay=0.01,
+                          job_id="unscheduled-" + uuid.uuid4().hex[:8])
+    for step in range(1, len(schedule) + 1):
+        unscheduled.zero_grad()
+        train_torch.loss_fn(plain, step, 0).backward()
+        unscheduled.step()
+    assert max(relative(p.detach(), want[n])
+               for n, p in plain.named_parameters()) > 1e-3
+    unscheduled.close()
+    # A setting the daemon fixes at registration: a clear error, no step.
+    groups["muon"]["ns_steps"] = 3
+    opt.zero_grad()
+    train_torch.loss_fn(model, 4, 0).backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ValueError, match=r"\['muon'\]\['ns_steps'\].*momentum, "
+                                         r"weight_decay"):
+        opt.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    groups["muon"]["ns_steps"] = 5
+    opt.step()  # step 4, as the trainer meant it
+    assert opt.steps == 4
+    opt.close()
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_state_dict_resumes_bitwise_in_new_processes(daemon, tmp_path, world):
     straight = run_ranks(daemon, world, str(tmp_path), "--optimizer", "soap",

@@ -293,7 +293,7 @@ class Client:
         }
 
     def step(self, job_id, rank, step, lr=None, grad_scale=0.0,
-             async_params=False, max_grad_norm=0.0):
+             async_params=False, max_grad_norm=0.0, settings=None):
         """Runs optimizer step ``step``; returns its statistics (grad_norm
         before clipping, clip_factor, update_rms of the previous step's
         update, host_waits: the daemon's host round trips in it, and
@@ -301,13 +301,16 @@ class Client:
         was not page-locked, 0 unless the memlock limit refused it). With
         async_params it returns after the update and the parameters arrive
         per bucket (wait_params). max_grad_norm > 0 clips this step at that
-        norm instead of the job's."""
+        norm instead of the job's. settings: {group: {key: value}} for this
+        step only, like lr (StepRequest.settings: muon momentum and
+        weight_decay; adamw and soap beta1, beta2, eps and weight_decay;
+        shampoo beta2, epsilon and weight_decay)."""
         attached = self._doorbell_of(job_id, rank)
         if attached is not None:
             r = _doorbell.decode_step(_ring(
                 attached, _doorbell.STEP,
                 _doorbell.encode_step(job_id, rank, step, lr, grad_scale,
-                                      async_params, max_grad_norm),
+                                      async_params, max_grad_norm, settings),
                 self._step_timeout), _PHASES)
         else:
             r = self._call("Step", {
@@ -315,7 +318,11 @@ class Client:
                 "lr": {str(g): _double(v) for g, v in (lr or {}).items()},
                 "grad_scale": _double(grad_scale),
                 "async_params": bool(async_params),
-                "max_grad_norm": _double(max_grad_norm)})
+                "max_grad_norm": _double(max_grad_norm),
+                "settings": {
+                    str(g): {"values": {str(k): _double(v)
+                                        for k, v in values.items()}}
+                    for g, values in (settings or {}).items()}})
         seconds = r.get("seconds", {})
         return {
             "seconds": {p: float(seconds.get(p, 0.0)) for p in _PHASES},

@@ -247,7 +247,7 @@ def _set_rank(request, rank):
 
 
 def encode_step(job_id, rank, step, lr, grad_scale, async_params,
-                max_grad_norm):
+                max_grad_norm, settings=None):
     """A serialized StepRequest (the fields Client.step sends)."""
     from canzona._proto import optimizer_service_pb2 as pb
     request = pb.StepRequest(job_id=job_id, step=int(step),
@@ -257,6 +257,9 @@ def encode_step(job_id, rank, step, lr, grad_scale, async_params,
     _set_rank(request, rank)
     for group, value in (lr or {}).items():
         request.lr[str(group)] = float(value)
+    for group, values in (settings or {}).items():
+        for key, value in values.items():
+            request.settings[str(group)].values[str(key)] = float(value)
     return request.SerializeToString()
 
 

@@ -23,6 +23,44 @@ _SETTINGS = {
              "shampoo_beta", "normalize_grads", "correct_bias"},
 }
 
+# The settings a step may change (StepRequest.settings, the daemon's
+# ScheduledSettingNames); every other one is fixed at Register.
+_SCHEDULED = {
+    "muon": ("momentum", "weight_decay"),
+    "adamw": ("beta1", "beta2", "eps", "weight_decay"),
+    "shampoo": ("beta2", "epsilon", "weight_decay"),
+    "soap": ("beta1", "beta2", "eps", "weight_decay"),
+}
+
+
+def _scheduled_settings(param_groups, groups):
+    """{group: {key: value}} of the daemon's settings a schedule changed in
+    ``param_groups`` since construction (``groups``: _parse_groups'), for
+    StepRequest.settings. A changed setting the daemon fixes at Register is
+    a ValueError naming it; keys that are no setting of the daemon's
+    (``initial_lr`` and the like, which schedulers add) are left alone."""
+    settings = {}
+    for group in param_groups:
+        kind, registered = groups[group["name"]]
+        changed = {}
+        for key, value in group.items():
+            if key == "lr" or key not in _SETTINGS[kind]:
+                continue
+            if key in registered and registered[key] == value:
+                continue
+            if key not in _SCHEDULED[kind]:
+                raise ValueError(
+                    "param_groups[%r][%r]: changed to %r after construction, "
+                    "but %s fixes it at registration (a step may change %s; "
+                    "construct a new optimizer for the others)"
+                    % (group["name"], key, value, kind,
+                       ", ".join(_SCHEDULED[kind])))
+            changed[key] = float(value)
+        if changed:
+            settings[group["name"]] = changed
+    return settings
+
+
 # Names that mark embeddings, output heads and MoE routers: AdamW by
 # convention even when 2-D.
 _ADAMW_NAME_PARTS = ("embed", "wte", "wpe", "lm_head", "output_layer",

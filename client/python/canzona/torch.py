@@ -62,8 +62,8 @@ import canzona
 from canzona import CanzonaError
 from canzona._torch_setup import (
     _DTYPE_NAMES, _buffer_entries, _device_and_dtype, _job_id,
-    _parse_groups, _resolve_layout, _route_function, _setting_value, _world,
-    default_route)
+    _parse_groups, _resolve_layout, _route_function, _scheduled_settings,
+    _setting_value, _world, default_route)
 
 __all__ = ["Optimizer", "Muon", "Shampoo", "SOAP", "default_route",
            "CanzonaError"]
@@ -101,8 +101,13 @@ class Optimizer(torch.optim.Optimizer):
       named_parameters: iterable of (name, parameter); names must be the
         same on every rank of a pipeline stage.
       groups: {group name: {"optimizer": "muon"|"adamw"|"shampoo"|"soap",
-        "lr": ..., other daemon settings}}. Each becomes one param_group
-        (its "lr" is what schedulers change).
+        "lr": ..., other daemon settings}}. Each becomes one param_group;
+        a schedule may change its "lr" and, like torch.optim's, other
+        settings between steps (Muon's momentum warm-up): muon momentum and
+        weight_decay; adamw and soap beta1, beta2, eps and weight_decay;
+        shampoo beta2, epsilon and weight_decay. step() raises ValueError
+        for a change to any other setting, which the daemon fixes at
+        registration.
       route: group of each parameter: a callable (name, param) -> group, a
         dict {name: group}, or None (the only group).
       layout: (pp, dp, tp) or {"pp":, "dp":, "tp":}; default: pp 1, tp
@@ -504,6 +509,7 @@ class Optimizer(torch.optim.Optimizer):
                 "loss.backward() first")
         self._restore_grads()
         lr = {g["name"]: float(g["lr"]) for g in self.param_groups}
+        settings = _scheduled_settings(self.param_groups, self._groups)
         overlap = self._module is not None
         # The previous step's parameters must be in place before this
         # step reads them (a step without a forward in between).
@@ -516,7 +522,8 @@ class Optimizer(torch.optim.Optimizer):
         self.last_step = self.client.step(self.job_id, self.rank,
                                           self.steps + 1, lr,
                                           async_params=overlap,
-                                          max_grad_norm=max_grad_norm)
+                                          max_grad_norm=max_grad_norm,
+                                          settings=settings)
         if not overlap:
             self._await_params()
         self.steps += 1
