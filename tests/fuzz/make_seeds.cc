@@ -81,6 +81,14 @@ std::vector<std::pair<std::string, std::string>> Seeds() {
     (*s.mutable_lr())["muon"] = 0.005;
     s.set_grad_scale(0.5);
     add("step_lr", Encode(InputKind::kStep, s));
+    {
+      v1::StepRequest scheduled = s;
+      (*(*scheduled.mutable_settings())["muon"].mutable_values())["momentum"] =
+          0.85;
+      (*(*scheduled.mutable_settings())["adamw"].mutable_values())["beta1"] =
+          0.8;
+      add("step_settings", Encode(InputKind::kStep, scheduled));
+    }
     s.set_step(2);
     add("step_out_of_order", Encode(InputKind::kStep, s));
     s.set_step(1);

@@ -886,6 +886,16 @@ class Structured {
             (*step.mutable_lr())[Text("muon", {"adamw", "soap", "nope", ""})] =
                 Number(0.01);
           }
+          // Scheduled settings: valid keys and values, others, unknown
+          // groups (StepRequest.settings).
+          const int scheduled = Count(0, 2);
+          for (int i = 0; i < scheduled; ++i) {
+            v1::ScheduledSettings& values = (*step.mutable_settings())[Text(
+                "muon", {"adamw", "soap", "shampoo", "nope", ""})];
+            (*values.mutable_values())[Text(
+                "momentum", {"weight_decay", "beta1", "eps", "epsilon",
+                             "ns_steps", "lr", ""})] = Number(0.5);
+          }
           if (!Deliverable(step)) break;
           // Even steps overlap (no extra bytes consumed): GradReady of a
           // valid and an out-of-range bucket, an async Step, WaitParams.
