@@ -467,6 +467,10 @@ absl::StatusOr<OptimizerConfig> ScheduleSettings(
       ScheduledSettingNames(registered.kind);
   OptimizerConfig config = registered;
   for (const auto& [key, value] : values) {
+    if (key == "lr") {
+      return absl::InvalidArgumentError(
+          "setting lr: a step's learning rate goes in StepRequest.lr");
+    }
     if (std::find(scheduled.begin(), scheduled.end(), key) == scheduled.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "setting ", key, ": ", OptimizerKindName(registered.kind),

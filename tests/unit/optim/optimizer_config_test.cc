@@ -247,9 +247,10 @@ TEST(ScheduleSettingsTest, OnlyTheScheduledKeysInRegistersRanges) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("setting ns_steps"),
                              HasSubstr("momentum, weight_decay"))));
-  EXPECT_THAT(
-      ScheduleSettings(muon, {{"lr", 0.1}}),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("setting lr")));
+  EXPECT_THAT(ScheduleSettings(muon, {{"lr", 0.1}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("setting lr: a step's learning rate goes in "
+                                 "StepRequest.lr")));
   // Register's ranges, and numbers only.
   EXPECT_THAT(
       ScheduleSettings(muon, {{"momentum", 1.0}}),
