@@ -1,8 +1,9 @@
 // The one place where a Step's protocol messages meet the rank step's own
 // types: v1::StepRequest into a RankStepRequest, a RankStepResult into
 // v1::StepResponse (and its PhaseSeconds into v1::PhaseTimes). The engine
-// calls them where it runs a Step (EngineImpl::RunStep); nothing below it
-// sees the protos.
+// converts (and so checks) the request before a rank accepts the step
+// (EngineImpl::AcceptStep) and the result where it runs it
+// (EngineImpl::RunStep); nothing below it sees the protos.
 //
 //   CANZONA_ASSIGN_OR_RETURN(RankStepRequest request,
 //                            ToRankStepRequest(proto_request, configs));
