@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <set>
 
 #include "absl/status/status.h"
@@ -68,17 +69,28 @@ absl::StatusOr<bool> ParseBool(absl::string_view key, absl::string_view value) {
   return BadValue(key, value, "true or false");
 }
 
-// One hyperparameter: how to set it from text and how to print it.
+// One hyperparameter: how to set it from text, how to print it, and how to
+// copy it from one config to another (no text: DifferOnlyInScheduled runs
+// per rule in a step).
 struct Field {
   std::string key;
   std::function<absl::Status(absl::string_view, OptimizerConfig&)> set;
   std::function<std::string(const OptimizerConfig&)> get;
+  std::function<void(const OptimizerConfig& from, OptimizerConfig& to)> copy;
 };
 
 // Field helpers bound to `options` (which options struct of the config) and
 // `member` (which field of it).
 template <typename Options>
 using OptionsOf = Options OptimizerConfig::*;
+
+template <typename Options, typename T>
+std::function<void(const OptimizerConfig&, OptimizerConfig&)> CopyOf(
+    OptionsOf<Options> options, T Options::*member) {
+  return [options, member](const OptimizerConfig& from, OptimizerConfig& to) {
+    (to.*options).*member = (from.*options).*member;
+  };
+}
 
 template <typename Options>
 Field DoubleField(std::string key, OptionsOf<Options> options,
@@ -95,6 +107,7 @@ Field DoubleField(std::string key, OptionsOf<Options> options,
   field.get = [options, member](const OptimizerConfig& config) {
     return FormatDouble((config.*options).*member);
   };
+  field.copy = CopyOf(options, member);
   return field;
 }
 
@@ -113,6 +126,7 @@ Field IntField(std::string key, OptionsOf<Options> options,
   field.get = [options, member](const OptimizerConfig& config) {
     return absl::StrCat((config.*options).*member);
   };
+  field.copy = CopyOf(options, member);
   return field;
 }
 
@@ -130,6 +144,7 @@ Field BoolField(std::string key, OptionsOf<Options> options,
   field.get = [options, member](const OptimizerConfig& config) {
     return std::string((config.*options).*member ? "true" : "false");
   };
+  field.copy = CopyOf(options, member);
   return field;
 }
 
@@ -155,6 +170,7 @@ Field EnumField(std::string key, OptionsOf<Options> options,
   field.get = [options, member, name](const OptimizerConfig& config) {
     return std::string(name((config.*options).*member));
   };
+  field.copy = CopyOf(options, member);
   return field;
 }
 
@@ -458,6 +474,23 @@ const Field* FindField(OptimizerKind kind, absl::string_view key) {
   return nullptr;
 }
 
+// The Fields of ScheduledSettingNames(kind), looked up once.
+const std::vector<const Field*>& ScheduledFields(OptimizerKind kind) {
+  static const auto* const fields = [] {
+    constexpr OptimizerKind kKinds[] = {
+        OptimizerKind::kMuon, OptimizerKind::kAdamW, OptimizerKind::kShampoo,
+        OptimizerKind::kSoap};
+    auto* by_kind = new std::map<OptimizerKind, std::vector<const Field*>>;
+    for (OptimizerKind k : kKinds) {
+      for (const std::string& key : ScheduledSettingNames(k)) {
+        (*by_kind)[k].push_back(FindField(k, key));
+      }
+    }
+    return by_kind;
+  }();
+  return fields->at(kind);
+}
+
 }  // namespace
 
 absl::StatusOr<OptimizerConfig> ScheduleSettings(
@@ -490,10 +523,7 @@ absl::StatusOr<OptimizerConfig> ScheduleSettings(
 bool DifferOnlyInScheduled(const OptimizerConfig& a, const OptimizerConfig& b) {
   if (a.kind != b.kind) return false;
   OptimizerConfig aligned = b;
-  for (const std::string& key : ScheduledSettingNames(a.kind)) {
-    const Field* field = FindField(a.kind, key);
-    if (!field->set(field->get(a), aligned).ok()) return false;
-  }
+  for (const Field* field : ScheduledFields(a.kind)) field->copy(a, aligned);
   return aligned == a;
 }
 
