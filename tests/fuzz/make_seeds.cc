@@ -126,7 +126,7 @@ std::vector<std::pair<std::string, std::string>> Seeds() {
   return seeds;
 }
 
-// Inputs that reach the engine bugs request_fuzzer.cc's KnownEngineBug()
+// Inputs that reach the engine bugs known_bugs.cc's KnownEngineBug()
 // and StepWouldSpin() describe.
 std::vector<std::pair<std::string, std::string>> Repros() {
   std::vector<std::pair<std::string, std::string>> repros;
