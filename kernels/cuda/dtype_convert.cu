@@ -1,7 +1,10 @@
 // Grid-stride conversion kernels behind ConvertDTypeAsync. The conversions
 // are the CUDA intrinsics torch's .to() uses (__float2bfloat16_rn,
-// __float2half_rn: round to nearest even), so a parameter rounded here has
-// the bits the host path (kernels/base/dtype.cc) gives it.
+// __float2half_rn: round to nearest even), so a finite or infinite
+// parameter rounded here has the bits the host path (kernels/base/dtype.cc)
+// gives it. A NaN stays a NaN with its payload's bits the intrinsic's
+// (canonical), where the host keeps sign and payload: the GPU test lets
+// NaNs differ.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

@@ -250,9 +250,9 @@ TEST_P(BackendConformanceTest, AdamWStepMatchesTorchOrderReference) {
         const std::vector<float> got_v = Download(dv.data() + offset, n);
         for (int64_t i = 0; i < n; ++i) {
           // 1e-6 relative to the magnitude of the terms that were summed
-          // (equal to |value| unless terms cancelled). An emulation of the
-          // cuda kernel's fused multiply-adds peaks at 6.6e-7 on this data,
-          // as the cpu's torch-order loop does.
+          // (equal to |value| unless terms cancelled). The torch-order
+          // float loop peaks at 6.6e-7 on this data, with or without fused
+          // multiply-adds.
           ASSERT_NEAR(got_p[i], ref[i].p, 1e-6 * mag[i].p) << i;
           ASSERT_NEAR(got_m[i], ref[i].m, 1e-6 * mag[i].m) << i;
           ASSERT_NEAR(got_v[i], ref[i].v, 1e-6 * mag[i].v) << i;
