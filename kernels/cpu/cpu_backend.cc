@@ -99,13 +99,13 @@ absl::StatusOr<DeviceBuffer> CpuBackend::DoAllocate(int64_t count) {
 
 absl::Status CpuBackend::DoCopyFromHost(const float* host, int64_t count,
                                         float* dst) {
-  CountPageable("CopyFromHost", host, count);
+  CANZONA_RETURN_IF_ERROR(BeforeHostCopy("CopyFromHost", host, count));
   return Move(host, count, dst);
 }
 
 absl::Status CpuBackend::DoCopyToHost(const float* src, int64_t count,
                                       float* host) {
-  CountPageable("CopyToHost", host, count);
+  CANZONA_RETURN_IF_ERROR(BeforeHostCopy("CopyToHost", host, count));
   CANZONA_RETURN_IF_ERROR(Deliver());
   return Move(src, count, host);
 }
@@ -113,7 +113,7 @@ absl::Status CpuBackend::DoCopyToHost(const float* src, int64_t count,
 absl::Status CpuBackend::DoEnqueueCopyFromHost(const float* host, int64_t count,
                                                float* dst) {
   if (space_ == MemorySpace::kDevice) {
-    CountPageable("EnqueueCopyFromHost", host, count);
+    CANZONA_RETURN_IF_ERROR(BeforeHostCopy("EnqueueCopyFromHost", host, count));
     sources_.push_back({host, std::vector<float>(host, host + count)});
   }
   return Move(host, count, dst);
@@ -122,18 +122,20 @@ absl::Status CpuBackend::DoEnqueueCopyFromHost(const float* host, int64_t count,
 absl::Status CpuBackend::DoEnqueueCopyToHost(const float* src, int64_t count,
                                              float* host) {
   if (space_ == MemorySpace::kHost) return Move(src, count, host);
-  CountPageable("EnqueueCopyToHost", host, count);
+  CANZONA_RETURN_IF_ERROR(BeforeHostCopy("EnqueueCopyToHost", host, count));
   pending_.push_back({host, std::vector<float>(src, src + count)});
   return absl::OkStatus();
 }
 
-void CpuBackend::CountPageable(absl::string_view what, const float* host,
-                               int64_t count) {
+absl::Status CpuBackend::BeforeHostCopy(absl::string_view what,
+                                        const float* host, int64_t count) {
   const auto bytes = static_cast<int64_t>(Bytes(count));
-  if (space_ == MemorySpace::kDevice && count > 0 &&
-      !device_like::HostLocked(host, bytes)) {
-    NotePageableCopy(what, host, bytes);
+  if (space_ != MemorySpace::kDevice || count == 0 ||
+      device_like::HostLocked(host, bytes)) {
+    return absl::OkStatus();
   }
+  NotePageableCopy(what, host, bytes);
+  return DoBeginHostWait(what);
 }
 
 absl::Status CpuBackend::DoCopy(const float* src, int64_t count, float* dst) {

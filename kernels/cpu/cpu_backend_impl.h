@@ -99,9 +99,13 @@ class CpuBackend final : public Backend {
   // there (the old bytes), here as on the device.
   absl::Status DoEnqueueCopyToHost(const float* src, int64_t count,
                                    float* host) override;
-  // Standing in for a GPU: a copy from or to host memory the fake runtime
-  // did not page-lock is one a GPU would stage through a bounce buffer.
-  void CountPageable(absl::string_view what, const float* host, int64_t count);
+  // Standing in for a GPU, before a copy by `what` between `host` and the
+  // device: one from or to host memory the fake runtime did not page-lock
+  // is one a GPU would stage through a bounce buffer, counted, and one the
+  // driver makes wait for the work ahead of it, a host wait
+  // (DoBeginHostWait): the cuda backend's BeforeHostCopy, modelled.
+  absl::Status BeforeHostCopy(absl::string_view what, const float* host,
+                              int64_t count);
   absl::Status DoCopy(const float* src, int64_t count, float* dst) override;
   absl::Status DoCopy2D(int64_t rows, int64_t cols, const float* src,
                         int64_t src_ld, float* dst, int64_t dst_ld) override;

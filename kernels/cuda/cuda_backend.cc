@@ -224,18 +224,21 @@ absl::StatusOr<void*> CudaBackend::Reserve(Workspace& ws, size_t bytes) {
 
 absl::Status CudaBackend::CopyHostToDevice(const void* host, size_t bytes,
                                            void* dst) {
-  // From pageable memory the driver waits for the stream before staging
-  // the bytes, unbounded: the bounded wait first leaves it nothing to wait
-  // for. From page-locked memory the copy is DMA, later: waited for after.
-  const bool pageable = CudaHostPageable(host);
-  if (pageable) {
-    NotePageableCopy("CopyFromHost", host, static_cast<int64_t>(bytes));
-    CANZONA_RETURN_IF_ERROR(AwaitStream("CopyFromHost"));
-  }
+  CANZONA_ASSIGN_OR_RETURN(const bool pageable,
+                           BeforeHostCopy("CopyFromHost", host, bytes));
   CANZONA_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
   if (!pageable) CANZONA_RETURN_IF_ERROR(AwaitStream("CopyFromHost"));
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> CudaBackend::BeforeHostCopy(absl::string_view method,
+                                                 const void* host,
+                                                 size_t bytes) {
+  if (!CudaHostPageable(host)) return false;
+  NotePageableCopy(method, host, static_cast<int64_t>(bytes));
+  CANZONA_RETURN_IF_ERROR(AwaitStream(method));
+  return true;
 }
 
 absl::Status CudaBackend::FetchToPinned(const void* src, size_t bytes,
@@ -312,43 +315,35 @@ absl::Status CudaBackend::DoCopyFromHost(const float* host, int64_t count,
 absl::Status CudaBackend::DoCopyToHost(const float* src, int64_t count,
                                        float* host) {
   CANZONA_RETURN_IF_ERROR(Activate());
-  // Into pageable memory cudaMemcpyAsync returns only once the copy is
-  // done, behind the stream's work, unbounded: the bounded wait first.
-  if (CudaHostPageable(host)) {
-    NotePageableCopy("CopyToHost", host, count * int64_t{sizeof(float)});
-    CANZONA_RETURN_IF_ERROR(AwaitStream("CopyToHost"));
-  }
+  const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+  CANZONA_RETURN_IF_ERROR(BeforeHostCopy("CopyToHost", host, bytes).status());
   CANZONA_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(host, src, static_cast<size_t>(count) * sizeof(float),
-                      cudaMemcpyDeviceToHost, stream_));
+      cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_));
   return AwaitStream("CopyToHost");
 }
 
-// Asynchronous only from page-locked host memory; from pageable memory the
-// driver stages the bytes and the call returns once they are staged,
-// still correct.
+// Asynchronous only with page-locked host memory; with pageable memory the
+// call returns once the bytes are staged (from host) or copied (to host),
+// after BeforeHostCopy's bounded wait: still correct, only slower.
 absl::Status CudaBackend::DoEnqueueCopyFromHost(const float* host,
                                                 int64_t count, float* dst) {
   CANZONA_RETURN_IF_ERROR(Activate());
-  if (CudaHostPageable(host)) {
-    NotePageableCopy("EnqueueCopyFromHost", host,
-                     count * int64_t{sizeof(float)});
-  }
+  const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+  CANZONA_RETURN_IF_ERROR(
+      BeforeHostCopy("EnqueueCopyFromHost", host, bytes).status());
   CANZONA_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(dst, host, static_cast<size_t>(count) * sizeof(float),
-                      cudaMemcpyHostToDevice, stream_));
+      cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::DoEnqueueCopyToHost(const float* src, int64_t count,
                                               float* host) {
   CANZONA_RETURN_IF_ERROR(Activate());
-  if (CudaHostPageable(host)) {
-    NotePageableCopy("EnqueueCopyToHost", host, count * int64_t{sizeof(float)});
-  }
+  const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+  CANZONA_RETURN_IF_ERROR(
+      BeforeHostCopy("EnqueueCopyToHost", host, bytes).status());
   CANZONA_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(host, src, static_cast<size_t>(count) * sizeof(float),
-                      cudaMemcpyDeviceToHost, stream_));
+      cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, stream_));
   return absl::OkStatus();
 }
 

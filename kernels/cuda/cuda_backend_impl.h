@@ -186,9 +186,17 @@ class CudaBackend final : public Backend {
   absl::StatusOr<const int64_t*> DescendingOrder(int64_t n, const float* keys);
   // H2D copy of `bytes` from any host memory, finished on return (the
   // caller may reuse its buffer): page-locked sources are DMA, waited for
-  // after; before a pageable one the bounded wait leaves the driver's
-  // staging nothing to wait for.
+  // after; pageable ones as BeforeHostCopy says.
   absl::Status CopyHostToDevice(const void* host, size_t bytes, void* dst);
+  // Before a copy of `bytes` between the device and `host` by `method`:
+  // where `host` is pageable the driver waits inside cudaMemcpyAsync for the
+  // stream's work, without a bound (before staging the bytes from it; into
+  // it until the copy is done), behind a dead trainer's event for good. So
+  // such a copy is counted (NotePageableCopy) and the stream waited for
+  // first, within the wait timeout, which leaves the driver nothing to wait
+  // for. Returns whether `host` is pageable.
+  absl::StatusOr<bool> BeforeHostCopy(absl::string_view method,
+                                      const void* host, size_t bytes);
   // Copies `bytes` from device memory to pinned_ and waits (for `method`).
   absl::Status FetchToPinned(const void* src, size_t bytes, void* pinned_dst,
                              absl::string_view method);

@@ -4,7 +4,7 @@
 // CUDA graph replays on fresh data, and agreement with the cpu backend on a
 // Newton-Schulz shape too large for the float64 reference.
 //
-// Every test skips when no CUDA device is usable. None has run on a GPU yet.
+// Every test skips when no CUDA device is usable.
 #include "kernels/cuda/cuda_backend.h"
 
 #include <stdlib.h>
@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -420,9 +421,56 @@ TEST_F(CudaBackendTest, NewtonSchulzGraphReplaysSeeFreshData) {
 }
 
 #if CANZONA_ENABLE_CUDA
-// The backend's stream waits on the device for an event whose record does
-// not come (a trainer that died or hangs before it: here a host function
-// holds the other stream). A wait with a timeout ends by it with
+// Holds `backend`'s stream on the device, as a wait for an event whose
+// record does not come does (a trainer that died or hangs before it): a
+// host function holds another stream, whose event the backend's waits
+// for, until Release.
+class StreamBlocker {
+ public:
+  explicit StreamBlocker(Backend& backend) {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&other_, cudaStreamNonBlocking),
+              cudaSuccess);
+    EXPECT_EQ(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming),
+              cudaSuccess);
+    EXPECT_EQ(cudaLaunchHostFunc(
+                  other_,
+                  [](void* flag) {
+                    while (!static_cast<std::atomic<bool>*>(flag)->load()) {
+                      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                    }
+                  },
+                  &release_),
+              cudaSuccess);
+    EXPECT_EQ(cudaEventRecord(event_, other_), cudaSuccess);
+    auto* stream = static_cast<cudaStream_t>(backend.native_stream());
+    EXPECT_EQ(cudaStreamWaitEvent(stream, event_, 0), cudaSuccess);
+  }
+  ~StreamBlocker() {
+    Release();
+    (void)cudaStreamSynchronize(other_);
+    (void)cudaEventDestroy(event_);
+    (void)cudaStreamDestroy(other_);
+  }
+  void Release() { release_ = true; }
+
+ private:
+  std::atomic<bool> release_{false};
+  cudaStream_t other_ = nullptr;
+  cudaEvent_t event_ = nullptr;
+};
+
+// Synchronizes `backend` until its stream finished (after a Release).
+absl::Status SynchronizeOnceReleased(Backend& backend) {
+  absl::Status synchronized;
+  for (int i = 0; i < 500; ++i) {
+    synchronized = backend.Synchronize();
+    if (synchronized.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return synchronized;
+}
+
+// A wait with a timeout on a blocked stream ends by it with
 // DEADLINE_EXCEEDED, SumSquaresMany's included (it once returned success
 // with sums it never read); later waits fail at once instead of waiting
 // again; once the record comes the next wait finds the stream finished and
@@ -434,31 +482,7 @@ TEST_F(CudaBackendTest, WaitsEndAtTheirTimeoutOnAStreamThatDoesNotFinish) {
   for (float v : data) want += static_cast<double>(v) * v;
   ASSERT_OK_AND_ASSIGN(DeviceBuffer x, cuda_->Allocate(n));
   ASSERT_OK(cuda_->CopyFromHost(data.data(), n, x.data()));
-  std::atomic<bool> release{false};
-  cudaStream_t other = nullptr;
-  cudaEvent_t event = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking),
-            cudaSuccess);
-  ASSERT_EQ(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
-            cudaSuccess);
-  ASSERT_EQ(cudaLaunchHostFunc(
-                other,
-                [](void* flag) {
-                  while (!static_cast<std::atomic<bool>*>(flag)->load()) {
-                    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-                  }
-                },
-                &release),
-            cudaSuccess);
-  ASSERT_EQ(cudaEventRecord(event, other), cudaSuccess);
-  auto* stream = static_cast<cudaStream_t>(cuda_->native_stream());
-  ASSERT_EQ(cudaStreamWaitEvent(stream, event, 0), cudaSuccess);
-  absl::Cleanup cleanup = [&] {
-    release = true;
-    (void)cudaStreamSynchronize(other);
-    (void)cudaEventDestroy(event);
-    (void)cudaStreamDestroy(other);
-  };
+  StreamBlocker blocker(*cuda_);
   const std::vector<const float*> xs = {x.data(), x.data()};
   const std::vector<int64_t> ns = {n, n};
   std::vector<double> sums(2, -1);
@@ -477,18 +501,58 @@ TEST_F(CudaBackendTest, WaitsEndAtTheirTimeoutOnAStreamThatDoesNotFinish) {
                 StatusIs(absl::StatusCode::kFailedPrecondition));
     EXPECT_LT(absl::Now() - again, timeout);
   }
-  release = true;
-  absl::Status synchronized;
-  for (int i = 0; i < 500; ++i) {
-    synchronized = cuda_->Synchronize();
-    if (synchronized.ok()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_OK(synchronized);
+  blocker.Release();
+  ASSERT_OK(SynchronizeOnceReleased(*cuda_));
   EXPECT_FALSE(cuda_->stalled());
   ASSERT_OK(cuda_->SumSquaresMany(xs, ns, absl::MakeSpan(sums)));
   EXPECT_NEAR(sums[0], want, 1e-9 * want);
   EXPECT_EQ(sums[1], sums[0]);
+}
+
+// A copy between the device and pageable host memory waits inside
+// cudaMemcpyAsync for the stream's work, without a bound (into pageable
+// memory until the copy is done): behind a blocked stream, for good. Each
+// copy form waits for the stream first, within the timeout, and ends with
+// DEADLINE_EXCEEDED naming it (the enqueued forms once hung here); the
+// stand-in for a GPU models the same (CpuAsDeviceTest.
+// PageableCopiesWaitForTheWorkAheadOfThemWithinTheTimeout).
+TEST_F(CudaBackendTest,
+       PageableCopiesEndAtTheirTimeoutOnAStreamThatDoesNotFinish) {
+  constexpr int64_t n = 1024;
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer x, cuda_->Allocate(n));
+  std::vector<float> pageable = RandomNormal(n, 8);
+  ASSERT_TRUE(CudaHostPageable(pageable.data()));
+  const struct {
+    const char* method;
+    std::function<absl::Status()> copy;
+  } copies[] = {
+      {"EnqueueCopyToHost",
+       [&] { return cuda_->EnqueueCopyToHost(x.data(), n, pageable.data()); }},
+      {"EnqueueCopyFromHost",
+       [&] {
+         return cuda_->EnqueueCopyFromHost(pageable.data(), n, x.data());
+       }},
+      {"CopyToHost",
+       [&] { return cuda_->CopyToHost(x.data(), n, pageable.data()); }},
+      {"CopyFromHost",
+       [&] { return cuda_->CopyFromHost(pageable.data(), n, x.data()); }},
+  };
+  for (const auto& c : copies) {
+    SCOPED_TRACE(c.method);
+    StreamBlocker blocker(*cuda_);
+    {
+      const absl::Duration timeout = absl::Seconds(1);
+      ScopedWaitTimeout scope(*cuda_, timeout);
+      const absl::Time start = absl::Now();
+      EXPECT_THAT(c.copy(), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                     HasSubstr(c.method)));
+      EXPECT_LT(absl::Now() - start, timeout + absl::Seconds(2));
+      EXPECT_TRUE(cuda_->stalled());
+    }
+    blocker.Release();
+    ASSERT_OK(SynchronizeOnceReleased(*cuda_));
+    EXPECT_FALSE(cuda_->stalled());
+  }
 }
 #endif  // CANZONA_ENABLE_CUDA
 

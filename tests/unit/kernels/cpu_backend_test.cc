@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <utility>
@@ -181,6 +182,73 @@ TEST(CpuAsDeviceTest, CopiesFromAndToPageableHostMemoryAreCounted) {
   EXPECT_EQ(PageableCopies() - before, 1);
   device_like::UnlockHost(host.data());
   EXPECT_FALSE(device_like::HostLocked(host.data(), 4));
+}
+
+// A copy between a GPU and pageable host memory waits inside the driver
+// for the stream's work, without a bound; the cuda backend waits for the
+// stream first, within the wait timeout (BeforeHostCopy). The stand-in
+// models it: with work that never finishes, every copy form with a
+// pageable host side ends at the timeout with DEADLINE_EXCEEDED naming
+// it, while an enqueued copy with a page-locked host side is queued at
+// once, as DMA is.
+TEST(CpuAsDeviceTest, PageableCopiesWaitForTheWorkAheadOfThemWithinTheTimeout) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Backend> backend,
+                       CreateCpuBackend(MemorySpace::kDevice));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer device, backend->Allocate(8));
+  std::vector<float> pageable = RandomNormal(8, 41);
+  std::vector<float> locked = RandomNormal(16, 42);
+  ASSERT_OK(device_like::LockHost(locked.data(), 16 * sizeof(float), "test"));
+  absl::Cleanup unlock = [&] { device_like::UnlockHost(locked.data()); };
+  SetDeviceLikeWorkBlocked(true);
+  absl::Cleanup unblock = [] { SetDeviceLikeWorkBlocked(false); };
+  const absl::Duration timeout = absl::Milliseconds(200);
+  const struct {
+    const char* method;
+    std::function<absl::Status(float* host)> copy;
+  } copies[] = {
+      {"EnqueueCopyFromHost",
+       [&](float* host) {
+         return backend->EnqueueCopyFromHost(host, 8, device.data());
+       }},
+      {"EnqueueCopyToHost",
+       [&](float* host) {
+         return backend->EnqueueCopyToHost(device.data(), 8, host);
+       }},
+      {"CopyFromHost",
+       [&](float* host) {
+         return backend->CopyFromHost(host, 8, device.data());
+       }},
+  };
+  for (const auto& c : copies) {
+    SCOPED_TRACE(c.method);
+    {
+      ScopedWaitTimeout scope(*backend, timeout);
+      const absl::Time start = absl::Now();
+      EXPECT_THAT(
+          c.copy(pageable.data()),
+          StatusIs(absl::StatusCode::kDeadlineExceeded,
+                   HasSubstr(absl::StrCat(c.method,
+                                          ": the backend's work did not "
+                                          "finish within the wait timeout"))));
+      EXPECT_GE(absl::Now() - start, timeout - absl::Milliseconds(5));
+      EXPECT_TRUE(backend->stalled());
+    }
+    // The work finishes after all: the backend is whole again.
+    SetDeviceLikeWorkBlocked(false);
+    ASSERT_OK(backend->Synchronize());
+    EXPECT_FALSE(backend->stalled());
+    SetDeviceLikeWorkBlocked(true);
+  }
+  ScopedWaitTimeout scope(*backend, timeout);
+  const absl::Time start = absl::Now();
+  EXPECT_OK(backend->EnqueueCopyFromHost(locked.data(), 8, device.data()));
+  EXPECT_OK(backend->EnqueueCopyToHost(device.data(), 8, locked.data() + 8));
+  EXPECT_LT(absl::Now() - start, timeout);
+  EXPECT_FALSE(backend->stalled());
+  SetDeviceLikeWorkBlocked(false);
+  ASSERT_OK(backend->Synchronize());
+  EXPECT_EQ(std::vector<float>(locked.begin(), locked.begin() + 8),
+            std::vector<float>(locked.begin() + 8, locked.end()));
 }
 
 // A GPU stream waiting for an event no one records (a dead trainer's)
