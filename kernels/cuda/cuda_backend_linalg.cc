@@ -34,6 +34,21 @@ absl::Status FitsInt(absl::string_view what, absl::string_view field,
   return checks::Int32Index(what, field, value, "cuSOLVER");
 }
 
+// The bytes of a cuSOLVER workspace of `lwork` elements of `element_bytes`,
+// rounded up to 256. `lwork` comes from the 32-bit `query`, which reports a
+// size that does not fit an int as a negative one (syevd's 1 + 6n + 2n^2
+// past n = 32767): RESOURCE_EXHAUSTED naming it, not a huge reservation.
+absl::StatusOr<size_t> WorkBytes(absl::string_view what,
+                                 absl::string_view query, int lwork,
+                                 size_t element_bytes) {
+  if (lwork < 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": ", query, " reported a work size of ", lwork,
+        " elements: the matrix is too large for cuSOLVER's 32-bit sizes"));
+  }
+  return (static_cast<size_t>(lwork) * element_bytes + 255) / 256 * 256;
+}
+
 cublasOperation_t ToCublas(Transpose t) {
   return t == Transpose::kYes ? CUBLAS_OP_T : CUBLAS_OP_N;
 }
@@ -93,7 +108,11 @@ absl::Status CudaBackend::DoSymmetricEigen(int64_t n, float* a,
                                            float* eigenvalues,
                                            EigenPrecision precision) {
   constexpr absl::string_view kWhat = "SymmetricEigen";
-  CANZONA_RETURN_IF_ERROR(FitsInt(kWhat, "n * n", checks::SatMul(n, n)));
+  // syevd's work, 1 + 6n + 2n^2 elements, is an int too.
+  CANZONA_RETURN_IF_ERROR(
+      FitsInt(kWhat, "1 + 6n + 2n^2 (syevd's work size)",
+              checks::SatAdd(checks::SatMul(2, checks::SatMul(n, n)),
+                             checks::SatAdd(checks::SatMul(6, n), 1))));
   CANZONA_RETURN_IF_ERROR(Activate());
   // syevd may wait for the stream inside cuSOLVER (its host stage reads the
   // tridiagonal form), without a bound: the bounded wait first.
@@ -113,8 +132,10 @@ absl::Status CudaBackend::DoSymmetricEigen(int64_t n, float* a,
         eigenvalues, &lwork));
     const size_t v_off = 0;
     const size_t w_off = v_off + (nn * sizeof(float) + 255) / 256 * 256;
-    const size_t info_off =
-        w_off + (static_cast<size_t>(lwork) * sizeof(float) + 255) / 256 * 256;
+    CANZONA_ASSIGN_OR_RETURN(
+        const size_t work_bytes,
+        WorkBytes(kWhat, "cusolverDnSsyevd_bufferSize", lwork, sizeof(float)));
+    const size_t info_off = w_off + work_bytes;
     CANZONA_ASSIGN_OR_RETURN(
         void* ws,
         Reserve(solver_ws_, info_off + sizeof(pinned_->eigen_report)));
@@ -146,8 +167,10 @@ absl::Status CudaBackend::DoSymmetricEigen(int64_t n, float* a,
       cusolver_, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER, ni,
       reinterpret_cast<const double*>(a), ni,
       reinterpret_cast<const double*>(eigenvalues), &lwork));
-  const size_t info_off =
-      w_off + (static_cast<size_t>(lwork) * sizeof(double) + 255) / 256 * 256;
+  CANZONA_ASSIGN_OR_RETURN(
+      const size_t work_bytes,
+      WorkBytes(kWhat, "cusolverDnDsyevd_bufferSize", lwork, sizeof(double)));
+  const size_t info_off = w_off + work_bytes;
   CANZONA_ASSIGN_OR_RETURN(
       void* ws, Reserve(solver_ws_, info_off + sizeof(pinned_->eigen_report)));
   char* base = static_cast<char*>(ws);
@@ -211,8 +234,11 @@ absl::Status CudaBackend::DoQrOrthonormalize(int64_t rows, int64_t cols,
   const size_t tau_off = q_off + (size * sizeof(float) + 255) / 256 * 256;
   const size_t w_off =
       tau_off + (static_cast<size_t>(cols) * sizeof(float) + 255) / 256 * 256;
-  const size_t info_off =
-      w_off + (static_cast<size_t>(lwork) * sizeof(float) + 255) / 256 * 256;
+  CANZONA_ASSIGN_OR_RETURN(
+      const size_t work_bytes,
+      WorkBytes("QrOrthonormalize", "geqrf/orgqr_bufferSize", lwork,
+                sizeof(float)));
+  const size_t info_off = w_off + work_bytes;
   CANZONA_ASSIGN_OR_RETURN(void* ws,
                            Reserve(solver_ws_, info_off + sizeof(int)));
   char* base = static_cast<char*>(ws);
