@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -32,10 +33,9 @@ struct IpcHandle {
 struct Runtime {
   const char* (*error_string)(int) = nullptr;
   int (*pointer_attributes)(PointerAttributes*, const void*) = nullptr;
+  int (*get_device)(int*) = nullptr;
   int (*set_device)(int) = nullptr;
   int (*ipc_mem_handle)(IpcHandle*, void*) = nullptr;
-  int (*driver_entry)(const char*, void**, unsigned, unsigned long long,
-                      int*) = nullptr;
   int (*event_create)(void**, unsigned) = nullptr;
   int (*event_destroy)(void*) = nullptr;
   int (*event_record)(void*, void*) = nullptr;
@@ -43,59 +43,66 @@ struct Runtime {
   int (*ipc_open_event)(void**, IpcHandle) = nullptr;
   int (*ipc_event_handle)(IpcHandle*, void*) = nullptr;
   int (*pci_bus_id)(char*, int, int) = nullptr;
-  // cuMemGetAddressRange and cuPointerGetAttribute (driver), through the
-  // runtime's entry point.
+  // The driver's (libcuda.so.1): every CUDA 12 and 13 driver has them.
   int (*address_range)(uintptr_t*, size_t*, uintptr_t) = nullptr;
   int (*pointer_attribute)(void*, int, uintptr_t) = nullptr;
   std::string error;  // why the runtime is unusable
 };
 
+constexpr const char* kRuntimeNames[] = {"libcudart.so.13", "libcudart.so.12",
+                                         "libcudart.so"};
+
+// The runtime the process has loaded already: another one would keep a
+// current device and contexts of its own that the trainer's CUDA calls
+// never see. Else the newest the loader finds.
+void* OpenRuntime() {
+  for (const char* name : kRuntimeNames) {
+    if (void* lib = ::dlopen(name, RTLD_NOW | RTLD_NOLOAD)) return lib;
+  }
+  for (const char* name : kRuntimeNames) {
+    if (void* lib = ::dlopen(name, RTLD_NOW | RTLD_LOCAL)) return lib;
+  }
+  return nullptr;
+}
+
 const Runtime& Cudart() {
   static Runtime* runtime = [] {
     auto* r = new Runtime;
-    void* lib = nullptr;
-    for (const char* name :
-         {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}) {
-      lib = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
-      if (lib != nullptr) break;
-    }
+    void* lib = OpenRuntime();
     if (lib == nullptr) {
       r->error = "the CUDA runtime (libcudart) is not installed";
       return r;
     }
-    auto sym = [&](const char* name, auto* fn) {
-      *reinterpret_cast<void**>(fn) = ::dlsym(lib, name);
+    auto sym = [&](void* from, const char* library, const char* name,
+                   auto* fn) {
+      *reinterpret_cast<void**>(fn) = ::dlsym(from, name);
       if (*reinterpret_cast<void**>(fn) == nullptr && r->error.empty()) {
-        r->error = absl::StrCat("libcudart lacks ", name);
+        r->error = absl::StrCat(library, " lacks ", name);
       }
     };
-    sym("cudaGetErrorString", &r->error_string);
-    sym("cudaPointerGetAttributes", &r->pointer_attributes);
-    sym("cudaSetDevice", &r->set_device);
-    sym("cudaIpcGetMemHandle", &r->ipc_mem_handle);
-    sym("cudaGetDriverEntryPointByVersion", &r->driver_entry);
-    sym("cudaEventCreateWithFlags", &r->event_create);
-    sym("cudaEventDestroy", &r->event_destroy);
-    sym("cudaEventRecord", &r->event_record);
-    sym("cudaStreamWaitEvent", &r->stream_wait_event);
-    sym("cudaIpcOpenEventHandle", &r->ipc_open_event);
-    sym("cudaIpcGetEventHandle", &r->ipc_event_handle);
-    sym("cudaDeviceGetPCIBusId", &r->pci_bus_id);
-    auto driver = [&](const char* name, auto* fn) {
-      if (!r->error.empty()) return;
-      void* found_fn = nullptr;
-      int found = -1;
-      const int err = r->driver_entry(name, &found_fn, 12000,
-                                      /*cudaEnableDefault=*/0, &found);
-      if (err != 0 || found != 0 || found_fn == nullptr) {
-        r->error = absl::StrCat("no usable CUDA driver (", name,
-                                " unavailable, error ", err, ")");
-      } else {
-        *reinterpret_cast<void**>(fn) = found_fn;
-      }
+    auto runtime_sym = [&](const char* name, auto* fn) {
+      sym(lib, "libcudart", name, fn);
     };
-    driver("cuMemGetAddressRange", &r->address_range);
-    driver("cuPointerGetAttribute", &r->pointer_attribute);
+    runtime_sym("cudaGetErrorString", &r->error_string);
+    runtime_sym("cudaPointerGetAttributes", &r->pointer_attributes);
+    runtime_sym("cudaGetDevice", &r->get_device);
+    runtime_sym("cudaSetDevice", &r->set_device);
+    runtime_sym("cudaIpcGetMemHandle", &r->ipc_mem_handle);
+    runtime_sym("cudaEventCreateWithFlags", &r->event_create);
+    runtime_sym("cudaEventDestroy", &r->event_destroy);
+    runtime_sym("cudaEventRecord", &r->event_record);
+    runtime_sym("cudaStreamWaitEvent", &r->stream_wait_event);
+    runtime_sym("cudaIpcOpenEventHandle", &r->ipc_open_event);
+    runtime_sym("cudaIpcGetEventHandle", &r->ipc_event_handle);
+    runtime_sym("cudaDeviceGetPCIBusId", &r->pci_bus_id);
+    if (!r->error.empty()) return r;
+    void* driver = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (driver == nullptr) {
+      r->error = "no CUDA driver (libcuda.so.1) is installed";
+      return r;
+    }
+    sym(driver, "libcuda.so.1", "cuMemGetAddressRange_v2", &r->address_range);
+    sym(driver, "libcuda.so.1", "cuPointerGetAttribute", &r->pointer_attribute);
     return r;
   }();
   return *runtime;
@@ -111,16 +118,49 @@ absl::Status Check(const Runtime& r, int err, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", r.error_string(err)));
 }
 
-// Makes `device` current on the calling thread (every event call does).
-absl::Status SetDevice(const Runtime& r, int device) {
-  return Check(r, r.set_device(device), "cudaSetDevice");
-}
+// Makes a device current on the calling thread for as long as it lives,
+// then the one that was current before: a trainer thread that drives
+// several GPUs keeps allocating and launching where it did.
+class DeviceScope {
+ public:
+  static absl::StatusOr<DeviceScope> Enter(const Runtime& r, int device) {
+    int previous = 0;
+    if (absl::Status s = Check(r, r.get_device(&previous), "cudaGetDevice");
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = Check(r, r.set_device(device), "cudaSetDevice");
+        !s.ok()) {
+      return s;
+    }
+    return DeviceScope(r, previous, previous != device);
+  }
+  DeviceScope(DeviceScope&& other) noexcept
+      : runtime_(other.runtime_),
+        previous_(other.previous_),
+        restore_(std::exchange(other.restore_, false)) {}
+  DeviceScope& operator=(DeviceScope&&) = delete;
+  ~DeviceScope() {
+    if (restore_) runtime_->set_device(previous_);
+  }
+
+ private:
+  DeviceScope(const Runtime& r, int previous, bool restore)
+      : runtime_(&r), previous_(previous), restore_(restore) {}
+  const Runtime* runtime_;
+  int previous_;
+  bool restore_;
+};
 
 // An event of either kind goes with its owner, best effort (a destructor
 // cannot report).
 void DestroyEvent(void* event, int device) {
   const Runtime& rt = Cudart();
-  if (rt.error.empty() && rt.set_device(device) == 0) rt.event_destroy(event);
+  if (!rt.error.empty()) return;
+  if (absl::StatusOr<DeviceScope> scope = DeviceScope::Enter(rt, device);
+      scope.ok()) {
+    rt.event_destroy(event);
+  }
 }
 
 }  // namespace
@@ -142,11 +182,8 @@ absl::StatusOr<canzona::v1::BufferRef> CudaBufferRef(
     return absl::InvalidArgumentError(
         "device_ptr is not CUDA device memory of this process");
   }
-  if (absl::Status s =
-          Check(rt, rt.set_device(attributes.device), "cudaSetDevice");
-      !s.ok()) {
-    return s;
-  }
+  absl::StatusOr<DeviceScope> scope = DeviceScope::Enter(rt, attributes.device);
+  if (!scope.ok()) return scope.status();
   // Legacy CUDA IPC shares only cudaMalloc allocations: not memory of a
   // stream-ordered pool (cudaMallocAsync) nor virtual-memory-management
   // mappings (PyTorch's expandable segments), whose export would fail
@@ -204,7 +241,8 @@ absl::StatusOr<std::unique_ptr<CudaExportEvent>> CudaExportEvent::Create(
     int device) {
   const Runtime& rt = Cudart();
   if (!rt.error.empty()) return Unusable(rt);
-  if (absl::Status s = SetDevice(rt, device); !s.ok()) return s;
+  absl::StatusOr<DeviceScope> scope = DeviceScope::Enter(rt, device);
+  if (!scope.ok()) return scope.status();
   void* event = nullptr;
   if (absl::Status s = Check(
           rt, rt.event_create(&event, kEventDisableTiming | kEventInterprocess),
@@ -227,7 +265,8 @@ CudaExportEvent::~CudaExportEvent() { DestroyEvent(event_, device_); }
 
 absl::Status CudaExportEvent::Record(void* stream) {
   const Runtime& rt = Cudart();
-  if (absl::Status s = SetDevice(rt, device_); !s.ok()) return s;
+  absl::StatusOr<DeviceScope> scope = DeviceScope::Enter(rt, device_);
+  if (!scope.ok()) return scope.status();
   return Check(rt, rt.event_record(event_, stream), "cudaEventRecord");
 }
 
@@ -239,7 +278,8 @@ absl::StatusOr<std::unique_ptr<CudaOpenedEvent>> CudaOpenedEvent::Open(
   }
   const Runtime& rt = Cudart();
   if (!rt.error.empty()) return Unusable(rt);
-  if (absl::Status s = SetDevice(rt, device); !s.ok()) return s;
+  absl::StatusOr<DeviceScope> scope = DeviceScope::Enter(rt, device);
+  if (!scope.ok()) return scope.status();
   IpcHandle h;
   std::memcpy(h.reserved, handle.data(), kHandleBytes);
   void* event = nullptr;
@@ -255,7 +295,8 @@ CudaOpenedEvent::~CudaOpenedEvent() { DestroyEvent(event_, device_); }
 
 absl::Status CudaOpenedEvent::Wait(void* stream) {
   const Runtime& rt = Cudart();
-  if (absl::Status s = SetDevice(rt, device_); !s.ok()) return s;
+  absl::StatusOr<DeviceScope> scope = DeviceScope::Enter(rt, device_);
+  if (!scope.ok()) return scope.status();
   return Check(rt, rt.stream_wait_event(stream, event_, 0),
                "cudaStreamWaitEvent");
 }

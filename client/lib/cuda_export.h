@@ -25,9 +25,13 @@
 // bus id, so that the daemon finds it whatever CUDA_VISIBLE_DEVICES either
 // process runs under.
 //
-// The CUDA runtime is loaded when first needed (dlopen of libcudart), so
-// the library links no CUDA library and CPU-only trainers never load it.
-// Without a runtime or a device every call returns FAILED_PRECONDITION.
+// The CUDA runtime is loaded when first needed, so the library links no
+// CUDA library and CPU-only trainers never load it: the libcudart the
+// process already has (a trainer built against CUDA 12 keeps its own),
+// else the newest found; the two driver calls (cuMemGetAddressRange,
+// cuPointerGetAttribute) come from libcuda.so.1 directly. Without a runtime
+// or a device every call returns FAILED_PRECONDITION. Every call leaves the
+// calling thread's current device as it found it.
 //
 // Thread-safety: thread-safe; a CudaExportEvent is used by one thread.
 #ifndef CANZONA_CLIENT_LIB_CUDA_EXPORT_H_
@@ -53,8 +57,7 @@ absl::StatusOr<canzona::v1::BufferRef> CudaBufferRef(
     const std::string& event_handle = "");
 
 // An interprocess event another process (the daemon) exported, opened here
-// (cudaIpcOpenEventHandle) on `device`; closed with it. Its calls make
-// `device` current on the calling thread, as CudaExportEvent's do.
+// (cudaIpcOpenEventHandle) on `device`; closed with it.
 class CudaOpenedEvent {
  public:
   // INVALID_ARGUMENT unless `handle` has 64 bytes; FAILED_PRECONDITION
