@@ -406,15 +406,16 @@ TEST(CudaIpcEngineTest, GlooReductionsWaitForTheRecordTheirGradReadySaw) {
     buckets += r.buckets_size();
   }
   ASSERT_GE(buckets, 2 * config.world());
-  // Each rank's snapshot stream waits for the trainer's event (FakeCudaIpc's
-  // opened events are the fake itself) once per bucket reported, and
-  // records that bucket's event; the reductions poll those (cudaEventQuery:
-  // the only events polled on this plane).
-  const void* trainer = static_cast<const void*>(&ipc);
+  // Each rank's snapshot stream waits for its trainer's event (one
+  // FakeCudaIpc opened) once per bucket reported, and records that bucket's
+  // event; the reductions poll those (cudaEventQuery: the only events
+  // polled on this plane).
   std::set<const void*> recorded;
   int64_t snapshot_waits = 0;
   for (const FakeNcclCall& c : cuda.calls()) {
-    if (c.op == "cudaStreamWaitEvent" && c.send == trainer) ++snapshot_waits;
+    if (c.op == "cudaStreamWaitEvent" && ipc.IsOpenEvent(c.send)) {
+      ++snapshot_waits;
+    }
     if (c.op == "cudaEventRecord") recorded.insert(c.send);
   }
   EXPECT_EQ(snapshot_waits, kSteps * buckets);

@@ -232,10 +232,21 @@ class FakeCudaIpc final : public CudaIpcOpener {
   // Whether [p, p + bytes) lies inside one "device" buffer opened so far
   // (a GPU trainer's memory, host memory underneath).
   bool InsideOpened(const void* p, size_t bytes) const;
+  // Whether `event` is one of the events OpenEvent handed out, still open.
+  bool IsOpenEvent(const void* event) const;
 
  private:
   mutable absl::Mutex mu_;
   std::vector<std::pair<const char*, uint64_t>> opened_ ABSL_GUARDED_BY(mu_);
+  // CUDA's lifetime rules, enforced: a process maps an exported allocation
+  // once per device (a second cudaIpcOpenMemHandle of it fails) until it
+  // closes it, and closes or waits on only what it has open (a violation
+  // aborts the test). (device,
+  // allocation base) pairs open now, and the events open now (each open
+  // gets a cookie of its own, never dereferenced, as a cudaEvent_t).
+  std::set<std::pair<int, const void*>> open_memory_ ABSL_GUARDED_BY(mu_);
+  std::set<const void*> open_events_ ABSL_GUARDED_BY(mu_);
+  uintptr_t next_event_ ABSL_GUARDED_BY(mu_) = 0x1000;
 };
 
 // Waits until `done` holds, asking every 50 ms, at most `timeout` (the

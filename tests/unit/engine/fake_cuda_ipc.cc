@@ -1,4 +1,7 @@
 // FakeCudaIpc (engine_test_util.h): CUDA IPC handles over host memory.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -7,6 +10,19 @@
 #include "tests/unit/engine/engine_test_util.h"
 
 namespace canzona::engine_test {
+namespace {
+
+// The daemon broke one of CUDA's IPC rules, which a GPU would answer with
+// an error the daemon ignores (a close) or a hang or worse (a wait on a
+// closed event): fatal here, so that no test passes over it (the benches
+// share this fake and have no gtest).
+[[noreturn]] void Violation(const char* what) {
+  std::fprintf(stderr, "FakeCudaIpc: %s\n", what);
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace
 
 std::string FakeCudaIpc::Handle(void* base, uint64_t size) {
   std::string h(kCudaIpcHandleBytes, '\0');
@@ -26,18 +42,29 @@ absl::StatusOr<CudaIpcOpened> FakeCudaIpc::Open(const std::string& handle,
   if (handle.size() != kCudaIpcHandleBytes || device < 0 || device >= devices) {
     return absl::InvalidArgumentError("fake: bad handle or device");
   }
-  last_open_device = device;
   CudaIpcOpened opened;
   std::memcpy(&opened.base, handle.data(), sizeof(opened.base));
   std::memcpy(&opened.size, handle.data() + sizeof(opened.base),
               sizeof(opened.size));
-  ++opens;
   absl::MutexLock lock(&mu_);
+  if (!open_memory_.emplace(device, opened.base).second) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fake: cudaIpcOpenMemHandle of an allocation already open on device ",
+        device, " in this process (CUDA maps each once)"));
+  }
+  last_open_device = device;
+  ++opens;
   opened_.emplace_back(static_cast<const char*>(opened.base), opened.size);
   return opened;
 }
 
-void FakeCudaIpc::Close(const CudaIpcOpened&, int) { ++closes; }
+void FakeCudaIpc::Close(const CudaIpcOpened& opened, int device) {
+  absl::MutexLock lock(&mu_);
+  if (open_memory_.erase({device, opened.base}) == 0) {
+    Violation("cudaIpcCloseMemHandle of an allocation not open on its device");
+  }
+  ++closes;
+}
 
 bool FakeCudaIpc::InsideOpened(const void* p, size_t bytes) const {
   const auto* begin = static_cast<const char*>(p);
@@ -72,11 +99,20 @@ absl::StatusOr<void*> FakeCudaIpc::OpenEvent(const std::string& handle, int) {
   if (handle.size() != kCudaIpcHandleBytes) {
     return absl::InvalidArgumentError("fake: bad event handle");
   }
+  absl::MutexLock lock(&mu_);
+  const void* event = reinterpret_cast<const void*>(next_event_++);
+  open_events_.insert(event);
   ++events_open;
-  return static_cast<void*>(this);
+  return const_cast<void*>(event);
 }
 
-absl::Status FakeCudaIpc::WaitEvent(void*, int, absl::Time deadline) {
+absl::Status FakeCudaIpc::WaitEvent(void* event, int, absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!open_events_.contains(event)) {
+      Violation("a wait on an event that is not open");
+    }
+  }
   ++event_waits;
   if (!events_complete) {
     // A trainer that died before its GPU reached the record.
@@ -86,7 +122,18 @@ absl::Status FakeCudaIpc::WaitEvent(void*, int, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-void FakeCudaIpc::CloseEvent(void*, int) { --events_open; }
+bool FakeCudaIpc::IsOpenEvent(const void* event) const {
+  absl::MutexLock lock(&mu_);
+  return open_events_.contains(event);
+}
+
+void FakeCudaIpc::CloseEvent(void* event, int) {
+  absl::MutexLock lock(&mu_);
+  if (open_events_.erase(event) == 0) {
+    Violation("cudaEventDestroy of an event that is not open");
+  }
+  --events_open;
+}
 
 absl::Status FakeCudaIpc::CopyToHost(int, const void* src, size_t bytes,
                                      void* dst) {

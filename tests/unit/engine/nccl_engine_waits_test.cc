@@ -183,10 +183,9 @@ TEST(NcclEngineTest, UpdatesWaitForTheTrainersLastEvent) {
   ASSERT_OK(run.RegisterAll(cluster));
   ASSERT_OK(run.RunStepsOverlapped(cluster, 1, 3, /*shuffled=*/false, 3));
   const int buckets = run.registered[0].buckets_size();
-  // FakeCudaIpc's opened events are the fake itself.
   int waits = 0;
   for (const FakeNcclCall& c : nccl.calls_named("cudaStreamWaitEvent")) {
-    if (c.send == static_cast<const void*>(&ipc)) ++waits;
+    if (ipc.IsOpenEvent(c.send)) ++waits;
   }
   EXPECT_EQ(waits, 3 * (buckets + 1));
   ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
@@ -219,16 +218,14 @@ TEST(NcclEngineTest, ReductionsWaitForTheRecordTheirGradReadySaw) {
   ASSERT_OK(run.RunStepsOverlapped(cluster, 1, kSteps, /*shuffled=*/false, 5));
   const int buckets = run.registered[0].buckets_size();
   ASSERT_GE(buckets, 2);
-  // Per stream, in order: the waits on the trainer's event (FakeCudaIpc's
-  // opened events are the fake itself) and the events recorded or waited
-  // for.
-  const void* trainer = static_cast<const void*>(&ipc);
+  // Per stream, in order: the waits on the trainer's event (the one
+  // FakeCudaIpc opened) and the events recorded or waited for.
   std::map<NcclStream, int> trainer_waits;
   std::map<NcclStream, std::vector<FakeNcclCall>> on;
   for (const FakeNcclCall& c : nccl.calls()) {
     if (c.op != "cudaStreamWaitEvent" && c.op != "cudaEventRecord") continue;
     on[c.stream].push_back(c);
-    if (c.op == "cudaStreamWaitEvent" && c.send == trainer) {
+    if (c.op == "cudaStreamWaitEvent" && ipc.IsOpenEvent(c.send)) {
       ++trainer_waits[c.stream];
     }
   }
@@ -249,7 +246,7 @@ TEST(NcclEngineTest, ReductionsWaitForTheRecordTheirGradReadySaw) {
   ASSERT_EQ(taken.size(), 2u * kSteps * buckets);
   for (size_t i = 0; i < taken.size(); i += 2) {
     EXPECT_EQ(taken[i].op, "cudaStreamWaitEvent");
-    EXPECT_EQ(taken[i].send, trainer);
+    EXPECT_TRUE(ipc.IsOpenEvent(taken[i].send));
     EXPECT_EQ(taken[i + 1].op, "cudaEventRecord");
     recorded.push_back(taken[i + 1].send);
   }
