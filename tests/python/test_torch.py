@@ -592,6 +592,37 @@ def test_overlap_and_hierarchical_sharding_are_bitwise(daemon, tmp_path, kind):
     assert plain[0]["events"] == {"grad_ready": 0, "wait_params": 0}
 
 
+@pytest.mark.parametrize("edit", ["clip_grad_norm_", "mul_"])
+def test_overlap_refuses_gradients_edited_after_backward(daemon, edit):
+    """module=: the buckets backward reported are being reduced already, so
+    an in-place edit of the gradients before step() (a torch loop's clip or
+    GradScaler unscale) would race with the daemon's reads. step() raises
+    naming the remedy, before anything steps; the loop without the edit
+    steps."""
+    model = train_torch.build_model(0)
+    opt = ct.Muon(model.named_parameters(), module=model, target=daemon,
+                  job_id="edited-" + uuid.uuid4().hex[:8])
+    train_torch.loss_fn(model, 1, 0).backward()
+    opt.step()
+    opt.zero_grad()
+    train_torch.loss_fn(model, 1, 1).backward()
+    opt.synchronize()
+    before = [p.detach().clone() for p in model.parameters()]
+    if edit == "clip_grad_norm_":
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+    else:
+        for p in model.parameters():
+            p.grad.mul_(0.5)
+    with pytest.raises(RuntimeError, match="changed in place between "
+                       "backward and step.*max_grad_norm="):
+        opt.step()
+    assert opt.steps == 1
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    status = canzona.Client(daemon).status()
+    assert any(j["job_id"] == opt.job_id for j in status["jobs"])
+    opt.close()
+
+
 def test_bad_use_raises_clear_errors(daemon):
     os.environ["CANZONA_TARGET"] = daemon
     # Not running: a clear "cannot reach canzonad at ..." error.
