@@ -567,7 +567,9 @@ class Optimizer(torch.optim.Optimizer):
             for streams in self._grad_streams:
                 streams.clear()
             self._reported = set()
+            # A backward that raised never ran its end callback.
             self._backward_version = None
+            self._end_queued = False
             self._unsynced = set(range(len(self._bucket_size)))
         return loss
 
