@@ -319,7 +319,7 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
   }
   (*listener)->Start(server.get());
   spdlog::info(
-      "ready: unix:{} tcp:{} coordinator:{} backend:{} comm:gloo metrics:{}",
+      "ready: unix:{} tcp:{} coordinator:{} backend:{} comm:{} metrics:{}",
       socket_path,
       flags.listen.empty()
           ? std::string("off")
@@ -327,7 +327,7 @@ absl::Status RunDaemon(const DaemonFlags& flags) {
                          security.tcp.tls_cert_pem.empty() ? "" : " tls",
                          security.token.empty() ? "" : " token"),
       flags.coordinator.empty() ? std::string("self") : flags.coordinator,
-      flags.backend, metrics_port);
+      flags.backend, comm, metrics_port);
   if (!flags.ready_file.empty()) {
     CANZONA_RETURN_IF_ERROR(
         WriteReadyFile(flags.ready_file, socket_path, tcp_port, metrics_port));
