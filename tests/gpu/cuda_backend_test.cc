@@ -424,7 +424,9 @@ TEST_F(CudaBackendTest, NewtonSchulzGraphReplaysSeeFreshData) {
 // Holds `backend`'s stream on the device, as a wait for an event whose
 // record does not come does (a trainer that died or hangs before it): a
 // host function holds another stream, whose event the backend's waits
-// for, until Release.
+// for, until Release, or 20 s at most: a backend call that blocks inside
+// CUDA behind it (the defect the tests look for) then fails its test
+// instead of holding the binary until its limit.
 class StreamBlocker {
  public:
   explicit StreamBlocker(Backend& backend) {
@@ -435,7 +437,10 @@ class StreamBlocker {
     EXPECT_EQ(cudaLaunchHostFunc(
                   other_,
                   [](void* flag) {
-                    while (!static_cast<std::atomic<bool>*>(flag)->load()) {
+                    const auto give_up = std::chrono::steady_clock::now() +
+                                         std::chrono::seconds(20);
+                    while (!static_cast<std::atomic<bool>*>(flag)->load() &&
+                           std::chrono::steady_clock::now() < give_up) {
                       std::this_thread::sleep_for(std::chrono::milliseconds(1));
                     }
                   },
