@@ -196,6 +196,23 @@ def sync(torch, device):
         torch.cuda.synchronize(device)
 
 
+def await_params_written(opt, timeout_s, error):
+    """Waits on the host, at most ``timeout_s``, for the daemon's
+    parameters-written events of the last step (``--comm nccl``): a daemon
+    that died after answering leaves them pending, and the caller's
+    ``torch.cuda.synchronize()`` would wait for good (past SIGTERM).
+    Raises ``error`` (canzona.CanzonaError) with code UNAVAILABLE."""
+    deadline = time.monotonic() + timeout_s
+    for event in getattr(opt, "_params_written", []):
+        while not event.query():
+            if time.monotonic() > deadline:
+                raise error(
+                    "the daemon's parameters-written event did not "
+                    "complete in %g s (daemon lost?)" % timeout_s,
+                    "UNAVAILABLE")
+            time.sleep(0)
+
+
 def median(values):
     values = sorted(values)
     return values[len(values) // 2] if values else None
@@ -268,6 +285,8 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
             opt.step()
             if hasattr(opt, "synchronize"):
                 opt.synchronize()
+            await_params_written(opt, args.event_timeout,
+                                 canzona_torch.CanzonaError)
             sync(torch, device)
             ours_ms.append(1e3 * (time.perf_counter() - t0))
             t0 = time.perf_counter()
@@ -465,6 +484,9 @@ def main():
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--variants", default="fp32,bf16,bf16params")
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--event-timeout", type=float, default=30,
+                        help="seconds a step's parameters-written events "
+                        "may take (then the daemon counts as lost)")
     parser.add_argument("--allow-builtin-muon", action="store_true",
                         help="without torch.optim.Muon, compare with a copy "
                         "of its algorithm (self-tests on old torch)")

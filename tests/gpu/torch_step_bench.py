@@ -267,18 +267,7 @@ class CanzonaSide:
     def step(self):
         self.opt.step()
         self.opt.synchronize()
-        # The daemon's "parameters written" events: a daemon that died
-        # after answering leaves them pending, and the caller's
-        # torch.cuda.synchronize() would wait for good (past SIGTERM).
-        deadline = time.monotonic() + self.timeout
-        for event in getattr(self.opt, "_params_written", []):
-            while not event.query():
-                if time.monotonic() > deadline:
-                    raise self.error(
-                        "the daemon's parameters-written event did not "
-                        "complete in %g s (daemon lost?)" % self.timeout,
-                        "UNAVAILABLE")
-                time.sleep(0)
+        torch_check.await_params_written(self.opt, self.timeout, self.error)
         # Where the daemon's step went: its phases and host round trips.
         self.stats.append(self.opt.last_step)
 
@@ -372,6 +361,20 @@ def time_side(torch, canzona_torch, example, config, args, side, dtype_name,
         del model, optimizer
 
 
+def await_daemon_release(torch, device, free_before, timeout_s=20.0):
+    """A deregistered rank lingers (up to 5 s) with its mapping of the
+    trainer's buffer and its memory pool: waits until the device's free
+    memory is back to what it was before the canzona side (within 1 GiB),
+    so that the next row does not fail out of memory on this one's
+    leftovers."""
+    if device.type != "cuda":
+        return
+    give_up = time.monotonic() + timeout_s
+    while (torch.cuda.mem_get_info(device)[0] < free_before - 2**30
+           and time.monotonic() < give_up):
+        time.sleep(0.2)
+
+
 def free_memory(torch, device):
     gc.collect()
     if device.type == "cuda":
@@ -447,13 +450,15 @@ def run_row(torch, canzona_torch, example, args, size, dtype_name, muon_cls,
         row["reason"] = ("time: %.0f s left, the row needs ~%.0f s" % (
             max(0.0, deadline(args) - now), estimate))
         return row
+    free_before = 0
     if device.type == "cuda":
-        total = torch.cuda.mem_get_info(device)[1]
+        free_before, total = torch.cuda.mem_get_info(device)
         need = canzona_side_bytes(row, dtype_name)
-        if need > 0.97 * total:
+        if need > 0.97 * free_before:
             row["reason"] = ("out of memory by estimate: the canzona side "
-                             "needs >= %.1f GiB of the device's %.1f GiB" % (
-                                 need / 2**30, total / 2**30))
+                             "needs >= %.1f GiB of the device's %.1f GiB "
+                             "(%.1f GiB free)" % (need / 2**30, total / 2**30,
+                                                  free_before / 2**30))
             return row
     problems, skips = [], []
     for side in ("torch", "canzona"):
@@ -475,6 +480,8 @@ def run_row(torch, canzona_torch, example, args, size, dtype_name, muon_cls,
             raise Terminated(STOP["why"])
         # The exception and its frames (and their tensors) are gone here.
         free_memory(torch, device)
+        if side == "canzona":
+            await_daemon_release(torch, device, free_before)
         if failure is not None:
             (skips if failure[0] else problems).append(failure[1])
             continue
@@ -627,7 +634,7 @@ def main():
                         choices=("bf16", "fp32"),
                         help="the daemon's Newton-Schulz precision")
     parser.add_argument("--models-dir", help="where qwen3-*.json are")
-    parser.add_argument("--event-timeout", type=float, default=120,
+    parser.add_argument("--event-timeout", type=float, default=30,
                         help="seconds to wait for the daemon's "
                         "parameters-written events after a step")
     parser.add_argument("--budget", type=int, default=150,
