@@ -234,11 +234,12 @@ else
 fi
 
 # --- gpu tests: every gpu-labelled binary; they skip themselves without one ----
+# (at most 8.3 s each on the 2026-11-27 H200: 90 s bounds a hang's cost)
 
 for test_bin in "$here"/tests/*; do
   [[ -x "$test_bin" ]] || continue
   t="$(basename "$test_bin")"
-  run_check "gpu-test-$t" "gpu tests" gtest 150 "data/gpu-test-$t.json" -- \
+  run_check "gpu-test-$t" "gpu tests" gtest 90 "data/gpu-test-$t.json" -- \
     "$test_bin" "--gtest_output=json:$report/data/gpu-test-$t.json"
 done
 

@@ -39,15 +39,19 @@ skip() {  # NAME GROUP KIND REASON
   log "SKIP $1: $4"
 }
 
-# Whether a check may start: --only, and time left (sets $limit).
+# Whether a check may start: --only, and time left (sets $limit). A check
+# needs a quarter of its limit (10 s at least): one started with less would
+# be killed and counted failed, its partial results unread, where skipped
+# it says why.
 may_run() {  # NAME GROUP KIND LIMIT
   if [[ -n "$only" ]] && ! [[ "$1" =~ $only ]]; then
     skip "$1" "$2" "$3" "not selected (--only $only)"
     return 1
   fi
   local left=$((budget - (SECONDS - start) - reserve))
-  if ((left < 10)); then
-    skip "$1" "$2" "$3" "time budget exhausted (${budget} s)"
+  local need=$(($4 / 4 > 10 ? $4 / 4 : 10))
+  if ((left < need)); then
+    skip "$1" "$2" "$3" "time budget exhausted (${budget} s; ${left} s left, it needs ${need} s)"
     return 1
   fi
   limit=$(($4 < left ? $4 : left))
