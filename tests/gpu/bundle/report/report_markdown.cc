@@ -281,7 +281,9 @@ void RenderTorchStepBench(std::string& md, const json& report,
                     Get(g, "size"), ", ", Get(g, "dtype"), ": **",
                     Get(g, "status"), "**");
     if (!g["ratio"].is_null()) {
-      absl::StrAppend(&md, " (", Ratio(g["ratio"]), ")");
+      absl::StrAppend(&md, " (", Ratio(g["ratio"]),
+                      g.value("reason", "").empty() ? "" : "; ",
+                      g.value("reason", ""), ")");
     } else if (!g.value("reason", "").empty()) {
       absl::StrAppend(&md, " (", Get(g, "reason"), ")");
     }
@@ -292,7 +294,7 @@ void RenderTorchStepBench(std::string& md, const json& report,
 // One line under the summary, since a cut output shows the top: how the
 // goals stand (each section below has them one by one).
 void RenderGoalsLine(std::string& md, const json& report) {
-  int met = 0, not_met = 0, not_measured = 0;
+  int met = 0, not_met = 0, not_measured = 0, unverified = 0;
   for (const TorchStepBench& bench :
        {kNcclTorchStepBench, kGlooTorchStepBench}) {
     if (!report.contains(bench.key) || report[bench.key].is_null()) continue;
@@ -302,6 +304,8 @@ void RenderGoalsLine(std::string& md, const json& report) {
         ++met;
       } else if (status == "not met") {
         ++not_met;
+      } else if (status == "met, unverified") {
+        ++unverified;
       } else {
         ++not_measured;
       }
@@ -317,16 +321,20 @@ void RenderGoalsLine(std::string& md, const json& report) {
       }
     }
   }
-  if (met + not_met + not_measured + ns_judged == 0) return;
+  const int step_goals = met + not_met + not_measured + unverified;
+  if (step_goals + ns_judged == 0) return;
   md += "\n**Goals:**";
-  if (met + not_met + not_measured > 0) {
+  if (step_goals > 0) {
     absl::StrAppend(&md, " optimizer step ", met, " met, ", not_met,
                     " not met, ", not_measured, " not measured");
+    if (unverified > 0) {
+      absl::StrAppend(&md, ", ", unverified,
+                      " met but unverified (torch-check failed)");
+    }
   }
   if (ns_judged > 0) {
-    absl::StrAppend(&md, met + not_met + not_measured > 0 ? ";" : "",
-                    " Newton-Schulz ", ns_met, " of ", ns_judged,
-                    " shape goals met");
+    absl::StrAppend(&md, step_goals > 0 ? ";" : "", " Newton-Schulz ", ns_met,
+                    " of ", ns_judged, " shape goals met");
   }
   md += ".\n";
 }

@@ -323,6 +323,9 @@ TEST_F(ReportDir, KernelComparisonArithmetic) {
   EXPECT_THAT(RenderMarkdown(report),
               HasSubstr(absl::StrCat("**Goals:** Newton-Schulz ", met,
                                      " of 4 shape goals met.\n")));
+  // Torch's run cut at its limit: the rows it wrote still count.
+  results[2].outcome = Outcome::kFailed;
+  EXPECT_EQ(CompareKernels(results), rows);
   // Without torch: no speedup, and bf16 has no GEMM reference.
   results.pop_back();
   rows = CompareKernels(results);
@@ -466,6 +469,44 @@ TEST_F(ReportDir, TorchStepBenchTableAndGoals) {
                             "fp32: **not met** (1.40x)\n"));
   EXPECT_THAT(md, HasSubstr("- iteration >= 1.5x faster than torch at 0.6b, "
                             "bf16: **met** (1.60x)\n"));
+}
+
+// Fast and wrong is no goal met: where torch-check (the updates against
+// torch's on the GPU) failed, every goal the times meet is "met,
+// unverified", saying why; the goals not met stay so.
+TEST_F(ReportDir, GoalsMetStayUnverifiedWhenTheTorchCheckFailed) {
+  Write("env.txt", "gpu_present=1\ngpu_name=NVIDIA H200\n");
+  Write("checks/01-bench.rec",
+        "name=torch-step-bench\nkind=torch_step_bench\nstate=ran\n"
+        "exit_code=0\nlog=logs/bench.log\ndata=data/bench.json\n");
+  Write("logs/bench.log", "");
+  Write("data/bench.json", kTorchStepBench);
+  Write("checks/02-check.rec",
+        "name=torch-check\nkind=torch_check\nstate=ran\nexit_code=1\n"
+        "log=logs/check.log\ndata=data/check.json\n");
+  Write("logs/check.log", "");
+  Write("data/check.json",
+        R"({"status": "failed", "reason": "bf16: matrix update error 0.3"})");
+  ASSERT_OK_AND_ASSIGN(json report, BuildReport(dir_));
+  int unverified = 0;
+  for (const json& g : report["torch_step_bench"]["goals"]) {
+    EXPECT_NE(g["status"], "met");
+    if (g["status"] == "met, unverified") {
+      ++unverified;
+      EXPECT_THAT(g["reason"].get<std::string>(),
+                  HasSubstr("torch-check failed: bf16: matrix update error"));
+    }
+  }
+  EXPECT_EQ(unverified, 3);
+  const std::string md = RenderMarkdown(report);
+  EXPECT_THAT(md, HasSubstr("**Goals:** optimizer step 0 met, 2 not met, 1 "
+                            "not measured, 3 met but unverified (torch-check "
+                            "failed).\n"));
+  EXPECT_THAT(md, HasSubstr("- step >= 3.0x faster than torch at 0.6b, fp32: "
+                            "**met, unverified** (3.50x; torch-check failed: "
+                            "bf16: matrix update error 0.3)\n"));
+  EXPECT_THAT(md, HasSubstr("- step >= 3.0x faster than torch at 0.6b, bf16: "
+                            "**not met** (2.00x)\n"));
 }
 
 TEST_F(ReportDir, TorchStepBenchNotRunLeavesEveryGoalNotMeasured) {

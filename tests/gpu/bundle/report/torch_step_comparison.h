@@ -64,11 +64,12 @@ inline constexpr const char* kTorchStepDtypes[] = {"fp32", "bf16"};
 //          shapes_overridden, status (measured / skipped / failed),
 //          reason}],
 //    goals[{measure, size, dtype, target, ratio, status (met / not met /
-//           not measured), reason}]}
+//           not measured / met, unverified), reason}]}
 // with each ratio torch's median over ours (> 1: ours faster), computed
 // here from the medians (null unless both are positive). A goal is not
 // measured when its row is missing, skipped or failed, or ran with the
-// shapes overridden (a smoke run).
+// shapes overridden (a smoke run); one met is unverified where a
+// torch_check check (the updates against torch's) failed.
 nlohmann::json CompareTorchSteps(const std::vector<CheckResult>& results,
                                  const TorchStepBench& bench);
 
