@@ -1,0 +1,211 @@
+"""canzona.torch's overlap with backward and forward (``module=``).
+
+As backward finishes a gradient bucket (every parameter's gradient
+accumulated), a hook reports it to the daemon (GradReady), whose
+communication thread reduces it while backward goes on; step() then waits
+only for what is left and returns before the parameter all-gathers end,
+and forward pre-hooks wait (WaitParams) for just the buckets each module
+reads. ``_Overlap`` holds those hooks for ``canzona.torch.Optimizer``.
+
+Thread-safety: as the optimizer, one per trainer thread; the hooks run on
+the thread that runs backward and forward.
+"""
+
+import contextlib
+
+import torch
+
+
+def _into_view(param, view, rebind=True):
+    """Makes ``view`` (the memory the daemon reads) hold ``param``'s
+    gradient where ``param.grad`` is another tensor, zeros where it is None;
+    ``rebind``: ``param.grad`` is the view afterwards."""
+    grad = param.grad
+    if grad is not None and grad.data_ptr() == view.data_ptr():
+        return
+    with torch.no_grad():
+        if grad is None:
+            view.zero_()
+        else:
+            view.copy_(grad)
+    if rebind:
+        param.grad = view
+
+
+class _Overlap:
+    """The overlap half of ``canzona.torch.Optimizer`` (a mixin): the
+    backward hooks that report buckets, the forward pre-hooks that wait for
+    them, ``no_sync()`` and ``synchronize()``. It reads what the optimizer
+    set up before ``_hook_module``: ``client``, ``job_id``, ``rank``,
+    ``steps``, ``registered``, ``device``, ``_event``, ``_grads``,
+    ``_grad_flat``, ``_module``, ``_sync``, ``_hooks``, and calls its
+    ``_record_grads`` and ``_await_params``."""
+
+    def _hook_module(self, module):
+        buckets = self.registered["buckets"]
+        self._bucket_of = {}
+        for b, members in enumerate(buckets):
+            for j in members:
+                self._bucket_of[j] = b
+        # Frozen parameters never get a gradient: their buckets are left to
+        # step() (which reports whatever backward did not).
+        self._bucket_size = [0] * len(buckets)
+        self._left = []
+        self._reported = set()
+        # Buckets of the last async step not yet waited for.
+        self._unsynced = set()
+        for j, (param, _) in enumerate(self._grads):
+            if param.requires_grad:
+                self._bucket_size[self._bucket_of[j]] += 1
+        self._left = list(self._bucket_size)
+        # The shared gradients' version (torch's in-place counter, which
+        # every view of the buffer shares) when the last backward that
+        # reported buckets ended, and whether that end is awaited.
+        self._backward_version = None
+        self._end_queued = False
+        # GPU: the streams each bucket's gradients accumulated on this
+        # backward (AccumulateGrad runs on the stream its parameter's
+        # forward used), by handle.
+        self._grad_streams = [{} for _ in buckets]
+        # A hook that runs once a parameter's gradient is fully accumulated
+        # for this backward: torch >= 2.1 has one; before, hooks on the
+        # AccumulateGrad nodes (the Megatron DDP technique), which must stay
+        # referenced.
+        post_accumulate = hasattr(torch.Tensor,
+                                  "register_post_accumulate_grad_hook")
+        self._accumulators = []
+        for j, (param, _) in enumerate(self._grads):
+            if not param.requires_grad:
+                continue
+            if post_accumulate:
+                self._hooks.append(param.register_post_accumulate_grad_hook(
+                    self._accumulated(j)))
+                continue
+            acc = param.expand_as(param).grad_fn.next_functions[0][0]
+            self._hooks.append(acc.register_hook(self._accumulated(j)))
+            self._accumulators.append(acc)
+        index = {id(p): j for j, (p, _) in enumerate(self._grads)}
+        # A container without a forward of its own (ParameterList,
+        # ParameterDict, ModuleList...) is never called: the module above
+        # it reads its parameters, so that module's forward waits for them.
+        parent = {id(child): sub for sub in module.modules()
+                  for child in sub.children()}
+        waits = {}  # id(module) -> (module, buckets)
+        for sub in module.modules():
+            mine = {self._bucket_of[index[id(p)]]
+                    for p in sub.parameters(recurse=False) if id(p) in index}
+            if not mine:
+                continue
+            reader = sub
+            while (type(reader).forward is torch.nn.Module.forward
+                   and id(reader) in parent):
+                reader = parent[id(reader)]
+            waits.setdefault(id(reader), (reader, set()))[1].update(mine)
+        for reader, buckets in waits.values():
+            self._hooks.append(reader.register_forward_pre_hook(
+                self._before_forward(sorted(buckets))))
+
+    def _accumulated(self, j):
+        param, view = self._grads[j]
+
+        def hook(*unused):
+            del unused
+            self._seen_grad = True
+            # backward(create_graph=True) accumulates out of place, into a
+            # new .grad: its values go to the view before the bucket is
+            # reported (.grad stays the caller's, graph and all).
+            _into_view(param, view, rebind=False)
+            if not self._sync:
+                return
+            if not self._end_queued:
+                self._end_queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(
+                    self._backward_ended)
+            b = self._bucket_of[j]
+            if self._event is not None:
+                stream = torch.cuda.current_stream(self.device)
+                self._grad_streams[b][stream.cuda_stream] = stream
+            self._left[b] -= 1
+            if self._left[b] == 0 and b not in self._reported:
+                self._reported.add(b)
+                # A parameter used under another stream in forward
+                # accumulated there: the event must cover those adds too.
+                self._record_grads(self._grad_streams[b].values())
+                self._grad_streams[b].clear()
+                self.client.grad_ready(self.job_id, self.rank, self.steps + 1,
+                                       [b])
+        return hook
+
+    def _backward_ended(self):
+        self._end_queued = False
+        self._backward_version = self._grad_flat._version
+
+    def _check_reported_grads_unchanged(self):
+        """With ``module=`` the buckets backward reported are being reduced
+        from the shared gradients already: an in-place edit after backward
+        (``clip_grad_norm_``, ``GradScaler.unscale_``, ``p.grad.mul_``)
+        would race with the daemon's reads, and the step would use old,
+        new or torn values. Refused, before anything steps."""
+        if (self._reported and self._backward_version is not None
+                and self._grad_flat._version != self._backward_version):
+            raise RuntimeError(
+                "gradients were changed in place between backward and "
+                "step() (e.g. torch.nn.utils.clip_grad_norm_ or "
+                "GradScaler.unscale_), but with module= the daemon reduces "
+                "each bucket as backward reports it, so it has read them "
+                "already: this step is not taken, and the buckets already "
+                "reduced hold the unedited gradients (restart from a "
+                "checkpoint). Clip with max_grad_norm= (in the daemon's "
+                "step, after the reduction) and train in bf16 without a "
+                "GradScaler, or construct the optimizer without module=")
+
+    def _before_forward(self, buckets):
+        def hook(*unused):
+            del unused
+            for b in buckets:
+                if b in self._unsynced:
+                    self.client.wait_params(self.job_id, self.rank,
+                                            self.steps, b)
+                    self._await_params(b)
+                    self._unsynced.discard(b)
+        return hook
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward inside does not report buckets (gradient accumulation:
+        every micro-batch but the last)."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def synchronize(self):
+        """With ``module=``: waits for the last step's parameters, all
+        buckets. With the daemon's events (GPU, ``--comm nccl``) the host
+        waits only for the answer and the current stream for the writes;
+        otherwise the parameters are in place when it returns."""
+        if self._module is not None and self._unsynced:
+            self.client.wait_params(self.job_id, self.rank, self.steps, -1)
+            self._await_params()
+            self._unsynced.clear()
+
+    def _overlap_streams(self):
+        """At step() with ``module=``: refuses gradients edited since
+        backward, and returns the streams the buckets no hook reported (a
+        parameter without a gradient) may have accumulated on too."""
+        self._check_reported_grads_unchanged()
+        return [stream for streams in self._grad_streams
+                for stream in streams.values()]
+
+    def _overlap_step_done(self):
+        """After step() with ``module=``: the next backward reports every
+        bucket afresh, and the next forward waits for each."""
+        self._left = list(self._bucket_size)
+        for streams in self._grad_streams:
+            streams.clear()
+        self._reported = set()
+        # A backward that raised never ran its end callback.
+        self._backward_version = None
+        self._end_queued = False
+        self._unsynced = set(range(len(self._bucket_size)))
