@@ -361,18 +361,17 @@ def time_side(torch, canzona_torch, example, config, args, side, dtype_name,
         del model, optimizer
 
 
-def await_daemon_release(torch, device, free_before, timeout_s=20.0):
-    """A deregistered rank lingers (up to 5 s) with its mapping of the
-    trainer's buffer and its memory pool: waits until the device's free
-    memory is back to what it was before the canzona side (within 1 GiB),
-    so that the next row does not fail out of memory on this one's
-    leftovers."""
-    if device.type != "cuda":
-        return
+def await_free_memory(torch, device, want, timeout_s=20.0):
+    """The device's (free, total) bytes once `want` are free, or after
+    `timeout_s`: the last row's daemon rank lingers after its deregistration
+    (up to 5 s) with its mapping of the trainer's buffer and its memory
+    pool, which a large row needs back before it builds its model."""
     give_up = time.monotonic() + timeout_s
-    while (torch.cuda.mem_get_info(device)[0] < free_before - 2**30
-           and time.monotonic() < give_up):
+    free, total = torch.cuda.mem_get_info(device)
+    while free < want and time.monotonic() < give_up:
         time.sleep(0.2)
+        free, total = torch.cuda.mem_get_info(device)
+    return free, total
 
 
 def free_memory(torch, device):
@@ -450,15 +449,16 @@ def run_row(torch, canzona_torch, example, args, size, dtype_name, muon_cls,
         row["reason"] = ("time: %.0f s left, the row needs ~%.0f s" % (
             max(0.0, deadline(args) - now), estimate))
         return row
-    free_before = 0
     if device.type == "cuda":
-        free_before, total = torch.cuda.mem_get_info(device)
         need = canzona_side_bytes(row, dtype_name)
-        if need > 0.97 * free_before:
+        free, total = torch.cuda.mem_get_info(device)
+        if need <= 0.97 * total:
+            free, total = await_free_memory(torch, device, need / 0.97)
+        if need > 0.97 * free:
             row["reason"] = ("out of memory by estimate: the canzona side "
                              "needs >= %.1f GiB of the device's %.1f GiB "
                              "(%.1f GiB free)" % (need / 2**30, total / 2**30,
-                                                  free_before / 2**30))
+                                                  free / 2**30))
             return row
     problems, skips = [], []
     for side in ("torch", "canzona"):
@@ -480,8 +480,6 @@ def run_row(torch, canzona_torch, example, args, size, dtype_name, muon_cls,
             raise Terminated(STOP["why"])
         # The exception and its frames (and their tensors) are gone here.
         free_memory(torch, device)
-        if side == "canzona":
-            await_daemon_release(torch, device, free_before)
         if failure is not None:
             (skips if failure[0] else problems).append(failure[1])
             continue
