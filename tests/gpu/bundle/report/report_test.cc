@@ -43,6 +43,15 @@ class ReportDir : public ::testing::Test {
   void Write(const std::string& relative, const std::string& text) {
     std::ofstream(dir_ / relative) << text;
   }
+  // The torch-step-bench check (the NCCL plane's) as run.sh records it,
+  // having written `data`.
+  void WriteTorchStepBench(const std::string& data) {
+    Write("checks/01-bench.rec",
+          "name=torch-step-bench\nkind=torch_step_bench\nstate=ran\n"
+          "exit_code=0\nlog=logs/bench.log\ndata=data/bench.json\n");
+    Write("logs/bench.log", "");
+    Write("data/bench.json", data);
+  }
   // A check that ran: its record, log and JSON output.
   CheckRecord Ran(const std::string& name, const std::string& kind,
                   const std::string& log, const std::string& data,
@@ -403,11 +412,7 @@ constexpr char kTorchStepBench[] = R"({
 
 TEST_F(ReportDir, TorchStepBenchTableAndGoals) {
   Write("env.txt", "gpu_present=1\ngpu_name=NVIDIA H200\n");
-  Write("checks/01-bench.rec",
-        "name=torch-step-bench\nkind=torch_step_bench\nstate=ran\n"
-        "exit_code=0\nlog=logs/bench.log\ndata=data/bench.json\n");
-  Write("logs/bench.log", "");
-  Write("data/bench.json", kTorchStepBench);
+  WriteTorchStepBench(kTorchStepBench);
   ASSERT_OK_AND_ASSIGN(json report, BuildReport(dir_));
   EXPECT_EQ(report["checks"][0]["status"], "passed");
   const json& bench = report["torch_step_bench"];
@@ -476,11 +481,7 @@ TEST_F(ReportDir, TorchStepBenchTableAndGoals) {
 // unverified", saying why; the goals not met stay so.
 TEST_F(ReportDir, GoalsMetStayUnverifiedWhenTheTorchCheckFailed) {
   Write("env.txt", "gpu_present=1\ngpu_name=NVIDIA H200\n");
-  Write("checks/01-bench.rec",
-        "name=torch-step-bench\nkind=torch_step_bench\nstate=ran\n"
-        "exit_code=0\nlog=logs/bench.log\ndata=data/bench.json\n");
-  Write("logs/bench.log", "");
-  Write("data/bench.json", kTorchStepBench);
+  WriteTorchStepBench(kTorchStepBench);
   Write("checks/02-check.rec",
         "name=torch-check\nkind=torch_check\nstate=ran\nexit_code=1\n"
         "log=logs/check.log\ndata=data/check.json\n");
@@ -583,12 +584,8 @@ TEST_F(ReportDir, TorchStepBenchOnTheGlooPlaneHasItsOwnGoal) {
 }
 
 TEST_F(ReportDir, TorchStepBenchSmokeShapesJudgeNoGoal) {
-  Write("checks/01-bench.rec",
-        "name=torch-step-bench\nkind=torch_step_bench\nstate=ran\n"
-        "exit_code=0\nlog=logs/bench.log\ndata=data/bench.json\n");
-  Write("logs/bench.log", "");
-  Write("data/bench.json",
-        R"({"status": "passed", "device": "cpu", "rows": [
+  WriteTorchStepBench(
+      R"({"status": "passed", "device": "cpu", "rows": [
             {"size": "0.6b", "dtype": "fp32", "status": "measured",
              "shapes_overridden": true, "params": 69856,
              "canzona_step_ms": 1.0, "torch_step_ms": 9.0,
