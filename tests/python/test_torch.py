@@ -317,6 +317,34 @@ def test_clipping_equals_clip_grad_norm_then_the_optimizer(daemon, tmp_path,
           "(unclipped reference %.2e)" % (world, clipped, STEPS, worst, off))
 
 
+def test_grad_scaler_unscales_in_the_daemon_and_skips_on_every_rank(
+        daemon, tmp_path):
+    """torch.amp.GradScaler through scaler.step(opt): the daemon undoes the
+    scale (its gradient norm and the updates are the unscaled run's), and
+    when rank 0 alone overflows (step 3) both ranks skip that step, report
+    found_inf and back off their scales alike. GradScaler's own path would
+    skip step() on rank 0 only and leave rank 1 waiting in the daemon."""
+    steps, inf_at = 5, 3
+    plain = run_ranks(daemon, 2, str(tmp_path / "plain"), "--optimizer",
+                      "muon", "--last", str(inf_at - 1))
+    scaled = run_ranks(daemon, 2, str(tmp_path / "scaled"), "--optimizer",
+                       "muon", "--grad-scaler", "1024", "--inf-at",
+                       str(inf_at), "--last", str(steps))
+    for r in scaled:
+        assert r["scaling"] == [(1024.0, 0.0), (1024.0, 0.0), (1024.0, 1.0),
+                                (512.0, 0.0), (512.0, 0.0)], r["scaling"]
+        # Muon and AdamW hardly see a gradient's size; the norm does.
+        for (got, _), (want, _) in zip(r["clipping"], plain[0]["clipping"]):
+            assert abs(got - want) <= 1e-5 * want, (got, want)
+        for got, want in zip(r["deltas"], plain[0]["deltas"]):
+            for n in want:
+                assert abs(got[n] - want[n]) <= 1e-5 * want[n] + 1e-12, n
+        assert all(d == 0.0 for d in r["deltas"][inf_at - 1].values())
+        assert all(d > 0.0 for d in r["deltas"][inf_at].values())
+    for n, p in scaled[0]["params"].items():
+        assert torch.equal(p, scaled[1]["params"][n]), n
+
+
 @pytest.mark.parametrize("kind", ["shampoo", "soap"])
 def test_shampoo_and_soap_match_float64_references(daemon, tmp_path, kind):
     """Losses within 1e-5 relative every step; parameters within 1e-4. On

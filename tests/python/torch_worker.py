@@ -43,6 +43,36 @@ def make(name, model, job_id, lr_settings, **extra):
     raise ValueError(name)
 
 
+def make_scaler(init_scale):
+    """A GradScaler on the CPU: torch.amp.GradScaler("cpu") where torch has
+    one (2.3+); torch 1.13's CUDA scaler otherwise, enabled by hand (its
+    step() and per-optimizer state, what canzona.torch meets, do not care
+    about the device)."""
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler("cpu", init_scale=init_scale)
+    import torch.cuda.amp.grad_scaler as cuda_scaler
+    cuda_missing = cuda_scaler.amp_definitely_not_available
+    cuda_scaler.amp_definitely_not_available = lambda: False
+    try:
+        scaler = cuda_scaler.GradScaler(init_scale=init_scale)
+    finally:
+        cuda_scaler.amp_definitely_not_available = cuda_missing
+    scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
+    return scaler
+
+
+def update_scale(scaler, found_inf):
+    """scaler.update(); torch 1.13 has no CPU kernel for it, so there the
+    backoff (the growth interval, 2000 steps, is never reached here) is
+    passed as new_scale."""
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+        scaler.update()
+    else:
+        scale = scaler._scale.item()
+        scaler.update(new_scale=scale * scaler.get_backoff_factor()
+                      if found_inf else scale)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--optimizer", default="muon")
@@ -70,6 +100,12 @@ def main():
     p.add_argument("--model-zero-grad", action="store_true",
                    help="model.zero_grad() (.grad = None, as Hugging Face's "
                         "Trainer does) instead of opt.zero_grad()")
+    p.add_argument("--grad-scaler", type=float, default=0.0,
+                   help="> 0: loss scaling with torch.amp.GradScaler at this "
+                        "initial scale (scaler.step(opt), scaler.update())")
+    p.add_argument("--inf-at", type=int, default=0,
+                   help="rank 0 puts an inf into one gradient at this step "
+                        "(only there: the other ranks' stay finite)")
     args = p.parse_args()
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
@@ -98,18 +134,34 @@ def main():
         opt.load_state_dict(saved["optimizer"])
     sched = (torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
              if args.halve_lr else None)
+    scaler = make_scaler(args.grad_scaler) if args.grad_scaler > 0 else None
+    scaling = []  # (the scale the step used, found_inf) per step
     losses = []
     deltas = []
     grads = []
     clipping = []  # (pre-clip norm, factor) per step
     for step in range(args.first, args.last + 1):
         loss = train_torch.loss_fn(model, step, rank)
-        loss.backward()
+        if scaler is None:
+            loss.backward()
+        else:
+            # scaler.scale(loss) as on a GPU (torch 1.13's asserts CUDA).
+            (loss * scaler._scale).backward()
+        if step == args.inf_at and rank == 0:
+            next(model.parameters()).grad.view(-1)[0] = float("inf")
         if args.record_grads:
             grads.append({n: q.grad.detach().clone()
                           for n, q in model.named_parameters()})
         before = {n: q.detach().clone() for n, q in model.named_parameters()}
-        opt.step()
+        if scaler is None:
+            opt.step()
+        else:
+            used = scaler._scale.item()
+            scaler.step(opt)
+            found_inf = sum(t.item() for t in scaler._per_optimizer_states[
+                id(opt)]["found_inf_per_device"].values())
+            scaling.append((used, found_inf))
+            update_scale(scaler, found_inf)
         clipping.append((opt.last_step["grad_norm"],
                          opt.last_step["clip_factor"]))
         deltas.append({n: (q.detach() - before[n]).norm().item()
@@ -126,7 +178,7 @@ def main():
         torch.save({"model": model.state_dict(),
                     "optimizer": opt.state_dict()}, args.save)
     torch.save({"losses": losses, "deltas": deltas, "grads": grads,
-                "clipping": clipping,
+                "clipping": clipping, "scaling": scaling,
                 "params": {n: q.detach().clone()
                            for n, q in model.named_parameters()},
                 "lrs": [g["lr"] for g in opt.param_groups],

@@ -46,8 +46,10 @@ keeps its parameters and gradients in that dtype; the daemon keeps the fp32
 master weights and optimizer state of what each rank owns, updates them in
 fp32 and rounds the new parameters once (round to nearest even). This
 process keeps no fp32 copy. state_dict() / checkpoints carry the masters.
-A non-finite gradient (float16 overflow) makes every rank skip the step;
-dynamic loss scaling stays the trainer's.
+A non-finite gradient (float16 overflow) makes every rank skip the step.
+Dynamic loss scaling: ``scaler.step(opt)`` with torch.amp.GradScaler hands
+the daemon the scale to undo (in fp32, after the reduction) and gives every
+rank the daemon's one skip decision, so the ranks' scales stay equal.
 
 Thread-safety: like torch.optim optimizers, one per trainer thread.
 """
@@ -59,6 +61,7 @@ import torch
 
 import canzona
 from canzona import CanzonaError
+from canzona._torch_amp import loss_scale_multiplier, report_found_inf
 from canzona._torch_overlap import _Overlap, _into_view
 from canzona._torch_setup import (
     _DTYPE_NAMES, _buffer_entries, _device_and_dtype, _job_id,
@@ -134,6 +137,10 @@ class Optimizer(_Overlap, torch.optim.Optimizer):
         (``step()`` would have failed instead): False answers after the
         writes, as on the Gloo plane.
     """
+
+    # GradScaler.step(opt) calls step(grad_scaler=scaler) instead of
+    # unscaling and skipping on this rank's own gradients.
+    _step_supports_amp_scaling = True
 
     def __init__(self, named_parameters, groups, route=None, *, layout=None,
                  tp_size=1, tp_split=None, target=None, job_id=None,
@@ -357,13 +364,15 @@ class Optimizer(_Overlap, torch.optim.Optimizer):
             _into_view(param, view)
 
     @torch.no_grad()
-    def step(self, closure=None, max_grad_norm=0.0):
+    def step(self, closure=None, max_grad_norm=0.0, grad_scaler=None):
         """One optimizer step on every rank. Without ``module=`` this rank's
         parameters hold the update when it returns; with the daemon's
         events (GPU, ``--comm nccl``), for the current stream's later work:
         the host does not wait for the GPU. max_grad_norm > 0 clips this
         step at that norm instead of the constructor's (every rank passes
-        the same)."""
+        the same). grad_scaler: passed by ``scaler.step(opt)``
+        (torch.amp.GradScaler): the daemon undoes its scale and every rank
+        skips alike (canzona/_torch_amp.py)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -381,11 +390,13 @@ class Optimizer(_Overlap, torch.optim.Optimizer):
         # step reads them (a step without a forward in between).
         self.synchronize()
         self._record_grads(streams)
-        self.last_step = self.client.step(self.job_id, self.rank,
-                                          self.steps + 1, lr,
-                                          async_params=overlap,
-                                          max_grad_norm=max_grad_norm,
-                                          settings=settings)
+        self.last_step = self.client.step(
+            self.job_id, self.rank, self.steps + 1, lr,
+            grad_scale=loss_scale_multiplier(self, grad_scaler),
+            async_params=overlap, max_grad_norm=max_grad_norm,
+            settings=settings)
+        report_found_inf(self, grad_scaler,
+                         self.last_step["skipped_nonfinite"])
         if not overlap:
             self._await_params()
         self.steps += 1
