@@ -317,19 +317,22 @@ def test_clipping_equals_clip_grad_norm_then_the_optimizer(daemon, tmp_path,
           "(unclipped reference %.2e)" % (world, clipped, STEPS, worst, off))
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 def test_grad_scaler_unscales_in_the_daemon_and_skips_on_every_rank(
-        daemon, tmp_path):
+        daemon, tmp_path, overlap):
     """torch.amp.GradScaler through scaler.step(opt): the daemon undoes the
     scale (its gradient norm and the updates are the unscaled run's), and
     when rank 0 alone overflows (step 3) both ranks skip that step, report
     found_inf and back off their scales alike. GradScaler's own path would
-    skip step() on rank 0 only and leave rank 1 waiting in the daemon."""
+    skip step() on rank 0 only and leave rank 1 waiting in the daemon;
+    with module= its unscale_ would edit reported gradients."""
     steps, inf_at = 5, 3
+    mode = ["--overlap", "--synchronize"] if overlap else []
     plain = run_ranks(daemon, 2, str(tmp_path / "plain"), "--optimizer",
-                      "muon", "--last", str(inf_at - 1))
+                      "muon", "--last", str(inf_at - 1), *mode)
     scaled = run_ranks(daemon, 2, str(tmp_path / "scaled"), "--optimizer",
                        "muon", "--grad-scaler", "1024", "--inf-at",
-                       str(inf_at), "--last", str(steps))
+                       str(inf_at), "--last", str(steps), *mode)
     for r in scaled:
         assert r["scaling"] == [(1024.0, 0.0), (1024.0, 0.0), (1024.0, 1.0),
                                 (512.0, 0.0), (512.0, 0.0)], r["scaling"]

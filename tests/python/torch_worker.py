@@ -104,8 +104,11 @@ def main():
                    help="> 0: loss scaling with torch.amp.GradScaler at this "
                         "initial scale (scaler.step(opt), scaler.update())")
     p.add_argument("--inf-at", type=int, default=0,
-                   help="rank 0 puts an inf into one gradient at this step "
-                        "(only there: the other ranks' stay finite)")
+                   help="rank 0's loss is multiplied by inf at this step "
+                        "(its gradients alone are not finite)")
+    p.add_argument("--synchronize", action="store_true",
+                   help="opt.synchronize() after each step: with --overlap "
+                        "the deltas then hold every bucket's update")
     args = p.parse_args()
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
@@ -142,13 +145,15 @@ def main():
     clipping = []  # (pre-clip norm, factor) per step
     for step in range(args.first, args.last + 1):
         loss = train_torch.loss_fn(model, step, rank)
-        if scaler is None:
-            loss.backward()
-        else:
+        scaled = loss
+        if scaler is not None:
             # scaler.scale(loss) as on a GPU (torch 1.13's asserts CUDA).
-            (loss * scaler._scale).backward()
+            scaled = loss * scaler._scale
         if step == args.inf_at and rank == 0:
-            next(model.parameters()).grad.view(-1)[0] = float("inf")
+            # The backward itself overflows (not an edit after it, which
+            # module= refuses).
+            scaled = scaled * float("inf")
+        scaled.backward()
         if args.record_grads:
             grads.append({n: q.grad.detach().clone()
                           for n, q in model.named_parameters()})
@@ -162,6 +167,8 @@ def main():
                 id(opt)]["found_inf_per_device"].values())
             scaling.append((used, found_inf))
             update_scale(scaler, found_inf)
+        if args.synchronize:
+            opt.synchronize()
         clipping.append((opt.last_step["grad_norm"],
                          opt.last_step["clip_factor"]))
         deltas.append({n: (q.detach() - before[n]).norm().item()
