@@ -2,15 +2,21 @@
 
 #include <civetweb.h>
 #include <dlfcn.h>
+#include <netdb.h>
 #include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 
 // Debian's civetweb is built with USE_STACK_SIZE=102400: every server
 // thread asks pthread_attr_setstacksize for 100 KiB. glibc puts the static
@@ -41,6 +47,38 @@ void Reply(::mg_connection* conn, int code, const char* reason,
             "Connection: close\r\n\r\n",
             code, reason, content_type, body.size());
   if (!head && !body.empty()) mg_write(conn, body.data(), body.size());
+}
+
+// The host a local connection to a server bound on `host` uses.
+std::string WakeHost(std::string host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host == "0.0.0.0") return "127.0.0.1";
+  if (host == "::") return "::1";
+  return host;
+}
+
+// Opens a TCP connection to host:port and closes it (best effort).
+void Knock(const std::string& host, int port) {
+  struct addrinfo hints;
+  std::memset(&hints, 0, sizeof(hints));
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  struct addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints,
+                    &found) != 0) {
+    return;
+  }
+  for (struct addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd =
+        ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int connected = ::connect(fd, a->ai_addr, a->ai_addrlen);
+    ::close(fd);
+    if (connected == 0) break;
+  }
+  ::freeaddrinfo(found);
 }
 
 }  // namespace
@@ -111,13 +149,28 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
         absl::StrCat("metrics server on ", address, ": no bound port"));
   }
   server->port_ = ports[0].port;
+  server->wake_host_ = WakeHost(address.substr(0, colon));
   mg_set_request_handler(server->context_, "/", &MetricsHttpServer::Handle,
                          server.get());
   return server;
 }
 
 MetricsHttpServer::~MetricsHttpServer() {
-  if (context_ != nullptr) mg_stop(context_);
+  if (context_ == nullptr) return;
+  // mg_stop sets a flag and waits for civetweb's master thread, which
+  // reads it only when its poll of the listening socket returns: at a
+  // connection, else after 2 s (SOCKET_TIMEOUT_QUANTUM). A daemon's
+  // shutdown, and a coordinator's waiting for that daemon's calls to end,
+  // took those 2 s each time. A connection every 20 ms ends the poll.
+  absl::Notification stopped;
+  std::thread knocker([this, &stopped] {
+    while (!stopped.WaitForNotificationWithTimeout(absl::Milliseconds(20))) {
+      Knock(wake_host_, port_);
+    }
+  });
+  mg_stop(context_);
+  stopped.Notify();
+  knocker.join();
 }
 
 }  // namespace canzona

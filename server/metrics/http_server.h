@@ -8,7 +8,9 @@
 //   int port = server->port();  // the bound port (0 asks for a free one)
 //
 // Thread-safety: thread-safe; requests are served on civetweb's threads.
-// The registry must outlive the server; the destructor stops serving.
+// The registry must outlive the server; the destructor stops serving, at
+// once (it wakes civetweb's listener, which would otherwise notice the
+// stop only at the end of its 2 s poll).
 #ifndef CANZONA_SERVER_METRICS_HTTP_SERVER_H_
 #define CANZONA_SERVER_METRICS_HTTP_SERVER_H_
 
@@ -46,6 +48,9 @@ class MetricsHttpServer {
   MetricsRegistry* registry_;
   mg_context* context_ = nullptr;
   int port_ = 0;
+  // Where a connection reaches the listening socket: the bound host, or
+  // loopback for a wildcard address.
+  std::string wake_host_;
 };
 
 }  // namespace canzona
