@@ -687,6 +687,13 @@ def test_bad_use_raises_clear_errors(daemon):
     with pytest.raises(RuntimeError, match="before backward"):
         opt.step()
     train_torch.loss_fn(model, 1, 0).backward()
+    # GradScaler's announced attribute protocol (a scale set on the
+    # optimizer, no grad_scaler=): refused before anything steps.
+    opt.grad_scale = torch.full((1,), 1024.0)
+    with pytest.raises(RuntimeError, match="grad_scaler="):
+        opt.step()
+    del opt.grad_scale
+    assert opt.steps == 0
     opt.step()
     assert opt.last_step["seconds"]["total"] > 0
     plan, digest = opt.plan()

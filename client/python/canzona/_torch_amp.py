@@ -32,6 +32,17 @@ def loss_scale_multiplier(optimizer, grad_scaler):
     gradients were unscaled in place, for clip_grad_norm_ say). Reading the
     scale waits for the current stream, as GradScaler's own skip check
     does."""
+    if grad_scaler is None and torch.is_tensor(
+            getattr(optimizer, "grad_scale", None)):
+        # The protocol torch announces to replace grad_scaler=: a scale
+        # and each rank's own found_inf as attributes, with no way to
+        # hand the daemon's decision back to scaler.update().
+        raise RuntimeError(
+            "this torch's GradScaler set optimizer.grad_scale instead of "
+            "passing grad_scaler= to step(); canzona.torch cannot give "
+            "every rank the daemon's skip decision that way: use a torch "
+            "whose GradScaler passes grad_scaler= to step(), or train in "
+            "bfloat16")
     if grad_scaler is None or not grad_scaler.is_enabled():
         return 0.0
     state = _optimizer_state(optimizer, grad_scaler)

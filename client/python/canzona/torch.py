@@ -381,6 +381,7 @@ class Optimizer(_Overlap, torch.optim.Optimizer):
             raise RuntimeError(
                 "step() before backward produced a gradient: call "
                 "loss.backward() first")
+        grad_scale = loss_scale_multiplier(self, grad_scaler)
         overlap = self._module is not None
         streams = self._overlap_streams() if overlap else ()
         self._restore_grads()
@@ -392,7 +393,7 @@ class Optimizer(_Overlap, torch.optim.Optimizer):
         self._record_grads(streams)
         self.last_step = self.client.step(
             self.job_id, self.rank, self.steps + 1, lr,
-            grad_scale=loss_scale_multiplier(self, grad_scaler),
+            grad_scale=grad_scale,
             async_params=overlap, max_grad_norm=max_grad_norm,
             settings=settings)
         report_found_inf(self, grad_scaler,
