@@ -147,6 +147,11 @@ void DpLane::WaitIdle() {
   while (!queue_.empty() || running_) cv_.Wait(&mu_);
 }
 
+bool DpLane::Idle() const {
+  absl::MutexLock lock(&mu_);
+  return queue_.empty() && !running_;
+}
+
 absl::Status DpLane::RunOnLane(const std::function<absl::Status()>& fn) {
   absl::Status status;
   bool ran = false;

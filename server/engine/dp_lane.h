@@ -83,6 +83,8 @@ class DpLane {
   // Blocks until nothing is queued or running; the worker calls it before
   // work that must not race the communication thread (checkpoints).
   void WaitIdle();
+  // Nothing queued or running now.
+  bool Idle() const;
 
   // Runs `fn` on the lane's thread after what is queued now, between two
   // collectives, and returns its status; also on a failed lane. For work

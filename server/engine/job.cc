@@ -45,6 +45,11 @@ void LocalRank::FailLane(const absl::Status& status) {
   if (lane_) lane_->Fail(status);
 }
 
+bool LocalRank::LaneIdle() {
+  absl::MutexLock lock(&comm_mu_);
+  return lane_ == nullptr || lane_->Idle();
+}
+
 Job::Job(std::string id, std::string token, JobSettings settings)
     : id(std::move(id)),
       token(std::move(token)),

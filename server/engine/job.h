@@ -91,6 +91,8 @@ class LocalRank {
   // job ready; FailLane reaches it from any thread.
   void SetLane(std::unique_ptr<DpLane> lane) ABSL_LOCKS_EXCLUDED(comm_mu_);
   void FailLane(const absl::Status& status) ABSL_LOCKS_EXCLUDED(comm_mu_);
+  // No DP lane, or one with nothing queued or running.
+  bool LaneIdle() ABSL_LOCKS_EXCLUDED(comm_mu_);
   DpLane& lane() { return *lane_; }
 
   // Set at admission, before the first task; a rank whose registration

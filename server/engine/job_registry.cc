@@ -246,7 +246,7 @@ bool JobRegistry::RemoveLocalRank(const std::shared_ptr<Job>& job, int global,
     // most a few socket buffers) and for the queued all-gathers; short
     // enough that peers stepping on without this rank fail soon.
     absl::MutexLock lock(&mu_);
-    lingering_.emplace_back(absl::Now() + options_.linger, std::move(rank));
+    lingering_.push_back({absl::Now() + options_.linger, job, std::move(rank)});
     return true;
   }
   // Unblocks a step still running on the rank, then joins its worker (which
@@ -257,6 +257,22 @@ bool JobRegistry::RemoveLocalRank(const std::shared_ptr<Job>& job, int global,
   job->CancelAfterStep(*rank);
   if (pending) pending(absl::AbortedError(reason));
   return true;
+}
+
+bool JobRegistry::Drained(const Lingering& lingering) {
+  // A rank that left has read all it needed; with every rank of the job
+  // here and gone, only this rank's own queued all-gathers (into its
+  // trainer's buffers) may still need the communicators. Early in
+  // single-node jobs, which is where a daemon's memory is wanted back at
+  // once (a next job on the same GPU); across daemons the linger stays.
+  Job& job = *lingering.job;
+  {
+    absl::MutexLock job_lock(&job.mu);
+    if (!job.ranks.empty() || job.setup_done < job.settings.world) {
+      return false;
+    }
+  }
+  return lingering.rank->LaneIdle();
 }
 
 void JobRegistry::Tick() {
@@ -271,8 +287,8 @@ void JobRegistry::Tick() {
     retired.swap(retired_);
     const absl::Time now = absl::Now();
     for (size_t i = 0; i < lingering_.size();) {
-      if (lingering_[i].first <= now) {
-        expired.push_back(std::move(lingering_[i].second));
+      if (lingering_[i].until <= now || Drained(lingering_[i])) {
+        expired.push_back(std::move(lingering_[i].rank));
         lingering_[i] = std::move(lingering_.back());
         lingering_.pop_back();
       } else {
@@ -366,7 +382,7 @@ void JobRegistry::Close() {
     for (auto& [id, job] : jobs_) jobs.push_back(job);
     jobs_.clear();
     retired.swap(retired_);
-    for (auto& [when, rank] : lingering_) lingered.push_back(std::move(rank));
+    for (Lingering& l : lingering_) lingered.push_back(std::move(l.rank));
     lingering_.clear();
   }
   spdlog::info("engine shutting down: daemon={} jobs={}", options_.daemon_id,

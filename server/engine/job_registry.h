@@ -116,9 +116,10 @@ class JobRegistry {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The watcher's round: joins refused ranks' workers, ends expired
-  // lingers, releases ranks whose trainer exited without deregistering,
-  // deletes the control-plane keys of jobs that are over and drops the
-  // series of jobs gone for the metrics retention.
+  // lingers (early for a job whose every rank was local and left), releases
+  // ranks whose trainer exited without deregistering, deletes the control-plane
+  // keys of jobs that are over and drops the series of jobs gone for the
+  // metrics retention.
   void Tick() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Fails every job and in-flight call with UNAVAILABLE, stops every
@@ -130,6 +131,9 @@ class JobRegistry {
   // keys deleted when the record goes.
   void DropJobLocked(const std::shared_ptr<Job>& job, bool remember)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a lingering rank may go before its time (Tick).
+  struct Lingering;
+  static bool Drained(const Lingering& lingering);
   // Deletes what the departures and dropped records queued.
   void DeleteKeys() ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the series of the jobs gone for the retention. Under mu_, so
@@ -143,9 +147,15 @@ class JobRegistry {
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   // Workers of ranks removed from their own thread: joined by Tick.
   std::vector<std::unique_ptr<Worker>> retired_ ABSL_GUARDED_BY(mu_);
-  // Ranks that left gracefully, kept (communicators open) until the time.
-  std::vector<std::pair<absl::Time, std::shared_ptr<LocalRank>>> lingering_
-      ABSL_GUARDED_BY(mu_);
+  // A rank that left gracefully, kept (communicators open) until `until`,
+  // or until no peer can still be reading from it: every rank of its job
+  // lived on this daemon and has left, and its lane has drained.
+  struct Lingering {
+    absl::Time until;
+    std::shared_ptr<Job> job;
+    std::shared_ptr<LocalRank> rank;
+  };
+  std::vector<Lingering> lingering_ ABSL_GUARDED_BY(mu_);
   // Jobs that failed and lost their last local rank (a dead trainer), kept
   // so that GetStatus and GetPlan still explain them; the newest 16.
   std::deque<std::shared_ptr<Job>> failed_jobs_ ABSL_GUARDED_BY(mu_);

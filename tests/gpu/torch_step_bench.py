@@ -363,9 +363,11 @@ def time_side(torch, canzona_torch, example, config, args, side, dtype_name,
 
 def await_free_memory(torch, device, want, timeout_s=20.0):
     """The device's (free, total) bytes once `want` are free, or after
-    `timeout_s`: the last row's daemon rank lingers after its deregistration
-    (up to 5 s) with its mapping of the trainer's buffer and its memory
-    pool, which a large row needs back before it builds its model."""
+    `timeout_s`: the last row's daemon rank stays after its deregistration
+    (until the daemon's watcher round, 200 ms, for these single-daemon
+    jobs; a daemon before 2026-12-07 kept it 5 s) with its mapping of the
+    trainer's buffer and its memory pool, which a large row needs back
+    before it builds its model."""
     give_up = time.monotonic() + timeout_s
     free, total = torch.cuda.mem_get_info(device)
     while free < want and time.monotonic() < give_up:

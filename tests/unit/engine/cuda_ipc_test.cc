@@ -138,6 +138,25 @@ TEST(CudaIpcEngineTest, StepsOnIpcBuffersAreBitwiseAndReleaseTheirMemory) {
   }
 }
 
+// A job whose every rank lived on one daemon, all of them gone: no peer can
+// still read from their communicators, so the ranks go at the watcher's
+// next round (200 ms) once their lanes drained, not after the linger (5 s)
+// that protects peers on other daemons: a next job on the same GPU gets
+// the memory at once.
+TEST(CudaIpcEngineTest, ASingleDaemonJobReleasesItsMemoryBeforeTheLinger) {
+  FakeCudaIpc fake;
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &fake);
+  JobRun run(IpcConfig("ipc-local", 1, 1));
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  ASSERT_OK(run.RunSteps(cluster, 1, 2));
+  ASSERT_OK(run.Deregister(cluster));
+  Eventually([&] { return fake.closes.load() >= fake.opens.load(); },
+             absl::Milliseconds(2500));
+  EXPECT_EQ(fake.closes.load(), fake.opens.load());
+  EXPECT_EQ(fake.events_open.load(), 0);
+}
+
 // The synchronous copies through the IPC layer (FakeCudaIpc's counters).
 struct IpcCopies {
   int64_t to_host = 0, to_host_bytes = 0;
