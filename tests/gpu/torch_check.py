@@ -49,6 +49,17 @@ own, on one fixed batch of random tokens (its loss must fall). Variants:
         straddle a boundary: ~5e-4 by that estimate, within the bound. The
         update's own accuracy is the fp32 variant's to check: a parameter
         comparison barely sees a 10% learning-rate error.
+  fp16params  bf16params with float16 parameters and dynamic loss scaling:
+        torch.amp.GradScaler's scaler.step(opt) / scaler.update() on the
+        canzona side (the daemon undoes the scale and reports the skip,
+        canzona/_torch_amp.py); the torch side's masters step with the
+        same gradients times 1 / scale. At step 3 the canzona side's loss
+        is multiplied by inf: that step must be skipped (no update, the
+        torch side skips it too) and the scale halved; the daemon's
+        gradient norm is the unscaled gradients' (1e-4). Tolerance 2e-3 as
+        for bf16params: a float16 ulp is 8x smaller, so ~8x more elements
+        straddle a rounding boundary, each off by an 8x smaller ulp.
+        Needs a GPU (torch on the CPU has no float16 matmuls before 2.x).
   Vector parameters (AdamW) on identical inputs: tolerance 1e-3. Float32
   in another order, and elements with tiny gradients amplify rounding in
   m / sqrt(v) (3e-5 measured over 20 steps on the cpu backend); a missing
@@ -83,9 +94,15 @@ MUON = {"lr": 1e-3, "weight_decay": 0.1, "momentum": 0.95, "nesterov": True,
 ADAMW = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 TOLERANCES = {"fp32": {"matrix": 1e-3, "vector": 1e-3},
               "bf16": {"matrix": 6e-2, "vector": 1e-3},
-              "bf16params": {"matrix": 2e-3, "vector": 2e-3}}
+              "bf16params": {"matrix": 2e-3, "vector": 2e-3},
+              "fp16params": {"matrix": 2e-3, "vector": 2e-3}}
 # The daemon's Newton-Schulz precision per variant.
-NS_PRECISION = {"fp32": "fp32", "bf16": "bf16", "bf16params": "fp32"}
+NS_PRECISION = {"fp32": "fp32", "bf16": "bf16", "bf16params": "fp32",
+                "fp16params": "fp32"}
+# The trainer's parameter dtype of the mixed-precision variants.
+HALF_PARAMS = {"bf16params": "bfloat16", "fp16params": "float16"}
+# fp16params: the step whose loss overflows on the canzona side.
+OVERFLOW_STEP = 3
 HEAD_NAMES = ("embed", "lm_head")
 
 
@@ -224,11 +241,14 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
     torch.manual_seed(seed)
     model, vocab, seq = make_model(torch)
     model = model.to(device)
-    # bf16params: canzona trains bf16 parameters; the torch side steps fp32
-    # masters of them (exactly the bf16 values at the start).
-    bf16_params = variant == "bf16params"
+    # bf16params / fp16params: canzona trains half-precision parameters;
+    # the torch side steps fp32 masters of them (exactly the half values at
+    # the start).
+    bf16_params = variant in HALF_PARAMS
     if bf16_params:
-        model = model.to(torch.bfloat16)
+        model = model.to(getattr(torch, HALF_PARAMS[variant]))
+    scaler = make_scaler(torch, device) if variant == "fp16params" else None
+    skipped, scales, norm_errs = [], [], []
     mirror = copy.deepcopy(model)
     if bf16_params:
         mirror = mirror.float()
@@ -274,15 +294,38 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
                 logits = model(tokens[:, :-1])
             loss = torch.nn.functional.cross_entropy(
                 logits.float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
-            loss.backward()
+            overflow = scaler is not None and step == OVERFLOW_STEP
+            if scaler is None:
+                loss.backward()
+            else:
+                scale = scaler.get_scale()
+                scales.append(scale)
+                scaled = scaler.scale(loss)
+                (scaled * float("inf") if overflow else scaled).backward()
             losses.append(loss.item())
             for n in names:
                 mirror_params[n].grad = params[n].grad.detach().to(
                     mirror_params[n].dtype, copy=True)
+                if scaler is not None:
+                    mirror_params[n].grad.mul_(1.0 / scale)
 
             sync(torch, device)
             t0 = time.perf_counter()
-            opt.step()
+            if scaler is None:
+                opt.step()
+            else:
+                scaler.step(opt)
+                scaler.update()
+                if opt.last_step["skipped_nonfinite"]:
+                    skipped.append(step)
+                else:
+                    # Muon and AdamW hardly see a gradient's size (an
+                    # unscaled step looks alike); the daemon's norm does.
+                    want = math.sqrt(sum(
+                        float(mirror_params[n].grad.double().norm()) ** 2
+                        for n in names))
+                    norm_errs.append(
+                        abs(opt.last_step["grad_norm"] - want) / want)
             if hasattr(opt, "synchronize"):
                 opt.synchronize()
             await_params_written(opt, args.event_timeout,
@@ -290,8 +333,9 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
             sync(torch, device)
             ours_ms.append(1e3 * (time.perf_counter() - t0))
             t0 = time.perf_counter()
-            torch_muon.step()
-            torch_adamw.step()
+            if not overflow:
+                torch_muon.step()
+                torch_adamw.step()
             sync(torch, device)
             torch_ms.append(1e3 * (time.perf_counter() - t0))
             opt.zero_grad()
@@ -303,7 +347,7 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
                     if bf16_params:
                         # The parameters against the masters, rounded.
                         ours = params[n].double()
-                        ref = mirror_params[n].to(torch.bfloat16).double()
+                        ref = mirror_params[n].to(params[n].dtype).double()
                     else:
                         ours = (params[n] - before[n]).double()
                         ref = (mirror_params[n] - before[n]).double()
@@ -330,6 +374,19 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
     if not losses[-1] < losses[0]:
         problems.append("loss did not fall: %.4f -> %.4f" %
                         (losses[0], losses[-1]))
+    if scaler is not None:
+        want = [OVERFLOW_STEP] if args.steps >= OVERFLOW_STEP else []
+        if skipped != want:
+            problems.append("skipped steps %s, not %s" % (skipped, want))
+        if (len(scales) > OVERFLOW_STEP and
+                scales[OVERFLOW_STEP] != scales[OVERFLOW_STEP - 1] / 2):
+            problems.append("the scale went %g -> %g at the overflow, not "
+                            "halved" % (scales[OVERFLOW_STEP - 1],
+                                        scales[OVERFLOW_STEP]))
+        # The norm of fp32 sums in two orders.
+        if norm_errs and max(norm_errs) > 1e-4:
+            problems.append("the daemon's gradient norm is off the "
+                            "unscaled one by %.3g" % max(norm_errs))
     return {
         "name": variant, "steps": args.steps, "seed": seed,
         "status": "failed" if problems else "passed",
@@ -343,7 +400,17 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
         "loss_first": losses[0], "loss_last": losses[-1],
         "canzona_step_ms": median(ours_ms[1:]),
         "torch_step_ms": median(torch_ms[1:]),
+        "skipped_steps": skipped, "loss_scales": scales,
+        "grad_norm_max_rel_err": max(norm_errs) if norm_errs else None,
     }
+
+
+def make_scaler(torch, device):
+    """torch.amp.GradScaler on `device` (torch >= 2.3), else torch 1.x's
+    CUDA scaler."""
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler(device.type, init_scale=2.0 ** 16)
+    return torch.cuda.amp.GradScaler(init_scale=2.0 ** 16)
 
 
 class Float32MuonNs:
@@ -482,7 +549,8 @@ def main():
     parser.add_argument("--backend", default="cpu",
                         help="backend of the started canzonad")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    parser.add_argument("--variants", default="fp32,bf16,bf16params")
+    parser.add_argument("--variants",
+                        default="fp32,bf16,bf16params,fp16params")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--event-timeout", type=float, default=30,
                         help="seconds a step's parameters-written events "
