@@ -259,20 +259,24 @@ bool JobRegistry::RemoveLocalRank(const std::shared_ptr<Job>& job, int global,
   return true;
 }
 
-bool JobRegistry::Drained(const Lingering& lingering) {
-  // A rank that left has read all it needed; with every rank of the job
-  // here and gone, only this rank's own queued all-gathers (into its
-  // trainer's buffers) may still need the communicators. Early in
-  // single-node jobs, which is where a daemon's memory is wanted back at
-  // once (a next job on the same GPU); across daemons the linger stays.
-  Job& job = *lingering.job;
+bool JobRegistry::Drained(Job& job) {
+  // With every rank of the job here and gone, only the lingering ranks'
+  // own queued all-gathers may still need the communicators: once every
+  // one of their lanes is idle, each collective has ended on every
+  // participant, so no data is left unread in a connection that closes.
+  // Early in single-node jobs, which is where a daemon's memory is wanted
+  // back at once (a next job on the same GPU); across daemons the linger
+  // stays (a peer elsewhere may still be reading).
   {
     absl::MutexLock job_lock(&job.mu);
     if (!job.ranks.empty() || job.setup_done < job.settings.world) {
       return false;
     }
   }
-  return lingering.rank->LaneIdle();
+  for (const Lingering& l : lingering_) {
+    if (l.job.get() == &job && !l.rank->LaneIdle()) return false;
+  }
+  return true;
 }
 
 void JobRegistry::Tick() {
@@ -287,7 +291,7 @@ void JobRegistry::Tick() {
     retired.swap(retired_);
     const absl::Time now = absl::Now();
     for (size_t i = 0; i < lingering_.size();) {
-      if (lingering_[i].until <= now || Drained(lingering_[i])) {
+      if (lingering_[i].until <= now || Drained(*lingering_[i].job)) {
         expired.push_back(std::move(lingering_[i].rank));
         lingering_[i] = std::move(lingering_.back());
         lingering_.pop_back();

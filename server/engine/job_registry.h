@@ -131,9 +131,8 @@ class JobRegistry {
   // keys deleted when the record goes.
   void DropJobLocked(const std::shared_ptr<Job>& job, bool remember)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether a lingering rank may go before its time (Tick).
-  struct Lingering;
-  static bool Drained(const Lingering& lingering);
+  // Whether the lingering ranks of `job` may go before their time (Tick).
+  bool Drained(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes what the departures and dropped records queued.
   void DeleteKeys() ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the series of the jobs gone for the retention. Under mu_, so
