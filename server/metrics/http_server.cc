@@ -59,26 +59,17 @@ std::string WakeHost(std::string host) {
   return host;
 }
 
-// Opens a TCP connection to host:port and closes it (best effort).
-void Knock(const std::string& host, int port) {
-  struct addrinfo hints;
-  std::memset(&hints, 0, sizeof(hints));
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  struct addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints,
-                    &found) != 0) {
-    return;
-  }
-  for (struct addrinfo* a = found; a != nullptr; a = a->ai_next) {
+// Opens a TCP connection to the first of `addresses` that accepts and
+// closes it (best effort).
+void Knock(const struct addrinfo* addresses) {
+  for (const struct addrinfo* a = addresses; a != nullptr; a = a->ai_next) {
     const int fd =
         ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) continue;
     const int connected = ::connect(fd, a->ai_addr, a->ai_addrlen);
     ::close(fd);
-    if (connected == 0) break;
+    if (connected == 0) return;
   }
-  ::freeaddrinfo(found);
 }
 
 }  // namespace
@@ -162,15 +153,25 @@ MetricsHttpServer::~MetricsHttpServer() {
   // connection, else after 2 s (SOCKET_TIMEOUT_QUANTUM). A daemon's
   // shutdown, and a coordinator's waiting for that daemon's calls to end,
   // took those 2 s each time. A connection every 20 ms ends the poll.
+  struct addrinfo hints;
+  std::memset(&hints, 0, sizeof(hints));
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  struct addrinfo* listener = nullptr;
+  if (::getaddrinfo(wake_host_.c_str(), std::to_string(port_).c_str(), &hints,
+                    &listener) != 0) {
+    listener = nullptr;  // mg_stop then takes its 2 s
+  }
   absl::Notification stopped;
-  std::thread knocker([this, &stopped] {
+  std::thread knocker([listener, &stopped] {
     while (!stopped.WaitForNotificationWithTimeout(absl::Milliseconds(20))) {
-      Knock(wake_host_, port_);
+      Knock(listener);
     }
   });
   mg_stop(context_);
   stopped.Notify();
   knocker.join();
+  if (listener != nullptr) ::freeaddrinfo(listener);
 }
 
 }  // namespace canzona

@@ -244,13 +244,13 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
     # bf16params / fp16params: canzona trains half-precision parameters;
     # the torch side steps fp32 masters of them (exactly the half values at
     # the start).
-    bf16_params = variant in HALF_PARAMS
-    if bf16_params:
+    half_params = variant in HALF_PARAMS
+    if half_params:
         model = model.to(getattr(torch, HALF_PARAMS[variant]))
     scaler = make_scaler(torch, device) if variant == "fp16params" else None
     skipped, scales, norm_errs = [], [], []
     mirror = copy.deepcopy(model)
-    if bf16_params:
+    if half_params:
         mirror = mirror.float()
     names = [n for n, _ in model.named_parameters()]
     groups = {n: route(n, p) for n, p in model.named_parameters()}
@@ -285,7 +285,7 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
         for step in range(1, args.steps + 1):
             with torch.no_grad():
                 for n in names:
-                    if not bf16_params:  # lockstep
+                    if not half_params:  # lockstep
                         mirror_params[n].copy_(params[n])
             before = {n: params[n].detach().clone() for n in names}
             with torch.autocast(device_type=device.type,
@@ -344,7 +344,7 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
 
             with torch.no_grad():
                 for n in names:
-                    if bf16_params:
+                    if half_params:
                         # The parameters against the masters, rounded.
                         ours = params[n].double()
                         ref = mirror_params[n].to(params[n].dtype).double()
@@ -361,7 +361,7 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
     finally:
         opt.close()
     # bf16params compares the parameters with the rounded masters.
-    compared = "parameters" if bf16_params else "update"
+    compared = "parameters" if half_params else "update"
     matrix_err, matrix_where = worst["muon"]
     vector_err, vector_where = worst["adamw"]
     problems = []

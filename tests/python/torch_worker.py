@@ -43,12 +43,16 @@ def make(name, model, job_id, lr_settings, **extra):
     raise ValueError(name)
 
 
+# torch >= 2.3: torch.amp.GradScaler("cpu") with a CPU update().
+CPU_SCALER = hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler")
+
+
 def make_scaler(init_scale):
     """A GradScaler on the CPU: torch.amp.GradScaler("cpu") where torch has
     one (2.3+); torch 1.13's CUDA scaler otherwise, enabled by hand (its
     step() and per-optimizer state, what canzona.torch meets, do not care
     about the device)."""
-    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+    if CPU_SCALER:
         return torch.amp.GradScaler("cpu", init_scale=init_scale)
     import torch.cuda.amp.grad_scaler as cuda_scaler
     cuda_missing = cuda_scaler.amp_definitely_not_available
@@ -65,7 +69,7 @@ def update_scale(scaler, found_inf):
     """scaler.update(); torch 1.13 has no CPU kernel for it, so there the
     backoff (the growth interval, 2000 steps, is never reached here) is
     passed as new_scale."""
-    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+    if CPU_SCALER:
         scaler.update()
     else:
         scale = scaler._scale.item()
