@@ -452,7 +452,7 @@ const std::vector<std::string>& ScheduledSettingNames(OptimizerKind kind) {
   static const auto* const betas =
       new std::vector<std::string>{"beta1", "beta2", "eps", "weight_decay"};
   static const auto* const shampoo =
-      new std::vector<std::string>{"beta2", "epsilon", "weight_decay"};
+      new std::vector<std::string>{"beta1", "beta2", "epsilon", "weight_decay"};
   switch (kind) {
     case OptimizerKind::kMuon:
       return *muon;
@@ -491,6 +491,16 @@ const std::vector<const Field*>& ScheduledFields(OptimizerKind kind) {
   return fields->at(kind);
 }
 
+// Whether a rule created with `registered` has every state tensor that
+// stepping with `scheduled` needs: Shampoo sizes its momentum at creation
+// only where beta1 != 0 (a scheduled 0 with the buffer in place is fine:
+// the momentum then equals the gradient).
+bool KeepsItsState(const OptimizerConfig& registered,
+                   const OptimizerConfig& scheduled) {
+  return registered.kind != OptimizerKind::kShampoo ||
+         registered.shampoo.beta1 != 0 || scheduled.shampoo.beta1 == 0;
+}
+
 }  // namespace
 
 absl::StatusOr<OptimizerConfig> ScheduleSettings(
@@ -517,11 +527,17 @@ absl::StatusOr<OptimizerConfig> ScheduleSettings(
                                           : absl::StrCat(value),
                                       config));
   }
+  if (!KeepsItsState(registered, config)) {
+    return absl::InvalidArgumentError(
+        "setting beta1: shampoo registered with beta1 0 keeps no momentum, "
+        "so a step cannot turn it on (register with beta1 > 0 to schedule "
+        "it)");
+  }
   return config;
 }
 
 bool DifferOnlyInScheduled(const OptimizerConfig& a, const OptimizerConfig& b) {
-  if (a.kind != b.kind) return false;
+  if (a.kind != b.kind || !KeepsItsState(a, b)) return false;
   OptimizerConfig aligned = b;
   for (const Field* field : ScheduledFields(a.kind)) field->copy(a, aligned);
   return aligned == a;

@@ -149,8 +149,8 @@ std::vector<std::pair<std::string, std::string>> ConfigSettings(
 // torch.optim's param_groups edited by a schedule, Muon's momentum
 // warm-up): those each step reads afresh and that size nothing. muon:
 // momentum, weight_decay; adamw and soap: beta1, beta2, eps, weight_decay;
-// shampoo: beta2, epsilon, weight_decay (its beta1 decides whether it
-// keeps momentum at all).
+// shampoo: beta1, beta2, epsilon, weight_decay (beta1 only where it was
+// registered > 0: at 0 the rule keeps no momentum to schedule).
 const std::vector<std::string>& ScheduledSettingNames(OptimizerKind kind);
 
 // `registered` with `values` applied for one step. INVALID_ARGUMENT naming
@@ -161,7 +161,7 @@ absl::StatusOr<OptimizerConfig> ScheduleSettings(
     const std::map<std::string, double>& values);
 
 // Whether `a` and `b` are one kind and differ at most in scheduled
-// settings.
+// settings that a rule created with `a` can step with.
 bool DifferOnlyInScheduled(const OptimizerConfig& a, const OptimizerConfig& b);
 
 // Enum spellings used in settings text.

@@ -126,9 +126,11 @@ SETTINGS = {
 }
 
 
-def reference_run(kind, world, steps, halve_lr=False):
+def reference_run(kind, world, steps, halve_lr=False, schedule=None):
     """The same training in one process with plain-PyTorch optimizers and
-    the DP-averaged gradient."""
+    the DP-averaged gradient. schedule: per step, {group: param_group}
+    as a scheduler left canzona's param_groups before that step (lr,
+    and Muon's momentum or the betas), applied to the references."""
     model = train_torch.build_model(seed=0)
     matrix_settings, adamw_settings = SETTINGS[kind]
     named = list(model.named_parameters())
@@ -159,11 +161,23 @@ def reference_run(kind, world, steps, halve_lr=False):
         with torch.no_grad():
             for n, p in named:
                 p.grad = grads[n] * factor
+            matrix_lr = matrix_settings["lr"] * scale
             for group in adamw.param_groups:
                 group["lr"] = adamw_settings["lr"] * scale
+            if schedule:
+                now = schedule[step - 1]
+                adamw.param_groups[0]["lr"] = now["adamw"]["lr"]
+                adamw.param_groups[0]["betas"] = now["adamw"]["betas"]
+                matrix_lr = now[kind]["lr"]
+                for rule in rules.values():
+                    if kind == "muon":
+                        rule.momentum = now[kind]["momentum"]
+                    else:
+                        (rule.rule.config["beta1"],
+                         rule.rule.config["beta2"]) = now[kind]["betas"]
             adamw.step()
             for n, p in matrix:
-                rules[n].step(p, p.grad, matrix_settings["lr"] * scale)
+                rules[n].step(p, p.grad, matrix_lr)
     return losses, {n: p.detach().clone() for n, p in named}
 
 
@@ -384,19 +398,67 @@ def test_lr_scheduler_reaches_the_daemon(daemon, tmp_path):
     assert results[0]["lrs"][0] == pytest.approx(0.02 * 0.5 ** 4)
 
 
+@pytest.mark.parametrize("kind", ["muon", "shampoo"])
+def test_one_cycle_lr_cycles_momentum_through_the_daemon(daemon, kind):
+    """torch's OneCycleLR as users construct it (cycle_momentum on, its
+    default): it reads optimizer.defaults (the first group's settings) to
+    cycle Muon's "momentum", or beta1 in "betas" where the first group has
+    betas (Shampoo, SOAP), and writes it into every group; the daemon
+    steps with what it wrote, as torch.optim would (an AdamW group ignores
+    a written "momentum", as torch.optim.AdamW does). Without defaults the
+    scheduler refuses to construct; with betas as beta1 / beta2 (no
+    "betas" key) it raises KeyError."""
+    if kind == "shampoo":
+        pytest.importorskip("canzona_reference")
+    os.environ["CANZONA_TARGET"] = daemon
+    steps = 4
+    model = train_torch.build_model(0)
+    opt = torch_worker.make(kind, model, "cycle-" + uuid.uuid4().hex[:8],
+                            None)
+    assert [g["name"] for g in opt.param_groups] == [kind, "adamw"]
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=[0.02 if kind == "muon" else 3e-3, 3e-3],
+        total_steps=steps + 1)
+    schedule = []
+    for step in range(1, steps + 1):
+        schedule.append({g["name"]: dict(g, params=None)
+                         for g in opt.param_groups})
+        opt.zero_grad()
+        train_torch.loss_fn(model, step, 0).backward()
+        opt.step()
+        sched.step()
+    opt.close()
+    cycled = "momentum" if kind == "muon" else "betas"
+    values = [now[kind][cycled] for now in schedule]
+    assert len(set(values)) == steps, values  # it did cycle
+    if kind == "shampoo":  # AdamW's beta1 too
+        assert len({now["adamw"]["betas"] for now in schedule}) == steps
+    want = reference_run(kind, 1, steps, schedule=schedule)[1]
+    tol = 1e-5 if kind == "muon" else 1e-4  # as in the tests above
+    worst = max(relative(p.detach(), want[n])
+                for n, p in model.named_parameters())
+    assert worst <= tol, worst
+    # The negative control: the registered momentum throughout is far off.
+    fixed = [{name: dict(group, **{cycled: opt.defaults[cycled]})
+              if name == kind else dict(group, betas=(0.9, 0.999))
+              for name, group in now.items()} for now in schedule]
+    fixed = reference_run(kind, 1, steps, schedule=fixed)[1]
+    assert max(relative(fixed[n], want[n]) for n in want) > 10 * tol
+
+
 def test_a_schedule_of_momentum_and_decay_reaches_the_daemon(daemon):
     # torch.optim semantics: settings a schedule writes into param_groups
-    # between steps (Muon's momentum warm-up, AdamW's beta1 and decay) hold
+    # between steps (Muon's momentum warm-up, AdamW's betas and decay) hold
     # for that step, as in plain PyTorch, where TorchMuon and AdamW read
     # them afresh each step; back at the constructor's values they are
     # the registered ones again.
     os.environ["CANZONA_TARGET"] = daemon
-    schedule = [({"momentum": 0.85}, {"beta1": 0.85}),
+    schedule = [({"momentum": 0.85}, {"betas": (0.85, 0.999)}),
                 ({"momentum": 0.9, "weight_decay": 0.1},
-                 {"beta1": 0.8, "weight_decay": 0.05}),
+                 {"betas": (0.8, 0.99), "weight_decay": 0.05}),
                 ({}, {})]
     muon_base = {"momentum": 0.95, "weight_decay": 0.0}
-    adamw_base = {"beta1": 0.9, "weight_decay": 0.01}
+    adamw_base = {"betas": (0.9, 0.999), "weight_decay": 0.01}
     model = train_torch.build_model(0)
     opt = ct.Muon(model.named_parameters(), lr=0.02, adamw_lr=3e-3,
                   adamw_weight_decay=0.01,
@@ -418,7 +480,7 @@ def test_a_schedule_of_momentum_and_decay_reaches_the_daemon(daemon):
         train_torch.loss_fn(model, step, 0).backward()
         opt.step()
         muon.momentum, muon.wd = muon_now["momentum"], muon_now["weight_decay"]
-        adamw.param_groups[0]["betas"] = (adamw_now["beta1"], 0.999)
+        adamw.param_groups[0]["betas"] = adamw_now["betas"]
         adamw.param_groups[0]["weight_decay"] = adamw_now["weight_decay"]
         reference.zero_grad()
         train_torch.loss_fn(reference, step, 0).backward()
@@ -452,8 +514,38 @@ def test_a_schedule_of_momentum_and_decay_reaches_the_daemon(daemon):
         opt.step()
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     groups["muon"]["ns_steps"] = 5
+    # torch's spelling and the daemon's side by side, or a betas that is
+    # no pair: which would hold is unclear, so neither does.
+    for bad, match in [({"beta1": 0.8}, r"\['adamw'\]: both 'betas' and"),
+                       ({"betas": 0.8}, r"\['adamw'\]\['betas'\]: 0.8 is "
+                                         r"not a pair")]:
+        groups["adamw"].update(bad)
+        with pytest.raises(ValueError, match=match):
+            opt.step()
+        groups["adamw"].pop("beta1", None)
+        groups["adamw"]["betas"] = (0.9, 0.999)
+    assert opt.steps == 3
     opt.step()  # step 4, as the trainer meant it
     assert opt.steps == 4
+    # Parameters join at construction only (the daemon planned them).
+    with pytest.raises(RuntimeError, match="add_param_group: canzona "
+                                           "registers every parameter"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(2))]})
+    assert len(opt.param_groups) == 2
+    opt.close()
+    # Shampoo registered without momentum has none to schedule.
+    model = train_torch.build_model(0)
+    opt = ct.Shampoo(model.named_parameters(), betas=(0.0, 1.0),
+                     job_id="no-momentum-" + uuid.uuid4().hex[:8])
+    train_torch.loss_fn(model, 1, 0).backward()
+    opt.param_groups[0]["betas"] = (0.5, 1.0)
+    with pytest.raises(ValueError, match=r"\['shampoo'\]\['betas'\]: "
+                                         r"beta1 0.5, but shampoo registered "
+                                         r"with beta1 0"):
+        opt.step()
+    opt.param_groups[0]["betas"] = (0.0, 0.9)  # beta2 may change
+    opt.step()
+    assert opt.steps == 1
     opt.close()
 
 

@@ -304,7 +304,8 @@ class Client:
         norm instead of the job's. settings: {group: {key: value}} for this
         step only, like lr (StepRequest.settings: muon momentum and
         weight_decay; adamw and soap beta1, beta2, eps and weight_decay;
-        shampoo beta2, epsilon and weight_decay)."""
+        shampoo beta1 where registered > 0, beta2, epsilon and
+        weight_decay)."""
         attached = self._doorbell_of(job_id, rank)
         if attached is not None:
             r = _doorbell.decode_step(_ring(

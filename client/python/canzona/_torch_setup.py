@@ -28,9 +28,39 @@ _SETTINGS = {
 _SCHEDULED = {
     "muon": ("momentum", "weight_decay"),
     "adamw": ("beta1", "beta2", "eps", "weight_decay"),
-    "shampoo": ("beta2", "epsilon", "weight_decay"),
+    "shampoo": ("beta1", "beta2", "epsilon", "weight_decay"),
     "soap": ("beta1", "beta2", "eps", "weight_decay"),
 }
+
+
+def _torch_spelling(settings):
+    """``settings`` (daemon keys) as torch.optim's param_groups spell them:
+    beta1 and beta2 as one ``betas`` pair where both are set, which is what
+    schedules that cycle momentum (OneCycleLR, CyclicLR) and user code
+    written for torch.optim.AdamW change."""
+    spelled = dict(settings)
+    if "beta1" in spelled and "beta2" in spelled:
+        spelled["betas"] = (spelled.pop("beta1"), spelled.pop("beta2"))
+    return spelled
+
+
+def _daemon_spelling(name, group):
+    """A param_group's settings under the daemon's keys: ``betas`` split
+    into beta1 and beta2 (ValueError naming the group for a malformed pair,
+    or one set beside beta1 / beta2, where which one holds is unclear)."""
+    values = dict(group)
+    if "betas" in values:
+        betas = values.pop("betas")
+        if "beta1" in values or "beta2" in values:
+            raise ValueError(
+                "param_groups[%r]: both 'betas' and 'beta1'/'beta2' are set; "
+                "change 'betas' (torch's spelling) alone" % name)
+        try:
+            values["beta1"], values["beta2"] = betas
+        except (TypeError, ValueError):
+            raise ValueError("param_groups[%r]['betas']: %r is not a pair "
+                             "(beta1, beta2)" % (name, betas)) from None
+    return values
 
 
 def _scheduled_settings(param_groups, groups):
@@ -41,20 +71,29 @@ def _scheduled_settings(param_groups, groups):
     (``initial_lr`` and the like, which schedulers add) are left alone."""
     settings = {}
     for group in param_groups:
-        kind, registered = groups[group["name"]]
+        name = group["name"]
+        kind, registered = groups[name]
         changed = {}
-        for key, value in group.items():
+        for key, value in _daemon_spelling(name, group).items():
             if key == "lr" or key not in _SETTINGS[kind]:
                 continue
             if key in registered and registered[key] == value:
                 continue
+            shown = "betas" if key in ("beta1", "beta2") and \
+                "betas" in group else key
             if key not in _SCHEDULED[kind]:
                 raise ValueError(
                     "param_groups[%r][%r]: changed to %r after construction, "
                     "but %s fixes it at registration (a step may change %s; "
                     "construct a new optimizer for the others)"
-                    % (group["name"], key, value, kind,
+                    % (name, shown, group[shown], kind,
                        ", ".join(_SCHEDULED[kind])))
+            if kind == "shampoo" and key == "beta1" and value != 0 and \
+                    registered.get("beta1") == 0:
+                raise ValueError(
+                    "param_groups[%r][%r]: beta1 %r, but shampoo registered "
+                    "with beta1 0 keeps no momentum to schedule (construct "
+                    "with beta1 > 0)" % (name, shown, value))
             changed[key] = float(value)
         if changed:
             settings[group["name"]] = changed

@@ -66,7 +66,7 @@ from canzona._torch_overlap import _Overlap, _into_view
 from canzona._torch_setup import (
     _DTYPE_NAMES, _buffer_entries, _device_and_dtype, _job_id,
     _parse_groups, _resolve_layout, _route_function, _scheduled_settings,
-    _setting_value, _world, default_route)
+    _setting_value, _torch_spelling, _world, default_route)
 
 __all__ = ["Optimizer", "Muon", "Shampoo", "SOAP", "default_route",
            "CanzonaError"]
@@ -91,10 +91,13 @@ class Optimizer(_Overlap, torch.optim.Optimizer):
         "lr": ..., other daemon settings}}. Each becomes one param_group;
         a schedule may change its "lr" and, like torch.optim's, other
         settings between steps (Muon's momentum warm-up): muon momentum and
-        weight_decay; adamw and soap beta1, beta2, eps and weight_decay;
-        shampoo beta2, epsilon and weight_decay. step() raises ValueError
-        for a change to any other setting, which the daemon fixes at
-        registration.
+        weight_decay; adamw, soap and shampoo "betas" (param_groups spell
+        beta1 and beta2 as torch.optim.AdamW does; shampoo's beta1 only
+        where constructed > 0) and weight_decay; adamw and soap eps,
+        shampoo epsilon. step() raises ValueError for a change to any other
+        setting, which the daemon fixes at registration. ``defaults`` is
+        the first group's settings (what OneCycleLR and CyclicLR read to
+        cycle "momentum" or "betas").
       route: group of each parameter: a callable (name, param) -> group, a
         dict {name: group}, or None (the only group).
       layout: (pp, dp, tp) or {"pp":, "dp":, "tp":}; default: pp 1, tp
@@ -199,9 +202,17 @@ class Optimizer(_Overlap, torch.optim.Optimizer):
             param_groups = []
             for gname, (kind, spec) in self._groups.items():
                 if by_group[gname]:
-                    param_groups.append(dict(spec, params=by_group[gname],
-                                             name=gname, optimizer=kind))
+                    param_groups.append(dict(
+                        _torch_spelling(spec), params=by_group[gname],
+                        name=gname, optimizer=kind))
             super().__init__(param_groups, {})
+            # What schedules that cycle momentum read to choose between a
+            # group's "momentum" and its "betas" (OneCycleLR, CyclicLR):
+            # the first group's settings, the same on every rank. Set after
+            # the groups went in, so that no group takes another's keys.
+            self.defaults = _torch_spelling(next(iter(
+                self._groups.values()))[1])
+            self._groups_fixed = True
             # Groups without parameters are still registered (every rank of a
             # stage registers the same groups).
             self.registered = self.client.register(
@@ -406,6 +417,17 @@ class Optimizer(_Overlap, torch.optim.Optimizer):
             self._overlap_step_done()
         return loss
 
+    def add_param_group(self, param_group):
+        """torch.optim's, while constructing; afterwards a RuntimeError: the
+        daemon placed every parameter in a bucket and on an owner at
+        registration (construct a new optimizer with all of them)."""
+        if getattr(self, "_groups_fixed", False):
+            raise RuntimeError(
+                "add_param_group: canzona registers every parameter with the "
+                "daemon at construction; construct a new optimizer with the "
+                "added parameters")
+        super().add_param_group(param_group)
+
     def zero_grad(self, set_to_none=False):
         """Zeroes the shared gradient buffers in place (``set_to_none`` is
         accepted for compatibility and ignored: the buffers must stay).
@@ -466,7 +488,9 @@ class Optimizer(_Overlap, torch.optim.Optimizer):
         self.client.import_state(self.job_id, self.rank, blob,
                                  int(saved["step"]), saved["plan_digest"])
         for group, packed in zip(self.param_groups, groups):
-            for key, value in packed.items():
+            # State dicts saved before param_groups spelled betas as torch
+            # does hold beta1 and beta2.
+            for key, value in _torch_spelling(packed).items():
                 if key != "params":
                     group[key] = value
         self.steps = int(saved["step"])

@@ -276,6 +276,23 @@ TEST(ScheduleSettingsTest, OnlyTheScheduledKeysInRegistersRanges) {
       if (values.count(key)) EXPECT_EQ(std::stod(text), 0.1 + 1e-13) << key;
     }
   }
+  // Shampoo's beta1 is scheduled where a momentum buffer exists (beta1 > 0
+  // at Register), down to 0 included; turned on from a registered 0 it is
+  // refused by name, and a rule would refuse such a config too.
+  ASSERT_OK_AND_ASSIGN(OptimizerConfig shampoo,
+                       MakeOptimizerConfig(OptimizerKind::kShampoo, {}));
+  ASSERT_OK_AND_ASSIGN(OptimizerConfig no_momentum,
+                       ScheduleSettings(shampoo, {{"beta1", 0.0}}));
+  EXPECT_TRUE(DifferOnlyInScheduled(shampoo, no_momentum));
+  ASSERT_OK_AND_ASSIGN(
+      OptimizerConfig registered_without,
+      MakeOptimizerConfig(OptimizerKind::kShampoo, {{"beta1", "0"}}));
+  EXPECT_THAT(ScheduleSettings(registered_without, {{"beta1", 0.5}}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("setting beta1: shampoo registered with "
+                                 "beta1 0 keeps no momentum")));
+  EXPECT_OK(ScheduleSettings(registered_without, {{"beta2", 0.5}}));
+  EXPECT_FALSE(DifferOnlyInScheduled(registered_without, shampoo));
   ASSERT_OK_AND_ASSIGN(
       OptimizerConfig fewer_steps,
       MakeOptimizerConfig(OptimizerKind::kMuon,
