@@ -362,6 +362,26 @@ def test_grad_scaler_unscales_in_the_daemon_and_skips_on_every_rank(
         assert torch.equal(p, scaled[1]["params"][n]), n
 
 
+def test_a_local_clip_on_several_ranks_warns_once(daemon, tmp_path):
+    """Without module=, torch.nn.utils.clip_grad_norm_ between backward and
+    step() clips each rank's own gradients by its own norm before the
+    daemon averages them, where DDP clips the average by its norm: every
+    rank of a DP2 job is warned, once, and pointed at max_grad_norm=. One
+    rank alone (where the two agree) and the daemon's own clip are not."""
+    two = run_ranks(daemon, 2, str(tmp_path / "two"), "--optimizer", "muon",
+                    "--last", "3", "--clip-local", "0.5")
+    for r in two:
+        assert len(r["warnings"]) == 1, r["warnings"]
+        assert "RuntimeWarning: canzona: gradients were changed in place" in \
+            r["warnings"][0] and "max_grad_norm=" in r["warnings"][0]
+    one = run_ranks(daemon, 1, str(tmp_path / "one"), "--optimizer", "muon",
+                    "--last", "3", "--clip-local", "0.5")
+    assert one[0]["warnings"] == []
+    inside = run_ranks(daemon, 2, str(tmp_path / "inside"), "--optimizer",
+                       "muon", "--last", "3", "--max-grad-norm", "0.5")
+    assert all(r["warnings"] == [] for r in inside)
+
+
 @pytest.mark.parametrize("kind", ["shampoo", "soap"])
 def test_shampoo_and_soap_match_float64_references(daemon, tmp_path, kind):
     """Losses within 1e-5 relative every step; parameters within 1e-4. On

@@ -6,6 +6,7 @@ decoder with a canzona.torch optimizer and saves what the test compares.
 import argparse
 import os
 import sys
+import warnings
 
 import torch
 
@@ -110,11 +111,20 @@ def main():
     p.add_argument("--inf-at", type=int, default=0,
                    help="rank 0's loss is multiplied by inf at this step "
                         "(its gradients alone are not finite)")
+    p.add_argument("--clip-local", type=float, default=0.0,
+                   help="> 0: torch.nn.utils.clip_grad_norm_ at this norm "
+                        "between backward and step()")
     p.add_argument("--synchronize", action="store_true",
                    help="opt.synchronize() after each step: with --overlap "
                         "the deltas then hold every bucket's update")
     args = p.parse_args()
     torch.set_num_threads(1)
+    caught = []  # canzona's warnings, as shown
+
+    def show(message, category, *unused, **kwunused):
+        if str(message).startswith("canzona"):
+            caught.append("%s: %s" % (category.__name__, message))
+    warnings.showwarning = show
     rank = int(os.environ.get("RANK", "0"))
 
     model = train_torch.build_model(seed=0).to(getattr(torch, args.dtype))
@@ -158,6 +168,8 @@ def main():
             # module= refuses).
             scaled = scaled * float("inf")
         scaled.backward()
+        if args.clip_local > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_local)
         if args.record_grads:
             grads.append({n: q.grad.detach().clone()
                           for n, q in model.named_parameters()})
@@ -195,6 +207,7 @@ def main():
                 "lrs": [g["lr"] for g in opt.param_groups],
                 "buckets": len(opt.registered["buckets"]),
                 "events": events,
+                "warnings": caught,
                 "transport": opt.client.transport,
                 # Every tensor the optimizer hands torch: the model's dtype.
                 "dtypes": sorted({str(q.dtype) for q in model.parameters()} |

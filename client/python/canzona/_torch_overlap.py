@@ -39,7 +39,8 @@ class _Overlap:
     set up before ``_hook_module``: ``client``, ``job_id``, ``rank``,
     ``steps``, ``registered``, ``device``, ``_event``, ``_grads``,
     ``_grad_flat``, ``_module``, ``_sync``, ``_hooks``, and calls its
-    ``_record_grads`` and ``_await_params``."""
+    ``_record_grads``, ``_await_params`` and (``_GradEdits``)
+    ``_check_reported_grads_unchanged``."""
 
     def _hook_module(self, module):
         buckets = self.registered["buckets"]
@@ -58,11 +59,6 @@ class _Overlap:
             if param.requires_grad:
                 self._bucket_size[self._bucket_of[j]] += 1
         self._left = list(self._bucket_size)
-        # The shared gradients' version (torch's in-place counter, which
-        # every view of the buffer shares) when the last backward that
-        # reported buckets ended, and whether that end is awaited.
-        self._backward_version = None
-        self._end_queued = False
         # GPU: the streams each bucket's gradients accumulated on this
         # backward (AccumulateGrad runs on the stream its parameter's
         # forward used), by handle.
@@ -117,10 +113,6 @@ class _Overlap:
             _into_view(param, view, rebind=False)
             if not self._sync:
                 return
-            if not self._end_queued:
-                self._end_queued = True
-                torch.autograd.Variable._execution_engine.queue_callback(
-                    self._backward_ended)
             b = self._bucket_of[j]
             if self._event is not None:
                 stream = torch.cuda.current_stream(self.device)
@@ -135,29 +127,6 @@ class _Overlap:
                 self.client.grad_ready(self.job_id, self.rank, self.steps + 1,
                                        [b])
         return hook
-
-    def _backward_ended(self):
-        self._end_queued = False
-        self._backward_version = self._grad_flat._version
-
-    def _check_reported_grads_unchanged(self):
-        """With ``module=`` the buckets backward reported are being reduced
-        from the shared gradients already: an in-place edit after backward
-        (``clip_grad_norm_``, ``GradScaler.unscale_``, ``p.grad.mul_``)
-        would race with the daemon's reads, and the step would use old,
-        new or torn values. Refused, before anything steps."""
-        if (self._reported and self._backward_version is not None
-                and self._grad_flat._version != self._backward_version):
-            raise RuntimeError(
-                "gradients were changed in place between backward and "
-                "step() (e.g. torch.nn.utils.clip_grad_norm_ or "
-                "GradScaler.unscale_), but with module= the daemon reduces "
-                "each bucket as backward reports it, so it has read them "
-                "already: this step is not taken, and the buckets already "
-                "reduced hold the unedited gradients (restart from a "
-                "checkpoint). Clip with max_grad_norm= (in the daemon's "
-                "step, after the reduction) and train in bf16 without a "
-                "GradScaler, or construct the optimizer without module=")
 
     def _before_forward(self, buckets):
         def hook(*unused):
@@ -205,7 +174,4 @@ class _Overlap:
         for streams in self._grad_streams:
             streams.clear()
         self._reported = set()
-        # A backward that raised never ran its end callback.
-        self._backward_version = None
-        self._end_queued = False
         self._unsynced = set(range(len(self._bucket_size)))

@@ -62,6 +62,7 @@ import torch
 import canzona
 from canzona import CanzonaError
 from canzona._torch_amp import loss_scale_multiplier, report_found_inf
+from canzona._torch_grad_edits import _GradEdits
 from canzona._torch_overlap import _Overlap, _into_view
 from canzona._torch_setup import (
     _DTYPE_NAMES, _buffer_entries, _device_and_dtype, _job_id,
@@ -81,7 +82,7 @@ def _join_streams(current, streams):
             current.wait_stream(stream)
 
 
-class Optimizer(_Overlap, torch.optim.Optimizer):
+class Optimizer(_Overlap, _GradEdits, torch.optim.Optimizer):
     """A torch.optim.Optimizer whose state lives in canzonad.
 
     Args:
@@ -244,6 +245,7 @@ class Optimizer(_Overlap, torch.optim.Optimizer):
             self._sync = True
             self._hooks = []
             self._grad_flat = flat[half:]
+            self._track_grad_edits()
             if module is not None:
                 self._hook_module(module)
         except BaseException:
@@ -363,6 +365,7 @@ class Optimizer(_Overlap, torch.optim.Optimizer):
         would be reduced from the stale view."""
         def hook(grad):
             self._seen_grad = True
+            self._backward_running()
             _into_view(param, view)
             return grad
         return hook
@@ -394,7 +397,11 @@ class Optimizer(_Overlap, torch.optim.Optimizer):
                 "loss.backward() first")
         grad_scale = loss_scale_multiplier(self, grad_scaler)
         overlap = self._module is not None
-        streams = self._overlap_streams() if overlap else ()
+        if overlap:
+            streams = self._overlap_streams()
+        else:
+            streams = ()
+            self._warn_of_local_grad_edits()
         self._restore_grads()
         lr = {g["name"]: float(g["lr"]) for g in self.param_groups}
         settings = _scheduled_settings(self.param_groups, self._groups)
@@ -413,6 +420,7 @@ class Optimizer(_Overlap, torch.optim.Optimizer):
             self._await_params()
         self.steps += 1
         self._seen_grad = False
+        self._grad_edits_step_done()
         if overlap:
             self._overlap_step_done()
         return loss

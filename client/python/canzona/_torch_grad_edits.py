@@ -1,0 +1,90 @@
+"""What canzona.torch.Optimizer does about gradients changed in place
+between the end of backward and step(), seen through torch's version
+counter of the shared gradient buffer (every view of it shares one).
+
+With ``module=`` the daemon reduces each bucket as backward reports it, so
+an edit there races with its reads: step() refuses it. Without, the daemon
+still reduces inside step(), after the edit: on a job of several ranks an
+edit applies to this rank's own gradients before they are averaged. A
+factor every rank shares (``GradScaler.unscale_``, 1 / accumulation steps)
+commutes with the average, but ``torch.nn.utils.clip_grad_norm_`` clips by
+this rank's norm, not by the global one it sees under DDP, and each rank
+by another factor: warned once, pointing at ``max_grad_norm=``.
+
+Thread-safety: as the optimizer; the hooks run on the thread that runs
+backward.
+"""
+
+import warnings
+
+import torch
+
+
+class _GradEdits:
+    """A mixin of ``canzona.torch.Optimizer``. It reads ``_grad_flat``,
+    ``layout`` and, with ``module=``, ``_reported``."""
+
+    def _track_grad_edits(self):
+        # The shared gradients' version when the last backward ended, and
+        # whether that end is awaited.
+        self._backward_version = None
+        self._end_queued = False
+        self._warned_local_edit = False
+
+    def _backward_running(self):
+        """Called by the gradient hooks: records the version once this
+        backward has accumulated every gradient."""
+        if not self._end_queued:
+            self._end_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(
+                self._backward_ended)
+
+    def _backward_ended(self):
+        self._end_queued = False
+        self._backward_version = self._grad_flat._version
+
+    def _edited_since_backward(self):
+        return (self._backward_version is not None
+                and self._grad_flat._version != self._backward_version)
+
+    def _check_reported_grads_unchanged(self):
+        """With ``module=``: the buckets backward reported are being reduced
+        from the shared gradients already, so an in-place edit after
+        backward would make the step use old, new or torn values. Refused,
+        before anything steps."""
+        if self._reported and self._edited_since_backward():
+            raise RuntimeError(
+                "gradients were changed in place between backward and "
+                "step() (e.g. torch.nn.utils.clip_grad_norm_ or "
+                "GradScaler.unscale_), but with module= the daemon reduces "
+                "each bucket as backward reports it, so it has read them "
+                "already: this step is not taken, and the buckets already "
+                "reduced hold the unedited gradients (restart from a "
+                "checkpoint). Clip with max_grad_norm= (in the daemon's "
+                "step, after the reduction) and train in bf16 without a "
+                "GradScaler, or construct the optimizer without module=")
+
+    def _warn_of_local_grad_edits(self):
+        """Without ``module=``, on a job of several ranks: warns once of an
+        edit made to this rank's gradients before the reduction."""
+        if (self._warned_local_edit or self.layout == (1, 1, 1)
+                or not self._edited_since_backward()):
+            return
+        self._warned_local_edit = True
+        warnings.warn(
+            "canzona: gradients were changed in place between backward and "
+            "step() on one rank of a %d-rank job. The daemon averages the "
+            "ranks' gradients inside step(), so the edit applied to this "
+            "rank's own: a factor every rank shares (GradScaler.unscale_, "
+            "1 / accumulation steps) is the same after the average, but "
+            "torch.nn.utils.clip_grad_norm_ clipped by this rank's norm, not "
+            "by the global norm it clips by under DDP, and each rank by its "
+            "own factor. Clip with max_grad_norm= instead (the daemon clips "
+            "by the global norm after the reduction)."
+            % (self.layout[0] * self.layout[1] * self.layout[2]),
+            RuntimeWarning, stacklevel=3)
+
+    def _grad_edits_step_done(self):
+        # A backward that raised never ran its end callback.
+        self._backward_version = None
+        self._end_queued = False
