@@ -362,6 +362,46 @@ def test_grad_scaler_unscales_in_the_daemon_and_skips_on_every_rank(
         assert torch.equal(p, scaled[1]["params"][n]), n
 
 
+def test_torch_muon_keywords_reach_the_daemon(daemon):
+    """torch.optim.Muon's keywords mean the same in canzona.torch.Muon:
+    adjust_lr_fn="match_rms_adamw" scales each matrix's update by
+    0.2 sqrt(max(rows, cols)) where "original" scales by
+    sqrt(max(1, rows / cols)); from the same model and gradient the first
+    updates differ by exactly that ratio (no weight decay). torch's default
+    ns_coefficients triple and eps are accepted; other values are a
+    ValueError naming the keyword, raised before registering."""
+    os.environ["CANZONA_TARGET"] = daemon
+    deltas = {}
+    for fn in ("original", "match_rms_adamw"):
+        model = train_torch.build_model(0)
+        opt = ct.Muon(model.named_parameters(), adjust_lr_fn=fn,
+                      ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7,
+                      job_id="adjust-" + uuid.uuid4().hex[:8])
+        assert opt.param_groups[0]["scale"] == \
+            {"original": "spectral"}.get(fn, fn)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        train_torch.loss_fn(model, 1, 0).backward()
+        opt.step()
+        deltas[fn] = {n: (p.detach() - before[n]).norm().item()
+                      for n, p in model.named_parameters()
+                      if ct.default_route(n, p, "muon") == "muon"}
+        opt.close()
+    shapes = dict((n, p.shape) for n, p in
+                  train_torch.build_model(0).named_parameters())
+    assert deltas["original"]
+    for n, original in deltas["original"].items():
+        rows, cols = shapes[n]
+        want = 0.2 * max(rows, cols) ** 0.5 / max(1.0, rows / cols) ** 0.5
+        got = deltas["match_rms_adamw"][n] / original
+        assert abs(got - want) <= 1e-4 * want, (n, got, want)
+    named = [("w", torch.nn.Parameter(torch.randn(4, 4)))]
+    with pytest.raises(ValueError, match="adjust_lr_fn: 'rms' is not one of"):
+        ct.Muon(named, adjust_lr_fn="rms", job_id="bad-adjust")
+    with pytest.raises(ValueError, match=r"ns_coefficients: \(3.0, -4.0, 2.0\)"
+                                         r": the daemon runs the named sets"):
+        ct.Muon(named, ns_coefficients=(3.0, -4.0, 2.0), job_id="bad-ns")
+
+
 def test_a_local_clip_on_several_ranks_warns_once(daemon, tmp_path):
     """Without module=, torch.nn.utils.clip_grad_norm_ between backward and
     step() clips each rank's own gradients by its own norm before the

@@ -63,6 +63,42 @@ def _daemon_spelling(name, group):
     return values
 
 
+# torch.optim.Muon's arguments that name a daemon setting another way:
+# adjust_lr_fn's values as the daemon's `scale`, and its default
+# ns_coefficients triple (also Keller Jordan's), the daemon's `simple`.
+_MUON_SCALES = {"original": "spectral", "match_rms_adamw": "match_rms_adamw"}
+_TORCH_NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
+_NS_COEFFICIENT_NAMES = ("simple", "quintic", "polar_express")
+
+
+def _torch_muon_settings(ns_coefficients, eps, adjust_lr_fn):
+    """The daemon's settings for torch.optim.Muon's ns_coefficients, eps
+    and adjust_lr_fn (None: the daemon's default, which is torch's)."""
+    settings = {}
+    if eps is not None:
+        settings["eps"] = eps
+    if adjust_lr_fn is not None:
+        if adjust_lr_fn not in _MUON_SCALES:
+            raise ValueError("adjust_lr_fn: %r is not one of %s"
+                             % (adjust_lr_fn, sorted(_MUON_SCALES)))
+        settings["scale"] = _MUON_SCALES[adjust_lr_fn]
+    if ns_coefficients is not None:
+        if isinstance(ns_coefficients, str):
+            name = ns_coefficients
+        elif tuple(ns_coefficients) == _TORCH_NS_COEFFICIENTS:
+            name = "simple"
+        else:
+            name = None
+        if name not in _NS_COEFFICIENT_NAMES:
+            raise ValueError(
+                "ns_coefficients: %r: the daemon runs the named sets %s "
+                "(simple is torch.optim.Muon's default %r)"
+                % (ns_coefficients, ", ".join(_NS_COEFFICIENT_NAMES),
+                   _TORCH_NS_COEFFICIENTS))
+        settings["ns_coefficients"] = name
+    return settings
+
+
 def _scheduled_settings(param_groups, groups):
     """{group: {key: value}} of the daemon's settings a schedule changed in
     ``param_groups`` since construction (``groups``: _parse_groups'), for

@@ -67,7 +67,8 @@ from canzona._torch_overlap import _Overlap, _into_view
 from canzona._torch_setup import (
     _DTYPE_NAMES, _buffer_entries, _device_and_dtype, _job_id,
     _parse_groups, _resolve_layout, _route_function, _scheduled_settings,
-    _setting_value, _torch_spelling, _world, default_route)
+    _setting_value, _torch_muon_settings, _torch_spelling, _world,
+    default_route)
 
 __all__ = ["Optimizer", "Muon", "Shampoo", "SOAP", "default_route",
            "CanzonaError"]
@@ -570,13 +571,20 @@ def _adamw_settings(adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay):
 
 
 def Muon(named_parameters, lr=0.02, momentum=0.95, nesterov=True, ns_steps=5,
-         weight_decay=0.0, adamw_lr=3e-4, adamw_betas=(0.9, 0.999),
-         adamw_eps=1e-8, adamw_weight_decay=0.0, route=None, overrides=None,
+         weight_decay=0.0, ns_coefficients=None, eps=None, adjust_lr_fn=None,
+         adamw_lr=3e-4, adamw_betas=(0.9, 0.999), adamw_eps=1e-8,
+         adamw_weight_decay=0.0, route=None, overrides=None,
          muon_settings=None, **kwargs):
     """Muon for 2-D hidden weights, AdamW for the rest (torch.optim.Muon
-    update semantics; ``overrides`` {name: group} moves single parameters)."""
+    update semantics; ``overrides`` {name: group} moves single parameters).
+    torch.optim.Muon's keywords mean what they mean there: ns_coefficients
+    its default triple or a daemon set's name ("simple", "quintic",
+    "polar_express"), adjust_lr_fn "original" or "match_rms_adamw"; None
+    keeps the daemon's default, which is torch's. The defaults of lr (0.02)
+    and weight_decay (0) are Keller Jordan's, not torch's (1e-3, 0.1)."""
     settings = {"lr": lr, "momentum": momentum, "nesterov": nesterov,
                 "ns_steps": ns_steps, "weight_decay": weight_decay}
+    settings.update(_torch_muon_settings(ns_coefficients, eps, adjust_lr_fn))
     settings.update(muon_settings or {})
     return _matrix_optimizer(
         "muon", named_parameters, settings,
