@@ -248,7 +248,9 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
     if half_params:
         model = model.to(getattr(torch, HALF_PARAMS[variant]))
     scaler = make_scaler(torch, device) if variant == "fp16params" else None
-    skipped, scales, norm_errs = [], [], []
+    # Steps the daemon skipped, and those whose unscaled gradients were
+    # not finite (the made overflow, and any at GradScaler's 2**16 start).
+    skipped, nonfinite_steps, scales, norm_errs = [], [], [], []
     mirror = copy.deepcopy(model)
     if half_params:
         mirror = mirror.float()
@@ -294,20 +296,29 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
                 logits = model(tokens[:, :-1])
             loss = torch.nn.functional.cross_entropy(
                 logits.float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
-            overflow = scaler is not None and step == OVERFLOW_STEP
+            overflow = False
             if scaler is None:
                 loss.backward()
             else:
                 scale = scaler.get_scale()
                 scales.append(scale)
                 scaled = scaler.scale(loss)
-                (scaled * float("inf") if overflow else scaled).backward()
+                if step == OVERFLOW_STEP:
+                    scaled = scaled * float("inf")
+                scaled.backward()
             losses.append(loss.item())
             for n in names:
                 mirror_params[n].grad = params[n].grad.detach().to(
                     mirror_params[n].dtype, copy=True)
                 if scaler is not None:
                     mirror_params[n].grad.mul_(1.0 / scale)
+            if scaler is not None:
+                # The reference skips by its own check, as GradScaler does.
+                overflow = not all(
+                    bool(torch.isfinite(mirror_params[n].grad).all())
+                    for n in names)
+                if overflow:
+                    nonfinite_steps.append(step)
 
             sync(torch, device)
             t0 = time.perf_counter()
@@ -375,9 +386,12 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
         problems.append("loss did not fall: %.4f -> %.4f" %
                         (losses[0], losses[-1]))
     if scaler is not None:
-        want = [OVERFLOW_STEP] if args.steps >= OVERFLOW_STEP else []
-        if skipped != want:
-            problems.append("skipped steps %s, not %s" % (skipped, want))
+        if skipped != nonfinite_steps:
+            problems.append("skipped steps %s, not %s (those with non-finite "
+                            "gradients)" % (skipped, nonfinite_steps))
+        if args.steps >= OVERFLOW_STEP and OVERFLOW_STEP not in skipped:
+            problems.append("the overflow made at step %d was not skipped"
+                            % OVERFLOW_STEP)
         if (len(scales) > OVERFLOW_STEP and
                 scales[OVERFLOW_STEP] != scales[OVERFLOW_STEP - 1] / 2):
             problems.append("the scale went %g -> %g at the overflow, not "
