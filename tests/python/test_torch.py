@@ -362,14 +362,16 @@ def test_grad_scaler_unscales_in_the_daemon_and_skips_on_every_rank(
         assert torch.equal(p, scaled[1]["params"][n]), n
 
 
-def test_torch_muon_keywords_reach_the_daemon(daemon):
+def test_reference_keywords_reach_the_daemon(daemon):
     """torch.optim.Muon's keywords mean the same in canzona.torch.Muon:
     adjust_lr_fn="match_rms_adamw" scales each matrix's update by
     0.2 sqrt(max(rows, cols)) where "original" scales by
     sqrt(max(1, rows / cols)); from the same model and gradient the first
     updates differ by exactly that ratio (no weight decay). torch's default
     ns_coefficients triple and eps are accepted; other values are a
-    ValueError naming the keyword, raised before registering."""
+    ValueError naming the keyword, raised before registering. SOAP's and
+    Shampoo's keywords of their reference implementations reach the
+    daemon too."""
     os.environ["CANZONA_TARGET"] = daemon
     deltas = {}
     for fn in ("original", "match_rms_adamw"):
@@ -394,6 +396,25 @@ def test_torch_muon_keywords_reach_the_daemon(daemon):
         want = 0.2 * max(rows, cols) ** 0.5 / max(1.0, rows / cols) ** 0.5
         got = deltas["match_rms_adamw"][n] / original
         assert abs(got - want) <= 1e-4 * want, (n, got, want)
+    # Shampoo's and SOAP's reference keywords reach the daemon: in the
+    # param_groups, and through its range checks.
+    model = train_torch.build_model(0)
+    opt = ct.SOAP(model.named_parameters(), shampoo_beta=0.9,
+                  max_precond_dim=32, normalize_grads=True, correct_bias=False,
+                  job_id="soap-keywords-" + uuid.uuid4().hex[:8])
+    assert {k: opt.param_groups[0][k] for k in (
+        "shampoo_beta", "max_precond_dim", "normalize_grads",
+        "correct_bias")} == {"shampoo_beta": 0.9, "max_precond_dim": 32,
+                             "normalize_grads": True, "correct_bias": False}
+    opt.close()
+    for make, bad in [(ct.SOAP, {"max_precond_dim": 0}),
+                      (ct.Shampoo, {"max_preconditioner_dim": 0}),
+                      (ct.Shampoo, {"start_preconditioning_step": -7})]:
+        with pytest.raises(canzona.CanzonaError) as error:
+            make(train_torch.build_model(0).named_parameters(),
+                 job_id="bad-keyword-" + uuid.uuid4().hex[:8], **bad)
+        assert error.value.code == "INVALID_ARGUMENT"
+        assert next(iter(bad)) in str(error.value)
     named = [("w", torch.nn.Parameter(torch.randn(4, 4)))]
     with pytest.raises(ValueError, match="adjust_lr_fn: 'rms' is not one of"):
         ct.Muon(named, adjust_lr_fn="rms", job_id="bad-adjust")

@@ -592,15 +592,26 @@ def Muon(named_parameters, lr=0.02, momentum=0.95, nesterov=True, ns_steps=5,
         route, overrides, kwargs)
 
 
+def _given(**settings):
+    """The keyword settings a caller gave (None: the daemon's default)."""
+    return {k: v for k, v in settings.items() if v is not None}
+
+
 def Shampoo(named_parameters, lr=1e-2, betas=(0.9, 1.0), epsilon=1e-12,
-            weight_decay=0.0, precondition_frequency=1, adamw_lr=3e-4,
-            adamw_betas=(0.9, 0.999), adamw_eps=1e-8, adamw_weight_decay=0.0,
-            route=None, overrides=None, shampoo_settings=None, **kwargs):
+            weight_decay=0.0, precondition_frequency=1,
+            max_preconditioner_dim=None, start_preconditioning_step=None,
+            adamw_lr=3e-4, adamw_betas=(0.9, 0.999), adamw_eps=1e-8,
+            adamw_weight_decay=0.0, route=None, overrides=None,
+            shampoo_settings=None, **kwargs):
     """Shampoo (Adam grafting by default) for 2-D hidden weights, AdamW for
-    the rest."""
+    the rest; the keywords are Distributed Shampoo's (None: the daemon's
+    default, which is its)."""
     settings = {"lr": lr, "beta1": betas[0], "beta2": betas[1],
                 "epsilon": epsilon, "weight_decay": weight_decay,
                 "precondition_frequency": precondition_frequency}
+    settings.update(_given(
+        max_preconditioner_dim=max_preconditioner_dim,
+        start_preconditioning_step=start_preconditioning_step))
     settings.update(shampoo_settings or {})
     return _matrix_optimizer(
         "shampoo", named_parameters, settings,
@@ -609,14 +620,20 @@ def Shampoo(named_parameters, lr=1e-2, betas=(0.9, 1.0), epsilon=1e-12,
 
 
 def SOAP(named_parameters, lr=3e-3, betas=(0.95, 0.95), eps=1e-8,
-         weight_decay=0.0, precondition_frequency=10, adamw_lr=3e-4,
-         adamw_betas=(0.9, 0.999), adamw_eps=1e-8, adamw_weight_decay=0.0,
-         route=None, overrides=None, soap_settings=None, **kwargs):
+         weight_decay=0.0, precondition_frequency=10, shampoo_beta=None,
+         max_precond_dim=None, normalize_grads=None, correct_bias=None,
+         adamw_lr=3e-4, adamw_betas=(0.9, 0.999), adamw_eps=1e-8,
+         adamw_weight_decay=0.0, route=None, overrides=None,
+         soap_settings=None, **kwargs):
     """SOAP (Adam in Shampoo's eigenbasis) for 2-D hidden weights, AdamW for
-    the rest."""
+    the rest; the keywords are nikhilvyas/SOAP's (None: the daemon's
+    default, which is its; weight_decay defaults to 0 here, 0.01 there)."""
     settings = {"lr": lr, "beta1": betas[0], "beta2": betas[1], "eps": eps,
                 "weight_decay": weight_decay,
                 "precondition_frequency": precondition_frequency}
+    settings.update(_given(
+        shampoo_beta=shampoo_beta, max_precond_dim=max_precond_dim,
+        normalize_grads=normalize_grads, correct_bias=correct_bias))
     settings.update(soap_settings or {})
     return _matrix_optimizer(
         "soap", named_parameters, settings,
