@@ -149,7 +149,7 @@ TEST(EngineTest, ScheduledSettingsApplyToTheirStepOnly) {
         {"muon", {{"momentum", 0.8}, {"weight_decay", 0.1}}},
         {"adamw", {{"beta1", 0.8}, {"weight_decay", 0.05}}},
         {"soap", {{"beta2", 0.9}, {"eps", 1e-6}}},
-        {"shampoo", {{"weight_decay", 0.02}}}};
+        {"shampoo", {{"beta1", 0.7}, {"weight_decay", 0.02}}}};
     config.step_settings[3] = {{"muon", {{"momentum", 0.85}}}};
     JobRun run(config);
     ASSERT_OK(run.Init());
