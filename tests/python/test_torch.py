@@ -423,6 +423,66 @@ def test_reference_keywords_reach_the_daemon(daemon):
         ct.Muon(named, ns_coefficients=(3.0, -4.0, 2.0), job_id="bad-ns")
 
 
+def test_frozen_parameters_stay_as_they_are(daemon):
+    """A parameter that does not require grad is skipped by torch.optim
+    (no gradient) and left out of Megatron's buffers; canzona leaves it out
+    of the daemon's: with weight decay on both groups it stays bitwise as it
+    was over three steps (stepping it on zero gradients would shrink it),
+    keeps its own storage, and the rest still trains. Unfreezing it later
+    is a RuntimeError before anything steps; freezing a registered one
+    later warns once."""
+    os.environ["CANZONA_TARGET"] = daemon
+    model = train_torch.build_model(0)
+    frozen = {n for n, _ in model.named_parameters() if "layers.0." in n}
+    assert frozen
+    for n, p in model.named_parameters():
+        p.requires_grad_(n not in frozen)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = ct.Muon(model.named_parameters(), weight_decay=0.1,
+                  adamw_weight_decay=0.1,
+                  job_id="frozen-" + uuid.uuid4().hex[:8])
+    assert set(opt._names).isdisjoint(frozen) and opt._names
+    params = dict(model.named_parameters())
+    for step in range(1, 4):
+        opt.zero_grad()
+        train_torch.loss_fn(model, step, 0).backward()
+        opt.step()
+    for n, p in model.named_parameters():
+        if n in frozen:
+            assert torch.equal(p.detach(), start[n]), n
+            assert p.grad is None, n
+        else:
+            assert not torch.equal(p.detach(), start[n]), n
+    name = sorted(frozen)[0]
+    params[name].requires_grad_(True)
+    opt.zero_grad()
+    train_torch.loss_fn(model, 4, 0).backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(RuntimeError, match="parameter %r did not require "
+                       "grad when the optimizer was constructed" % name):
+        opt.step()
+    assert opt.steps == 3
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    params[name].requires_grad_(False)
+    trained = opt._names[0]
+    params[trained].requires_grad_(False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in (4, 5):
+            opt.zero_grad()
+            train_torch.loss_fn(model, step, 0).backward()
+            opt.step()
+    said = [str(w.message) for w in caught if "no longer requires grad"
+            in str(w.message)]
+    assert len(said) == 1 and repr(trained) in said[0], said
+    opt.close()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(ValueError, match="named_parameters: none requires "
+                                         "grad"):
+        ct.Muon(model.named_parameters(), job_id="all-frozen")
+
+
 def test_a_local_clip_on_several_ranks_warns_once(daemon, tmp_path):
     """Without module=, torch.nn.utils.clip_grad_norm_ between backward and
     step() clips each rank's own gradients by its own norm before the

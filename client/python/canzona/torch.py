@@ -88,7 +88,9 @@ class Optimizer(_Overlap, _GradEdits, torch.optim.Optimizer):
 
     Args:
       named_parameters: iterable of (name, parameter); names must be the
-        same on every rank of a pipeline stage.
+        same on every rank of a pipeline stage. Those that do not require
+        grad are left out (torch.optim would skip them for want of a
+        gradient); step() refuses to run once one of them requires it.
       groups: {group name: {"optimizer": "muon"|"adamw"|"shampoo"|"soap",
         "lr": ..., other daemon settings}}. Each becomes one param_group;
         a schedule may change its "lr" and, like torch.optim's, other
@@ -162,6 +164,14 @@ class Optimizer(_Overlap, _GradEdits, torch.optim.Optimizer):
                              % sorted(unknown_blocks))
         if not named:
             raise ValueError("named_parameters: empty")
+        # A parameter that does not require grad is left out, as Megatron
+        # leaves it out of its buffers and torch.optim skips it for want of
+        # a gradient: the daemon would step it on zeros, and weight decay
+        # would shrink a frozen layer.
+        self._frozen = [(n, p) for n, p in named if not p.requires_grad]
+        named = [(n, p) for n, p in named if p.requires_grad]
+        if not named:
+            raise ValueError("named_parameters: none requires grad")
         self._groups = _parse_groups(groups)
         route_fn = _route_function(route, self._groups)
         rank, world = _world()
@@ -246,6 +256,7 @@ class Optimizer(_Overlap, _GradEdits, torch.optim.Optimizer):
             self._sync = True
             self._hooks = []
             self._grad_flat = flat[half:]
+            self._warned_frozen = False
             self._track_grad_edits()
             if module is not None:
                 self._hook_module(module)
@@ -396,6 +407,7 @@ class Optimizer(_Overlap, _GradEdits, torch.optim.Optimizer):
             raise RuntimeError(
                 "step() before backward produced a gradient: call "
                 "loss.backward() first")
+        self._check_requires_grad()
         grad_scale = loss_scale_multiplier(self, grad_scaler)
         overlap = self._module is not None
         if overlap:
@@ -425,6 +437,29 @@ class Optimizer(_Overlap, _GradEdits, torch.optim.Optimizer):
         if overlap:
             self._overlap_step_done()
         return loss
+
+    def _check_requires_grad(self):
+        """Before a step: a parameter unfrozen since construction is not
+        the daemon's to train (RuntimeError, before anything steps); one
+        frozen since still steps, on zero gradients (warned once)."""
+        for name, param in self._frozen:
+            if param.requires_grad:
+                raise RuntimeError(
+                    "parameter %r did not require grad when the optimizer "
+                    "was constructed, so the daemon does not hold it: "
+                    "construct a new optimizer to train it" % name)
+        if self._warned_frozen:
+            return
+        for (param, _), name in zip(self._grads, self._names):
+            if not param.requires_grad:
+                self._warned_frozen = True
+                warnings.warn(
+                    "canzona: parameter %r no longer requires grad, but the "
+                    "daemon registered it and steps it on a zero gradient "
+                    "(weight decay and momentum still move it); construct "
+                    "a new optimizer to leave it out" % name,
+                    RuntimeWarning, stacklevel=3)
+                return
 
     def add_param_group(self, param_group):
         """torch.optim's, while constructing; afterwards a RuntimeError: the
