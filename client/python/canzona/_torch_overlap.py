@@ -39,7 +39,7 @@ class _Overlap:
     set up before ``_hook_module``: ``client``, ``job_id``, ``rank``,
     ``steps``, ``registered``, ``device``, ``_event``, ``_grads``,
     ``_grad_flat``, ``_module``, ``_sync``, ``_hooks``, and calls its
-    ``_record_grads``, ``_await_params`` and (``_GradEdits``)
+    ``_record_grads``, ``_await_params`` and (``_StepChecks``)
     ``_check_reported_grads_unchanged``."""
 
     def _hook_module(self, module):

@@ -62,7 +62,7 @@ import torch
 import canzona
 from canzona import CanzonaError
 from canzona._torch_amp import loss_scale_multiplier, report_found_inf
-from canzona._torch_grad_edits import _GradEdits
+from canzona._torch_step_checks import _StepChecks
 from canzona._torch_overlap import _Overlap, _into_view
 from canzona._torch_setup import (
     _DTYPE_NAMES, _buffer_entries, _device_and_dtype, _job_id,
@@ -83,7 +83,7 @@ def _join_streams(current, streams):
             current.wait_stream(stream)
 
 
-class Optimizer(_Overlap, _GradEdits, torch.optim.Optimizer):
+class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
     """A torch.optim.Optimizer whose state lives in canzonad.
 
     Args:
@@ -256,8 +256,7 @@ class Optimizer(_Overlap, _GradEdits, torch.optim.Optimizer):
             self._sync = True
             self._hooks = []
             self._grad_flat = flat[half:]
-            self._warned_frozen = False
-            self._track_grad_edits()
+            self._start_step_checks()
             if module is not None:
                 self._hook_module(module)
         except BaseException:
@@ -403,11 +402,11 @@ class Optimizer(_Overlap, _GradEdits, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_parameters()
         if not self._seen_grad:
             raise RuntimeError(
                 "step() before backward produced a gradient: call "
                 "loss.backward() first")
-        self._check_requires_grad()
         grad_scale = loss_scale_multiplier(self, grad_scaler)
         overlap = self._module is not None
         if overlap:
@@ -437,29 +436,6 @@ class Optimizer(_Overlap, _GradEdits, torch.optim.Optimizer):
         if overlap:
             self._overlap_step_done()
         return loss
-
-    def _check_requires_grad(self):
-        """Before a step: a parameter unfrozen since construction is not
-        the daemon's to train (RuntimeError, before anything steps); one
-        frozen since still steps, on zero gradients (warned once)."""
-        for name, param in self._frozen:
-            if param.requires_grad:
-                raise RuntimeError(
-                    "parameter %r did not require grad when the optimizer "
-                    "was constructed, so the daemon does not hold it: "
-                    "construct a new optimizer to train it" % name)
-        if self._warned_frozen:
-            return
-        for (param, _), name in zip(self._grads, self._names):
-            if not param.requires_grad:
-                self._warned_frozen = True
-                warnings.warn(
-                    "canzona: parameter %r no longer requires grad, but the "
-                    "daemon registered it and steps it on a zero gradient "
-                    "(weight decay and momentum still move it); construct "
-                    "a new optimizer to leave it out" % name,
-                    RuntimeWarning, stacklevel=3)
-                return
 
     def add_param_group(self, param_group):
         """torch.optim's, while constructing; afterwards a RuntimeError: the

@@ -1,8 +1,16 @@
-"""What canzona.torch.Optimizer does about gradients changed in place
-between the end of backward and step(), seen through torch's version
-counter of the shared gradient buffer (every view of it shares one).
+"""What canzona.torch.Optimizer's step() checks of what the training loop
+did since construction and since backward, before anything steps.
 
-With ``module=`` the daemon reduces each bucket as backward reports it, so
+The parameters: each must still live in the shared buffer the daemon
+updates (``model.to()``, ``.half()`` or ``param.data = ...`` after
+construction replaces its storage, where no update would reach it), and
+one left out because it did not require grad must not require it now (the
+daemon does not hold it); one frozen since construction still steps, on
+zero gradients, which is warned once.
+
+The gradients, changed in place between the end of backward and step(),
+seen through torch's version counter of the shared gradient buffer (every
+view of it shares one). With ``module=`` the daemon reduces each bucket as backward reports it, so
 an edit there races with its reads: step() refuses it. Without, the daemon
 still reduces inside step(), after the edit: on a job of several ranks an
 edit applies to this rank's own gradients before they are averaged. A
@@ -20,16 +28,49 @@ import warnings
 import torch
 
 
-class _GradEdits:
-    """A mixin of ``canzona.torch.Optimizer``. It reads ``_grad_flat``,
-    ``layout`` and, with ``module=``, ``_reported``."""
+class _StepChecks:
+    """A mixin of ``canzona.torch.Optimizer``. It reads ``_grads``,
+    ``_names``, ``_frozen``, ``_grad_flat``, ``layout`` and, with
+    ``module=``, ``_reported``."""
 
-    def _track_grad_edits(self):
+    def _start_step_checks(self):
+        # Where each registered parameter's values live (the shared buffer).
+        self._param_addresses = [p.data_ptr() for p, _ in self._grads]
+        self._warned_frozen = False
         # The shared gradients' version when the last backward ended, and
         # whether that end is awaited.
         self._backward_version = None
         self._end_queued = False
         self._warned_local_edit = False
+
+    def _check_parameters(self):
+        """Before a step: RuntimeError for a parameter moved out of the
+        shared buffer or unfrozen since construction; a warning, once, for
+        one frozen since."""
+        for name, param in self._frozen:
+            if param.requires_grad:
+                raise RuntimeError(
+                    "parameter %r did not require grad when the optimizer "
+                    "was constructed, so the daemon does not hold it: "
+                    "construct a new optimizer to train it" % name)
+        for (param, _), name, address in zip(self._grads, self._names,
+                                              self._param_addresses):
+            if param.data_ptr() != address:
+                raise RuntimeError(
+                    "parameter %r no longer lives in the optimizer's shared "
+                    "buffer: its storage was replaced after construction "
+                    "(model.to(), .half(), .cuda() or param.data = ...), "
+                    "where the daemon's updates would not reach it; convert "
+                    "and move the model before constructing the optimizer"
+                    % name)
+            if not param.requires_grad and not self._warned_frozen:
+                self._warned_frozen = True
+                warnings.warn(
+                    "canzona: parameter %r no longer requires grad, but the "
+                    "daemon registered it and steps it on a zero gradient "
+                    "(weight decay and momentum still move it); construct "
+                    "a new optimizer to leave it out" % name,
+                    RuntimeWarning, stacklevel=3)
 
     def _backward_running(self):
         """Called by the gradient hooks: records the version once this
