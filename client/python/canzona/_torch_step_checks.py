@@ -10,14 +10,15 @@ zero gradients, which is warned once.
 
 The gradients, changed in place between the end of backward and step(),
 seen through torch's version counter of the shared gradient buffer (every
-view of it shares one). With ``module=`` the daemon reduces each bucket as backward reports it, so
-an edit there races with its reads: step() refuses it. Without, the daemon
-still reduces inside step(), after the edit: on a job of several ranks an
-edit applies to this rank's own gradients before they are averaged. A
-factor every rank shares (``GradScaler.unscale_``, 1 / accumulation steps)
-commutes with the average, but ``torch.nn.utils.clip_grad_norm_`` clips by
-this rank's norm, not by the global one it sees under DDP, and each rank
-by another factor: warned once, pointing at ``max_grad_norm=``.
+view of it shares one). With ``module=`` the daemon reduces each bucket as
+backward reports it, so an edit there races with its reads: step() refuses
+it. Without, the daemon still reduces inside step(), after the edit: on a
+job of several ranks an edit applies to this rank's own gradients before
+they are averaged. A factor every rank shares (``GradScaler.unscale_``,
+1 / accumulation steps) commutes with the average, but
+``torch.nn.utils.clip_grad_norm_`` clips by this rank's norm, not by the
+global one it sees under DDP, and each rank by another factor: warned
+once, pointing at ``max_grad_norm=``.
 
 Thread-safety: as the optimizer; the hooks run on the thread that runs
 backward.
