@@ -11,6 +11,7 @@ By hand: PYTHONPATH=client/python CANZONAD=build/server/canzonad \
   /usr/bin/python3 -m pytest tests/python/test_torch.py
 """
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -916,6 +917,52 @@ def test_overlap_refuses_gradients_edited_after_backward(daemon, edit):
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     status = canzona.Client(daemon).status()
     assert any(j["job_id"] == opt.job_id for j in status["jobs"])
+    opt.close()
+
+
+def test_overlap_accumulates_inside_no_sync_and_refuses_it_outside(daemon):
+    """Gradient accumulation with module=: every backward but the last
+    inside opt.no_sync() reports nothing, so the step reduces the sum of
+    the micro-batches, bitwise what the same loop gives without module=
+    (where backward reports nothing anyway). Without no_sync() the first
+    backward reports its buckets and the daemon starts reducing them while
+    the second adds to them: step() refuses, naming a parameter, before
+    anything steps."""
+    os.environ["CANZONA_TARGET"] = daemon
+    runs = {}
+    for overlap, micros in ((False, 2), (True, 2), (False, 1)):
+        model = train_torch.build_model(0)
+        opt = ct.Muon(model.named_parameters(),
+                      module=model if overlap else None,
+                      job_id="accumulate-" + uuid.uuid4().hex[:8])
+        for step in range(1, 4):
+            for micro in range(micros):
+                sync = opt.no_sync() if overlap and micro == 0 else \
+                    contextlib.nullcontext()
+                with sync:
+                    train_torch.loss_fn(model, step, micro).backward()
+            opt.step()
+            opt.zero_grad()
+        opt.synchronize()
+        runs[overlap, micros] = {n: p.detach().clone()
+                                 for n, p in model.named_parameters()}
+        opt.close()
+    for n, p in runs[False, 2].items():
+        assert torch.equal(runs[True, 2][n], p), n
+    # One micro-batch lands elsewhere: the sum of two was stepped.
+    assert max(relative(runs[False, 1][n], p)
+               for n, p in runs[False, 2].items()) > 1e-3
+    model = train_torch.build_model(0)
+    opt = ct.Muon(model.named_parameters(), module=model,
+                  job_id="accumulate-bad-" + uuid.uuid4().hex[:8])
+    train_torch.loss_fn(model, 1, 0).backward()
+    train_torch.loss_fn(model, 1, 1).backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(RuntimeError, match=r"a second backward accumulated "
+                       r"into '.*'.*opt\.no_sync\(\)"):
+        opt.step()
+    assert opt.steps == 0
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     opt.close()
 
 

@@ -53,6 +53,9 @@ class _Overlap:
         self._bucket_size = [0] * len(buckets)
         self._left = []
         self._reported = set()
+        # The first parameter a backward accumulated into after an earlier
+        # backward of the step had reported its bucket.
+        self._late_accumulation = None
         # Buckets of the last async step not yet waited for.
         self._unsynced = set()
         for j, (param, _) in enumerate(self._grads):
@@ -114,6 +117,12 @@ class _Overlap:
             if not self._sync:
                 return
             b = self._bucket_of[j]
+            if b in self._reported:
+                # A second backward outside no_sync(): the daemon is
+                # reducing this bucket already (step() refuses).
+                if self._late_accumulation is None:
+                    self._late_accumulation = self._names[j]
+                return
             if self._event is not None:
                 stream = torch.cuda.current_stream(self.device)
                 self._grad_streams[b][stream.cuda_stream] = stream
@@ -174,4 +183,5 @@ class _Overlap:
         for streams in self._grad_streams:
             streams.clear()
         self._reported = set()
+        self._late_accumulation = None
         self._unsynced = set(range(len(self._bucket_size)))

@@ -11,11 +11,12 @@ zero gradients, which is warned once.
 The gradients, changed in place between the end of backward and step(),
 seen through torch's version counter of the shared gradient buffer (every
 view of it shares one). With ``module=`` the daemon reduces each bucket as
-backward reports it, so an edit there races with its reads: step() refuses
-it. Without, the daemon still reduces inside step(), after the edit: on a
-job of several ranks an edit applies to this rank's own gradients before
-they are averaged. A factor every rank shares (``GradScaler.unscale_``,
-1 / accumulation steps) commutes with the average, but
+backward reports it, so an edit there, or a second backward outside
+``no_sync()``, races with its reads: step() refuses it. Without, the
+daemon still reduces inside step(), after the edit: on a job of several
+ranks an edit applies to this rank's own gradients before they are
+averaged. A factor every rank shares (``GradScaler.unscale_``, 1 /
+accumulation steps) commutes with the average, but
 ``torch.nn.utils.clip_grad_norm_`` clips by this rank's norm, not by the
 global one it sees under DDP, and each rank by another factor: warned
 once, pointing at ``max_grad_norm=``.
@@ -32,7 +33,7 @@ import torch
 class _StepChecks:
     """A mixin of ``canzona.torch.Optimizer``. It reads ``_grads``,
     ``_names``, ``_frozen``, ``_grad_flat``, ``layout`` and, with
-    ``module=``, ``_reported``."""
+    ``module=``, ``_reported`` and ``_late_accumulation``."""
 
     def _start_step_checks(self):
         # Where each registered parameter's values live (the shared buffer).
@@ -92,8 +93,17 @@ class _StepChecks:
     def _check_reported_grads_unchanged(self):
         """With ``module=``: the buckets backward reported are being reduced
         from the shared gradients already, so an in-place edit after
-        backward would make the step use old, new or torn values. Refused,
-        before anything steps."""
+        backward, or a second backward accumulating into them, would make
+        the step use old, new or torn values. Refused, before anything
+        steps."""
+        if self._late_accumulation is not None:
+            raise RuntimeError(
+                "a second backward accumulated into %r after an earlier one "
+                "had reported its bucket, but with module= the daemon "
+                "reduces each bucket as soon as backward reports it: this "
+                "step is not taken (restart from a checkpoint). For "
+                "gradient accumulation, run every backward but the last "
+                "inside opt.no_sync()" % self._late_accumulation)
         if self._reported and self._edited_since_backward():
             raise RuntimeError(
                 "gradients were changed in place between backward and "
