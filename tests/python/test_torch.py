@@ -920,6 +920,34 @@ def test_overlap_refuses_gradients_edited_after_backward(daemon, edit):
     opt.close()
 
 
+def test_overlap_state_dict_waits_for_the_parameters(daemon):
+    """With module= step() returns before every bucket's parameters are
+    back (opt._unsynced: those not waited for yet); the model's
+    state_dict() (what torch.save, save_pretrained and checkpoints read)
+    waits for them first, as a forward does, and holds the stepped values,
+    equal to a run without module=. (On this one-rank cpu daemon the
+    values are in place early anyway: the wait is what is checked.)"""
+    os.environ["CANZONA_TARGET"] = daemon
+    saved = {}
+    for overlap in (False, True):
+        model = train_torch.build_model(0)
+        opt = ct.Muon(model.named_parameters(),
+                      module=model if overlap else None,
+                      job_id="state-dict-" + uuid.uuid4().hex[:8])
+        for step in range(1, 3):
+            train_torch.loss_fn(model, step, 0).backward()
+            opt.step()
+            opt.zero_grad()
+        if overlap:
+            assert opt._unsynced  # the last step's buckets, not waited for
+        saved[overlap] = {k: v.clone() for k, v in model.state_dict().items()}
+        if overlap:
+            assert not opt._unsynced
+        opt.close()
+    for k, v in saved[False].items():
+        assert torch.equal(saved[True][k], v), k
+
+
 def test_overlap_accumulates_inside_no_sync_and_refuses_it_outside(daemon):
     """Gradient accumulation with module=: every backward but the last
     inside opt.no_sync() reports nothing, so the step reduces the sum of

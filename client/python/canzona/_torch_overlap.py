@@ -103,6 +103,19 @@ class _Overlap:
         for reader, buckets in waits.values():
             self._hooks.append(reader.register_forward_pre_hook(
                 self._before_forward(sorted(buckets))))
+        # The model's state_dict() (torch.save, save_pretrained, a
+        # checkpoint) reads every parameter outside a forward: it waits for
+        # the last step's parameters first. Before torch 2.0 only a hook
+        # after it exists, which serves as well: the values it returns
+        # alias the parameters, and are read after it.
+        def synchronized(*unused):
+            del unused
+            self.synchronize()
+        if hasattr(module, "register_state_dict_pre_hook"):
+            self._hooks.append(
+                module.register_state_dict_pre_hook(synchronized))
+        else:
+            self._hooks.append(module._register_state_dict_hook(synchronized))
 
     def _accumulated(self, j):
         param, view = self._grads[j]
