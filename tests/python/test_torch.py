@@ -12,11 +12,13 @@ By hand: PYTHONPATH=client/python CANZONAD=build/server/canzonad \
 """
 
 import contextlib
+import gc
 import os
 import subprocess
 import sys
 import uuid
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -422,6 +424,36 @@ def test_reference_keywords_reach_the_daemon(daemon):
     with pytest.raises(ValueError, match=r"ns_coefficients: \(3.0, -4.0, 2.0\)"
                                          r": the daemon runs the named sets"):
         ct.Muon(named, ns_coefficients=(3.0, -4.0, 2.0), job_id="bad-ns")
+
+
+def test_a_closed_optimizer_leaves_the_model_alone(daemon):
+    """close() removes every hook the optimizer put on the parameters: an
+    optimizer constructed afterwards on the same model (a second training
+    phase, a notebook) is the only one its backward feeds. Before, the
+    closed one's gradient hooks still copied every gradient into its
+    buffer (two extra copies per parameter per backward) and kept that
+    buffer, and the optimizer, alive."""
+    os.environ["CANZONA_TARGET"] = daemon
+    model = train_torch.build_model(0)
+    first = ct.Muon(model.named_parameters(), module=model,
+                    job_id="first-" + uuid.uuid4().hex[:8])
+    train_torch.loss_fn(model, 1, 0).backward()
+    first.step()
+    first.zero_grad()
+    first.close()
+    old_views = [view for _, view in first._grads]
+    gone = weakref.ref(first)
+    del first
+    gc.collect()
+    assert gone() is None
+    second = ct.Muon(model.named_parameters(),
+                     job_id="second-" + uuid.uuid4().hex[:8])
+    train_torch.loss_fn(model, 2, 0).backward()
+    assert all(bool((view == 0).all()) for view in old_views)
+    assert any(bool((p.grad != 0).any()) for p in model.parameters())
+    second.step()
+    assert second.steps == 1
+    second.close()
 
 
 def test_parameters_moved_out_of_the_buffer_are_refused(daemon):

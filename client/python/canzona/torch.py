@@ -195,6 +195,11 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
                                      connect_timeout=connect_timeout,
                                      step_timeout=step_timeout, tls_ca=tls_ca)
         self._params_written = []
+        # Every hook this optimizer puts on the parameters and the module:
+        # close() removes them, so that an optimizer constructed later on
+        # the same model is the only one that sees its gradients, and this
+        # one's buffer is not kept alive by them.
+        self._hooks = []
         registered = False
         try:
             flat = self._allocate_buffer(2 * half, rank)
@@ -254,7 +259,6 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             self._closed = False
             self._module = module
             self._sync = True
-            self._hooks = []
             self._grad_flat = flat[half:]
             self._start_step_checks()
             if module is not None:
@@ -309,7 +313,8 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
                 gview.zero_()
             e.param.data = pview
             e.param.grad = gview
-            e.param.register_hook(self._grad_arrives(e.param, gview))
+            self._hooks.append(
+                e.param.register_hook(self._grad_arrives(e.param, gview)))
             self._grads.append((e.param, gview))
             self._names.append(e.name)
             by_group[e.group].append(e.param)
@@ -527,8 +532,9 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
 
     def close(self):
         """Deregisters this rank (the job ends when its last rank leaves),
-        closes the client and removes the shared buffer's name (the
-        parameters stay usable: the mapping lives as long as they do)."""
+        removes every hook on the parameters and the module, closes the
+        client and removes the shared buffer's name (the parameters stay
+        usable: the mapping lives as long as they do)."""
         if not self._closed:
             self._closed = True
             for handle in self._hooks:
