@@ -71,12 +71,15 @@ _TORCH_NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 _NS_COEFFICIENT_NAMES = ("simple", "quintic", "polar_express")
 
 
+def _given(**settings):
+    """The keyword settings a caller gave (None: the daemon's default)."""
+    return {k: v for k, v in settings.items() if v is not None}
+
+
 def _torch_muon_settings(ns_coefficients, eps, adjust_lr_fn):
     """The daemon's settings for torch.optim.Muon's ns_coefficients, eps
     and adjust_lr_fn (None: the daemon's default, which is torch's)."""
-    settings = {}
-    if eps is not None:
-        settings["eps"] = eps
+    settings = _given(eps=eps)
     if adjust_lr_fn is not None:
         if adjust_lr_fn not in _MUON_SCALES:
             raise ValueError("adjust_lr_fn: %r is not one of %s"

@@ -65,7 +65,7 @@ from canzona._torch_amp import loss_scale_multiplier, report_found_inf
 from canzona._torch_step_checks import _StepChecks
 from canzona._torch_overlap import _Overlap, _into_view
 from canzona._torch_setup import (
-    _DTYPE_NAMES, _buffer_entries, _device_and_dtype, _job_id,
+    _DTYPE_NAMES, _buffer_entries, _device_and_dtype, _given, _job_id,
     _parse_groups, _resolve_layout, _route_function, _scheduled_settings,
     _setting_value, _torch_muon_settings, _torch_spelling, _world,
     default_route)
@@ -607,11 +607,6 @@ def Muon(named_parameters, lr=0.02, momentum=0.95, nesterov=True, ns_steps=5,
         "muon", named_parameters, settings,
         _adamw_settings(adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay),
         route, overrides, kwargs)
-
-
-def _given(**settings):
-    """The keyword settings a caller gave (None: the daemon's default)."""
-    return {k: v for k, v in settings.items() if v is not None}
 
 
 def Shampoo(named_parameters, lr=1e-2, betas=(0.9, 1.0), epsilon=1e-12,
