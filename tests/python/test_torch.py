@@ -1012,18 +1012,23 @@ def test_overlap_accumulates_inside_no_sync_and_refuses_it_outside(daemon):
     # One micro-batch lands elsewhere: the sum of two was stepped.
     assert max(relative(runs[False, 1][n], p)
                for n, p in runs[False, 2].items()) > 1e-3
-    model = train_torch.build_model(0)
-    opt = ct.Muon(model.named_parameters(), module=model,
-                  job_id="accumulate-bad-" + uuid.uuid4().hex[:8])
-    train_torch.loss_fn(model, 1, 0).backward()
-    train_torch.loss_fn(model, 1, 1).backward()
-    before = [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(RuntimeError, match=r"a second backward accumulated "
-                       r"into '.*'.*opt\.no_sync\(\)"):
-        opt.step()
-    assert opt.steps == 0
-    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
-    opt.close()
+    # The second backward plain, or (the wrong way round) inside
+    # no_sync() after a first that reported: both add to reported buckets.
+    for second_unsynced in (False, True):
+        model = train_torch.build_model(0)
+        opt = ct.Muon(model.named_parameters(), module=model,
+                      job_id="accumulate-bad-" + uuid.uuid4().hex[:8])
+        train_torch.loss_fn(model, 1, 0).backward()
+        with opt.no_sync() if second_unsynced else contextlib.nullcontext():
+            train_torch.loss_fn(model, 1, 1).backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        with pytest.raises(RuntimeError, match=r"a second backward "
+                           r"accumulated into '.*'.*opt\.no_sync\(\)"):
+            opt.step()
+        assert opt.steps == 0
+        assert all(torch.equal(a, p)
+                   for a, p in zip(before, model.parameters()))
+        opt.close()
 
 
 def test_bad_use_raises_clear_errors(daemon):

@@ -119,11 +119,14 @@ def main():
                         "the deltas then hold every bucket's update")
     args = p.parse_args()
     torch.set_num_threads(1)
-    caught = []  # canzona's warnings, as shown
+    caught = []  # canzona's warnings, as shown; the others are printed
+    print_warning = warnings.showwarning
 
-    def show(message, category, *unused, **kwunused):
+    def show(message, category, *rest, **kwrest):
         if str(message).startswith("canzona"):
             caught.append("%s: %s" % (category.__name__, message))
+        else:
+            print_warning(message, category, *rest, **kwrest)
     warnings.showwarning = show
     rank = int(os.environ.get("RANK", "0"))
 

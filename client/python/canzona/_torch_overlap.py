@@ -127,14 +127,16 @@ class _Overlap:
             # new .grad: its values go to the view before the bucket is
             # reported (.grad stays the caller's, graph and all).
             _into_view(param, view, rebind=False)
-            if not self._sync:
-                return
             b = self._bucket_of[j]
             if b in self._reported:
-                # A second backward outside no_sync(): the daemon is
-                # reducing this bucket already (step() refuses).
+                # A backward after the one that reported this bucket (no
+                # no_sync() around it, or no_sync() around a later one
+                # only): the daemon is reducing the bucket already (step()
+                # refuses).
                 if self._late_accumulation is None:
                     self._late_accumulation = self._names[j]
+                return
+            if not self._sync:
                 return
             if self._event is not None:
                 stream = torch.cuda.current_stream(self.device)
