@@ -327,7 +327,7 @@ void JobRegistry::Tick() {
         absl::StrCat("the trainer of rank ", coords, " (pid ",
                      *rank->trainer.pid(), ") exited without deregistering"));
   }
-  DeleteKeys();
+  FlushDepartures();
 }
 
 void JobRegistry::DropExpiredSeriesLocked(absl::Time now) {
@@ -350,7 +350,8 @@ void JobRegistry::DropExpiredSeriesLocked(absl::Time now) {
   }
 }
 
-void JobRegistry::DeleteKeys() {
+void JobRegistry::FlushDepartures() {
+  absl::MutexLock flush_lock(&flush_mu_);
   std::vector<std::pair<std::string, int>> departures;
   std::vector<std::string> dropped;
   {

@@ -122,6 +122,14 @@ class JobRegistry {
   // metrics retention.
   void Tick() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Counts on the control plane the departures queued so far and deletes
+  // the keys of the jobs they end (and of dropped records), waiting for a
+  // round the watcher has under way. Registration calls it before agreeing
+  // on a job, so that a job id whose every local rank has left registers
+  // again at once: Deregister answered OK, and the rank must not find its
+  // own claim still standing until the watcher's next round.
+  void FlushDepartures() ABSL_LOCKS_EXCLUDED(mu_, flush_mu_);
+
   // Fails every job and in-flight call with UNAVAILABLE, stops every
   // worker, and refuses what comes later. Idempotent.
   void Close() ABSL_LOCKS_EXCLUDED(mu_);
@@ -133,8 +141,6 @@ class JobRegistry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the lingering ranks of `job` may go before their time (Tick).
   bool Drained(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Deletes what the departures and dropped records queued.
-  void DeleteKeys() ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the series of the jobs gone for the retention. Under mu_, so
   // that a job Admit brings back meanwhile keeps its new series.
   void DropExpiredSeriesLocked(absl::Time now)
@@ -142,6 +148,9 @@ class JobRegistry {
 
   const Options options_;
   std::atomic<bool> closed_{false};
+  // Held through a flush's control-plane calls (taken before mu_): a
+  // flush that finds the queues empty has waited for one in flight.
+  absl::Mutex flush_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   // Workers of ranks removed from their own thread: joined by Tick.

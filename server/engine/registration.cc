@@ -42,6 +42,7 @@ void Registration::Run(const std::shared_ptr<Job>& job,
 
 absl::Status Registration::Agree(Job& job, LocalRank& rank,
                                  const std::string& plist) const {
+  registry_->FlushDepartures();
   const JobAgreement agreement = agreement_for_(job);
   const absl::Time deadline = absl::Now() + options_.register_timeout;
   // The first rank of the job (on any daemon) publishes the job settings

@@ -770,6 +770,69 @@ def test_state_dict_resumes_bitwise_in_new_processes(daemon, tmp_path, world):
             assert torch.equal(p, b["params"][n]), n
 
 
+def test_a_new_optimizer_on_the_same_job_id_continues_bitwise(daemon,
+                                                              tmp_path):
+    """Two ranks close their optimizer before step 4 and construct another
+    on the same job_id= that loads its state_dict (a second phase, a
+    rebuilt optimizer): the new one registers as a job of its own, "<id>-2",
+    and continues bitwise. Before, the second construction met the first
+    job, closed on one rank and not yet on the other (FAILED_PRECONDITION
+    "job failed: rank ... deregistered") or not yet counted as left by the
+    daemon (ALREADY_EXISTS)."""
+    straight = run_ranks(daemon, 2, str(tmp_path), "--optimizer", "soap",
+                         "--last", "6")
+    rebuilt = run_ranks(daemon, 2, str(tmp_path), "--optimizer", "soap",
+                        "--last", "6", "--rebuild-at", "4")
+    for a, b in zip(straight, rebuilt):
+        first, second = b["job_ids"]
+        assert second == first + "-2"
+        assert a["losses"] == b["losses"]
+        for n, p in a["params"].items():
+            assert torch.equal(p, b["params"][n]), n
+
+
+def test_two_live_optimizers_and_a_rebuilt_one_share_a_process(daemon):
+    """Two models with an optimizer each on the default job id (a GAN's
+    generator and discriminator, an actor and a critic), stepping in turn,
+    then a third constructed right after the first's close() that loads its
+    state_dict: each registers as a job of its own and trains as it would
+    alone (bitwise).
+    Before, the second construction met the first's job: ALREADY_EXISTS."""
+    os.environ["CANZONA_TARGET"] = daemon
+
+    def train(pairs, steps):
+        for step in steps:
+            for model, opt in pairs:
+                train_torch.loss_fn(model, step, 0).backward()
+                opt.step()
+                opt.zero_grad()
+
+    alone = train_torch.build_model(0)
+    opt = ct.Muon(alone.named_parameters(),
+                  job_id="alone-" + uuid.uuid4().hex[:8])
+    train(((alone, opt),), range(1, 4))
+    opt.close()
+    a, b = train_torch.build_model(0), train_torch.build_model(0)
+    first = ct.Muon(a.named_parameters())
+    second = ct.Muon(b.named_parameters())
+    assert first.job_id != second.job_id
+    train(((a, first), (b, second)), range(1, 4))
+    for model in (a, b):
+        for (n, p), q in zip(model.named_parameters(), alone.parameters()):
+            assert torch.equal(p, q), n
+    state = first.state_dict()
+    first.close()
+    third = ct.Muon(a.named_parameters())
+    third.load_state_dict(state)
+    assert third.job_id not in (first.job_id, second.job_id)
+    train(((a, third), (b, second)), range(4, 6))
+    assert third.steps == second.steps == 5
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(p, q), n
+    second.close()
+    third.close()
+
+
 def test_overlap_waits_where_a_container_s_parameters_are_read(daemon):
     """module=: a ParameterList has no forward of its own (the module above
     it reads its weights), so after a step that answered early the parent's

@@ -114,6 +114,9 @@ def main():
     p.add_argument("--clip-local", type=float, default=0.0,
                    help="> 0: torch.nn.utils.clip_grad_norm_ at this norm "
                         "between backward and step()")
+    p.add_argument("--rebuild-at", type=int, default=0,
+                   help="before this step: state_dict(), close(), and a new "
+                        "optimizer on the same job_id= that loads it")
     p.add_argument("--synchronize", action="store_true",
                    help="opt.synchronize() after each step: with --overlap "
                         "the deltas then hold every bucket's update")
@@ -160,7 +163,14 @@ def main():
     deltas = []
     grads = []
     clipping = []  # (pre-clip norm, factor) per step
+    job_ids = [opt.job_id]
     for step in range(args.first, args.last + 1):
+        if step == args.rebuild_at:
+            state = opt.state_dict()
+            opt.close()
+            opt = make(args.optimizer, model, args.job_id, None, **extra)
+            opt.load_state_dict(state)
+            job_ids.append(opt.job_id)
         loss = train_torch.loss_fn(model, step, rank)
         scaled = loss
         if scaler is not None:
@@ -211,6 +221,7 @@ def main():
                 "buckets": len(opt.registered["buckets"]),
                 "events": events,
                 "warnings": caught,
+                "job_ids": job_ids,
                 "transport": opt.client.transport,
                 # Every tensor the optimizer hands torch: the model's dtype.
                 "dtypes": sorted({str(q.dtype) for q in model.parameters()} |

@@ -3,6 +3,7 @@ the groups and their settings, each parameter's group, the (pp, dp, tp)
 layout, the one device and dtype, each parameter's place in the buffer,
 the job id and rank every process agrees on."""
 
+import collections
 import os
 import uuid
 
@@ -173,8 +174,29 @@ def _world():
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+# The optimizers this process constructed on each job id.
+_CONSTRUCTED = collections.Counter()
+
+
 def _job_id(job_id):
-    """The job id every rank agrees on."""
+    """The job id of the optimizer under construction, which every rank
+    agrees on: job_id=, $CANZONA_JOB_ID, torchrun's run id, or one rank 0
+    broadcasts; the n-th optimizer this process constructs on that id (n >
+    1) registers as "<id>-<n>", a job of its own. Every rank constructs its
+    optimizers in the same order, so they agree on n without a word. The
+    same id again would meet the earlier job: still open (two models, two
+    optimizers), or closed here but not yet on every rank (close() does not
+    wait for the others), which the daemons refuse."""
+    base = _base_job_id(job_id)
+    _CONSTRUCTED[base] += 1
+    n = _CONSTRUCTED[base]
+    if n == 1:
+        return base
+    suffix = "-%d" % n
+    return base[:64 - len(suffix)] + suffix
+
+
+def _base_job_id(job_id):
     if job_id:
         return job_id
     if os.environ.get("CANZONA_JOB_ID"):

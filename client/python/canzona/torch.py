@@ -111,7 +111,10 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         where ``tensor_model_parallel`` is set, else replicated.
       target: the daemon address (default $CANZONA_TARGET or the local
         socket). job_id: shared by all ranks (default $CANZONA_JOB_ID, the
-        torchrun run id, or one broadcast from rank 0).
+        torchrun run id, or one broadcast from rank 0); the n-th optimizer
+        a process constructs on one id registers as "<id>-<n>", a job of
+        its own (a second model's optimizer, or one constructed after
+        close(), which the other ranks may not have called yet).
       strategy, alpha, bucket_size: the planner's (see canzonactl plan).
       shard_group_size: hierarchical sharding: optimizer state sharded over
         groups of this many DP ranks and replicated across groups (0: flat).

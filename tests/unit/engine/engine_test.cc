@@ -246,6 +246,26 @@ TEST(EngineTest, SetupFailingAfterItsCommunicatorsLeavesTheEngineServing) {
   ASSERT_OK(run.Deregister(cluster));
 }
 
+// Deregister answering OK means the rank has left: the same job id
+// registers again at once (a trainer's next optimizer, a restarted loop)
+// and steps afresh. Before, the departure reached the control plane only
+// at the watcher's next round (200 ms later), and the new rank met its own
+// old claim: ALREADY_EXISTS "is already registered".
+TEST(EngineTest, AJobIdRegistersAgainRightAfterItsRanksLeft) {
+  Cluster cluster;
+  const JobConfig config = MakeJobConfig("registers-again", 1, 1, "cost");
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 2, {}));
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    ASSERT_OK(run.RunSteps(cluster, 1, 2));
+    EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+    ASSERT_OK(run.Deregister(cluster));
+  }
+}
+
 // A job's series stay in /metrics while it runs and for the retention
 // after its last rank left the daemon (Prometheus scrapes its last values),
 // then go; another job's stay. Without this a long-running daemon's
