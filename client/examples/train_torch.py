@@ -42,7 +42,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x
+        # In the activations' dtype: a weight kept in fp32 in a bf16 model
+        # (Hugging Face's _keep_in_fp32_modules) keeps the model in bf16.
+        return self.weight.to(x.dtype) * x
 
 
 def rope(x, positions):

@@ -184,7 +184,8 @@ def reference_run(kind, world, steps, halve_lr=False, schedule=None):
     return losses, {n: p.detach().clone() for n, p in named}
 
 
-def mixed_reference_run(rank_grads, round_each_step=False, max_grad_norm=0.0):
+def mixed_reference_run(rank_grads, round_each_step=False, max_grad_norm=0.0,
+                        keep_fp32=""):
     """Plain-PyTorch mixed precision, as Megatron users write it: a
     bfloat16 model; fp32 master weights and optimizer state
     (torch.optim.AdamW, and Muon as above, on the masters); the ranks'
@@ -198,8 +199,14 @@ def mixed_reference_run(rank_grads, round_each_step=False, max_grad_norm=0.0):
     away the size of tiny gradients), so a closed-loop comparison would
     measure that chaos, not the optimizer. round_each_step: no master
     weights (the masters are rounded after every step), the negative
-    control."""
+    control. keep_fp32: the parameters whose name contains it are float32
+    (their own masters), and the ranks' gradients are summed in fp32, as
+    the daemon sums a bucket whose parameters mix dtypes (the test model
+    fits one bucket)."""
     model = train_torch.build_model(seed=0).to(torch.bfloat16)
+    for n, p in model.named_parameters():
+        if keep_fp32 and keep_fp32 in n:
+            p.data = p.data.float()
     matrix_settings, adamw_settings = SETTINGS["muon"]
     named = list(model.named_parameters())
     master = {n: torch.nn.Parameter(p.detach().float().clone())
@@ -218,7 +225,7 @@ def mixed_reference_run(rank_grads, round_each_step=False, max_grad_norm=0.0):
                 total = torch.zeros_like(master[n])
                 for g in step_grads:
                     total += g[n].float()
-                if world > 1:
+                if world > 1 and not keep_fp32:
                     total = total.to(torch.bfloat16).float()
                 master[n].grad = total * (1.0 / world)
             if max_grad_norm > 0:
@@ -301,6 +308,53 @@ def test_bfloat16_model_matches_a_mixed_precision_reference(daemon, tmp_path,
     assert lost > 2.0 ** -8, lost
     print("bf16 DP%d: worst parameter relative error %.2e (without masters "
           "%.2e)" % (world, worst, lost))
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_bfloat16_model_with_fp32_norms_keeps_each_dtype(daemon, tmp_path,
+                                                          world):
+    """A bfloat16 model whose norm weights stay float32 (Hugging Face's
+    _keep_in_fp32_modules, a habit for stable training): one optimizer
+    takes both; each parameter and its gradient keep their dtype, and the
+    run equals the mixed-precision reference. Before, construction raised
+    "one dtype per optimizer"."""
+    results = run_ranks(daemon, world, str(tmp_path), "--optimizer", "muon",
+                        "--dtype", "bfloat16", "--keep-fp32", "norm",
+                        "--record-grads", "--last", "8")
+    for r in results:
+        for n, dtypes in r["param_dtypes"].items():
+            want = "torch.float32" if "norm" in n else "torch.bfloat16"
+            assert dtypes == (want, want), (n, dtypes)
+    reference, _ = mixed_reference_run([r["grads"] for r in results],
+                                       keep_fp32="norm")
+    # As in the bfloat16 test: fp32 against float64 orthogonalization
+    # flips a few bfloat16 roundings by one ulp; the fp32 norms differ by
+    # float32 rounding only.
+    for n, want in reference.items():
+        got = results[0]["params"][n]
+        assert got.dtype == want.dtype, n
+        assert relative(got, want) <= (1e-5 if "norm" in n else 2.0 ** -8), n
+    for other in results[1:]:
+        for n, p in results[0]["params"].items():
+            assert torch.equal(p, other["params"][n]), n
+    # The norms trained in fp32: updates below a bfloat16 ulp were kept,
+    # which a daemon rounding them to bfloat16 would have lost.
+    norms = [p for n, p in results[0]["params"].items() if "norm" in n]
+    assert any(not torch.equal(p, p.bfloat16().float()) for p in norms)
+    if world > 1:
+        # Overlapped, over many buckets (some of one dtype, some mixed):
+        # bitwise the same.
+        small = ("--bucket-size", "3000")
+        plain = run_ranks(daemon, world, str(tmp_path), "--optimizer", "muon",
+                          "--dtype", "bfloat16", "--keep-fp32", "norm",
+                          "--last", "4", *small)
+        overlapped = run_ranks(daemon, world, str(tmp_path), "--optimizer",
+                               "muon", "--dtype", "bfloat16", "--keep-fp32",
+                               "norm", "--last", "4", "--overlap", *small)
+        assert plain[0]["buckets"] > 4
+        assert overlapped[0]["events"]["grad_ready"] > 0
+        for n, p in plain[0]["params"].items():
+            assert torch.equal(p, overlapped[0]["params"][n]), n
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -1109,6 +1163,11 @@ def test_bad_use_raises_clear_errors(daemon):
         with pytest.raises(canzona.CanzonaError) as error:
             canzona.CudaEvent(0)
         assert error.value.code == "FAILED_PRECONDITION"
+    # A dtype the daemon does not take, named with its parameter.
+    wide = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="parameter 'w' is torch.float64"):
+        ct.Muon([("v", torch.nn.Parameter(torch.randn(4, 4))), ("w", wide)],
+                job_id="bad-dtype")
     # Not contiguous.
     strided = torch.nn.Parameter(torch.randn(4, 6).t())
     with pytest.raises(ValueError, match="not contiguous"):

@@ -98,6 +98,9 @@ def main():
     p.add_argument("--shard-group-size", type=int, default=0)
     p.add_argument("--dtype", default="float32",
                    help="the model's dtype (bfloat16: mixed precision)")
+    p.add_argument("--keep-fp32", default="",
+                   help="parameters whose name contains this stay float32 "
+                        "in a --dtype bfloat16 model")
     p.add_argument("--record-grads", action="store_true",
                    help="save each step's gradients (what the daemon got)")
     p.add_argument("--max-grad-norm", type=float, default=0.0,
@@ -134,6 +137,9 @@ def main():
     rank = int(os.environ.get("RANK", "0"))
 
     model = train_torch.build_model(seed=0).to(getattr(torch, args.dtype))
+    for name, q in model.named_parameters():
+        if args.keep_fp32 and args.keep_fp32 in name:
+            q.data = q.data.float()
     if args.resume:
         saved = torch.load(args.resume)
         model.load_state_dict(saved["model"])
@@ -227,7 +233,11 @@ def main():
                 "dtypes": sorted({str(q.dtype) for q in model.parameters()} |
                                  {str(q.grad.dtype) for q in model.parameters()
                                   if q.grad is not None} |
-                                 {str(opt.dtype)}),
+                                 {str(opt.dtype or "mixed")}),
+                # Each parameter's and its gradient's dtype, by name.
+                "param_dtypes": {n: (str(q.dtype),
+                                     str(getattr(q.grad, "dtype", None)))
+                                 for n, q in model.named_parameters()},
                 "comm": [opt.last_step["seconds"]["dp_comm"],
                          opt.last_step["seconds"]["dp_comm_exposed"]]},
                args.out)

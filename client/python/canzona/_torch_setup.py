@@ -1,6 +1,6 @@
 """What canzona.torch.Optimizer's arguments become before it registers:
 the groups and their settings, each parameter's group, the (pp, dp, tp)
-layout, the one device and dtype, each parameter's place in the buffer,
+layout, the one device, each parameter's place in the buffer,
 the job id and rank every process agrees on."""
 
 import collections
@@ -145,6 +145,10 @@ def _scheduled_settings(param_groups, groups):
 _ADAMW_NAME_PARTS = ("embed", "wte", "wpe", "lm_head", "output_layer",
                      "router", "mlp.gate.weight")
 
+# Where the gradients' half of the buffer starts: a multiple of this many
+# bytes (vector loads and the widest element).
+_HALF_ALIGNMENT = 64
+
 # The parameter dtypes the daemon takes, by canzona.Client's names.
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16",
                 torch.float16: "float16"}
@@ -267,33 +271,30 @@ def _resolve_layout(layout, tp_size, world):
     return layout
 
 
-def _device_and_dtype(named):
-    """The one device and the one dtype of every parameter. One buffer, so
-    one dtype: float32, or bfloat16 / float16 (mixed precision: the daemon
-    keeps the fp32 master weights and state; this process keeps no fp32
-    copy)."""
+def _device_of(named):
+    """The one device of every parameter, each in a dtype the daemon takes:
+    float32, or bfloat16 / float16 (mixed precision: the daemon keeps the
+    fp32 master weights and state; this process keeps no fp32 copy). The
+    dtypes may differ per parameter (a bf16 model keeping its norms in
+    fp32, as Hugging Face's _keep_in_fp32_modules does)."""
     for name, param in named:
         if param.device.type not in ("cpu", "cuda"):
             raise ValueError(
                 "parameter %r is on %s: the daemon maps host shared "
                 "memory or CUDA IPC device memory" % (name, param.device))
+        if param.dtype not in _DTYPE_NAMES:
+            raise ValueError("parameter %r is %s: the daemon takes float32, "
+                             "bfloat16 or float16" % (name, param.dtype))
     devices = {p.device for _, p in named}
     if len(devices) != 1:
         raise ValueError("parameters are on %s: one device per optimizer"
                          % sorted(str(d) for d in devices))
-    dtypes = {p.dtype for _, p in named}
-    if len(dtypes) != 1:
-        raise ValueError("parameters are %s: one dtype per optimizer"
-                         % sorted(str(d) for d in dtypes))
-    dtype = dtypes.pop()
-    if dtype not in _DTYPE_NAMES:
-        raise ValueError("parameters are %s: the daemon takes float32, "
-                         "bfloat16 or float16" % dtype)
-    return devices.pop(), dtype
+    return devices.pop()
 
 
 class _Entry:
-    """One parameter's place in the buffer and what Register says of it."""
+    """One parameter's place in the buffer (``offset``: bytes into either
+    half) and what Register says of it."""
 
     __slots__ = ("name", "param", "group", "split", "shape", "offset")
 
@@ -303,11 +304,14 @@ class _Entry:
 
 
 def _buffer_entries(named, route_fn, groups, tp_split, tp):
-    """Each parameter's entry, and the elements of the parameters' half of
+    """Each parameter's entry, and the bytes of the parameters' half of
     the buffer. Every parameter and gradient lives in one buffer: the
     parameters, then the gradients, each in reverse order: the order
     backward fills the daemon's buckets in (as Megatron's grad buffer), so
-    its collectives work on this buffer in place."""
+    its collectives work on this buffer in place. Each starts aligned to
+    its own element size, which leaves no gap between parameters of one
+    dtype (the daemon's runs are unbroken); the gradients' half starts at
+    a multiple of _HALF_ALIGNMENT."""
     entries = []
     for name, param in named:
         if not param.is_contiguous():
@@ -328,6 +332,8 @@ def _buffer_entries(named, route_fn, groups, tp_split, tp):
         entries.append(_Entry(name, param, group, split, shape))
     at = 0
     for entry in reversed(entries):
+        unit = entry.param.element_size()
+        at += -at % unit
         entry.offset = at
-        at += entry.param.numel()
-    return entries, at
+        at += entry.param.numel() * unit
+    return entries, at + -at % _HALF_ALIGNMENT

@@ -41,12 +41,13 @@ work: it records one interprocess event per bucket after writing the
 bucket's parameters, and the current stream waits for those, so step()
 returns while the update still runs, as torch.optim's does.
 
-Mixed precision: a bfloat16 or float16 model (every parameter in one dtype)
-keeps its parameters and gradients in that dtype; the daemon keeps the fp32
-master weights and optimizer state of what each rank owns, updates them in
-fp32 and rounds the new parameters once (round to nearest even). This
-process keeps no fp32 copy. state_dict() / checkpoints carry the masters.
-A non-finite gradient (float16 overflow) makes every rank skip the step.
+Mixed precision: a bfloat16 or float16 model (some parameters may stay
+float32, as norms kept in fp32 do) keeps each parameter and its gradient
+in its dtype; the daemon keeps the fp32 master weights and optimizer state
+of what each rank owns, updates them in fp32 and rounds the new parameters
+once (round to nearest even). This process keeps no fp32 copy.
+state_dict() / checkpoints carry the masters. A non-finite gradient
+(float16 overflow) makes every rank skip the step.
 Dynamic loss scaling: ``scaler.step(opt)`` with torch.amp.GradScaler hands
 the daemon the scale to undo (in fp32, after the reduction) and gives every
 rank the daemon's one skip decision, so the ranks' scales stay equal.
@@ -65,7 +66,7 @@ from canzona._torch_amp import loss_scale_multiplier, report_found_inf
 from canzona._torch_step_checks import _StepChecks
 from canzona._torch_overlap import _Overlap, _into_view
 from canzona._torch_setup import (
-    _DTYPE_NAMES, _buffer_entries, _device_and_dtype, _given, _job_id,
+    _DTYPE_NAMES, _buffer_entries, _device_of, _given, _job_id,
     _parse_groups, _resolve_layout, _route_function, _scheduled_settings,
     _setting_value, _torch_muon_settings, _torch_spelling, _world,
     default_route)
@@ -191,7 +192,10 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         self.rank = (rank // (dp * tp), (rank // tp) % dp, rank % tp)
         self.global_rank = rank
         self.job_id = _job_id(job_id)
-        self.device, self.dtype = _device_and_dtype(named)
+        self.device = _device_of(named)
+        dtypes = {p.dtype for _, p in named}
+        # The parameters' dtype where they share one (None: several).
+        self.dtype = dtypes.pop() if len(dtypes) == 1 else None
         entries, half = _buffer_entries(named, route_fn, self._groups,
                                         dict(tp_split or {}), tp)
         self.client = canzona.Client(target, job_token=job_token,
@@ -279,38 +283,38 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             self.client.close()  # ends a canzona-bridge child now
             raise
 
-    def _allocate_buffer(self, elements, rank):
-        """The one buffer of every parameter and gradient, as a flat tensor:
-        device memory exported with CUDA IPC (with the event the daemon's
-        streams wait for) for a model on a GPU, else host shared memory."""
+    def _allocate_buffer(self, nbytes, rank):
+        """The one buffer of every parameter and gradient, as flat bytes
+        (each parameter views its part in its own dtype): device memory
+        exported with CUDA IPC (with the event the daemon's streams wait
+        for) for a model on a GPU, else host shared memory."""
         self._event = None
         if self.device.type == "cuda":
             index = self.device.index
             if index is None:
                 index = torch.cuda.current_device()
             self._event = canzona.CudaEvent(index)
-            self._buffer = torch.empty(elements, dtype=self.dtype,
+            self._buffer = torch.empty(nbytes, dtype=torch.uint8,
                                        device=torch.device("cuda", index))
             return self._buffer
-        unit = torch.tensor([], dtype=self.dtype).element_size()
-        self._buffer = self.client.allocate(self.job_id, rank,
-                                            elements * unit)
-        return torch.frombuffer(self._buffer, dtype=self.dtype)
+        self._buffer = self.client.allocate(self.job_id, rank, nbytes)
+        return torch.frombuffer(self._buffer, dtype=torch.uint8)
 
     def _move_into_buffer(self, entries, flat, half, blocks):
         """Moves each parameter's values into its place in ``flat`` (its
         ``.data`` and ``.grad`` become views there) and returns Register's
         parameter descriptions and the parameters of each group."""
-        unit = flat.element_size()
         self._grads = []
         self._names = []
         parameters = []
         by_group = {g: [] for g in self._groups}
         for e in entries:
-            n = e.param.numel()
+            nbytes = e.param.numel() * e.param.element_size()
             goffset = half + e.offset
-            pview = flat[e.offset:e.offset + n].view(e.param.shape)
-            gview = flat[goffset:goffset + n].view(e.param.shape)
+            pview = flat[e.offset:e.offset + nbytes].view(
+                e.param.dtype).view(e.param.shape)
+            gview = flat[goffset:goffset + nbytes].view(
+                e.param.dtype).view(e.param.shape)
             with torch.no_grad():
                 pview.copy_(e.param.data)
                 gview.zero_()
@@ -323,17 +327,17 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             by_group[e.group].append(e.param)
             if self._event is not None:
                 base = flat.data_ptr()
-                param_ref = ("cuda", base + e.offset * unit, n * unit)
-                grad_ref = ("cuda", base + goffset * unit, n * unit,
+                param_ref = ("cuda", base + e.offset, nbytes)
+                grad_ref = ("cuda", base + goffset, nbytes,
                             self._event.handle)
             else:
                 ref = self._buffer.name
-                param_ref = (ref, e.offset * unit, n * unit)
-                grad_ref = (ref, goffset * unit, n * unit)
+                param_ref = (ref, e.offset, nbytes)
+                grad_ref = (ref, goffset, nbytes)
             parameters.append({
                 "name": e.name, "shape": e.shape, "tp_split_dim": e.split,
                 "group": e.group, "param": param_ref, "grad": grad_ref,
-                "dtype": _DTYPE_NAMES[self.dtype],
+                "dtype": _DTYPE_NAMES[e.param.dtype],
                 "blocks": blocks.get(e.name)})
         return parameters, by_group
 
