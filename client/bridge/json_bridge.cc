@@ -90,7 +90,8 @@ const std::map<std::string, Handler>& Methods() {
       {"LoadCheckpoint", Method<v1::LoadCheckpointRequest>(
                              [](Client& c, const v1::LoadCheckpointRequest& r) {
                                return c.LoadCheckpoint(r.job_id(), r.rank(),
-                                                       r.dir());
+                                                       r.dir(),
+                                                       r.allow_missing());
                              })},
       {"ExportState", Method<v1::ExportStateRequest>(
                           [](Client& c, const v1::ExportStateRequest& r) {

@@ -13,12 +13,15 @@
 // inspect reads the directory directly and validates every checksum.
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "client/ctl/commands.h"
 #include "client/lib/client.h"
 #include "nlohmann/json.hpp"
@@ -155,6 +158,7 @@ void AddCheckpointCommand(CLI::App& app) {
     std::vector<std::string> targets;
     int64_t step = 0;
     bool json = false;
+    bool allow_missing = false;
   };
   auto args = std::make_shared<Args>();
 
@@ -210,18 +214,31 @@ void AddCheckpointCommand(CLI::App& app) {
     std::printf("saved job %s to %s (%zu ranks)\n", args->job.c_str(),
                 args->dir.c_str(), calls.size());
   });
+  load->add_flag("--allow-missing", args->allow_missing,
+                 "parameters the checkpoint has no record of keep their "
+                 "state and values (a layer unfrozen or added since)");
   load->callback([args] {
     auto clients = Connect(args->targets);
     std::vector<RankCall> calls = FindRanks(clients, args->job);
     int64_t step = 0;
+    std::set<std::string> missing;  // over every stage
+    absl::Mutex mu;
     CallAll(calls, [&](RankCall& c) {
-      auto r = c.client->LoadCheckpoint(args->job, c.rank, args->dir);
+      auto r = c.client->LoadCheckpoint(args->job, c.rank, args->dir,
+                                        args->allow_missing);
       c.status = r.status();
-      if (r.ok()) step = r->step();
+      if (!r.ok()) return;
+      absl::MutexLock lock(&mu);
+      step = r->step();
+      missing.insert(r->missing().begin(), r->missing().end());
     });
     std::printf("loaded %s into job %s (%zu ranks); next step is %lld\n",
                 args->dir.c_str(), args->job.c_str(), calls.size(),
                 static_cast<long long>(step + 1));
+    if (!missing.empty()) {
+      std::printf("not in the checkpoint (state and values kept): %s\n",
+                  absl::StrJoin(missing, ", ").c_str());
+    }
   });
 }
 

@@ -292,11 +292,12 @@ absl::StatusOr<canzona::v1::SaveCheckpointResponse> Client::SaveCheckpoint(
 
 absl::StatusOr<canzona::v1::LoadCheckpointResponse> Client::LoadCheckpoint(
     const std::string& job_id, const canzona::v1::RankCoordinates& rank,
-    const std::string& dir) {
+    const std::string& dir, bool allow_missing) {
   canzona::v1::LoadCheckpointRequest request;
   request.set_job_id(job_id);
   *request.mutable_rank() = rank;
   request.set_dir(dir);
+  request.set_allow_missing(allow_missing);
   return impl_->Call(&Impl::Stub::LoadCheckpoint, request,
                      options_.checkpoint_timeout);
 }

@@ -131,9 +131,10 @@ class Client {
   absl::StatusOr<canzona::v1::SaveCheckpointResponse> SaveCheckpoint(
       const std::string& job_id, const canzona::v1::RankCoordinates& rank,
       const std::string& dir, int64_t at_step = 0);
+  // `allow_missing`: LoadCheckpointRequest.allow_missing.
   absl::StatusOr<canzona::v1::LoadCheckpointResponse> LoadCheckpoint(
       const std::string& job_id, const canzona::v1::RankCoordinates& rank,
-      const std::string& dir);
+      const std::string& dir, bool allow_missing = false);
   // This rank's view of the state (state_dict) and its way back.
   absl::StatusOr<canzona::v1::ExportStateResponse> ExportState(
       const std::string& job_id, const canzona::v1::RankCoordinates& rank);

@@ -169,10 +169,7 @@ absl::Status BucketCollectives::ReadMasters(int b) {
     for (int i : jp.plan.buckets[staging_.layout->buckets[b].index].params) {
       if (!owned.master[i]) continue;
       if (set && trainer.dtype(j(i)) != DType::kFloat32) continue;
-      CANZONA_RETURN_IF_ERROR(
-          trainer.Read(trainer.param(j(i)), j(i), jp.params[i].fragment_numel,
-                       DType::kFloat32, owned.param_at[i], copier,
-                       staging_.on_device, scratch()));
+      CANZONA_RETURN_IF_ERROR(ReadMaster(i));
     }
     return absl::OkStatus();
   }
@@ -197,6 +194,30 @@ absl::Status BucketCollectives::ReadMasters(int b) {
     CANZONA_RETURN_IF_ERROR(copier.Convert(
         dtype, host + at * unit, DType::kFloat32, owned.param_at[i], n));
     at += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BucketCollectives::ReadMaster(int i) {
+  const TrainerBuffers& trainer = *staging_.trainer;
+  return trainer.Read(trainer.param(j(i)), j(i),
+                      staging_.plan->params[i].fragment_numel, DType::kFloat32,
+                      staging_.owned->param_at[i], *parts_.copier,
+                      staging_.on_device, scratch());
+}
+
+absl::Status BucketCollectives::ReadMasterUnlessSet(int i) {
+  const JobPlan& jp = *staging_.plan;
+  const std::vector<BucketLayout>& buckets = staging_.layout->buckets;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const std::vector<int>& params = jp.plan.buckets[buckets[b].index].params;
+    if (std::find(params.begin(), params.end(), i) == params.end()) continue;
+    {
+      absl::MutexLock lock(&master_mu_);
+      if (master_set_[b]) return absl::OkStatus();
+    }
+    CANZONA_RETURN_IF_ERROR(ReadMaster(i));
+    return parts_.copier->Finish();
   }
   return absl::OkStatus();
 }

@@ -118,6 +118,11 @@ class BucketCollectives {
   // trainer's parameters at the next Reduce (false). The worker calls it
   // while the lane is idle.
   void MastersSet(bool set);
+  // Stages parameter i's master weights from the trainer's parameter now,
+  // unless its bucket's are set already (a step or a load set them): a
+  // parameter a checkpoint has no record of keeps its current value. The
+  // worker calls it while the lane is idle.
+  absl::Status ReadMasterUnlessSet(int i);
 
   // The bytes of bucket staging the buckets need (0: every collective
   // works on trainer memory in place); the owner allocates OwnedBuffers'
@@ -184,6 +189,8 @@ class BucketCollectives {
   absl::Status WaitForTrainer(NcclEvent snapshot);
   // Master copies of bucket b's held parameters from the trainer.
   absl::Status ReadMasters(int b);
+  // Parameter i's master copy from the trainer.
+  absl::Status ReadMaster(int i);
   // Gradient j (parameter i) from the trainer into its owned slot as fp32.
   absl::Status ReadGrad(int i);
   // The gradients of bucket b's held parameters into the owned gradients

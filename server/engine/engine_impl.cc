@@ -547,9 +547,10 @@ void EngineImpl::LoadCheckpoint(const v1::LoadCheckpointRequest& request,
   if (!dir.ok()) return done(dir.status());
   RunOnRank<v1::LoadCheckpointResponse>(
       request.job_id(), request.rank(), std::move(done),
-      [this, dir = *dir](Job& job, LocalRank& rank) {
+      [this, dir = *dir, allow_missing = request.allow_missing()](
+          Job& job, LocalRank& rank) {
         return LoadRankCheckpoint(job, rank, AgreementFor(job), dir,
-                                  options_.checkpoint_timeout);
+                                  options_.checkpoint_timeout, allow_missing);
       });
 }
 

@@ -1,5 +1,6 @@
 #include "server/engine/rank_checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -397,7 +398,7 @@ absl::StatusOr<v1::SaveCheckpointResponse> SaveRankCheckpoint(
 
 absl::StatusOr<v1::LoadCheckpointResponse> LoadRankCheckpoint(
     Job& job, LocalRank& rank, const JobAgreement& agreement,
-    const std::string& dir, absl::Duration timeout) {
+    const std::string& dir, absl::Duration timeout, bool allow_missing) {
   if (job.failed()) return job.FailedError();
   const absl::Time start = absl::Now();
   RankRuntime& rt = *rank.rt;
@@ -412,17 +413,32 @@ absl::StatusOr<v1::LoadCheckpointResponse> LoadRankCheckpoint(
   std::vector<std::pair<int, std::vector<float>>> master_backups;
   bool masters_complete = true;  // every master held here was in it
   int64_t step = 0;
+  std::vector<std::string> missing;  // allowed: of the stage, none recorded
   absl::Status local = [&]() -> absl::Status {
     CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
                              CheckpointReader::Open(dir));
     step = reader->manifest().step;
     for (int i : rt.layout().stage_params) {
-      const bool holds_master = HoldsMaster(rt, jp, i);
-      const bool holds_state = HoldingOf(rt, jp, i) != Holding::kNone;
-      if (!holds_state && !holds_master) continue;
       const ParamMeta& m = jp.params[i];
       // A fused matrix with blocks comes from its blocks' records.
       CANZONA_ASSIGN_OR_RETURN(std::vector<std::string> names, RecordNames(m));
+      const bool holds_master = HoldsMaster(rt, jp, i);
+      const bool holds_state = HoldingOf(rt, jp, i) != Holding::kNone;
+      if (allow_missing && std::none_of(names.begin(), names.end(),
+                                        [&](const std::string& name) {
+                                          return reader->Contains(name);
+                                        })) {
+        missing.push_back(m.name);
+        // Its state stays; its master weights are its current value.
+        if (holds_master) {
+          CANZONA_ASSIGN_OR_RETURN(std::vector<float> old,
+                                   StagedMaster(rt, m, i));
+          master_backups.emplace_back(i, std::move(old));
+          CANZONA_RETURN_IF_ERROR(rt.buckets().ReadMasterUnlessSet(i));
+        }
+        continue;
+      }
+      if (!holds_state && !holds_master) continue;
       std::vector<CheckpointRecord> parts;
       for (const std::string& name : names) {
         absl::StatusOr<CheckpointRecord> part = reader->Load(name);
@@ -507,12 +523,15 @@ absl::StatusOr<v1::LoadCheckpointResponse> LoadRankCheckpoint(
         dir, job.id);
   }
   MoveToStep(job, rank, step);
-  spdlog::info("checkpoint loaded: job={} rank={} dir={} step={} records={}",
-               job.id, RankString(rank.coords), dir, step, backups.size());
+  spdlog::info(
+      "checkpoint loaded: job={} rank={} dir={} step={} records={} missing={}",
+      job.id, RankString(rank.coords), dir, step, backups.size(),
+      missing.size());
   v1::LoadCheckpointResponse response;
   response.set_step(step);
   response.set_records(static_cast<int>(backups.size()));
   response.set_seconds(Seconds(start, absl::Now()));
+  for (std::string& name : missing) response.add_missing(std::move(name));
   return response;
 }
 

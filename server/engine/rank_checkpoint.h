@@ -36,9 +36,10 @@ absl::StatusOr<std::string> ValidateCheckpointDir(const std::string& dir,
 absl::StatusOr<canzona::v1::SaveCheckpointResponse> SaveRankCheckpoint(
     Job& job, LocalRank& rank, const JobAgreement& agreement,
     const std::string& dir, absl::Duration timeout);
+// `allow_missing`: LoadCheckpointRequest.allow_missing.
 absl::StatusOr<canzona::v1::LoadCheckpointResponse> LoadRankCheckpoint(
     Job& job, LocalRank& rank, const JobAgreement& agreement,
-    const std::string& dir, absl::Duration timeout);
+    const std::string& dir, absl::Duration timeout, bool allow_missing);
 absl::StatusOr<canzona::v1::ExportStateResponse> ExportRankState(
     Job& job, LocalRank& rank);
 absl::StatusOr<canzona::v1::ImportStateResponse> ImportRankState(

@@ -43,8 +43,9 @@ EXPECTED_TRANSPORT = (
     ("grpc" if transport_unavailable("grpc") is None else "bridge"))
 
 
-def run_ranks(daemon, world, out_dir, *args):
-    """Runs torch_worker.py as `world` ranks; returns each rank's results."""
+def run_ranks(daemon, world, out_dir, *args, failing=False):
+    """Runs torch_worker.py as `world` ranks; returns each rank's results
+    (failing: each rank's exit code and output instead)."""
     job = "py-" + uuid.uuid4().hex[:12]
     os.makedirs(out_dir, exist_ok=True)
     procs = []
@@ -59,9 +60,13 @@ def run_ranks(daemon, world, out_dir, *args):
             [a.replace("{rank}", str(rank)) for a in args],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
         outs.append(out)
+    outputs = []
     for p in procs:
         output, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, output.decode()
+        outputs.append((p.returncode, output.decode()))
+        assert failing or p.returncode == 0, output.decode()
+    if failing:
+        return outputs
     results = [torch.load(o) for o in outs]
     for r in results:
         assert r["transport"] == EXPECTED_TRANSPORT, r["transport"]
@@ -602,6 +607,69 @@ def test_frozen_parameters_stay_as_they_are(daemon):
         ct.Muon(model.named_parameters(), job_id="all-frozen")
 
 
+def test_unfreezing_carries_the_state_through_a_checkpoint(daemon,
+                                                          tmp_path):
+    """Progressive unfreezing: three steps with a Muon matrix and a norm
+    frozen, save_checkpoint, unfreeze, a new optimizer over every
+    parameter, load_checkpoint(strict=False). The checkpoint lacks the
+    unfrozen two: strict loading refuses naming one; the lenient one names
+    both and starts them fresh, as torch.optim does a parameter added by
+    add_param_group. Step 4 then equals, bitwise, a twin whose optimizer
+    was never rebuilt (the rest carried its state), and the unfrozen two
+    took a first step of their own (the references' first steps)."""
+    os.environ["CANZONA_TARGET"] = daemon
+    unfrozen = ["layers.0.mlp.down_proj.weight",
+                "layers.0.post_attention_layernorm.weight"]
+    models = [train_torch.build_model(0), train_torch.build_model(0)]
+    for model in models:
+        for n, p in model.named_parameters():
+            p.requires_grad_(n not in unfrozen)
+    settings = dict(lr=0.02, adamw_lr=3e-3, adamw_weight_decay=0.01)
+    model, twin = models
+    opt = ct.Muon(model.named_parameters(), **settings)
+    twin_opt = ct.Muon(twin.named_parameters(), **settings)
+    for step in range(1, 4):
+        for m, o in ((model, opt), (twin, twin_opt)):
+            train_torch.loss_fn(m, step, 0).backward()
+            o.step()
+            o.zero_grad()
+    checkpoint = tmp_path / "frozen-phase"
+    opt.save_checkpoint(checkpoint)
+    opt.close()
+    for n, p in model.named_parameters():
+        p.requires_grad_(True)
+    opt = ct.Muon(model.named_parameters(), **settings)
+    with pytest.raises(canzona.CanzonaError,
+                       match="has no state for parameter 'layers.0."):
+        opt.load_checkpoint(checkpoint)
+    loaded = opt.load_checkpoint(checkpoint, strict=False)
+    assert sorted(loaded["missing"]) == sorted(unfrozen), loaded
+    assert opt.steps == 3
+    params = dict(model.named_parameters())
+    start = {n: params[n].detach().clone() for n in unfrozen}
+    for m, o in ((model, opt), (twin, twin_opt)):
+        train_torch.loss_fn(m, 4, 0).backward()
+        if m is model:
+            grads = {n: params[n].grad.clone() for n in unfrozen}
+        o.step()
+    for (n, p), q in zip(model.named_parameters(), twin.parameters()):
+        if n not in unfrozen:
+            assert torch.equal(p, q), n
+    # The unfrozen ones' first steps: Muon's with an empty momentum, and
+    # AdamW's with step 1's bias correction (not the job's step 4).
+    matrix, norm = unfrozen
+    want = start[matrix].clone()
+    TorchMuon(settings["lr"]).step(want, grads[matrix], settings["lr"])
+    assert relative(params[matrix].detach(), want) < 1e-5
+    want = torch.nn.Parameter(start[norm].clone())
+    want.grad = grads[norm]
+    torch.optim.AdamW([want], lr=3e-3, weight_decay=0.01).step()
+    assert relative(params[norm].detach(), want.detach()) < 1e-6
+    assert not torch.equal(params[norm].detach(), start[norm])
+    opt.close()
+    twin_opt.close()
+
+
 def test_a_local_clip_on_several_ranks_warns_once(daemon, tmp_path):
     """Without module=, torch.nn.utils.clip_grad_norm_ between backward and
     step() clips each rank's own gradients by its own norm before the
@@ -822,6 +890,17 @@ def test_state_dict_resumes_bitwise_in_new_processes(daemon, tmp_path, world):
         assert a["losses"][10:] == b["losses"]
         for n, p in a["params"].items():
             assert torch.equal(p, b["params"][n]), n
+    if world > 1:
+        # Rank 0's file on every rank (Hugging Face's Trainer saves process
+        # 0's optimizer only): rank 1 refuses it, saying why.
+        outputs = run_ranks(daemon, world, str(tmp_path), "--optimizer",
+                            "soap", "--first", "11", "--last", "11",
+                            "--resume", str(tmp_path / "ckpt-0.pt"),
+                            failing=True)
+        code, output = outputs[1]
+        assert code != 0
+        assert "this state_dict is rank (0, 0, 0)'s, this is rank " \
+            "(0, 1, 0)" in output, output
 
 
 def test_a_new_optimizer_on_the_same_job_id_continues_bitwise(daemon,

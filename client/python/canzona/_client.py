@@ -440,13 +440,18 @@ class Client:
                 "bytes": _int(r.get("bytes")),
                 "seconds": float(r.get("seconds", 0.0))}
 
-    def load_checkpoint(self, job_id, rank, directory):
-        """Collective: loads the state this rank owns (any saving layout)."""
+    def load_checkpoint(self, job_id, rank, directory, allow_missing=False):
+        """Collective: loads the state this rank owns (any saving layout).
+        allow_missing: parameters the checkpoint has no record of keep
+        their state and values ("missing" names them) instead of
+        NOT_FOUND."""
         r = self._call("LoadCheckpoint", {
-            "job_id": job_id, "rank": _rank(rank), "dir": str(directory)})
+            "job_id": job_id, "rank": _rank(rank), "dir": str(directory),
+            "allow_missing": bool(allow_missing)})
         return {"step": _int(r.get("step")),
                 "records": int(r.get("records", 0)),
-                "seconds": float(r.get("seconds", 0.0))}
+                "seconds": float(r.get("seconds", 0.0)),
+                "missing": list(r.get("missing", []))}
 
     def export_state(self, job_id, rank):
         """This rank's state as bytes, with its step and plan digest."""

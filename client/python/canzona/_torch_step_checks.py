@@ -54,7 +54,10 @@ class _StepChecks:
                 raise RuntimeError(
                     "parameter %r did not require grad when the optimizer "
                     "was constructed, so the daemon does not hold it: "
-                    "construct a new optimizer to train it" % name)
+                    "construct a new optimizer to train it (this one's "
+                    "state carries over through save_checkpoint(dir) and "
+                    "the new one's load_checkpoint(dir, strict=False))"
+                    % name)
         for (param, _), name, address in zip(self._grads, self._names,
                                               self._param_addresses):
             if param.data_ptr() != address:

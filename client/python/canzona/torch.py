@@ -55,6 +55,7 @@ rank the daemon's one skip decision, so the ranks' scales stay equal.
 Thread-safety: like torch.optim optimizers, one per trainer thread.
 """
 
+import os
 import time
 import warnings
 
@@ -517,8 +518,20 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             raise ValueError("state_dict: %d param_groups, this optimizer "
                              "has %d" % (len(groups), len(self.param_groups)))
         blob = bytes(saved["state"].numpy().tobytes())
-        self.client.import_state(self.job_id, self.rank, blob,
-                                 int(saved["step"]), saved["plan_digest"])
+        try:
+            self.client.import_state(self.job_id, self.rank, blob,
+                                     int(saved["step"]), saved["plan_digest"])
+        except CanzonaError as error:
+            if tuple(saved.get("rank", self.rank)) == tuple(self.rank):
+                raise
+            # The usual cause: one rank's file loaded on every rank (Hugging
+            # Face's Trainer saves the optimizer of process 0 only).
+            raise CanzonaError(
+                "%s (this state_dict is rank %s's, this is rank %s: each "
+                "rank loads the state_dict it saved, or every rank calls "
+                "save_checkpoint(dir) and load_checkpoint(dir))"
+                % (error, tuple(saved["rank"]), tuple(self.rank)),
+                error.code) from None
         for group, packed in zip(self.param_groups, groups):
             # State dicts saved before param_groups spelled betas as torch
             # does hold beta1 and beta2.
@@ -528,12 +541,22 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         self.steps = int(saved["step"])
 
     def save_checkpoint(self, directory):
-        """Collective over the job: the state of every rank into directory."""
-        return self.client.save_checkpoint(self.job_id, self.rank, directory)
+        """Collective over the job: the state of every rank into directory
+        (relative to this process's working directory)."""
+        return self.client.save_checkpoint(self.job_id, self.rank,
+                                           os.path.abspath(directory))
 
-    def load_checkpoint(self, directory):
-        """Collective: loads a checkpoint saved in any layout."""
-        result = self.client.load_checkpoint(self.job_id, self.rank, directory)
+    def load_checkpoint(self, directory, strict=True):
+        """Collective: loads a checkpoint saved in any layout. strict=False
+        (torch's load_state_dict(strict=False)): a parameter the checkpoint
+        has no record of (a layer unfrozen or added since it was saved)
+        keeps its value and starts with fresh state, as a parameter added
+        to torch.optim does, instead of raising; the result's "missing"
+        names them. The checkpoint's records of parameters this optimizer
+        lacks (frozen since) are ignored either way."""
+        result = self.client.load_checkpoint(
+            self.job_id, self.rank, os.path.abspath(directory),
+            allow_missing=not strict)
         self.steps = result["step"]
         return result
 

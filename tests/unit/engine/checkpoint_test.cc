@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/base/status_macros.h"
@@ -70,11 +72,13 @@ absl::StatusOr<v1::SaveCheckpointResponse> Save(Engine& engine,
 
 absl::StatusOr<v1::LoadCheckpointResponse> Load(Engine& engine,
                                                 const TrainerRank& rank,
-                                                const std::string& dir) {
+                                                const std::string& dir,
+                                                bool allow_missing = false) {
   v1::LoadCheckpointRequest request;
   request.set_job_id(rank.config().job_id);
   *request.mutable_rank() = Coords(rank);
   request.set_dir(dir);
+  request.set_allow_missing(allow_missing);
   Result<v1::LoadCheckpointResponse> result;
   engine.LoadCheckpoint(request, result.callback());
   return result.Get();
@@ -325,6 +329,73 @@ TEST(CheckpointTest, MasterWeightsOfAnotherDtypeAreRefused) {
   ASSERT_OK(run.Init());
   ASSERT_OK(run.RegisterAll(cluster));
   EXPECT_OK(LoadAll(run, cluster, tmp.Sub("fp32")));
+}
+
+// A parameter the checkpoint has no record of (a layer unfrozen or added
+// since it was saved) is NOT_FOUND, nothing loaded; with allow_missing it
+// keeps its state (none yet: its first step is its step 1) and its value
+// (bf16: its master weights are read from the trainer's parameter, also
+// for a TP-split matrix), every rank's response names it, and everything
+// else resumes bitwise. Before, a missing bf16 parameter would have
+// stepped from master weights nothing had set.
+TEST(CheckpointTest, AllowMissingStartsUnrecordedParametersFresh) {
+  TempDir tmp;
+  const std::vector<std::string> added = {
+      "decoder.layers.1.input_layernorm.weight",
+      "decoder.layers.1.mlp.linear_fc1.weight"};
+  auto is_added = [&](const ModelParam& p) {
+    return std::find(added.begin(), added.end(), p.name) != added.end();
+  };
+  const JobConfig full = Config("missing-full", 2, 2, "cost", DType::kBFloat16);
+  JobConfig saved = Config("missing-saved", 2, 2, "cost", DType::kBFloat16);
+  std::erase_if(saved.params, is_added);
+  JobConfig only_added = full;
+  std::erase_if(only_added.params,
+                [&](const ModelParam& p) { return !is_added(p); });
+  Params params;
+  {
+    Cluster cluster;
+    JobRun run(saved);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RunAll(cluster, 10));
+    ASSERT_OK(SaveAll(run, cluster, tmp.Sub("ckpt"), 10));
+    params = run.GatherParams();
+  }
+  for (const ModelParam& p : only_added.params) {
+    params[p.name] = InitialParam(full, p);
+  }
+  Cluster cluster;
+  JobRun run(full);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  EXPECT_THAT(LoadAll(run, cluster, tmp.Sub("ckpt")),
+              StatusIs(absl::StatusCode::kNotFound,
+                       HasSubstr("has no state for parameter 'decoder.")));
+  ASSERT_OK(run.ForAll(cluster, [&](TrainerRank& rank, Engine& engine) {
+    CANZONA_ASSIGN_OR_RETURN(
+        v1::LoadCheckpointResponse r,
+        Load(engine, rank, tmp.Sub("ckpt"), /*allow_missing=*/true));
+    const std::vector<std::string> missing(r.missing().begin(),
+                                           r.missing().end());
+    if (missing != added || r.step() != 10) {
+      return absl::InternalError(absl::StrCat("rank ", rank.global(), ": step ",
+                                              r.step(), ", missing ",
+                                              absl::StrJoin(missing, ",")));
+    }
+    return absl::OkStatus();
+  }));
+  for (auto& rank : run.ranks()) rank->SetParams(params);
+  ASSERT_OK(run.RunSteps(cluster, 11, 14));
+  ASSERT_OK_AND_ASSIGN(Params reference, Reference(saved, 14, {}));
+  ASSERT_OK_AND_ASSIGN(Params fresh, Reference(only_added, 14, {}, "", false,
+                                               /*first_step=*/11));
+  reference.merge(fresh);
+  EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+  // The negative control: the added parameters with the run's state (as
+  // if they had been in the checkpoint's run from step 1) differ.
+  ASSERT_OK_AND_ASSIGN(Params throughout, Reference(full, 14, {}));
+  for (const std::string& name : added) reference[name] = throughout[name];
+  EXPECT_FALSE(run.Compare(reference, /*bitwise=*/false).ok());
 }
 
 TEST(CheckpointTest, ResumeAcrossLayoutsAndStrategiesIsBitwise) {

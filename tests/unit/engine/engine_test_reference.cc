@@ -170,7 +170,7 @@ double ReferenceGradNorm(const JobConfig& config, int step) {
 absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
                                  const std::set<int>& skip_steps,
                                  const std::string& fragment_param,
-                                 bool round_each_step) {
+                                 bool round_each_step, int first_step) {
   CANZONA_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                            CreateBackend(BackendKind::kCpu));
   const size_t count = config.params.size();
@@ -192,7 +192,7 @@ absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
       rules[k].push_back(std::move(rule));
     }
   }
-  for (int s = 1; s <= steps; ++s) {
+  for (int s = first_step; s <= steps; ++s) {
     if (skip_steps.count(s)) continue;
     std::vector<std::vector<float>> avg = AveragedGrads(config, s);
     double sumsq = 0;

@@ -308,10 +308,14 @@ std::vector<float> FullGrad(const JobConfig& config, const ModelParam& p,
 // trainer's rounded gradients, and returns the masters (Compare rounds
 // them); `round_each_step` rounds the masters after every step instead
 // (no master weights: the negative control).
+// `first_step`: the parameters start from their initial values with fresh
+// state at that step, stepping on its gradients and those after (a
+// parameter a checkpoint had no record of, from the load on).
 absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
                                  const std::set<int>& skip_steps,
                                  const std::string& fragment_param = "",
-                                 bool round_each_step = false);
+                                 bool round_each_step = false,
+                                 int first_step = 1);
 
 // The DP-averaged gradient of every parameter at `step` as the daemon
 // forms it (the trainer's rounded gradients, summed in the reduce dtype),
