@@ -169,7 +169,7 @@ absl::Status BucketCollectives::ReadMasters(int b) {
     for (int i : jp.plan.buckets[staging_.layout->buckets[b].index].params) {
       if (!owned.master[i]) continue;
       if (set && trainer.dtype(j(i)) != DType::kFloat32) continue;
-      CANZONA_RETURN_IF_ERROR(ReadMaster(i));
+      CANZONA_RETURN_IF_ERROR(ReadOne(i, /*grad=*/false));
     }
     return absl::OkStatus();
   }
@@ -198,14 +198,6 @@ absl::Status BucketCollectives::ReadMasters(int b) {
   return absl::OkStatus();
 }
 
-absl::Status BucketCollectives::ReadMaster(int i) {
-  const TrainerBuffers& trainer = *staging_.trainer;
-  return trainer.Read(trainer.param(j(i)), j(i),
-                      staging_.plan->params[i].fragment_numel, DType::kFloat32,
-                      staging_.owned->param_at[i], *parts_.copier,
-                      staging_.on_device, scratch());
-}
-
 absl::Status BucketCollectives::ReadMasterUnlessSet(int i) {
   const JobPlan& jp = *staging_.plan;
   const std::vector<BucketLayout>& buckets = staging_.layout->buckets;
@@ -216,18 +208,19 @@ absl::Status BucketCollectives::ReadMasterUnlessSet(int i) {
       absl::MutexLock lock(&master_mu_);
       if (master_set_[b]) return absl::OkStatus();
     }
-    CANZONA_RETURN_IF_ERROR(ReadMaster(i));
+    CANZONA_RETURN_IF_ERROR(ReadOne(i, /*grad=*/false));
     return parts_.copier->Finish();
   }
   return absl::OkStatus();
 }
 
-absl::Status BucketCollectives::ReadGrad(int i) {
+absl::Status BucketCollectives::ReadOne(int i, bool grad) {
   const TrainerBuffers& trainer = *staging_.trainer;
-  return trainer.Read(trainer.grad(j(i)), j(i),
+  const OwnedBuffers& owned = *staging_.owned;
+  return trainer.Read(grad ? trainer.grad(j(i)) : trainer.param(j(i)), j(i),
                       staging_.plan->params[i].fragment_numel, DType::kFloat32,
-                      staging_.owned->grad_at[i], *parts_.copier,
-                      staging_.on_device, scratch());
+                      grad ? owned.grad_at[i] : owned.param_at[i],
+                      *parts_.copier, staging_.on_device, scratch());
 }
 
 absl::Status BucketCollectives::ReadHeldGrads(int b) {
@@ -241,7 +234,7 @@ absl::Status BucketCollectives::ReadHeldGrads(int b) {
   }
   const BucketLayout& bucket = staging_.layout->buckets[b];
   for (int i : staging_.plan->plan.buckets[bucket.index].params) {
-    if (owned.grad_at[i] != nullptr) CANZONA_RETURN_IF_ERROR(ReadGrad(i));
+    if (owned.grad_at[i] != nullptr) CANZONA_RETURN_IF_ERROR(ReadOne(i, /*grad=*/true));
   }
   return absl::OkStatus();
 }

@@ -189,10 +189,9 @@ class BucketCollectives {
   absl::Status WaitForTrainer(NcclEvent snapshot);
   // Master copies of bucket b's held parameters from the trainer.
   absl::Status ReadMasters(int b);
-  // Parameter i's master copy from the trainer.
-  absl::Status ReadMaster(int i);
-  // Gradient j (parameter i) from the trainer into its owned slot as fp32.
-  absl::Status ReadGrad(int i);
+  // Parameter i's gradient (`grad`) or master copy from the trainer into
+  // its owned slot as fp32.
+  absl::Status ReadOne(int i, bool grad);
   // The gradients of bucket b's held parameters into the owned gradients
   // as fp32 (one DP rank: no collective).
   absl::Status ReadHeldGrads(int b);
