@@ -28,6 +28,24 @@ bool AllDigits(absl::string_view s) {
   return true;
 }
 
+// Backs every page of object `fd` now. tmpfs allocates a page at its first
+// write, so an object larger than what /dev/shm has left (a container's: 64
+// MiB under Docker by default) would map fine and kill whoever first
+// writes past the limit with SIGBUS: the trainer copying its parameters
+// in, or the daemon writing updated ones, which would take every job on
+// the node down with it. Here it is RESOURCE_EXHAUSTED with a remedy.
+absl::Status Reserve(int fd, const std::string& name, uint64_t bytes) {
+  const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (err == 0) return absl::OkStatus();
+  const absl::Status status = ErrnoStatus("posix_fallocate", name, err);
+  if (err != ENOSPC) return status;
+  return absl::ResourceExhaustedError(absl::StrCat(
+      status.message(), ": /dev/shm cannot hold these ", bytes,
+      " bytes (a container's /dev/shm is small unless sized: docker run "
+      "--shm-size, or a Memory-medium emptyDir mounted at /dev/shm in "
+      "Kubernetes)"));
+}
+
 }  // namespace
 
 absl::Status ErrnoStatus(absl::string_view what, const std::string& name,
@@ -99,6 +117,10 @@ absl::StatusOr<SharedMemory> SharedMemory::Create(const std::string& name,
     ::close(fd);
     return ErrnoStatus("ftruncate", name, err);
   }
+  if (absl::Status s = Reserve(fd, name, bytes); !s.ok()) {
+    ::close(fd);
+    return s;
+  }
   void* data =
       ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
@@ -132,6 +154,14 @@ absl::StatusOr<SharedMemory> SharedMemory::Open(const std::string& name,
     return absl::InvalidArgumentError(absl::StrCat("shm ", name, " is empty"));
   }
   const uint64_t bytes = static_cast<uint64_t>(st.st_size);
+  // An object its creator left sparse (a client without Reserve) is
+  // backed now, or refused, rather than a write to it ending this process.
+  if (static_cast<uint64_t>(st.st_blocks) * 512 < bytes) {
+    if (absl::Status s = Reserve(fd, name, bytes); !s.ok()) {
+      ::close(fd);
+      return s;
+    }
+  }
   void* data =
       ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;

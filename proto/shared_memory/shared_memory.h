@@ -52,12 +52,16 @@ class SharedMemory {
     std::optional<uid_t> expected_owner_uid;
   };
 
-  // Creates (O_EXCL, mode 0600) and sizes a new zero-filled object, mapped
-  // read-write; the creator unlinks it when this handle is destroyed.
-  // ALREADY_EXISTS if the name is taken.
+  // Creates (O_EXCL, mode 0600) and sizes a new zero-filled object with
+  // every page backed (posix_fallocate), mapped read-write; the creator
+  // unlinks it when this handle is destroyed. ALREADY_EXISTS if the name is
+  // taken; RESOURCE_EXHAUSTED naming /dev/shm when it cannot hold it (where
+  // a write would otherwise end the process with SIGBUS).
   static absl::StatusOr<SharedMemory> Create(const std::string& name,
                                              uint64_t bytes);
-  // Maps an existing object read-write. NOT_FOUND if it does not exist.
+  // Maps an existing object read-write, backing the pages its creator left
+  // unbacked (RESOURCE_EXHAUSTED as Create's). NOT_FOUND if it does not
+  // exist.
   static absl::StatusOr<SharedMemory> Open(const std::string& name,
                                            const OpenOptions& options);
   static absl::StatusOr<SharedMemory> Open(const std::string& name) {

@@ -680,6 +680,54 @@ def test_shared_memory_follows_the_shm_protocol(daemon):
             client.allocate(job, 0, 0)
 
 
+def test_shared_memory_is_backed_when_created():
+    """Every page of a new buffer is backed (posix_fallocate), so a full
+    /dev/shm cannot kill the trainer or the daemon at a later write."""
+    name = "/canzona.%s.0.0" % job_name("backed")
+    buffer = canzona.SharedBuffer.create(name, 4 << 20)
+    assert os.stat("/dev/shm" + name).st_blocks * 512 >= 4 << 20
+    buffer.close()
+
+
+def test_a_full_dev_shm_is_resource_exhausted_not_a_bus_error(daemon):
+    """A /dev/shm too small for the buffer (a container's: 64 MiB under
+    Docker by default) makes SharedBuffer.create and canzona.torch's
+    construction raise RESOURCE_EXHAUSTED naming /dev/shm and the remedy.
+    Before, creation succeeded and the first write past the limit (the
+    parameters' copy into the buffer) killed the trainer with SIGBUS.
+    Runs under a private 1 MiB /dev/shm (unshare -m: skipped where this
+    process may not mount)."""
+    pytest.importorskip("torch")
+    if subprocess.run(["unshare", "-m", "true"],
+                      capture_output=True).returncode != 0:
+        pytest.skip("no private mount namespace (needs CAP_SYS_ADMIN)")
+    code = (
+        "import sys, torch, canzona, canzona.torch as ct\n"
+        "try:\n"
+        "    canzona.SharedBuffer.create('/canzona.full-shm.0.0', 8 << 20)\n"
+        "except canzona.CanzonaError as e:\n"
+        "    print('create:', e.code, e)\n"
+        "model = torch.nn.Linear(1024, 1024)  # 8 MiB with its gradients\n"
+        "try:\n"
+        "    ct.Muon(model.named_parameters(), target=sys.argv[1],\n"
+        "            job_id='full-shm')\n"
+        "except canzona.CanzonaError as e:\n"
+        "    print('torch:', e.code, e)\n")
+    shell = ("mount --make-rprivate / && "
+             "mount -t tmpfs -o size=1m tmpfs /dev/shm && "
+             'exec "$0" -c "$1" "$2"')
+    run = subprocess.run(
+        ["unshare", "-m", "sh", "-c", shell, sys.executable, code, daemon],
+        capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert len(lines) == 2, run.stdout + run.stderr
+    for line in lines:
+        assert " RESOURCE_EXHAUSTED posix_fallocate " in line, line
+        assert "/dev/shm cannot hold these" in line and "--shm-size" in line
+
+
 def test_shared_memory_is_unlinked_at_exit(tmp_path):
     name = "/canzona.%s.0.0" % job_name("exit")
     code = ("import canzona, sys\n"

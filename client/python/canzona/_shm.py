@@ -4,7 +4,9 @@ The same protocol as proto/shared_memory/shared_memory.{h,cc} (the C++ side both
 daemon and the C++ client link): objects are named
 "/canzona.<job>.<rank>.<seq>" (job: [A-Za-z0-9_-]{1,64}; rank, seq:
 digits), created with O_CREAT | O_EXCL and mode 0600, sized with ftruncate
-(zero-filled) and mapped read-write; the creator unlinks the name when its
+(zero-filled), every page backed with posix_fallocate (a /dev/shm too small
+for it is RESOURCE_EXHAUSTED here, not a SIGBUS at the first write past its
+limit) and mapped read-write; the creator unlinks the name when its
 handle goes away. shm_open(3) on Linux is open(2) under /dev/shm, which is
 what this module calls.
 
@@ -31,6 +33,11 @@ from canzona._errors import CanzonaError
 SHM_DIR = "/dev/shm"
 _PREFIX = "/canzona."
 _JOB = re.compile(r"[A-Za-z0-9_-]+")
+
+# What proto/shared_memory's Reserve says too.
+_SMALL_SHM_REMEDY = (
+    "a container's /dev/shm is small unless sized: docker run --shm-size, "
+    "or a Memory-medium emptyDir mounted at /dev/shm in Kubernetes")
 
 # errno -> status code, as proto/shared_memory's ErrnoStatus maps them.
 _ERRNO_CODES = {
@@ -115,6 +122,15 @@ class SharedBuffer(mmap.mmap):
                 os.ftruncate(fd, nbytes)
             except OSError as e:
                 raise _errno_error("ftruncate", name, e.errno) from None
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            except OSError as e:
+                error = _errno_error("posix_fallocate", name, e.errno)
+                if e.errno == errno.ENOSPC:
+                    error = CanzonaError(
+                        "%s: /dev/shm cannot hold these %d bytes (%s)"
+                        % (error, nbytes, _SMALL_SHM_REMEDY), error.code)
+                raise error from None
             try:
                 buffer = super().__new__(cls, fd, nbytes, mmap.MAP_SHARED,
                                          mmap.PROT_READ | mmap.PROT_WRITE)
