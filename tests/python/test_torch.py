@@ -670,6 +670,38 @@ def test_unfreezing_carries_the_state_through_a_checkpoint(daemon,
     twin_opt.close()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_gradients_set_by_hand_step_like_backward(daemon, overlap):
+    """A loop that computes its gradients with torch.autograd.grad (or
+    torch.func) and sets each .grad, as torch.optim allows, steps exactly
+    as one calling backward (bitwise, three steps; with module= too).
+    Before, step() raised "before backward produced a gradient"."""
+    os.environ["CANZONA_TARGET"] = daemon
+    models = [train_torch.build_model(0), train_torch.build_model(0)]
+    opts = [ct.Muon(m.named_parameters(), adamw_lr=3e-3,
+                    module=m if overlap else None) for m in models]
+    by_backward, by_hand = models
+    for step in range(1, 4):
+        train_torch.loss_fn(by_backward, step, 0).backward()
+        params = list(by_hand.parameters())
+        grads = torch.autograd.grad(train_torch.loss_fn(by_hand, step, 0),
+                                    params)
+        for p, g in zip(params, grads):
+            p.grad = g
+        for opt in opts:
+            opt.step()
+            opt.zero_grad()
+    for opt in opts:
+        opt.synchronize()
+    for (n, p), q in zip(by_backward.named_parameters(), by_hand.parameters()):
+        assert torch.equal(p, q), n
+    # Neither backward nor a .grad set: still refused.
+    with pytest.raises(RuntimeError, match="before backward produced"):
+        opts[1].step()
+    for opt in opts:
+        opt.close()
+
+
 def test_a_local_clip_on_several_ranks_warns_once(daemon, tmp_path):
     """Without module=, torch.nn.utils.clip_grad_norm_ between backward and
     step() clips each rank's own gradients by its own norm before the

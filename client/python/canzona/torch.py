@@ -394,6 +394,15 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             return grad
         return hook
 
+    def _grads_assigned(self):
+        """Whether the loop set a .grad to a tensor of its own (what
+        torch.autograd.grad or torch.func returned), as torch.optim
+        allows: no backward hook saw it, and step() copies it into the
+        view the daemon reads."""
+        return any(param.grad is not None and
+                   param.grad.data_ptr() != view.data_ptr()
+                   for param, view in self._grads)
+
     def _restore_grads(self):
         """Puts the shared views back where a caller replaced .grad; a
         parameter left without one (no gradient since ``.grad = None``)
@@ -416,10 +425,11 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._check_parameters()
-        if not self._seen_grad:
+        if not self._seen_grad and not self._grads_assigned():
             raise RuntimeError(
                 "step() before backward produced a gradient: call "
-                "loss.backward() first")
+                "loss.backward() first (or set .grad, as to what "
+                "torch.autograd.grad returns)")
         grad_scale = loss_scale_multiplier(self, grad_scaler)
         overlap = self._module is not None
         if overlap:
