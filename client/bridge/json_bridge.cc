@@ -95,7 +95,7 @@ const std::map<std::string, Handler>& Methods() {
                              })},
       {"ExportState", Method<v1::ExportStateRequest>(
                           [](Client& c, const v1::ExportStateRequest& r) {
-                            return c.ExportState(r.job_id(), r.rank());
+                            return c.ExportStatePart(r);
                           })},
       {"ImportState", Method<v1::ImportStateRequest>(
                           [](Client& c, const v1::ImportStateRequest& r) {

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
@@ -302,19 +303,57 @@ absl::StatusOr<canzona::v1::LoadCheckpointResponse> Client::LoadCheckpoint(
                      options_.checkpoint_timeout);
 }
 
+absl::StatusOr<canzona::v1::ExportStateResponse> Client::ExportStatePart(
+    const canzona::v1::ExportStateRequest& request) {
+  return impl_->Call(&Impl::Stub::ExportState, request,
+                     options_.checkpoint_timeout);
+}
+
 absl::StatusOr<canzona::v1::ExportStateResponse> Client::ExportState(
     const std::string& job_id, const canzona::v1::RankCoordinates& rank) {
   canzona::v1::ExportStateRequest request;
   request.set_job_id(job_id);
   *request.mutable_rank() = rank;
-  return impl_->Call(&Impl::Stub::ExportState, request,
-                     options_.checkpoint_timeout);
+  request.set_max_bytes(options_.state_part_bytes);
+  absl::StatusOr<canzona::v1::ExportStateResponse> whole =
+      ExportStatePart(request);
+  while (whole.ok() &&
+         static_cast<int64_t>(whole->state().size()) < whole->total_bytes()) {
+    request.set_offset(static_cast<int64_t>(whole->state().size()));
+    absl::StatusOr<canzona::v1::ExportStateResponse> part =
+        ExportStatePart(request);
+    if (!part.ok()) return part.status();
+    if (part->state().empty()) {
+      return absl::DataLossError(
+          absl::StrCat("ExportState: an empty part at offset ",
+                       request.offset(), " of ", whole->total_bytes()));
+    }
+    whole->mutable_state()->append(part->state());
+  }
+  return whole;
 }
 
 absl::StatusOr<canzona::v1::ImportStateResponse> Client::ImportState(
     const canzona::v1::ImportStateRequest& request) {
-  return impl_->Call(&Impl::Stub::ImportState, request,
-                     options_.checkpoint_timeout);
+  const int64_t total = static_cast<int64_t>(request.state().size());
+  const int64_t part_bytes =
+      std::max<int64_t>(options_.state_part_bytes, int64_t{1} << 20);
+  if (request.offset() != 0 || request.total_bytes() != 0 ||
+      total <= part_bytes) {
+    return impl_->Call(&Impl::Stub::ImportState, request,
+                       options_.checkpoint_timeout);
+  }
+  canzona::v1::ImportStateRequest part = request;
+  part.set_total_bytes(total);
+  absl::StatusOr<canzona::v1::ImportStateResponse> response;
+  for (int64_t at = 0; at < total; at += part_bytes) {
+    part.set_offset(at);
+    part.set_state(request.state().substr(at, part_bytes));
+    response = impl_->Call(&Impl::Stub::ImportState, part,
+                           options_.checkpoint_timeout);
+    if (!response.ok()) return response;
+  }
+  return response;
 }
 
 absl::Status Client::GradReady(const std::string& job_id,

@@ -82,6 +82,8 @@ class Client {
     // Step (which waits for every peer of the step).
     absl::Duration register_timeout = absl::Minutes(10);
     absl::Duration step_timeout = absl::Minutes(10);
+    // ExportState / ImportState move a rank's state in parts of this size.
+    int64_t state_part_bytes = int64_t{32} << 20;
     // Deadline of checkpoint save / load and state export / import.
     absl::Duration checkpoint_timeout = absl::Minutes(30);
   };
@@ -135,11 +137,17 @@ class Client {
   absl::StatusOr<canzona::v1::LoadCheckpointResponse> LoadCheckpoint(
       const std::string& job_id, const canzona::v1::RankCoordinates& rank,
       const std::string& dir, bool allow_missing = false);
-  // This rank's view of the state (state_dict) and its way back.
+  // This rank's view of the state (state_dict) and its way back, whole:
+  // both move it in parts of `state_part_bytes` (the daemon receives 64 MiB
+  // per message by default). ImportState sends a request that names
+  // offset or total_bytes as it is (one part of the caller's own).
   absl::StatusOr<canzona::v1::ExportStateResponse> ExportState(
       const std::string& job_id, const canzona::v1::RankCoordinates& rank);
   absl::StatusOr<canzona::v1::ImportStateResponse> ImportState(
       const canzona::v1::ImportStateRequest& request);
+  // One part of an export (ExportStateRequest.offset, max_bytes).
+  absl::StatusOr<canzona::v1::ExportStateResponse> ExportStatePart(
+      const canzona::v1::ExportStateRequest& request);
 
   // Overlap (optimizer_service.proto): tell the daemon that backward has
   // finished these buckets of step `step` (RegisterResponse.buckets), and

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -556,9 +557,13 @@ void EngineImpl::LoadCheckpoint(const v1::LoadCheckpointRequest& request,
 
 void EngineImpl::ExportState(const v1::ExportStateRequest& request,
                              Callback<v1::ExportStateResponse> done) {
-  RunOnRank<v1::ExportStateResponse>(request.job_id(), request.rank(),
-                                     std::move(done), ExportRankState,
-                                     /*at_step=*/0, /*after_failure=*/true);
+  RunOnRank<v1::ExportStateResponse>(
+      request.job_id(), request.rank(), std::move(done),
+      [request](Job& job, LocalRank& rank) {
+        return rank.transfer.Read(
+            request, [&job, &rank] { return ExportRankState(job, rank); });
+      },
+      /*at_step=*/0, /*after_failure=*/true);
 }
 
 void EngineImpl::ImportState(const v1::ImportStateRequest& request,
@@ -569,8 +574,21 @@ void EngineImpl::ImportState(const v1::ImportStateRequest& request,
   }
   RunOnRank<v1::ImportStateResponse>(
       request.job_id(), request.rank(), std::move(done),
-      [request](Job& job, LocalRank& rank) {
-        return ImportRankState(job, rank, request);
+      [request](Job& job,
+                LocalRank& rank) -> absl::StatusOr<v1::ImportStateResponse> {
+        CANZONA_ASSIGN_OR_RETURN(std::optional<v1::ImportStateRequest> whole,
+                                 rank.transfer.Add(request));
+        if (!whole.has_value()) {
+          v1::ImportStateResponse received;
+          received.set_step(request.step());
+          received.set_received_bytes(rank.transfer.received_bytes());
+          return received;
+        }
+        CANZONA_ASSIGN_OR_RETURN(v1::ImportStateResponse imported,
+                                 ImportRankState(job, rank, *whole));
+        imported.set_received_bytes(
+            static_cast<int64_t>(whole->state().size()));
+        return imported;
       });
 }
 

@@ -35,6 +35,7 @@
 #include "server/engine/job_plan.h"
 #include "server/engine/job_settings.h"
 #include "server/engine/rank_runtime.h"
+#include "server/engine/state_transfer.h"
 #include "server/engine/trainer_buffers.h"
 #include "server/engine/trainer_watcher.h"
 #include "server/engine/worker.h"
@@ -106,6 +107,8 @@ class LocalRank {
   // Checkpoint collectives run (names their control-plane keys, the same
   // on every rank of the job).
   int64_t collective_seq = 0;
+  // The state ExportState and ImportState move in parts. Worker-only.
+  StateTransfer transfer;
   // Written by the worker during setup, before progress.setup_done; read
   // under Job::mu after it.
   canzona::v1::RegisterResponse response;

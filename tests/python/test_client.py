@@ -97,6 +97,13 @@ def run_job(client, job, steps=3, seed=7, doorbell=False, overlap=False):
     imported = client.import_state(job, (0, 0, 0), exported["state"],
                                    exported["step"],
                                    exported["plan_digest"])
+    # In parts of 100 bytes (a rank's state beyond the message size): the
+    # same blob, imported alike.
+    in_parts = client.export_state(job, (0, 0, 0), part_bytes=100)
+    assert in_parts == exported
+    assert client.import_state(job, (0, 0, 0), in_parts["state"],
+                               in_parts["step"], in_parts["plan_digest"],
+                               part_bytes=100) == imported
     plan, digest = client.plan(job)
     client.deregister(job, (0, 0, 0))
     del data

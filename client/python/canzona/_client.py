@@ -26,6 +26,9 @@ from canzona._shm import SharedBuffer, shm_name
 from canzona._targets import default_target, is_unix_target
 
 _TRANSPORTS = ("auto", "grpc", "bridge")
+# ExportState / ImportState move a rank's state in parts of this many bytes
+# (the daemon receives 64 MiB per message by default).
+STATE_PART_BYTES = 32 << 20
 _PHASES = STEP_PHASES + DP_COMM
 
 # Element types of parameter buffers, by the names torch and numpy use.
@@ -453,18 +456,39 @@ class Client:
                 "seconds": float(r.get("seconds", 0.0)),
                 "missing": list(r.get("missing", []))}
 
-    def export_state(self, job_id, rank):
-        """This rank's state as bytes, with its step and plan digest."""
-        r = self._call("ExportState", {"job_id": job_id, "rank": _rank(rank)})
-        return {"state": base64.b64decode(r.get("state", "")),
-                "step": _int(r.get("step")),
+    def export_state(self, job_id, rank, part_bytes=STATE_PART_BYTES):
+        """This rank's state (a bytearray), with its step and plan digest,
+        read in parts of ``part_bytes``."""
+        request = {"job_id": job_id, "rank": _rank(rank),
+                   "max_bytes": int(part_bytes)}
+        state = bytearray()
+        while True:
+            r = self._call("ExportState", dict(request, offset=len(state)))
+            part = base64.b64decode(r.get("state", ""))
+            total = _int(r.get("total_bytes"))
+            if not part and len(state) < total:
+                raise CanzonaError("ExportState: an empty part at offset %d "
+                                   "of %d" % (len(state), total), "DATA_LOSS")
+            state += part
+            if len(state) >= total:
+                break
+        return {"state": state, "step": _int(r.get("step")),
                 "plan_digest": r.get("plan_digest", ""),
                 "records": int(r.get("records", 0))}
 
-    def import_state(self, job_id, rank, state, step, plan_digest):
-        r = self._call("ImportState", {
-            "job_id": job_id, "rank": _rank(rank),
-            "state": base64.b64encode(bytes(state)).decode(),
-            "step": int(step), "plan_digest": plan_digest})
+    def import_state(self, job_id, rank, state, step, plan_digest,
+                     part_bytes=STATE_PART_BYTES):
+        """Puts this rank's state back (``state``: what export_state
+        returned), sent in parts of ``part_bytes``."""
+        view = memoryview(state).cast("B")
+        total = len(view)
+        request = {"job_id": job_id, "rank": _rank(rank), "step": int(step),
+                   "plan_digest": plan_digest}
+        if total > part_bytes:
+            request["total_bytes"] = total
+        for at in range(0, max(total, 1), part_bytes):
+            r = self._call("ImportState", dict(
+                request, offset=at, state=base64.b64encode(
+                    view[at:at + part_bytes]).decode()))
         return {"step": _int(r.get("step")),
                 "records": int(r.get("records", 0))}

@@ -506,7 +506,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             "state": {},
             "param_groups": groups,
             "canzona": {
-                "state": torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+                "state": torch.frombuffer(blob, dtype=torch.uint8)
                 if blob else torch.empty(0, dtype=torch.uint8),
                 "step": exported["step"],
                 "plan_digest": exported["plan_digest"],
@@ -527,7 +527,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         if len(groups) != len(self.param_groups):
             raise ValueError("state_dict: %d param_groups, this optimizer "
                              "has %d" % (len(groups), len(self.param_groups)))
-        blob = bytes(saved["state"].numpy().tobytes())
+        blob = saved["state"].contiguous().numpy()
         try:
             self.client.import_state(self.job_id, self.rank, blob,
                                      int(saved["step"]), saved["plan_digest"])
