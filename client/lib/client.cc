@@ -3,7 +3,6 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
@@ -314,7 +313,9 @@ absl::StatusOr<canzona::v1::ExportStateResponse> Client::ExportState(
   canzona::v1::ExportStateRequest request;
   request.set_job_id(job_id);
   *request.mutable_rank() = rank;
-  request.set_max_bytes(options_.state_part_bytes);
+  request.set_max_bytes(options_.state_part_bytes > 0
+                            ? options_.state_part_bytes
+                            : Options().state_part_bytes);
   absl::StatusOr<canzona::v1::ExportStateResponse> whole =
       ExportStatePart(request);
   while (whole.ok() &&
@@ -336,8 +337,9 @@ absl::StatusOr<canzona::v1::ExportStateResponse> Client::ExportState(
 absl::StatusOr<canzona::v1::ImportStateResponse> Client::ImportState(
     const canzona::v1::ImportStateRequest& request) {
   const int64_t total = static_cast<int64_t>(request.state().size());
-  const int64_t part_bytes =
-      std::max<int64_t>(options_.state_part_bytes, int64_t{1} << 20);
+  const int64_t part_bytes = options_.state_part_bytes > 0
+                                 ? options_.state_part_bytes
+                                 : Options().state_part_bytes;
   if (request.offset() != 0 || request.total_bytes() != 0 ||
       total <= part_bytes) {
     return impl_->Call(&Impl::Stub::ImportState, request,
