@@ -516,6 +516,38 @@ def test_a_closed_optimizer_leaves_the_model_alone(daemon):
     second.close()
 
 
+def test_a_new_optimizer_over_the_same_parameters_closes_the_old(daemon):
+    """Constructing an optimizer again over the same parameters (re-running
+    a notebook cell), as torch.optim allows, closes the open one with a
+    RuntimeWarning naming its job, even once its last reference is gone:
+    its hooks kept it alive, copied every gradient into its buffer too, and
+    kept its job registered. The model trains on as under one optimizer
+    (bitwise against a model that only ever had the second)."""
+    os.environ["CANZONA_TARGET"] = daemon
+    model, alone = train_torch.build_model(0), train_torch.build_model(0)
+    first = ct.Muon(model.named_parameters()).job_id  # reference dropped
+    gc.collect()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = ct.Muon(model.named_parameters())
+    said = [str(w.message) for w in caught
+            if issubclass(w.category, RuntimeWarning)]
+    assert len(said) == 1 and "closing the optimizer of job" in said[0], said
+    with canzona.Client(daemon) as client:
+        jobs = {j["job_id"] for j in client.status()["jobs"]}
+    assert first not in jobs and opt.job_id in jobs
+    reference = ct.Muon(alone.named_parameters())
+    for step in range(1, 3):
+        for m, o in ((model, opt), (alone, reference)):
+            train_torch.loss_fn(m, step, 0).backward()
+            o.step()
+            o.zero_grad()
+    for (n, p), q in zip(model.named_parameters(), alone.parameters()):
+        assert torch.equal(p, q), n
+    opt.close()
+    reference.close()
+
+
 def test_parameters_moved_out_of_the_buffer_are_refused(daemon):
     """model.to() to another dtype or device, .half(), or param.data = ...
     after construction gives a parameter storage of its own, which the

@@ -58,6 +58,7 @@ Thread-safety: like torch.optim optimizers, one per trainer thread.
 import os
 import time
 import warnings
+import weakref
 
 import torch
 
@@ -199,6 +200,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         self.dtype = dtypes.pop() if len(dtypes) == 1 else None
         entries, half = _buffer_entries(named, route_fn, self._groups,
                                         dict(tp_split or {}), tp)
+        _close_previous_owners(named)
         self.client = canzona.Client(target, job_token=job_token,
                                      connect_timeout=connect_timeout,
                                      step_timeout=step_timeout, tls_ca=tls_ca)
@@ -271,6 +273,8 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             self._start_step_checks()
             if module is not None:
                 self._hook_module(module)
+            for param, _ in self._grads:
+                param._canzona_owner = weakref.ref(self)
         except BaseException:
             # A registered rank would keep its state, its mapping of our
             # buffer and, with the events, answer before its writes end.
@@ -580,6 +584,8 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             for handle in self._hooks:
                 handle.remove()
             self._hooks = []
+            for param, _ in self._grads:
+                param._canzona_owner = None
             try:
                 # The daemon's events go with the rank: their last records
                 # complete, and our opened copies close, first (bounded: a
@@ -604,6 +610,24 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
                 # (or is killed) would leave the whole buffer in /dev/shm.
                 if isinstance(self._buffer, canzona.SharedBuffer):
                     self._buffer.unlink()
+
+
+def _close_previous_owners(named):
+    """Closes, with a RuntimeWarning, every open canzona optimizer holding
+    one of these parameters, as torch.optim lets a new optimizer replace
+    an old one over the same parameters (re-running a notebook cell). Left
+    open, its gradient hooks would copy every gradient into its buffer
+    too, and they would keep it (and its job at the daemon) alive even
+    after its last reference went."""
+    for name, param in named:
+        ref = getattr(param, "_canzona_owner", None)
+        owner = ref() if ref is not None else None
+        if owner is not None and not owner._closed:
+            warnings.warn(
+                "canzona: closing the optimizer of job %r, which held "
+                "parameter %r: a new optimizer takes its parameters"
+                % (owner.job_id, name), RuntimeWarning, stacklevel=4)
+            owner.close()
 
 
 def _matrix_optimizer(kind, named_parameters, matrix_settings, adamw_settings,
