@@ -461,11 +461,21 @@ class Client:
         read in parts of ``part_bytes``."""
         request = {"job_id": job_id, "rank": _rank(rank),
                    "max_bytes": int(part_bytes)}
+        raw = getattr(self._transport, "call_message", None)
         state = bytearray()
         while True:
-            r = self._call("ExportState", dict(request, offset=len(state)))
-            part = base64.b64decode(r.get("state", ""))
-            total = _int(r.get("total_bytes"))
+            if raw is not None:
+                from canzona._proto import optimizer_service_pb2 as pb
+                r = raw("ExportState", pb.ExportStateRequest(
+                    offset=len(state), **request))
+                part, total = r.state, r.total_bytes
+                r = {"step": r.step, "plan_digest": r.plan_digest,
+                     "records": r.records}
+            else:
+                r = self._call("ExportState",
+                               dict(request, offset=len(state)))
+                part = base64.b64decode(r.get("state", ""))
+                total = _int(r.get("total_bytes"))
             if not part and len(state) < total:
                 raise CanzonaError("ExportState: an empty part at offset %d "
                                    "of %d" % (len(state), total), "DATA_LOSS")
@@ -486,9 +496,17 @@ class Client:
                    "plan_digest": plan_digest}
         if total > part_bytes:
             request["total_bytes"] = total
+        raw = getattr(self._transport, "call_message", None)
         for at in range(0, max(total, 1), part_bytes):
-            r = self._call("ImportState", dict(
-                request, offset=at, state=base64.b64encode(
-                    view[at:at + part_bytes]).decode()))
+            part = view[at:at + part_bytes]
+            if raw is not None:
+                from canzona._proto import optimizer_service_pb2 as pb
+                r = raw("ImportState", pb.ImportStateRequest(
+                    offset=at, state=part.tobytes(), **request))
+                r = {"step": r.step, "records": r.records}
+            else:
+                r = self._call("ImportState", dict(
+                    request, offset=at,
+                    state=base64.b64encode(part).decode()))
         return {"step": _int(r.get("step")),
                 "records": int(r.get("records", 0))}
