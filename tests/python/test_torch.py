@@ -544,7 +544,19 @@ def test_a_new_optimizer_over_the_same_parameters_closes_the_old(daemon):
             o.zero_grad()
     for (n, p), q in zip(model.named_parameters(), alone.parameters()):
         assert torch.equal(p, q), n
-    opt.close()
+    # An old optimizer whose daemon is gone (a restart) does not stop the
+    # new one.
+
+    def gone(*unused):
+        raise canzona.CanzonaError("job_id is not registered here",
+                                   "NOT_FOUND")
+    opt.client.deregister = gone
+    with pytest.warns(RuntimeWarning, match="closing the optimizer"):
+        replacement = ct.Muon(model.named_parameters())
+    assert opt._closed
+    train_torch.loss_fn(model, 3, 0).backward()
+    replacement.step()
+    replacement.close()
     reference.close()
 
 

@@ -627,7 +627,10 @@ def _close_previous_owners(named):
                 "canzona: closing the optimizer of job %r, which held "
                 "parameter %r: a new optimizer takes its parameters"
                 % (owner.job_id, name), RuntimeWarning, stacklevel=4)
-            owner.close()
+            try:
+                owner.close()
+            except Exception:  # noqa: BLE001  its daemon may be gone (a
+                pass           # restart); its hooks went first regardless
 
 
 def _matrix_optimizer(kind, named_parameters, matrix_settings, adamw_settings,
