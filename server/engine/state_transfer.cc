@@ -9,8 +9,6 @@
 
 namespace canzona {
 
-namespace v1 = ::canzona::v1;
-
 absl::StatusOr<v1::ExportStateResponse> StateTransfer::Read(
     const v1::ExportStateRequest& request,
     const std::function<absl::StatusOr<v1::ExportStateResponse>()>&
