@@ -302,6 +302,11 @@ absl::StatusOr<canzona::v1::LoadCheckpointResponse> Client::LoadCheckpoint(
                      options_.checkpoint_timeout);
 }
 
+int64_t Client::StatePartBytes() const {
+  return options_.state_part_bytes > 0 ? options_.state_part_bytes
+                                       : Options().state_part_bytes;
+}
+
 absl::StatusOr<canzona::v1::ExportStateResponse> Client::ExportStatePart(
     const canzona::v1::ExportStateRequest& request) {
   return impl_->Call(&Impl::Stub::ExportState, request,
@@ -313,9 +318,7 @@ absl::StatusOr<canzona::v1::ExportStateResponse> Client::ExportState(
   canzona::v1::ExportStateRequest request;
   request.set_job_id(job_id);
   *request.mutable_rank() = rank;
-  request.set_max_bytes(options_.state_part_bytes > 0
-                            ? options_.state_part_bytes
-                            : Options().state_part_bytes);
+  request.set_max_bytes(StatePartBytes());
   absl::StatusOr<canzona::v1::ExportStateResponse> whole =
       ExportStatePart(request);
   while (whole.ok() &&
@@ -337,9 +340,7 @@ absl::StatusOr<canzona::v1::ExportStateResponse> Client::ExportState(
 absl::StatusOr<canzona::v1::ImportStateResponse> Client::ImportState(
     const canzona::v1::ImportStateRequest& request) {
   const int64_t total = static_cast<int64_t>(request.state().size());
-  const int64_t part_bytes = options_.state_part_bytes > 0
-                                 ? options_.state_part_bytes
-                                 : Options().state_part_bytes;
+  const int64_t part_bytes = StatePartBytes();
   if (request.offset() != 0 || request.total_bytes() != 0 ||
       total <= part_bytes) {
     return impl_->Call(&Impl::Stub::ImportState, request,

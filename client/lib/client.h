@@ -165,6 +165,8 @@ class Client {
 
  private:
   class Impl;
+  // Options::state_part_bytes, or its default where it is not positive.
+  int64_t StatePartBytes() const;
   Client(std::string target, Options options, std::unique_ptr<Impl> impl);
 
   const std::string target_;

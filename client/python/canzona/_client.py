@@ -456,30 +456,40 @@ class Client:
                 "seconds": float(r.get("seconds", 0.0)),
                 "missing": list(r.get("missing", []))}
 
+    def _state_call(self, method, request):
+        """One ExportState / ImportState call: ``request`` and the answer
+        as the JSON mapping, but with ``state`` as bytes. Over grpc the
+        bytes travel as protobuf bytes (call_message); the bridge's JSON
+        lines take the mapping's base64."""
+        raw = getattr(self._transport, "call_message", None)
+        if raw is None:
+            if "state" in request:
+                request = dict(request, state=base64.b64encode(
+                    request["state"]).decode())
+            r = self._call(method, request)
+            return dict(r, state=base64.b64decode(r.get("state", "")))
+        from canzona._proto import optimizer_service_pb2 as pb
+        if "state" in request:
+            request = dict(request, state=bytes(request["state"]))
+        r = raw(method, getattr(pb, method + "Request")(**request))
+        return {name: getattr(r, name) for name in
+                ("state", "total_bytes", "step", "plan_digest", "records")
+                if hasattr(r, name)}
+
     def export_state(self, job_id, rank, part_bytes=STATE_PART_BYTES):
         """This rank's state (a bytearray), with its step and plan digest,
         read in parts of ``part_bytes``."""
         request = {"job_id": job_id, "rank": _rank(rank),
                    "max_bytes": int(part_bytes)}
-        raw = getattr(self._transport, "call_message", None)
         state = bytearray()
         while True:
-            if raw is not None:
-                from canzona._proto import optimizer_service_pb2 as pb
-                r = raw("ExportState", pb.ExportStateRequest(
-                    offset=len(state), **request))
-                part, total = r.state, r.total_bytes
-                r = {"step": r.step, "plan_digest": r.plan_digest,
-                     "records": r.records}
-            else:
-                r = self._call("ExportState",
-                               dict(request, offset=len(state)))
-                part = base64.b64decode(r.get("state", ""))
-                total = _int(r.get("total_bytes"))
-            if not part and len(state) < total:
+            r = self._state_call("ExportState",
+                                 dict(request, offset=len(state)))
+            total = _int(r.get("total_bytes"))
+            if not r["state"] and len(state) < total:
                 raise CanzonaError("ExportState: an empty part at offset %d "
                                    "of %d" % (len(state), total), "DATA_LOSS")
-            state += part
+            state += r["state"]
             if len(state) >= total:
                 break
         return {"state": state, "step": _int(r.get("step")),
@@ -496,17 +506,8 @@ class Client:
                    "plan_digest": plan_digest}
         if total > part_bytes:
             request["total_bytes"] = total
-        raw = getattr(self._transport, "call_message", None)
         for at in range(0, max(total, 1), part_bytes):
-            part = view[at:at + part_bytes]
-            if raw is not None:
-                from canzona._proto import optimizer_service_pb2 as pb
-                r = raw("ImportState", pb.ImportStateRequest(
-                    offset=at, state=part.tobytes(), **request))
-                r = {"step": r.step, "records": r.records}
-            else:
-                r = self._call("ImportState", dict(
-                    request, offset=at,
-                    state=base64.b64encode(part).decode()))
+            r = self._state_call("ImportState", dict(
+                request, offset=at, state=view[at:at + part_bytes]))
         return {"step": _int(r.get("step")),
                 "records": int(r.get("records", 0))}

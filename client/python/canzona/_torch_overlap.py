@@ -16,13 +16,18 @@ import contextlib
 import torch
 
 
+def _holds_view(param, view):
+    """Whether ``param.grad`` is ``view``'s memory (the daemon reads it)."""
+    return param.grad is not None and param.grad.data_ptr() == view.data_ptr()
+
+
 def _into_view(param, view, rebind=True):
     """Makes ``view`` (the memory the daemon reads) hold ``param``'s
     gradient where ``param.grad`` is another tensor, zeros where it is None;
     ``rebind``: ``param.grad`` is the view afterwards."""
-    grad = param.grad
-    if grad is not None and grad.data_ptr() == view.data_ptr():
+    if _holds_view(param, view):
         return
+    grad = param.grad
     with torch.no_grad():
         if grad is None:
             view.zero_()

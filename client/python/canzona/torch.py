@@ -66,7 +66,7 @@ import canzona
 from canzona import CanzonaError
 from canzona._torch_amp import loss_scale_multiplier, report_found_inf
 from canzona._torch_step_checks import _StepChecks
-from canzona._torch_overlap import _Overlap, _into_view
+from canzona._torch_overlap import _Overlap, _holds_view, _into_view
 from canzona._torch_setup import (
     _DTYPE_NAMES, _buffer_entries, _device_of, _given, _job_id,
     _parse_groups, _resolve_layout, _route_function, _scheduled_settings,
@@ -403,8 +403,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         torch.autograd.grad or torch.func returned), as torch.optim
         allows: no backward hook saw it, and step() copies it into the
         view the daemon reads."""
-        return any(param.grad is not None and
-                   param.grad.data_ptr() != view.data_ptr()
+        return any(param.grad is not None and not _holds_view(param, view)
                    for param, view in self._grads)
 
     def _restore_grads(self):
@@ -484,7 +483,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         after the answer."""
         del set_to_none
         for param, view in self._grads:
-            if param.grad is None or param.grad.data_ptr() != view.data_ptr():
+            if not _holds_view(param, view):
                 param.grad = view
         # The gradients are one contiguous half of the buffer: one fill.
         self._grad_flat.zero_()
