@@ -104,6 +104,13 @@ def run_job(client, job, steps=3, seed=7, doorbell=False, overlap=False):
     assert client.import_state(job, (0, 0, 0), in_parts["state"],
                                in_parts["step"], in_parts["plan_digest"],
                                part_bytes=100) == imported
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="part_bytes"):
+            client.export_state(job, (0, 0, 0), part_bytes=bad)
+        with pytest.raises(ValueError, match="part_bytes"):
+            client.import_state(job, (0, 0, 0), in_parts["state"],
+                                in_parts["step"], in_parts["plan_digest"],
+                                part_bytes=bad)
     plan, digest = client.plan(job)
     client.deregister(job, (0, 0, 0))
     del data

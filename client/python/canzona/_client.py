@@ -99,6 +99,11 @@ def _int(value):
     return int(value or 0)
 
 
+def _check_part_bytes(part_bytes):
+    if not isinstance(part_bytes, int) or part_bytes <= 0:
+        raise ValueError("part_bytes: %r must be an int > 0" % (part_bytes,))
+
+
 def _rank(rank):
     pp, dp, tp = rank
     return {"pp_rank": int(pp), "dp_rank": int(dp), "tp_rank": int(tp)}
@@ -479,6 +484,7 @@ class Client:
     def export_state(self, job_id, rank, part_bytes=STATE_PART_BYTES):
         """This rank's state (a bytearray), with its step and plan digest,
         read in parts of ``part_bytes``."""
+        _check_part_bytes(part_bytes)
         request = {"job_id": job_id, "rank": _rank(rank),
                    "max_bytes": int(part_bytes)}
         state = bytearray()
@@ -500,6 +506,7 @@ class Client:
                      part_bytes=STATE_PART_BYTES):
         """Puts this rank's state back (``state``: what export_state
         returned), sent in parts of ``part_bytes``."""
+        _check_part_bytes(part_bytes)
         view = memoryview(state).cast("B")
         total = len(view)
         request = {"job_id": job_id, "rank": _rank(rank), "step": int(step),
