@@ -89,9 +89,16 @@ class EngineImpl final : public Engine {
   void RunStep(std::shared_ptr<Job> job, std::shared_ptr<LocalRank> rank,
                const RankStepRequest& request, Callback<v1::StepResponse> done);
   // Step's checks before the rank accepts step k; `accepted` receives
-  // what the step reads.
+  // what the step reads. `repeated`: the request names the rank's last
+  // accepted step again, which does not run again (AnswerRepeatedStep).
   absl::StatusOr<std::shared_ptr<LocalRank>> AcceptStep(
-      Job& job, const v1::StepRequest& request, RankStepRequest* accepted);
+      Job& job, const v1::StepRequest& request, RankStepRequest* accepted,
+      bool* repeated);
+  // Answers a Step that named the rank's step k again with k's own answer,
+  // once k completed.
+  void AnswerRepeatedStep(std::shared_ptr<Job> job,
+                          std::shared_ptr<LocalRank> rank, int64_t k,
+                          Callback<v1::StepResponse> done);
   JobAgreement AgreementFor(Job& job);
   absl::Status Unavailable() const { return JobRegistry::Unavailable(); }
 
@@ -181,7 +188,8 @@ void EngineImpl::Register(const v1::RegisterRequest& request,
 // Step.
 
 absl::StatusOr<std::shared_ptr<LocalRank>> EngineImpl::AcceptStep(
-    Job& job, const v1::StepRequest& request, RankStepRequest* accepted) {
+    Job& job, const v1::StepRequest& request, RankStepRequest* accepted,
+    bool* repeated) {
   const v1::RankCoordinates& r = request.rank();
   const v1::WorldLayout& l = job.settings.layout;
   CANZONA_RETURN_IF_ERROR(CheckRankInLayout(l, r));
@@ -209,12 +217,19 @@ absl::StatusOr<std::shared_ptr<LocalRank>> EngineImpl::AcceptStep(
   }
   std::shared_ptr<LocalRank> rank = it->second;
   RankProgress& progress = job.progress(*rank);
+  // The trainer asks again for the step it last called (Ctrl-C in a
+  // notebook interrupted its wait, or its answer was lost): the step runs
+  // once, and this call gets its answer.
+  *repeated = progress.last_accepted > 0 &&
+              request.step() == progress.last_accepted &&
+              request.step() == progress.next_step - 1;
+  if (*repeated) return rank;
   if (request.step() != progress.next_step) {
     return absl::FailedPreconditionError(
         absl::StrCat("step out of order: expected step ", progress.next_step,
                      ", got ", request.step()));
   }
-  ++progress.next_step;
+  progress.last_accepted = progress.next_step++;
   ++job.arrivals[request.step()];
   job.cv.SignalAll();
   // Every gradient is final now: reduce what GradReady did not start.
@@ -236,9 +251,13 @@ void EngineImpl::Step(const v1::StepRequest& request,
       registry_.FindJob(request.job_id());
   if (!job.ok()) return done(job.status());
   auto accepted = std::make_shared<RankStepRequest>();
+  bool repeated = false;
   absl::StatusOr<std::shared_ptr<LocalRank>> rank =
-      AcceptStep(**job, request, accepted.get());
+      AcceptStep(**job, request, accepted.get(), &repeated);
   if (!rank.ok()) return done(rank.status());
+  if (repeated) {
+    return AnswerRepeatedStep(*job, *rank, request.step(), std::move(done));
+  }
   auto shared_done =
       std::make_shared<Callback<v1::StepResponse>>(std::move(done));
   Worker::Task task;
@@ -247,6 +266,28 @@ void EngineImpl::Step(const v1::StepRequest& request,
   };
   task.cancel = [this, shared_done]() { (*shared_done)(Unavailable()); };
   if (!(*rank)->worker->Post(task)) task.cancel();
+}
+
+void EngineImpl::AnswerRepeatedStep(std::shared_ptr<Job> job,
+                                    std::shared_ptr<LocalRank> rank, int64_t k,
+                                    Callback<v1::StepResponse> done) {
+  auto shared_done =
+      std::make_shared<Callback<v1::StepResponse>>(std::move(done));
+  Worker::Task task;
+  // RunAfterStep runs it after k's answer, or after k failed.
+  task.run = [job, rank, k, shared_done]() {
+    (*shared_done)(job->CompletedStep(*rank, k));
+  };
+  task.cancel = [this, shared_done]() { (*shared_done)(Unavailable()); };
+  {
+    absl::MutexLock lock(&job->mu);
+    RankProgress& progress = job->progress(*rank);
+    if (progress.steps_done < k) {
+      progress.after_step[k].push_back(std::move(task));
+      return;
+    }
+  }
+  task.run();
 }
 
 void EngineImpl::RunStep(std::shared_ptr<Job> job,
@@ -304,6 +345,7 @@ void EngineImpl::RunStep(std::shared_ptr<Job> job,
     absl::MutexLock lock(&job->mu);
     RankProgress& progress = job->progress(*rank);
     progress.steps_done = k;
+    progress.last_response = response;
     progress.last = response.seconds();
     progress.pageable_copies += response.pageable_copies();
   }

@@ -141,6 +141,17 @@ std::vector<Worker::Task> Job::TakeAfterStep(LocalRank& rank, int64_t k) {
   return tasks;
 }
 
+absl::StatusOr<canzona::v1::StepResponse> Job::CompletedStep(LocalRank& rank,
+                                                             int64_t k) {
+  absl::MutexLock lock(&mu);
+  const RankProgress& p = progress(rank);
+  if (p.steps_done != k) {
+    return absl::AbortedError(
+        absl::StrCat("step ", k, " did not complete: job failed: ", failure));
+  }
+  return p.last_response;
+}
+
 void Job::CancelAfterStep(LocalRank& rank) {
   for (Worker::Task& task : TakeAfterStep(rank, -1)) task.cancel();
 }

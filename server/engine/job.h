@@ -26,6 +26,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "canzona/v1/optimizer_service.pb.h"
@@ -48,9 +49,16 @@ enum class JobState { kRegistering, kReady, kFailed };
 struct RankProgress {
   int64_t next_step = 1;  // the next step number Step accepts
   int64_t steps_done = 0;
+  // The step Step last accepted; 0 after a checkpoint load or import
+  // moved the rank to another step (nothing to answer again there).
+  int64_t last_accepted = 0;
   // Work to run on the worker right after step N (checkpoints at_step).
   std::map<int64_t, std::vector<Worker::Task>> after_step;
   canzona::v1::PhaseTimes last;
+  // The answer to step `steps_done`, kept for a Step that names it again
+  // (a trainer whose call was interrupted, or whose answer was lost): that
+  // call gets this instead of the step running twice.
+  canzona::v1::StepResponse last_response;
   // The GPU the rank's updates run on once set up (-1, "": cpu).
   int device = -1;
   std::string pci_bus_id;
@@ -182,6 +190,11 @@ class Job {
   // The tasks waiting for `rank`'s steps up to k (all of them when k < 0,
   // after a failed step), taken out to run.
   std::vector<Worker::Task> TakeAfterStep(LocalRank& rank, int64_t k)
+      ABSL_LOCKS_EXCLUDED(mu);
+  // The answer `rank` got for its step k, which completed; ABORTED naming
+  // the job's failure when it did not complete (nor will).
+  absl::StatusOr<canzona::v1::StepResponse> CompletedStep(LocalRank& rank,
+                                                          int64_t k)
       ABSL_LOCKS_EXCLUDED(mu);
   // Cancels what waited for a later step of a rank that is going away.
   void CancelAfterStep(LocalRank& rank) ABSL_LOCKS_EXCLUDED(mu);

@@ -233,6 +233,7 @@ void MoveToStep(Job& job, LocalRank& rank, int64_t step) {
   RankProgress& progress = job.progress(rank);
   progress.steps_done = step;
   progress.next_step = step + 1;
+  progress.last_accepted = 0;
   rank.lane().Reset(step);
   rank.rt->buckets().ForgetSnapshots();
   // No update of this run precedes the next step.

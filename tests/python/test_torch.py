@@ -17,6 +17,7 @@ import gc
 import os
 import subprocess
 import sys
+import threading
 import uuid
 import warnings
 import weakref
@@ -743,6 +744,57 @@ def test_gradients_set_by_hand_step_like_backward(daemon, overlap):
     # Neither backward nor a .grad set: still refused.
     with pytest.raises(RuntimeError, match="before backward produced"):
         opts[1].step()
+    for opt in opts:
+        opt.close()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("where", ["unsent", "sent", "answered"])
+def test_a_step_interrupted_by_ctrl_c_completes_once(daemon, overlap, where):
+    """Ctrl-C in a notebook lands in step(): before its request went out,
+    while the daemon runs it, or after its answer came. Whichever, the loop
+    goes on (zero_grad, backward, step) as if the step had returned: the
+    interrupted step runs exactly once, and the parameters equal an
+    uninterrupted run's (bitwise, with module= too).
+    Before, every later step() raised "step out of order"."""
+    os.environ["CANZONA_TARGET"] = daemon
+    models = [train_torch.build_model(0), train_torch.build_model(0)]
+    opts = [ct.Muon(m.named_parameters(), adamw_lr=3e-3,
+                    module=m if overlap else None) for m in models]
+    interrupted = opts[1]
+    real_step = interrupted.client.step
+    sent = []
+
+    def ctrl_c(*args, **kwargs):
+        interrupted.client.step = real_step
+        if where == "sent":
+            # The caller stops waiting; the call goes on without it.
+            sent.append(threading.Thread(target=real_step, args=args,
+                                         kwargs=kwargs))
+            sent[-1].start()
+        elif where == "answered":
+            real_step(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    for step in range(1, 5):
+        for model, opt in zip(models, opts):
+            train_torch.loss_fn(model, step, 0).backward()
+            if step == 2 and opt is interrupted:
+                interrupted.client.step = ctrl_c
+                with pytest.raises(KeyboardInterrupt):
+                    opt.step()
+                assert opt.steps == 1
+            else:
+                opt.step()
+            opt.zero_grad()
+        assert interrupted.steps == step
+    for thread in sent:
+        thread.join()
+    for opt in opts:
+        opt.synchronize()
+    for (n, p), q in zip(models[0].named_parameters(), models[1].parameters()):
+        assert torch.equal(p, q), n
+    assert interrupted.last_step["grad_norm"] > 0
     for opt in opts:
         opt.close()
 

@@ -44,8 +44,8 @@ class _Overlap:
     set up before ``_hook_module``: ``client``, ``job_id``, ``rank``,
     ``steps``, ``registered``, ``device``, ``_event``, ``_grads``,
     ``_grad_flat``, ``_module``, ``_sync``, ``_hooks``, and calls its
-    ``_record_grads``, ``_await_params`` and (``_StepChecks``)
-    ``_check_reported_grads_unchanged``."""
+    ``_record_grads``, ``_await_params``, ``_finish_interrupted_step`` and
+    (``_StepChecks``) ``_check_reported_grads_unchanged``."""
 
     def _hook_module(self, module):
         buckets = self.registered["buckets"]
@@ -160,6 +160,7 @@ class _Overlap:
     def _before_forward(self, buckets):
         def hook(*unused):
             del unused
+            self._finish_interrupted_step()
             for b in buckets:
                 if b in self._unsynced:
                     self.client.wait_params(self.job_id, self.rank,
@@ -183,6 +184,7 @@ class _Overlap:
         buckets. With the daemon's events (GPU, ``--comm nccl``) the host
         waits only for the answer and the current stream for the writes;
         otherwise the parameters are in place when it returns."""
+        self._finish_interrupted_step()
         if self._module is not None and self._unsynced:
             self.client.wait_params(self.job_id, self.rank, self.steps, -1)
             self._await_params()

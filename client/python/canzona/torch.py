@@ -214,6 +214,9 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         try:
             flat = self._allocate_buffer(2 * half, rank)
             self._seen_grad = False
+            # (step, request) of a step() an exception left (see
+            # _finish_interrupted_step), else None.
+            self._interrupted_step = None
             parameters, by_group = self._move_into_buffer(entries, flat, half,
                                                           blocks)
             if self._event is not None:
@@ -392,6 +395,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         tensor of its own, and with ``module=`` the buckets its hooks report
         would be reduced from the stale view."""
         def hook(grad):
+            self._finish_interrupted_step()
             self._seen_grad = True
             self._backward_running()
             _into_view(param, view)
@@ -423,6 +427,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         the same). grad_scaler: passed by ``scaler.step(opt)``
         (torch.amp.GradScaler): the daemon undoes its scale and every rank
         skips alike (canzona/_torch_amp.py)."""
+        self._finish_interrupted_step()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -441,27 +446,56 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             streams = ()
             self._warn_of_local_grad_edits()
         self._restore_grads()
-        lr = {g["name"]: float(g["lr"]) for g in self.param_groups}
-        settings = _scheduled_settings(self.param_groups, self._groups)
+        request = {
+            "lr": {g["name"]: float(g["lr"]) for g in self.param_groups},
+            "grad_scale": grad_scale, "async_params": overlap,
+            "max_grad_norm": max_grad_norm,
+            "settings": _scheduled_settings(self.param_groups, self._groups)}
         # The previous step's parameters must be in place before this
         # step reads them (a step without a forward in between).
         self.synchronize()
         self._record_grads(streams)
-        self.last_step = self.client.step(
-            self.job_id, self.rank, self.steps + 1, lr,
-            grad_scale=grad_scale,
-            async_params=overlap, max_grad_norm=max_grad_norm,
-            settings=settings)
+        self._call_step(self.steps + 1, request, grad_scaler)
+        return loss
+
+    def _call_step(self, step, request, grad_scaler=None):
+        """Step ``step`` on the daemon, and what this process does after
+        its answer. Until the answer comes the step is in flight: an
+        exception that leaves the wait (Ctrl-C in a notebook, a client
+        deadline) does not stop it on the daemon."""
+        self._interrupted_step = (step, request)
+        try:
+            self.last_step = self.client.step(self.job_id, self.rank, step,
+                                              **request)
+        except CanzonaError as error:
+            # The daemon's answer: the step was refused or failed. Past a
+            # deadline of this client's it may still run.
+            if error.code not in ("DEADLINE_EXCEEDED", "CANCELLED"):
+                self._interrupted_step = None
+            raise
+        # Each line below may run twice (an interrupt among them, then the
+        # catch-up): the step counts as done only after the last.
         report_found_inf(self, grad_scaler,
                          self.last_step["skipped_nonfinite"])
-        if not overlap:
+        if not request["async_params"]:
             self._await_params()
-        self.steps += 1
+        self.steps = step
         self._seen_grad = False
         self._grad_edits_step_done()
-        if overlap:
+        if request["async_params"]:
             self._overlap_step_done()
-        return loss
+        self._interrupted_step = None
+
+    def _finish_interrupted_step(self):
+        """Catches up with a step() that an exception left while the
+        daemon ran it (Ctrl-C in a notebook): before anything here reads or
+        writes the buffers that step uses (backward, zero_grad, a forward
+        with ``module=``, the next step, state and checkpoints), it asks
+        for that step again, which the daemon answers with the step's own
+        result once it completes, without running it twice. Before, the
+        next step() failed with "step out of order" for good."""
+        if self._interrupted_step is not None:
+            self._call_step(*self._interrupted_step)
 
     def add_param_group(self, param_group):
         """torch.optim's, while constructing; afterwards a RuntimeError: the
@@ -482,6 +516,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         sums, comes after the reductions); only parameters are written
         after the answer."""
         del set_to_none
+        self._finish_interrupted_step()
         for param, view in self._grads:
             if not _holds_view(param, view):
                 param.grad = view
@@ -522,6 +557,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
     def load_state_dict(self, state_dict):
         """Restores group hyperparameters and this rank's daemon state (the
         same plan: change layouts through checkpoints instead)."""
+        self._finish_interrupted_step()
         saved = state_dict["canzona"]
         if list(saved["names"]) != self._names:
             raise ValueError("state_dict: parameter names differ from this "
@@ -556,6 +592,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
     def save_checkpoint(self, directory):
         """Collective over the job: the state of every rank into directory
         (relative to this process's working directory)."""
+        self._finish_interrupted_step()
         return self.client.save_checkpoint(self.job_id, self.rank,
                                            os.path.abspath(directory))
 
@@ -567,6 +604,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         to torch.optim does, instead of raising; the result's "missing"
         names them. The checkpoint's records of parameters this optimizer
         lacks (frozen since) are ignored either way."""
+        self._finish_interrupted_step()
         result = self.client.load_checkpoint(
             self.job_id, self.rank, os.path.abspath(directory),
             allow_missing=not strict)
@@ -586,6 +624,11 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             for param, _ in self._grads:
                 param._canzona_owner = None
             try:
+                try:
+                    # A step an exception left ends before its rank leaves.
+                    self._finish_interrupted_step()
+                except Exception:  # noqa: BLE001  the rank leaves anyway
+                    pass
                 # The daemon's events go with the rank: their last records
                 # complete, and our opened copies close, first (bounded: a
                 # daemon that died leaves them pending).

@@ -266,6 +266,73 @@ TEST(EngineTest, AJobIdRegistersAgainRightAfterItsRanksLeft) {
   }
 }
 
+// A Step that names the rank's last accepted step again (the trainer's
+// wait was interrupted: Ctrl-C in a notebook; or its answer was lost) gets
+// that step's own answer, once it completes, and the step runs once. Before,
+// it was "step out of order", and the trainer could never catch up.
+TEST(EngineTest, AStepCalledAgainGetsItsAnswerAndRunsOnce) {
+  Cluster cluster;
+  const JobConfig config = MakeJobConfig("repeated", 2, 1, "cost");
+  ASSERT_OK_AND_ASSIGN(Params two, Reference(config, 2, {}));
+  ASSERT_OK_AND_ASSIGN(Params three, Reference(config, 3, {}));
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  ASSERT_OK(run.RunSteps(cluster, 1, 1));
+  TrainerRank& first = *run.ranks()[0];
+  TrainerRank& second = *run.ranks()[1];
+  Engine& first_engine = *cluster.engines[first.engine_index()];
+  Engine& second_engine = *cluster.engines[second.engine_index()];
+  first.WriteGrads(2);
+  second.WriteGrads(2);
+  // Rank 0's step 2 waits for rank 1; its repeat arrives meanwhile.
+  Result<v1::StepResponse> original, repeat;
+  first_engine.Step(first.MakeStep(2), original.callback());
+  first_engine.Step(first.MakeStep(2), repeat.callback());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_OK(StepSync(second_engine, second.MakeStep(2)).status());
+  ASSERT_OK_AND_ASSIGN(v1::StepResponse answer, original.Get());
+  ASSERT_OK_AND_ASSIGN(v1::StepResponse again, repeat.Get());
+  EXPECT_GT(answer.grad_norm(), 0);
+  EXPECT_EQ(again.SerializeAsString(), answer.SerializeAsString());
+  // After it completed: answered at once, the same.
+  ASSERT_OK_AND_ASSIGN(v1::StepResponse later,
+                       StepSync(first_engine, first.MakeStep(2)));
+  EXPECT_EQ(later.SerializeAsString(), answer.SerializeAsString());
+  EXPECT_OK(run.Compare(two, /*bitwise=*/true));
+  // Only the last step repeats; an earlier one is out of order.
+  EXPECT_THAT(
+      StepSync(first_engine, first.MakeStep(1)),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               AllOf(HasSubstr("expected step 3"), HasSubstr("got 1"))));
+  ASSERT_OK(run.RunSteps(cluster, 3, 3));
+  EXPECT_OK(run.Compare(three, /*bitwise=*/true));
+  ASSERT_OK(run.Deregister(cluster));
+}
+
+// A repeat waiting for a step that fails (a peer never steps) fails too,
+// naming the job's failure, instead of waiting forever.
+TEST(EngineTest, AStepCalledAgainFailsWithItsStep) {
+  Cluster cluster(absl::Seconds(1));
+  JobRun run(MakeJobConfig("repeated-fails", 2, 1, "cost"));
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  ASSERT_OK(run.RunSteps(cluster, 1, 1));
+  TrainerRank& first = *run.ranks()[0];
+  Engine& engine = *cluster.engines[first.engine_index()];
+  first.WriteGrads(2);
+  Result<v1::StepResponse> original, repeat;
+  engine.Step(first.MakeStep(2), original.callback());
+  engine.Step(first.MakeStep(2), repeat.callback());
+  EXPECT_FALSE(original.Get().ok());
+  EXPECT_THAT(repeat.Get(),
+              StatusIs(absl::StatusCode::kAborted,
+                       HasSubstr("step 2 did not complete: job failed: ")));
+  EXPECT_THAT(
+      StepSync(engine, first.MakeStep(2)),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("job failed")));
+}
+
 // A job's series stay in /metrics while it runs and for the retention
 // after its last rank left the daemon (Prometheus scrapes its last values),
 // then go; another job's stay. Without this a long-running daemon's
@@ -440,8 +507,8 @@ TEST(EngineTest, BadInputIsRejectedWithoutChangingState) {
       StatusIs(absl::StatusCode::kFailedPrecondition,
                AllOf(HasSubstr("expected step 2"), HasSubstr("got 3"))));
   EXPECT_THAT(
-      StepSync(a, ranks[0]->MakeStep(1)),
-      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("got 1")));
+      StepSync(a, ranks[0]->MakeStep(0)),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("got 0")));
   EXPECT_THAT(
       StepSync(a, ranks[2]->MakeStep(2)),
       StatusIs(absl::StatusCode::kNotFound, HasSubstr("not registered")));
