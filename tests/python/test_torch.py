@@ -799,6 +799,123 @@ def test_a_step_interrupted_by_ctrl_c_completes_once(daemon, overlap, where):
         opt.close()
 
 
+def _modded_nanogpt_groups(model):
+    """modded-nanogpt's split, as torch.optim param groups of plain
+    parameters: Muon's hidden matrices, then Adam groups of their own lr
+    for the head, the embeddings and the scalars."""
+    hidden = [p for p in model.layers.parameters() if p.dim() == 2]
+    scalars = [p for p in model.parameters() if p.dim() < 2]
+    return [dict(params=hidden, lr=0.03, momentum=0.9),
+            dict(params=[model.lm_head.weight], lr=0.02, betas=(0.8, 0.95)),
+            dict(params=[model.embed_tokens.weight], lr=0.05,
+                 betas=(0.8, 0.95)),
+            dict(params=scalars, lr=0.01, weight_decay=0.0)]
+
+
+def _train_three_steps(pairs):
+    for step in range(1, 4):
+        for model, opt, sched in pairs:
+            train_torch.loss_fn(model, step, 0).backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+    for _, opt, _ in pairs:
+        opt.synchronize()
+
+
+def test_torch_optim_param_groups_port_as_they_are(daemon):
+    """torch.optim's forms of the first argument: param group dicts of
+    plain parameters (named after module=) in ct.Muon, each one
+    param_group with its own settings in the given order, and param groups
+    that say their optimizer (no names: by position) in ct.Optimizer. Each
+    trains bitwise as the named form (groups= and route=), with a LambdaLR
+    per group. Before, plain parameters failed with "too many values to
+    unpack", dicts with an AttributeError."""
+    os.environ["CANZONA_TARGET"] = daemon
+    models = [train_torch.build_model(0) for _ in range(4)]
+    ported = ct.Muon(_modded_nanogpt_groups(models[0]), module=models[0],
+                     adamw_eps=1e-10, adamw_weight_decay=0.01)
+    assert [(g["name"], g["optimizer"], g["lr"]) for g in
+            ported.param_groups] == [
+        ("muon", "muon", 0.03), ("adamw", "adamw", 0.02),
+        ("adamw_2", "adamw", 0.05), ("adamw_3", "adamw", 0.01)]
+    assert ported.param_groups[1]["betas"] == (0.8, 0.95)
+    assert ported.param_groups[3]["weight_decay"] == 0.0
+    names = {id(p): n for n, p in models[1].named_parameters()}
+    route = {}
+    for group, spec in zip(("muon", "adamw", "adamw_2", "adamw_3"),
+                           _modded_nanogpt_groups(models[1])):
+        for p in spec["params"]:
+            route[names[id(p)]] = group
+    adamw = dict(optimizer="adamw", eps=1e-10, weight_decay=0.01)
+    named = ct.Optimizer(models[1].named_parameters(), {
+        "muon": dict(optimizer="muon", lr=0.03, momentum=0.9, nesterov=True,
+                     ns_steps=5, weight_decay=0.0),
+        "adamw": dict(adamw, lr=0.02, betas=(0.8, 0.95)),
+        "adamw_2": dict(adamw, lr=0.05, betas=(0.8, 0.95)),
+        "adamw_3": dict(adamw, lr=0.01, weight_decay=0.0)}, route)
+    positional = ct.Optimizer([
+        dict(params=[p for p in models[2].parameters() if p.dim() == 2],
+             optimizer="adamw", lr=1e-3, betas=(0.9, 0.95)),
+        dict(params=[p for p in models[2].parameters() if p.dim() < 2],
+             optimizer="adamw", lr=2e-3, weight_decay=0.0)])
+    assert [g["name"] for g in positional.param_groups] == [
+        "adamw", "adamw_1"]
+    by_name = ct.Optimizer(models[3].named_parameters(), {
+        "matrices": dict(optimizer="adamw", lr=1e-3, betas=(0.9, 0.95)),
+        "rest": dict(optimizer="adamw", lr=2e-3, weight_decay=0.0)},
+        lambda name, p: "matrices" if p.dim() == 2 else "rest")
+
+    def scheduled(opt):
+        return torch.optim.lr_scheduler.LambdaLR(
+            opt, [lambda s, i=i: 1.0 / (1 + s + i)
+                  for i in range(len(opt.param_groups))])
+
+    _train_three_steps([(m, o, scheduled(o)) for m, o in
+                        zip(models, (ported, named, positional, by_name))])
+    for a, b in ((0, 1), (2, 3)):
+        for (n, p), q in zip(models[a].named_parameters(),
+                             models[b].parameters()):
+            assert torch.equal(p, q), n
+    assert not torch.equal(models[0].lm_head.weight,
+                           models[2].lm_head.weight)
+    for opt in (ported, named, positional, by_name):
+        opt.close()
+
+
+def test_torch_optim_forms_that_cannot_work_say_why(daemon):
+    """Unnamed parameters where the optimizer is chosen by name, a group
+    mixing matrices with embeddings, and malformed groups raise naming the
+    fix, before anything registers."""
+    os.environ["CANZONA_TARGET"] = daemon
+    model = train_torch.build_model(0)
+    with pytest.raises(ValueError, match=r"params: a parameter without a "
+                       r"name.*model.named_parameters\(\)"):
+        ct.Muon(model.parameters())
+    with pytest.raises(ValueError, match=r"params\[0\] holds adamw "
+                       r"parameters \(embed_tokens.weight.*and muon "
+                       r"parameters .*split it, or give it 'optimizer'"):
+        ct.Muon([dict(params=[p for p in model.parameters()
+                              if p.dim() == 2])], module=model)
+    with pytest.raises(ValueError, match=r"params\[0\]: 'optimizer' is "
+                       r"needed"):
+        ct.Optimizer([dict(params=list(model.named_parameters()))])
+    with pytest.raises(ValueError, match=r"params\[1\]: parameter "
+                       r"'norm.weight' is in two groups"):
+        ct.Optimizer([dict(params=list(model.named_parameters()),
+                           optimizer="adamw"),
+                      dict(params=[("norm.weight", model.norm.weight)],
+                           optimizer="adamw")])
+    with pytest.raises(ValueError, match=r"params\[0\]: no 'params'"):
+        ct.Optimizer([dict(lr=0.1, optimizer="adamw")])
+    with pytest.raises(TypeError, match="not one tensor"):
+        ct.Optimizer(model.norm.weight, {"g": {"optimizer": "adamw"}})
+    with pytest.raises(ValueError, match="unknown settings.*amsgrad"):
+        ct.Optimizer([dict(params=list(model.named_parameters()),
+                           optimizer="adamw", amsgrad=True)])
+    assert all(p.grad is None for p in model.parameters())
+
+
 def test_a_local_clip_on_several_ranks_warns_once(daemon, tmp_path):
     """Without module=, torch.nn.utils.clip_grad_norm_ between backward and
     step() clips each rank's own gradients by its own norm before the

@@ -67,6 +67,7 @@ from canzona import CanzonaError
 from canzona._torch_amp import loss_scale_multiplier, report_found_inf
 from canzona._torch_step_checks import _StepChecks
 from canzona._torch_overlap import _Overlap, _holds_view, _into_view
+from canzona._torch_params import parameters_argument
 from canzona._torch_setup import (
     _DTYPE_NAMES, _buffer_entries, _device_of, _given, _job_id,
     _parse_groups, _resolve_layout, _route_function, _scheduled_settings,
@@ -94,6 +95,10 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         same on every rank of a pipeline stage. Those that do not require
         grad are left out (torch.optim would skip them for want of a
         gradient); step() refuses to run once one of them requires it.
+        Also torch.optim's forms: parameters (named after ``module=``), or
+        param group dicts, each one group with its own settings (torch's
+        spelling), its "optimizer" and optional "name"; ``groups`` and
+        ``route`` are then not given (canzona/_torch_params.py).
       groups: {group name: {"optimizer": "muon"|"adamw"|"shampoo"|"soap",
         "lr": ..., other daemon settings}}. Each becomes one param_group;
         a schedule may change its "lr" and, like torch.optim's, other
@@ -155,14 +160,16 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
     # unscaling and skipping on this rank's own gradients.
     _step_supports_amp_scaling = True
 
-    def __init__(self, named_parameters, groups, route=None, *, layout=None,
+    def __init__(self, named_parameters, groups=None, route=None, *,
+                 layout=None,
                  tp_size=1, tp_split=None, target=None, job_id=None,
                  job_token=None, tls_ca=None, strategy="cost", alpha=0.0,
                  bucket_size=0, connect_timeout=10.0, step_timeout=600.0,
                  shard_group_size=0, module=None, max_grad_norm=0.0,
                  grad_reduce_dtype=None, blocks=None, step_doorbell=True,
                  params_events=True):
-        named = list(named_parameters)
+        named, groups, route = parameters_argument(named_parameters, groups,
+                                                   route, module)
         blocks = dict(blocks or {})
         unknown_blocks = set(blocks) - {name for name, _ in named}
         if unknown_blocks:
@@ -677,8 +684,11 @@ def _close_previous_owners(named):
 
 def _matrix_optimizer(kind, named_parameters, matrix_settings, adamw_settings,
                       route, overrides, kwargs):
-    groups = {kind: dict(matrix_settings, optimizer=kind),
-              "adamw": dict(adamw_settings, optimizer="adamw")}
+    """The matrix rule ``kind`` for 2-D hidden weights, AdamW for the rest.
+    torch.optim param group dicts: each is a group of the optimizer its
+    parameters route to (unless it names one), with that optimizer's
+    keyword settings updated by its own."""
+    defaults = {kind: matrix_settings, "adamw": adamw_settings}
     overrides = dict(overrides or {})
 
     def routed(name, param):
@@ -688,7 +698,14 @@ def _matrix_optimizer(kind, named_parameters, matrix_settings, adamw_settings,
             return route(name, param) if callable(route) else route[name]
         return default_route(name, param, kind)
 
-    return Optimizer(named_parameters, groups, routed, **kwargs)
+    named, groups, by_group = parameters_argument(
+        named_parameters, None, None, kwargs.get("module"), kind_of=routed,
+        defaults=defaults)
+    if groups is None:
+        groups = {k: dict(settings, optimizer=k)
+                  for k, settings in defaults.items()}
+        by_group = routed
+    return Optimizer(named, groups, by_group, **kwargs)
 
 
 def _adamw_settings(adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay):
