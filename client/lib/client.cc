@@ -3,7 +3,6 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -201,7 +200,7 @@ absl::StatusOr<SharedTensor> Client::AllocateTensor(
     numel *= d;
   }
   absl::StatusOr<SharedMemory> memory =
-      SharedMemory::Create(ShmName(job_id, global_rank, next_seq_++),
+      SharedMemory::Create(ShmName(job_id, global_rank, NextShmSeq()),
                            static_cast<uint64_t>(numel) * sizeof(float));
   if (!memory.ok()) return memory.status();
   return SharedTensor(*std::move(memory), std::move(shape));
@@ -228,12 +227,11 @@ absl::Status Client::AttachStepDoorbell(
         target_, " is not its unix socket"));
   }
   // The name's rank field is past any world's ranks and unique per
-  // process, and its seq counts this process's doorbells (several Clients
-  // may share a process), so it never takes another object's name.
+  // process, and its seq unique per process (NextShmSeq), so it never takes
+  // another object's name.
   constexpr int64_t kDoorbellRanks = int64_t{1} << 40;
-  static std::atomic<int64_t> doorbells_created{0};
   absl::StatusOr<StepDoorbell> bell = StepDoorbell::Create(
-      ShmName(job_id, kDoorbellRanks + ::getpid(), doorbells_created++));
+      ShmName(job_id, kDoorbellRanks + ::getpid(), NextShmSeq()));
   if (!bell.ok()) return bell.status();
   canzona::v1::AttachStepDoorbellRequest request;
   request.set_job_id(job_id);

@@ -20,7 +20,6 @@
 #ifndef CANZONA_CLIENT_LIB_CLIENT_H_
 #define CANZONA_CLIENT_LIB_CLIENT_H_
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -102,7 +101,8 @@ class Client {
   ~Client();
 
   // Allocates a zero-filled float32 shared tensor named after the job and
-  // rank (names "/canzona.<job>.<rank>.<seq>", seq counting up).
+  // rank (names "/canzona.<job>.<rank>.<seq>", seq unique to this process:
+  // NextShmSeq).
   absl::StatusOr<SharedTensor> AllocateTensor(const std::string& job_id,
                                               int64_t global_rank,
                                               std::vector<int64_t> shape);
@@ -172,7 +172,6 @@ class Client {
   const std::string target_;
   const Options options_;
   std::unique_ptr<Impl> impl_;
-  std::atomic<int64_t> next_seq_{0};
 };
 
 }  // namespace canzona

@@ -10,15 +10,20 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 
 namespace canzona {
 namespace {
 
 constexpr absl::string_view kPrefix = "/canzona.";
 constexpr size_t kMaxJobIdLength = 64;
+// NextShmSeq: 10^9 nonces of 10^6 objects each, 15 digits at most.
+constexpr int64_t kSeqNonces = 1'000'000'000;
+constexpr int64_t kSeqsPerProcess = 1'000'000;
 
 bool AllDigits(absl::string_view s) {
   if (s.empty() || s.size() > 18) return false;
@@ -73,6 +78,22 @@ std::string ShmName(absl::string_view job_id, int64_t rank, int64_t seq) {
   return absl::StrCat(kPrefix, job_id, ".", rank, ".", seq);
 }
 
+int64_t NextShmSeq() {
+  static absl::Mutex mu(absl::kConstInit);
+  static pid_t drawn_for ABSL_GUARDED_BY(mu) = 0;
+  static int64_t nonce ABSL_GUARDED_BY(mu) = 0;
+  static int64_t named ABSL_GUARDED_BY(mu) = 0;
+  absl::MutexLock lock(&mu);
+  // Drawn again in a forked child, which must not reuse its parent's.
+  if (const pid_t pid = ::getpid(); drawn_for != pid) {
+    absl::BitGen bits;
+    nonce = absl::Uniform<int64_t>(bits, 1, kSeqNonces);
+    drawn_for = pid;
+    named = 0;
+  }
+  return nonce * kSeqsPerProcess + named++ % kSeqsPerProcess;
+}
+
 absl::Status ValidateShmName(absl::string_view name) {
   auto invalid = [&](absl::string_view why) {
     return absl::InvalidArgumentError(
@@ -121,6 +142,12 @@ absl::StatusOr<SharedMemory> SharedMemory::Create(const std::string& name,
     ::close(fd);
     return s;
   }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus("fstat", name, err);
+  }
   void* data =
       ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
@@ -128,6 +155,8 @@ absl::StatusOr<SharedMemory> SharedMemory::Create(const std::string& name,
   if (data == MAP_FAILED) return ErrnoStatus("mmap", name, err);
   shm.data_ = data;
   shm.size_ = bytes;
+  shm.device_ = st.st_dev;
+  shm.inode_ = st.st_ino;
   return shm;
 }
 
@@ -172,7 +201,27 @@ absl::StatusOr<SharedMemory> SharedMemory::Open(const std::string& name,
   shm.data_ = data;
   shm.size_ = bytes;
   shm.owner_uid_ = st.st_uid;
+  shm.device_ = st.st_dev;
+  shm.inode_ = st.st_ino;
   return shm;
+}
+
+absl::Status SharedMemory::RemoveNameIfOurs() const {
+  if (data_ == nullptr) return absl::OkStatus();
+  const int fd = ::shm_open(name_.c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::OkStatus();  // removed already
+    return ErrnoStatus("shm_open", name_, errno);
+  }
+  struct stat st;
+  const bool same =
+      ::fstat(fd, &st) == 0 && st.st_dev == device_ && st.st_ino == inode_;
+  ::close(fd);
+  if (!same) return absl::OkStatus();
+  if (::shm_unlink(name_.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoStatus("shm_unlink", name_, errno);
+  }
+  return absl::OkStatus();
 }
 
 SharedMemory& SharedMemory::operator=(SharedMemory&& other) noexcept {
@@ -182,6 +231,8 @@ SharedMemory& SharedMemory::operator=(SharedMemory&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     owner_uid_ = other.owner_uid_;
+    device_ = other.device_;
+    inode_ = other.inode_;
     unlink_on_close_ = std::exchange(other.unlink_on_close_, false);
   }
   return *this;

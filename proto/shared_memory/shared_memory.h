@@ -36,6 +36,11 @@ namespace canzona {
 
 // The documented name of a job's rank's seq-th buffer object.
 std::string ShmName(absl::string_view job_id, int64_t rank, int64_t seq);
+// The seq for this process's next object: a random number drawn once per
+// process, times 10^6, plus how many it named before. A trainer restarted
+// on the same job id and rank (torchrun's restarts, a requeued job) never
+// meets a name its killed predecessor left in /dev/shm. Thread-safe.
+int64_t NextShmSeq();
 // INVALID_ARGUMENT naming the problem unless `name` matches the pattern.
 absl::Status ValidateShmName(absl::string_view name);
 // A failed system call `what` on object `name` as a status whose code says
@@ -79,6 +84,12 @@ class SharedMemory {
   uint64_t size() const { return size_; }
   uid_t owner_uid() const { return owner_uid_; }
 
+  // Removes the name when it still names this object: the daemon's part
+  // when the trainer that created it died without removing it (SIGKILL,
+  // OOM kill), so that /dev/shm gets the memory back once the last
+  // mapping goes. A name another object took since is left alone.
+  absl::Status RemoveNameIfOurs() const;
+
   // The float32 array at [offset, offset + bytes): INVALID_ARGUMENT when the
   // range is out of bounds (overflow-safe), misaligned, or not a whole
   // number of floats.
@@ -96,6 +107,9 @@ class SharedMemory {
   void* data_ = nullptr;
   uint64_t size_ = 0;
   uid_t owner_uid_ = 0;
+  // The object's identity, for RemoveNameIfOurs.
+  dev_t device_ = 0;
+  ino_t inode_ = 0;
   bool unlink_on_close_ = false;
 };
 

@@ -95,6 +95,8 @@ class StepDoorbell {
   ~StepDoorbell();
 
   const std::string& name() const { return shm_.name(); }
+  // Daemon, once the trainer died: SharedMemory::RemoveNameIfOurs.
+  absl::Status RemoveNameIfOurs() const { return shm_.RemoveNameIfOurs(); }
 
   // Trainer: sends `request` and waits for the daemon's answer: its
   // response bytes, or the status it answered with. DEADLINE_EXCEEDED past

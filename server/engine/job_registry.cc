@@ -322,6 +322,13 @@ void JobRegistry::Tick() {
       if (it == job->ranks.end()) continue;
       coords = RankString(it->second->coords);
     }
+    // Its shared-memory objects too: killed (SIGKILL, the OOM killer), it
+    // could not remove their names, and /dev/shm would hold them (the
+    // model's size, per rank) until the node reboots.
+    if (absl::Status s = rank->buffers->RemoveShmNames(); !s.ok()) {
+      spdlog::warn("rank {}: its trainer's shared memory: {}", coords,
+                   s.ToString());
+    }
     RemoveLocalRank(
         job, global,
         absl::StrCat("the trainer of rank ", coords, " (pid ",

@@ -194,6 +194,13 @@ absl::StatusOr<void*> TrainerBuffers::MapOne(const std::string& job_id,
   return *range;
 }
 
+absl::Status TrainerBuffers::RemoveShmNames() const {
+  absl::Status first;
+  for (const SharedMemory& object : shm_)
+    first.Update(object.RemoveNameIfOurs());
+  return first;
+}
+
 absl::Status TrainerBuffers::WaitGradients(StagingCopier& copier,
                                            bool on_device) const {
   if (grad_event_ == nullptr) return absl::OkStatus();

@@ -92,6 +92,11 @@ class TrainerBuffers {
   bool mixed_precision() const { return mixed_precision_; }
   // Bytes of trainer memory mapped (shm objects whole, IPC ranges).
   int64_t mapped_bytes() const { return mapped_bytes_; }
+  // After the trainer died without removing its shared-memory objects'
+  // names: removes those that still name the objects mapped here, so that
+  // their memory goes with this mapping (SharedMemory::RemoveNameIfOurs).
+  // Returns the first failure; tries every object.
+  absl::Status RemoveShmNames() const;
   // Device memory of `device()` (CUDA IPC), else host shared memory.
   bool on_device() const { return on_device_; }
   // The trainer's stream waits for the daemon's "parameters written"

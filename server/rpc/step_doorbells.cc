@@ -103,7 +103,14 @@ class StepDoorbells::Served {
     while (!stop_.load()) {
       std::optional<StepDoorbell::Request> got = bell_->WaitRequest(kTick);
       if (!got.has_value()) {
-        if (TrainerGone()) break;
+        if (TrainerGone()) {
+          // Killed before it could remove the object: /dev/shm would keep
+          // it until the node reboots.
+          if (absl::Status s = bell_->RemoveNameIfOurs(); !s.ok()) {
+            spdlog::warn("step doorbell {}: {}", bell_->name(), s.ToString());
+          }
+          break;
+        }
         continue;
       }
       Handle(*got);

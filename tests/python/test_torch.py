@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 import warnings
 import weakref
@@ -914,6 +915,58 @@ def test_torch_optim_forms_that_cannot_work_say_why(daemon):
         ct.Optimizer([dict(params=list(model.named_parameters()),
                            optimizer="adamw", amsgrad=True)])
     assert all(p.grad is None for p in model.parameters())
+
+
+_KILLED_TRAINER = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+import train_torch, canzona.torch as ct
+model = train_torch.build_model(0)
+opt = ct.Muon(model.named_parameters(), adamw_lr=3e-3)
+print(opt.job_id, flush=True)
+for step in range(1, 3):
+    train_torch.loss_fn(model, step, 0).backward()
+    opt.step()
+    opt.zero_grad()
+if sys.argv[2] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+opt.close()
+"""
+
+
+def test_a_killed_trainer_restarted_on_its_job_id_trains_again(daemon):
+    """torchrun restarts the workers of a job after one died with the same
+    run id, hence the same job id and ranks. The killed trainer's
+    shared-memory objects (its buffers and doorbell: the model's size)
+    leave /dev/shm once the daemon sees it exit, and the restarted one
+    registers and trains. Before, the names stayed until a reboot and the
+    restart failed at once: "shm_open /canzona.<job>.0.0: File exists"."""
+    run_id = "restart-" + uuid.uuid4().hex[:8]
+    env = dict(os.environ, CANZONA_TARGET=daemon, TORCHELASTIC_RUN_ID=run_id,
+               RANK="0", WORLD_SIZE="1", OPENBLAS_NUM_THREADS="1")
+    examples = os.path.join(ROOT, "client", "examples")
+
+    def trainer(how):
+        return subprocess.run(
+            [sys.executable, "-c", _KILLED_TRAINER, examples, how], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+
+    def objects(job):
+        return [f for f in os.listdir("/dev/shm")
+                if f.startswith("canzona.%s." % job)]
+
+    killed = trainer("kill")
+    assert killed.returncode == -9, killed.stdout.decode()
+    job = killed.stdout.decode().split()[0]
+    assert job == "torch-" + run_id
+    for _ in range(100):
+        if not objects(job):
+            break
+        time.sleep(0.05)
+    assert objects(job) == []
+    restarted = trainer("close")
+    assert restarted.returncode == 0, restarted.stdout.decode()
+    assert objects(job) == []
 
 
 def test_a_local_clip_on_several_ranks_warns_once(daemon, tmp_path):

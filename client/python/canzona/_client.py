@@ -13,7 +13,6 @@ Thread-safety: a Client may be used from several threads.
 """
 
 import base64
-import itertools
 import json
 import os
 import threading
@@ -22,7 +21,7 @@ from canzona import _cuda
 from canzona import _doorbell
 from canzona._errors import CanzonaError
 from canzona._phases import DP_COMM, STEP_PHASES
-from canzona._shm import SharedBuffer, shm_name
+from canzona._shm import SharedBuffer, next_shm_seq, shm_name
 from canzona._targets import default_target, is_unix_target
 
 _TRANSPORTS = ("auto", "grpc", "bridge")
@@ -162,8 +161,6 @@ class Client:
             Options(self.target, job_token, tls_ca, connect_timeout,
                     register_timeout, step_timeout, checkpoint_timeout),
             transport)
-        self._seq = itertools.count()
-        self._seq_lock = threading.Lock()
         self._step_timeout = step_timeout
         # (job_id, rank) -> (StepDoorbell, the lock one caller holds).
         self._doorbells = {}
@@ -193,13 +190,11 @@ class Client:
 
     def allocate(self, job_id, global_rank, nbytes):
         """A new shared-memory buffer the daemon may map (buffer protocol),
-        named /canzona.<job>.<rank>.<seq> (seq counting up per client)."""
+        named /canzona.<job>.<rank>.<seq> (seq unique to this process)."""
         if nbytes <= 0:
             raise ValueError("nbytes must be > 0")
-        with self._seq_lock:
-            seq = next(self._seq)
-        return SharedBuffer.create(shm_name(job_id, int(global_rank), seq),
-                                   int(nbytes))
+        return SharedBuffer.create(
+            shm_name(job_id, int(global_rank), next_shm_seq()), int(nbytes))
 
     def register(self, job_id, layout, rank, groups, parameters,
                  strategy="cost", alpha=0.0, bucket_size=0,

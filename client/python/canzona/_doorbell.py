@@ -33,14 +33,12 @@ lock per doorbell).
 import ctypes
 import ctypes.util
 import fcntl
-import itertools
 import os
 import platform
-import threading
 import time
 
 from canzona._errors import CanzonaError
-from canzona._shm import SHM_DIR, SharedBuffer, shm_name
+from canzona._shm import SHM_DIR, SharedBuffer, next_shm_seq, shm_name
 
 _MAGIC = 0x42445A43  # "CZDB"
 _VERSION = 2  # 2: the serving lock and the request_method word
@@ -69,10 +67,8 @@ _CODES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
           "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
 
 # The name's rank field is past any world's ranks and unique per process,
-# its seq counts this process's doorbells (as the C++ client names them).
+# its seq unique to this process (as the C++ client names them).
 _DOORBELL_RANKS = 1 << 40
-_created = itertools.count()
-_created_lock = threading.Lock()
 
 
 class _Timespec(ctypes.Structure):
@@ -110,10 +106,9 @@ class StepDoorbell:
     lock."""
 
     def __init__(self, job_id):
-        with _created_lock:
-            seq = next(_created)
         self._shm = SharedBuffer.create(
-            shm_name(job_id, _DOORBELL_RANKS + os.getpid(), seq), OBJECT_BYTES)
+            shm_name(job_id, _DOORBELL_RANKS + os.getpid(), next_shm_seq()),
+            OBJECT_BYTES)
         words = [ctypes.c_uint32.from_buffer(self._shm, 4 * i)
                  for i in range(7)]
         (magic, version, self._request_seq, self._response_seq,

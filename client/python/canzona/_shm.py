@@ -15,8 +15,9 @@ process per trainer) would unlink at exit too, but it also warns about
 "leaked" objects at every shutdown, and on Python < 3.13 it cannot be told
 to leave an object alone; and it has its own naming rules. Unlinking here
 follows the C++ handle: close(), garbage collection or interpreter exit
-(weakref.finalize). A trainer killed with SIGKILL leaves its object in
-/dev/shm, exactly as a C++ trainer does.
+(weakref.finalize). A trainer killed with SIGKILL cannot: the daemon
+removes the names of the objects it had mapped once it sees the trainer
+exit (SharedMemory::RemoveNameIfOurs); objects it never mapped stay.
 
 Thread-safety: a SharedBuffer is plain memory; who writes it when is the
 step protocol's business.
@@ -26,6 +27,7 @@ import errno
 import mmap
 import os
 import re
+import threading
 import weakref
 
 from canzona._errors import CanzonaError
@@ -55,6 +57,29 @@ _ERRNO_CODES = {
 def shm_name(job_id, rank, seq):
     """The documented name of a job's rank's seq-th buffer object."""
     return "%s%s.%d.%d" % (_PREFIX, job_id, rank, seq)
+
+
+# next_shm_seq's state: (pid it was drawn for, nonce, objects named).
+_seq_state = [0, 0, 0]
+_seq_lock = threading.Lock()
+_SEQ_NONCES, _SEQS_PER_PROCESS = 10**9, 10**6
+
+
+def next_shm_seq():
+    """The seq for this process's next object, as proto/shared_memory's
+    NextShmSeq: a random number drawn once per process (again in a forked
+    child) times 10^6, plus how many it named before. A trainer restarted
+    on the same job id and rank (torchrun's restarts, a requeued job) never
+    meets a name its killed predecessor left in /dev/shm."""
+    with _seq_lock:
+        pid = os.getpid()
+        if _seq_state[0] != pid:
+            nonce = 1 + int.from_bytes(os.urandom(8), "little") % (
+                _SEQ_NONCES - 1)
+            _seq_state[:] = [pid, nonce, 0]
+        _, nonce, named = _seq_state
+        _seq_state[2] = named + 1
+        return nonce * _SEQS_PER_PROCESS + named % _SEQS_PER_PROCESS
 
 
 def _digits(text):

@@ -7,11 +7,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/matchers/status_matchers.h"
@@ -31,6 +33,16 @@ int MappingsOf(const std::string& job) {
   int n = 0;
   while (std::getline(maps, line)) {
     if (absl::StrContains(line, "canzona." + job + ".1.")) ++n;
+  }
+  return n;
+}
+
+// How many objects of `job`'s rank `rank` /dev/shm holds.
+int ShmObjectsOf(const std::string& job, int rank) {
+  const std::string prefix = absl::StrCat("canzona.", job, ".", rank, ".");
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    if (absl::StartsWith(entry.path().filename().string(), prefix)) ++n;
   }
   return n;
 }
@@ -84,6 +96,10 @@ TEST(TrainerWatchTest, ExitedTrainerIsReleasedAndFailsItsPeers) {
     ::usleep(20000);
   }
   EXPECT_EQ(MappingsOf(config.job_id), 1);
+  // ... and removed the names the killed trainer could not: /dev/shm gets
+  // the memory back with the last mapping. The live rank's stay.
+  EXPECT_EQ(ShmObjectsOf(config.job_id, 1), 0);
+  EXPECT_GT(ShmObjectsOf(config.job_id, 0), 0);
   const v1::GetStatusResponse dead = cluster.engines[1]->GetStatus();
   ASSERT_EQ(dead.jobs_size(), 1);
   EXPECT_THAT(dead.jobs(0).state(), HasSubstr("exited without deregistering"));

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -85,6 +86,55 @@ TEST(SharedMemoryTest, CreatorUnlinksOnDestruction) {
   }
   EXPECT_THAT(SharedMemory::Open(name),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr(name)));
+}
+
+// The daemon's side of a trainer killed before it removed its object:
+// the name goes while the mapping stays usable; a name another object took
+// since is left alone; a name already gone is no error.
+TEST(SharedMemoryTest, RemoveNameIfOursRemovesOnlyTheObjectItMapped) {
+  const std::string name = TestName(5);
+  ASSERT_OK_AND_ASSIGN(SharedMemory trainer, SharedMemory::Create(name, 64));
+  ASSERT_OK_AND_ASSIGN(SharedMemory daemon, SharedMemory::Open(name));
+  ASSERT_OK_AND_ASSIGN(float* floats, daemon.FloatRange(0, 64));
+  ASSERT_OK(daemon.RemoveNameIfOurs());
+  EXPECT_THAT(SharedMemory::Open(name),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(name)));
+  floats[3] = 7.0f;  // still mapped
+  ASSERT_OK_AND_ASSIGN(float* seen, trainer.FloatRange(0, 64));
+  EXPECT_EQ(seen[3], 7.0f);
+  EXPECT_OK(daemon.RemoveNameIfOurs());  // gone already
+  // A new object under the same name (a restarted trainer's) stays.
+  ASSERT_OK_AND_ASSIGN(SharedMemory successor, SharedMemory::Create(name, 64));
+  ASSERT_OK(daemon.RemoveNameIfOurs());
+  EXPECT_OK(SharedMemory::Open(name).status());
+}
+
+// Seqs are unique within a process and differ between processes (a forked
+// child draws its own), and make valid names.
+TEST(ShmNameTest, NextShmSeqIsUniquePerProcess) {
+  const int64_t first = NextShmSeq();
+  const int64_t second = NextShmSeq();
+  EXPECT_EQ(second, first + 1);
+  EXPECT_GT(first, 0);
+  EXPECT_OK(ValidateShmName(ShmName("job", 0, first)));
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    const int64_t seq = NextShmSeq();
+    const bool ok = ::write(pipe_fds[1], &seq, sizeof(seq)) == sizeof(seq);
+    ::_exit(ok ? 0 : 1);
+  }
+  ASSERT_GT(child, 0);
+  int64_t child_seq = 0;
+  ASSERT_EQ(::read(pipe_fds[0], &child_seq, sizeof(child_seq)),
+            static_cast<ssize_t>(sizeof(child_seq)));
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
+  // Another nonce: not within this process's range of 10^6.
+  EXPECT_GE(std::abs(child_seq - first), 1'000'000) << child_seq;
 }
 
 TEST(SharedMemoryTest, RejectsForeignOwnerBadRangesAndBadNames) {
