@@ -1619,6 +1619,36 @@ def test_bad_use_raises_clear_errors(daemon):
     opt.close()  # idempotent
 
 
+def test_a_refused_construction_leaves_the_model_as_it_was(daemon):
+    """A setting the daemon refuses (a notebook cell with a typo'd lr)
+    leaves no hook on the parameters, no gradient view and no name in
+    /dev/shm: the next backward runs, and the next optimizer trains the
+    model bitwise as it trains one never touched.
+    Before, that backward raised AttributeError from the refused
+    optimizer's hook, for good."""
+    os.environ["CANZONA_TARGET"] = daemon
+    touched, untouched = train_torch.build_model(0), train_torch.build_model(0)
+    names = set(os.listdir("/dev/shm"))
+    with pytest.raises(canzona.CanzonaError, match="setting lr: bad value"):
+        ct.Muon(touched.named_parameters(), lr=-1.0)
+    assert set(os.listdir("/dev/shm")) <= names
+    assert all(p.grad is None for p in touched.parameters())
+    train_torch.loss_fn(touched, 1, 0).backward()
+    for model in (touched, untouched):
+        model.zero_grad(set_to_none=True)
+    opts = [ct.Muon(m.named_parameters(), adamw_lr=3e-3)
+            for m in (touched, untouched)]
+    for step in range(1, 3):
+        for model, opt in zip((touched, untouched), opts):
+            train_torch.loss_fn(model, step, 0).backward()
+            opt.step()
+            opt.zero_grad()
+    for (n, p), q in zip(touched.named_parameters(), untouched.parameters()):
+        assert torch.equal(p, q), n
+    for opt in opts:
+        opt.close()
+
+
 def test_a_failure_after_register_deregisters(daemon, monkeypatch):
     # Anything failing after Register (here the doorbell's attach) must not
     # leave the rank registered: it would keep its state and its mapping of

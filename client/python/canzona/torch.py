@@ -286,16 +286,26 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             for param, _ in self._grads:
                 param._canzona_owner = weakref.ref(self)
         except BaseException:
+            # The model stays as it was (a bad setting must not break the
+            # next optimizer, nor the next backward): no hook of this one
+            # stays, and each parameter gets memory of its own back and no
+            # gradient view of this buffer, whose name goes.
+            for handle in self._hooks:
+                handle.remove()
+            for param, view in getattr(self, "_grads", []):
+                param.data = param.data.clone()
+                if _holds_view(param, view):
+                    param.grad = None
             # A registered rank would keep its state, its mapping of our
             # buffer and, with the events, answer before its writes end.
             if registered:
-                for handle in getattr(self, "_hooks", []):
-                    handle.remove()
                 try:
                     self.client.deregister(self.job_id, self.rank)
                 except Exception:  # noqa: BLE001  the first error matters
                     pass
             self.client.close()  # ends a canzona-bridge child now
+            if isinstance(getattr(self, "_buffer", None), canzona.SharedBuffer):
+                self._buffer.unlink()
             raise
 
     def _allocate_buffer(self, nbytes, rank):
