@@ -1617,6 +1617,21 @@ def test_bad_use_raises_clear_errors(daemon):
     assert not os.path.exists(path)
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     opt.close()  # idempotent
+    # A closed optimizer says so (before: "before backward", or a failed
+    # RPC "on closed channel"); synchronize() has nothing left to wait for.
+    for call in (opt.step, opt.state_dict, opt.plan):
+        with pytest.raises(RuntimeError, match=r"this optimizer is closed "
+                           r"\(close\(\) ended its job"):
+            call()
+    opt.synchronize()
+    # A torch.optim optimizer's state_dict: what carries over, and what not
+    # (before: KeyError 'canzona').
+    plain = torch.optim.AdamW(train_torch.build_model(0).parameters())
+    fresh = ct.Muon(train_torch.build_model(0).named_parameters(),
+                    job_id="torch-state-" + uuid.uuid4().hex[:8])
+    with pytest.raises(ValueError, match="not a canzona.torch state_dict"):
+        fresh.load_state_dict(plain.state_dict())
+    fresh.close()
 
 
 def test_a_refused_construction_leaves_the_model_as_it_was(daemon):

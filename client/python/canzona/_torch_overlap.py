@@ -183,7 +183,12 @@ class _Overlap:
         """With ``module=``: waits for the last step's parameters, all
         buckets. With the daemon's events (GPU, ``--comm nccl``) the host
         waits only for the answer and the current stream for the writes;
-        otherwise the parameters are in place when it returns."""
+        otherwise the parameters are in place when it returns (after
+        close(): nothing to wait for)."""
+        if not self._closed:
+            self._synchronize()
+
+    def _synchronize(self):
         self._finish_interrupted_step()
         if self._module is not None and self._unsynced:
             self.client.wait_params(self.job_id, self.rank, self.steps, -1)

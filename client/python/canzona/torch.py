@@ -444,6 +444,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         the same). grad_scaler: passed by ``scaler.step(opt)``
         (torch.amp.GradScaler): the daemon undoes its scale and every rank
         skips alike (canzona/_torch_amp.py)."""
+        self._check_open("step()")
         self._finish_interrupted_step()
         loss = None
         if closure is not None:
@@ -503,6 +504,15 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             self._overlap_step_done()
         self._interrupted_step = None
 
+    def _check_open(self, call):
+        """RuntimeError for ``call`` on a closed optimizer, whose job the
+        daemon no longer has (rather than a failed RPC, or a misleading
+        "before backward")."""
+        if self._closed:
+            raise RuntimeError(
+                "%s: this optimizer is closed (close() ended its job %r); "
+                "construct a new one over the parameters" % (call, self.job_id))
+
     def _finish_interrupted_step(self):
         """Catches up with a step() that an exception left while the
         daemon ran it (Ctrl-C in a notebook): before anything here reads or
@@ -542,11 +552,13 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
 
     def plan(self):
         """The job's plan (planner JSON, parsed) and its digest."""
+        self._check_open("plan()")
         return self.client.plan(self.job_id)
 
     def state_dict(self):
         """This rank's view: param_groups as torch has them plus the state
         the daemon holds for this rank (as bytes)."""
+        self._check_open("state_dict()")
         self.synchronize()
         exported = self.client.export_state(self.job_id, self.rank)
         groups = []
@@ -574,6 +586,15 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
     def load_state_dict(self, state_dict):
         """Restores group hyperparameters and this rank's daemon state (the
         same plan: change layouts through checkpoints instead)."""
+        self._check_open("load_state_dict()")
+        if "canzona" not in state_dict:
+            raise ValueError(
+                "state_dict: not a canzona.torch state_dict (no 'canzona' "
+                "entry; a torch.optim optimizer's?): its per-parameter state "
+                "does not carry over into the daemon's. Construct without "
+                "loading (the first step starts the state, as a new "
+                "torch.optim optimizer's does), or load what this "
+                "optimizer's state_dict() or save_checkpoint() wrote")
         self._finish_interrupted_step()
         saved = state_dict["canzona"]
         if list(saved["names"]) != self._names:
@@ -609,6 +630,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
     def save_checkpoint(self, directory):
         """Collective over the job: the state of every rank into directory
         (relative to this process's working directory)."""
+        self._check_open("save_checkpoint()")
         self._finish_interrupted_step()
         return self.client.save_checkpoint(self.job_id, self.rank,
                                            os.path.abspath(directory))
@@ -621,6 +643,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         to torch.optim does, instead of raising; the result's "missing"
         names them. The checkpoint's records of parameters this optimizer
         lacks (frozen since) are ignored either way."""
+        self._check_open("load_checkpoint()")
         self._finish_interrupted_step()
         result = self.client.load_checkpoint(
             self.job_id, self.rank, os.path.abspath(directory),
@@ -642,8 +665,10 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
                 param._canzona_owner = None
             try:
                 try:
-                    # A step an exception left ends before its rank leaves.
-                    self._finish_interrupted_step()
+                    # A step an exception left ends, and the last step's
+                    # parameters arrive (module=), before the rank leaves:
+                    # the model holds the final values.
+                    self._synchronize()
                 except Exception:  # noqa: BLE001  the rank leaves anyway
                     pass
                 # The daemon's events go with the rank: their last records
@@ -651,7 +676,6 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
                 # daemon that died leaves them pending).
                 if self._params_written:
                     try:
-                        self.synchronize()
                         deadline = time.monotonic() + 10.0
                         for event in self._params_written:
                             while (not event.query()
