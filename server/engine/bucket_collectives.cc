@@ -214,6 +214,21 @@ absl::Status BucketCollectives::ReadMasterUnlessSet(int i) {
   return absl::OkStatus();
 }
 
+absl::Status BucketCollectives::ReloadMasters(absl::Span<const int> params) {
+  const TrainerBuffers& trainer = *staging_.trainer;
+  const OwnedBuffers& owned = *staging_.owned;
+  bool read = false;
+  for (int trainer_index : params) {
+    const int i = trainer_index + staging_.layout->first;
+    if (!owned.master[i] || trainer.dtype(trainer_index) == DType::kFloat32) {
+      continue;
+    }
+    CANZONA_RETURN_IF_ERROR(ReadOne(i, /*grad=*/false));
+    read = true;
+  }
+  return read ? parts_.copier->Finish() : absl::OkStatus();
+}
+
 absl::Status BucketCollectives::ReadOne(int i, bool grad) {
   const TrainerBuffers& trainer = *staging_.trainer;
   const OwnedBuffers& owned = *staging_.owned;

@@ -123,6 +123,12 @@ class BucketCollectives {
   // parameter a checkpoint has no record of keeps its current value. The
   // worker calls it while the lane is idle.
   absl::Status ReadMasterUnlessSet(int i);
+  // Stages again, from the trainer, the master weights held here of the
+  // trainer's parameters `params` (its indices), which it changed since
+  // its last step (bf16 / fp16 ones: fp32 values are read every step).
+  // The worker calls it after the step's reductions, before their
+  // hand-over (RankRuntime::AfterReductions).
+  absl::Status ReloadMasters(absl::Span<const int> params);
 
   // The bytes of bucket staging the buckets need (0: every collective
   // works on trainer memory in place); the owner allocates OwnedBuffers'

@@ -216,6 +216,14 @@ absl::StatusOr<std::shared_ptr<LocalRank>> EngineImpl::AcceptStep(
                      "' is not registered with this daemon"));
   }
   std::shared_ptr<LocalRank> rank = it->second;
+  for (size_t k = 0; k < accepted->reload_params.size(); ++k) {
+    const int j = accepted->reload_params[k];
+    if (j < 0 || j >= rank->buffers->count()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("reload_params[", k, "] = ", j, " outside [0, ",
+                       rank->buffers->count(), ")"));
+    }
+  }
   RankProgress& progress = job.progress(*rank);
   // The trainer asks again for the step it last called (Ctrl-C in a
   // notebook interrupted its wait, or its answer was lost): the step runs

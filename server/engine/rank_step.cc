@@ -116,6 +116,10 @@ class RankStep {
     CANZONA_RETURN_IF_ERROR(rank_.lane().WaitReduced(
         request_.step, absl::Now() + context_.timeout, &waited));
     const absl::Time t0 = absl::Now();
+    // Values the trainer changed since its last step become the masters
+    // (else this step would write the older masters over them).
+    CANZONA_RETURN_IF_ERROR(
+        rt_.buckets().ReloadMasters(request_.reload_params));
     CANZONA_RETURN_IF_ERROR(rt_.AfterReductions());
     CANZONA_RETURN_IF_ERROR(rt_.LoadDpOwned());
     const double scale = request_.grad_scale == 0 ? 1.0 : request_.grad_scale;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "server/engine/phase_seconds.h"
 #include "server/optim/optimizer_config.h"
@@ -38,6 +39,10 @@ struct RankStepRequest {
   // > 0: clip at this global gradient norm in this step instead of at the
   // job's.
   double max_grad_norm = 0;
+  // Trainer parameter indices whose values the trainer changed since its
+  // last step: their masters are read from it again (checked against the
+  // rank's parameter count before the step is accepted).
+  std::vector<int> reload_params;
 };
 
 struct RankStepResult {

@@ -45,6 +45,8 @@ absl::StatusOr<RankStepRequest> ToRankStepRequest(
   out.grad_scale = request.grad_scale();
   out.async_params = request.async_params();
   out.max_grad_norm = request.max_grad_norm();
+  out.reload_params.assign(request.reload_params().begin(),
+                           request.reload_params().end());
   return out;
 }
 

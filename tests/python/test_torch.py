@@ -969,6 +969,53 @@ def test_a_killed_trainer_restarted_on_its_job_id_trains_again(daemon):
     assert objects(job) == []
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_weights_loaded_between_steps_are_kept_in_mixed_precision(daemon,
+                                                                 overlap):
+    """model.load_state_dict(...) between steps of a bf16 model (resume,
+    best-checkpoint reload, a re-initialized layer): the daemon's fp32
+    masters take the loaded values, so an lr-0 step keeps them exactly,
+    and a step with no edit since sends no parameter to reload (its
+    masters keep their fp32 bits). Before, every such step wrote the older
+    masters over the loaded weights: 0 of 25 kept, silently."""
+    os.environ["CANZONA_TARGET"] = daemon
+    model = train_torch.build_model(0).to(torch.bfloat16)
+    loaded = train_torch.build_model(1).to(torch.bfloat16)
+    opt = ct.Muon(model.named_parameters(), adamw_lr=3e-3,
+                  module=model if overlap else None)
+    sent = []
+    real_step = opt.client.step
+
+    def spy(*args, **kwargs):
+        sent.append(list(kwargs.get("reload_params", ())))
+        return real_step(*args, **kwargs)
+
+    opt.client.step = spy
+    for step in range(1, 3):
+        train_torch.loss_fn(model, step, 0).backward()
+        opt.step()
+        opt.zero_grad()
+    opt.synchronize()
+    model.load_state_dict(loaded.state_dict())
+    with torch.no_grad():
+        model.norm.weight.mul_(2.0)  # an in-place edit counts too
+        loaded.norm.weight.mul_(2.0)
+    for group in opt.param_groups:
+        group["lr"] = 0.0
+    train_torch.loss_fn(model, 3, 0).backward()
+    opt.step()
+    opt.zero_grad()
+    opt.synchronize()
+    for (n, p), q in zip(model.named_parameters(), loaded.parameters()):
+        assert torch.equal(p, q), n
+    assert sent[:2] == [[], []]
+    assert len(sent[2]) == len(list(model.parameters()))
+    train_torch.loss_fn(model, 4, 0).backward()
+    opt.step()
+    assert sent[3] == []
+    opt.close()
+
+
 def test_a_local_clip_on_several_ranks_warns_once(daemon, tmp_path):
     """Without module=, torch.nn.utils.clip_grad_norm_ between backward and
     step() clips each rank's own gradients by its own norm before the

@@ -296,7 +296,8 @@ class Client:
         }
 
     def step(self, job_id, rank, step, lr=None, grad_scale=0.0,
-             async_params=False, max_grad_norm=0.0, settings=None):
+             async_params=False, max_grad_norm=0.0, settings=None,
+             reload_params=()):
         """Runs optimizer step ``step``; returns its statistics (grad_norm
         before clipping, clip_factor, update_rms of the previous step's
         update, host_waits: the daemon's host round trips in it, and
@@ -308,13 +309,16 @@ class Client:
         step only, like lr (StepRequest.settings: muon momentum and
         weight_decay; adamw and soap beta1, beta2, eps and weight_decay;
         shampoo beta1 where registered > 0, beta2, epsilon and
-        weight_decay)."""
+        weight_decay). reload_params: indices of the registered parameters
+        whose values this trainer changed since its last step (their
+        masters are read from it again: StepRequest.reload_params)."""
         attached = self._doorbell_of(job_id, rank)
         if attached is not None:
             r = _doorbell.decode_step(_ring(
                 attached, _doorbell.STEP,
                 _doorbell.encode_step(job_id, rank, step, lr, grad_scale,
-                                      async_params, max_grad_norm, settings),
+                                      async_params, max_grad_norm, settings,
+                                      reload_params),
                 self._step_timeout), _PHASES)
         else:
             r = self._call("Step", {
@@ -326,7 +330,8 @@ class Client:
                 "settings": {
                     str(g): {"values": {str(k): _double(v)
                                         for k, v in values.items()}}
-                    for g, values in (settings or {}).items()}})
+                    for g, values in (settings or {}).items()},
+                "reload_params": [int(j) for j in reload_params]})
         seconds = r.get("seconds", {})
         return {
             "seconds": {p: float(seconds.get(p, 0.0)) for p in _PHASES},

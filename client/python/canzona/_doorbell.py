@@ -242,7 +242,7 @@ def _set_rank(request, rank):
 
 
 def encode_step(job_id, rank, step, lr, grad_scale, async_params,
-                max_grad_norm, settings=None):
+                max_grad_norm, settings=None, reload_params=()):
     """A serialized StepRequest (the fields Client.step sends)."""
     from canzona._proto import optimizer_service_pb2 as pb
     request = pb.StepRequest(job_id=job_id, step=int(step),
@@ -255,6 +255,7 @@ def encode_step(job_id, rank, step, lr, grad_scale, async_params,
     for group, values in (settings or {}).items():
         for key, value in values.items():
             request.settings[str(group)].values[str(key)] = float(value)
+    request.reload_params.extend(int(j) for j in reload_params)
     return request.SerializeToString()
 
 

@@ -285,6 +285,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
                 self._hook_module(module)
             for param, _ in self._grads:
                 param._canzona_owner = weakref.ref(self)
+            self._record_param_versions()
         except BaseException:
             # The model stays as it was (a bad setting must not break the
             # next optimizer, nor the next backward): no hook of this one
@@ -468,7 +469,8 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             "lr": {g["name"]: float(g["lr"]) for g in self.param_groups},
             "grad_scale": grad_scale, "async_params": overlap,
             "max_grad_norm": max_grad_norm,
-            "settings": _scheduled_settings(self.param_groups, self._groups)}
+            "settings": _scheduled_settings(self.param_groups, self._groups),
+            "reload_params": self._changed_params()}
         # The previous step's parameters must be in place before this
         # step reads them (a step without a forward in between).
         self.synchronize()
@@ -502,7 +504,24 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         self._grad_edits_step_done()
         if request["async_params"]:
             self._overlap_step_done()
+        self._record_param_versions()
         self._interrupted_step = None
+
+    def _record_param_versions(self):
+        """Each parameter's version counter now (the daemon's writes leave
+        it alone): a later one means the loop changed the parameter in
+        place since (model.load_state_dict, an init, ``p.mul_``)."""
+        self._param_versions = [param._version for param, _ in self._grads]
+
+    def _changed_params(self):
+        """The bf16 / fp16 parameters changed in place since the last step
+        (by index), whose fp32 masters the daemon must read again: it would
+        write its older masters over the new values (fp32 values it reads
+        every step). A write through ``.data`` moves no version counter:
+        torch cannot see it, nor can this."""
+        return [j for j, ((param, _), version) in
+                enumerate(zip(self._grads, self._param_versions))
+                if param._version != version and param.dtype != torch.float32]
 
     def _check_open(self, call):
         """RuntimeError for ``call`` on a closed optimizer, whose job the
@@ -626,6 +645,9 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
                 if key != "params":
                     group[key] = value
         self.steps = int(saved["step"])
+        # The masters are the loaded ones now, whatever the loop wrote into
+        # the parameters before.
+        self._record_param_versions()
 
     def save_checkpoint(self, directory):
         """Collective over the job: the state of every rank into directory
@@ -649,6 +671,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             self.job_id, self.rank, os.path.abspath(directory),
             allow_missing=not strict)
         self.steps = result["step"]
+        self._record_param_versions()
         return result
 
     def close(self):

@@ -32,6 +32,7 @@ namespace {
 namespace v1 = ::canzona::v1;
 using ::canzona::testing::FakeNcclApi;
 using ::canzona::testing::FakeNcclCall;
+using ::canzona::testing::IsOkAndHolds;
 using ::canzona::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -307,6 +308,35 @@ TEST(CudaIpcEngineTest, Bfloat16TensorsAtTwoByteOffsetsStepBitwise) {
     ASSERT_OK(run.RunSteps(cluster, 1, 3));
     ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
     EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+    ASSERT_OK(run.Deregister(cluster));
+  }
+}
+
+// bf16 weights a GPU trainer loads between steps become the masters on
+// both data planes (StepRequest.reload_params; the NCCL plane's reads are
+// the daemon's device copies), and only when listed.
+TEST(CudaIpcEngineTest, Bfloat16ParametersTheTrainerChangedBecomeTheMasters) {
+  SetCpuBlasThreads(1);
+  for (const bool nccl_plane : {false, true}) {
+    SCOPED_TRACE(nccl_plane ? "NCCL plane" : "Gloo plane");
+    FakeCudaIpc ipc;
+    FakeNcclApi nccl({.simulate_data = true, .defer_copies = true});
+    Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc,
+                    nccl_plane ? &nccl : nullptr);
+    JobConfig config =
+        MakeJobConfig("ipc-reload", nccl_plane ? 1 : 2, 1, "cost");
+    config.dtype = DType::kBFloat16;
+    config.cuda_ipc = true;
+    config.bucket_order = true;
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    ASSERT_OK(run.RunSteps(cluster, 1, 2));
+    const int all = config.world() * static_cast<int>(config.params.size());
+    EXPECT_THAT(StepAfterLoadingParams(cluster, run, 3, /*reload=*/false),
+                IsOkAndHolds(0));
+    EXPECT_THAT(StepAfterLoadingParams(cluster, run, 4, /*reload=*/true),
+                IsOkAndHolds(all));
     ASSERT_OK(run.Deregister(cluster));
   }
 }

@@ -580,4 +580,50 @@ absl::Status JobRun::Deregister(Cluster& cluster) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> StepAfterLoadingParams(Cluster& cluster, JobRun& run,
+                                           int step, bool reload) {
+  const std::vector<ModelParam>& params = run.config().params;
+  std::map<std::string, std::vector<float>> loaded;
+  for (size_t i = 0; i < params.size(); ++i) {
+    int64_t n = 1;
+    for (int64_t d : params[i].shape) n *= d;
+    std::vector<float>& values = loaded[params[i].name];
+    for (int64_t e = 0; e < n; ++e) {
+      // k / 64 with k in [-64, 64]: exact in both dtypes.
+      const int64_t k = (e * 37 + static_cast<int64_t>(i) * 11 + step) % 129;
+      values.push_back(static_cast<float>(k - 64) / 64.0f);
+    }
+  }
+  CANZONA_RETURN_IF_ERROR(
+      run.ForAll(cluster, [&](TrainerRank& rank, Engine& engine) {
+        rank.SetParams(loaded);
+        rank.WriteGrads(step);
+        v1::StepRequest request = rank.MakeStep(step);
+        for (const ModelParam& p : params) {
+          (*request.mutable_lr())[p.group] = 0;
+        }
+        // Indices into this rank's RegisterRequest.parameters: the ones
+        // its stage holds, in order.
+        int registered = 0;
+        for (size_t i = 0; reload && i < params.size(); ++i) {
+          if (rank.Holds(params[i])) request.add_reload_params(registered++);
+        }
+        Result<v1::StepResponse> done;
+        engine.Step(request, done.callback());
+        CANZONA_RETURN_IF_ERROR(done.Get().status());
+        return run.AwaitParams(cluster, rank, -1);
+      }));
+  int holding = 0;
+  for (auto& rank : run.ranks()) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (rank->Holds(params[i]) &&
+          rank->ParamBuffer(static_cast<int>(i)) ==
+              rank->Shard(params[i], loaded.at(params[i].name))) {
+        ++holding;
+      }
+    }
+  }
+  return holding;
+}
+
 }  // namespace canzona::engine_test

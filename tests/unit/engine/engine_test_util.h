@@ -443,6 +443,16 @@ class JobRun {
   std::vector<std::unique_ptr<TrainerRank>> ranks_;
 };
 
+// A trainer that loads new weights into its model between steps: every
+// rank of `run` writes values exact in bf16 and fp16 into its parameters,
+// then steps `step` at lr 0 (the masters stay as they are), listing every
+// parameter in StepRequest.reload_params when `reload`. Returns how many
+// parameter buffers, over all ranks, hold the written values afterwards:
+// all of them when the daemon took them as its masters, none when it
+// wrote its older masters over them.
+absl::StatusOr<int> StepAfterLoadingParams(Cluster& cluster, JobRun& run,
+                                           int step, bool reload);
+
 }  // namespace canzona::engine_test
 
 #endif  // CANZONA_TESTS_UNIT_ENGINE_ENGINE_TEST_UTIL_H_

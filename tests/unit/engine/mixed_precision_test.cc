@@ -4,6 +4,7 @@
 // rounded once (bitwise in the dtype); a reference without masters (the
 // parameters rounded after every step) is caught; random gradients stay
 // within one ulp of the dtype; what the data plane cannot do is refused.
+#include <map>
 #include <string>
 #include <tuple>
 
@@ -23,6 +24,7 @@ namespace {
 namespace v1 = ::canzona::v1;
 using ::canzona::testing::FakeNcclApi;
 using ::canzona::testing::IsOk;
+using ::canzona::testing::IsOkAndHolds;
 using ::canzona::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -97,6 +99,38 @@ TEST(MixedPrecisionTest, RandomGradientsWithinOneUlpOfTheReference) {
     ASSERT_OK_AND_ASSIGN(Params ref, Reference(run.config(), kSteps, {}));
     // Tolerance 0 besides the one ulp Compare allows in mixed precision.
     EXPECT_OK(run.Compare(ref, /*bitwise=*/false, /*tolerance=*/0));
+    EXPECT_OK(run.Deregister(cluster));
+  }
+}
+
+// A trainer that changes its bf16 / fp16 parameters between steps
+// (model.load_state_dict, a re-init) lists them in StepRequest
+// reload_params: the daemon takes their values as the masters. Unlisted,
+// the next step writes the older masters over them (what every step did
+// before reload_params existed). An lr-0 step leaves the masters as they
+// are, so what the trainer holds after it is what the masters were.
+TEST(MixedPrecisionTest, ParametersTheTrainerChangedBecomeTheMasters) {
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    Cluster cluster;
+    JobRun run(MixedConfig("mp-reload", 2, 2, "cost", dtype, /*exact=*/true));
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    ASSERT_OK(run.RunSteps(cluster, 1, 2));
+    const int all =
+        run.config().world() * static_cast<int>(run.config().params.size());
+    EXPECT_THAT(StepAfterLoadingParams(cluster, run, 3, /*reload=*/false),
+                IsOkAndHolds(0));
+    EXPECT_THAT(StepAfterLoadingParams(cluster, run, 4, /*reload=*/true),
+                IsOkAndHolds(all));
+    // An index outside the rank's parameters is refused, naming it.
+    TrainerRank& first = *run.ranks()[0];
+    v1::StepRequest bad = first.MakeStep(5);
+    bad.add_reload_params(static_cast<int>(run.config().params.size()));
+    Result<v1::StepResponse> refused;
+    cluster.engines[first.engine_index()]->Step(bad, refused.callback());
+    EXPECT_THAT(refused.Get(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        HasSubstr("reload_params[0]")));
     EXPECT_OK(run.Deregister(cluster));
   }
 }
