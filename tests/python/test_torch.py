@@ -1249,6 +1249,37 @@ def test_state_dict_resumes_bitwise_in_new_processes(daemon, tmp_path, world):
             "(0, 1, 0)" in output, output
 
 
+def test_accelerate_s_prepare_round_trip_before_the_first_step(daemon):
+    """Hugging Face Accelerate prepares an optimizer by loading back its
+    own state_dict() with every tensor moved to the device, before any
+    step: the run then trains bitwise as one never round-tripped (on a
+    GPU the state tensor arrives on it; load_state_dict reads it back)."""
+    os.environ["CANZONA_TARGET"] = daemon
+    models = [train_torch.build_model(0), train_torch.build_model(0)]
+    opts = [ct.SOAP(m.named_parameters(), adamw_lr=3e-3) for m in models]
+
+    def move_to_device(value, device):  # accelerate.utils.move_to_device
+        if isinstance(value, torch.Tensor):
+            return value.to(device)
+        if isinstance(value, dict):
+            return {k: move_to_device(v, device) for k, v in value.items()}
+        if isinstance(value, list):
+            return [move_to_device(v, device) for v in value]
+        return value
+
+    prepared = move_to_device(opts[1].state_dict(), torch.device("cpu"))
+    opts[1].load_state_dict(prepared)
+    for step in range(1, 4):
+        for model, opt in zip(models, opts):
+            train_torch.loss_fn(model, step, 0).backward()
+            opt.step()
+            opt.zero_grad()
+    for (n, p), q in zip(models[0].named_parameters(), models[1].parameters()):
+        assert torch.equal(p, q), n
+    for opt in opts:
+        opt.close()
+
+
 def test_a_new_optimizer_on_the_same_job_id_continues_bitwise(daemon,
                                                               tmp_path):
     """Two ranks close their optimizer before step 4 and construct another

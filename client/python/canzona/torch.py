@@ -623,7 +623,9 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         if len(groups) != len(self.param_groups):
             raise ValueError("state_dict: %d param_groups, this optimizer "
                              "has %d" % (len(groups), len(self.param_groups)))
-        blob = saved["state"].contiguous().numpy()
+        # Hugging Face Accelerate moves every tensor of a state_dict to the
+        # GPU when it prepares the optimizer (its device_placement).
+        blob = saved["state"].detach().cpu().contiguous().numpy()
         try:
             self.client.import_state(self.job_id, self.rank, blob,
                                      int(saved["step"]), saved["plan_digest"])
