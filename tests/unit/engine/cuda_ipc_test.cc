@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -279,6 +280,18 @@ INSTANTIATE_TEST_SUITE_P(Bf16, IpcBucketCopiesTest,
                                             ::testing::Bool()),
                          CopyCaseName);
 
+// A bf16 job of GPU trainers laid out as canzona.torch lays them out
+// (bucket order): DP1 on the NCCL plane, DP2 on the Gloo plane.
+JobConfig Bf16IpcJob(const std::string& stem, bool nccl_plane,
+                     std::vector<ModelParam> model) {
+  JobConfig config =
+      MakeJobConfig(stem, nccl_plane ? 1 : 2, 1, "cost", std::move(model));
+  config.dtype = DType::kBFloat16;
+  config.cuda_ipc = true;
+  config.bucket_order = true;
+  return config;
+}
+
 // A bf16 model packed back to back, as canzona.torch packs it, where a
 // parameter of odd size puts every later one 2 bytes past a 4-byte
 // boundary: registered and stepped bitwise on both data planes (the GPU
@@ -297,11 +310,7 @@ TEST(CudaIpcEngineTest, Bfloat16TensorsAtTwoByteOffsetsStepBitwise) {
     FakeNcclApi nccl({.simulate_data = true, .defer_copies = true});
     Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc,
                     nccl_plane ? &nccl : nullptr);
-    const int dp = nccl_plane ? 1 : 2;
-    JobConfig config = MakeJobConfig("ipc-odd", dp, 1, "cost", model);
-    config.dtype = DType::kBFloat16;
-    config.cuda_ipc = true;
-    config.bucket_order = true;
+    const JobConfig config = Bf16IpcJob("ipc-odd", nccl_plane, model);
     JobRun run(config);
     ASSERT_OK(run.Init());
     ASSERT_OK(run.RegisterAll(cluster));
@@ -323,11 +332,8 @@ TEST(CudaIpcEngineTest, Bfloat16ParametersTheTrainerChangedBecomeTheMasters) {
     FakeNcclApi nccl({.simulate_data = true, .defer_copies = true});
     Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc,
                     nccl_plane ? &nccl : nullptr);
-    JobConfig config =
-        MakeJobConfig("ipc-reload", nccl_plane ? 1 : 2, 1, "cost");
-    config.dtype = DType::kBFloat16;
-    config.cuda_ipc = true;
-    config.bucket_order = true;
+    const JobConfig config =
+        Bf16IpcJob("ipc-reload", nccl_plane, MegatronModel());
     JobRun run(config);
     ASSERT_OK(run.Init());
     ASSERT_OK(run.RegisterAll(cluster));
