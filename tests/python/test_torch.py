@@ -1016,6 +1016,22 @@ def test_weights_loaded_between_steps_are_kept_in_mixed_precision(daemon,
     opt.close()
 
 
+def test_a_ddp_wrapped_model_steps_as_one_without(daemon, tmp_path):
+    """A model left in DistributedDataParallel (Accelerate wraps it on
+    several processes): DDP averages the gradients, the daemons average
+    the averages, and the run equals one without DDP bitwise, with no
+    warning. Before, DDP's write of the averaged gradients after backward
+    looked like a local edit: "gradients were changed in place" warned."""
+    plain = run_ranks(daemon, 2, str(tmp_path), "--last", "3")
+    wrapped = run_ranks(daemon, 2, str(tmp_path), "--last", "3", "--ddp",
+                        str(tmp_path / ("rendezvous-" + uuid.uuid4().hex)))
+    for a, b in zip(plain, wrapped):
+        assert a["losses"] == b["losses"]
+        for n, p in a["params"].items():
+            assert torch.equal(p, b["params"][n]), n
+        assert b["warnings"] == []
+
+
 def test_a_local_clip_on_several_ranks_warns_once(daemon, tmp_path):
     """Without module=, torch.nn.utils.clip_grad_norm_ between backward and
     step() clips each rank's own gradients by its own norm before the

@@ -120,6 +120,10 @@ def main():
     p.add_argument("--rebuild-at", type=int, default=0,
                    help="before this step: state_dict(), close(), and a new "
                         "optimizer on the same job_id= that loads it")
+    p.add_argument("--ddp", default="",
+                   help="wrap the model in DistributedDataParallel (gloo, "
+                        "this rendezvous file), as Accelerate does on "
+                        "several processes")
     p.add_argument("--synchronize", action="store_true",
                    help="opt.synchronize() after each step: with --overlap "
                         "the deltas then hold every bucket's update")
@@ -143,6 +147,12 @@ def main():
     if args.resume:
         saved = torch.load(args.resume)
         model.load_state_dict(saved["model"])
+    net = model
+    if args.ddp:
+        torch.distributed.init_process_group(
+            "gloo", init_method="file://" + args.ddp, rank=rank,
+            world_size=int(os.environ["WORLD_SIZE"]))
+        net = torch.nn.parallel.DistributedDataParallel(model)
     extra = dict(bucket_size=args.bucket_size,
                  shard_group_size=args.shard_group_size,
                  max_grad_norm=args.max_grad_norm)
@@ -177,7 +187,7 @@ def main():
             opt = make(args.optimizer, model, args.job_id, None, **extra)
             opt.load_state_dict(state)
             job_ids.append(opt.job_id)
-        loss = train_torch.loss_fn(model, step, rank)
+        loss = train_torch.loss_fn(net, step, rank)
         scaled = loss
         if scaler is not None:
             # scaler.scale(loss) as on a GPU (torch 1.13's asserts CUDA).

@@ -83,7 +83,15 @@ class _StepChecks:
         if not self._end_queued:
             self._end_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(
-                self._backward_ended)
+                self._backward_ending)
+
+    def _backward_ending(self):
+        # Backward's end callbacks queued after ours (DistributedDataParallel
+        # queues one that writes the averaged gradients into .grad) run
+        # before one queued now: the version is read after them, and DDP's
+        # average is part of what backward produced, not an edit.
+        torch.autograd.Variable._execution_engine.queue_callback(
+            self._backward_ended)
 
     def _backward_ended(self):
         self._end_queued = False
@@ -110,8 +118,10 @@ class _StepChecks:
         if self._reported and self._edited_since_backward():
             raise RuntimeError(
                 "gradients were changed in place between backward and "
-                "step() (e.g. torch.nn.utils.clip_grad_norm_ or "
-                "GradScaler.unscale_), but with module= the daemon reduces "
+                "step() (e.g. torch.nn.utils.clip_grad_norm_, "
+                "GradScaler.unscale_, or a DistributedDataParallel around "
+                "the model: drop it, the daemons average), but with module= "
+                "the daemon reduces "
                 "each bucket as backward reports it, so it has read them "
                 "already: this step is not taken, and the buckets already "
                 "reduced hold the unedited gradients (restart from a "
