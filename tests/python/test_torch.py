@@ -1030,6 +1030,14 @@ def test_a_ddp_wrapped_model_steps_as_one_without(daemon, tmp_path):
         for n, p in a["params"].items():
             assert torch.equal(p, b["params"][n]), n
         assert b["warnings"] == []
+    # With module= the daemon reads each reported bucket during backward,
+    # while DDP writes its average after: refused, naming DDP.
+    for code, output in run_ranks(
+            daemon, 2, str(tmp_path), "--last", "1", "--overlap", "--ddp",
+            str(tmp_path / ("rendezvous-" + uuid.uuid4().hex)),
+            failing=True):
+        assert code != 0
+        assert "a DistributedDataParallel around the model" in output, output
 
 
 def test_a_local_clip_on_several_ranks_warns_once(daemon, tmp_path):

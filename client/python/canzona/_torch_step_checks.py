@@ -32,8 +32,8 @@ import torch
 
 class _StepChecks:
     """A mixin of ``canzona.torch.Optimizer``. It reads ``_grads``,
-    ``_names``, ``_frozen``, ``_grad_flat``, ``layout`` and, with
-    ``module=``, ``_reported`` and ``_late_accumulation``."""
+    ``_names``, ``_frozen``, ``_grad_flat``, ``layout``, ``_module`` and,
+    with ``module=``, ``_reported`` and ``_late_accumulation``."""
 
     def _start_step_checks(self):
         # Where each registered parameter's values live (the shared buffer).
@@ -86,12 +86,17 @@ class _StepChecks:
                 self._backward_ending)
 
     def _backward_ending(self):
-        # Backward's end callbacks queued after ours (DistributedDataParallel
-        # queues one that writes the averaged gradients into .grad) run
-        # before one queued now: the version is read after them, and DDP's
-        # average is part of what backward produced, not an edit.
-        torch.autograd.Variable._execution_engine.queue_callback(
-            self._backward_ended)
+        # Without module=, backward's end callbacks queued after ours run
+        # first (a callback queued now runs after them): DistributedDataParallel
+        # writes the averaged gradients into .grad in one, which is part of
+        # what backward produced, not an edit, since the daemon reads the
+        # gradients in step() only. With module= it has been reading the
+        # reported buckets since: a write after this point races with it.
+        if self._module is not None:
+            self._backward_ended()
+        else:
+            torch.autograd.Variable._execution_engine.queue_callback(
+                self._backward_ended)
 
     def _backward_ended(self):
         self._end_queued = False
