@@ -150,7 +150,9 @@ class _StepChecks:
             "torch.nn.utils.clip_grad_norm_ clipped by this rank's norm, not "
             "by the global norm it clips by under DDP, and each rank by its "
             "own factor. Clip with max_grad_norm= instead (the daemon clips "
-            "by the global norm after the reduction)."
+            "by the global norm after the reduction). Where a "
+            "DistributedDataParallel still wraps the model, it averaged the "
+            "gradients before the edit, and the edit is right."
             % (self.layout[0] * self.layout[1] * self.layout[2]),
             RuntimeWarning, stacklevel=3)
 
