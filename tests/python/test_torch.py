@@ -13,6 +13,7 @@ By hand: PYTHONPATH=client/python CANZONAD=build/server/canzonad \
 
 import collections
 import contextlib
+import copy
 import gc
 import os
 import subprocess
@@ -1608,6 +1609,38 @@ def test_overlap_state_dict_waits_for_the_parameters(daemon):
         opt.close()
     for k, v in saved[False].items():
         assert torch.equal(saved[True][k], v), k
+
+
+def test_an_ema_deepcopy_of_an_overlapped_model_is_on_its_own(daemon):
+    """copy.deepcopy(model) after constructing with module= (an EMA copy, as
+    diffusion and LLM trainers keep one) copies the forward and state_dict
+    hooks too: the copy's forward waits for nothing of the optimizer's, its
+    state_dict() synchronizes nothing, and both still run after close().
+    Before, each forward of the copy waited for the live model's buckets."""
+    os.environ["CANZONA_TARGET"] = daemon
+    model = train_torch.build_model(0)
+    opt = ct.Muon(model.named_parameters(), adamw_lr=3e-3, module=model)
+    ema = copy.deepcopy(model)
+    waits = []
+    real_wait = opt.client.wait_params
+
+    def counted(*args, **kwargs):
+        waits.append(args)
+        return real_wait(*args, **kwargs)
+
+    opt.client.wait_params = counted
+    train_torch.loss_fn(model, 1, 0).backward()
+    opt.step()
+    opt.zero_grad()
+    with torch.no_grad():
+        train_torch.loss_fn(ema, 2, 0)
+        ema.state_dict()
+    assert waits == []
+    train_torch.loss_fn(model, 2, 0).backward()
+    assert len(waits) > 0
+    opt.close()
+    with torch.no_grad():
+        train_torch.loss_fn(ema, 3, 0)
 
 
 def test_overlap_accumulates_inside_no_sync_and_refuses_it_outside(daemon):

@@ -12,6 +12,7 @@ the thread that runs backward and forward.
 """
 
 import contextlib
+import weakref
 
 import torch
 
@@ -107,15 +108,18 @@ class _Overlap:
             waits.setdefault(id(reader), (reader, set()))[1].update(mine)
         for reader, buckets in waits.values():
             self._hooks.append(reader.register_forward_pre_hook(
-                self._before_forward(sorted(buckets))))
+                self._before_forward(reader, sorted(buckets))))
         # The model's state_dict() (torch.save, save_pretrained, a
         # checkpoint) reads every parameter outside a forward: it waits for
         # the last step's parameters first. Before torch 2.0 only a hook
         # after it exists, which serves as well: the values it returns
         # alias the parameters, and are read after it.
-        def synchronized(*unused):
+        hooked = weakref.ref(module)
+
+        def synchronized(called, *unused):
             del unused
-            self.synchronize()
+            if called is hooked():  # not a copy.deepcopy of it
+                self.synchronize()
         if hasattr(module, "register_state_dict_pre_hook"):
             self._hooks.append(
                 module.register_state_dict_pre_hook(synchronized))
@@ -157,9 +161,15 @@ class _Overlap:
                                        [b])
         return hook
 
-    def _before_forward(self, buckets):
-        def hook(*unused):
+    def _before_forward(self, module, buckets):
+        hooked = weakref.ref(module)
+
+        def hook(called, *unused):
             del unused
+            # copy.deepcopy(model) (an EMA copy) copies the hooks too; the
+            # copy holds parameters of its own, for which nothing waits.
+            if called is not hooked():
+                return
             self._finish_interrupted_step()
             for b in buckets:
                 if b in self._unsynced:
