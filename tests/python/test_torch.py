@@ -986,18 +986,28 @@ def test_weights_loaded_between_steps_are_kept_in_mixed_precision(daemon,
                   module=model if overlap else None)
     sent = []
     real_step = opt.client.step
+    waited = []
+    real_wait = opt.client.wait_params
 
     def spy(*args, **kwargs):
         sent.append(list(kwargs.get("reload_params", ())))
         return real_step(*args, **kwargs)
 
+    def wait_spy(*args, **kwargs):
+        waited.append(args[-1])
+        return real_wait(*args, **kwargs)
+
     opt.client.step = spy
+    opt.client.wait_params = wait_spy
     for step in range(1, 3):
         train_torch.loss_fn(model, step, 0).backward()
         opt.step()
         opt.zero_grad()
-    opt.synchronize()
+    # With module= the last step's parameter writes may still be under way:
+    # load_state_dict waits for them (all buckets) before it writes.
     model.load_state_dict(loaded.state_dict())
+    if overlap:
+        assert waited[-1] == -1
     with torch.no_grad():
         model.norm.weight.mul_(2.0)  # an in-place edit counts too
         loaded.norm.weight.mul_(2.0)

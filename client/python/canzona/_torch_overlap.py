@@ -125,6 +125,14 @@ class _Overlap:
                 module.register_state_dict_pre_hook(synchronized))
         else:
             self._hooks.append(module._register_state_dict_hook(synchronized))
+        # Its load_state_dict() writes every parameter: the last step's
+        # writes end first, or they would land on the loaded values.
+        if hasattr(module, "register_load_state_dict_pre_hook"):
+            self._hooks.append(
+                module.register_load_state_dict_pre_hook(synchronized))
+        else:
+            self._hooks.append(module._register_load_state_dict_pre_hook(
+                synchronized, with_module=True))
 
     def _accumulated(self, j):
         param, view = self._grads[j]
