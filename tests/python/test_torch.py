@@ -1024,6 +1024,24 @@ def test_weights_loaded_between_steps_are_kept_in_mixed_precision(daemon,
     train_torch.loss_fn(model, 4, 0).backward()
     opt.step()
     assert sent[3] == []
+    # A write torch's version counters miss (through .data; a broadcast
+    # into the parameters): lost, unless reload_model_params() says so.
+    written = [q * 2 + 1 for q in loaded.parameters()]
+    for reload in (False, True):
+        opt.zero_grad()
+        opt.synchronize()
+        for p, q in zip(model.parameters(), written):
+            p.data.copy_(q)
+        if reload:
+            opt.reload_model_params()
+        train_torch.loss_fn(model, 5, 0).backward()
+        opt.step()
+        opt.synchronize()
+        kept = [torch.equal(p, q) for p, q in zip(model.parameters(),
+                                                   written)]
+        assert all(kept) if reload else not any(kept)
+    with pytest.raises(ValueError, match="does not hold"):
+        opt.reload_model_params([torch.nn.Parameter(torch.zeros(1))])
     opt.close()
 
 

@@ -513,6 +513,24 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         place since (model.load_state_dict, an init, ``p.mul_``)."""
         self._param_versions = [param._version for param, _ in self._grads]
 
+    def reload_model_params(self, params=None):
+        """Megatron's name: the next step takes the current values of
+        ``params`` (an iterable of this optimizer's parameters; None: all)
+        as the daemon's fp32 masters. For writes torch's version counters
+        do not see: through ``.data``, or a torch.distributed collective
+        into the parameters (rank 0 loads, then broadcasts). In-place
+        writes torch sees need no call. With ``module=``, call
+        ``synchronize()`` before writing."""
+        self._check_open("reload_model_params()")
+        index = {id(param): j for j, (param, _) in enumerate(self._grads)}
+        chosen = (range(len(self._grads)) if params is None
+                  else [index.get(id(param)) for param in params])
+        for j in chosen:
+            if j is None:
+                raise ValueError("reload_model_params: a parameter this "
+                                 "optimizer does not hold")
+            self._param_versions[j] = -1  # never a version counter's value
+
     def _changed_params(self):
         """The bf16 / fp16 parameters changed in place since the last step
         (by index), whose fp32 masters the daemon must read again: it would
