@@ -8,6 +8,11 @@ one left out because it did not require grad must not require it now (the
 daemon does not hold it); one frozen since construction still steps, on
 zero gradients, which is warned once.
 
+The parameters' values, changed in place since the last step (torch's
+version counters; ``reload_model_params()`` for writes they miss): in
+mixed precision the daemon reads their fp32 masters from the trainer again
+(StepRequest.reload_params) instead of writing its older ones over them.
+
 The gradients, changed in place between the end of backward and step(),
 seen through torch's version counter of the shared gradient buffer (every
 view of it shares one). With ``module=`` the daemon reduces each bucket as
@@ -33,7 +38,8 @@ import torch
 class _StepChecks:
     """A mixin of ``canzona.torch.Optimizer``. It reads ``_grads``,
     ``_names``, ``_frozen``, ``_grad_flat``, ``layout``, ``_module`` and,
-    with ``module=``, ``_reported`` and ``_late_accumulation``."""
+    with ``module=``, ``_reported`` and ``_late_accumulation``, and calls
+    its ``_check_open``."""
 
     def _start_step_checks(self):
         # Where each registered parameter's values live (the shared buffer).
@@ -155,6 +161,40 @@ class _StepChecks:
             "gradients before the edit, and the edit is right."
             % (self.layout[0] * self.layout[1] * self.layout[2]),
             RuntimeWarning, stacklevel=3)
+
+    def _record_param_versions(self):
+        """Each parameter's version counter now (the daemon's writes leave
+        it alone): a later one means the loop changed the parameter in
+        place since (model.load_state_dict, an init, ``p.mul_``)."""
+        self._param_versions = [param._version for param, _ in self._grads]
+
+    def reload_model_params(self, params=None):
+        """Megatron's name: the next step takes the current values of
+        ``params`` (an iterable of this optimizer's parameters; None: all)
+        as the daemon's fp32 masters. For writes torch's version counters
+        do not see: through ``.data``, or a torch.distributed collective
+        into the parameters (rank 0 loads, then broadcasts). In-place
+        writes torch sees need no call. With ``module=``, call
+        ``synchronize()`` before writing."""
+        self._check_open("reload_model_params()")
+        index = {id(param): j for j, (param, _) in enumerate(self._grads)}
+        chosen = (range(len(self._grads)) if params is None
+                  else [index.get(id(param)) for param in params])
+        for j in chosen:
+            if j is None:
+                raise ValueError("reload_model_params: a parameter this "
+                                 "optimizer does not hold")
+            self._param_versions[j] = -1  # never a version counter's value
+
+    def _changed_params(self):
+        """The bf16 / fp16 parameters changed in place since the last step
+        (by index), whose fp32 masters the daemon must read again: it would
+        write its older masters over the new values (fp32 values it reads
+        every step). A write through ``.data`` moves no version counter
+        (reload_model_params() names those)."""
+        return [j for j, ((param, _), version) in
+                enumerate(zip(self._grads, self._param_versions))
+                if param._version != version and param.dtype != torch.float32]
 
     def _grad_edits_step_done(self):
         # A backward that raised never ran its end callback.

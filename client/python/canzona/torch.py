@@ -161,13 +161,12 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
     _step_supports_amp_scaling = True
 
     def __init__(self, named_parameters, groups=None, route=None, *,
-                 layout=None,
-                 tp_size=1, tp_split=None, target=None, job_id=None,
-                 job_token=None, tls_ca=None, strategy="cost", alpha=0.0,
-                 bucket_size=0, connect_timeout=10.0, step_timeout=600.0,
-                 shard_group_size=0, module=None, max_grad_norm=0.0,
-                 grad_reduce_dtype=None, blocks=None, step_doorbell=True,
-                 params_events=True):
+                 layout=None, tp_size=1, tp_split=None, target=None,
+                 job_id=None, job_token=None, tls_ca=None, strategy="cost",
+                 alpha=0.0, bucket_size=0, connect_timeout=10.0,
+                 step_timeout=600.0, shard_group_size=0, module=None,
+                 max_grad_norm=0.0, grad_reduce_dtype=None, blocks=None,
+                 step_doorbell=True, params_events=True):
         named, groups, route = parameters_argument(named_parameters, groups,
                                                    route, module)
         blocks = dict(blocks or {})
@@ -506,40 +505,6 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             self._overlap_step_done()
         self._record_param_versions()
         self._interrupted_step = None
-
-    def _record_param_versions(self):
-        """Each parameter's version counter now (the daemon's writes leave
-        it alone): a later one means the loop changed the parameter in
-        place since (model.load_state_dict, an init, ``p.mul_``)."""
-        self._param_versions = [param._version for param, _ in self._grads]
-
-    def reload_model_params(self, params=None):
-        """Megatron's name: the next step takes the current values of
-        ``params`` (an iterable of this optimizer's parameters; None: all)
-        as the daemon's fp32 masters. For writes torch's version counters
-        do not see: through ``.data``, or a torch.distributed collective
-        into the parameters (rank 0 loads, then broadcasts). In-place
-        writes torch sees need no call. With ``module=``, call
-        ``synchronize()`` before writing."""
-        self._check_open("reload_model_params()")
-        index = {id(param): j for j, (param, _) in enumerate(self._grads)}
-        chosen = (range(len(self._grads)) if params is None
-                  else [index.get(id(param)) for param in params])
-        for j in chosen:
-            if j is None:
-                raise ValueError("reload_model_params: a parameter this "
-                                 "optimizer does not hold")
-            self._param_versions[j] = -1  # never a version counter's value
-
-    def _changed_params(self):
-        """The bf16 / fp16 parameters changed in place since the last step
-        (by index), whose fp32 masters the daemon must read again: it would
-        write its older masters over the new values (fp32 values it reads
-        every step). A write through ``.data`` moves no version counter:
-        torch cannot see it, nor can this."""
-        return [j for j, ((param, _), version) in
-                enumerate(zip(self._grads, self._param_versions))
-                if param._version != version and param.dtype != torch.float32]
 
     def _check_open(self, call):
         """RuntimeError for ``call`` on a closed optimizer, whose job the
