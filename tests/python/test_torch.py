@@ -1671,6 +1671,56 @@ def test_an_ema_deepcopy_of_an_overlapped_model_is_on_its_own(daemon):
         train_torch.loss_fn(ema, 3, 0)
 
 
+def test_an_interrupted_overlapped_backward_recovers_through_state(daemon):
+    """With module=, a backward interrupted after it reported buckets
+    (Ctrl-C) leaves them reported for a step that never comes: the next
+    step() refuses and says how to go on, and going on so (state_dict(),
+    a new optimizer, load_state_dict()) trains bitwise as a run never
+    interrupted."""
+    os.environ["CANZONA_TARGET"] = daemon
+    models = [train_torch.build_model(0), train_torch.build_model(0)]
+    opts = [ct.Muon(m.named_parameters(), adamw_lr=3e-3, module=m)
+            for m in models]
+
+    def ctrl_c(grad):
+        raise KeyboardInterrupt
+
+    def train(model, opt, step):
+        train_torch.loss_fn(model, step, 0).backward()
+        opt.step()
+        opt.zero_grad()
+
+    for model, opt in zip(models, opts):
+        train(model, opt, 1)
+    model, opt = models[1], opts[1]
+    # The embedding's output gradient comes last in backward: most
+    # buckets are reported by then.
+    handle = model.embed_tokens.register_forward_hook(
+        lambda module, args, out: out.register_hook(ctrl_c) and None)
+    with pytest.raises(KeyboardInterrupt):
+        train_torch.loss_fn(model, 2, 0).backward()
+    handle.remove()
+    opt.zero_grad()
+    train_torch.loss_fn(model, 2, 0).backward()
+    with pytest.raises(RuntimeError, match=r"To go on, carry the state "
+                       r"into a new optimizer"):
+        opt.step()
+    state = opt.state_dict()
+    opt.close()
+    opts[1] = ct.Muon(model.named_parameters(), adamw_lr=3e-3, module=model)
+    opts[1].load_state_dict(state)
+    opts[1].zero_grad()
+    for step in range(2, 4):
+        for model, opt in zip(models, opts):
+            train(model, opt, step)
+    for opt in opts:
+        opt.synchronize()
+    for (n, p), q in zip(models[0].named_parameters(), models[1].parameters()):
+        assert torch.equal(p, q), n
+    for opt in opts:
+        opt.close()
+
+
 def test_overlap_accumulates_inside_no_sync_and_refuses_it_outside(daemon):
     """Gradient accumulation with module=: every backward but the last
     inside opt.no_sync() reports nothing, so the step reduces the sum of

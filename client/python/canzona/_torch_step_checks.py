@@ -121,11 +121,14 @@ class _StepChecks:
         if self._late_accumulation is not None:
             raise RuntimeError(
                 "a second backward accumulated into %r after an earlier one "
-                "had reported its bucket, but with module= the daemon "
-                "reduces each bucket as soon as backward reports it: this "
-                "step is not taken (restart from a checkpoint). For "
-                "gradient accumulation, run every backward but the last "
-                "inside opt.no_sync()" % self._late_accumulation)
+                "had reported its bucket (or an interrupted one: Ctrl-C), "
+                "but with module= the daemon reduces each bucket as soon as "
+                "backward reports it: this step is not taken. To go on, "
+                "carry the state into a new optimizer: state = "
+                "opt.state_dict(), the same constructor again, then "
+                "load_state_dict(state). For gradient accumulation, run "
+                "every backward but the last inside opt.no_sync()"
+                % self._late_accumulation)
         if self._reported and self._edited_since_backward():
             raise RuntimeError(
                 "gradients were changed in place between backward and "
