@@ -138,8 +138,9 @@ class _StepChecks:
                 "the daemon reduces "
                 "each bucket as backward reports it, so it has read them "
                 "already: this step is not taken, and the buckets already "
-                "reduced hold the unedited gradients (restart from a "
-                "checkpoint). Clip with max_grad_norm= (in the daemon's "
+                "reduced hold the unedited gradients (to go on: state = "
+                "opt.state_dict() into a new optimizer's load_state_dict). "
+                "Clip with max_grad_norm= (in the daemon's "
                 "step, after the reduction) and train in bf16 without a "
                 "GradScaler, or construct the optimizer without module=")
 
