@@ -38,6 +38,19 @@ def _into_view(param, view, rebind=True):
         param.grad = view
 
 
+def _only_on(module, action):
+    """A module hook that calls ``action()`` when it runs on ``module``
+    itself: copy.deepcopy(model) (an EMA copy) copies the hooks too, and
+    the copy holds parameters of its own, for which nothing waits."""
+    hooked = weakref.ref(module)
+
+    def hook(called, *unused):
+        del unused
+        if called is hooked():
+            action()
+    return hook
+
+
 class _Overlap:
     """The overlap half of ``canzona.torch.Optimizer`` (a mixin): the
     backward hooks that report buckets, the forward pre-hooks that wait for
@@ -108,18 +121,13 @@ class _Overlap:
             waits.setdefault(id(reader), (reader, set()))[1].update(mine)
         for reader, buckets in waits.values():
             self._hooks.append(reader.register_forward_pre_hook(
-                self._before_forward(reader, sorted(buckets))))
+                _only_on(reader, self._before_forward(sorted(buckets)))))
         # The model's state_dict() (torch.save, save_pretrained, a
         # checkpoint) reads every parameter outside a forward: it waits for
         # the last step's parameters first. Before torch 2.0 only a hook
         # after it exists, which serves as well: the values it returns
         # alias the parameters, and are read after it.
-        hooked = weakref.ref(module)
-
-        def synchronized(called, *unused):
-            del unused
-            if called is hooked():  # not a copy.deepcopy of it
-                self.synchronize()
+        synchronized = _only_on(module, self.synchronize)
         if hasattr(module, "register_state_dict_pre_hook"):
             self._hooks.append(
                 module.register_state_dict_pre_hook(synchronized))
@@ -169,15 +177,10 @@ class _Overlap:
                                        [b])
         return hook
 
-    def _before_forward(self, module, buckets):
-        hooked = weakref.ref(module)
-
-        def hook(called, *unused):
-            del unused
-            # copy.deepcopy(model) (an EMA copy) copies the hooks too; the
-            # copy holds parameters of its own, for which nothing waits.
-            if called is not hooked():
-                return
+    def _before_forward(self, buckets):
+        """What a module's forward waits for first: the last step's
+        parameters of ``buckets`` (the ones it reads)."""
+        def wait():
             self._finish_interrupted_step()
             for b in buckets:
                 if b in self._unsynced:
@@ -185,7 +188,7 @@ class _Overlap:
                                             self.steps, b)
                     self._await_params(b)
                     self._unsynced.discard(b)
-        return hook
+        return wait
 
     @contextlib.contextmanager
     def no_sync(self):
