@@ -228,9 +228,8 @@ absl::StatusOr<std::shared_ptr<LocalRank>> EngineImpl::AcceptStep(
   // The trainer asks again for the step it last called (Ctrl-C in a
   // notebook interrupted its wait, or its answer was lost): the step runs
   // once, and this call gets its answer.
-  *repeated = progress.last_accepted > 0 &&
-              request.step() == progress.last_accepted &&
-              request.step() == progress.next_step - 1;
+  *repeated =
+      progress.last_accepted > 0 && request.step() == progress.last_accepted;
   if (*repeated) return rank;
   if (request.step() != progress.next_step) {
     return absl::FailedPreconditionError(

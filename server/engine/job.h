@@ -49,8 +49,8 @@ enum class JobState { kRegistering, kReady, kFailed };
 struct RankProgress {
   int64_t next_step = 1;  // the next step number Step accepts
   int64_t steps_done = 0;
-  // The step Step last accepted; 0 after a checkpoint load or import
-  // moved the rank to another step (nothing to answer again there).
+  // The step Step last accepted (next_step - 1, or 0: none since a
+  // checkpoint load or import moved the rank, nothing to answer again).
   int64_t last_accepted = 0;
   // Work to run on the worker right after step N (checkpoints at_step).
   std::map<int64_t, std::vector<Worker::Task>> after_step;

@@ -5,6 +5,7 @@
 // opened once per rank and closed after it leaves, and on the Gloo plane
 // one synchronous copy per bucket each way where the trainer lays its
 // buckets out in bucket order (one per parameter otherwise).
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -280,6 +281,20 @@ INSTANTIATE_TEST_SUITE_P(Bf16, IpcBucketCopiesTest,
                                             ::testing::Bool()),
                          CopyCaseName);
 
+// Runs `body` once per data plane, with GPU trainers over FakeCudaIpc:
+// the Gloo plane, then the NCCL plane over a FakeNcclApi that moves data.
+void OnBothDataPlanes(
+    const std::function<void(bool nccl_plane, Cluster& cluster)>& body) {
+  for (const bool nccl_plane : {false, true}) {
+    SCOPED_TRACE(nccl_plane ? "NCCL plane" : "Gloo plane");
+    FakeCudaIpc ipc;
+    FakeNcclApi nccl({.simulate_data = true, .defer_copies = true});
+    Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc,
+                    nccl_plane ? &nccl : nullptr);
+    body(nccl_plane, cluster);
+  }
+}
+
 // A bf16 job of GPU trainers laid out as canzona.torch lays them out
 // (bucket order): DP1 on the NCCL plane, DP2 on the Gloo plane.
 JobConfig Bf16IpcJob(const std::string& stem, bool nccl_plane,
@@ -304,12 +319,7 @@ TEST(CudaIpcEngineTest, Bfloat16TensorsAtTwoByteOffsetsStepBitwise) {
       {"layers.0.attn.weight", {64, 32}, 0, "muon"},
       {"layers.0.gate.bias", {7}, -1, "adamw"},
       {"layers.0.mlp.weight", {32, 64}, 1, "muon"}};
-  for (const bool nccl_plane : {false, true}) {
-    SCOPED_TRACE(nccl_plane ? "NCCL plane" : "Gloo plane");
-    FakeCudaIpc ipc;
-    FakeNcclApi nccl({.simulate_data = true, .defer_copies = true});
-    Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc,
-                    nccl_plane ? &nccl : nullptr);
+  OnBothDataPlanes([&](bool nccl_plane, Cluster& cluster) {
     const JobConfig config = Bf16IpcJob("ipc-odd", nccl_plane, model);
     JobRun run(config);
     ASSERT_OK(run.Init());
@@ -318,7 +328,7 @@ TEST(CudaIpcEngineTest, Bfloat16TensorsAtTwoByteOffsetsStepBitwise) {
     ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
     EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
     ASSERT_OK(run.Deregister(cluster));
-  }
+  });
 }
 
 // bf16 weights a GPU trainer loads between steps become the masters on
@@ -326,12 +336,7 @@ TEST(CudaIpcEngineTest, Bfloat16TensorsAtTwoByteOffsetsStepBitwise) {
 // the daemon's device copies), and only when listed.
 TEST(CudaIpcEngineTest, Bfloat16ParametersTheTrainerChangedBecomeTheMasters) {
   SetCpuBlasThreads(1);
-  for (const bool nccl_plane : {false, true}) {
-    SCOPED_TRACE(nccl_plane ? "NCCL plane" : "Gloo plane");
-    FakeCudaIpc ipc;
-    FakeNcclApi nccl({.simulate_data = true, .defer_copies = true});
-    Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc,
-                    nccl_plane ? &nccl : nullptr);
+  OnBothDataPlanes([](bool nccl_plane, Cluster& cluster) {
     const JobConfig config =
         Bf16IpcJob("ipc-reload", nccl_plane, MegatronModel());
     JobRun run(config);
@@ -344,7 +349,7 @@ TEST(CudaIpcEngineTest, Bfloat16ParametersTheTrainerChangedBecomeTheMasters) {
     EXPECT_THAT(StepAfterLoadingParams(cluster, run, 4, /*reload=*/true),
                 IsOkAndHolds(all));
     ASSERT_OK(run.Deregister(cluster));
-  }
+  });
 }
 
 TEST(CudaIpcEngineTest, MixedOrUnservableBuffersAreRejected) {
