@@ -133,4 +133,19 @@ void RoundFromFloat(const float* src, int64_t n, DType dtype, void* dst) {
   for (int64_t i = 0; i < n; ++i) out[i] = FloatToFloat16(src[i]);
 }
 
+void ReloadMasters(DType dtype, const void* values, int64_t n, float* masters) {
+  if (dtype == DType::kFloat32) {
+    std::memcpy(masters, values, n * sizeof(float));
+    return;
+  }
+  const auto* in = static_cast<const uint16_t*>(values);
+  const bool bf16 = dtype == DType::kBFloat16;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t rounded =
+        bf16 ? FloatToBFloat16(masters[i]) : FloatToFloat16(masters[i]);
+    if (rounded == in[i]) continue;
+    masters[i] = bf16 ? BFloat16ToFloat(in[i]) : Float16ToFloat(in[i]);
+  }
+}
+
 }  // namespace canzona

@@ -44,6 +44,13 @@ uint16_t FloatToFloat16(float value);
 void WidenToFloat(DType dtype, const void* src, int64_t n, float* dst);
 // `n` floats rounded to `dtype` into `dst` (a plain copy for kFloat32).
 void RoundFromFloat(const float* src, int64_t n, DType dtype, void* dst);
+// The trainer wrote `n` parameters of `dtype` at `values` whose float32
+// master weights are `masters`: each master whose rounding is not the
+// trainer's value any more takes that value (widened); one that rounds to
+// it keeps its bits, so that writing back the values a model held (its own
+// checkpoint loaded again, an EMA swap undone, the elements a clamp left)
+// loses nothing of the masters. kFloat32: every master takes its value.
+void ReloadMasters(DType dtype, const void* values, int64_t n, float* masters);
 
 }  // namespace canzona
 

@@ -53,6 +53,30 @@ __global__ void ConvertKernel(DType from, const void* src, DType to, void* dst,
   }
 }
 
+// The bits of `v` rounded to `t` (bf16 / fp16).
+__device__ inline uint16_t RoundedBits(DType t, float v) {
+  return t == DType::kBFloat16 ? __bfloat16_as_ushort(__float2bfloat16_rn(v))
+                               : __half_as_ushort(__float2half_rn(v));
+}
+
+__global__ void ReloadMastersKernel(DType dtype, const void* values,
+                                    float* masters, int64_t n) {
+  const auto* bits = static_cast<const uint16_t*>(values);
+  const int64_t stride = int64_t{blockDim.x} * gridDim.x;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    if (RoundedBits(dtype, masters[i]) != bits[i]) {
+      masters[i] = Load(dtype, values, i);
+    }
+  }
+}
+
+int Blocks(int64_t n) {
+  int64_t blocks = (n + kThreads - 1) / kThreads;
+  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
+  return static_cast<int>(blocks);
+}
+
 }  // namespace
 
 cudaError_t ConvertDTypeAsync(cudaStream_t stream, DType from, const void* src,
@@ -62,10 +86,20 @@ cudaError_t ConvertDTypeAsync(cudaStream_t stream, DType from, const void* src,
     return cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * DTypeBytes(to),
                            cudaMemcpyDefault, stream);
   }
-  int64_t blocks = (n + kThreads - 1) / kThreads;
-  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
-  ConvertKernel<<<static_cast<int>(blocks), kThreads, 0, stream>>>(from, src,
-                                                                   to, dst, n);
+  ConvertKernel<<<Blocks(n), kThreads, 0, stream>>>(from, src, to, dst, n);
+  return cudaGetLastError();
+}
+
+cudaError_t ReloadMastersAsync(cudaStream_t stream, DType dtype,
+                               const void* values, float* masters, int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  if (dtype == DType::kFloat32) {
+    return cudaMemcpyAsync(masters, values,
+                           static_cast<size_t>(n) * sizeof(float),
+                           cudaMemcpyDefault, stream);
+  }
+  ReloadMastersKernel<<<Blocks(n), kThreads, 0, stream>>>(dtype, values,
+                                                          masters, n);
   return cudaGetLastError();
 }
 

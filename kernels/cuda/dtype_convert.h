@@ -28,6 +28,12 @@ namespace canzona {
 // must not overlap. Returns the launch error.
 cudaError_t ConvertDTypeAsync(cudaStream_t stream, DType from, const void* src,
                               DType to, void* dst, int64_t n);
+// kernels/base/dtype.h's ReloadMasters on `stream`: each of `n` float32
+// `masters` whose rounding to `dtype` is not the trainer's value at
+// `values` any more takes that value (device or managed memory, not
+// overlapping). Returns the launch error.
+cudaError_t ReloadMastersAsync(cudaStream_t stream, DType dtype,
+                               const void* values, float* masters, int64_t n);
 
 }  // namespace canzona
 

@@ -194,6 +194,12 @@ class NcclApi {
   virtual absl::Status ConvertAsync(DType from, const void* src, DType to,
                                     void* dst, int64_t n,
                                     NcclStream stream) = 0;
+  // kernels/base/dtype.h's ReloadMasters on `stream` (device memory: a
+  // kernel): each of `n` float32 `masters` whose rounding to `dtype` is not
+  // the trainer's value at `values` any more takes that value.
+  virtual absl::Status ReloadMastersAsync(DType dtype, const void* values,
+                                          float* masters, int64_t n,
+                                          NcclStream stream) = 0;
 };
 
 // The process-wide implementation over libnccl and the CUDA runtime (never

@@ -229,6 +229,13 @@ class RealApi : public NcclApi {
     return CudaStatus(ConvertDTypeAsync(stream, from, src, to, dst, n),
                       "ConvertDTypeAsync");
   }
+  absl::Status ReloadMastersAsync(DType dtype, const void* values,
+                                  float* masters, int64_t n,
+                                  NcclStream stream) override {
+    return CudaStatus(
+        ::canzona::ReloadMastersAsync(stream, dtype, values, masters, n),
+        "ReloadMastersAsync");
+  }
 };
 
 }  // namespace

@@ -223,7 +223,10 @@ absl::Status BucketCollectives::ReloadMasters(absl::Span<const int> params) {
     if (!owned.master[i] || trainer.dtype(trainer_index) == DType::kFloat32) {
       continue;
     }
-    CANZONA_RETURN_IF_ERROR(ReadOne(i, /*grad=*/false));
+    CANZONA_RETURN_IF_ERROR(trainer.ReloadMasters(
+        trainer.param(trainer_index), trainer_index,
+        staging_.plan->params[i].fragment_numel, owned.param_at[i],
+        *parts_.copier, staging_.on_device, scratch()));
     read = true;
   }
   return read ? parts_.copier->Finish() : absl::OkStatus();

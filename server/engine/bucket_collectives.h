@@ -125,7 +125,9 @@ class BucketCollectives {
   absl::Status ReadMasterUnlessSet(int i);
   // Stages again, from the trainer, the master weights held here of the
   // trainer's parameters `params` (its indices), which it changed since
-  // its last step (bf16 / fp16 ones: fp32 values are read every step).
+  // its last step (bf16 / fp16 ones: fp32 values are read every step):
+  // each element whose master no longer rounds to the trainer's value
+  // takes it, the others keep their fp32 bits.
   // The worker calls it after the step's reductions, before their
   // hand-over (RankRuntime::AfterReductions).
   absl::Status ReloadMasters(absl::Span<const int> params);

@@ -26,16 +26,16 @@ absl::Status CheckCopy(const AllocationRegistry& staging,
 // allocations, on the host inside one or outside them all.
 absl::Status CheckConvert(const AllocationRegistry& staging, bool device,
                           DType from, const void* src, DType to,
-                          const void* dst, int64_t n) {
-  constexpr absl::string_view kWhat = "StagingCopier::Convert";
+                          const void* dst, int64_t n,
+                          absl::string_view what = "StagingCopier::Convert") {
   const int64_t src_bytes = n * DTypeBytes(from);
   const int64_t dst_bytes = n * DTypeBytes(to);
   if (device) {
-    CANZONA_RETURN_IF_ERROR(staging.CheckInside(kWhat, "src", src, src_bytes));
-    return staging.CheckInside(kWhat, "dst", dst, dst_bytes);
+    CANZONA_RETURN_IF_ERROR(staging.CheckInside(what, "src", src, src_bytes));
+    return staging.CheckInside(what, "dst", dst, dst_bytes);
   }
-  CANZONA_RETURN_IF_ERROR(staging.CheckContained(kWhat, "src", src, src_bytes));
-  return staging.CheckContained(kWhat, "dst", dst, dst_bytes);
+  CANZONA_RETURN_IF_ERROR(staging.CheckContained(what, "src", src, src_bytes));
+  return staging.CheckContained(what, "dst", dst, dst_bytes);
 }
 
 class HostStagingCopier final : public StagingCopier {
@@ -65,6 +65,15 @@ class HostStagingCopier final : public StagingCopier {
       WidenToFloat(from, src, n, wide.data());
       RoundFromFloat(wide.data(), n, to, dst);
     }
+    return absl::OkStatus();
+  }
+  absl::Status ReloadMasters(DType dtype, const void* values, float* masters,
+                             int64_t n) override {
+    if (n <= 0) return absl::OkStatus();
+    CANZONA_RETURN_IF_ERROR(CheckConvert(staging_, /*device=*/false, dtype,
+                                         values, DType::kFloat32, masters, n,
+                                         "StagingCopier::ReloadMasters"));
+    canzona::ReloadMasters(dtype, values, n, masters);
     return absl::OkStatus();
   }
   absl::Status WaitEvent(NcclEvent) override {
@@ -136,6 +145,15 @@ class DeviceStagingCopier final : public StagingCopier {
         CheckConvert(staging_, /*device=*/true, from, src, to, dst, n));
     CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
     return api_->ConvertAsync(from, src, to, dst, n, stream_);
+  }
+  absl::Status ReloadMasters(DType dtype, const void* values, float* masters,
+                             int64_t n) override {
+    if (n <= 0) return absl::OkStatus();
+    CANZONA_RETURN_IF_ERROR(CheckConvert(staging_, /*device=*/true, dtype,
+                                         values, DType::kFloat32, masters, n,
+                                         "StagingCopier::ReloadMasters"));
+    CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));
+    return api_->ReloadMastersAsync(dtype, values, masters, n, stream_);
   }
   absl::Status WaitEvent(NcclEvent event) override {
     CANZONA_RETURN_IF_ERROR(api_->SetDevice(device_));

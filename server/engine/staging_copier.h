@@ -54,6 +54,12 @@ class StagingCopier {
   // precision: trainer bf16 / fp16 values into fp32 staging and back.
   virtual absl::Status Convert(DType from, const void* src, DType to, void* dst,
                                int64_t n) = 0;
+  // Mixed precision, parameters the trainer changed: each of `n` fp32
+  // `masters` (staging) whose rounding to `dtype` is not the trainer's
+  // value at `values` any more takes that value (kernels/base/dtype.h's
+  // ReloadMasters), in the same order as Copy.
+  virtual absl::Status ReloadMasters(DType dtype, const void* values,
+                                     float* masters, int64_t n) = 0;
   // Work enqueued later waits on the device for `event` (a cudaEvent_t the
   // trainer recorded after backward). Device copiers only.
   virtual absl::Status WaitEvent(NcclEvent event) = 0;

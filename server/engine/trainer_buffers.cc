@@ -244,6 +244,24 @@ absl::Status TrainerBuffers::Read(const void* src, int j, int64_t n, DType as,
   return copier.Convert(dtype, host, as, dst, n);
 }
 
+absl::Status TrainerBuffers::ReloadMasters(const void* src, int j, int64_t n,
+                                           float* masters,
+                                           StagingCopier& copier,
+                                           bool device_staging,
+                                           absl::Span<char> scratch) const {
+  const DType dtype = dtype_[j];
+  if (n <= 0) return absl::OkStatus();
+  if (!ThroughHost(device_staging)) {
+    return copier.ReloadMasters(dtype, src, masters, n);
+  }
+  const int64_t bytes = n * DTypeBytes(dtype);
+  CANZONA_ASSIGN_OR_RETURN(char* host,
+                           Scratch("ReloadMasters", scratch, bytes));
+  CountIfPageable("TrainerBuffers::ReloadMasters", host, bytes, copier);
+  CANZONA_RETURN_IF_ERROR(opener_->CopyToHost(device_, src, bytes, host));
+  return copier.ReloadMasters(dtype, host, masters, n);
+}
+
 absl::Status TrainerBuffers::Write(DType from, const void* src, int j,
                                    int64_t n, void* dst, StagingCopier& copier,
                                    bool device_staging,

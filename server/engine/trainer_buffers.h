@@ -160,6 +160,13 @@ class TrainerBuffers {
   absl::Status Write(DType from, const void* src, int j, int64_t n, void* dst,
                      StagingCopier& copier, bool device_staging,
                      absl::Span<char> scratch) const;
+  // Parameter j changed in the trainer (`n` elements of trainer memory
+  // `src` in its dtype): each of its fp32 `masters` in staging that no
+  // longer rounds to the trainer's value takes it (StagingCopier::
+  // ReloadMasters), the others keep their bits. Read's paths and `scratch`.
+  absl::Status ReloadMasters(const void* src, int j, int64_t n, float* masters,
+                             StagingCopier& copier, bool device_staging,
+                             absl::Span<char> scratch) const;
 
  private:
   TrainerBuffers() = default;

@@ -107,6 +107,53 @@ TEST_P(DtypeConvertGpuTest, RoundsAndWidensLikeTheHost) {
   EXPECT_EQ(mismatches, 0) << "of " << n;
 }
 
+// The device ReloadMasters keeps and replaces the masters the host one
+// does, bit for bit: the probes as masters, the trainer's values their
+// rounding for two of three and their rounding after a nudge of a few
+// units for the third.
+TEST_P(DtypeConvertGpuTest, ReloadsMastersLikeTheHost) {
+  const DType dtype = GetParam();
+  std::vector<float> masters = Probes();
+  for (float& m : masters) {
+    if (std::isnan(m)) m = 1.0f;  // NaN bits are the intrinsics' own
+  }
+  const int64_t n = static_cast<int64_t>(masters.size());
+  std::vector<float> written = masters;
+  for (int64_t i = 2; i < n; i += 3) written[i] *= 1.0625f;
+  std::vector<uint16_t> values(n);
+  RoundFromFloat(written.data(), n, dtype, values.data());
+  std::vector<float> host = masters;
+  ReloadMasters(dtype, values.data(), n, host.data());
+
+  void* d_values = nullptr;
+  void* d_masters = nullptr;
+  ASSERT_EQ(cudaMalloc(&d_values, n * sizeof(uint16_t)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_masters, n * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_values, values.data(), n * sizeof(uint16_t),
+                       cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_masters, masters.data(), n * sizeof(float),
+                       cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(ReloadMastersAsync(nullptr, dtype, d_values,
+                               static_cast<float*>(d_masters), n),
+            cudaSuccess);
+  std::vector<float> device(n);
+  ASSERT_EQ(cudaMemcpy(device.data(), d_masters, n * sizeof(float),
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  cudaFree(d_values);
+  cudaFree(d_masters);
+  int64_t mismatches = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!SameBits(device[i], host[i]) && ++mismatches <= 5) {
+      ADD_FAILURE() << "master " << masters[i] << ": device " << device[i]
+                    << ", host " << host[i];
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << n;
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, DtypeConvertGpuTest,
                          ::testing::Values(DType::kBFloat16, DType::kFloat16),
                          [](const auto& info) {

@@ -1045,6 +1045,59 @@ def test_weights_loaded_between_steps_are_kept_in_mixed_precision(daemon,
     opt.close()
 
 
+@pytest.mark.parametrize("between", ["resume", "ema_swap"])
+def test_rewriting_a_bf16_model_s_own_values_keeps_the_masters(daemon,
+                                                                between):
+    """The loop writes into a bf16 model the values it already holds: a
+    resume that loads the optimizer before the model (both from this
+    run's checkpoint), or an EMA swap for evaluation undone with copy_().
+    Torch's version counters say every parameter changed, so the daemon
+    rereads them all; each master that still rounds to its parameter keeps
+    its fp32 bits, and the run goes on bitwise as one never touched.
+    Before, the masters took the bf16 values: the run drifted."""
+    os.environ["CANZONA_TARGET"] = daemon
+
+    def run(touch):
+        model = train_torch.build_model(0).to(torch.bfloat16)
+        opt = ct.Muon(model.named_parameters(), adamw_lr=3e-3)
+        sent = []
+        real_step = opt.client.step
+
+        def spy(*args, **kwargs):
+            sent.append(len(kwargs.get("reload_params", ())))
+            return real_step(*args, **kwargs)
+
+        opt.client.step = spy
+        for step in range(1, 6):
+            if step == 3:
+                touch(model, opt)
+            train_torch.loss_fn(model, step, 0).backward()
+            opt.step()
+            opt.zero_grad()
+        opt.close()
+        return [p.detach().clone() for p in model.parameters()], sent
+
+    def resume(model, opt):
+        saved_model = {k: v.clone() for k, v in model.state_dict().items()}
+        opt.load_state_dict(opt.state_dict())
+        model.load_state_dict(saved_model)
+
+    def ema_swap(model, opt):
+        del opt
+        backup = [p.detach().clone() for p in model.parameters()]
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn_like(p))
+            for p, b in zip(model.parameters(), backup):
+                p.copy_(b)
+
+    untouched, _ = run(lambda model, opt: None)
+    touched, sent = run(resume if between == "resume" else ema_swap)
+    assert sent[2] == len(untouched) and sent[3] == 0, sent
+    for a, b in zip(untouched, touched):
+        assert torch.equal(a, b)
+
+
 def test_a_ddp_wrapped_model_steps_as_one_without(daemon, tmp_path):
     """A model left in DistributedDataParallel (Accelerate wraps it on
     several processes): DDP averages the gradients, the daemons average

@@ -46,8 +46,8 @@
 // thread's current device (SetDevice) when created, and the fake keeps
 // CUDA's and NCCL's rules about them, so that a node's many GPUs (which a
 // one-GPU test machine never shows) are checked here: a kernel
-// (ConvertAsync) goes to a stream of the current device, an event is
-// recorded on a stream of its own device, an NCCL operation runs on a
+// (ConvertAsync, ReloadMastersAsync) goes to a stream of the current device, an
+// event is recorded on a stream of its own device, an NCCL operation runs on a
 // stream of its communicator's device (INVALID_ARGUMENT otherwise; copies
 // and waits may cross devices, as in CUDA); two ranks of one communicator
 // on one device fail its initialization asynchronously, as NCCL's
@@ -210,6 +210,10 @@ class FakeNcclApi : public NcclApi {
                            NcclStream stream) override;
   absl::Status ConvertAsync(DType from, const void* src, DType to, void* dst,
                             int64_t n, NcclStream stream) override;
+  // Recorded as "ReloadMastersAsync" (send = values, recv = masters).
+  absl::Status ReloadMastersAsync(DType dtype, const void* values,
+                                  float* masters, int64_t n,
+                                  NcclStream stream) override;
   absl::Status MemsetAsync(void* dst, int value, int64_t bytes,
                            NcclStream stream) override;
   // Recorded ("cudaHostRegister": recv = ptr, count = bytes); registering
@@ -353,6 +357,12 @@ class FakeNcclApi : public NcclApi {
   void NoteInGroupLocked(Comm* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static bool CanFinish(const Launch& launch);
   void FinishLocked(Launch& launch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A kernel `call` (op, dtype, send, recv, stream set) reading
+  // `src_bytes` at call.send and writing `dst_bytes` at call.recv: recorded,
+  // checked, and `run` on the host addresses in their stream's order.
+  absl::Status EnqueueKernel(
+      FakeNcclCall call, int64_t src_bytes, int64_t dst_bytes,
+      std::function<void(const void* src, void* dst)> run);
   std::unique_ptr<Entry> NewEntryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DataCall(const char* name, Kind kind, const void* send,
                         void* recv, int64_t count, NcclDataType dtype, int root,

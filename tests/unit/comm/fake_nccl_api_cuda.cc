@@ -233,7 +233,6 @@ absl::Status FakeNcclApi::MemcpyAsync(void* dst, const void* src, int64_t bytes,
 absl::Status FakeNcclApi::ConvertAsync(DType from, const void* src, DType to,
                                        void* dst, int64_t n,
                                        NcclStream stream) {
-  absl::MutexLock lock(&mu_);
   FakeNcclCall call;
   call.op = "ConvertDTypeAsync";
   call.count = n;
@@ -241,28 +240,57 @@ absl::Status FakeNcclApi::ConvertAsync(DType from, const void* src, DType to,
   call.send = src;
   call.recv = dst;
   call.stream = stream;
+  return EnqueueKernel(std::move(call), n * DTypeBytes(from),
+                       n * DTypeBytes(to),
+                       [from, to, n](const void* in, void* out) {
+                         // Host memory stands in for device memory (data mode):
+                         // the host conversions, through fp32.
+                         std::vector<float> wide(static_cast<size_t>(n));
+                         WidenToFloat(from, in, n, wide.data());
+                         RoundFromFloat(wide.data(), n, to, out);
+                       });
+}
+
+absl::Status FakeNcclApi::ReloadMastersAsync(DType dtype, const void* values,
+                                             float* masters, int64_t n,
+                                             NcclStream stream) {
+  FakeNcclCall call;
+  call.op = "ReloadMastersAsync";
+  call.count = n;
+  call.dtype = DTypeName(dtype);
+  call.send = values;
+  call.recv = masters;
+  call.stream = stream;
+  return EnqueueKernel(std::move(call), n * DTypeBytes(dtype),
+                       n * static_cast<int64_t>(sizeof(float)),
+                       [dtype, n](const void* in, void* out) {
+                         ReloadMasters(dtype, in, n, static_cast<float*>(out));
+                       });
+}
+
+absl::Status FakeNcclApi::EnqueueKernel(
+    FakeNcclCall call, int64_t src_bytes, int64_t dst_bytes,
+    std::function<void(const void* src, void* dst)> run) {
+  absl::MutexLock lock(&mu_);
+  const std::string op = call.op;
+  const void* src = call.send;
+  void* dst = const_cast<void*>(call.recv);
+  const NcclStream stream = call.stream;
+  const int64_t n = call.count;
   absl::Status status = RecordLocked(std::move(call));
   if (!status.ok()) return status;
   // A kernel launch: on a stream of the current device.
-  CANZONA_RETURN_IF_ERROR(StreamOnDeviceLocked(stream, ThreadLocked().device,
-                                               "ConvertDTypeAsync",
-                                               "the current device"));
+  CANZONA_RETURN_IF_ERROR(StreamOnDeviceLocked(
+      stream, ThreadLocked().device, op.c_str(), "the current device"));
   if (options_.simulate_data && n > 0) {
     CANZONA_ASSIGN_OR_RETURN(
-        src, device_like::HostAddress(src, n * DTypeBytes(from),
-                                      "ConvertDTypeAsync", "src"));
+        src, device_like::HostAddress(src, src_bytes, op, "src"));
     CANZONA_ASSIGN_OR_RETURN(
-        dst, device_like::HostAddress(dst, n * DTypeBytes(to),
-                                      "ConvertDTypeAsync", "dst"));
+        dst, device_like::HostAddress(dst, dst_bytes, op, "dst"));
   }
   std::unique_ptr<Entry> entry = NewEntryLocked();
-  entry->local = [from, src, to, dst, n]() {
-    if (n <= 0) return;
-    // Host memory stands in for device memory (data mode): the host
-    // conversions, through fp32.
-    std::vector<float> wide(static_cast<size_t>(n));
-    WidenToFloat(from, src, n, wide.data());
-    RoundFromFloat(wide.data(), n, to, dst);
+  entry->local = [run = std::move(run), src, dst, n]() {
+    if (n > 0) run(src, dst);
   };
   PushLocked(stream, std::move(entry));
   if (!options_.defer_copies) ProgressLocked();

@@ -352,6 +352,35 @@ TEST(CudaIpcEngineTest, Bfloat16ParametersTheTrainerChangedBecomeTheMasters) {
   });
 }
 
+// The same for values that round to the masters: listed as changed, the
+// masters keep their fp32 bits on both data planes (the NCCL plane
+// compares in its device copier's kernel).
+TEST(CudaIpcEngineTest,
+     Bfloat16ReloadedParametersThatRoundToTheirMastersKeepThem) {
+  SetCpuBlasThreads(1);
+  OnBothDataPlanes([](bool nccl_plane, Cluster& cluster) {
+    const JobConfig config =
+        Bf16IpcJob("ipc-keep", nccl_plane, MegatronModel());
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    ASSERT_OK(run.RunSteps(cluster, 1, 1));
+    ASSERT_OK(run.RunSteps(cluster, 2, 3,
+                           [&](const TrainerRank& rank, v1::StepRequest& r) {
+                             ReloadEveryHeldParam(config.params, rank, r);
+                           }));
+    ASSERT_OK_AND_ASSIGN(Params reference, Reference(config, 3, {}));
+    EXPECT_OK(run.Compare(reference, /*bitwise=*/true));
+    if (nccl_plane) {
+      // The comparison ran in the device copier's kernel.
+      auto* fake = dynamic_cast<FakeNcclApi*>(cluster.nccl);
+      ASSERT_NE(fake, nullptr);
+      EXPECT_FALSE(fake->calls_named("ReloadMastersAsync").empty());
+    }
+    ASSERT_OK(run.Deregister(cluster));
+  });
+}
+
 TEST(CudaIpcEngineTest, MixedOrUnservableBuffersAreRejected) {
   FakeCudaIpc fake;
   Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &fake);

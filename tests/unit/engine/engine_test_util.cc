@@ -379,13 +379,16 @@ class NoPageableCopies {
 
 }  // namespace
 
-absl::Status JobRun::RunSteps(Cluster& cluster, int first, int last) {
+absl::Status JobRun::RunSteps(Cluster& cluster, int first, int last,
+                              const StepEdit& edit) {
   const NoPageableCopies pageable(cluster);
   return pageable.Check(ForAll(cluster, [&](TrainerRank& rank, Engine& engine) {
     for (int s = first; s <= last; ++s) {
       rank.WriteGrads(s);
+      v1::StepRequest request = rank.MakeStep(s);
+      if (edit) edit(rank, request);
       Result<v1::StepResponse> step;
-      engine.Step(rank.MakeStep(s), step.callback());
+      engine.Step(request, step.callback());
       CANZONA_ASSIGN_OR_RETURN(v1::StepResponse response, step.Get());
       responses[rank.global()].push_back(response);
       if (!config_.skip_params_event_wait) {
@@ -602,12 +605,7 @@ absl::StatusOr<int> StepAfterLoadingParams(Cluster& cluster, JobRun& run,
         for (const ModelParam& p : params) {
           (*request.mutable_lr())[p.group] = 0;
         }
-        // Indices into this rank's RegisterRequest.parameters: the ones
-        // its stage holds, in order.
-        int registered = 0;
-        for (size_t i = 0; reload && i < params.size(); ++i) {
-          if (rank.Holds(params[i])) request.add_reload_params(registered++);
-        }
+        if (reload) ReloadEveryHeldParam(params, rank, request);
         Result<v1::StepResponse> done;
         engine.Step(request, done.callback());
         CANZONA_RETURN_IF_ERROR(done.Get().status());
@@ -624,6 +622,16 @@ absl::StatusOr<int> StepAfterLoadingParams(Cluster& cluster, JobRun& run,
     }
   }
   return holding;
+}
+
+void ReloadEveryHeldParam(const std::vector<ModelParam>& params,
+                          const TrainerRank& rank, v1::StepRequest& request) {
+  // Indices into this rank's RegisterRequest.parameters: the ones its
+  // stage holds, in order.
+  int registered = 0;
+  for (const ModelParam& param : params) {
+    if (rank.Holds(param)) request.add_reload_params(registered++);
+  }
 }
 
 }  // namespace canzona::engine_test

@@ -396,7 +396,11 @@ class JobRun {
   // copy of the compute backend met pageable host memory meanwhile
   // (RunStepsOverlapped too) where the engines page-lock
   // (Cluster::page_locked): every host range that meets the GPU then is.
-  absl::Status RunSteps(Cluster& cluster, int first, int last);
+  // `edit` (when set) changes each request before it goes.
+  using StepEdit =
+      std::function<void(const TrainerRank&, canzona::v1::StepRequest&)>;
+  absl::Status RunSteps(Cluster& cluster, int first, int last,
+                        const StepEdit& edit = nullptr);
   // The same steps the way an overlapping trainer drives them: per bucket
   // in backward order it writes the bucket's gradients and reports it with
   // GradReady (in `shuffled` mode every rank writes all first and reports
@@ -452,6 +456,11 @@ class JobRun {
 // wrote its older masters over them.
 absl::StatusOr<int> StepAfterLoadingParams(Cluster& cluster, JobRun& run,
                                            int step, bool reload);
+// Lists in `request` (StepRequest.reload_params) every parameter of
+// `params` that `rank` holds: a trainer that wrote its whole model.
+void ReloadEveryHeldParam(const std::vector<ModelParam>& params,
+                          const TrainerRank& rank,
+                          canzona::v1::StepRequest& request);
 
 }  // namespace canzona::engine_test
 

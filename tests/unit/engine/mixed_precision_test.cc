@@ -135,6 +135,33 @@ TEST(MixedPrecisionTest, ParametersTheTrainerChangedBecomeTheMasters) {
   }
 }
 
+// A trainer that writes into its parameters the values they hold already
+// (the model's own checkpoint loaded after the optimizer's, an EMA swap
+// swapped back, a clamp's untouched elements) lists them as changed, yet
+// the masters keep their fp32 bits: only an element whose value no longer
+// is its master's rounding takes the trainer's. Reloading every parameter
+// at every step of 3..5 must give the uninterrupted run's masters bitwise;
+// taking the trainer's rounded values instead drops the masters' low bits
+// at each reload, which the comparison sees.
+TEST(MixedPrecisionTest, ReloadedParametersThatRoundToTheirMastersKeepThem) {
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    Cluster cluster;
+    JobRun run(MixedConfig("mp-keep", 2, 2, "cost", dtype, /*exact=*/true));
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RegisterAll(cluster));
+    ASSERT_OK(run.RunSteps(cluster, 1, 2));
+    const std::vector<ModelParam>& params = run.config().params;
+    ASSERT_OK(run.RunSteps(cluster, 3, kSteps,
+                           [&](const TrainerRank& rank, v1::StepRequest& r) {
+                             ReloadEveryHeldParam(params, rank, r);
+                           }));
+    ASSERT_OK_AND_ASSIGN(Params ref, Reference(run.config(), kSteps, {}));
+    EXPECT_OK(run.Compare(ref, /*bitwise=*/true));
+    EXPECT_OK(run.Deregister(cluster));
+  }
+}
+
 TEST(MixedPrecisionTest, BuffersSizedForAnotherDtypeAreRefusedNamingIt) {
   Cluster cluster;
   JobConfig config = MixedConfig("mp-size", 1, 1, "cost", DType::kBFloat16,

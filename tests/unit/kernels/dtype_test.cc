@@ -160,5 +160,49 @@ TEST(DTypeTest, ArraysConvertLikeTheScalars) {
   }
 }
 
+// Masters with fp32 bits below the trainer's precision; the trainer
+// writes back what they round to for two elements of three (the bf16
+// reference is the double-based search above), and a value of its own,
+// never the master's rounding, for the third. Those take the trainer's
+// value exactly; the rest keep their bits. fp32 takes every value.
+TEST(DTypeTest, ReloadMastersKeepsTheMastersThatRoundToTheTrainersValue) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0, 2);
+  const int64_t n = 3000;
+  for (DType d : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
+    SCOPED_TRACE(DTypeName(d));
+    std::vector<float> masters(n);
+    for (float& m : masters) m = normal(rng);
+    std::vector<float> written(n);
+    for (int64_t i = 0; i < n; ++i) {
+      written[i] = masters[i];
+      if (i % 3 == 2) {
+        // Moved by a few units of the trainer's precision, never 0.
+        written[i] = masters[i] * (1.0f + 0.03f * (1 + i % 5));
+      }
+    }
+    std::vector<uint8_t> values(n * DTypeBytes(d));
+    RoundFromFloat(written.data(), n, d, values.data());
+    if (d == DType::kBFloat16) {
+      const auto* bits = reinterpret_cast<const uint16_t*>(values.data());
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(bits[i], ReferenceBFloat16(written[i]));
+      }
+    }
+    std::vector<float> reloaded = masters;
+    ReloadMasters(d, values.data(), n, reloaded.data());
+    std::vector<float> widened(n);
+    WidenToFloat(d, values.data(), n, widened.data());
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const bool keep = d != DType::kFloat32 && i % 3 != 2;
+      ASSERT_EQ(Bits(reloaded[i]), Bits(keep ? masters[i] : widened[i])) << i;
+      // A kept master is not the trainer's value: the rule is not a copy.
+      if (keep && masters[i] != widened[i]) ++kept;
+    }
+    if (d != DType::kFloat32) EXPECT_GT(kept, n / 2);
+  }
+}
+
 }  // namespace
 }  // namespace canzona
