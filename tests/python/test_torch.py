@@ -1600,6 +1600,57 @@ def test_a_bucket_s_event_covers_every_stream_its_gradients_used(
         opt.close()
 
 
+@pytest.mark.parametrize("norm", ["weight_norm", "spectral_norm"])
+def test_forward_pre_hooks_already_on_a_module_read_the_last_step(daemon,
+                                                                  norm):
+    """module=: torch.nn.utils.weight_norm and spectral_norm put a forward
+    pre-hook on the layer that computes its weight from the parameters
+    (weight_g and weight_v, weight_orig). The optimizer's wait for the
+    layer's buckets runs before it, not after: before, that hook read the
+    parameters while the last step's all-gathers could still be writing
+    them (here: with the layer's bucket not waited for at steps 2 and 3).
+    The run equals the one without module= bitwise."""
+    os.environ["CANZONA_TARGET"] = daemon
+
+    def run(overlap):
+        torch.manual_seed(5)
+        wrap = getattr(torch.nn.utils, norm)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated in torch >= 2.1
+            model = torch.nn.Sequential(wrap(torch.nn.Linear(16, 16)),
+                                        torch.nn.Tanh(),
+                                        torch.nn.Linear(16, 4))
+        opt = ct.Muon(model.named_parameters(), adamw_lr=3e-3,
+                      module=model if overlap else None, bucket_size=300)
+        pending = []
+        hooks = model[0]._forward_pre_hooks
+        key, norm_hook = next((k, h) for k, h in hooks.items()
+                              if type(h).__module__.startswith("torch."))
+
+        def spy(module, inputs):
+            if overlap:
+                pending.append({opt._bucket_of[j] for j, (p, _) in
+                                enumerate(opt._grads)
+                                if any(p is q for q in model[0].parameters())}
+                               & opt._unsynced)
+            return norm_hook(module, inputs)
+
+        hooks[key] = spy
+        g = torch.Generator().manual_seed(9)
+        for _ in range(3):
+            model(torch.randn(8, 16, generator=g)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        opt.close()
+        return [p.detach().clone() for p in model.parameters()], pending
+
+    plain, _ = run(False)
+    overlapped, pending = run(True)
+    assert pending == [set(), set(), set()]
+    for a, b in zip(plain, overlapped):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("kind", ["muon", "soap"])
 def test_overlap_and_hierarchical_sharding_are_bitwise(daemon, tmp_path, kind):
     """module= (GradReady from backward hooks, async step, WaitParams in

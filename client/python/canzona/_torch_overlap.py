@@ -51,6 +51,20 @@ def _only_on(module, action):
     return hook
 
 
+def _first_forward_pre_hook(module, hook):
+    """Registers ``hook`` to run before the forward pre-hooks ``module``
+    has already: those may read its parameters too (torch.nn.utils.
+    weight_norm and spectral_norm compute the weight from them there), and
+    must read the last step's values, not the ones the daemon is still
+    writing."""
+    try:
+        return module.register_forward_pre_hook(hook, prepend=True)
+    except TypeError:  # before torch 2.0: no prepend=
+        handle = module.register_forward_pre_hook(hook)
+        module._forward_pre_hooks.move_to_end(handle.id, last=False)
+        return handle
+
+
 class _Overlap:
     """The overlap half of ``canzona.torch.Optimizer`` (a mixin): the
     backward hooks that report buckets, the forward pre-hooks that wait for
@@ -120,7 +134,8 @@ class _Overlap:
                 reader = parent[id(reader)]
             waits.setdefault(id(reader), (reader, set()))[1].update(mine)
         for reader, buckets in waits.values():
-            self._hooks.append(reader.register_forward_pre_hook(
+            self._hooks.append(_first_forward_pre_hook(
+                reader,
                 _only_on(reader, self._before_forward(sorted(buckets)))))
         # The model's state_dict() (torch.save, save_pretrained, a
         # checkpoint) reads every parameter outside a forward: it waits for
