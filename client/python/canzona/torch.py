@@ -25,7 +25,7 @@ accumulated), a hook tells the daemon (GradReady) and its communication
 thread starts that bucket's reduce-scatter while backward goes on; step()
 then waits only for what is left, and returns before the parameter
 all-gathers end. Forward pre-hooks wait (WaitParams) for just the buckets
-each module needs. Results are bitwise those of the plain step. Use
+each module needs, ahead of its other pre-hooks (weight_norm's). Results are bitwise those of the plain step. Use
 ``with opt.no_sync():`` around the backward of every micro-batch but the
 last when accumulating gradients, and ``opt.synchronize()`` before reading
 parameters outside a forward.
