@@ -1045,9 +1045,11 @@ def test_weights_loaded_between_steps_are_kept_in_mixed_precision(daemon,
     opt.close()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("between", ["resume", "ema_swap"])
 def test_rewriting_a_bf16_model_s_own_values_keeps_the_masters(daemon,
-                                                                between):
+                                                                between,
+                                                                overlap):
     """The loop writes into a bf16 model the values it already holds: a
     resume that loads the optimizer before the model (both from this
     run's checkpoint), or an EMA swap for evaluation undone with copy_().
@@ -1059,7 +1061,8 @@ def test_rewriting_a_bf16_model_s_own_values_keeps_the_masters(daemon,
 
     def run(touch):
         model = train_torch.build_model(0).to(torch.bfloat16)
-        opt = ct.Muon(model.named_parameters(), adamw_lr=3e-3)
+        opt = ct.Muon(model.named_parameters(), adamw_lr=3e-3,
+                      module=model if overlap else None)
         sent = []
         real_step = opt.client.step
 
@@ -1083,7 +1086,7 @@ def test_rewriting_a_bf16_model_s_own_values_keeps_the_masters(daemon,
         model.load_state_dict(saved_model)
 
     def ema_swap(model, opt):
-        del opt
+        opt.synchronize()  # reads outside a forward (module=)
         backup = [p.detach().clone() for p in model.parameters()]
         with torch.no_grad():
             for p in model.parameters():
