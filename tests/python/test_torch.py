@@ -1358,6 +1358,29 @@ def test_state_dict_resumes_bitwise_in_new_processes(daemon, tmp_path, world):
             "(0, 1, 0)" in output, output
 
 
+@pytest.mark.parametrize("load_model", ["first", "after-construct", "last"])
+def test_a_bf16_run_resumes_bitwise_whenever_the_model_loads(daemon, tmp_path,
+                                                             load_model):
+    """A bf16 run at DP2 resumed in new processes from torch.save'd model
+    and optimizer state, with the model's weights loaded before the
+    optimizer is constructed, after it (torch's checkpoint tutorial), or
+    after the optimizer's state (then every parameter is listed as changed
+    and its master, which rounds to the loaded value, keeps its fp32
+    bits): each goes on bitwise as the run never stopped."""
+    common = ("--optimizer", "muon", "--dtype", "bfloat16")
+    straight = run_ranks(daemon, 2, str(tmp_path), *common, "--last", "8")
+    ckpt = str(tmp_path / "ckpt-{rank}.pt")
+    run_ranks(daemon, 2, str(tmp_path), *common, "--last", "4",
+              "--save", ckpt)
+    resumed = run_ranks(daemon, 2, str(tmp_path), *common, "--first", "5",
+                        "--last", "8", "--resume", ckpt,
+                        "--load-model", load_model)
+    for a, b in zip(straight, resumed):
+        assert a["losses"][4:] == b["losses"]
+        for n, p in a["params"].items():
+            assert torch.equal(p, b["params"][n]), n
+
+
 def test_accelerate_s_prepare_round_trip_before_the_first_step(daemon):
     """Hugging Face Accelerate prepares an optimizer by loading back its
     own state_dict() with every tensor moved to the device, before any

@@ -87,6 +87,11 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--resume", default=None,
                    help="torch.save file with model and optimizer state")
+    p.add_argument("--load-model", default="first",
+                   choices=["first", "after-construct", "last"],
+                   help="--resume: when the model's weights load: before "
+                        "constructing the optimizer, after it, or after "
+                        "the optimizer's state")
     p.add_argument("--save", default=None,
                    help="after --last, torch.save model and optimizer here")
     p.add_argument("--halve-lr", action="store_true",
@@ -146,7 +151,8 @@ def main():
             q.data = q.data.float()
     if args.resume:
         saved = torch.load(args.resume)
-        model.load_state_dict(saved["model"])
+        if args.load_model == "first":
+            model.load_state_dict(saved["model"])
     net = model
     if args.ddp:
         torch.distributed.init_process_group(
@@ -170,7 +176,11 @@ def main():
             return _real(*a, **k)
         setattr(opt.client, name, counted)
     if args.resume:
+        if args.load_model == "after-construct":
+            model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
+        if args.load_model == "last":
+            model.load_state_dict(saved["model"])
     sched = (torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
              if args.halve_lr else None)
     scaler = make_scaler(args.grad_scaler) if args.grad_scaler > 0 else None
