@@ -1677,6 +1677,72 @@ def test_forward_pre_hooks_already_on_a_module_read_the_last_step(daemon,
         assert torch.equal(a, b)
 
 
+def test_a_forward_that_reads_a_module_s_weight_without_calling_it(daemon):
+    """module=: a fused linear cross-entropy (Liger's, Cut Cross-Entropy's)
+    reads lm_head.weight without calling lm_head, so lm_head's pre-hook
+    never waits for its bucket: before, the loss read it while the last
+    step's all-gather could still be writing it (its bucket not waited for
+    at steps 2 and 3). The model's forward learns from a training forward
+    which readers it did not call and waits for their buckets first; only
+    those lose the overlap, and an evaluation forward that calls lm_head
+    (generate()) does not unteach it. Bitwise the run without module=."""
+    os.environ["CANZONA_TARGET"] = daemon
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Linear(16, 16)
+            self.lm_head = torch.nn.Linear(16, 4, bias=False)
+            self.read = []
+
+        def forward(self, x, fused=True):
+            h = torch.tanh(self.body(x))
+            if not fused:
+                return self.lm_head(h)
+            self.read.append(self.lm_head.weight.detach().clone())
+            return torch.nn.functional.linear(h, self.lm_head.weight)
+
+    def run(overlap):
+        torch.manual_seed(5)
+        model = Model()
+        opt = ct.Muon(model.named_parameters(), adamw_lr=3e-3,
+                      module=model if overlap else None, bucket_size=60)
+        assert len(opt.registered["buckets"]) == 2
+        head = {b for b, members in enumerate(opt.registered["buckets"])
+                for j in members if opt._grads[j][0] is model.lm_head.weight}
+        assert len(head) == 1
+        g = torch.Generator().manual_seed(9)
+        pending = []
+        real = model.forward
+
+        def forward(x, fused=True):
+            if overlap:
+                pending.append(head & opt._unsynced)
+            return real(x, fused)
+
+        model.forward = forward
+        for step in range(3):
+            model(torch.randn(8, 16, generator=g)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            if overlap and step == 1:
+                assert opt._uncalled_buckets == sorted(head)
+                with torch.no_grad():
+                    model(torch.randn(8, 16), fused=False)
+                assert opt._uncalled_buckets == sorted(head)
+        opt.close()
+        return [p.detach().clone() for p in model.parameters()], \
+            model.read, pending
+
+    plain, plain_read, _ = run(False)
+    overlapped, read, pending = run(True)
+    # The training forwards (the third forward evaluates, calling lm_head).
+    assert len(pending) == 4
+    assert [pending[i] for i in (0, 1, 3)] == [set()] * 3, pending
+    for a, b in zip(plain + plain_read, overlapped + read):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("kind", ["muon", "soap"])
 def test_overlap_and_hierarchical_sharding_are_bitwise(daemon, tmp_path, kind):
     """module= (GradReady from backward hooks, async step, WaitParams in

@@ -135,8 +135,23 @@ class _Overlap:
             waits.setdefault(id(reader), (reader, set()))[1].update(mine)
         for reader, buckets in waits.values():
             self._hooks.append(_first_forward_pre_hook(
-                reader,
-                _only_on(reader, self._before_forward(sorted(buckets)))))
+                reader, _only_on(reader, self._before_forward(
+                    id(reader), sorted(buckets)))))
+        # A forward may read a module's parameters without calling it: a
+        # fused linear cross-entropy takes lm_head.weight (Liger's, Cut
+        # Cross-Entropy's), so lm_head's pre-hook never waits. The model's
+        # own forward learns which readers its last training forward did
+        # not call, and its next one waits for their buckets first (only
+        # those lose the overlap). Registered last, it runs before the
+        # model's other pre-hooks (its own reader's too).
+        self._reader_buckets = {key: sorted(buckets)
+                                for key, (_, buckets) in waits.items()}
+        self._called = set()
+        self._uncalled_buckets = []
+        self._hooks.append(_first_forward_pre_hook(
+            module, _only_on(module, self._model_forward_starts)))
+        self._hooks.append(module.register_forward_hook(
+            _only_on(module, self._model_forward_ends)))
         # The model's state_dict() (torch.save, save_pretrained, a
         # checkpoint) reads every parameter outside a forward: it waits for
         # the last step's parameters first. Before torch 2.0 only a hook
@@ -192,18 +207,34 @@ class _Overlap:
                                        [b])
         return hook
 
-    def _before_forward(self, buckets):
-        """What a module's forward waits for first: the last step's
-        parameters of ``buckets`` (the ones it reads)."""
+    def _before_forward(self, key, buckets):
+        """What the forward of a module (``id()`` ``key``) waits for
+        first: the last step's parameters of ``buckets`` (the ones it
+        reads)."""
         def wait():
-            self._finish_interrupted_step()
-            for b in buckets:
-                if b in self._unsynced:
-                    self.client.wait_params(self.job_id, self.rank,
-                                            self.steps, b)
-                    self._await_params(b)
-                    self._unsynced.discard(b)
+            self._called.add(key)
+            self._wait_for(buckets)
         return wait
+
+    def _wait_for(self, buckets):
+        self._finish_interrupted_step()
+        for b in buckets:
+            if b in self._unsynced:
+                self.client.wait_params(self.job_id, self.rank, self.steps, b)
+                self._await_params(b)
+                self._unsynced.discard(b)
+
+    def _model_forward_starts(self):
+        self._called = set()
+        self._wait_for(self._uncalled_buckets)
+
+    def _model_forward_ends(self):
+        # An evaluation forward may take another path (generate() calls
+        # lm_head): only training forwards teach.
+        if torch.is_grad_enabled():
+            self._uncalled_buckets = sorted(
+                {b for key, buckets in self._reader_buckets.items()
+                 if key not in self._called for b in buckets})
 
     @contextlib.contextmanager
     def no_sync(self):
