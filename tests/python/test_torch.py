@@ -2043,7 +2043,8 @@ def test_bad_use_raises_clear_errors(daemon):
     fresh.close()
 
 
-def test_a_refused_construction_leaves_the_model_as_it_was(daemon):
+def test_a_refused_construction_leaves_the_model_as_it_was(daemon,
+                                                           monkeypatch):
     """A setting the daemon refuses (a notebook cell with a typo'd lr)
     leaves no hook on the parameters, no gradient view and no name in
     /dev/shm: the next backward runs, and the next optimizer trains the
@@ -2052,10 +2053,21 @@ def test_a_refused_construction_leaves_the_model_as_it_was(daemon):
     optimizer's hook, for good."""
     os.environ["CANZONA_TARGET"] = daemon
     touched, untouched = train_torch.build_model(0), train_torch.build_model(0)
-    names = set(os.listdir("/dev/shm"))
+    # The refused optimizer's own buffer (a listing of /dev/shm would race
+    # the names other test processes create and remove meanwhile).
+    allocated = []
+    real_allocate = canzona.Client.allocate
+
+    def allocate(*args, **kwargs):
+        allocated.append(real_allocate(*args, **kwargs))
+        return allocated[-1]
+
+    monkeypatch.setattr(canzona.Client, "allocate", allocate)
     with pytest.raises(canzona.CanzonaError, match="setting lr: bad value"):
         ct.Muon(touched.named_parameters(), lr=-1.0)
-    assert set(os.listdir("/dev/shm")) <= names
+    [buffer] = allocated
+    assert not os.path.exists("/dev/shm" + buffer.name)
+    monkeypatch.undo()
     assert all(p.grad is None for p in touched.parameters())
     train_torch.loss_fn(touched, 1, 0).backward()
     for model in (touched, untouched):
