@@ -238,9 +238,9 @@ absl::Status TrainerBuffers::Read(const void* src, int j, int64_t n, DType as,
     CountIfPageable("TrainerBuffers::Read", dst, bytes, copier);
     return opener_->CopyToHost(device_, src, bytes, dst);
   }
-  CANZONA_ASSIGN_OR_RETURN(char* host, Scratch("Read", scratch, bytes));
-  CountIfPageable("TrainerBuffers::Read", host, bytes, copier);
-  CANZONA_RETURN_IF_ERROR(opener_->CopyToHost(device_, src, bytes, host));
+  CANZONA_ASSIGN_OR_RETURN(
+      const char* host,
+      CopyToScratch("TrainerBuffers::Read", src, bytes, copier, scratch));
   return copier.Convert(dtype, host, as, dst, n);
 }
 
@@ -254,12 +254,19 @@ absl::Status TrainerBuffers::ReloadMasters(const void* src, int j, int64_t n,
   if (!ThroughHost(device_staging)) {
     return copier.ReloadMasters(dtype, src, masters, n);
   }
-  const int64_t bytes = n * DTypeBytes(dtype);
-  CANZONA_ASSIGN_OR_RETURN(char* host,
-                           Scratch("ReloadMasters", scratch, bytes));
-  CountIfPageable("TrainerBuffers::ReloadMasters", host, bytes, copier);
-  CANZONA_RETURN_IF_ERROR(opener_->CopyToHost(device_, src, bytes, host));
+  CANZONA_ASSIGN_OR_RETURN(
+      const char* host, CopyToScratch("TrainerBuffers::ReloadMasters", src,
+                                      n * DTypeBytes(dtype), copier, scratch));
   return copier.ReloadMasters(dtype, host, masters, n);
+}
+
+absl::StatusOr<const char*> TrainerBuffers::CopyToScratch(
+    absl::string_view what, const void* src, int64_t bytes,
+    StagingCopier& copier, absl::Span<char> scratch) const {
+  CANZONA_ASSIGN_OR_RETURN(char* host, Scratch(what, scratch, bytes));
+  CountIfPageable(what, host, bytes, copier);
+  CANZONA_RETURN_IF_ERROR(opener_->CopyToHost(device_, src, bytes, host));
+  return host;
 }
 
 absl::Status TrainerBuffers::Write(DType from, const void* src, int j,
@@ -278,7 +285,8 @@ absl::Status TrainerBuffers::Write(DType from, const void* src, int j,
     CountIfPageable("TrainerBuffers::Write", src, bytes, copier);
     return opener_->CopyFromHost(device_, src, bytes, dst);
   }
-  CANZONA_ASSIGN_OR_RETURN(char* host, Scratch("Write", scratch, bytes));
+  CANZONA_ASSIGN_OR_RETURN(char* host,
+                           Scratch("TrainerBuffers::Write", scratch, bytes));
   CANZONA_RETURN_IF_ERROR(copier.Convert(from, src, dtype, host, n));
   CountIfPageable("TrainerBuffers::Write", host, bytes, copier);
   return opener_->CopyFromHost(device_, host, bytes, dst);
@@ -296,9 +304,9 @@ absl::StatusOr<char*> TrainerBuffers::Scratch(absl::string_view what,
                                               absl::Span<char> scratch,
                                               int64_t bytes) {
   if (static_cast<int64_t>(scratch.size()) < bytes) {
-    return absl::InternalError(absl::StrCat(
-        "TrainerBuffers::", what, ": a conversion through the host needs ",
-        bytes, " bytes of scratch, the caller has ", scratch.size()));
+    return absl::InternalError(
+        absl::StrCat(what, ": a conversion through the host needs ", bytes,
+                     " bytes of scratch, the caller has ", scratch.size()));
   }
   return scratch.data();
 }

@@ -170,9 +170,17 @@ class TrainerBuffers {
 
  private:
   TrainerBuffers() = default;
-  // `scratch` when it holds `bytes` (INTERNAL naming `what` otherwise).
+  // `scratch` when it holds `bytes` (INTERNAL naming `what`, the method,
+  // otherwise).
   static absl::StatusOr<char*> Scratch(absl::string_view what,
                                        absl::Span<char> scratch, int64_t bytes);
+  // Through the host: `bytes` of trainer device memory `src` into
+  // `scratch` with one IPC copy, counted by `what` (the method) where the
+  // scratch is pageable; the scratch's start.
+  absl::StatusOr<const char*> CopyToScratch(absl::string_view what,
+                                            const void* src, int64_t bytes,
+                                            StagingCopier& copier,
+                                            absl::Span<char> scratch) const;
   // Counts an IPC copy by `what` whose host side [host, host + bytes) the
   // runtime sees as pageable on `copier` (StagingCopier::pageable_copies).
   void CountIfPageable(absl::string_view what, const void* host, int64_t bytes,
