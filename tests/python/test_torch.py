@@ -1042,6 +1042,11 @@ def test_weights_loaded_between_steps_are_kept_in_mixed_precision(daemon,
         assert all(kept) if reload else not any(kept)
     with pytest.raises(ValueError, match="does not hold"):
         opt.reload_model_params([torch.nn.Parameter(torch.zeros(1))])
+    # Refused, a call naming one of ours and a stranger marks neither.
+    with pytest.raises(ValueError, match="does not hold"):
+        opt.reload_model_params([next(model.parameters()),
+                                 torch.nn.Parameter(torch.zeros(1))])
+    assert opt._changed_params() == []
     opt.close()
 
 

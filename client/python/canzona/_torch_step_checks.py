@@ -184,10 +184,12 @@ class _StepChecks:
         index = {id(param): j for j, (param, _) in enumerate(self._grads)}
         chosen = (range(len(self._grads)) if params is None
                   else [index.get(id(param)) for param in params])
+        # Every one checked before any is marked: a refused call changes
+        # nothing.
+        if None in chosen:
+            raise ValueError("reload_model_params: a parameter this "
+                             "optimizer does not hold")
         for j in chosen:
-            if j is None:
-                raise ValueError("reload_model_params: a parameter this "
-                                 "optimizer does not hold")
             self._param_versions[j] = -1  # never a version counter's value
 
     def _changed_params(self):

@@ -27,10 +27,10 @@ then waits only for what is left, and returns before the parameter
 all-gathers end. Forward pre-hooks wait (WaitParams) for just the buckets
 each module needs, ahead of its other pre-hooks (weight_norm's); the
 model's forward waits first for those of modules its last training
-forward did not call (a fused loss reading lm_head.weight). Results are bitwise those of the plain step. Use
-``with opt.no_sync():`` around the backward of every micro-batch but the
-last when accumulating gradients, and ``opt.synchronize()`` before reading
-parameters outside a forward.
+forward did not call (a fused loss reading lm_head.weight). Results are
+bitwise those of the plain step. Use ``with opt.no_sync():`` around the
+backward of every micro-batch but the last when accumulating gradients,
+and ``opt.synchronize()`` before reading parameters outside a forward.
 
 GPU models: parameters on one CUDA device move into one device buffer
 instead, exported to the daemon with CUDA IPC (the daemon must run on the
