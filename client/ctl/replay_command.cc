@@ -5,9 +5,11 @@
 //   canzonactl replay --optimizer muon --set lr=0.02,momentum=0.95 \
 //       --param P.npy --grads G.npy --out OUT.npy [--backend cpu|cuda|auto]
 //
-// P: float32/float64 .npy (2-D; any shape for adamw). G: [K, *P.shape], K
-// gradient steps. OUT: float32 .npy, the parameter after K steps. Bad input
-// exits with status 2 and one line naming the problem; nothing is written.
+// P: float32/float64 .npy (2 or more dimensions, stepped as the matrix
+// (shape[0], product of the rest) as the daemon does; any shape for adamw).
+// G: [K, *P.shape], K gradient steps. OUT: float32 .npy, the parameter after
+// K steps. Bad input exits with status 2 and one line naming the problem;
+// nothing is written.
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -58,10 +60,10 @@ absl::StatusOr<ReplayJob> PrepareReplay(const ReplayOptions& options) {
 
   const std::vector<int64_t>& p_shape = job.param.shape;
   const std::vector<int64_t>& g_shape = job.grads.shape;
-  if (kind != OptimizerKind::kAdamW && p_shape.size() != 2) {
+  if (kind != OptimizerKind::kAdamW && p_shape.size() < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat(options.param_path, ": ", OptimizerKindName(kind),
-                     " needs a 2-D parameter, got shape (",
+                     " needs a matrix (2 or more dimensions), got shape (",
                      absl::StrJoin(p_shape, ", "), ")"));
   }
   if (job.param.data.empty()) {
@@ -79,7 +81,11 @@ absl::StatusOr<ReplayJob> PrepareReplay(const ReplayOptions& options) {
   job.steps = g_shape[0];
   CANZONA_ASSIGN_OR_RETURN(job.backend, CreateBackendByName(options.backend));
   CANZONA_ASSIGN_OR_RETURN(
-      job.rule, UpdateRule::Create(job.config, p_shape, job.backend.get()));
+      job.rule,
+      UpdateRule::Create(
+          job.config,
+          kind == OptimizerKind::kAdamW ? p_shape : FlattenedToMatrix(p_shape),
+          job.backend.get()));
   return job;
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "server/engine/job_plan.h"
 #include "server/optim/matrix_blocks.h"
 #include "server/optim/optimizer_config.h"
+#include "server/optim/update_rule.h"
 
 namespace canzona {
 namespace {
@@ -243,16 +245,38 @@ absl::StatusOr<int64_t> ValidateParameter(const v1::Parameter& p,
     return absl::InvalidArgumentError(
         absl::StrCat(where, ".group: unknown group '", p.group(), "'"));
   }
-  if (IsMatrix(config->second.kind) && p.shape_size() != 2) {
+  if (IsMatrix(config->second.kind) && p.shape_size() < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ".shape: optimizer ", OptimizerKindName(config->second.kind),
-        " needs a 2-D shape"));
+        " needs a matrix (2 or more dimensions)"));
   }
   if (p.has_blocks()) {
+    if (p.shape_size() != 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".blocks: a ", p.shape_size(),
+                       "-D parameter (blocks cut a 2-D one)"));
+    }
     CANZONA_RETURN_IF_ERROR(
         ValidateBlocks(p, where, settings, config->second.kind));
   }
   return split >= 0 ? elements / tp : elements;
+}
+
+// A matrix optimizer steps a parameter of more than two dimensions (a
+// convolution's filters, (out, in, kh, kw)) as the matrix (shape[0],
+// product of the rest), as Keller Jordan's Muon flattens conv filters; the
+// plan, the state and the checkpoints hold that matrix. Its TP split keeps
+// its meaning: dimension 1 of (out, in, kh, kw) split into tp parts is the
+// matrix's columns split into tp contiguous parts, as its fragments are.
+std::string CanonicalAsStepped(const v1::Parameter& p,
+                               const JobSettings& settings) {
+  if (p.shape_size() <= 2 || !IsMatrix(settings.configs.at(p.group()).kind)) {
+    return CanonicalParam(p);
+  }
+  v1::Parameter matrix = p;
+  const std::vector<int64_t> shape = FlattenedToMatrix(p.shape());
+  matrix.mutable_shape()->Assign(shape.begin(), shape.end());
+  return CanonicalParam(matrix);
 }
 
 }  // namespace
@@ -299,7 +323,8 @@ absl::StatusOr<RankSpec> ValidateRegisterRequest(
     CANZONA_ASSIGN_OR_RETURN(int64_t local,
                              ValidateParameter(p, where, out.settings));
     out.fragment_numel.push_back(local);
-    absl::StrAppend(&out.plist, j ? "\n" : "", CanonicalParam(p));
+    absl::StrAppend(&out.plist, j ? "\n" : "",
+                    CanonicalAsStepped(p, out.settings));
   }
   // Checkpoint records are named after parameters and blocks: no block
   // may take another's name or a parameter's.

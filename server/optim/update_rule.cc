@@ -99,6 +99,13 @@ absl::StatusOr<NewtonSchulzSpec> NewtonSchulzSpecFor(const MuonOptions& options,
   return spec;
 }
 
+std::vector<int64_t> FlattenedToMatrix(absl::Span<const int64_t> shape) {
+  if (shape.size() <= 2) return {shape.begin(), shape.end()};
+  int64_t columns = 1;
+  for (size_t d = 1; d < shape.size(); ++d) columns *= shape[d];
+  return {shape[0], columns};
+}
+
 UpdateRule::UpdateRule(const OptimizerConfig& config,
                        std::vector<int64_t> shape, Backend* backend,
                        std::unique_ptr<RuleImpl> impl)

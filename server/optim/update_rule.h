@@ -87,6 +87,12 @@ absl::StatusOr<NewtonSchulzSpec> NewtonSchulzSpecFor(const MuonOptions& options,
                                                      BackendKind backend_kind);
 
 class SharedScratch;
+// The matrix a matrix rule (muon, shampoo, soap) steps for a parameter of
+// `shape` (2 or more dimensions): (shape[0], product of the rest), as
+// Keller Jordan's Muon flattens convolution filters (out, in, kh, kw). A
+// 2-D shape is itself.
+std::vector<int64_t> FlattenedToMatrix(absl::Span<const int64_t> shape);
+
 namespace optim_internal {
 class MuonRule;
 class RuleImpl;

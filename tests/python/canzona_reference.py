@@ -392,14 +392,19 @@ class Rule:
     ):
         self.optimizer = optimizer
         self.config = resolve_settings(optimizer, settings)
-        self.shape = tuple(int(d) for d in shape)
+        # The parameter's shape; self.shape is what the rule steps: a matrix
+        # rule steps (shape[0], product of the rest), as the daemon does.
+        self.param_shape = tuple(int(d) for d in shape)
+        self.shape = self.param_shape
         if any(d < 1 for d in self.shape):
             raise ValueError(f"{optimizer}: shape {list(self.shape)} has a dimension < 1")
-        if optimizer != "adamw" and len(self.shape) != 2:
-            raise ValueError(
-                f"{optimizer} needs a 2-D parameter, got shape {list(self.shape)} "
-                "(use adamw for other shapes)"
-            )
+        if optimizer != "adamw":
+            if len(self.shape) < 2:
+                raise ValueError(
+                    f"{optimizer} needs a matrix (2 or more dimensions), got shape "
+                    f"{list(self.shape)} (use adamw for other shapes)"
+                )
+            self.shape = (self.shape[0], math.prod(self.shape[1:]))
         # The daemon's step counter (SOAP's first call does not count).
         self.t = 0
         getattr(self, f"_init_{optimizer}")()
@@ -411,11 +416,14 @@ class Rule:
     def step(self, param: np.ndarray, grad: np.ndarray, lr: float | None = None) -> None:
         if not isinstance(param, np.ndarray) or param.dtype != np.float64:
             raise TypeError("param must be a float64 numpy array (updated in place)")
-        if tuple(param.shape) != self.shape:
-            raise ValueError(f"param shape {param.shape} != rule shape {self.shape}")
+        if tuple(param.shape) != self.param_shape:
+            raise ValueError(f"param shape {param.shape} != rule shape {self.param_shape}")
+        if not param.flags.c_contiguous:
+            raise TypeError("param must be C-contiguous (updated in place)")
         g = np.asarray(grad, dtype=np.float64)
-        if tuple(g.shape) != self.shape:
-            raise ValueError(f"grad shape {g.shape} != rule shape {self.shape}")
+        if tuple(g.shape) != self.param_shape:
+            raise ValueError(f"grad shape {g.shape} != rule shape {self.param_shape}")
+        param, g = param.reshape(self.shape), g.reshape(self.shape)
         if lr is None:
             lr = self.lr
         else:

@@ -106,6 +106,8 @@ MUON_CASES = [
         {"ns_algorithm": "gram", "ns_coefficients": "polar_express"},
     ),
     Case("standard_explicit", "muon", (12, 40), {"ns_algorithm": "standard"}),
+    # Convolution filters (out, in, kh, kw): the matrix (out, in * kh * kw).
+    Case("conv_filters", "muon", (16, 4, 3, 3)),
 ]
 
 ADAMW_CASES = [
@@ -228,6 +230,7 @@ SHAMPOO_CASES = [
 SOAP_CASES = [
     Case("square_defaults", "soap", (16, 16)),
     Case("square_refresh_every_2", "soap", (16, 16), {"precondition_frequency": 2}),
+    Case("conv_filters", "soap", (12, 3, 2, 2), {"precondition_frequency": 2}),
     Case(
         "square_frequency_3_normalize_no_bias_correction",
         "soap",
@@ -497,8 +500,9 @@ def test_settings_text_round_trip():
 
 
 def test_shapes_validated():
-    with pytest.raises(ValueError, match="needs a 2-D parameter"):
+    with pytest.raises(ValueError, match=r"needs a matrix \(2 or more dimensions\)"):
         cr.make_rule("muon", (4,))
+    assert cr.make_rule("soap", (8, 4, 3, 3)).shape == (8, 36)
     with pytest.raises(ValueError, match="dimension < 1"):
         cr.make_rule("adamw", (3, 0))
     cr.make_rule("adamw", (2, 3, 4))

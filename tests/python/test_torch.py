@@ -885,6 +885,70 @@ def test_torch_optim_param_groups_port_as_they_are(daemon):
         opt.close()
 
 
+def _conv_net(seed):
+    torch.manual_seed(seed)
+    conv = torch.nn.Conv2d
+    return torch.nn.Sequential(
+        conv(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(), conv(8, 16, 3, padding=1, bias=False),
+        torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+        torch.nn.Linear(16, 10)).to(memory_format=torch.channels_last)
+
+
+def test_a_channels_last_conv_net_steps_its_filters_as_matrices(daemon):
+    """A convolutional net in channels_last (as torchvision's and
+    diffusers' recipes train one) registers, and its filters routed to Muon
+    step as the matrices (out, in * kh * kw), as Keller Jordan's Muon
+    flattens them: losses and parameters follow plain PyTorch with float64
+    Newton-Schulz on the flattened filters and torch.optim.AdamW for the
+    rest. Before, construction raised "parameter '0.weight' is not
+    contiguous", and a contiguous net's filters in Muon "needs a 2-D
+    shape"."""
+    os.environ["CANZONA_TARGET"] = daemon
+    filters = ["0.weight", "3.weight"]
+    model, ref = _conv_net(0), _conv_net(0)
+    opt = ct.Muon(model.named_parameters(), lr=0.02, adamw_lr=3e-3,
+                  overrides=dict({n: "muon" for n in filters},
+                                 **{"8.weight": "adamw"}), module=model)
+    assert [len(g["params"]) for g in opt.param_groups] == [2, 6]
+    # The filters now view the shared buffer in row-major order.
+    assert model[0].weight.is_contiguous()
+    named = dict(ref.named_parameters())
+    adamw = torch.optim.AdamW(
+        [p for n, p in named.items() if n not in filters], lr=3e-3,
+        betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    muon = TorchMuon(0.02)
+    flat = {n: named[n].detach().reshape(len(named[n]), -1).clone()
+            for n in filters}
+    torch.manual_seed(1)
+    x = torch.randn(4, 3, 8, 8).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (4,))
+    for _ in range(3):
+        losses = []
+        for m in (model, ref):
+            loss = torch.nn.functional.cross_entropy(m(x), y)
+            loss.backward()
+            losses.append(loss.item())
+        assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1]), losses
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            adamw.step()
+            for n in filters:
+                p = named[n]
+                flat[n].copy_(p.reshape(len(p), -1))
+                muon.step(flat[n], p.grad.reshape(len(p), -1), 0.02)
+                p.copy_(flat[n].view(p.shape))
+        ref.zero_grad()
+    opt.synchronize()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert relative(p, q) <= 1e-5, (n, relative(p, q))
+    # The negative control: the filters moved, as Muon moves them.
+    assert relative(model[0].weight, _conv_net(0)[0].weight) > 1e-2
+    opt.close()
+
+
 def test_torch_optim_forms_that_cannot_work_say_why(daemon):
     """Unnamed parameters where the optimizer is chosen by name, a group
     mixing matrices with embeddings, and malformed groups raise naming the
@@ -1993,10 +2057,13 @@ def test_bad_use_raises_clear_errors(daemon):
     with pytest.raises(ValueError, match="parameter 'w' is torch.float64"):
         ct.Muon([("v", torch.nn.Parameter(torch.randn(4, 4))), ("w", wide)],
                 job_id="bad-dtype")
-    # Not contiguous.
+    # Not contiguous (a transposed view): it moves into the buffer
+    # row-major, its values unchanged.
     strided = torch.nn.Parameter(torch.randn(4, 6).t())
-    with pytest.raises(ValueError, match="not contiguous"):
-        ct.Muon([("w", strided)], job_id="bad-layout")
+    values = strided.detach().clone()
+    opt = ct.Muon([("w", strided)], job_id="strided-" + uuid.uuid4().hex[:8])
+    assert strided.is_contiguous() and torch.equal(strided, values)
+    opt.close()
     # The daemon's own validation, with its message and code.
     with pytest.raises(canzona.CanzonaError) as error:
         ct.Optimizer([("w", torch.nn.Parameter(torch.randn(4, 4)))],

@@ -156,7 +156,10 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16",
 
 def default_route(name, param, matrix_group):
     """2-D hidden weights -> ``matrix_group``; embeddings, lm_head, routers
-    and every tensor that is not 2-D -> "adamw"."""
+    and every tensor that is not 2-D -> "adamw". Convolution filters too
+    (a patch embedding or a depthwise kernel is no hidden matrix): route
+    the ones that are (a ResNet's) to the matrix optimizer by name, which
+    steps them as the matrices (out, in * kh * kw)."""
     if param.dim() != 2:
         return "adamw"
     lowered = name.lower()
@@ -311,12 +314,13 @@ def _buffer_entries(named, route_fn, groups, tp_split, tp):
     its collectives work on this buffer in place. Each starts aligned to
     its own element size, which leaves no gap between parameters of one
     dtype (the daemon's runs are unbroken); the gradients' half starts at
-    a multiple of _HALF_ALIGNMENT."""
+    a multiple of _HALF_ALIGNMENT. Each takes its values in row-major
+    order, as the daemon reads them: a channels_last convolution's filters
+    become contiguous (its convolutions still run channels_last where their
+    input is), and a matrix optimizer steps them as (out, in * kh * kw)
+    whatever their memory format was."""
     entries = []
     for name, param in named:
-        if not param.is_contiguous():
-            raise ValueError("parameter %r is not contiguous: the daemon "
-                             "needs one dense row-major buffer" % name)
         group = route_fn(name, param)
         if group not in groups:
             raise ValueError("route: parameter %r -> unknown group %r"

@@ -6,6 +6,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -160,6 +161,24 @@ TEST(EngineTest, ScheduledSettingsApplyToTheirStepOnly) {
     unscheduled.step_settings.clear();
     ASSERT_OK_AND_ASSIGN(Params without, Reference(unscheduled, 4, {}));
     EXPECT_THAT(run.Compare(without, /*bitwise=*/false), Not(IsOk()));
+    EXPECT_OK(run.Deregister(cluster));
+  }
+}
+
+// Convolution filters (out, in, kh, kw) in Muon, Shampoo and SOAP groups
+// step as the matrices (out, in * kh * kw) wherever they run: whole on
+// their DP owner, or rebuilt from TP fragments split along out or in.
+TEST(EngineTest, ConvolutionFiltersStepAsTheirMatrices) {
+  for (const auto& [dp, tp] : {std::pair{2, 2}, std::pair{1, 2}}) {
+    SCOPED_TRACE(absl::StrCat("DP", dp, " x TP", tp));
+    Cluster cluster;
+    JobConfig config = MakeJobConfig("conv", dp, tp, "cost", ConvModel());
+    config.exact = true;
+    JobRun run(config);
+    ASSERT_OK(run.Init());
+    ASSERT_OK(run.RunAll(cluster, kSteps));
+    ASSERT_OK_AND_ASSIGN(Params ref, Reference(run.config(), kSteps, {}));
+    EXPECT_OK(run.Compare(ref, /*bitwise=*/true));
     EXPECT_OK(run.Deregister(cluster));
   }
 }

@@ -60,7 +60,9 @@ std::vector<float> Fragment(const ModelParam& p, int tp, int j,
     std::memcpy(out.data(), full.data() + j * ln, ln * sizeof(float));
     return out;
   }
-  const int64_t rows = p.shape[0], cols = p.shape[1], c = cols / tp;
+  // A row of an N-D tensor is everything after dimension 0; split along
+  // dimension 1, each fragment holds a contiguous part of every row.
+  const int64_t rows = p.shape[0], cols = Numel(p.shape) / rows, c = cols / tp;
   for (int64_t r = 0; r < rows; ++r) {
     std::memcpy(out.data() + r * c, full.data() + r * cols + j * c,
                 c * sizeof(float));
@@ -85,7 +87,9 @@ void PutFragment(const ModelParam& p, int tp, int j,
     std::memcpy(full->data() + j * ln, frag.data(), ln * sizeof(float));
     return;
   }
-  const int64_t rows = p.shape[0], cols = p.shape[1], c = cols / tp;
+  // A row of an N-D tensor is everything after dimension 0; split along
+  // dimension 1, each fragment holds a contiguous part of every row.
+  const int64_t rows = p.shape[0], cols = Numel(p.shape) / rows, c = cols / tp;
   for (int64_t r = 0; r < rows; ++r) {
     std::memcpy(full->data() + r * cols + j * c, frag.data() + r * c,
                 c * sizeof(float));
@@ -175,6 +179,18 @@ std::vector<ModelParam> HfModel() {
   }
   m.push_back({"model.norm.weight", {64}, -1, "adamw"});
   m.push_back({"lm_head.weight", {128, 64}, 0, "muon"});
+  return m;
+}
+
+std::vector<ModelParam> ConvModel() {
+  std::vector<ModelParam> m;
+  m.push_back({"stem.weight", {16, 3, 3, 3}, -1, "muon"});
+  m.push_back({"stem.norm.weight", {16}, -1, "adamw"});
+  m.push_back({"block.conv1.weight", {32, 16, 3, 3}, 0, "muon"});
+  m.push_back({"block.conv2.weight", {32, 32, 3, 3}, 1, "shampoo"});
+  m.push_back({"block.conv3.weight", {16, 32, 1, 1}, 1, "soap"});
+  m.push_back({"block.shortcut.weight", {16, 16, 1, 1}, -1, "adamw"});
+  m.push_back({"head.weight", {10, 16}, 0, "muon"});
   return m;
 }
 

@@ -187,7 +187,9 @@ absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
       CANZONA_ASSIGN_OR_RETURN(
           auto rule,
           UpdateRule::CreateBlocked(
-              oc, fragmented ? LocalShape(p, config.tp) : p.shape,
+              oc,
+              FlattenedToMatrix(fragmented ? LocalShape(p, config.tp)
+                                           : p.shape),
               fragmented ? BlockSpec{} : p.blocks, p.name, backend.get()));
       rules[k].push_back(std::move(rule));
     }

@@ -106,6 +106,9 @@ FusedLayouts FusedAndSeparate(const std::string& optimizer, bool blocks = true);
 // shape (fc1 [64, 64], fc2 [64, 32]) on Muon, attention on Muon, the rest
 // AdamW; the experts are TP-replicated (expert parallelism's habit).
 std::vector<ModelParam> MoeModel(int experts, int layers = 2);
+// A small convolutional net: filters (out, in, kh, kw) in Muon, Shampoo and
+// SOAP groups, whole or split along out or in, and one in AdamW.
+std::vector<ModelParam> ConvModel();
 // MegatronModel with Muon for every matrix (AdamW for the rest).
 std::vector<ModelParam> MuonModel();
 

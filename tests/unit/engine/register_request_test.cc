@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -98,7 +99,20 @@ TEST(RegisterRequestTest, BadInputNamesTheField) {
       {"group", [](auto& r) { r.mutable_parameters(0)->set_group("nope"); },
        StatusCode::kInvalidArgument, ".group: unknown group 'nope'"},
       {"matrix", [](auto& r) { r.mutable_parameters(1)->set_group("muon"); },
-       StatusCode::kInvalidArgument, "needs a 2-D shape"},
+       StatusCode::kInvalidArgument, "needs a matrix (2 or more dimensions)"},
+      {"blocks of a 4-D",
+       [](auto& r) {
+         v1::Parameter* p = r.mutable_parameters(2);
+         p->mutable_blocks()->set_dim(0);
+         p->mutable_blocks()->add_sizes(64);
+         p->mutable_shape()->Set(1, 16);
+         p->add_shape(2);
+         p->add_shape(2);
+       },
+       StatusCode::kInvalidArgument,
+       "parameters[2] "
+       "'decoder.layers.0.self_attention.linear_qkv.weight'.blocks: a 4-D "
+       "parameter"},
       {"dup param",
        [](auto& r) {
          r.mutable_parameters(3)->set_name(r.parameters(1).name());
@@ -112,6 +126,33 @@ TEST(RegisterRequestTest, BadInputNamesTheField) {
                 StatusIs(c.code, HasSubstr(c.field)))
         << c.name;
   }
+}
+
+// A matrix optimizer steps an N-D parameter (a convolution's filters) as the
+// matrix (shape[0], product of the rest): that is the shape the plan gets.
+// An element-wise one keeps its shape.
+TEST(RegisterRequestTest, FiltersInAMatrixGroupRegisterAsTheirMatrix) {
+  v1::RegisterRequest request = Request();
+  v1::Parameter* filters = request.mutable_parameters(2);  // muon, split 0
+  ASSERT_EQ(request.parameters(2).group(), "muon");
+  filters->clear_shape();
+  for (int64_t d : {128, 16, 2, 2}) filters->add_shape(d);
+  v1::Parameter* embedding = request.mutable_parameters(0);  // adamw
+  ASSERT_EQ(request.parameters(0).group(), "adamw");
+  embedding->clear_shape();
+  for (int64_t d : {128, 16, 2, 2}) embedding->add_shape(d);
+  ASSERT_OK_AND_ASSIGN(RankSpec spec,
+                       ValidateRegisterRequest(request, RegisterLimits{}));
+  const std::vector<std::string> lines = absl::StrSplit(spec.plist, '\n');
+  EXPECT_EQ(lines[2], absl::StrCat(filters->name(), "|128,64|0|muon"));
+  EXPECT_EQ(lines[0], absl::StrCat(embedding->name(), "|128,16,2,2|0|adamw"));
+  EXPECT_EQ(spec.fragment_numel[2], 128 * 64 / 2);
+  // Split along dimension 1 of (out, in, kh, kw): in must divide by tp.
+  filters->set_tp_split_dim(1);
+  filters->set_shape(1, 15);
+  EXPECT_THAT(ValidateRegisterRequest(request, RegisterLimits{}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("tp 2 does not divide dimension 1 (15)")));
 }
 
 TEST(RegisterRequestTest, LimitsAndTokens) {
