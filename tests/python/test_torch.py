@@ -1184,14 +1184,20 @@ def test_a_ddp_wrapped_model_steps_as_one_without(daemon, tmp_path):
         for n, p in a["params"].items():
             assert torch.equal(p, b["params"][n]), n
         assert b["warnings"] == []
-    # With module= the daemon reads each reported bucket during backward,
-    # while DDP writes its average after: refused, naming DDP.
-    for code, output in run_ranks(
-            daemon, 2, str(tmp_path), "--last", "1", "--overlap", "--ddp",
-            str(tmp_path / ("rendezvous-" + uuid.uuid4().hex)),
-            failing=True):
-        assert code != 0
-        assert "a DistributedDataParallel around the model" in output, output
+    # With module= the daemon would read each reported bucket during
+    # backward, while DDP writes its average after: the first step sees the
+    # write, and the optimizer steps without the overlap, warning once
+    # (before: step() refused).
+    overlapped = run_ranks(
+        daemon, 2, str(tmp_path), "--last", "3", "--overlap", "--ddp",
+        str(tmp_path / ("rendezvous-" + uuid.uuid4().hex)))
+    for a, b in zip(plain, overlapped):
+        assert a["losses"] == b["losses"]
+        for n, p in a["params"].items():
+            assert torch.equal(p, b["params"][n]), n
+        assert len(b["warnings"]) == 1, b["warnings"]
+        assert "a DistributedDataParallel around the model" in \
+            b["warnings"][0], b["warnings"]
 
 
 def test_a_local_clip_on_several_ranks_warns_once(daemon, tmp_path):
@@ -1610,7 +1616,7 @@ def test_overlap_waits_where_a_container_s_parameters_are_read(daemon):
         return real(job_id, rank, step, bucket)
     opt.client.wait_params = counted
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
-    for _ in range(3):
+    for _ in range(4):
         waited.clear()
         model(x).square().mean().backward()
         opt.step()
@@ -1620,7 +1626,9 @@ def test_overlap_waits_where_a_container_s_parameters_are_read(daemon):
     buckets = {opt._bucket_of[j] for j, (p, _) in enumerate(opt._grads)
                if id(p) in weights}
     assert buckets
-    for seen in model.seen[1:]:
+    # The first step learns the loop (its parameters are in place when it
+    # returns); the overlap begins with the second.
+    for seen in model.seen[2:]:
         assert buckets <= seen, (buckets, seen)
 
 
@@ -1681,6 +1689,14 @@ def test_a_bucket_s_event_covers_every_stream_its_gradients_used(
         assert len(opt.registered["buckets"]) == 1
         opt._event = Event()
         x = torch.randn(4, 16, generator=g)
+        # The first step learns the loop: no hook reports, and step()
+        # records once, after the main stream waited for the side one.
+        model[1](model[0](x)).square().mean().backward()
+        assert opt._event.records == []
+        opt.step()
+        opt.zero_grad()
+        assert opt._event.records == [(1, [2])]
+        opt._event.records.clear()
         model[1](model[0](x)).square().mean().backward()
         # Reported from the main stream after it waited for the side one.
         if unused:
@@ -1838,10 +1854,11 @@ def test_overlap_and_hierarchical_sharding_are_bitwise(daemon, tmp_path, kind):
     for r in overlap:
         total, exposed = r["comm"]
         assert 0 <= exposed and 0 <= total
-        # Every bucket reported from backward hooks and waited for by a
-        # forward pre-hook (the last step's by synchronize()).
-        assert r["events"]["grad_ready"] == 6 * r["buckets"], r["events"]
-        assert r["events"]["wait_params"] >= 5 * r["buckets"], r["events"]
+        # From the second step on (the first learns the loop), every
+        # bucket reported from backward hooks and waited for by a forward
+        # pre-hook (the last step's by synchronize()).
+        assert r["events"]["grad_ready"] == 5 * r["buckets"], r["events"]
+        assert r["events"]["wait_params"] >= 4 * r["buckets"], r["events"]
     assert plain[0]["events"] == {"grad_ready": 0, "wait_params": 0}
 
 
@@ -1922,14 +1939,15 @@ def test_an_ema_deepcopy_of_an_overlapped_model_is_on_its_own(daemon):
         return real_wait(*args, **kwargs)
 
     opt.client.wait_params = counted
-    train_torch.loss_fn(model, 1, 0).backward()
-    opt.step()
-    opt.zero_grad()
+    for step in (1, 2):  # the first learns the loop, the second overlaps
+        train_torch.loss_fn(model, step, 0).backward()
+        opt.step()
+        opt.zero_grad()
     with torch.no_grad():
         train_torch.loss_fn(ema, 2, 0)
         ema.state_dict()
     assert waits == []
-    train_torch.loss_fn(model, 2, 0).backward()
+    train_torch.loss_fn(model, 3, 0).backward()
     assert len(waits) > 0
     opt.close()
     with torch.no_grad():
@@ -1990,10 +2008,12 @@ def test_overlap_accumulates_inside_no_sync_and_refuses_it_outside(daemon):
     """Gradient accumulation with module=: every backward but the last
     inside opt.no_sync() reports nothing, so the step reduces the sum of
     the micro-batches, bitwise what the same loop gives without module=
-    (where backward reports nothing anyway). Without no_sync() the first
-    backward reports its buckets and the daemon starts reducing them while
-    the second adds to them: step() refuses, naming a parameter, before
-    anything steps."""
+    (where backward reports nothing anyway). Without no_sync() in the
+    first step, the optimizer learns that the loop accumulates, and steps
+    without the overlap (warned once, the same bits). Once the overlap is
+    on, the first backward reports its buckets and the daemon starts
+    reducing them while a second adds to them: step() refuses, naming a
+    parameter, before anything steps."""
     os.environ["CANZONA_TARGET"] = daemon
     runs = {}
     for overlap, micros in ((False, 2), (True, 2), (False, 1)):
@@ -2018,23 +2038,122 @@ def test_overlap_accumulates_inside_no_sync_and_refuses_it_outside(daemon):
     # One micro-batch lands elsewhere: the sum of two was stepped.
     assert max(relative(runs[False, 1][n], p)
                for n, p in runs[False, 2].items()) > 1e-3
-    # The second backward plain, or (the wrong way round) inside
-    # no_sync() after a first that reported: both add to reported buckets.
+    # Without no_sync() from the first step on: that step sees the second
+    # backward, and the optimizer steps without the overlap, warning once;
+    # the same bits. Before, step() refused.
+    model = train_torch.build_model(0)
+    opt = ct.Muon(model.named_parameters(), module=model,
+                  job_id="accumulate-plain-" + uuid.uuid4().hex[:8])
+    with pytest.warns(RuntimeWarning) as caught:
+        for step in range(1, 4):
+            for micro in range(2):
+                train_torch.loss_fn(model, step, micro).backward()
+            opt.step()
+            opt.zero_grad()
+    assert [str(w.message) for w in caught if "module=" in str(w.message)
+            and "two backwards outside opt.no_sync() accumulate into"
+            in str(w.message)] == [str(caught[0].message)], caught
+    assert opt._overlap == "off"
+    for n, p in model.named_parameters():
+        assert torch.equal(p, runs[False, 2][n]), n
+    opt.close()
+    # Once the overlap is on (a first step of one backward), the second
+    # backward plain, or (the wrong way round) inside no_sync() after a
+    # first that reported: both add to reported buckets, and step()
+    # refuses.
     for second_unsynced in (False, True):
         model = train_torch.build_model(0)
         opt = ct.Muon(model.named_parameters(), module=model,
                       job_id="accumulate-bad-" + uuid.uuid4().hex[:8])
         train_torch.loss_fn(model, 1, 0).backward()
+        opt.step()
+        opt.zero_grad()
+        assert opt._overlap == "on"
+        train_torch.loss_fn(model, 2, 0).backward()
         with opt.no_sync() if second_unsynced else contextlib.nullcontext():
-            train_torch.loss_fn(model, 1, 1).backward()
+            train_torch.loss_fn(model, 2, 1).backward()
+        opt.synchronize()
         before = [p.detach().clone() for p in model.parameters()]
         with pytest.raises(RuntimeError, match=r"a second backward "
                            r"accumulated into '.*'.*opt\.no_sync\(\)"):
             opt.step()
-        assert opt.steps == 0
+        assert opt.steps == 1
         assert all(torch.equal(a, p)
                    for a, p in zip(before, model.parameters()))
         opt.close()
+
+
+def _gan_run(overlap, no_sync, edit=False):
+    """Three iterations of the DCGAN tutorial's loop with a canzona
+    optimizer for each network: the discriminator takes a backward on real
+    and one on generated samples per step, and the generator's loss
+    backpropagates through it too. ``no_sync``: the discriminator's first
+    backward and the generator's (as far as the discriminator goes) inside
+    its no_sync(). ``edit``: the generator's gradients clipped by
+    clip_grad_norm_ before its step."""
+    torch.manual_seed(0)
+    gen = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(),
+                              torch.nn.Linear(32, 16))
+    disc = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, 1))
+    opt_g = ct.Muon(gen.named_parameters(), adamw_lr=1e-3,
+                    module=gen if overlap else None)
+    opt_d = ct.Muon(disc.named_parameters(), adamw_lr=1e-3,
+                    module=disc if overlap else None)
+    bce = torch.nn.BCEWithLogitsLoss()
+    quiet = contextlib.nullcontext
+
+    def disc_sync():
+        return opt_d.no_sync() if no_sync else quiet()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            real, z = torch.randn(8, 16), torch.randn(8, 8)
+            opt_d.zero_grad()
+            with disc_sync():
+                bce(disc(real), torch.ones(8, 1)).backward()
+            fake = gen(z)
+            bce(disc(fake.detach()), torch.zeros(8, 1)).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            with disc_sync():
+                bce(disc(fake), torch.ones(8, 1)).backward()
+            if edit:
+                torch.nn.utils.clip_grad_norm_(gen.parameters(), 0.1)
+            opt_g.step()
+    overlaps = [getattr(o, "_overlap", None) for o in (opt_g, opt_d)]
+    for opt in (opt_g, opt_d):
+        opt.close()
+    return ([p.detach().clone() for m in (gen, disc) for p in m.parameters()],
+            overlaps, [str(w.message) for w in caught
+                       if "canzona" in str(w.message)])
+
+
+@pytest.mark.parametrize("edit", [False, True])
+def test_a_gan_loop_with_module_trains_as_without(daemon, edit):
+    """The DCGAN tutorial's loop with module= on both networks: its
+    discriminator takes two backwards per step (and the generator's loss
+    flows through it), which the overlap cannot take: its first step sees
+    that, and it steps without the overlap, warning once; the generator
+    overlaps, unless its loop clips with clip_grad_norm_ (warned once).
+    Bitwise the run without module=. With no_sync() around the
+    discriminator's other backwards, both overlap, without a warning.
+    Before, the discriminator's first step() raised "a second backward"."""
+    os.environ["CANZONA_TARGET"] = daemon
+    plain, overlaps, caught = _gan_run(False, False, edit)
+    assert overlaps == [None, None] and caught == []
+    learned, overlaps, caught = _gan_run(True, False, edit)
+    assert overlaps == ["off" if edit else "on", "off"], overlaps
+    assert len(caught) == (2 if edit else 1), caught
+    assert any("two backwards outside opt.no_sync() accumulate into "
+               "'2.bias'" in w for w in caught), caught
+    assert not edit or any("gradients change in place between backward "
+                           "and step()" in w for w in caught), caught
+    synced, overlaps, caught = _gan_run(True, True, edit)
+    assert overlaps == ["off" if edit else "on", "on"], overlaps
+    assert len(caught) == (1 if edit else 0), caught
+    for a, b, c in zip(plain, learned, synced):
+        assert torch.equal(a, b) and torch.equal(a, c)
 
 
 def test_bad_use_raises_clear_errors(daemon):

@@ -16,6 +16,8 @@ import weakref
 
 import torch
 
+from canzona._warn import warn
+
 
 def _holds_view(param, view):
     """Whether ``param.grad`` is ``view``'s memory (the daemon reads it)."""
@@ -91,6 +93,16 @@ class _Overlap:
         self._late_accumulation = None
         # Buckets of the last async step not yet waited for.
         self._unsynced = set()
+        # "learning" until the first step shows whether this loop lets
+        # backward report buckets (_learn_overlap), then "on" or "off"
+        # (every step reports them at step(), as without module=).
+        self._overlap = "learning"
+        # While learning: each parameter's accumulations outside no_sync()
+        # since the last step or zero_grad(), and the first thing seen that
+        # reporting would have raced with.
+        self._accumulations = [0] * len(self._grads)
+        self._overlap_unsafe = None
+        self._learned = None
         for j, (param, _) in enumerate(self._grads):
             if param.requires_grad:
                 self._bucket_size[self._bucket_of[j]] += 1
@@ -183,6 +195,17 @@ class _Overlap:
             # reported (.grad stays the caller's, graph and all).
             _into_view(param, view, rebind=False)
             b = self._bucket_of[j]
+            if self._overlap != "on":
+                self._note_grad_stream(b)
+                if self._overlap == "learning" and self._sync:
+                    self._accumulations[j] += 1
+                    if (self._accumulations[j] == 2
+                            and self._overlap_unsafe is None):
+                        self._overlap_unsafe = (
+                            "two backwards outside opt.no_sync() "
+                            "accumulate into %r before one step()"
+                            % self._names[j])
+                return
             if b in self._reported:
                 # A backward after the one that reported this bucket (no
                 # no_sync() around it, or no_sync() around a later one
@@ -193,9 +216,7 @@ class _Overlap:
                 return
             if not self._sync:
                 return
-            if self._event is not None:
-                stream = torch.cuda.current_stream(self.device)
-                self._grad_streams[b][stream.cuda_stream] = stream
+            self._note_grad_stream(b)
             self._left[b] -= 1
             if self._left[b] == 0 and b not in self._reported:
                 self._reported.add(b)
@@ -206,6 +227,65 @@ class _Overlap:
                 self.client.grad_ready(self.job_id, self.rank, self.steps + 1,
                                        [b])
         return hook
+
+    def _note_grad_stream(self, b):
+        if self._event is not None:
+            stream = torch.cuda.current_stream(self.device)
+            self._grad_streams[b][stream.cuda_stream] = stream
+
+    def _overlap_zero_grad(self):
+        """zero_grad() with ``module=``: while learning, gradients a
+        backward outside no_sync() accumulated since the last step are
+        dropped, whose buckets backward would have reported (a GAN's
+        generator loss backpropagated through the discriminator)."""
+        if self._overlap != "learning":
+            return
+        dropped = next((j for j, n in enumerate(self._accumulations) if n),
+                       None)
+        if dropped is not None and self._overlap_unsafe is None:
+            self._overlap_unsafe = (
+                "zero_grad() drop what a backward outside opt.no_sync() "
+                "accumulated into %r since the last step"
+                % self._names[dropped])
+        self._accumulations = [0] * len(self._grads)
+
+    def _learn_overlap(self):
+        """At the first step() with ``module=``: whether backward may report
+        buckets from the next step on. Not where this step saw a second
+        backward outside no_sync(), gradients dropped before it, or edited
+        between backward and it (clip_grad_norm_, GradScaler.unscale_, a
+        DistributedDataParallel around the model): each would race with the
+        daemon's reads of a reported bucket (and raises once overlap is on).
+        Returns what ``_overlap_learned`` applies after the step."""
+        unsafe = self._overlap_unsafe
+        if unsafe is None and self._edited_since_backward():
+            unsafe = ("gradients change in place between backward and "
+                      "step() (torch.nn.utils.clip_grad_norm_, "
+                      "GradScaler.unscale_, or a DistributedDataParallel "
+                      "around the model)")
+        return unsafe
+
+    def _overlap_learned(self, unsafe):
+        """After the first step with ``module=`` completed."""
+        for streams in self._grad_streams:
+            streams.clear()
+        self._accumulations = [0] * len(self._grads)
+        self._overlap_unsafe = None
+        if self._overlap != "learning":
+            return
+        self._overlap = "on" if unsafe is None else "off"
+        if unsafe is not None:
+            warn(
+                "canzona: module= overlaps backward with the reduction of "
+                "each bucket it reports, which needs one backward outside "
+                "opt.no_sync() per step and gradients left as backward "
+                "wrote them until step(). In this loop %s, so this "
+                "optimizer steps without the overlap (the same results, "
+                "the forward waits and backward hooks idle). To have it: "
+                "every backward but the last inside opt.no_sync() (a GAN's "
+                "generator backward inside the discriminator optimizer's "
+                "too), clipping with max_grad_norm=, no DDP wrapper"
+                % unsafe)
 
     def _before_forward(self, key, buckets):
         """What the forward of a module (``id()`` ``key``) waits for

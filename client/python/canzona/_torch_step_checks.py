@@ -30,9 +30,10 @@ Thread-safety: as the optimizer; the hooks run on the thread that runs
 backward.
 """
 
-import warnings
 
 import torch
+
+from canzona._warn import warn
 
 
 class _StepChecks:
@@ -76,12 +77,11 @@ class _StepChecks:
                     % name)
             if not param.requires_grad and not self._warned_frozen:
                 self._warned_frozen = True
-                warnings.warn(
+                warn(
                     "canzona: parameter %r no longer requires grad, but the "
                     "daemon registered it and steps it on a zero gradient "
                     "(weight decay and momentum still move it); construct "
-                    "a new optimizer to leave it out" % name,
-                    RuntimeWarning, stacklevel=3)
+                    "a new optimizer to leave it out" % name)
 
     def _backward_running(self):
         """Called by the gradient hooks: records the version once this
@@ -97,8 +97,9 @@ class _StepChecks:
         # writes the averaged gradients into .grad in one, which is part of
         # what backward produced, not an edit, since the daemon reads the
         # gradients in step() only. With module= it has been reading the
-        # reported buckets since: a write after this point races with it.
-        if self._module is not None:
+        # reported buckets since: a write after this point races with it
+        # (and while the first step learns, turns the overlap off).
+        if self._module is not None and self._overlap != "off":
             self._backward_ended()
         else:
             torch.autograd.Variable._execution_engine.queue_callback(
@@ -151,7 +152,7 @@ class _StepChecks:
                 or not self._edited_since_backward()):
             return
         self._warned_local_edit = True
-        warnings.warn(
+        warn(
             "canzona: gradients were changed in place between backward and "
             "step() on one rank of a %d-rank job. The daemon averages the "
             "ranks' gradients inside step(), so the edit applied to this "
@@ -163,8 +164,7 @@ class _StepChecks:
             "by the global norm after the reduction). Where a "
             "DistributedDataParallel still wraps the model, it averaged the "
             "gradients before the edit, and the edit is right."
-            % (self.layout[0] * self.layout[1] * self.layout[2]),
-            RuntimeWarning, stacklevel=3)
+            % (self.layout[0] * self.layout[1] * self.layout[2]))
 
     def _record_param_versions(self):
         """Each parameter's version counter now (the daemon's writes leave

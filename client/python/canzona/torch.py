@@ -59,7 +59,6 @@ Thread-safety: like torch.optim optimizers, one per trainer thread.
 
 import os
 import time
-import warnings
 import weakref
 
 import torch
@@ -75,6 +74,7 @@ from canzona._torch_setup import (
     _parse_groups, _resolve_layout, _route_function, _scheduled_settings,
     _setting_value, _torch_muon_settings, _torch_spelling, _world,
     default_route)
+from canzona._warn import warn
 
 __all__ = ["Optimizer", "Muon", "Shampoo", "SOAP", "default_route",
            "CanzonaError"]
@@ -266,12 +266,11 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             registered = True
             pageable = self.registered.get("pageable_host_bytes", 0)
             if pageable > 0:
-                warnings.warn(
+                warn(
                     "canzona: the daemon could not page-lock %d bytes of "
                     "host memory its GPU copies to and from (its memlock "
                     "limit; systemd LimitMEMLOCK=infinity): steps run, "
-                    "slower, through the driver's bounce buffers" % pageable,
-                    RuntimeWarning, stacklevel=2)
+                    "slower, through the driver's bounce buffers" % pageable)
             self._open_params_events()
             if step_doorbell and self.client.step_doorbell_supported():
                 self.client.attach_step_doorbell(self.job_id, self.rank)
@@ -459,12 +458,17 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
                 "loss.backward() first (or set .grad, as to what "
                 "torch.autograd.grad returns)")
         grad_scale = loss_scale_multiplier(self, grad_scaler)
-        overlap = self._module is not None
+        overlap = self._module is not None and self._overlap == "on"
         if overlap:
             streams = self._overlap_streams()
         else:
             streams = ()
-            self._warn_of_local_grad_edits()
+            if self._module is None or self._overlap == "off":
+                self._warn_of_local_grad_edits()
+            else:  # learning: an edit turns the overlap off, and warns
+                self._learned = self._learn_overlap()
+                streams = [stream for streams in self._grad_streams
+                           for stream in streams.values()]
         self._restore_grads()
         request = {
             "lr": {g["name"]: float(g["lr"]) for g in self.param_groups},
@@ -505,6 +509,8 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         self._grad_edits_step_done()
         if request["async_params"]:
             self._overlap_step_done()
+        elif self._module is not None:
+            self._overlap_learned(self._learned)
         self._record_param_versions()
         self._interrupted_step = None
 
@@ -548,6 +554,8 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         after the answer."""
         del set_to_none
         self._finish_interrupted_step()
+        if self._module is not None:
+            self._overlap_zero_grad()
         for param, view in self._grads:
             if not _holds_view(param, view):
                 param.grad = view
@@ -716,10 +724,10 @@ def _close_previous_owners(named):
         ref = getattr(param, "_canzona_owner", None)
         owner = ref() if ref is not None else None
         if owner is not None and not owner._closed:
-            warnings.warn(
+            warn(
                 "canzona: closing the optimizer of job %r, which held "
                 "parameter %r: a new optimizer takes its parameters"
-                % (owner.job_id, name), RuntimeWarning, stacklevel=4)
+                % (owner.job_id, name))
             try:
                 owner.close()
             except Exception:  # noqa: BLE001  its daemon may be gone (a
