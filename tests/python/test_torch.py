@@ -1707,6 +1707,22 @@ def test_a_bucket_s_event_covers_every_stream_its_gradients_used(
             opt.step()
             opt._event.records.pop()  # step()'s own: nothing to wait for
         assert opt._event.records == [(1, [2])]
+        opt.close()
+        # Where the first step turned the overlap off (two backwards
+        # outside no_sync()), each step records once, after the same wait.
+        opt = ct.Muon(model.named_parameters(), module=model, target=daemon,
+                      job_id="streams-off-" + uuid.uuid4().hex[:8])
+        opt._event = Event()
+        with pytest.warns(RuntimeWarning, match="two backwards"):
+            for _ in range(2):
+                for _ in range(2):
+                    model[1](model[0](x)).square().mean().backward()
+                assert opt._event.records == []
+                opt.step()
+                opt.zero_grad()
+                assert opt._event.records == [(1, [2])]
+                opt._event.records.clear()
+        assert opt._overlap == "off"
     finally:
         opt.close()
 

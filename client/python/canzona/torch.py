@@ -463,12 +463,15 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             streams = self._overlap_streams()
         else:
             streams = ()
-            if self._module is None or self._overlap == "off":
-                self._warn_of_local_grad_edits()
-            else:  # learning: an edit turns the overlap off, and warns
-                self._learned = self._learn_overlap()
+            if self._module is not None:
+                # The streams backward accumulated on (the hooks note them).
                 streams = [stream for streams in self._grad_streams
                            for stream in streams.values()]
+            if self._module is not None and self._overlap == "learning":
+                # An edit turns the overlap off, and warns of itself.
+                self._learned = self._learn_overlap()
+            else:
+                self._warn_of_local_grad_edits()
         self._restore_grads()
         request = {
             "lr": {g["name"]: float(g["lr"]) for g in self.param_groups},
