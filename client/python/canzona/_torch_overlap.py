@@ -5,7 +5,11 @@ accumulated), a hook reports it to the daemon (GradReady), whose
 communication thread reduces it while backward goes on; step() then waits
 only for what is left and returns before the parameter all-gathers end,
 and forward pre-hooks wait (WaitParams) for just the buckets each module
-reads. ``_Overlap`` holds those hooks for ``canzona.torch.Optimizer``.
+reads. The first step learns the loop instead: where it sees what that
+would race with (a second backward outside ``no_sync()``, gradients
+dropped or edited before the step), every step reports its buckets at
+step(), as without ``module=``. ``_Overlap`` holds those hooks for
+``canzona.torch.Optimizer``.
 
 Thread-safety: as the optimizer, one per trainer thread; the hooks run on
 the thread that runs backward and forward.
@@ -75,7 +79,8 @@ class _Overlap:
     ``steps``, ``registered``, ``device``, ``_event``, ``_grads``,
     ``_grad_flat``, ``_module``, ``_sync``, ``_hooks``, and calls its
     ``_record_grads``, ``_await_params``, ``_finish_interrupted_step`` and
-    (``_StepChecks``) ``_check_reported_grads_unchanged``."""
+    (``_StepChecks``) ``_check_reported_grads_unchanged`` and
+    ``_edited_since_backward``."""
 
     def _hook_module(self, module):
         buckets = self.registered["buckets"]
@@ -244,7 +249,7 @@ class _Overlap:
                        None)
         if dropped is not None and self._overlap_unsafe is None:
             self._overlap_unsafe = (
-                "zero_grad() drop what a backward outside opt.no_sync() "
+                "zero_grad() drops what a backward outside opt.no_sync() "
                 "accumulated into %r since the last step"
                 % self._names[dropped])
         self._accumulations = [0] * len(self._grads)
@@ -266,7 +271,9 @@ class _Overlap:
         return unsafe
 
     def _overlap_learned(self, unsafe):
-        """After the first step with ``module=`` completed."""
+        """After each step() with ``module=`` that did not overlap: the
+        next starts afresh, and after the first, the overlap goes on, or
+        off (``unsafe`` says why, warned once)."""
         for streams in self._grad_streams:
             streams.clear()
         self._accumulations = [0] * len(self._grads)
