@@ -245,10 +245,14 @@ absl::StatusOr<int64_t> ValidateParameter(const v1::Parameter& p,
     return absl::InvalidArgumentError(
         absl::StrCat(where, ".group: unknown group '", p.group(), "'"));
   }
-  if (IsMatrix(config->second.kind) && p.shape_size() < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ".shape: optimizer ", OptimizerKindName(config->second.kind),
-        " needs a matrix (2 or more dimensions)"));
+  if (IsMatrix(config->second.kind)) {
+    if (absl::StatusOr<std::vector<int64_t>> matrix =
+            MatrixOfParameter(p.shape());
+        !matrix.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ".shape: optimizer ", OptimizerKindName(config->second.kind),
+          " ", matrix.status().message()));
+    }
   }
   if (p.has_blocks()) {
     if (p.shape_size() != 2) {
@@ -273,8 +277,9 @@ std::string CanonicalAsStepped(const v1::Parameter& p,
   if (p.shape_size() <= 2 || !IsMatrix(settings.configs.at(p.group()).kind)) {
     return CanonicalParam(p);
   }
+  // Validated (ValidateParameter): a matrix.
+  const std::vector<int64_t> shape = *MatrixOfParameter(p.shape());
   v1::Parameter matrix = p;
-  const std::vector<int64_t> shape = FlattenedToMatrix(p.shape());
   matrix.mutable_shape()->Assign(shape.begin(), shape.end());
   return CanonicalParam(matrix);
 }

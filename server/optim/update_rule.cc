@@ -99,11 +99,22 @@ absl::StatusOr<NewtonSchulzSpec> NewtonSchulzSpecFor(const MuonOptions& options,
   return spec;
 }
 
-std::vector<int64_t> FlattenedToMatrix(absl::Span<const int64_t> shape) {
-  if (shape.size() <= 2) return {shape.begin(), shape.end()};
-  int64_t columns = 1;
-  for (size_t d = 1; d < shape.size(); ++d) columns *= shape[d];
-  return {shape[0], columns};
+absl::StatusOr<std::vector<int64_t>> MatrixOfParameter(
+    absl::Span<const int64_t> shape) {
+  if (shape.size() == 2)
+    return std::vector<int64_t>(shape.begin(), shape.end());
+  if (shape.size() == 4 || shape.size() == 5) {
+    int64_t columns = 1;
+    for (size_t d = 1; d < shape.size(); ++d) columns *= shape[d];
+    return std::vector<int64_t>{shape[0], columns};
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "needs a matrix (2-D, or 4-D / 5-D convolution filters stepped as "
+      "(out, in * kernel)), got a ",
+      shape.size(), "-D shape",
+      shape.size() == 3 ? " (Conv1d filters or stacked experts: give each "
+                          "matrix a parameter of its own, or use adamw)"
+                        : " (use adamw)"));
 }
 
 UpdateRule::UpdateRule(const OptimizerConfig& config,

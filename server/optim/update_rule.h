@@ -88,10 +88,14 @@ absl::StatusOr<NewtonSchulzSpec> NewtonSchulzSpecFor(const MuonOptions& options,
 
 class SharedScratch;
 // The matrix a matrix rule (muon, shampoo, soap) steps for a parameter of
-// `shape` (2 or more dimensions): (shape[0], product of the rest), as
-// Keller Jordan's Muon flattens convolution filters (out, in, kh, kw). A
-// 2-D shape is itself.
-std::vector<int64_t> FlattenedToMatrix(absl::Span<const int64_t> shape);
+// `shape`: a 2-D shape itself; convolution filters (out, in, kh, kw) and
+// (out, in, kd, kh, kw) as (out, in * kernel), as Keller Jordan's Muon
+// flattens them. Any other shape is INVALID_ARGUMENT (a message without
+// the caller's prefix): a 3-D one is Conv1d filters or stacked experts
+// (E, rows, cols), which would need opposite flattenings, so it is refused
+// rather than guessed.
+absl::StatusOr<std::vector<int64_t>> MatrixOfParameter(
+    absl::Span<const int64_t> shape);
 
 namespace optim_internal {
 class MuonRule;

@@ -399,10 +399,13 @@ class Rule:
         if any(d < 1 for d in self.shape):
             raise ValueError(f"{optimizer}: shape {list(self.shape)} has a dimension < 1")
         if optimizer != "adamw":
-            if len(self.shape) < 2:
+            # 2-D, or convolution filters (out, in, *kernel) as (out, in *
+            # kernel); a 3-D shape (Conv1d filters or stacked experts) is
+            # refused, as the daemon refuses it.
+            if len(self.shape) not in (2, 4, 5):
                 raise ValueError(
-                    f"{optimizer} needs a matrix (2 or more dimensions), got shape "
-                    f"{list(self.shape)} (use adamw for other shapes)"
+                    f"{optimizer} needs a matrix (2-D, or 4-D / 5-D convolution "
+                    f"filters), got shape {list(self.shape)}"
                 )
             self.shape = (self.shape[0], math.prod(self.shape[1:]))
         # The daemon's step counter (SOAP's first call does not count).

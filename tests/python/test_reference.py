@@ -500,8 +500,9 @@ def test_settings_text_round_trip():
 
 
 def test_shapes_validated():
-    with pytest.raises(ValueError, match=r"needs a matrix \(2 or more dimensions\)"):
-        cr.make_rule("muon", (4,))
+    for shape in ((4,), (4, 3, 2)):
+        with pytest.raises(ValueError, match=r"needs a matrix \(2-D, or 4-D / 5-D"):
+            cr.make_rule("muon", shape)
     assert cr.make_rule("soap", (8, 4, 3, 3)).shape == (8, 36)
     with pytest.raises(ValueError, match="dimension < 1"):
         cr.make_rule("adamw", (3, 0))

@@ -947,6 +947,15 @@ def test_a_channels_last_conv_net_steps_its_filters_as_matrices(daemon):
     # The negative control: the filters moved, as Muon moves them.
     assert relative(model[0].weight, _conv_net(0)[0].weight) > 1e-2
     opt.close()
+    # A Conv1d's 3-D filters in Muon: refused by the daemon, which cannot
+    # tell them from stacked experts (E, rows, cols).
+    conv1d = torch.nn.Conv1d(4, 8, 3)
+    with pytest.raises(canzona.CanzonaError) as error:
+        ct.Muon(conv1d.named_parameters(), overrides={"weight": "muon"},
+                job_id="conv1d-" + uuid.uuid4().hex[:8])
+    assert error.value.code == "INVALID_ARGUMENT"
+    assert "'weight'.shape: optimizer muon needs a matrix" in str(error.value)
+    assert "Conv1d filters or stacked experts" in str(error.value)
 
 
 def test_torch_optim_forms_that_cannot_work_say_why(daemon):

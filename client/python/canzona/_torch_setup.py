@@ -159,7 +159,7 @@ def default_route(name, param, matrix_group):
     and every tensor that is not 2-D -> "adamw". Convolution filters too
     (a patch embedding or a depthwise kernel is no hidden matrix): route
     the ones that are (a ResNet's) to the matrix optimizer by name, which
-    steps them as the matrices (out, in * kh * kw)."""
+    steps Conv2d / Conv3d filters as the matrices (out, in * kernel)."""
     if param.dim() != 2:
         return "adamw"
     lowered = name.lower()
@@ -317,7 +317,7 @@ def _buffer_entries(named, route_fn, groups, tp_split, tp):
     a multiple of _HALF_ALIGNMENT. Each takes its values in row-major
     order, as the daemon reads them: a channels_last convolution's filters
     become contiguous (its convolutions still run channels_last where their
-    input is), and a matrix optimizer steps them as (out, in * kh * kw)
+    input is), and a matrix optimizer steps them as (out, in * kernel)
     whatever their memory format was."""
     entries = []
     for name, param in named:

@@ -183,14 +183,16 @@ absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
         MakeOptimizerConfig(GroupKind(p.group), GroupSettings(p.group)));
     params[k] = Rounded(config.dtype, InitialParam(config, p));
     const bool fragmented = p.name == fragment_param && p.split >= 0;
+    std::vector<int64_t> shape =
+        fragmented ? LocalShape(p, config.tp) : p.shape;
+    if (oc.kind != OptimizerKind::kAdamW) {
+      CANZONA_ASSIGN_OR_RETURN(shape, MatrixOfParameter(shape));
+    }
     for (int j = 0; j < (fragmented ? config.tp : 1); ++j) {
       CANZONA_ASSIGN_OR_RETURN(
-          auto rule,
-          UpdateRule::CreateBlocked(
-              oc,
-              FlattenedToMatrix(fragmented ? LocalShape(p, config.tp)
-                                           : p.shape),
-              fragmented ? BlockSpec{} : p.blocks, p.name, backend.get()));
+          auto rule, UpdateRule::CreateBlocked(
+                         oc, shape, fragmented ? BlockSpec{} : p.blocks, p.name,
+                         backend.get()));
       rules[k].push_back(std::move(rule));
     }
   }

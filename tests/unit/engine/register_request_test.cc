@@ -99,7 +99,15 @@ TEST(RegisterRequestTest, BadInputNamesTheField) {
       {"group", [](auto& r) { r.mutable_parameters(0)->set_group("nope"); },
        StatusCode::kInvalidArgument, ".group: unknown group 'nope'"},
       {"matrix", [](auto& r) { r.mutable_parameters(1)->set_group("muon"); },
-       StatusCode::kInvalidArgument, "needs a matrix (2 or more dimensions)"},
+       StatusCode::kInvalidArgument, "muon needs a matrix (2-D, or 4-D"},
+      {"3-D in a matrix group",
+       [](auto& r) {
+         v1::Parameter* p = r.mutable_parameters(2);
+         p->mutable_shape()->Set(1, 32);
+         p->add_shape(2);
+       },
+       StatusCode::kInvalidArgument,
+       "got a 3-D shape (Conv1d filters or stacked experts"},
       {"blocks of a 4-D",
        [](auto& r) {
          v1::Parameter* p = r.mutable_parameters(2);
