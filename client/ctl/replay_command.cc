@@ -5,8 +5,8 @@
 //   canzonactl replay --optimizer muon --set lr=0.02,momentum=0.95 \
 //       --param P.npy --grads G.npy --out OUT.npy [--backend cpu|cuda|auto]
 //
-// P: float32/float64 .npy (2-D, or 4-D / 5-D convolution filters stepped as
-// (out, in * kernel) as the daemon does; any shape for adamw).
+// P: float32/float64 .npy (2-D; 3-D stacked matrices, 4-D / 5-D convolution
+// filters, as the daemon steps them; any shape for adamw).
 // G: [K, *P.shape], K gradient steps. OUT: float32 .npy, the parameter after
 // K steps. Bad input exits with status 2 and one line naming the problem;
 // nothing is written.
@@ -60,9 +60,9 @@ absl::StatusOr<ReplayJob> PrepareReplay(const ReplayOptions& options) {
 
   const std::vector<int64_t>& p_shape = job.param.shape;
   const std::vector<int64_t>& g_shape = job.grads.shape;
-  std::vector<int64_t> stepped = p_shape;
+  SteppedMatrix stepped{p_shape, {}};
   if (kind != OptimizerKind::kAdamW) {
-    absl::StatusOr<std::vector<int64_t>> matrix = MatrixOfParameter(p_shape);
+    absl::StatusOr<SteppedMatrix> matrix = MatrixOfParameter(p_shape);
     if (!matrix.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(options.param_path, ": ", OptimizerKindName(kind), " ",
@@ -86,7 +86,9 @@ absl::StatusOr<ReplayJob> PrepareReplay(const ReplayOptions& options) {
   job.steps = g_shape[0];
   CANZONA_ASSIGN_OR_RETURN(job.backend, CreateBackendByName(options.backend));
   CANZONA_ASSIGN_OR_RETURN(
-      job.rule, UpdateRule::Create(job.config, stepped, job.backend.get()));
+      job.rule,
+      UpdateRule::CreateBlocked(job.config, stepped.shape, stepped.blocks,
+                                "param", job.backend.get()));
   return job;
 }
 

@@ -246,12 +246,17 @@ absl::StatusOr<int64_t> ValidateParameter(const v1::Parameter& p,
         absl::StrCat(where, ".group: unknown group '", p.group(), "'"));
   }
   if (IsMatrix(config->second.kind)) {
-    if (absl::StatusOr<std::vector<int64_t>> matrix =
-            MatrixOfParameter(p.shape());
+    if (absl::StatusOr<SteppedMatrix> matrix = MatrixOfParameter(p.shape());
         !matrix.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ".shape: optimizer ", OptimizerKindName(config->second.kind),
           " ", matrix.status().message()));
+    }
+    if (p.shape_size() == 3 && split >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ".tp_split_dim: ", split,
+          ", but a 3-D parameter's matrices (stacked experts) are not split "
+          "over TP (-1)"));
     }
   }
   if (p.has_blocks()) {
@@ -266,21 +271,30 @@ absl::StatusOr<int64_t> ValidateParameter(const v1::Parameter& p,
   return split >= 0 ? elements / tp : elements;
 }
 
-// A matrix optimizer steps a parameter of more than two dimensions (a
-// convolution's filters, (out, in, kh, kw)) as the matrix (shape[0],
-// product of the rest), as Keller Jordan's Muon flattens conv filters; the
-// plan, the state and the checkpoints hold that matrix. Its TP split keeps
-// its meaning: dimension 1 of (out, in, kh, kw) split into tp parts is the
-// matrix's columns split into tp contiguous parts, as its fragments are.
+// A matrix optimizer steps a parameter of more than two dimensions as
+// MatrixOfParameter says: convolution filters (out, in, kh, kw) as the
+// matrix (out, in * kh * kw), stacked experts (E, rows, cols) as the E
+// blocks of (E * rows, cols); the plan, the state and the checkpoints hold
+// that. A filter's TP split keeps its meaning: dimension 1 of (out, in, kh,
+// kw) split into tp parts is the matrix's columns split into tp contiguous
+// parts, as its fragments are.
 std::string CanonicalAsStepped(const v1::Parameter& p,
                                const JobSettings& settings) {
   if (p.shape_size() <= 2 || !IsMatrix(settings.configs.at(p.group()).kind)) {
     return CanonicalParam(p);
   }
-  // Validated (ValidateParameter): a matrix.
-  const std::vector<int64_t> shape = *MatrixOfParameter(p.shape());
+  // Validated (ValidateParameter): a matrix, or 3-D without blocks of its
+  // own.
+  const SteppedMatrix stepped = *MatrixOfParameter(p.shape());
   v1::Parameter matrix = p;
-  matrix.mutable_shape()->Assign(shape.begin(), shape.end());
+  matrix.mutable_shape()->Assign(stepped.shape.begin(), stepped.shape.end());
+  if (!stepped.blocks.empty()) {
+    v1::Blocks* blocks = matrix.mutable_blocks();
+    blocks->set_dim(stepped.blocks.dim);
+    blocks->mutable_sizes()->Assign(stepped.blocks.sizes.begin(),
+                                    stepped.blocks.sizes.end());
+    blocks->set_repeat(stepped.blocks.repeat);
+  }
   return CanonicalParam(matrix);
 }
 

@@ -99,22 +99,27 @@ absl::StatusOr<NewtonSchulzSpec> NewtonSchulzSpecFor(const MuonOptions& options,
   return spec;
 }
 
-absl::StatusOr<std::vector<int64_t>> MatrixOfParameter(
+absl::StatusOr<SteppedMatrix> MatrixOfParameter(
     absl::Span<const int64_t> shape) {
-  if (shape.size() == 2)
-    return std::vector<int64_t>(shape.begin(), shape.end());
-  if (shape.size() == 4 || shape.size() == 5) {
+  SteppedMatrix out;
+  if (shape.size() == 2) {
+    out.shape.assign(shape.begin(), shape.end());
+  } else if (shape.size() == 3) {
+    out.shape = {shape[0] * shape[1], shape[2]};
+    out.blocks.dim = 0;
+    out.blocks.sizes = {shape[1]};
+    out.blocks.repeat = shape[0];
+  } else if (shape.size() == 4 || shape.size() == 5) {
     int64_t columns = 1;
     for (size_t d = 1; d < shape.size(); ++d) columns *= shape[d];
-    return std::vector<int64_t>{shape[0], columns};
+    out.shape = {shape[0], columns};
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("needs a matrix (2-D, 3-D stacked matrices, or 4-D / 5-D "
+                     "convolution filters), got a ",
+                     shape.size(), "-D shape (use adamw)"));
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "needs a matrix (2-D, or 4-D / 5-D convolution filters stepped as "
-      "(out, in * kernel)), got a ",
-      shape.size(), "-D shape",
-      shape.size() == 3 ? " (Conv1d filters or stacked experts: give each "
-                          "matrix a parameter of its own, or use adamw)"
-                        : " (use adamw)"));
+  return out;
 }
 
 UpdateRule::UpdateRule(const OptimizerConfig& config,

@@ -87,14 +87,17 @@ absl::StatusOr<NewtonSchulzSpec> NewtonSchulzSpecFor(const MuonOptions& options,
                                                      BackendKind backend_kind);
 
 class SharedScratch;
-// The matrix a matrix rule (muon, shampoo, soap) steps for a parameter of
-// `shape`: a 2-D shape itself; convolution filters (out, in, kh, kw) and
-// (out, in, kd, kh, kw) as (out, in * kernel), as Keller Jordan's Muon
-// flattens them. Any other shape is INVALID_ARGUMENT (a message without
-// the caller's prefix): a 3-D one is Conv1d filters or stacked experts
-// (E, rows, cols), which would need opposite flattenings, so it is refused
-// rather than guessed.
-absl::StatusOr<std::vector<int64_t>> MatrixOfParameter(
+// What a matrix rule (muon, shampoo, soap) steps for a parameter of
+// `shape`, as Keller Jordan's Muon does: a 2-D shape itself; a 3-D one
+// (stacked experts (E, rows, cols)) as E matrices (rows, cols), the blocks
+// of the matrix (E * rows, cols); convolution filters (out, in, kh, kw) and
+// (out, in, kd, kh, kw) as the matrix (out, in * kernel). Any other shape
+// is INVALID_ARGUMENT (a message without the caller's prefix).
+struct SteppedMatrix {
+  std::vector<int64_t> shape;
+  BlockSpec blocks;  // empty: one matrix
+};
+absl::StatusOr<SteppedMatrix> MatrixOfParameter(
     absl::Span<const int64_t> shape);
 
 namespace optim_internal {

@@ -400,12 +400,11 @@ class Rule:
             raise ValueError(f"{optimizer}: shape {list(self.shape)} has a dimension < 1")
         if optimizer != "adamw":
             # 2-D, or convolution filters (out, in, *kernel) as (out, in *
-            # kernel); a 3-D shape (Conv1d filters or stacked experts) is
-            # refused, as the daemon refuses it.
+            # kernel); make_rule steps a 3-D shape as stacked matrices.
             if len(self.shape) not in (2, 4, 5):
                 raise ValueError(
-                    f"{optimizer} needs a matrix (2-D, or 4-D / 5-D convolution "
-                    f"filters), got shape {list(self.shape)}"
+                    f"{optimizer} needs a matrix (2-D, 3-D stacked matrices, or "
+                    f"4-D / 5-D convolution filters), got shape {list(self.shape)}"
                 )
             self.shape = (self.shape[0], math.prod(self.shape[1:]))
         # The daemon's step counter (SOAP's first call does not count).
@@ -675,10 +674,29 @@ class Rule:
         self.exp_avg = self._soap_project(self.exp_avg)
 
 
+class StackedRule:
+    """A matrix optimizer on a 3-D parameter (E, rows, cols), stacked
+    experts: a Rule of its own for each matrix, as Keller Jordan's Muon
+    steps a 3-D tensor batched over its first dimension."""
+
+    def __init__(self, optimizer, shape, settings=None):
+        self.shape = tuple(int(d) for d in shape)
+        self.rules = [Rule(optimizer, self.shape[1:], settings) for _ in range(self.shape[0])]
+
+    def step(self, param: np.ndarray, grad: np.ndarray, lr: float | None = None) -> None:
+        if tuple(param.shape) != self.shape or tuple(np.shape(grad)) != self.shape:
+            raise ValueError(f"param / grad shape != rule shape {self.shape}")
+        for e, rule in enumerate(self.rules):
+            rule.step(param[e], np.asarray(grad)[e], lr)
+
+
 def make_rule(
     optimizer: str,
     shape: Sequence[int],
     settings: Mapping[str, SettingValue] | str | None = None,
-) -> Rule:
-    """Rule(optimizer, shape, settings)."""
+) -> Rule | StackedRule:
+    """Rule(optimizer, shape, settings); StackedRule for a matrix optimizer
+    on a 3-D shape."""
+    if optimizer != "adamw" and len(shape) == 3:
+        return StackedRule(optimizer, shape, settings)
     return Rule(optimizer, shape, settings)

@@ -108,6 +108,8 @@ MUON_CASES = [
     Case("standard_explicit", "muon", (12, 40), {"ns_algorithm": "standard"}),
     # Convolution filters (out, in, kh, kw): the matrix (out, in * kh * kw).
     Case("conv_filters", "muon", (16, 4, 3, 3)),
+    # Stacked experts (E, rows, cols): E matrices.
+    Case("stacked_experts", "muon", (3, 8, 12)),
 ]
 
 ADAMW_CASES = [
@@ -231,6 +233,7 @@ SOAP_CASES = [
     Case("square_defaults", "soap", (16, 16)),
     Case("square_refresh_every_2", "soap", (16, 16), {"precondition_frequency": 2}),
     Case("conv_filters", "soap", (12, 3, 2, 2), {"precondition_frequency": 2}),
+    Case("stacked_experts", "soap", (2, 16, 16)),
     Case(
         "square_frequency_3_normalize_no_bias_correction",
         "soap",
@@ -500,9 +503,10 @@ def test_settings_text_round_trip():
 
 
 def test_shapes_validated():
-    for shape in ((4,), (4, 3, 2)):
-        with pytest.raises(ValueError, match=r"needs a matrix \(2-D, or 4-D / 5-D"):
+    for shape in ((4,), (4, 3, 2, 2, 2, 2)):
+        with pytest.raises(ValueError, match=r"needs a matrix \(2-D, 3-D stacked"):
             cr.make_rule("muon", shape)
+    assert [r.shape for r in cr.make_rule("muon", (3, 4, 5)).rules] == [(4, 5)] * 3
     assert cr.make_rule("soap", (8, 4, 3, 3)).shape == (8, 36)
     with pytest.raises(ValueError, match="dimension < 1"):
         cr.make_rule("adamw", (3, 0))

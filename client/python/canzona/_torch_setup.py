@@ -159,7 +159,8 @@ def default_route(name, param, matrix_group):
     and every tensor that is not 2-D -> "adamw". Convolution filters too
     (a patch embedding or a depthwise kernel is no hidden matrix): route
     the ones that are (a ResNet's) to the matrix optimizer by name, which
-    steps Conv2d / Conv3d filters as the matrices (out, in * kernel)."""
+    steps Conv2d / Conv3d filters as the matrices (out, in * kernel), and
+    3-D stacked experts (E, rows, cols) as E matrices."""
     if param.dim() != 2:
         return "adamw"
     lowered = name.lower()

@@ -165,7 +165,7 @@ TEST_F(ReplayTest, BadInputExitsTwoNamingTheProblemAndWritesNothing) {
        "g_wrong.npy"},
       {"replay --optimizer muon --param " + Path("p1d.npy") + " --grads " +
            Path("g.npy") + out,
-       "needs a matrix (2-D, or 4-D / 5-D"},
+       "needs a matrix (2-D, 3-D stacked"},
       {"replay --optimizer lion" + good_inputs + out, "lion"},
       {"replay --optimizer muon --set lr=0.02,betta=0.9" + good_inputs + out,
        "betta"},

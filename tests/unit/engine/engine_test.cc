@@ -168,7 +168,8 @@ TEST(EngineTest, ScheduledSettingsApplyToTheirStepOnly) {
 // Convolution filters (out, in, kh, kw) in Muon, Shampoo and SOAP groups
 // step as the matrices (out, in * kh * kw) wherever they run: whole on
 // their DP owner, or rebuilt from TP fragments split along out or in.
-TEST(EngineTest, ConvolutionFiltersStepAsTheirMatrices) {
+// Stacked experts (E, rows, cols) step as E matrices.
+TEST(EngineTest, ConvolutionFiltersAndStackedExpertsStepAsTheirMatrices) {
   for (const auto& [dp, tp] : {std::pair{2, 2}, std::pair{1, 2}}) {
     SCOPED_TRACE(absl::StrCat("DP", dp, " x TP", tp));
     Cluster cluster;

@@ -191,6 +191,9 @@ std::vector<ModelParam> ConvModel() {
   m.push_back({"block.conv3.weight", {16, 32, 1, 1}, 1, "soap"});
   m.push_back({"block.shortcut.weight", {16, 16, 1, 1}, -1, "adamw"});
   m.push_back({"head.weight", {10, 16}, 0, "muon"});
+  // Stacked experts (E, rows, cols): one matrix per expert.
+  m.push_back({"moe.experts.gate_up_proj", {4, 16, 32}, -1, "muon"});
+  m.push_back({"moe.experts.down_proj", {4, 16, 8}, -1, "soap"});
   return m;
 }
 

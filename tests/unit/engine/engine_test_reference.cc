@@ -185,14 +185,16 @@ absl::StatusOr<Params> Reference(const JobConfig& config, int steps,
     const bool fragmented = p.name == fragment_param && p.split >= 0;
     std::vector<int64_t> shape =
         fragmented ? LocalShape(p, config.tp) : p.shape;
+    BlockSpec blocks = fragmented ? BlockSpec{} : p.blocks;
     if (oc.kind != OptimizerKind::kAdamW) {
-      CANZONA_ASSIGN_OR_RETURN(shape, MatrixOfParameter(shape));
+      CANZONA_ASSIGN_OR_RETURN(SteppedMatrix stepped, MatrixOfParameter(shape));
+      shape = stepped.shape;
+      if (!stepped.blocks.empty()) blocks = stepped.blocks;
     }
     for (int j = 0; j < (fragmented ? config.tp : 1); ++j) {
       CANZONA_ASSIGN_OR_RETURN(
-          auto rule, UpdateRule::CreateBlocked(
-                         oc, shape, fragmented ? BlockSpec{} : p.blocks, p.name,
-                         backend.get()));
+          auto rule,
+          UpdateRule::CreateBlocked(oc, shape, blocks, p.name, backend.get()));
       rules[k].push_back(std::move(rule));
     }
   }

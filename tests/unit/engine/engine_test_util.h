@@ -107,7 +107,8 @@ FusedLayouts FusedAndSeparate(const std::string& optimizer, bool blocks = true);
 // AdamW; the experts are TP-replicated (expert parallelism's habit).
 std::vector<ModelParam> MoeModel(int experts, int layers = 2);
 // A small convolutional net: filters (out, in, kh, kw) in Muon, Shampoo and
-// SOAP groups, whole or split along out or in, and one in AdamW.
+// SOAP groups, whole or split along out or in, and one in AdamW; and two
+// stacks of experts (E, rows, cols) in Muon and SOAP.
 std::vector<ModelParam> ConvModel();
 // MegatronModel with Muon for every matrix (AdamW for the rest).
 std::vector<ModelParam> MuonModel();

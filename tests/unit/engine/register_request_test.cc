@@ -99,15 +99,23 @@ TEST(RegisterRequestTest, BadInputNamesTheField) {
       {"group", [](auto& r) { r.mutable_parameters(0)->set_group("nope"); },
        StatusCode::kInvalidArgument, ".group: unknown group 'nope'"},
       {"matrix", [](auto& r) { r.mutable_parameters(1)->set_group("muon"); },
-       StatusCode::kInvalidArgument, "muon needs a matrix (2-D, or 4-D"},
-      {"3-D in a matrix group",
+       StatusCode::kInvalidArgument, "muon needs a matrix (2-D, 3-D stacked"},
+      {"3-D split over TP",
        [](auto& r) {
          v1::Parameter* p = r.mutable_parameters(2);
          p->mutable_shape()->Set(1, 32);
          p->add_shape(2);
        },
        StatusCode::kInvalidArgument,
-       "got a 3-D shape (Conv1d filters or stacked experts"},
+       ".tp_split_dim: 0, but a 3-D parameter's matrices (stacked experts) "
+       "are not split"},
+      {"6-D in a matrix group",
+       [](auto& r) {
+         v1::Parameter* p = r.mutable_parameters(2);
+         p->mutable_shape()->Set(1, 1);
+         for (int64_t d : {2, 2, 2, 8}) p->add_shape(d);
+       },
+       StatusCode::kInvalidArgument, "got a 6-D shape (use adamw)"},
       {"blocks of a 4-D",
        [](auto& r) {
          v1::Parameter* p = r.mutable_parameters(2);
@@ -155,6 +163,20 @@ TEST(RegisterRequestTest, FiltersInAMatrixGroupRegisterAsTheirMatrix) {
   EXPECT_EQ(lines[2], absl::StrCat(filters->name(), "|128,64|0|muon"));
   EXPECT_EQ(lines[0], absl::StrCat(embedding->name(), "|128,16,2,2|0|adamw"));
   EXPECT_EQ(spec.fragment_numel[2], 128 * 64 / 2);
+  // Stacked experts (E, rows, cols): the E blocks (rows, cols) of the
+  // matrix (E * rows, cols).
+  filters->clear_shape();
+  for (int64_t d : {4, 32, 64}) filters->add_shape(d);
+  filters->set_tp_split_dim(-1);
+  ASSERT_OK_AND_ASSIGN(spec,
+                       ValidateRegisterRequest(request, RegisterLimits{}));
+  const std::vector<std::string> stacked = absl::StrSplit(spec.plist, '\n');
+  EXPECT_EQ(
+      stacked[2],
+      absl::StrCat(filters->name(), "|128,64|-1|muon|blocks=d=0;s=32;r=4;m=0"));
+  filters->clear_shape();
+  for (int64_t d : {128, 16, 2, 2}) filters->add_shape(d);
+  filters->set_tp_split_dim(0);
   // Split along dimension 1 of (out, in, kh, kw): in must divide by tp.
   filters->set_tp_split_dim(1);
   filters->set_shape(1, 15);
