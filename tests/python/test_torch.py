@@ -1752,14 +1752,19 @@ def test_a_bucket_s_event_covers_every_stream_its_gradients_used(
         assert len(opt.registered["buckets"]) == 1
         opt._event = Event()
         x = torch.randn(4, 16, generator=g)
-        # The first step learns the loop: no hook reports, and step()
-        # records once, after the main stream waited for the side one.
-        model[1](model[0](x)).square().mean().backward()
-        assert opt._event.records == []
-        opt.step()
-        opt.zero_grad()
-        assert opt._event.records == [(1, [2])]
-        opt._event.records.clear()
+
+        def step_records_once(backwards):
+            """No hook reports; step() records once, after the main stream
+            waited for the side one."""
+            for _ in range(backwards):
+                model[1](model[0](x)).square().mean().backward()
+            assert opt._event.records == []
+            opt.step()
+            opt.zero_grad()
+            assert opt._event.records == [(1, [2])]
+            opt._event.records.clear()
+
+        step_records_once(1)  # the first step learns the loop
         model[1](model[0](x)).square().mean().backward()
         # Reported from the main stream after it waited for the side one.
         if unused:
@@ -1777,14 +1782,8 @@ def test_a_bucket_s_event_covers_every_stream_its_gradients_used(
                       job_id="streams-off-" + uuid.uuid4().hex[:8])
         opt._event = Event()
         with pytest.warns(RuntimeWarning, match="two backwards"):
-            for _ in range(2):
-                for _ in range(2):
-                    model[1](model[0](x)).square().mean().backward()
-                assert opt._event.records == []
-                opt.step()
-                opt.zero_grad()
-                assert opt._event.records == [(1, [2])]
-                opt._event.records.clear()
+            step_records_once(2)
+            step_records_once(2)
         assert opt._overlap == "off"
     finally:
         opt.close()
