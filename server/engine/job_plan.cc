@@ -81,13 +81,18 @@ absl::StatusOr<std::shared_ptr<const JobPlan>> BuildJobPlan(
 }
 
 std::string CanonicalParam(const v1::Parameter& p) {
-  std::string line = absl::StrCat(p.name(), "|", absl::StrJoin(p.shape(), ","),
-                                  "|", p.tp_split_dim(), "|", p.group());
+  return CanonicalParam(p, p.shape(), BlockSpecOf(p));
+}
+
+std::string CanonicalParam(const v1::Parameter& p,
+                           absl::Span<const int64_t> shape,
+                           const BlockSpec& blocks) {
+  std::string line = absl::StrCat(p.name(), "|", absl::StrJoin(shape, ","), "|",
+                                  p.tp_split_dim(), "|", p.group());
   // fp32 lines stay as they were before mixed precision (plan digests and
   // parameter-list agreement unchanged).
   const DType dtype = DTypeOf(p.dtype());
   if (dtype != DType::kFloat32) absl::StrAppend(&line, "|", DTypeName(dtype));
-  const BlockSpec blocks = BlockSpecOf(p);
   if (!blocks.empty()) {
     absl::StrAppend(&line, "|", kBlocksField, EncodeBlockSpec(blocks));
   }

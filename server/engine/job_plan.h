@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "canzona/v1/optimizer_service.pb.h"
 #include "kernels/base/dtype.h"
 #include "server/engine/job_settings.h"
@@ -67,6 +68,11 @@ absl::StatusOr<std::shared_ptr<const JobPlan>> BuildJobPlan(
     const JobSettings& settings, const std::vector<std::string>& stage_plists);
 
 std::string CanonicalParam(const canzona::v1::Parameter& p);
+// The line of `p` with `shape` and `blocks` in place of its own: what a
+// matrix optimizer steps of an N-D parameter (MatrixOfParameter).
+std::string CanonicalParam(const canzona::v1::Parameter& p,
+                           absl::Span<const int64_t> shape,
+                           const BlockSpec& blocks);
 // The parameter's block spec as the proto gives it (repeat 0 read as 1).
 BlockSpec BlockSpecOf(const canzona::v1::Parameter& p);
 // The element type of a validated parameter (DTYPE_FLOAT32, _BFLOAT16 or

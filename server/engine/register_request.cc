@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -200,11 +201,24 @@ absl::Status ValidateBlocks(const v1::Parameter& p, const std::string& where,
   return absl::OkStatus();
 }
 
-// One parameter's metadata after its name; returns its local (TP fragment)
-// element count.
-absl::StatusOr<int64_t> ValidateParameter(const v1::Parameter& p,
-                                          const std::string& where,
-                                          const JobSettings& settings) {
+// A validated parameter: its local (TP fragment) element count and its
+// canonical line as the daemon steps it.
+struct ValidParameter {
+  int64_t local = 0;
+  std::string canonical;
+};
+
+// One parameter's metadata after its name. A matrix optimizer steps a
+// parameter of more than two dimensions as MatrixOfParameter says:
+// convolution filters (out, in, kh, kw) as the matrix (out, in * kh * kw),
+// stacked experts (E, rows, cols) as the E blocks of (E * rows, cols); the
+// canonical line, hence the plan, the state and the checkpoints, holds
+// that. A filter's TP split keeps its meaning: dimension 1 of (out, in, kh,
+// kw) split into tp parts is the matrix's columns split into tp contiguous
+// parts, as its fragments are.
+absl::StatusOr<ValidParameter> ValidateParameter(const v1::Parameter& p,
+                                                 const std::string& where,
+                                                 const JobSettings& settings) {
   if (p.shape().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ".shape: empty"));
   }
@@ -245,13 +259,15 @@ absl::StatusOr<int64_t> ValidateParameter(const v1::Parameter& p,
     return absl::InvalidArgumentError(
         absl::StrCat(where, ".group: unknown group '", p.group(), "'"));
   }
+  std::optional<SteppedMatrix> matrix;  // what a matrix optimizer steps
   if (IsMatrix(config->second.kind)) {
-    if (absl::StatusOr<SteppedMatrix> matrix = MatrixOfParameter(p.shape());
-        !matrix.ok()) {
+    absl::StatusOr<SteppedMatrix> stepped = MatrixOfParameter(p.shape());
+    if (!stepped.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ".shape: optimizer ", OptimizerKindName(config->second.kind),
-          " ", matrix.status().message()));
+          " ", stepped.status().message()));
     }
+    matrix = *std::move(stepped);
     if (p.shape_size() == 3 && split >= 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ".tp_split_dim: ", split,
@@ -268,34 +284,14 @@ absl::StatusOr<int64_t> ValidateParameter(const v1::Parameter& p,
     CANZONA_RETURN_IF_ERROR(
         ValidateBlocks(p, where, settings, config->second.kind));
   }
-  return split >= 0 ? elements / tp : elements;
-}
-
-// A matrix optimizer steps a parameter of more than two dimensions as
-// MatrixOfParameter says: convolution filters (out, in, kh, kw) as the
-// matrix (out, in * kh * kw), stacked experts (E, rows, cols) as the E
-// blocks of (E * rows, cols); the plan, the state and the checkpoints hold
-// that. A filter's TP split keeps its meaning: dimension 1 of (out, in, kh,
-// kw) split into tp parts is the matrix's columns split into tp contiguous
-// parts, as its fragments are.
-std::string CanonicalAsStepped(const v1::Parameter& p,
-                               const JobSettings& settings) {
-  if (p.shape_size() <= 2 || !IsMatrix(settings.configs.at(p.group()).kind)) {
-    return CanonicalParam(p);
-  }
-  // Validated (ValidateParameter): a matrix, or 3-D without blocks of its
-  // own.
-  const SteppedMatrix stepped = *MatrixOfParameter(p.shape());
-  v1::Parameter matrix = p;
-  matrix.mutable_shape()->Assign(stepped.shape.begin(), stepped.shape.end());
-  if (!stepped.blocks.empty()) {
-    v1::Blocks* blocks = matrix.mutable_blocks();
-    blocks->set_dim(stepped.blocks.dim);
-    blocks->mutable_sizes()->Assign(stepped.blocks.sizes.begin(),
-                                    stepped.blocks.sizes.end());
-    blocks->set_repeat(stepped.blocks.repeat);
-  }
-  return CanonicalParam(matrix);
+  ValidParameter out;
+  out.local = split >= 0 ? elements / tp : elements;
+  // A 2-D parameter keeps its line (and its blocks); an N-D one in a matrix
+  // group has none of its own (checked above).
+  out.canonical = matrix.has_value() && p.shape_size() != 2
+                      ? CanonicalParam(p, matrix->shape, matrix->blocks)
+                      : CanonicalParam(p);
+  return out;
 }
 
 }  // namespace
@@ -339,11 +335,10 @@ absl::StatusOr<RankSpec> ValidateRegisterRequest(
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": duplicate name"));
     }
-    CANZONA_ASSIGN_OR_RETURN(int64_t local,
+    CANZONA_ASSIGN_OR_RETURN(ValidParameter valid,
                              ValidateParameter(p, where, out.settings));
-    out.fragment_numel.push_back(local);
-    absl::StrAppend(&out.plist, j ? "\n" : "",
-                    CanonicalAsStepped(p, out.settings));
+    out.fragment_numel.push_back(valid.local);
+    absl::StrAppend(&out.plist, j ? "\n" : "", valid.canonical);
   }
   // Checkpoint records are named after parameters and blocks: no block
   // may take another's name or a parameter's.

@@ -354,6 +354,11 @@ class _Overlap:
         backward, and returns the streams the buckets no hook reported (a
         parameter without a gradient) may have accumulated on too."""
         self._check_reported_grads_unchanged()
+        return self._noted_grad_streams()
+
+    def _noted_grad_streams(self):
+        """The streams this step's gradients accumulated on, as the
+        backward hooks noted them."""
         return [stream for streams in self._grad_streams
                 for stream in streams.values()]
 

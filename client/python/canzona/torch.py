@@ -464,9 +464,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         else:
             streams = ()
             if self._module is not None:
-                # The streams backward accumulated on (the hooks note them).
-                streams = [stream for streams in self._grad_streams
-                           for stream in streams.values()]
+                streams = self._noted_grad_streams()
             if self._module is not None and self._overlap == "learning":
                 # An edit turns the overlap off, and warns of itself.
                 self._learned = self._learn_overlap()
