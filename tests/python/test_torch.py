@@ -15,6 +15,7 @@ import collections
 import contextlib
 import copy
 import gc
+import io
 import os
 import subprocess
 import sys
@@ -1997,6 +1998,47 @@ def test_overlap_state_dict_waits_for_the_parameters(daemon):
         opt.close()
     for k, v in saved[False].items():
         assert torch.equal(saved[True][k], v), k
+
+
+def _saved_bytes(obj):
+    out = io.BytesIO()
+    torch.save(obj, out)
+    return len(out.getvalue())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_saved_state_dict_holds_only_its_own_parameters(daemon, dtype):
+    """torch.save(model.state_dict()) (nanoGPT's and most loops'
+    checkpoint), or one layer's, writes what it did before the optimizer
+    took the parameters, and loads back as the trained values. Before,
+    each parameter viewed the one shared buffer, so torch.save wrote that
+    whole storage with every tensor: every parameter and every gradient,
+    2x the model for the model's state_dict, the whole model for one
+    layer's."""
+    os.environ["CANZONA_TARGET"] = daemon
+    model = train_torch.build_model(0).to(dtype)
+    layer = model.layers[0]
+    before = _saved_bytes(model.state_dict()), _saved_bytes(layer.state_dict())
+    opt = ct.Muon(model.named_parameters(), adamw_lr=3e-3)
+    for step in (1, 2):
+        train_torch.loss_fn(model, step, 0).backward()
+        opt.step()
+        opt.zero_grad()
+    after = _saved_bytes(model.state_dict()), _saved_bytes(layer.state_dict())
+    assert after == before, (before, after)
+    # What was saved is what was trained, and a plain model takes it.
+    out = io.BytesIO()
+    torch.save(model.state_dict(), out)
+    out.seek(0)
+    fresh = train_torch.build_model(1).to(dtype)
+    fresh.load_state_dict(torch.load(out))
+    for (name, a), b in zip(model.state_dict().items(),
+                            fresh.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert not torch.equal(model.state_dict()["layers.0.mlp.up_proj.weight"],
+                           train_torch.build_model(0).to(dtype)
+                           .state_dict()["layers.0.mlp.up_proj.weight"])
+    opt.close()
 
 
 def test_an_ema_deepcopy_of_an_overlapped_model_is_on_its_own(daemon):

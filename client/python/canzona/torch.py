@@ -279,7 +279,6 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             self._closed = False
             self._module = module
             self._sync = True
-            self._grad_flat = flat[half:]
             self._start_step_checks()
             if module is not None:
                 self._hook_module(module)
@@ -326,20 +325,37 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         self._buffer = self.client.allocate(self.job_id, rank, nbytes)
         return torch.frombuffer(self._buffer, dtype=torch.uint8)
 
+    def _own_memory(self, flat, offset, nbytes):
+        """Bytes [offset, offset + nbytes) of the buffer. In host memory as
+        a storage of its own over the same mapping: torch.save (and
+        pickling, and safetensors' shared-tensor check) takes a tensor's
+        whole storage, so with views of the one buffer each saved
+        ``state_dict()``, even one layer's, held every parameter and every
+        gradient. Device memory stays views: torch makes no storage over
+        part of a CUDA allocation it did not make."""
+        if self._event is None and nbytes > 0:
+            return torch.frombuffer(self._buffer, dtype=torch.uint8,
+                                    count=nbytes, offset=offset)
+        return flat[offset:offset + nbytes]
+
     def _move_into_buffer(self, entries, flat, half, blocks):
         """Moves each parameter's values into its place in ``flat`` (its
-        ``.data`` and ``.grad`` become views there) and returns Register's
+        ``.data`` becomes that memory, its ``.grad`` a view of the
+        gradients' half) and returns Register's
         parameter descriptions and the parameters of each group."""
         self._grads = []
         self._names = []
+        # The gradients are views of one tensor (one fill zeroes them) and
+        # share its version counter, which the step checks read.
+        self._grad_flat = self._own_memory(flat, half, flat.numel() - half)
         parameters = []
         by_group = {g: [] for g in self._groups}
         for e in entries:
             nbytes = e.param.numel() * e.param.element_size()
             goffset = half + e.offset
-            pview = flat[e.offset:e.offset + nbytes].view(
+            pview = self._own_memory(flat, e.offset, nbytes).view(
                 e.param.dtype).view(e.param.shape)
-            gview = flat[goffset:goffset + nbytes].view(
+            gview = self._grad_flat[e.offset:e.offset + nbytes].view(
                 e.param.dtype).view(e.param.shape)
             with torch.no_grad():
                 pview.copy_(e.param.data)
