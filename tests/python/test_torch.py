@@ -429,6 +429,48 @@ def test_grad_scaler_unscales_in_the_daemon_and_skips_on_every_rank(
         assert torch.equal(p, scaled[1]["params"][n]), n
 
 
+def test_a_step_on_non_finite_gradients_is_skipped_and_warned_once(daemon):
+    """A loss that turned NaN without a GradScaler (a diverging bf16 run):
+    the daemon skips the step on every rank, parameters and state as they
+    were; opt.skipped_steps counts it, and the first skip warns, naming the
+    loop's line. Through a GradScaler, whose skips are its loss-scale
+    search, nothing warns. Before, nothing told the loop."""
+    os.environ["CANZONA_TARGET"] = daemon
+    model = train_torch.build_model(0)
+    opt = ct.Muon(model.named_parameters(), adamw_lr=3e-3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in (1, 2, 3, 4):
+            before = {n: p.detach().clone()
+                      for n, p in model.named_parameters()}
+            loss = train_torch.loss_fn(model, step, 0)
+            if step in (2, 3):
+                loss = loss * float("nan")
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            moved = [not torch.equal(before[n], p)
+                     for n, p in model.named_parameters()]
+            assert all(moved) if step in (1, 4) else not any(moved), step
+            assert opt.last_step["skipped_nonfinite"] == (step in (2, 3))
+    assert opt.skipped_steps == 2 and opt.steps == 4
+    texts = [str(w.message) for w in caught]
+    assert len(texts) == 1 and "step 2 skipped" in texts[0], texts
+    assert caught[0].filename == __file__, caught[0].filename
+    opt.close()
+    model = train_torch.build_model(0)
+    opt = ct.Muon(model.named_parameters(), adamw_lr=3e-3)
+    scaler = torch_worker.make_scaler(1024.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = train_torch.loss_fn(model, 1, 0) * scaler._scale
+        (loss * float("inf")).backward()
+        scaler.step(opt)
+    assert opt.skipped_steps == 1, opt.last_step
+    assert not [w for w in caught if "skipped" in str(w.message)], caught
+    opt.close()
+
+
 def test_reference_keywords_reach_the_daemon(daemon):
     """torch.optim.Muon's keywords mean the same in canzona.torch.Muon:
     adjust_lr_fn="match_rms_adamw" scales each matrix's update by

@@ -276,6 +276,10 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
                 self.client.attach_step_doorbell(self.job_id, self.rank)
             self.steps = 0
             self.last_step = None
+            # Steps the daemon skipped for non-finite gradients.
+            self.skipped_steps = 0
+            self._last_skipped = None
+            self._warned_skipped = False
             self._closed = False
             self._module = module
             self._sync = True
@@ -519,6 +523,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         # catch-up): the step counts as done only after the last.
         report_found_inf(self, grad_scaler,
                          self.last_step["skipped_nonfinite"])
+        self._count_skipped(step, grad_scaler)
         if not request["async_params"]:
             self._await_params()
         self.steps = step
@@ -530,6 +535,27 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             self._overlap_learned(self._learned)
         self._record_param_versions()
         self._interrupted_step = None
+
+    def _count_skipped(self, step, grad_scaler):
+        """Counts a step the daemon skipped for non-finite gradients (on
+        any rank), and warns at the first one taken without a GradScaler,
+        whose skips are its loss-scale search: torch.optim would have
+        written the NaN into the parameters, and a run that diverged must
+        not look as if it trained on."""
+        if (not self.last_step["skipped_nonfinite"]
+                or step == self._last_skipped):
+            return
+        self._last_skipped = step
+        self.skipped_steps += 1
+        if grad_scaler is None and not self._warned_skipped:
+            self._warned_skipped = True
+            warn(
+                "canzona: step %d skipped: gradients hold inf or NaN on a "
+                "rank (grad_norm %s), so every rank left its parameters "
+                "and optimizer state as they were (torch.optim would have "
+                "written the NaN into them). opt.skipped_steps counts such "
+                "steps (and canzona_steps_skipped_total); this warning is "
+                "not repeated" % (step, self.last_step["grad_norm"]))
 
     def _check_open(self, call):
         """RuntimeError for ``call`` on a closed optimizer, whose job the
