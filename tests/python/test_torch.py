@@ -17,6 +17,7 @@ import copy
 import gc
 import io
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -2080,6 +2081,49 @@ def test_a_saved_state_dict_holds_only_its_own_parameters(daemon, dtype):
     assert not torch.equal(model.state_dict()["layers.0.mlp.up_proj.weight"],
                            train_torch.build_model(0).to(dtype)
                            .state_dict()["layers.0.mlp.up_proj.weight"])
+    opt.close()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_model_with_its_optimizer_pickles_and_loads_without_canzona(
+        daemon, tmp_path, overlap):
+    """torch.save(model) of the whole module (a model handed to a spawned
+    process is pickled alike) while the optimizer holds it: the file loads
+    in a process that cannot import canzona, and the loaded model computes
+    what the trained one does. torch >= 2.0 pickles a Parameter's __dict__
+    too, where canzona keeps a reference to its optimizer. Before, with
+    module= the model's hooks made torch.save raise "Can't pickle local
+    object", and a Parameter's __dict__ could not be pickled."""
+    os.environ["CANZONA_TARGET"] = daemon
+    model = train_torch.build_model(0)
+    opt = ct.Muon(model.named_parameters(), adamw_lr=3e-3,
+                  module=model if overlap else None)
+    for step in (1, 2, 3):
+        train_torch.loss_fn(model, step, 0).backward()
+        opt.step()
+        opt.zero_grad()
+    for param in model.parameters():
+        assert pickle.loads(pickle.dumps(dict(param.__dict__))) == {
+            k: None for k in param.__dict__}
+    path = str(tmp_path / "model.pt")
+    torch.save(model, path)
+    with torch.no_grad():
+        want = train_torch.loss_fn(model, 4, 0).item()
+    script = (
+        "import sys, torch\n"
+        "sys.modules['canzona'] = None  # import canzona fails\n"
+        "sys.path.insert(0, %r)\n"
+        "import train_torch\n"
+        "model = torch.load(%r)\n"
+        "with torch.no_grad():\n"
+        "    print(repr(train_torch.loss_fn(model, 4, 0).item()))\n"
+        % (os.path.join(ROOT, "client", "examples"), path))
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    out = subprocess.run([sys.executable, "-c", script], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) == want, (out.stdout, want)
     opt.close()
 
 

@@ -16,6 +16,8 @@ the thread that runs backward and forward.
 """
 
 import contextlib
+import functools
+import sys
 import weakref
 
 import torch
@@ -44,17 +46,28 @@ def _into_view(param, view, rebind=True):
         param.grad = view
 
 
-def _only_on(module, action):
+class _OnlyOn:
     """A module hook that calls ``action()`` when it runs on ``module``
     itself: copy.deepcopy(model) (an EMA copy) copies the hooks too, and
-    the copy holds parameters of its own, for which nothing waits."""
-    hooked = weakref.ref(module)
+    the copy holds parameters of its own, for which nothing waits.
+    Pickled (``torch.save(model)``, a model handed to a spawned process)
+    or deep-copied, it becomes a hook that does nothing and needs nothing
+    of canzona to load: ``sys.audit`` of an event of ours, which only an
+    audit hook would see."""
 
-    def hook(called, *unused):
+    __slots__ = ("_module", "_action")
+
+    def __init__(self, module, action):
+        self._module = weakref.ref(module)
+        self._action = action
+
+    def __call__(self, called, *unused):
         del unused
-        if called is hooked():
-            action()
-    return hook
+        if called is self._module():
+            self._action()
+
+    def __reduce__(self):
+        return (functools.partial, (sys.audit, "canzona.copied_hook"))
 
 
 def _first_forward_pre_hook(module, hook):
@@ -152,7 +165,7 @@ class _Overlap:
             waits.setdefault(id(reader), (reader, set()))[1].update(mine)
         for reader, buckets in waits.values():
             self._hooks.append(_first_forward_pre_hook(
-                reader, _only_on(reader, self._before_forward(
+                reader, _OnlyOn(reader, self._before_forward(
                     id(reader), sorted(buckets)))))
         # A forward may read a module's parameters without calling it: a
         # fused linear cross-entropy takes lm_head.weight (Liger's, Cut
@@ -166,15 +179,15 @@ class _Overlap:
         self._called = set()
         self._uncalled_buckets = []
         self._hooks.append(_first_forward_pre_hook(
-            module, _only_on(module, self._model_forward_starts)))
+            module, _OnlyOn(module, self._model_forward_starts)))
         self._hooks.append(module.register_forward_hook(
-            _only_on(module, self._model_forward_ends)))
+            _OnlyOn(module, self._model_forward_ends)))
         # The model's state_dict() (torch.save, save_pretrained, a
         # checkpoint) reads every parameter outside a forward: it waits for
         # the last step's parameters first. Before torch 2.0 only a hook
         # after it exists, which serves as well: the values it returns
         # alias the parameters, and are read after it.
-        synchronized = _only_on(module, self.synchronize)
+        synchronized = _OnlyOn(module, self.synchronize)
         if hasattr(module, "register_state_dict_pre_hook"):
             self._hooks.append(
                 module.register_state_dict_pre_hook(synchronized))

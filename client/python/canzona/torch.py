@@ -287,7 +287,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             if module is not None:
                 self._hook_module(module)
             for param, _ in self._grads:
-                param._canzona_owner = weakref.ref(self)
+                param._canzona_owner = _OwnerRef(self)
             self._record_param_versions()
         except BaseException:
             # The model stays as it was (a bad setting must not break the
@@ -754,6 +754,17 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
                 # (or is killed) would leave the whole buffer in /dev/shm.
                 if isinstance(self._buffer, canzona.SharedBuffer):
                     self._buffer.unlink()
+
+
+class _OwnerRef(weakref.ref):
+    """A parameter's ``_canzona_owner``: the optimizer holding it, weakly.
+    It pickles as None: torch >= 2.0 pickles a Parameter's ``__dict__``
+    (``torch.save(model)``), and the copy belongs to no optimizer."""
+
+    __slots__ = ()
+
+    def __reduce__(self):
+        return (type(None), ())
 
 
 def _close_previous_owners(named):
