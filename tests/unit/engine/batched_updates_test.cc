@@ -108,11 +108,10 @@ TEST_P(BatchedEqualsPerMatrixTest, BitwiseAgainstTheReference) {
     Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", nullptr,
                     nullptr, batch);
     JobRun run(MakeJobConfig("moe", dp, tp, "cost", MoeModel(8)));
-    ASSERT_OK(run.Init());
-    ASSERT_OK(run.RunAll(cluster, kSteps));
     // The single-process reference updates one matrix at a time.
-    ASSERT_OK_AND_ASSIGN(Params ref, Reference(run.config(), kSteps, {}));
-    EXPECT_OK(run.Compare(ref, /*bitwise=*/true)) << "batch " << batch;
+    ASSERT_OK(RunMatchesReference(cluster, run, kSteps, /*bitwise=*/true,
+                                  /*deregister=*/false))
+        << "batch " << batch;
     results[batch] = run.GatherParams();
     for (const auto& r : run.registered) buffers[batch] += r.buffer_bytes();
     // The update RMS counts every member of a batch too.

@@ -61,10 +61,8 @@ TEST_P(EngineEquivalenceTest, BitwiseEqualToWholeMatrixReference) {
   const auto [dp, tp] = layout;
   Cluster cluster;
   JobRun run(MakeConfig("eq", dp, tp, strategy, megatron, /*exact=*/true));
-  ASSERT_OK(run.Init());
-  ASSERT_OK(run.RunAll(cluster, kSteps));
-  ASSERT_OK_AND_ASSIGN(Params ref, Reference(run.config(), kSteps, {}));
-  EXPECT_OK(run.Compare(ref, /*bitwise=*/true));
+  ASSERT_OK(RunMatchesReference(cluster, run, kSteps, /*bitwise=*/true,
+                                /*deregister=*/false));
 
   // Every rank agreed on the plan; the step reports sane statistics.
   for (int g = 0; g < run.config().world(); ++g) {
@@ -117,11 +115,9 @@ TEST_P(EngineRandomGradTest, WithinOneInAMillionOfReference) {
     Cluster cluster;
     JobRun run(MakeConfig("rnd", dp, tp, strategy, /*megatron=*/true,
                           /*exact=*/false));
-    ASSERT_OK(run.Init());
-    ASSERT_OK(run.RunAll(cluster, kSteps));
-    ASSERT_OK_AND_ASSIGN(Params ref, Reference(run.config(), kSteps, {}));
-    EXPECT_OK(run.Compare(ref, /*bitwise=*/false)) << strategy;
-    EXPECT_OK(run.Deregister(cluster));
+    EXPECT_OK(RunMatchesReference(cluster, run, kSteps, /*bitwise=*/false,
+                                  /*deregister=*/true))
+        << strategy;
   }
 }
 
@@ -153,10 +149,8 @@ TEST(EngineTest, ScheduledSettingsApplyToTheirStepOnly) {
         {"shampoo", {{"beta1", 0.7}, {"weight_decay", 0.02}}}};
     config.step_settings[3] = {{"muon", {{"momentum", 0.85}}}};
     JobRun run(config);
-    ASSERT_OK(run.Init());
-    ASSERT_OK(run.RunAll(cluster, 4));
-    ASSERT_OK_AND_ASSIGN(Params ref, Reference(run.config(), 4, {}));
-    EXPECT_OK(run.Compare(ref, /*bitwise=*/true));
+    ASSERT_OK(RunMatchesReference(cluster, run, 4, /*bitwise=*/true,
+                                  /*deregister=*/false));
     JobConfig unscheduled = config;
     unscheduled.step_settings.clear();
     ASSERT_OK_AND_ASSIGN(Params without, Reference(unscheduled, 4, {}));
@@ -176,11 +170,8 @@ TEST(EngineTest, ConvolutionFiltersAndStackedExpertsStepAsTheirMatrices) {
     JobConfig config = MakeJobConfig("conv", dp, tp, "cost", ConvModel());
     config.exact = true;
     JobRun run(config);
-    ASSERT_OK(run.Init());
-    ASSERT_OK(run.RunAll(cluster, kSteps));
-    ASSERT_OK_AND_ASSIGN(Params ref, Reference(run.config(), kSteps, {}));
-    EXPECT_OK(run.Compare(ref, /*bitwise=*/true));
-    EXPECT_OK(run.Deregister(cluster));
+    EXPECT_OK(RunMatchesReference(cluster, run, kSteps, /*bitwise=*/true,
+                                  /*deregister=*/true));
   }
 }
 
@@ -629,11 +620,8 @@ TEST(EngineTest, RankThatNeverStepsFailsPeersWithinTheTimeout) {
 
   // The engines keep serving another job.
   JobRun other(MakeConfig("alive", 2, 1, "layerwise", true, true));
-  ASSERT_OK(other.Init());
-  ASSERT_OK(other.RunAll(cluster, 2));
-  ASSERT_OK_AND_ASSIGN(Params ref, Reference(other.config(), 2, {}));
-  EXPECT_OK(other.Compare(ref, /*bitwise=*/true));
-  EXPECT_OK(other.Deregister(cluster));
+  EXPECT_OK(RunMatchesReference(cluster, other, 2, /*bitwise=*/true,
+                                /*deregister=*/true));
   EXPECT_OK(run.Deregister(cluster));
 }
 

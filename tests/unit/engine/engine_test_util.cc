@@ -583,6 +583,38 @@ absl::Status JobRun::Deregister(Cluster& cluster) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// `status` with its message prefixed by the stage that returned it.
+absl::Status InStage(const char* stage, const absl::Status& status) {
+  return absl::Status(status.code(),
+                      absl::StrCat(stage, ": ", status.message()));
+}
+
+}  // namespace
+
+absl::Status RunMatchesReference(Cluster& cluster, JobRun& run, int steps,
+                                 bool bitwise, bool deregister,
+                                 float tolerance) {
+  if (absl::Status s = run.Init(); !s.ok()) return InStage("Init", s);
+  if (absl::Status s = run.RunAll(cluster, steps); !s.ok()) {
+    return InStage("RunAll", s);
+  }
+  absl::StatusOr<Params> reference = Reference(run.config(), steps, {});
+  if (!reference.ok()) return InStage("Reference", reference.status());
+  absl::Status compared = run.Compare(*reference, bitwise, tolerance);
+  if (!compared.ok()) {
+    compared = InStage(bitwise ? "Compare (bitwise)" : "Compare", compared);
+  }
+  if (!deregister) return compared;
+  absl::Status deregistered = run.Deregister(cluster);
+  if (deregistered.ok()) return compared;
+  if (compared.ok()) return InStage("Deregister", deregistered);
+  return absl::Status(compared.code(),
+                      absl::StrCat(compared.message(), "; then Deregister: ",
+                                   deregistered.message()));
+}
+
 absl::StatusOr<int> StepAfterLoadingParams(Cluster& cluster, JobRun& run,
                                            int step, bool reload) {
   const std::vector<ModelParam>& params = run.config().params;

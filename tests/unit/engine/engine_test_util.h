@@ -11,9 +11,15 @@
 //
 //   Cluster cluster;
 //   JobRun run(MakeJobConfig("t1", /*dp=*/2, /*tp=*/2, "cost"));
+//   ASSERT_OK(run.Init());
 //   ASSERT_OK(run.RunAll(cluster, /*steps=*/5));
 //   ASSERT_OK_AND_ASSIGN(auto ref, Reference(run.config(), 5, {}));
 //   EXPECT_OK(run.Compare(ref, /*bitwise=*/true));
+//
+// or, the same steps in one call (RunMatchesReference):
+//
+//   EXPECT_OK(RunMatchesReference(cluster, run, /*steps=*/5,
+//                                 /*bitwise=*/true, /*deregister=*/true));
 //
 // Thread-safety: a JobRun is driven by its own rank threads inside RunAll;
 // its other methods are for the test thread.
@@ -450,6 +456,17 @@ class JobRun {
   JobConfig config_;
   std::vector<std::unique_ptr<TrainerRank>> ranks_;
 };
+
+// The equivalence check most tests make: initializes `run`, registers it
+// and runs steps 1..`steps` on `cluster` (RunAll), and compares every
+// rank's parameters with Reference(run.config(), steps, {}), bitwise or
+// within `tolerance` (JobRun::Compare); with `deregister`, then
+// deregisters the job (also after a mismatch). The error names the stage
+// that failed ("RunAll: rank 1: ...", "Compare (bitwise): rank 0 ...") and
+// keeps its code; a failed Deregister after a mismatch is appended.
+absl::Status RunMatchesReference(Cluster& cluster, JobRun& run, int steps,
+                                 bool bitwise, bool deregister,
+                                 float tolerance = 1e-6f);
 
 // A trainer that loads new weights into its model between steps: every
 // rank of `run` writes values exact in bf16 and fp16 into its parameters,

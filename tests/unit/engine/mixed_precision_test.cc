@@ -52,10 +52,8 @@ TEST_P(MixedPrecisionEquivalenceTest, BitwiseEqualToMasterWeightReference) {
   const auto [dp, tp] = layout;
   Cluster cluster;
   JobRun run(MixedConfig("mp", dp, tp, strategy, dtype, /*exact=*/true));
-  ASSERT_OK(run.Init());
-  ASSERT_OK(run.RunAll(cluster, kSteps));
-  ASSERT_OK_AND_ASSIGN(Params ref, Reference(run.config(), kSteps, {}));
-  EXPECT_OK(run.Compare(ref, /*bitwise=*/true));
+  ASSERT_OK(RunMatchesReference(cluster, run, kSteps, /*bitwise=*/true,
+                                /*deregister=*/false));
   for (int g = 0; g < run.config().world(); ++g) {
     EXPECT_EQ(run.registered[g].plan_digest(), run.registered[0].plan_digest());
     const v1::StepResponse& last = run.responses[g].back();
@@ -94,12 +92,9 @@ TEST(MixedPrecisionTest, RandomGradientsWithinOneUlpOfTheReference) {
     SCOPED_TRACE(DTypeName(dtype));
     Cluster cluster;
     JobRun run(MixedConfig("mp-rnd", 2, 2, "cost", dtype, /*exact=*/false));
-    ASSERT_OK(run.Init());
-    ASSERT_OK(run.RunAll(cluster, kSteps));
-    ASSERT_OK_AND_ASSIGN(Params ref, Reference(run.config(), kSteps, {}));
     // Tolerance 0 besides the one ulp Compare allows in mixed precision.
-    EXPECT_OK(run.Compare(ref, /*bitwise=*/false, /*tolerance=*/0));
-    EXPECT_OK(run.Deregister(cluster));
+    EXPECT_OK(RunMatchesReference(cluster, run, kSteps, /*bitwise=*/false,
+                                  /*deregister=*/true, /*tolerance=*/0));
   }
 }
 

@@ -306,11 +306,8 @@ TEST(NcclEngineTest, MissingPeerGivesAStatusAndAbortsNotAHang) {
   EXPECT_FALSE(nccl.calls_named("ncclCommAbort").empty());
   // The daemons keep serving another job on the NCCL plane.
   JobRun other(MakeJobConfig("nccl-after", 2, 1, "sc"));
-  ASSERT_OK(other.Init());
-  ASSERT_OK(other.RunAll(cluster, 2));
-  ASSERT_OK_AND_ASSIGN(Params reference, Reference(other.config(), 2, {}));
-  EXPECT_OK(other.Compare(reference, /*bitwise=*/true));
-  EXPECT_OK(other.Deregister(cluster));
+  EXPECT_OK(RunMatchesReference(cluster, other, 2, /*bitwise=*/true,
+                                /*deregister=*/true));
 }
 
 // One GPU at DP1 waits on the device for its trainer's "gradients
@@ -348,11 +345,8 @@ TEST(NcclEngineTest, AStreamThatNeverFinishesEndsTheStepAtTheTimeout) {
   EXPECT_LT(absl::Now() - start, 4 * timeout + absl::Seconds(2));
   SetDeviceLikeWorkBlocked(false);
   JobRun other(MakeJobConfig("nccl-after-stall", 1, 1, "cost"));
-  ASSERT_OK(other.Init());
-  ASSERT_OK(other.RunAll(cluster, 2));
-  ASSERT_OK_AND_ASSIGN(Params reference, Reference(other.config(), 2, {}));
-  EXPECT_OK(other.Compare(reference, /*bitwise=*/true));
-  EXPECT_OK(other.Deregister(cluster));
+  EXPECT_OK(RunMatchesReference(cluster, other, 2, /*bitwise=*/true,
+                                /*deregister=*/true));
 }
 
 // NCCL runs one rank of a communicator per GPU; two trainers of a job on
@@ -383,11 +377,8 @@ TEST(NcclEngineTest, TwoRanksOnOneGpuAreRefusedAtRegistration) {
   JobConfig apart = MakeJobConfig("nccl-own-gpus", 4, 1, "cost");
   apart.cuda_ipc = true;
   JobRun other(apart);
-  ASSERT_OK(other.Init());
-  ASSERT_OK(other.RunAll(cluster, 2));
-  ASSERT_OK_AND_ASSIGN(Params reference, Reference(apart, 2, {}));
-  EXPECT_OK(other.Compare(reference, /*bitwise=*/true));
-  EXPECT_OK(other.Deregister(cluster));
+  EXPECT_OK(RunMatchesReference(cluster, other, 2, /*bitwise=*/true,
+                                /*deregister=*/true));
 }
 
 TEST(NcclEngineTest, SettingsAreValidated) {

@@ -48,13 +48,11 @@ TEST_P(PipelineTest, EqualsTheSingleProcessReference) {
     config.max_grad_norm = 0.5 * ReferenceGradNorm(config, 1);
   }
   JobRun run(config);
-  ASSERT_OK(run.Init());
-  ASSERT_OK(run.RunAll(cluster, kSteps));
-  ASSERT_OK_AND_ASSIGN(Params ref, Reference(run.config(), kSteps, {}));
   // The clip factor comes from the float world sum of the stages' squared
   // norms (the reference sums in double): within 1e-5 then, as the
   // single-stage clipping tests; bitwise without clipping.
-  EXPECT_OK(run.Compare(ref, /*bitwise=*/!clip, 1e-5f));
+  ASSERT_OK(RunMatchesReference(cluster, run, kSteps, /*bitwise=*/!clip,
+                                /*deregister=*/false, 1e-5f));
   // Every rank of every stage reports the job-wide norm and clips by it.
   for (int s = 1; s <= kSteps; ++s) {
     const double norm = ReferenceGradNorm(config, s);

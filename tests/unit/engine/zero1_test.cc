@@ -60,10 +60,8 @@ TEST_P(BucketOrderTest, BitwiseEqualToTheReference) {
   const auto [dp, tp] = layout;
   Cluster cluster;
   JobRun run(Config("z1", dp, tp, strategy, dtype, /*bucket_order=*/true));
-  ASSERT_OK(run.Init());
-  ASSERT_OK(run.RunAll(cluster, kSteps));
-  ASSERT_OK_AND_ASSIGN(Params ref, Reference(run.config(), kSteps, {}));
-  EXPECT_OK(run.Compare(ref, /*bitwise=*/true));
+  ASSERT_OK(RunMatchesReference(cluster, run, kSteps, /*bitwise=*/true,
+                                /*deregister=*/false));
   // A different optimizer (a fragment orthogonalized alone) is caught.
   if (tp > 1) {
     ASSERT_OK_AND_ASSIGN(Params wrong,
@@ -100,11 +98,8 @@ TEST(GradReduceDtypeTest, Fp32SumsEqualTheUnroundedReference) {
         Config("z1-fp32", 4, 1, "cost", DType::kBFloat16, bucket_order);
     config.grad_reduce_fp32 = true;
     JobRun run(config);
-    ASSERT_OK(run.Init());
-    ASSERT_OK(run.RunAll(cluster, kSteps));
-    ASSERT_OK_AND_ASSIGN(Params ref, Reference(run.config(), kSteps, {}));
-    EXPECT_OK(run.Compare(ref, /*bitwise=*/true));
-    EXPECT_OK(run.Deregister(cluster));
+    EXPECT_OK(RunMatchesReference(cluster, run, kSteps, /*bitwise=*/true,
+                                  /*deregister=*/true));
   }
 }
 
@@ -115,10 +110,8 @@ TEST(GradReduceDtypeTest, Bf16SumsAreRoundedOnceAndTheReferenceSeesIt) {
   JobConfig config = Config("z1-bf16", 4, 1, "cost", DType::kBFloat16, true);
   config.exact = false;
   JobRun run(config);
-  ASSERT_OK(run.Init());
-  ASSERT_OK(run.RunAll(cluster, kSteps));
-  ASSERT_OK_AND_ASSIGN(Params ref, Reference(run.config(), kSteps, {}));
-  EXPECT_OK(run.Compare(ref, /*bitwise=*/true));
+  ASSERT_OK(RunMatchesReference(cluster, run, kSteps, /*bitwise=*/true,
+                                /*deregister=*/false));
   // Summing in fp32 is another result on these gradients: the comparison
   // notices which dtype the sums ran in.
   JobConfig fp32 = run.config();
@@ -357,10 +350,8 @@ TEST(NcclMixedPrecisionTest, Bf16OverCudaIpcEqualsTheReference) {
         Config("z1-nccl16", 2, 1, "cost", DType::kBFloat16, bucket_order);
     config.cuda_ipc = true;
     JobRun run(config);
-    ASSERT_OK(run.Init());
-    ASSERT_OK(run.RunAll(cluster, kSteps));
-    ASSERT_OK_AND_ASSIGN(Params ref, Reference(run.config(), kSteps, {}));
-    EXPECT_OK(run.Compare(ref, /*bitwise=*/true));
+    ASSERT_OK(RunMatchesReference(cluster, run, kSteps, /*bitwise=*/true,
+                                  /*deregister=*/false));
     // bf16 conversions ran as device kernels on the copier's stream, and
     // the reduce-scatters summed bf16.
     EXPECT_FALSE(nccl.calls_named("ConvertDTypeAsync").empty());
