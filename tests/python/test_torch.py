@@ -2366,6 +2366,51 @@ def test_a_gan_loop_with_module_trains_as_without(daemon, edit):
         assert torch.equal(a, b) and torch.equal(a, c)
 
 
+def test_settings_that_are_no_numbers_are_refused_naming_them(daemon):
+    """lr and the settings schedules write must be numbers, as in
+    torch.optim: a str is a ValueError naming the group and key, at
+    construction and at step() (nothing steps, and the next step does); a
+    one-element tensor (torch.optim takes a Tensor lr) is its value;
+    betas that are no pair are named. Before, lr="0.02" registered and
+    stayed a str in param_groups, a Tensor lr was refused by the daemon
+    as "tensor(0.0200)", and the others raised IndexError or a ValueError
+    without a name."""
+    os.environ["CANZONA_TARGET"] = daemon
+    for kwargs, text in (
+            ({"lr": "0.02"}, "groups['muon']['lr']: '0.02' is not a number"),
+            ({"weight_decay": None},
+             "groups['muon']['weight_decay']: None is not a number"),
+            ({"adamw_betas": (0.9,)},
+             "adamw_betas: (0.9,) is not a pair (beta1, beta2)")):
+        with pytest.raises(ValueError) as error:
+            ct.Muon(train_torch.build_model(0).named_parameters(), **kwargs)
+        assert str(error.value) == text
+    with pytest.raises(ValueError, match=r"^betas: 0\.9 is not a pair"):
+        ct.SOAP(train_torch.build_model(0).named_parameters(), betas=0.9)
+    model = train_torch.build_model(0)
+    opt = ct.Muon(model.named_parameters(), lr=torch.tensor(0.02))
+    assert opt.param_groups[0]["lr"] == float(torch.tensor(0.02))
+    train_torch.loss_fn(model, 1, 0).backward()
+    opt.step()
+    train_torch.loss_fn(model, 2, 0).backward()
+    for key, value in (("lr", "x"), ("momentum", "0.9")):
+        before = [p.detach().clone() for p in model.parameters()]
+        good = opt.param_groups[0][key]
+        opt.param_groups[0][key] = value
+        with pytest.raises(ValueError) as error:
+            opt.step()
+        assert str(error.value) == ("param_groups['muon'][%r]: %r is not a "
+                                    "number" % (key, value))
+        assert opt.steps == 1
+        assert all(torch.equal(a, p) for a, p in zip(before,
+                                                     model.parameters()))
+        opt.param_groups[0][key] = good
+    opt.param_groups[0]["lr"] = torch.tensor(0.01)
+    opt.step()
+    assert opt.steps == 2
+    opt.close()
+
+
 def test_bad_use_raises_clear_errors(daemon):
     os.environ["CANZONA_TARGET"] = daemon
     # Not running: a clear "cannot reach canzonad at ..." error.

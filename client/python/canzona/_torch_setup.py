@@ -4,6 +4,7 @@ layout, the one device, each parameter's place in the buffer,
 the job id and rank every process agrees on."""
 
 import collections
+import numbers
 import os
 import uuid
 
@@ -32,6 +33,28 @@ _SCHEDULED = {
     "shampoo": ("beta1", "beta2", "epsilon", "weight_decay"),
     "soap": ("beta1", "beta2", "eps", "weight_decay"),
 }
+
+
+def _number(value, where):
+    """A setting's value as the float the daemon takes: a Python or numpy
+    number, or a one-element tensor (torch.optim takes a Tensor lr);
+    anything else is a ValueError naming ``where``."""
+    if torch.is_tensor(value) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError("%s: %r is not a number" % (where, value))
+    return float(value)
+
+
+def _pair(value, where):
+    """``betas`` as (beta1, beta2); anything else is a ValueError naming
+    ``where``."""
+    try:
+        first, second = value
+    except (TypeError, ValueError):
+        raise ValueError("%s: %r is not a pair (beta1, beta2)"
+                         % (where, value)) from None
+    return first, second
 
 
 def _torch_spelling(settings):
@@ -134,7 +157,8 @@ def _scheduled_settings(param_groups, groups):
                     "param_groups[%r][%r]: beta1 %r, but shampoo registered "
                     "with beta1 0 keeps no momentum to schedule (construct "
                     "with beta1 > 0)" % (name, shown, value))
-            changed[key] = float(value)
+            changed[key] = _number(value, "param_groups[%r][%r]"
+                                   % (name, shown))
         if changed:
             settings[group["name"]] = changed
     return settings
@@ -236,11 +260,17 @@ def _parse_groups(groups):
             raise ValueError("groups[%r].optimizer: %r is not one of %s"
                              % (gname, kind, sorted(_SETTINGS)))
         if "betas" in spec:
-            spec["beta1"], spec["beta2"] = spec.pop("betas")
+            spec["beta1"], spec["beta2"] = _pair(
+                spec.pop("betas"), "groups[%r]['betas']" % gname)
         unknown = set(spec) - _SETTINGS[kind]
         if unknown:
             raise ValueError("groups[%r]: unknown settings %s for %s"
                              % (gname, sorted(unknown), kind))
+        # What schedules read and write: numbers, as in torch.optim.
+        for key in ("lr",) + _SCHEDULED[kind]:
+            if key in spec:
+                spec[key] = _number(spec[key],
+                                    "groups[%r][%r]" % (gname, key))
         parsed[gname] = (kind, spec)
     return parsed
 

@@ -70,8 +70,8 @@ from canzona._torch_step_checks import _StepChecks
 from canzona._torch_overlap import _Overlap, _holds_view, _into_view
 from canzona._torch_params import parameters_argument
 from canzona._torch_setup import (
-    _DTYPE_NAMES, _buffer_entries, _device_of, _given, _job_id,
-    _parse_groups, _resolve_layout, _route_function, _scheduled_settings,
+    _DTYPE_NAMES, _buffer_entries, _device_of, _given, _job_id, _number,
+    _pair, _parse_groups, _resolve_layout, _route_function, _scheduled_settings,
     _setting_value, _torch_muon_settings, _torch_spelling, _world,
     default_route)
 from canzona._warn import warn
@@ -477,6 +477,11 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
                 "step() before backward produced a gradient: call "
                 "loss.backward() first (or set .grad, as to what "
                 "torch.autograd.grad returns)")
+        # What a schedule or the loop wrote, checked before anything of
+        # this step happens.
+        lr = {g["name"]: _number(g["lr"], "param_groups[%r]['lr']"
+                                 % g["name"]) for g in self.param_groups}
+        settings = _scheduled_settings(self.param_groups, self._groups)
         grad_scale = loss_scale_multiplier(self, grad_scaler)
         overlap = self._module is not None and self._overlap == "on"
         if overlap:
@@ -492,10 +497,8 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
                 self._warn_of_local_grad_edits()
         self._restore_grads()
         request = {
-            "lr": {g["name"]: float(g["lr"]) for g in self.param_groups},
-            "grad_scale": grad_scale, "async_params": overlap,
-            "max_grad_norm": max_grad_norm,
-            "settings": _scheduled_settings(self.param_groups, self._groups),
+            "lr": lr, "grad_scale": grad_scale, "async_params": overlap,
+            "max_grad_norm": max_grad_norm, "settings": settings,
             "reload_params": self._changed_params()}
         # The previous step's parameters must be in place before this
         # step reads them (a step without a forward in between).
@@ -815,7 +818,8 @@ def _matrix_optimizer(kind, named_parameters, matrix_settings, adamw_settings,
 
 
 def _adamw_settings(adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay):
-    return {"lr": adamw_lr, "beta1": adamw_betas[0], "beta2": adamw_betas[1],
+    beta1, beta2 = _pair(adamw_betas, "adamw_betas")
+    return {"lr": adamw_lr, "beta1": beta1, "beta2": beta2,
             "eps": adamw_eps, "weight_decay": adamw_weight_decay}
 
 
@@ -850,7 +854,8 @@ def Shampoo(named_parameters, lr=1e-2, betas=(0.9, 1.0), epsilon=1e-12,
     """Shampoo (Adam grafting by default) for 2-D hidden weights, AdamW for
     the rest; the keywords are Distributed Shampoo's (None: the daemon's
     default, which is its)."""
-    settings = {"lr": lr, "beta1": betas[0], "beta2": betas[1],
+    beta1, beta2 = _pair(betas, "betas")
+    settings = {"lr": lr, "beta1": beta1, "beta2": beta2,
                 "epsilon": epsilon, "weight_decay": weight_decay,
                 "precondition_frequency": precondition_frequency}
     settings.update(_given(
@@ -872,7 +877,8 @@ def SOAP(named_parameters, lr=3e-3, betas=(0.95, 0.95), eps=1e-8,
     """SOAP (Adam in Shampoo's eigenbasis) for 2-D hidden weights, AdamW for
     the rest; the keywords are nikhilvyas/SOAP's (None: the daemon's
     default, which is its; weight_decay defaults to 0 here, 0.01 there)."""
-    settings = {"lr": lr, "beta1": betas[0], "beta2": betas[1], "eps": eps,
+    beta1, beta2 = _pair(betas, "betas")
+    settings = {"lr": lr, "beta1": beta1, "beta2": beta2, "eps": eps,
                 "weight_decay": weight_decay,
                 "precondition_frequency": precondition_frequency}
     settings.update(_given(
