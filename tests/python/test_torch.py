@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.join(ROOT, "client", "examples"))
 sys.path.insert(0, HERE)
 
 import torch_worker  # noqa: E402
-from conftest import transport_unavailable  # noqa: E402
+from conftest import start_daemon, transport_unavailable  # noqa: E402
 import train_torch  # noqa: E402
 
 import canzona  # noqa: E402
@@ -1104,6 +1104,69 @@ if sys.argv[2] == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
 opt.close()
 """
+
+
+@pytest.mark.parametrize("doorbell", [True, False])
+def test_a_daemon_that_restarted_is_resumed_from_a_checkpoint(tmp_path,
+                                                              doorbell):
+    """canzonad exits (systemd restarts it after a crash) under a training
+    loop: step() fails, dead or restarted, with its code and a message that
+    says how to go on; close() warns instead of raising (nothing is left
+    to deregister); a new optimizer loading the last checkpoint trains on
+    from there, bitwise as a run never interrupted. Before, step() said only that the daemon no longer served
+    the doorbell, and close() raised NOT_FOUND."""
+    proc, target = start_daemon(str(tmp_path))
+    model = train_torch.build_model(0)
+    opt = ct.Muon(model.named_parameters(), adamw_lr=3e-3, target=target,
+                  step_doorbell=doorbell)
+    for step in (1, 2):
+        train_torch.loss_fn(model, step, 0).backward()
+        opt.step()
+        opt.zero_grad()
+    opt.save_checkpoint(str(tmp_path / "ckpt"))
+    proc.kill()
+    proc.wait()
+    train_torch.loss_fn(model, 3, 0).backward()
+    hint = ("a canzonad that exited or restarted no longer holds job %r and "
+            "its state: with the daemon running, construct a new optimizer "
+            "and load what save_checkpoint(dir) or state_dict() saved last"
+            % opt.job_id)
+    with pytest.raises(canzona.CanzonaError) as error:
+        opt.step()
+    assert error.value.code == "UNAVAILABLE" and hint in str(error.value)
+    os.unlink(str(tmp_path / "d.sock"))
+    os.unlink(str(tmp_path / "ready.json"))
+    proc, target = start_daemon(str(tmp_path))
+    try:
+        with pytest.raises(canzona.CanzonaError) as error:
+            opt.step()
+        assert error.value.code in ("UNAVAILABLE", "NOT_FOUND")
+        assert hint in str(error.value)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            opt.close()
+        assert len(caught) == 1 and "was not deregistered" in str(
+            caught[0].message), caught
+        resumed = ct.Muon(model.named_parameters(), adamw_lr=3e-3,
+                          target=target, step_doorbell=doorbell)
+        resumed.load_checkpoint(str(tmp_path / "ckpt"))
+        train_torch.loss_fn(model, 3, 0).backward()
+        resumed.step()
+        assert resumed.steps == 3
+        resumed.close()
+        plain = train_torch.build_model(0)
+        uninterrupted = ct.Muon(plain.named_parameters(), adamw_lr=3e-3,
+                                target=target, step_doorbell=doorbell)
+        for step in (1, 2, 3):
+            train_torch.loss_fn(plain, step, 0).backward()
+            uninterrupted.step()
+            uninterrupted.zero_grad()
+        uninterrupted.close()
+        for a, b in zip(model.parameters(), plain.parameters()):
+            assert torch.equal(a, b)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_killed_trainer_restarted_on_its_job_id_trains_again(daemon):

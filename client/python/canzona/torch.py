@@ -80,6 +80,11 @@ __all__ = ["Optimizer", "Muon", "Shampoo", "SOAP", "default_route",
            "CanzonaError"]
 
 
+# The codes of a call to a daemon that exited (UNAVAILABLE) or restarted
+# without the job (NOT_FOUND).
+_DAEMON_LOST = ("UNAVAILABLE", "NOT_FOUND")
+
+
 def _join_streams(current, streams):
     """Makes stream ``current`` wait on the device for each other stream
     of ``streams``, so that one event recorded on ``current`` covers the
@@ -521,6 +526,13 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             # deadline of this client's it may still run.
             if error.code not in ("DEADLINE_EXCEEDED", "CANCELLED"):
                 self._interrupted_step = None
+            if error.code in _DAEMON_LOST:
+                raise CanzonaError(
+                    "%s; a canzonad that exited or restarted no longer holds "
+                    "job %r and its state: with the daemon running, "
+                    "construct a new optimizer and load what "
+                    "save_checkpoint(dir) or state_dict() saved last"
+                    % (error, self.job_id), error.code) from None
             raise
         # Each line below may run twice (an interrupt among them, then the
         # catch-up): the step counts as done only after the last.
@@ -749,7 +761,15 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
                         pass           # error must not keep the rank
                     finally:
                         self._params_written = []
-                self.client.deregister(self.job_id, self.rank)
+                try:
+                    self.client.deregister(self.job_id, self.rank)
+                except CanzonaError as error:
+                    # Nothing is left to deregister: the daemon exited or
+                    # restarted, which the loop has heard of already.
+                    if error.code not in _DAEMON_LOST:
+                        raise
+                    warn("canzona: close(): job %r was not deregistered: %s"
+                         % (self.job_id, error))
             finally:
                 self.client.close()
                 # Otherwise only garbage collection or a normal interpreter
