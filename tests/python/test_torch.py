@@ -2013,6 +2013,52 @@ def test_a_forward_that_reads_a_module_s_weight_without_calling_it(daemon):
         assert torch.equal(a, b)
 
 
+class _Checkpointed(torch.nn.Module):
+    """A block whose activations backward recomputes (Hugging Face's
+    gradient_checkpointing_enable(), Megatron's recompute)."""
+
+    def __init__(self, block, reentrant):
+        super().__init__()
+        self.block, self.reentrant = block, reentrant
+
+    def forward(self, x):
+        import torch.utils.checkpoint
+        return torch.utils.checkpoint.checkpoint(
+            self.block, x, use_reentrant=self.reentrant)
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_overlap_with_activation_checkpointing_is_bitwise(daemon, reentrant):
+    """Activation checkpointing with module=: backward runs each block's
+    forward again, pre-hooks and all, while the buckets of later blocks
+    are being reduced. The overlap stays on, and the run is bitwise the
+    one without module=."""
+    os.environ["CANZONA_TARGET"] = daemon
+    runs = []
+    for module in (False, True):
+        model = train_torch.build_model(0)
+        for i, block in enumerate(model.layers):
+            model.layers[i] = _Checkpointed(block, reentrant)
+        opt = ct.Muon(model.named_parameters(), adamw_lr=3e-3,
+                      bucket_size=20000, module=model if module else None)
+        losses = []
+        for step in range(1, 5):
+            loss = train_torch.loss_fn(model, step, 0)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        if module:
+            assert opt._overlap == "on"
+            assert len(opt.registered["buckets"]) > 2
+        runs.append((losses, [p.detach().clone()
+                              for p in model.parameters()]))
+        opt.close()
+    assert runs[0][0] == runs[1][0]
+    for a, b in zip(runs[0][1], runs[1][1]):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("kind", ["muon", "soap"])
 def test_overlap_and_hierarchical_sharding_are_bitwise(daemon, tmp_path, kind):
     """module= (GradReady from backward hooks, async step, WaitParams in
