@@ -2520,6 +2520,32 @@ def test_settings_that_are_no_numbers_are_refused_naming_them(daemon):
     opt.close()
 
 
+@pytest.mark.parametrize("name, group", [
+    # MoE routers, as Hugging Face's models name them: AdamW, whichever
+    # family (before, Mixtral's, PhiMoE's and MiniMax's went to Muon
+    # while Qwen's and DeepSeek's went to AdamW).
+    ("model.layers.0.block_sparse_moe.gate.weight", "adamw"),  # Mixtral
+    ("model.layers.0.mlp.gate.weight", "adamw"),  # Qwen-MoE, DeepSeek
+    ("model.layers.0.mlp.shared_expert_gate.weight", "adamw"),  # Qwen2-MoE
+    ("model.layers.0.mlp.router.weight", "adamw"),  # GPT-OSS
+    ("model.layers.0.feed_forward.router.weight", "adamw"),  # Llama 4
+    ("transformer.blocks.0.ffn.router.layer.weight", "adamw"),  # DBRX
+    ("model.embed_tokens.weight", "adamw"),
+    ("lm_head.weight", "adamw"),
+    # Hidden matrices, gates of a GLU among them.
+    ("model.layers.0.mlp.gate_proj.weight", "muon"),
+    ("model.layers.0.block_sparse_moe.experts.0.w1.weight", "muon"),
+    ("model.layers.0.mlp.experts.3.gate_proj.weight", "muon"),
+    ("model.layers.0.mlp.shared_expert.gate_proj.weight", "muon"),
+    ("model.layers.0.self_attn.q_proj.weight", "muon"),
+    ("transformer.h.0.attn.c_attn.weight", "muon"),
+    ("gate_up_proj.weight", "muon"),
+])
+def test_default_route_sends_every_moe_router_to_adamw(name, group):
+    param = torch.nn.Parameter(torch.empty(8, 16))
+    assert ct.default_route(name, param, "muon") == group
+
+
 def test_bad_use_raises_clear_errors(daemon):
     os.environ["CANZONA_TARGET"] = daemon
     # Not running: a clear "cannot reach canzonad at ..." error.

@@ -167,7 +167,11 @@ def _scheduled_settings(param_groups, groups):
 # Names that mark embeddings, output heads and MoE routers: AdamW by
 # convention even when 2-D.
 _ADAMW_NAME_PARTS = ("embed", "wte", "wpe", "lm_head", "output_layer",
-                     "router", "mlp.gate.weight")
+                     "router")
+# Modules that are MoE routers by their own name: Mixtral's, PhiMoE's and
+# MiniMax's block_sparse_moe.gate, Qwen-MoE's and DeepSeek's mlp.gate,
+# Qwen2-MoE's shared_expert_gate (a GLU's gate is gate_proj, or w1).
+_ROUTER_MODULES = ("gate", "shared_expert_gate")
 
 # Where the gradients' half of the buffer starts: a multiple of this many
 # bytes (vector loads and the widest element).
@@ -189,6 +193,9 @@ def default_route(name, param, matrix_group):
         return "adamw"
     lowered = name.lower()
     if any(part in lowered for part in _ADAMW_NAME_PARTS):
+        return "adamw"
+    module = lowered.split(".")[-2] if "." in lowered else ""
+    if module in _ROUTER_MODULES:
         return "adamw"
     return matrix_group
 
