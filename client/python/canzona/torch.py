@@ -71,9 +71,9 @@ from canzona._torch_overlap import _Overlap, _holds_view, _into_view
 from canzona._torch_params import parameters_argument
 from canzona._torch_setup import (
     _DTYPE_NAMES, _buffer_entries, _device_of, _given, _job_id, _number,
-    _pair, _parse_groups, _resolve_layout, _route_function, _scheduled_settings,
-    _setting_value, _torch_muon_settings, _torch_spelling, _world,
-    default_route)
+    _pair, _parse_groups, _resolve_layout, _route_function,
+    _scheduled_settings, _setting_value, _torch_muon_settings,
+    _torch_spelling, _world, default_route)
 from canzona._warn import warn
 
 __all__ = ["Optimizer", "Muon", "Shampoo", "SOAP", "default_route",
