@@ -2520,29 +2520,47 @@ def test_settings_that_are_no_numbers_are_refused_naming_them(daemon):
     opt.close()
 
 
-@pytest.mark.parametrize("name, group", [
+def _route(name, group, shape=(8, 16), tp_split=False):
+    return name, group, shape, tp_split
+
+
+@pytest.mark.parametrize("name, group, shape, tp_split", [
     # MoE routers, as Hugging Face's models name them: AdamW, whichever
     # family (before, Mixtral's, PhiMoE's and MiniMax's went to Muon
     # while Qwen's and DeepSeek's went to AdamW).
-    ("model.layers.0.block_sparse_moe.gate.weight", "adamw"),  # Mixtral
-    ("model.layers.0.mlp.gate.weight", "adamw"),  # Qwen-MoE, DeepSeek
-    ("model.layers.0.mlp.shared_expert_gate.weight", "adamw"),  # Qwen2-MoE
-    ("model.layers.0.mlp.router.weight", "adamw"),  # GPT-OSS
-    ("model.layers.0.feed_forward.router.weight", "adamw"),  # Llama 4
-    ("transformer.blocks.0.ffn.router.layer.weight", "adamw"),  # DBRX
-    ("model.embed_tokens.weight", "adamw"),
-    ("lm_head.weight", "adamw"),
+    # Mixtral; Qwen-MoE and DeepSeek; Qwen2-MoE; GPT-OSS; Llama 4; DBRX.
+    _route("model.layers.0.block_sparse_moe.gate.weight", "adamw"),
+    _route("model.layers.0.mlp.gate.weight", "adamw"),
+    _route("model.layers.0.mlp.shared_expert_gate.weight", "adamw"),
+    _route("model.layers.0.mlp.router.weight", "adamw"),
+    _route("model.layers.0.feed_forward.router.weight", "adamw"),
+    _route("transformer.blocks.0.ffn.router.layer.weight", "adamw"),
+    _route("model.embed_tokens.weight", "adamw"),
+    _route("lm_head.weight", "adamw"),
     # Hidden matrices, gates of a GLU among them.
-    ("model.layers.0.mlp.gate_proj.weight", "muon"),
-    ("model.layers.0.block_sparse_moe.experts.0.w1.weight", "muon"),
-    ("model.layers.0.mlp.experts.3.gate_proj.weight", "muon"),
-    ("model.layers.0.mlp.shared_expert.gate_proj.weight", "muon"),
-    ("model.layers.0.self_attn.q_proj.weight", "muon"),
-    ("transformer.h.0.attn.c_attn.weight", "muon"),
-    ("gate_up_proj.weight", "muon"),
+    _route("model.layers.0.mlp.gate_proj.weight", "muon"),
+    _route("model.layers.0.block_sparse_moe.experts.0.w1.weight", "muon"),
+    _route("model.layers.0.mlp.experts.3.gate_proj.weight", "muon"),
+    _route("model.layers.0.mlp.shared_expert.gate_proj.weight", "muon"),
+    _route("model.layers.0.self_attn.q_proj.weight", "muon"),
+    _route("transformer.h.0.attn.c_attn.weight", "muon"),
+    _route("gate_up_proj.weight", "muon"),
+    # Experts fused into one 3-D stack (E, rows, cols) step as E matrices
+    # (GPT-OSS's, and Hugging Face's fused MoE layers); before, AdamW
+    # took them, the bulk of an MoE model. A 3-D tensor of another kind
+    # (a Conv1d's filters), convolution filters and experts split over
+    # tensor parallelism (which the daemon does not step) stay in AdamW.
+    _route("model.layers.0.mlp.experts.gate_up_proj", "muon", (4, 8, 16)),
+    _route("model.layers.0.mlp.experts.down_proj", "muon", (4, 16, 8)),
+    _route("model.layers.0.conv1d.weight", "adamw", (4, 8, 16)),
+    _route("encoder.conv1.weight", "adamw", (4, 8, 3, 3)),
+    _route("model.layers.0.mlp.experts.gate_up_proj", "adamw", (4, 8, 16),
+           True),
 ])
-def test_default_route_sends_every_moe_router_to_adamw(name, group):
-    param = torch.nn.Parameter(torch.empty(8, 16))
+def test_default_route_by_name_and_shape(name, group, shape, tp_split):
+    param = torch.nn.Parameter(torch.empty(*shape))
+    if tp_split:  # Megatron's attributes of a tensor-parallel weight
+        param.tensor_model_parallel, param.partition_dim = True, 1
     assert ct.default_route(name, param, "muon") == group
 
 
