@@ -185,14 +185,17 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16",
 def default_route(name, param, matrix_group):
     """2-D hidden weights and 3-D stacked experts (a name with "expert":
     (E, rows, cols), as recent Hugging Face MoE models fuse them, stepped
-    as E matrices) -> ``matrix_group``; embeddings, lm_head, routers and
-    every other tensor that is not 2-D -> "adamw". Convolution filters
+    as E matrices) -> ``matrix_group``; embeddings, lm_head, routers,
+    biases (2-D ones too: one per expert) and every other tensor that is
+    not 2-D -> "adamw". Convolution filters
     too (a patch embedding or a depthwise kernel is no hidden matrix):
     route the ones that are (a ResNet's) to the matrix optimizer by name,
     which steps Conv2d / Conv3d filters as the matrices (out, in *
     kernel). Experts split over tensor parallelism stay in AdamW (the
     daemon steps a stack whole)."""
     lowered = name.lower()
+    if lowered.endswith("bias"):  # GPT-OSS's experts.gate_up_proj_bias
+        return "adamw"            # is 2-D: a bias per expert
     if (param.dim() == 3 and "expert" in lowered
             and not getattr(param, "tensor_model_parallel", False)):
         return matrix_group
