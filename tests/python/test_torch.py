@@ -2552,6 +2552,8 @@ def _route(name, group, shape=(8, 16), tp_split=False):
     # tensor parallelism (which the daemon does not step) stay in AdamW.
     _route("model.layers.0.mlp.experts.gate_up_proj", "muon", (4, 8, 16)),
     _route("model.layers.0.mlp.experts.down_proj", "muon", (4, 16, 8)),
+    # Mamba's (and Jamba's) state matrix is 2-D (before: Muon).
+    _route("model.layers.0.mamba.A_log", "adamw"),
     # GPT-OSS's biases per expert are 2-D (before: Muon).
     _route("model.layers.0.mlp.experts.gate_up_proj_bias", "adamw"),
     _route("model.layers.0.conv1d.weight", "adamw", (4, 8, 16)),

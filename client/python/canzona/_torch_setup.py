@@ -165,9 +165,10 @@ def _scheduled_settings(param_groups, groups):
 
 
 # Names that mark embeddings, output heads and MoE routers: AdamW by
-# convention even when 2-D.
+# convention even when 2-D; so is a Mamba layer's state matrix A_log
+# (Mamba's and Jamba's are 2-D, (inner, state)).
 _ADAMW_NAME_PARTS = ("embed", "wte", "wpe", "lm_head", "output_layer",
-                     "router")
+                     "router", "a_log")
 # Modules that are MoE routers by their own name: Mixtral's, PhiMoE's and
 # MiniMax's block_sparse_moe.gate, Qwen-MoE's and DeepSeek's mlp.gate,
 # Qwen2-MoE's shared_expert_gate (a GLU's gate is gate_proj, or w1).
