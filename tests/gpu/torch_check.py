@@ -79,6 +79,7 @@ settings, tolerances, variants: [...]} to --out; exit status 1 if failed.
 
 import argparse
 import copy
+import io
 import json
 import math
 import os
@@ -369,6 +370,17 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
                         min=1e-30))
                     if err > worst[groups[n]][0]:
                         worst[groups[n]] = (err, "%s at step %d" % (n, step))
+        # The parameters pickle while the optimizer holds them (torch >=
+        # 2.0 pickles a Parameter's __dict__, where canzona.torch keeps a
+        # reference to its optimizer): torch.save(model), or a model
+        # handed to a spawned process.
+        saved = io.BytesIO()
+        torch.save([params[n] for n in names], saved)
+        saved.seek(0)
+        loaded = torch.load(saved, map_location=device)
+        if not all(torch.equal(a, params[n]) for a, n in zip(loaded, names)):
+            raise RuntimeError("the parameters torch.save wrote load as "
+                               "other values")
     finally:
         opt.close()
     # bf16params compares the parameters with the rounded masters.
