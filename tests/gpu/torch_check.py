@@ -377,7 +377,7 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
         saved = io.BytesIO()
         torch.save([params[n] for n in names], saved)
         saved.seek(0)
-        loaded = torch.load(saved, map_location=device)
+        loaded = torch.load(saved, map_location=device, weights_only=False)
         if not all(torch.equal(a, params[n]) for a, n in zip(loaded, names)):
             raise RuntimeError("the parameters torch.save wrote load as "
                                "other values")
