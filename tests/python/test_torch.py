@@ -639,6 +639,37 @@ def test_parameters_moved_out_of_the_buffer_are_refused(daemon):
     opt.close()
 
 
+def test_an_empty_parameter_is_left_out(daemon):
+    """A parameter without elements (a layer configured to width 0) is left
+    out of the daemon's buffers, as no step changes it: the rest trains
+    bitwise as the same model without it. Before, construction failed:
+    "parameters[0] 'extra'.shape: dimension 0 < 1"."""
+    os.environ["CANZONA_TARGET"] = daemon
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(2))
+    results = []
+    for empty in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16),
+                                    torch.nn.Linear(16, 4))
+        if empty:
+            model.extra = torch.nn.Parameter(torch.empty(0, 8))
+        opt = ct.Muon(model.named_parameters(), adamw_lr=3e-3)
+        assert "extra" not in opt._names
+        for _ in range(3):
+            loss = model(x).square().mean()
+            if empty:
+                loss = loss + model.extra.sum()  # a gradient of no elements
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        results.append({n: p.detach().clone()
+                        for n, p in model.named_parameters() if n != "extra"})
+        opt.close()
+    assert results[0].keys() == results[1].keys()
+    for n, p in results[0].items():
+        assert torch.equal(p, results[1][n]), n
+
+
 def test_frozen_parameters_stay_as_they_are(daemon):
     """A parameter that does not require grad is skipped by torch.optim
     (no gradient) and left out of Megatron's buffers; canzona leaves it out

@@ -191,6 +191,11 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         named = [(n, p) for n, p in named if p.requires_grad]
         if not named:
             raise ValueError("named_parameters: none requires grad")
+        # So is one without elements (a layer configured to width 0), which
+        # no step changes: the daemon takes no empty shape.
+        named = [(n, p) for n, p in named if p.numel() > 0]
+        if not named:
+            raise ValueError("named_parameters: every one is empty")
         self._groups = _parse_groups(groups)
         route_fn = _route_function(route, self._groups)
         rank, world = _world()
