@@ -1,6 +1,7 @@
-"""One trainer rank for tests/python/test_torch.py, run as its own process
-(RANK / WORLD_SIZE / CANZONA_TARGET in the environment): trains the example
-decoder with a canzona.torch optimizer and saves what the test compares.
+"""One trainer rank for tests/python/test_torch_*.py (started by
+torch_test_util.run_ranks), run as its own process (RANK / WORLD_SIZE /
+CANZONA_TARGET in the environment): trains the example decoder with a
+canzona.torch optimizer and saves what the test compares.
 """
 
 import argparse
