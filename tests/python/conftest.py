@@ -21,6 +21,9 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+# The example trainer (train_torch) the suites train; pytest puts this
+# folder on sys.path itself (its rootdir-relative "prepend" imports).
+sys.path.insert(0, os.path.join(ROOT, "client", "examples"))
 CANZONAD = os.environ.get("CANZONAD",
                           os.path.join(ROOT, "build", "server", "canzonad"))
 TRANSPORTS = ("grpc", "bridge")

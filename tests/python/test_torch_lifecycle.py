@@ -14,7 +14,6 @@ The references and run_ranks these tests share are in torch_test_util.py.
 
 import gc
 import os
-import sys
 import threading
 import uuid
 import warnings
@@ -23,15 +22,10 @@ import weakref
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "client", "examples"))
-sys.path.insert(0, HERE)
+import train_torch
 
-import train_torch  # noqa: E402
-
-import canzona  # noqa: E402
-import canzona.torch as ct  # noqa: E402
+import canzona
+import canzona.torch as ct
 
 
 def test_a_closed_optimizer_leaves_the_model_alone(daemon):

@@ -15,23 +15,17 @@ The references and run_ranks these tests share are in torch_test_util.py.
 """
 
 import os
-import sys
 import uuid
 
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "client", "examples"))
-sys.path.insert(0, HERE)
-
-from torch_test_util import (  # noqa: E402
+from torch_test_util import (
     STEPS, run_ranks, TorchMuon, reference_run, mixed_reference_run, relative,
     assert_close)
 
-import canzona  # noqa: E402
-import canzona.torch as ct  # noqa: E402
+import canzona
+import canzona.torch as ct
 
 
 @pytest.mark.parametrize("world", [1, 2])

@@ -16,23 +16,17 @@ The references and run_ranks these tests share are in torch_test_util.py.
 import contextlib
 import copy
 import os
-import sys
 import uuid
 import warnings
 
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "client", "examples"))
-sys.path.insert(0, HERE)
+import train_torch
+from torch_test_util import run_ranks, relative
 
-import train_torch  # noqa: E402
-from torch_test_util import run_ranks, relative  # noqa: E402
-
-import canzona  # noqa: E402
-import canzona.torch as ct  # noqa: E402
+import canzona
+import canzona.torch as ct
 
 
 def test_overlap_waits_where_a_container_s_parameters_are_read(daemon):

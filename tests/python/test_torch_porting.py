@@ -14,24 +14,18 @@ The references and run_ranks these tests share are in torch_test_util.py.
 """
 
 import os
-import sys
 import uuid
 
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "client", "examples"))
-sys.path.insert(0, HERE)
-
-import torch_worker  # noqa: E402
-import train_torch  # noqa: E402
-from torch_test_util import (  # noqa: E402
+import torch_worker
+import train_torch
+from torch_test_util import (
     run_ranks, TorchMuon, reference_run, relative, assert_close)
 
-import canzona  # noqa: E402
-import canzona.torch as ct  # noqa: E402
+import canzona
+import canzona.torch as ct
 
 
 def test_reference_keywords_reach_the_daemon(daemon):

@@ -21,16 +21,12 @@ import warnings
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "client", "examples"))
-sys.path.insert(0, HERE)
+from conftest import ROOT
+import torch_worker
+import train_torch
+from torch_test_util import run_ranks
 
-import torch_worker  # noqa: E402
-import train_torch  # noqa: E402
-from torch_test_util import run_ranks  # noqa: E402
-
-import canzona.torch as ct  # noqa: E402
+import canzona.torch as ct
 
 
 @pytest.mark.parametrize("overlap", [False, True])

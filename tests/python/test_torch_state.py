@@ -24,17 +24,12 @@ import warnings
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "client", "examples"))
-sys.path.insert(0, HERE)
+from conftest import ROOT, start_daemon
+import train_torch
+from torch_test_util import run_ranks, TorchMuon, relative
 
-from conftest import start_daemon  # noqa: E402
-import train_torch  # noqa: E402
-from torch_test_util import run_ranks, TorchMuon, relative  # noqa: E402
-
-import canzona  # noqa: E402
-import canzona.torch as ct  # noqa: E402
+import canzona
+import canzona.torch as ct
 
 
 def test_unfreezing_carries_the_state_through_a_checkpoint(daemon,

@@ -15,16 +15,11 @@ import uuid
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "client", "examples"))
-sys.path.insert(0, HERE)
+import torch_worker
+from conftest import HERE, transport_unavailable
+import train_torch
 
-import torch_worker  # noqa: E402
-from conftest import transport_unavailable  # noqa: E402
-import train_torch  # noqa: E402
-
-import canzona.torch as ct  # noqa: E402
+import canzona.torch as ct
 
 STEPS = 20
 # The transport every rank must use: $CANZONA_TRANSPORT, else what "auto"
