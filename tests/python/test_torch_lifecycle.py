@@ -4,12 +4,8 @@ and frozen parameters, a step interrupted by Ctrl-C, and constructions
 that fail (refused settings, a failure after Register, host memory the
 daemon could not lock) leaving the model and the daemon as they were.
 
-Run by ctest (label python) as python_test_torch_bridge_lifecycle (source
-tree, through canzona-bridge) and within python_installed_package (a
-pip-installed copy, grpc). By hand: PYTHONPATH=client/python \
-  CANZONAD=build/server/canzonad /usr/bin/python3 -m pytest \
-  tests/python/test_torch_lifecycle.py
-The references and run_ranks these tests share are in torch_test_util.py.
+ctest runs it as python_test_torch_bridge_lifecycle and in
+python_installed_package; by hand: see torch_test_util.py.
 """
 
 import gc

@@ -6,12 +6,8 @@ fp32 norms) equals a mixed-precision reference, and max_grad_norm equals
 clip_grad_norm_ before the optimizer; a channels_last conv net's filters,
 stacked experts and Megatron's fused blocks step as their matrices.
 
-Run by ctest (label python) as python_test_torch_bridge_numerics (source
-tree, through canzona-bridge) and within python_installed_package (a
-pip-installed copy, grpc). By hand: PYTHONPATH=client/python \
-  CANZONAD=build/server/canzonad /usr/bin/python3 -m pytest \
-  tests/python/test_torch_numerics.py
-The references and run_ranks these tests share are in torch_test_util.py.
+ctest runs it as python_test_torch_bridge_numerics and in
+python_installed_package; by hand: see torch_test_util.py.
 """
 
 import os

@@ -5,12 +5,8 @@ activation checkpointing, hierarchical sharding, gradients edited after
 backward, an EMA deepcopy, an interrupted backward, gradient accumulation
 with no_sync(), and a GAN's loop: bitwise the run without module=.
 
-Run by ctest (label python) as python_test_torch_bridge_overlap (source
-tree, through canzona-bridge) and within python_installed_package (a
-pip-installed copy, grpc). By hand: PYTHONPATH=client/python \
-  CANZONAD=build/server/canzonad /usr/bin/python3 -m pytest \
-  tests/python/test_torch_overlap.py
-The references and run_ranks these tests share are in torch_test_util.py.
+ctest runs it as python_test_torch_bridge_overlap and in
+python_installed_package; by hand: see torch_test_util.py.
 """
 
 import contextlib

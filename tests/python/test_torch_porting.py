@@ -5,12 +5,8 @@ StepLR, OneCycleLR, settings written into param_groups),
 the default route by name and shape, and the forms, settings and uses
 that cannot work raising clear errors.
 
-Run by ctest (label python) as python_test_torch_bridge_porting (source
-tree, through canzona-bridge) and within python_installed_package (a
-pip-installed copy, grpc). By hand: PYTHONPATH=client/python \
-  CANZONAD=build/server/canzonad /usr/bin/python3 -m pytest \
-  tests/python/test_torch_porting.py
-The references and run_ranks these tests share are in torch_test_util.py.
+ctest runs it as python_test_torch_bridge_porting and in
+python_installed_package; by hand: see torch_test_util.py.
 """
 
 import os

@@ -3,12 +3,8 @@ torch.amp.GradScaler at DP2 (and non-finite gradients skipped without
 one), a DistributedDataParallel-wrapped model, a local clip on several
 ranks, and a killed trainer restarted on its job id.
 
-Run by ctest (label python) as python_test_torch_bridge_ranks (source
-tree, through canzona-bridge) and within python_installed_package (a
-pip-installed copy, grpc). By hand: PYTHONPATH=client/python \
-  CANZONAD=build/server/canzonad /usr/bin/python3 -m pytest \
-  tests/python/test_torch_ranks.py
-The references and run_ranks these tests share are in torch_test_util.py.
+ctest runs it as python_test_torch_bridge_ranks and in
+python_installed_package; by hand: see torch_test_util.py.
 """
 
 import os

@@ -4,12 +4,8 @@ restarted, past the gRPC message size, after Accelerate's round trip),
 weights loaded into a bf16 model between steps, and torch.save of the
 model's state_dict or of the whole model while the optimizer holds it.
 
-Run by ctest (label python) as python_test_torch_bridge_state (source
-tree, through canzona-bridge) and within python_installed_package (a
-pip-installed copy, grpc). By hand: PYTHONPATH=client/python \
-  CANZONAD=build/server/canzonad /usr/bin/python3 -m pytest \
-  tests/python/test_torch_state.py
-The references and run_ranks these tests share are in torch_test_util.py.
+ctest runs it as python_test_torch_bridge_state and in
+python_installed_package; by hand: see torch_test_util.py.
 """
 
 import collections

@@ -6,6 +6,11 @@ references the daemon's runs are compared with (newton_schulz, TorchMuon:
 torch.optim.Muon's semantics; Float64Rule: canzona_reference's Shampoo /
 SOAP; SETTINGS; reference_run and mixed_reference_run, the same training
 in one process); and relative / assert_close. Not a test module itself.
+
+A suite by hand, from the source tree (a canzonad starts per file):
+
+  PYTHONPATH=client/python CANZONAD=build/server/canzonad \
+    /usr/bin/python3 -m pytest -q tests/python/test_torch_overlap.py
 """
 
 import os
