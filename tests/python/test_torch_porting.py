@@ -461,6 +461,9 @@ def _route(name, group, shape=(8, 16), tp_split=False):
     _route("lm_head.weight", "adamw"),
     # Hidden matrices, gates of a GLU among them.
     _route("model.layers.0.mlp.gate_proj.weight", "muon"),
+    # A GLU's gate projection named "gate": (ffn, hidden), tall, where a
+    # router's (experts, hidden) is wide.
+    _route("model.layers.0.mlp.gate.weight", "muon", (32, 16)),
     _route("model.layers.0.block_sparse_moe.experts.0.w1.weight", "muon"),
     _route("model.layers.0.mlp.experts.3.gate_proj.weight", "muon"),
     _route("model.layers.0.mlp.shared_expert.gate_proj.weight", "muon"),

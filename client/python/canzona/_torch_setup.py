@@ -171,7 +171,9 @@ _ADAMW_NAME_PARTS = ("embed", "wte", "wpe", "lm_head", "output_layer",
                      "router", "a_log")
 # Modules that are MoE routers by their own name: Mixtral's, PhiMoE's and
 # MiniMax's block_sparse_moe.gate, Qwen-MoE's and DeepSeek's mlp.gate,
-# Qwen2-MoE's shared_expert_gate (a GLU's gate is gate_proj, or w1).
+# Qwen2-MoE's shared_expert_gate; a router's (experts, hidden) weight is
+# wide, where a GLU's gate (gate_proj or w1 mostly; "gate" in some
+# models) is (ffn, hidden), tall.
 _ROUTER_MODULES = ("gate", "shared_expert_gate")
 
 # Where the gradients' half of the buffer starts: a multiple of this many
@@ -205,7 +207,7 @@ def default_route(name, param, matrix_group):
     if any(part in lowered for part in _ADAMW_NAME_PARTS):
         return "adamw"
     module = lowered.split(".")[-2] if "." in lowered else ""
-    if module in _ROUTER_MODULES:
+    if module in _ROUTER_MODULES and param.shape[0] < param.shape[1]:
         return "adamw"
     return matrix_group
 
