@@ -304,8 +304,10 @@ class _Overlap:
                 "the forward waits and backward hooks idle). To have it: "
                 "every backward but the last inside opt.no_sync() (a GAN's "
                 "generator backward inside the discriminator optimizer's "
-                "too), clipping with max_grad_norm=, no DDP wrapper"
-                % unsafe)
+                "too), clipping with max_grad_norm= (Hugging Face's "
+                "Trainer clips unless TrainingArguments(max_grad_norm=0)), "
+                "scaler.step(opt) without scaler.unscale_(opt), no DDP "
+                "wrapper" % unsafe)
 
     def _before_forward(self, key, buckets):
         """What the forward of a module (``id()`` ``key``) waits for
