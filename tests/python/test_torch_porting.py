@@ -24,6 +24,28 @@ import canzona
 import canzona.torch as ct
 
 
+def test_torch_optim_kernel_flags_are_accepted_and_modes_refused(daemon):
+    """torch.optim's flags: foreach= and fused= (nanoGPT passes AdamW
+    fused=True) choose torch's own kernels and are accepted, meaning
+    nothing here; maximize=, capturable= and differentiable= would change
+    what a step is, and True is a ValueError naming the flag, before
+    anything registers. Before, each was a TypeError naming
+    Optimizer.__init__."""
+    os.environ["CANZONA_TARGET"] = daemon
+    model = train_torch.build_model(0)
+    opt = ct.Muon(model.named_parameters(), fused=True, foreach=False)
+    train_torch.loss_fn(model, 1, 0).backward()
+    opt.step()
+    opt.close()
+    for flag in ("maximize", "capturable", "differentiable"):
+        with pytest.raises(ValueError, match=r"^%s=True: torch.optim's %s "
+                           r"mode has no counterpart" % (flag, flag)):
+            ct.SOAP(train_torch.build_model(0).named_parameters(),
+                    **{flag: True})
+        ct.Muon(train_torch.build_model(0).named_parameters(),
+                **{flag: False}).close()
+
+
 def test_reference_keywords_reach_the_daemon(daemon):
     """torch.optim.Muon's keywords mean the same in canzona.torch.Muon:
     adjust_lr_fn="match_rms_adamw" scales each matrix's update by

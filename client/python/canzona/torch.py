@@ -173,7 +173,25 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
                  alpha=0.0, bucket_size=0, connect_timeout=10.0,
                  step_timeout=600.0, shard_group_size=0, module=None,
                  max_grad_norm=0.0, grad_reduce_dtype=None, blocks=None,
-                 step_doorbell=True, params_events=True):
+                 step_doorbell=True, params_events=True, foreach=None,
+                 fused=None, maximize=False, capturable=False,
+                 differentiable=False):
+        # torch.optim's choice of its own kernels (foreach=, fused=, as
+        # nanoGPT passes AdamW) means nothing here: the daemon runs its
+        # own. What would change the update is refused by name.
+        del foreach, fused
+        for flag, value in (("maximize", maximize),
+                            ("capturable", capturable),
+                            ("differentiable", differentiable)):
+            if value:
+                raise ValueError(
+                    "%s=True: torch.optim's %s mode has no counterpart in "
+                    "the daemon's step (%s)" % (flag, flag, {
+                        "maximize": "negate the loss instead",
+                        "capturable": "it runs outside any CUDA graph of "
+                                      "yours",
+                        "differentiable": "no autograd through the update",
+                    }[flag]))
         named, groups, route = parameters_argument(named_parameters, groups,
                                                    route, module)
         blocks = dict(blocks or {})
