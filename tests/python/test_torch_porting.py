@@ -46,6 +46,20 @@ def test_torch_optim_kernel_flags_are_accepted_and_modes_refused(daemon):
                 **{flag: False}).close()
 
 
+def test_an_unknown_keyword_names_the_function_and_adamw_s(daemon):
+    """Muon(..., betas=...) (torch.optim.AdamW's habit) is a TypeError
+    naming Muon and the AdamW group's keywords, before anything registers;
+    before, it named Optimizer.__init__."""
+    os.environ["CANZONA_TARGET"] = daemon
+    with pytest.raises(TypeError) as error:
+        ct.Muon(train_torch.build_model(0).named_parameters(),
+                betas=(0.9, 0.95))
+    assert str(error.value) == (
+        "Muon() got an unexpected keyword argument 'betas' (the AdamW "
+        "group's settings are adamw_lr, adamw_betas, adamw_eps and "
+        "adamw_weight_decay)")
+
+
 def test_reference_keywords_reach_the_daemon(daemon):
     """torch.optim.Muon's keywords mean the same in canzona.torch.Muon:
     adjust_lr_fn="match_rms_adamw" scales each matrix's update by

@@ -57,6 +57,7 @@ rank the daemon's one skip decision, so the ranks' scales stay equal.
 Thread-safety: like torch.optim optimizers, one per trainer thread.
 """
 
+import inspect
 import os
 import time
 import weakref
@@ -834,12 +835,27 @@ def _close_previous_owners(named):
                 pass           # restart); its hooks went first regardless
 
 
+# The keywords Optimizer takes besides its positional arguments.
+_OPTIMIZER_KEYWORDS = frozenset(
+    inspect.signature(Optimizer.__init__).parameters) - {
+        "self", "named_parameters", "groups", "route"}
+_FACTORY_NAMES = {"muon": "Muon", "shampoo": "Shampoo", "soap": "SOAP"}
+
+
 def _matrix_optimizer(kind, named_parameters, matrix_settings, adamw_settings,
                       route, overrides, kwargs):
     """The matrix rule ``kind`` for 2-D hidden weights, AdamW for the rest.
     torch.optim param group dicts: each is a group of the optimizer its
     parameters route to (unless it names one), with that optimizer's
     keyword settings updated by its own."""
+    unknown = sorted(set(kwargs) - _OPTIMIZER_KEYWORDS)
+    if unknown:
+        # Named for the function the loop called, not Optimizer.__init__;
+        # an AdamW keyword is the likeliest (torch.optim.AdamW's habit).
+        raise TypeError(
+            "%s() got an unexpected keyword argument %r (the AdamW "
+            "group's settings are adamw_lr, adamw_betas, adamw_eps and "
+            "adamw_weight_decay)" % (_FACTORY_NAMES[kind], unknown[0]))
     defaults = {kind: matrix_settings, "adamw": adamw_settings}
     overrides = dict(overrides or {})
 
