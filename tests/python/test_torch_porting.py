@@ -239,8 +239,9 @@ def test_torch_optim_param_groups_port_as_they_are(daemon):
 
 def test_torch_optim_forms_that_cannot_work_say_why(daemon):
     """Unnamed parameters where the optimizer is chosen by name, a group
-    mixing matrices with embeddings, and malformed groups raise naming the
-    fix, before anything registers."""
+    mixing matrices with embeddings, malformed groups, the module itself
+    and its state_dict() raise naming the fix, before anything registers;
+    a {name: parameter} dict is taken as its pairs."""
     os.environ["CANZONA_TARGET"] = daemon
     model = train_torch.build_model(0)
     with pytest.raises(ValueError, match=r"params: a parameter without a "
@@ -267,7 +268,20 @@ def test_torch_optim_forms_that_cannot_work_say_why(daemon):
     with pytest.raises(ValueError, match="unknown settings.*amsgrad"):
         ct.Optimizer([dict(params=list(model.named_parameters()),
                            optimizer="adamw", amsgrad=True)])
+    # The module itself, and a state_dict() (tensors detached from the
+    # model); before: "'Decoder' object is not iterable" and "str is not a
+    # parameter".
+    with pytest.raises(TypeError, match=r"^params: the module Decoder "
+                       r"itself; pass its named_parameters\(\)"):
+        ct.Muon(model)
+    with pytest.raises(TypeError, match=r"^params: a mapping, but not of "
+                       r"names to parameters \(a state_dict\(\) holds"):
+        ct.Muon(model.state_dict())
     assert all(p.grad is None for p in model.parameters())
+    # dict(model.named_parameters()) is its pairs.
+    opt = ct.Muon(dict(model.named_parameters()))
+    assert opt._names == [n for n, _ in model.named_parameters()]
+    opt.close()
 
 
 def test_lr_scheduler_reaches_the_daemon(daemon, tmp_path):

@@ -11,6 +11,8 @@ a name; a param group (a dict) becomes one group of the daemon's with its
 own settings, as a group of ``torch.optim`` does.
 """
 
+import collections.abc
+
 import torch
 
 from canzona._torch_setup import _SETTINGS, _daemon_spelling
@@ -68,6 +70,21 @@ def parameters_argument(params, groups, route, module, kind_of=None,
         raise TypeError("params: an iterable of parameters, (name, parameter) "
                         "pairs or param group dicts, not one tensor (as "
                         "torch.optim)")
+    if isinstance(params, torch.nn.Module):
+        raise TypeError(
+            "params: the module %s itself; pass its named_parameters() "
+            "(and pass it as module= for the overlap)"
+            % type(params).__name__)
+    if isinstance(params, collections.abc.Mapping):
+        # {name: parameter}, as dict(model.named_parameters()) makes; a
+        # state_dict() holds tensors detached from the model instead.
+        if not all(isinstance(k, str) and isinstance(v, torch.Tensor) and
+                   v.requires_grad for k, v in params.items()):
+            raise TypeError(
+                "params: a mapping, but not of names to parameters (a "
+                "state_dict() holds tensors detached from the model): pass "
+                "model.named_parameters()")
+        params = list(params.items())
     items = list(params)
     names = None
     if module is not None:
