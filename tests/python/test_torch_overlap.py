@@ -656,6 +656,10 @@ def test_a_gan_loop_with_module_trains_as_without(daemon, edit):
                "'2.bias'" in w for w in caught), caught
     assert not edit or any("gradients change in place between backward "
                            "and step()" in w for w in caught), caught
+    # Each says how to have the overlap, Hugging Face's Trainer included.
+    assert all("TrainingArguments(max_grad_norm=0)" in w and
+               "scaler.step(opt) without scaler.unscale_(opt)" in w
+               for w in caught), caught
     synced, overlaps, caught = _gan_run(True, True, edit)
     assert overlaps == ["off" if edit else "on", "on"], overlaps
     assert len(caught) == (1 if edit else 0), caught
