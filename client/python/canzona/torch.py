@@ -181,18 +181,16 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         # nanoGPT passes AdamW) means nothing here: the daemon runs its
         # own. What would change the update is refused by name.
         del foreach, fused
-        for flag, value in (("maximize", maximize),
-                            ("capturable", capturable),
-                            ("differentiable", differentiable)):
+        for flag, value, why in (
+                ("maximize", maximize, "negate the loss instead"),
+                ("capturable", capturable,
+                 "it runs outside any CUDA graph of yours"),
+                ("differentiable", differentiable,
+                 "no autograd through the update")):
             if value:
                 raise ValueError(
                     "%s=True: torch.optim's %s mode has no counterpart in "
-                    "the daemon's step (%s)" % (flag, flag, {
-                        "maximize": "negate the loss instead",
-                        "capturable": "it runs outside any CUDA graph of "
-                                      "yours",
-                        "differentiable": "no autograd through the update",
-                    }[flag]))
+                    "the daemon's step (%s)" % (flag, flag, why))
         named, groups, route = parameters_argument(named_parameters, groups,
                                                    route, module)
         blocks = dict(blocks or {})
