@@ -190,12 +190,11 @@ def default_route(name, param, matrix_group):
     (E, rows, cols), as recent Hugging Face MoE models fuse them, stepped
     as E matrices) -> ``matrix_group``; embeddings, lm_head, routers,
     biases (2-D ones too: one per expert) and every other tensor that is
-    not 2-D -> "adamw". Convolution filters
-    too (a patch embedding or a depthwise kernel is no hidden matrix):
-    route the ones that are (a ResNet's) to the matrix optimizer by name,
-    which steps Conv2d / Conv3d filters as the matrices (out, in *
-    kernel). Experts split over tensor parallelism stay in AdamW (the
-    daemon steps a stack whole)."""
+    not 2-D -> "adamw". Convolution filters too (a patch embedding or a
+    depthwise kernel is no hidden matrix): route the ones that are (a
+    ResNet's) to the matrix optimizer by name, which steps Conv2d / Conv3d
+    filters as the matrices (out, in * kernel). Experts split over tensor
+    parallelism stay in AdamW (the daemon steps a stack whole)."""
     lowered = name.lower()
     if lowered.endswith("bias"):  # GPT-OSS's experts.gate_up_proj_bias
         return "adamw"            # is 2-D: a bias per expert
