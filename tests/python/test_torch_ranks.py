@@ -25,22 +25,31 @@ from torch_test_util import run_ranks
 import canzona.torch as ct
 
 
-@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("overlap,protocol", [
+    (False, "keyword"), (True, "keyword"),
+    (False, "attributes"), (True, "attributes")])
 def test_grad_scaler_unscales_in_the_daemon_and_skips_on_every_rank(
-        daemon, tmp_path, overlap):
+        daemon, tmp_path, overlap, protocol):
     """torch.amp.GradScaler through scaler.step(opt): the daemon undoes the
     scale (its gradient norm and the updates are the unscaled run's), and
     when rank 0 alone overflows (step 3) both ranks skip that step, report
     found_inf and back off their scales alike. GradScaler's own path would
     skip step() on rank 0 only and leave rank 1 waiting in the daemon;
-    with module= its unscale_ would edit reported gradients."""
+    with module= its unscale_ would edit reported gradients.
+
+    protocol "attributes": step() behind a wrapper of *args, **kwargs, as
+    Hugging Face Accelerate's fp16 puts it, where torch >= 2.0's
+    GradScaler checks this rank's gradients in place and sets found_inf
+    instead of passing grad_scaler=. The same run, with no warning of an
+    edited gradient (without module=) and no refused step (with it)."""
     steps, inf_at = 5, 3
     mode = ["--overlap", "--synchronize"] if overlap else []
     plain = run_ranks(daemon, 2, str(tmp_path / "plain"), "--optimizer",
                       "muon", "--last", str(inf_at - 1), *mode)
     scaled = run_ranks(daemon, 2, str(tmp_path / "scaled"), "--optimizer",
                        "muon", "--grad-scaler", "1024", "--inf-at",
-                       str(inf_at), "--last", str(steps), *mode)
+                       str(inf_at), "--last", str(steps),
+                       "--scaler-protocol", protocol, *mode)
     for r in scaled:
         assert r["scaling"] == [(1024.0, 0.0), (1024.0, 0.0), (1024.0, 1.0),
                                 (512.0, 0.0), (512.0, 0.0)], r["scaling"]
@@ -52,6 +61,9 @@ def test_grad_scaler_unscales_in_the_daemon_and_skips_on_every_rank(
                 assert abs(got[n] - want[n]) <= 1e-5 * want[n] + 1e-12, n
         assert all(d == 0.0 for d in r["deltas"][inf_at - 1].values())
         assert all(d > 0.0 for d in r["deltas"][inf_at].values())
+        assert r["warnings"] == [], r["warnings"]
+        if overlap:
+            assert r["events"]["grad_ready"] > 0, r["events"]
     for n, p in scaled[0]["params"].items():
         assert torch.equal(p, scaled[1]["params"][n]), n
 

@@ -49,22 +49,66 @@ def make(name, model, job_id, lr_settings, **extra):
 CPU_SCALER = hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler")
 
 
-def make_scaler(init_scale):
+# torch >= 2.0: GradScaler.step sets optimizer.grad_scale / found_inf
+# (its attribute protocol) for a step() that does not name grad_scaler.
+ATTRIBUTE_PROTOCOL_NATIVE = int(torch.__version__.split(".")[0]) >= 2
+
+
+def make_scaler(init_scale, protocol="keyword"):
     """A GradScaler on the CPU: torch.amp.GradScaler("cpu") where torch has
     one (2.3+); torch 1.13's CUDA scaler otherwise, enabled by hand (its
     step() and per-optimizer state, what canzona.torch meets, do not care
-    about the device)."""
+    about the device). protocol "attributes" on torch 1.13, whose
+    GradScaler always passes grad_scaler=: one whose step() is torch 2's
+    attribute path (AttributeProtocolScaler)."""
     if CPU_SCALER:
         return torch.amp.GradScaler("cpu", init_scale=init_scale)
     import torch.cuda.amp.grad_scaler as cuda_scaler
+    kind = cuda_scaler.GradScaler
+    if protocol == "attributes" and not ATTRIBUTE_PROTOCOL_NATIVE:
+        kind = attribute_protocol_scaler(cuda_scaler)
     cuda_missing = cuda_scaler.amp_definitely_not_available
     cuda_scaler.amp_definitely_not_available = lambda: False
     try:
-        scaler = cuda_scaler.GradScaler(init_scale=init_scale)
+        scaler = kind(init_scale=init_scale)
     finally:
         cuda_scaler.amp_definitely_not_available = cuda_missing
     scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
     return scaler
+
+
+def attribute_protocol_scaler(cuda_scaler):
+    """torch 1.13's GradScaler with the step() torch >= 2.0 takes for an
+    optimizer that supports amp scaling but whose step() does not name
+    grad_scaler (behind Accelerate's wrapper, say): check this rank's
+    gradients for infs in place (its fused check-and-unscale by 1, which
+    torch 1.13 has no CPU kernel for), set optimizer.grad_scale and
+    optimizer.found_inf, call step() without the scaler, then delete
+    them."""
+    OptState = cuda_scaler.OptState
+
+    class AttributeProtocolScaler(cuda_scaler.GradScaler):
+        def step(self, optimizer, *args, **kwargs):
+            state = self._per_optimizer_states[id(optimizer)]
+            if state["stage"] is OptState.READY:
+                found = torch.zeros(1)
+                for group in optimizer.param_groups:
+                    for param in group["params"]:
+                        if param.grad is not None:
+                            found += (~param.grad.isfinite()).any().float()
+                            param.grad.mul_(1.0)
+                state["found_inf_per_device"] = {found.device:
+                                                 (found > 0).float()}
+            optimizer.grad_scale = (None if state["stage"] is
+                                    OptState.UNSCALED else self._scale)
+            optimizer.found_inf = sum(state["found_inf_per_device"].values())
+            retval = optimizer.step(*args, **kwargs)
+            state["stage"] = OptState.STEPPED
+            del optimizer.grad_scale
+            del optimizer.found_inf
+            return retval
+
+    return AttributeProtocolScaler
 
 
 def update_scale(scaler, found_inf):
@@ -117,6 +161,12 @@ def main():
     p.add_argument("--grad-scaler", type=float, default=0.0,
                    help="> 0: loss scaling with torch.amp.GradScaler at this "
                         "initial scale (scaler.step(opt), scaler.update())")
+    p.add_argument("--scaler-protocol", default="keyword",
+                   choices=["keyword", "attributes"],
+                   help="attributes: opt.step behind a wrapper of *args, "
+                        "**kwargs, as Accelerate's fp16 puts it, so torch "
+                        ">= 2.0's GradScaler sets found_inf instead of "
+                        "passing grad_scaler=")
     p.add_argument("--inf-at", type=int, default=0,
                    help="rank 0's loss is multiplied by inf at this step "
                         "(its gradients alone are not finite)")
@@ -184,7 +234,8 @@ def main():
             model.load_state_dict(saved["model"])
     sched = (torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
              if args.halve_lr else None)
-    scaler = make_scaler(args.grad_scaler) if args.grad_scaler > 0 else None
+    scaler = (make_scaler(args.grad_scaler, args.scaler_protocol)
+              if args.grad_scaler > 0 else None)
     scaling = []  # (the scale the step used, found_inf) per step
     losses = []
     deltas = []
@@ -218,7 +269,16 @@ def main():
             opt.step()
         else:
             used = scaler._scale.item()
-            scaler.step(opt)
+            if args.scaler_protocol == "attributes":
+                # Accelerate's AcceleratedOptimizer.step under fp16.
+                original = opt.step
+                opt.step = lambda *a, **k: original(*a, **k)
+                try:
+                    scaler.step(opt)
+                finally:
+                    del opt.step
+            else:
+                scaler.step(opt)
             found_inf = sum(t.item() for t in scaler._per_optimizer_states[
                 id(opt)]["found_inf_per_device"].values())
             scaling.append((used, found_inf))

@@ -113,6 +113,15 @@ class _StepChecks:
         return (self._backward_version is not None
                 and self._grad_flat._version != self._backward_version)
 
+    def _grads_rewritten_unchanged(self):
+        """The writes to the gradients since backward changed no value
+        (GradScaler's own inf check under torch's attribute protocol
+        multiplies them by 1 in place): not an edit of the loop's. An edit
+        of the loop's before it goes unseen then; a clip is none (it needs
+        ``unscale_`` first, after which GradScaler does not check)."""
+        if self._backward_version is not None:
+            self._backward_version = self._grad_flat._version
+
     def _check_reported_grads_unchanged(self):
         """With ``module=``: the buckets backward reported are being reduced
         from the shared gradients already, so an in-place edit after

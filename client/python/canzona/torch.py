@@ -66,7 +66,9 @@ import torch
 
 import canzona
 from canzona import CanzonaError
-from canzona._torch_amp import loss_scale_multiplier, report_found_inf
+from canzona._torch_amp import (
+    hide_grad_scaler_future_warning, loss_scale_multiplier, report_found_inf,
+    scaler_of_step)
 from canzona._torch_step_checks import _StepChecks
 from canzona._torch_overlap import _Overlap, _holds_view, _into_view
 from canzona._torch_params import parameters_argument
@@ -316,6 +318,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
             for param, _ in self._grads:
                 param._canzona_owner = _OwnerRef(self)
             self._record_param_versions()
+            hide_grad_scaler_future_warning()
         except BaseException:
             # The model stays as it was (a bad setting must not break the
             # next optimizer, nor the next backward): no hook of this one
@@ -509,6 +512,9 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         lr = {g["name"]: _number(g["lr"], "param_groups[%r]['lr']"
                                  % g["name"]) for g in self.param_groups}
         settings = _scheduled_settings(self.param_groups, self._groups)
+        grad_scaler, rewritten = scaler_of_step(self, grad_scaler)
+        if rewritten:
+            self._grads_rewritten_unchanged()
         grad_scale = loss_scale_multiplier(self, grad_scaler)
         overlap = self._module is not None and self._overlap == "on"
         if overlap:
