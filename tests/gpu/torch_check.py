@@ -56,7 +56,10 @@ own, on one fixed batch of random tokens (its loss must fall). Variants:
         same gradients times 1 / scale. At step 3 the canzona side's loss
         is multiplied by inf: that step must be skipped (no update, the
         torch side skips it too) and the scale halved; the daemon's
-        gradient norm is the unscaled gradients' (1e-4). Tolerance 2e-3 as
+        gradient norm is the unscaled gradients' (1e-4). Odd steps go
+        through a wrapper of *args, **kwargs, as Accelerate's fp16 puts
+        step(): torch >= 2.0's attribute protocol (found_inf set, no
+        grad_scaler=), even steps get grad_scaler=. Tolerance 2e-3 as
         for bf16params: a float16 ulp is 8x smaller, so ~8x more elements
         straddle a rounding boundary, each off by an 8x smaller ulp.
         Needs a GPU (torch on the CPU has no float16 matmuls before 2.x).
@@ -326,7 +329,18 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
             if scaler is None:
                 opt.step()
             else:
-                scaler.step(opt)
+                if step % 2:
+                    # Hugging Face Accelerate's fp16 wrapper (*args,
+                    # **kwargs): torch >= 2.0's GradScaler then sets
+                    # opt.found_inf instead of passing grad_scaler=.
+                    original = opt.step
+                    opt.step = lambda *a, **k: original(*a, **k)
+                    try:
+                        scaler.step(opt)
+                    finally:
+                        opt.step = original
+                else:
+                    scaler.step(opt)
                 scaler.update()
                 if opt.last_step["skipped_nonfinite"]:
                     skipped.append(step)

@@ -276,7 +276,7 @@ def main():
                 try:
                     scaler.step(opt)
                 finally:
-                    del opt.step
+                    opt.step = original
             else:
                 scaler.step(opt)
             found_inf = sum(t.item() for t in scaler._per_optimizer_states[
