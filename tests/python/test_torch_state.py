@@ -1,7 +1,7 @@
 """State and checkpoints: state_dict() and save_checkpoint() resumed bitwise
 (in new processes, on the same job_id, after unfreezing, after the daemon
 restarted, past the gRPC message size, after Accelerate's round trip),
-weights loaded into a bf16 model between steps, and torch.save of the
+torch.distributed.checkpoint refused, weights loaded into a bf16 model between steps, and torch.save of the
 model's state_dict or of the whole model while the optimizer holds it.
 
 ctest runs it as python_test_torch_bridge_state and in
@@ -368,6 +368,45 @@ def test_accelerate_s_prepare_round_trip_before_the_first_step(daemon):
         assert torch.equal(p, q), n
     for opt in opts:
         opt.close()
+
+
+def test_torch_distributed_checkpoint_is_refused_naming_save_checkpoint(
+        daemon):
+    """torch.distributed.checkpoint (get_optimizer_state_dict, torchtitan's
+    checkpointer) keeps a state_dict's "state" and "param_groups" only, so
+    it would save none of the daemon's state, found out at the load. Its
+    state_dict() and load_state_dict() calls raise, naming the way that
+    works. torch 1.13 has no torch.distributed.checkpoint.state_dict: a
+    function of that module's name stands in for it (the real one runs
+    too where torch has it)."""
+    os.environ["CANZONA_TARGET"] = daemon
+    model = train_torch.build_model(0)
+    opt = ct.Muon(model.named_parameters())
+    train_torch.loss_fn(model, 1, 0).backward()
+    opt.step()
+    saved = opt.state_dict()  # from the loop: as before
+    namespace = {"__name__": "torch.distributed.checkpoint.state_dict"}
+    exec("def get_optimizer_state_dict(model, optim):\n"
+         "    osd = optim.state_dict()\n"
+         "    return {'state': osd['state'], 'param_groups': "
+         "osd['param_groups']}\n"
+         "def set_optimizer_state_dict(model, optim, osd):\n"
+         "    optim.load_state_dict(osd)\n", namespace)
+    calls = [lambda: namespace["get_optimizer_state_dict"](model, opt),
+             lambda: namespace["set_optimizer_state_dict"](model, opt, saved)]
+    try:
+        from torch.distributed.checkpoint import state_dict as dcp
+        calls.append(lambda: dcp.get_optimizer_state_dict(model, opt))
+    except ImportError:
+        pass
+    for call in calls:
+        with pytest.raises(RuntimeError, match="save_checkpoint"):
+            call()
+    opt.load_state_dict(saved)
+    train_torch.loss_fn(model, 2, 0).backward()
+    opt.step()
+    assert opt.steps == 2
+    opt.close()
 
 
 def test_a_new_optimizer_on_the_same_job_id_continues_bitwise(daemon,

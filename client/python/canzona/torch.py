@@ -59,6 +59,7 @@ Thread-safety: like torch.optim optimizers, one per trainer thread.
 
 import inspect
 import os
+import sys
 import time
 import weakref
 
@@ -657,6 +658,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         """This rank's view: param_groups as torch has them plus the state
         the daemon holds for this rank (as bytes)."""
         self._check_open("state_dict()")
+        _refuse_distributed_checkpoint("state_dict()")
         self.synchronize()
         exported = self.client.export_state(self.job_id, self.rank)
         groups = []
@@ -685,6 +687,7 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
         """Restores group hyperparameters and this rank's daemon state (the
         same plan: change layouts through checkpoints instead)."""
         self._check_open("load_state_dict()")
+        _refuse_distributed_checkpoint("load_state_dict()")
         if "canzona" not in state_dict:
             raise ValueError(
                 "state_dict: not a canzona.torch state_dict (no 'canzona' "
@@ -805,6 +808,27 @@ class Optimizer(_Overlap, _StepChecks, torch.optim.Optimizer):
                 # (or is killed) would leave the whole buffer in /dev/shm.
                 if isinstance(self._buffer, canzona.SharedBuffer):
                     self._buffer.unlink()
+
+
+def _refuse_distributed_checkpoint(call):
+    """RuntimeError where torch.distributed.checkpoint calls ``call``
+    (``get_state_dict``, ``get_optimizer_state_dict`` and their setters,
+    torchtitan's checkpointer): it keeps an optimizer state_dict's "state"
+    and "param_groups" only, so a checkpoint it saved would restore no
+    optimizer state, found out only when loading it."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith(
+                "torch.distributed.checkpoint"):
+            raise RuntimeError(
+                "%s called by torch.distributed.checkpoint, which keeps an "
+                "optimizer state_dict's 'state' and 'param_groups' only; "
+                "canzona.torch's state lives in the daemon (the state_dict's "
+                "'canzona' entry), so that checkpoint would restore none of "
+                "it. Checkpoint the model with get_model_state_dict() and the "
+                "optimizer with opt.save_checkpoint(dir) on every rank "
+                "(opt.load_checkpoint(dir) restores it in any layout)" % call)
+        frame = frame.f_back
 
 
 class _OwnerRef(weakref.ref):
