@@ -12,7 +12,6 @@ Each process is one data-parallel rank; the daemons average the gradients
 ranks) and the optimizer step latency.
 """
 
-import argparse
 import math
 import os
 import time
@@ -170,9 +169,11 @@ def make_optimizer(name, model, **kwargs):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--optimizer", default="muon")
-    parser.add_argument("--steps", type=int, default=50)
+    from canzona.cli import ArgumentParser, positive_int
+    parser = ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--optimizer", default="muon",
+                        choices=["muon", "shampoo", "soap", "adamw"])
+    parser.add_argument("--steps", type=positive_int, default=50)
     parser.add_argument("--target", default=None,
                         help="canzonad address (default $CANZONA_TARGET)")
     parser.add_argument("--job-id", default=None)

@@ -14,7 +14,6 @@ end bitwise equal (the same optimizer either way).
     /usr/bin/python3 tests/bench/python_step.py [--steps N] [--json FILE]
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -27,6 +26,8 @@ import time
 # sys.path as the script's own); it also puts client/python on sys.path.
 from torch_peers import ROOT, start_daemon
 
+from canzona.cli import ArgumentParser  # noqa: E402
+
 
 def percentile(values, q):
     ordered = sorted(values)
@@ -34,7 +35,7 @@ def percentile(values, q):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--hidden", type=int, default=16)

@@ -59,6 +59,8 @@ sys.path.insert(0, os.path.join(ROOT, "client", "examples"))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 
+from canzona.cli import ArgumentParser  # noqa: E402
+
 MODES = ("ddp_replicated", "ddp_roundrobin", "canzona", "canzona_overlap")
 SIZES = {
     # hidden, layers, heads, kv heads, head dim, ffn, vocab, seq, batch
@@ -548,7 +550,7 @@ def run_mode(args, mode, workdir):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--size", choices=sorted(SIZES), default="medium")
     p.add_argument("--optimizer", choices=["muon", "shampoo", "soap"],

@@ -1,4 +1,5 @@
-"""An optimizer's life around the model: close() and a new optimizer over
+"""An optimizer's life around the model: the README's example under
+torchrun, close() and a new optimizer over
 the same parameters, parameters moved out of the shared buffer, empty
 and frozen parameters, a step interrupted by Ctrl-C, and constructions
 that fail (refused settings, a failure after Register, host memory the
@@ -10,6 +11,10 @@ python_installed_package; by hand: see torch_test_util.py.
 
 import gc
 import os
+import re
+import socket
+import subprocess
+import sys
 import threading
 import uuid
 import warnings
@@ -19,9 +24,42 @@ import pytest
 import torch
 
 import train_torch
+from conftest import ROOT
 
 import canzona
 import canzona.torch as ct
+
+
+def test_the_readme_s_example_trains_under_torchrun(daemon):
+    """README's quick start, as written: torchrun --redirects 2 --tee 1
+    --nproc_per_node 2 client/examples/train_torch.py --optimizer muon
+    --steps N. Both ranks
+    train one job and the loss falls. A bad flag is one line on stderr
+    naming it, exit 2 (before, argparse's usage came first, and an unknown
+    --optimizer was a ValueError traceback from each rank)."""
+    example = os.path.join(ROOT, "client", "examples", "train_torch.py")
+    with socket.socket() as s:  # torchrun's port, free for this run
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, CANZONA_TARGET=daemon, OMP_NUM_THREADS="1")
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--redirects", "2",
+         "--tee", "1", "--nproc_per_node", "2", "--master_port", str(port),
+         example, "--optimizer", "muon",
+         "--steps", "20"], env=env, capture_output=True, text=True,
+        timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.search(r"canzona: job \S+, 2 ranks", run.stdout), run.stdout
+    losses = [float(x) for x in re.findall(r"loss (\S+)", run.stdout)]
+    assert len(losses) == 3 and losses[-1] < 0.8 * losses[0], run.stdout
+    for flag, named in [(["--steps", "x"], "--steps"),
+                        (["--optimizer", "adam"], "--optimizer"),
+                        (["--bogus"], "--bogus")]:
+        bad = subprocess.run([sys.executable, example] + flag, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2, bad.stderr
+        assert bad.stderr.count("\n") == 1 and named in bad.stderr, \
+            bad.stderr
 
 
 def test_a_closed_optimizer_leaves_the_model_alone(daemon):
