@@ -63,6 +63,13 @@ own, on one fixed batch of random tokens (its loss must fall). Variants:
         for bf16params: a float16 ulp is 8x smaller, so ~8x more elements
         straddle a rounding boundary, each off by an 8x smaller ulp.
         Needs a GPU (torch on the CPU has no float16 matmuls before 2.x).
+  fp32overlap  fp32 with module=model: backward reports each bucket as
+        its gradients are complete (on torch >= 2.1 through
+        register_post_accumulate_grad_hook, before through hooks on the
+        AccumulateGrad nodes), step() returns before the parameters are
+        written and forward waits per bucket. The results are bitwise the
+        plain step's, so fp32's tolerances hold; the overlap must have
+        started (the first step learns the loop, then GradReady calls).
   Vector parameters (AdamW) on identical inputs: tolerance 1e-3. Float32
   in another order, and elements with tiny gradients amplify rounding in
   m / sqrt(v) (3e-5 measured over 20 steps on the cpu backend); a missing
@@ -99,10 +106,13 @@ ADAMW = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 TOLERANCES = {"fp32": {"matrix": 1e-3, "vector": 1e-3},
               "bf16": {"matrix": 6e-2, "vector": 1e-3},
               "bf16params": {"matrix": 2e-3, "vector": 2e-3},
-              "fp16params": {"matrix": 2e-3, "vector": 2e-3}}
+              "fp16params": {"matrix": 2e-3, "vector": 2e-3},
+              "fp32overlap": {"matrix": 1e-3, "vector": 1e-3}}
 # The daemon's Newton-Schulz precision per variant.
 NS_PRECISION = {"fp32": "fp32", "bf16": "bf16", "bf16params": "fp32",
-                "fp16params": "fp32"}
+                "fp16params": "fp32", "fp32overlap": "fp32"}
+# The variant whose optimizer hooks the model (module=).
+OVERLAP = "fp32overlap"
 # The trainer's parameter dtype of the mixed-precision variants.
 HALF_PARAMS = {"bf16params": "bfloat16", "fp16params": "float16"}
 # fp16params: the step whose loss overflows on the canzona side.
@@ -270,10 +280,18 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
         muon_settings={"ns_coefficients": "simple", "scale": "spectral",
                        "eps": MUON["eps"],
                        "ns_precision": NS_PRECISION[variant]},
-        target=args.target,
+        target=args.target, module=model if variant == OVERLAP else None,
         job_id="torch-check-%s-%d-%d" % (variant, os.getpid(), seed % 10000))
     # Registered from here on: whatever fails below, close() deregisters.
     try:
+        # The buckets backward reported (fp32overlap: the overlap ran).
+        reported = [0]
+        grad_ready = opt.client.grad_ready
+
+        def counted_grad_ready(*a, **k):
+            reported[0] += 1
+            return grad_ready(*a, **k)
+        opt.client.grad_ready = counted_grad_ready
         mirror_params = dict(mirror.named_parameters())
         params = dict(model.named_parameters())
         torch_muon = muon_cls(
@@ -411,6 +429,9 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
     if not losses[-1] < losses[0]:
         problems.append("loss did not fall: %.4f -> %.4f" %
                         (losses[0], losses[-1]))
+    if variant == OVERLAP and not reported[0]:
+        problems.append("module=: backward reported no bucket (the overlap "
+                        "never started)")
     if scaler is not None:
         if skipped != nonfinite_steps:
             problems.append("skipped steps %s, not %s (those with non-finite "
@@ -442,6 +463,7 @@ def run_variant(torch, canzona_torch, args, variant, muon_cls):
         "torch_step_ms": median(torch_ms[1:]),
         "skipped_steps": skipped, "loss_scales": scales,
         "grad_norm_max_rel_err": max(norm_errs) if norm_errs else None,
+        "buckets_reported": reported[0],
     }
 
 
@@ -590,7 +612,8 @@ def main():
                         help="backend of the started canzonad")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--variants",
-                        default="fp32,bf16,bf16params,fp16params")
+                        default="fp32,bf16,bf16params,fp16params,"
+                        "fp32overlap")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--event-timeout", type=float, default=30,
                         help="seconds a step's parameters-written events "
