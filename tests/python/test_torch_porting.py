@@ -1,5 +1,6 @@
 """Porting a torch.optim loop to canzona.torch: torch.optim.Muon's, SOAP's
-and Shampoo's keywords, gradients set by hand, param group dicts and
+and Shampoo's keywords, step(closure) as Lightning calls it, gradients set
+by hand, param group dicts and
 plain parameters, learning-rate and momentum schedulers (LambdaLR,
 StepLR, OneCycleLR, settings written into param_groups),
 the default route by name and shape, and the forms, settings and uses
@@ -197,6 +198,40 @@ def _train_three_steps(pairs):
             sched.step()
     for _, opt, _ in pairs:
         opt.synchronize()
+
+
+@pytest.mark.parametrize("module", [False, True])
+def test_a_closure_steps_as_lightning_calls_it(daemon, module):
+    """opt.step(closure) as PyTorch Lightning's automatic optimization
+    calls it: the closure zeroes the gradients, runs forward and backward
+    and returns the loss, which step() returns. Bitwise the plain loop's
+    run; with module= the overlap starts all the same."""
+    os.environ["CANZONA_TARGET"] = daemon
+    runs = []
+    for use_closure in (False, True):
+        model = train_torch.build_model(0)
+        opt = ct.Muon(model.named_parameters(), adamw_lr=3e-3,
+                      module=model if module else None)
+        for step in range(1, 5):
+            def closure():
+                opt.zero_grad()
+                loss = train_torch.loss_fn(model, step, 0)
+                loss.backward()
+                return loss
+            if use_closure:
+                loss = opt.step(closure)
+                assert torch.is_tensor(loss) and loss.requires_grad
+            else:
+                closure()
+                assert opt.step() is None
+        opt.synchronize()
+        if module:
+            assert opt._overlap == "on"
+        runs.append({n: p.detach().clone()
+                     for n, p in model.named_parameters()})
+        opt.close()
+    for n, p in runs[0].items():
+        assert torch.equal(p, runs[1][n]), n
 
 
 def test_torch_optim_param_groups_port_as_they_are(daemon):
