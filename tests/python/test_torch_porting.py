@@ -1,10 +1,9 @@
 """Porting a torch.optim loop to canzona.torch: torch.optim.Muon's, SOAP's
 and Shampoo's keywords, step(closure) as Lightning calls it, gradients set
-by hand, param group dicts and
-plain parameters, learning-rate and momentum schedulers (LambdaLR,
-StepLR, OneCycleLR, settings written into param_groups),
-the default route by name and shape, and the forms, settings and uses
-that cannot work raising clear errors.
+by hand, param group dicts and plain parameters, learning-rate and
+momentum schedulers (LambdaLR, StepLR, OneCycleLR, settings written into
+param_groups), the default route by name and shape, and the forms,
+settings and uses that cannot work raising clear errors.
 
 ctest runs it as python_test_torch_bridge_porting and in
 python_installed_package; by hand: see torch_test_util.py.
