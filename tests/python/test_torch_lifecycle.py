@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 import warnings
 import weakref
@@ -60,6 +61,48 @@ def test_the_readme_s_example_trains_under_torchrun(daemon):
         assert bad.returncode == 2, bad.stderr
         assert bad.stderr.count("\n") == 1 and named in bad.stderr, \
             bad.stderr
+
+
+_EXIT_WITHOUT_CLOSE = """
+import os, sys
+import canzona.torch as ct
+import train_torch
+model = train_torch.build_model(0)
+opt = ct.Muon(model.named_parameters(), job_id=sys.argv[1])
+for step in (1, 2):
+    train_torch.loss_fn(model, step, 0).backward()
+    opt.step()
+    opt.zero_grad()
+    child = os.fork()
+    if child == 0:
+        sys.exit(0)  # a forked child's normal exit runs the atexit handlers
+    os.waitpid(child, 0)
+print("stepped", opt.steps)
+"""
+
+
+def test_a_script_that_ends_without_close_deregisters(daemon):
+    """torch.optim has no close(), so most training scripts end without
+    one: at the normal exit the rank deregisters as close() would. Before,
+    the daemon found the trainer gone, failed the job ("exited without
+    deregistering") and cut the rank's connections at once, where a slower
+    peer may still be reading its last all-gather. A child forked after
+    construction that exits normally (its atexit handlers run) leaves the
+    parent's rank registered: the parent's second step runs."""
+    job = "no-close-" + uuid.uuid4().hex[:8]
+    env = dict(os.environ, CANZONA_TARGET=daemon,
+               PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run([sys.executable, "-c", _EXIT_WITHOUT_CLOSE, job],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "stepped 2" in run.stdout, \
+        run.stdout + run.stderr
+    client = canzona.Client(daemon)
+    # The daemon's watcher looks for exited trainers every 200 ms.
+    for _ in range(10):
+        jobs = {j["job_id"]: j for j in client.status()["jobs"]}
+        assert job not in jobs, jobs.get(job)
+        time.sleep(0.2)
+    client.close()
 
 
 def test_a_closed_optimizer_leaves_the_model_alone(daemon):

@@ -57,7 +57,9 @@ rank the daemon's one skip decision, so the ranks' scales stay equal.
 Thread-safety: like torch.optim optimizers, one per trainer thread.
 """
 
+import atexit
 import inspect
+import os
 import time
 import weakref
 
@@ -319,6 +321,7 @@ class Optimizer(_Overlap, _StepChecks, _State, torch.optim.Optimizer):
                 param._canzona_owner = _OwnerRef(self)
             self._record_param_versions()
             hide_grad_scaler_future_warning()
+            _OPEN[self] = os.getpid()
         except BaseException:
             # The model stays as it was (a bad setting must not break the
             # next optimizer, nor the next backward): no hook of this one
@@ -660,6 +663,7 @@ class Optimizer(_Overlap, _StepChecks, _State, torch.optim.Optimizer):
         usable: the mapping lives as long as they do)."""
         if not self._closed:
             self._closed = True
+            _OPEN.pop(self, None)
             for handle in self._hooks:
                 handle.remove()
             self._hooks = []
@@ -703,6 +707,30 @@ class Optimizer(_Overlap, _StepChecks, _State, torch.optim.Optimizer):
                 # (or is killed) would leave the whole buffer in /dev/shm.
                 if isinstance(self._buffer, canzona.SharedBuffer):
                     self._buffer.unlink()
+
+
+# The optimizers open in this process, by the pid that constructed them.
+# torch.optim has no close(), so most scripts end without calling one; at a
+# normal interpreter exit (the end of the script, sys.exit, an uncaught
+# exception) each is closed as close() would, instead of the daemon finding
+# its trainer gone: that fails the job ("exited without deregistering") and
+# cuts the rank's connections at once, where a slower peer may still be
+# reading its last all-gather.
+_OPEN = weakref.WeakKeyDictionary()
+
+
+@atexit.register
+def _close_open_optimizers():
+    for opt, pid in list(_OPEN.items()):
+        # A child forked after construction (os.fork; DataLoader workers
+        # leave through os._exit, which runs no atexit) inherits this
+        # handler: it must not deregister its parent's ranks.
+        if pid != os.getpid():
+            continue
+        try:
+            opt.close()
+        except Exception as error:  # noqa: BLE001  the others still close
+            warn("canzona: at exit, job %r: close(): %s" % (opt.job_id, error))
 
 
 class _OwnerRef(weakref.ref):
