@@ -128,8 +128,8 @@ class BucketCollectives {
   // its last step (bf16 / fp16 ones: fp32 values are read every step):
   // each element whose master no longer rounds to the trainer's value
   // takes it, the others keep their fp32 bits.
-  // The worker calls it after the step's reductions, before their
-  // hand-over (RankRuntime::AfterReductions).
+  // RankRuntime::AfterReductions calls it after the step's reductions and
+  // the trainer's last event, before their hand-over.
   absl::Status ReloadMasters(absl::Span<const int> params);
 
   // The bytes of bucket staging the buckets need (0: every collective

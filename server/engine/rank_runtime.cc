@@ -94,8 +94,9 @@ absl::Status RankRuntime::SumGradients(std::vector<double>& sums) {
   return on_compute.Sum(compute(), sums);
 }
 
-absl::Status RankRuntime::AfterReductions() {
+absl::Status RankRuntime::AfterReductions(absl::Span<const int> reload) {
   CANZONA_RETURN_IF_ERROR(buckets_->AfterTrainer());
+  CANZONA_RETURN_IF_ERROR(buckets_->ReloadMasters(reload));
   return buckets_->copier().HandTo(
       static_cast<NcclStream>(staging().native_stream()));
 }

@@ -157,8 +157,12 @@ class RankRuntime {
   // and the compute stream): the step's work on staging from here on runs
   // after the lane's reductions (after DpLane::WaitReduced); the lane's
   // gathers after the step's work so far (before DpLane::StartGathers).
-  // A backend without a stream waits on the host instead.
-  absl::Status AfterReductions();
+  // A backend without a stream waits on the host instead. In between, the
+  // masters of the trainer's parameters `reload` (changed since its last
+  // step) are read again, after the trainer's last event: its edit may
+  // come after the records the reductions waited for (each bucket's
+  // GradReady).
+  absl::Status AfterReductions(absl::Span<const int> reload = {});
   absl::Status BeforeGathers();
 
   // Sums `values` over the job's ranks (through staging memory).

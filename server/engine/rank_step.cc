@@ -118,9 +118,7 @@ class RankStep {
     const absl::Time t0 = absl::Now();
     // Values the trainer changed since its last step become the masters
     // (else this step would write the older masters over them).
-    CANZONA_RETURN_IF_ERROR(
-        rt_.buckets().ReloadMasters(request_.reload_params));
-    CANZONA_RETURN_IF_ERROR(rt_.AfterReductions());
+    CANZONA_RETURN_IF_ERROR(rt_.AfterReductions(request_.reload_params));
     CANZONA_RETURN_IF_ERROR(rt_.LoadDpOwned());
     const double scale = request_.grad_scale == 0 ? 1.0 : request_.grad_scale;
     const float factor = static_cast<float>(scale / context_.dp_size);

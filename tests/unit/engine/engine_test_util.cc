@@ -422,7 +422,8 @@ absl::Status JobRun::AwaitParams(Cluster& cluster, const TrainerRank& rank,
 }
 
 absl::Status JobRun::RunStepsOverlapped(Cluster& cluster, int first, int last,
-                                        bool shuffled, uint64_t seed) {
+                                        bool shuffled, uint64_t seed,
+                                        const StepEdit& edit) {
   const NoPageableCopies pageable(cluster);
   return pageable.Check(ForAll(cluster, [&](TrainerRank& rank, Engine& engine) {
     std::mt19937_64 rng(seed * 1000003 + rank.global());
@@ -477,6 +478,7 @@ absl::Status JobRun::RunStepsOverlapped(Cluster& cluster, int first, int last,
       }
       v1::StepRequest step = rank.MakeStep(s);
       step.set_async_params(true);
+      if (edit) edit(rank, step);
       Result<v1::StepResponse> done;
       engine.Step(step, done.callback());
       CANZONA_ASSIGN_OR_RETURN(v1::StepResponse response, done.Get());

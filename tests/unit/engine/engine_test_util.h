@@ -418,7 +418,8 @@ class JobRun {
   // async_params; then WaitParams per bucket in forward order (or -1).
   // `seed` varies the orders and the sleeps between events.
   absl::Status RunStepsOverlapped(Cluster& cluster, int first, int last,
-                                  bool shuffled, uint64_t seed);
+                                  bool shuffled, uint64_t seed,
+                                  const StepEdit& edit = nullptr);
   // Runs `call` for every rank on its own thread (collectives), with the
   // engine serving it; the first error names its rank.
   absl::Status ForAll(

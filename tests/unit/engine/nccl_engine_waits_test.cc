@@ -193,6 +193,57 @@ TEST(NcclEngineTest, UpdatesWaitForTheTrainersLastEvent) {
   ASSERT_OK(run.Deregister(cluster));
 }
 
+// A bf16 trainer that loads new weights on its GPU between its last
+// GradReady and Step (StepRequest.reload_params) wrote them before the
+// event Step reports, not before the records the reductions waited for:
+// the copier reads them again (ReloadMastersAsync) only after waiting
+// for that last event. Before, it read them first and waited after, so on
+// a GPU the masters could take the old values, which the update then
+// wrote over the trainer's edit.
+TEST(NcclEngineTest, ReloadedMastersWaitForTheTrainersLastEvent) {
+  SetCpuBlasThreads(1);
+  FakeCudaIpc ipc;
+  FakeNcclApi nccl({.simulate_data = true});
+  Cluster cluster(absl::Seconds(20), absl::Seconds(20), "cpu", &ipc, &nccl);
+  JobConfig config = MakeJobConfig("nccl-reload", 1, 1, "cost", MuonModel());
+  config.dtype = DType::kBFloat16;
+  config.bucket_order = true;
+  config.cuda_ipc = true;
+  JobRun run(config);
+  ASSERT_OK(run.Init());
+  ASSERT_OK(run.RegisterAll(cluster));
+  ASSERT_OK(run.RunStepsOverlapped(cluster, 1, 1, /*shuffled=*/false, 7));
+  nccl.ClearCalls();
+  ASSERT_OK(run.RunStepsOverlapped(
+      cluster, 2, 2, /*shuffled=*/false, 7,
+      [&](const TrainerRank& rank, v1::StepRequest& request) {
+        ReloadEveryHeldParam(config.params, rank, request);
+      }));
+  // On the stream that reloads: the first reload comes after a wait for
+  // the trainer's own event, with none of the snapshot waits (GradReady's
+  // records) between them.
+  NcclStream copier = nullptr;
+  for (const FakeNcclCall& c : nccl.calls_named("ReloadMastersAsync")) {
+    copier = c.stream;
+  }
+  ASSERT_NE(copier, nullptr);
+  std::string last_wait = "none";
+  bool reloaded = false;
+  for (const FakeNcclCall& c : nccl.calls()) {
+    if (c.stream != copier) continue;
+    if (c.op == "cudaStreamWaitEvent") {
+      last_wait = ipc.IsOpenEvent(c.send) ? "the trainer's event"
+                                          : "a GradReady record";
+    } else if (c.op == "ReloadMastersAsync") {
+      EXPECT_EQ(last_wait, "the trainer's event");
+      reloaded = true;
+      break;
+    }
+  }
+  EXPECT_TRUE(reloaded);
+  ASSERT_OK(run.Deregister(cluster));
+}
+
 // A trainer's host runs ahead of its GPU and records its one gradients
 // event again for every bucket it reports, so by the time the DP lane
 // takes bucket b the event's latest record may be a later bucket's: a
