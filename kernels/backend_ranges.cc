@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <iterator>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -59,6 +60,19 @@ absl::Status CheckDisjoint(absl::string_view what, absl::string_view x_name,
       absl::StrCat(what, ": ", x_name, " [", absl::Hex(begin_x), ", +", nx,
                    " floats) and ", y_name, " [", absl::Hex(begin_y), ", +", ny,
                    " floats) overlap (", why, ")"));
+}
+
+absl::Status CheckSameOrDisjoint(absl::string_view what, int64_t n,
+                                 std::initializer_list<Operand> operands) {
+  for (auto x = operands.begin(); x != operands.end(); ++x) {
+    for (auto y = std::next(x); y != operands.end(); ++y) {
+      if ((!x->written && !y->written) || x->data == y->data) continue;
+      CANZONA_RETURN_IF_ERROR(CheckDisjoint(
+          what, x->name, x->data, n, y->name, y->data, n,
+          "an operand it writes may be another one, not overlap it"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 bool RowsOverlap(int64_t rows, int64_t cols, const float* src, int64_t src_ld,

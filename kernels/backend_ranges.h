@@ -59,6 +59,22 @@ absl::Status CheckDisjoint(absl::string_view what, absl::string_view x_name,
                            const float* x, int64_t nx, absl::string_view y_name,
                            const float* y, int64_t ny, absl::string_view why);
 
+// One of an elementwise kernel's n-float operands; `written` when the
+// kernel writes it.
+struct Operand {
+  absl::string_view name;
+  const float* data;
+  bool written;
+};
+
+// INVALID_ARGUMENT when an operand the kernel writes partly overlaps
+// another: an elementwise kernel may write over an input element for
+// element (the same pointer), but over a shifted one a GPU thread reads an
+// element another thread already wrote (the cpu's one loop happens to
+// work, so the cpu refuses it too).
+absl::Status CheckSameOrDisjoint(absl::string_view what, int64_t n,
+                                 std::initializer_list<Operand> operands);
+
 // Whether two rows x cols row-major blocks share an element. With one
 // leading dimension the rows interleave exactly: some row offset k in
 // (-rows, rows) has |dst - src + k ld| < cols; with two, their spans are

@@ -112,6 +112,7 @@ absl::Status CheckCopy(absl::string_view what, absl::string_view src_name,
 }
 
 using backend_ranges::CheckDisjoint;
+using backend_ranges::CheckSameOrDisjoint;
 using backend_ranges::CheckGemmRanges;
 using backend_ranges::CheckRanges;
 using backend_ranges::CheckReorder;
@@ -387,6 +388,8 @@ absl::Status Backend::Lerp(int64_t n, const float* a, const float* b,
   if (n == 0) return absl::OkStatus();
   CANZONA_RETURN_IF_ERROR(
       CheckRanges(*this, "Lerp", {{"a", a, n}, {"b", b, n}, {"out", out, n}}));
+  CANZONA_RETURN_IF_ERROR(CheckSameOrDisjoint(
+      "Lerp", n, {{"a", a, false}, {"b", b, false}, {"out", out, true}}));
   return DoLerp(n, a, b, weight, out);
 }
 
@@ -399,6 +402,9 @@ absl::Status Backend::NesterovMomentum(int64_t n, float beta, const float* grad,
   CANZONA_RETURN_IF_ERROR(CheckRanges(
       *this, kWhat,
       {{"grad", grad, n}, {"momentum", momentum, n}, {"out", out, n}}));
+  CANZONA_RETURN_IF_ERROR(CheckSameOrDisjoint(
+      kWhat, n,
+      {{"grad", grad, false}, {"momentum", momentum, true}, {"out", out, true}}));
   return DoNesterovMomentum(n, beta, grad, momentum, out);
 }
 
@@ -408,6 +414,8 @@ absl::Status Backend::Axpby(int64_t n, float alpha, const float* x, float beta,
   if (n == 0) return absl::OkStatus();
   CANZONA_RETURN_IF_ERROR(
       CheckRanges(*this, "Axpby", {{"x", x, n}, {"y", y, n}}));
+  CANZONA_RETURN_IF_ERROR(
+      CheckSameOrDisjoint("Axpby", n, {{"x", x, false}, {"y", y, true}}));
   if (change == SquaredChange::kQueue) queued_unread_ = true;
   return DoAxpby(n, alpha, x, beta, y, change);
 }
@@ -425,6 +433,8 @@ absl::Status Backend::EmaSquare(int64_t n, float decay, float weight,
   if (n == 0) return absl::OkStatus();
   CANZONA_RETURN_IF_ERROR(
       CheckRanges(*this, "EmaSquare", {{"g", g, n}, {"v", v, n}}));
+  CANZONA_RETURN_IF_ERROR(
+      CheckSameOrDisjoint("EmaSquare", n, {{"g", g, false}, {"v", v, true}}));
   return DoEmaSquare(n, decay, weight, g, v);
 }
 
@@ -436,6 +446,9 @@ absl::Status Backend::AdamDirection(int64_t n, const float* m, float m_scale,
   if (n == 0) return absl::OkStatus();
   CANZONA_RETURN_IF_ERROR(CheckRanges(
       *this, "AdamDirection", {{"m", m, n}, {"v", v, n}, {"out", out, n}}));
+  CANZONA_RETURN_IF_ERROR(CheckSameOrDisjoint(
+      "AdamDirection", n,
+      {{"m", m, false}, {"v", v, false}, {"out", out, true}}));
   return DoAdamDirection(n, m, m_scale, v, v_scale, eps, out);
 }
 
@@ -452,6 +465,9 @@ absl::Status Backend::AdamWStep(int64_t n, float lr, float beta1, float beta2,
   if (n == 0) return absl::OkStatus();
   CANZONA_RETURN_IF_ERROR(CheckRanges(
       *this, kWhat, {{"g", g, n}, {"p", p, n}, {"m", m, n}, {"v", v, n}}));
+  CANZONA_RETURN_IF_ERROR(CheckSameOrDisjoint(
+      kWhat, n,
+      {{"g", g, false}, {"p", p, true}, {"m", m, true}, {"v", v, true}}));
   if (change == SquaredChange::kQueue) queued_unread_ = true;
   return DoAdamWStep(n, lr, beta1, beta2, eps, weight_decay, step, g, p, m, v,
                      change);
@@ -482,6 +498,9 @@ absl::Status Backend::AdamWStepMany(absl::Span<const AdamWTensor> tensors,
     CANZONA_RETURN_IF_ERROR(CheckRanges(
         *this, kWhat,
         {{g, t.g, t.n}, {p, t.p, t.n}, {m, t.m, t.n}, {v, t.v, t.n}}));
+    CANZONA_RETURN_IF_ERROR(CheckSameOrDisjoint(
+        kWhat, t.n,
+        {{g, t.g, false}, {p, t.p, true}, {m, t.m, true}, {v, t.v, true}}));
     resolved.push_back(t);
   }
   if (resolved.empty()) return absl::OkStatus();
@@ -610,11 +629,8 @@ absl::Status Backend::LiftedPower(int64_t n, const float* x, double floor,
   if (n == 0) return absl::OkStatus();
   CANZONA_RETURN_IF_ERROR(
       CheckRanges(*this, kWhat, {{"x", x, n}, {"out", out, n}}));
-  if (out != x) {
-    // A GPU thread would read an x another thread already overwrote.
-    CANZONA_RETURN_IF_ERROR(CheckDisjoint(kWhat, "x", x, n, "out", out, n,
-                                          "out may equal x, not overlap it"));
-  }
+  CANZONA_RETURN_IF_ERROR(
+      CheckSameOrDisjoint(kWhat, n, {{"x", x, false}, {"out", out, true}}));
   return DoLiftedPower(n, x, floor, exponent, out);
 }
 

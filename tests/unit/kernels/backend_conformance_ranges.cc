@@ -109,6 +109,24 @@ TEST_P(BackendConformanceTest, OverlapsAGpuLeavesUndefinedAreRefused) {
               Rejected("SortRows: src", "overlap"));
   EXPECT_THAT(b.LiftedPower(4, p, 1e-6, -0.25, p + 1),
               Rejected("LiftedPower: x", "overlap"));
+  // Elementwise kernels write an operand over another one only element
+  // for element: shifted by one, a GPU thread reads what another wrote.
+  EXPECT_THAT(b.Lerp(4, p, p + 8, 0.5f, p + 1),
+              Rejected("Lerp: a", "overlap"));
+  EXPECT_THAT(b.NesterovMomentum(4, 0.9f, p, p + 8, p + 9),
+              Rejected("NesterovMomentum: momentum", "overlap"));
+  EXPECT_THAT(b.Axpby(4, 1.0f, p + 1, 1.0f, p),
+              Rejected("Axpby: x", "overlap"));
+  EXPECT_THAT(b.EmaSquare(4, 0.9f, 0.1f, p + 3, p),
+              Rejected("EmaSquare: g", "overlap"));
+  EXPECT_THAT(b.AdamDirection(4, p, 1.0f, p + 8, 1.0f, 1e-8f, p + 10),
+              Rejected("AdamDirection: v", "overlap"));
+  EXPECT_THAT(b.AdamWStep(4, 0.1f, 0.9f, 0.99f, 1e-8f, 0.0f, 1, p, p + 4,
+                          p + 8, p + 10),
+              Rejected("AdamWStep: m", "overlap"));
+  EXPECT_THAT(b.AdamWStepMany({{4, p, p + 4, p + 6, p + 12}}, 0.1f, 0.9f,
+                              0.99f, 1e-8f, 0.0f, 1),
+              Rejected("AdamWStepMany: tensors[0].p", "overlap"));
   // Nothing was written.
   EXPECT_EQ(Download(buf), values);
   // Disjoint ranges of one buffer, and a copy onto itself, are fine.
@@ -116,6 +134,10 @@ TEST_P(BackendConformanceTest, OverlapsAGpuLeavesUndefinedAreRefused) {
   EXPECT_OK(b.Copy(p, 8, p));
   EXPECT_OK(b.Copy2D(2, 2, p, 4, p + 2, 4));
   EXPECT_OK(b.Copy2D(2, 4, p, 4, p, 4));
+  // The same operand twice is element for element; inputs may overlap.
+  EXPECT_OK(b.Lerp(4, p + 8, p, 0.5f, p + 8));
+  EXPECT_OK(b.Lerp(4, p, p + 1, 0.5f, p + 8));
+  EXPECT_OK(b.AdamDirection(4, p, 1.0f, p + 1, 1.0f, 1e-8f, p + 8));
 }
 
 // What a device's driver enforces, on every device-memory backend: kernels
