@@ -321,7 +321,7 @@ class Optimizer(_Overlap, _StepChecks, _State, torch.optim.Optimizer):
                 param._canzona_owner = _OwnerRef(self)
             self._record_param_versions()
             hide_grad_scaler_future_warning()
-            _OPEN[self] = os.getpid()
+            _close_at_exit(self)
         except BaseException:
             # The model stays as it was (a bad setting must not break the
             # next optimizer, nor the next backward): no hook of this one
@@ -717,9 +717,22 @@ class Optimizer(_Overlap, _StepChecks, _State, torch.optim.Optimizer):
 # cuts the rank's connections at once, where a slower peer may still be
 # reading its last all-gather.
 _OPEN = weakref.WeakKeyDictionary()
+_EXIT_HANDLER = False  # registered (at the first construction)
 
 
-@atexit.register
+def _close_at_exit(opt):
+    """Adds ``opt`` to those closed at exit. The handler is registered at
+    the first construction, not at import: atexit runs the last registered
+    first, and it must run before weakref.finalize's (registered with the
+    first finalizer, the client's or the buffer's), which would close the
+    client and unlink the buffer under it."""
+    global _EXIT_HANDLER
+    if not _EXIT_HANDLER:
+        _EXIT_HANDLER = True
+        atexit.register(_close_open_optimizers)
+    _OPEN[opt] = os.getpid()
+
+
 def _close_open_optimizers():
     for opt, pid in list(_OPEN.items()):
         # A child forked after construction (os.fork; DataLoader workers
