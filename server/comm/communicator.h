@@ -103,10 +103,12 @@ class Communicator {
   // Returns when every rank has entered the barrier.
   virtual absl::Status Barrier() = 0;
 
-  // Breaks the communicator on purpose (shutdown, a failed step): peers
-  // blocked in a collective with this rank fail promptly with UNAVAILABLE
-  // instead of waiting for their timeout, and every later call here returns
-  // FAILED_PRECONDITION. Idempotent; callable from any thread. A call
+  // Breaks the communicator on purpose (shutdown, a failed step): every
+  // later call here returns FAILED_PRECONDITION. Where the transport tells
+  // peers (Gloo: closed connections), those blocked in a collective with
+  // this rank fail promptly with UNAVAILABLE instead of waiting for their
+  // timeout; NCCL tells none (NcclCommunicator), so there they fail at
+  // their timeout. Idempotent; callable from any thread. A call
   // blocked on this rank at that moment returns at the latest when its
   // timeout expires.
   virtual void Abort() = 0;

@@ -90,7 +90,12 @@
 // Destruction may wait up to `options.timeout` for ncclCommFinalize. A
 // communicator handed to Create that was initialized blocking keeps NCCL's
 // blocking calls (a lazy connect then blocks inside the call, under the
-// mutex); everything this file creates is non-blocking.
+// mutex); everything this file creates is non-blocking (and creation
+// refuses NCCL_COMM_BLOCKING=1 in the environment, which would override
+// that). On NCCL, Abort() ends this rank's work only: ncclCommAbort tells
+// no peer, so a peer blocked in a collective with it fails at its own
+// timeout (the step timeout), not at once as on Gloo, whose closed
+// connections wake it.
 //
 // Thread-safety: see Communicator (one thread at a time; Abort from any).
 #ifndef CANZONA_SERVER_COMM_NCCL_COMMUNICATOR_H_

@@ -3,6 +3,7 @@
 // tearing several down together (grouped finalize, then destroy).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <set>
@@ -63,6 +64,19 @@ CreateNcclCommunicators(KvStore* store, const std::string& group_prefix,
           absl::StrCat(kOp, ": locals[", i, "].rank ", r, " appears twice"));
     }
     has_root |= r == 0;
+  }
+
+  // NCCL lets NCCL_COMM_BLOCKING override the config's blocking = 0, and
+  // a blocking communicator's initialization and lazy connects wait for
+  // peers with no bound, under the mutex Abort takes: every timeout and
+  // abort of this file would be gone, silently.
+  if (const char* blocking = std::getenv("NCCL_COMM_BLOCKING");
+      blocking != nullptr && std::strtol(blocking, nullptr, 10) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kOp, ": NCCL_COMM_BLOCKING=", blocking,
+        " in canzonad's environment makes NCCL communicators blocking, "
+        "which the step's timeouts and aborts cannot bound; unset it (or "
+        "set it to 0) for canzonad"));
   }
 
   // Unique-id rendezvous.

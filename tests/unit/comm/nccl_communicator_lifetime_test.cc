@@ -3,6 +3,7 @@
 // asynchronous errors, abort from another thread, and teardown
 // (finalize together, then destroy, abort what never finishes).
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -295,6 +296,26 @@ TEST(CreateNcclCommunicatorTest, InvalidArguments) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("locals[1].rank 0 appears twice")));
   EXPECT_THAT(api.calls(), IsEmpty());
+}
+
+// NCCL_COMM_BLOCKING=1 (a site's or launcher's environment) would turn
+// the communicators blocking behind the config's back, and with them
+// every bound on initialization, connects and Abort: refused, naming it,
+// before anything reaches NCCL. 0 is NCCL's own default here.
+TEST(CreateNcclCommunicatorTest, NcclCommBlockingInTheEnvironmentIsRefused) {
+  FakeNcclApi api;
+  InMemoryKvStore store;
+  const NcclLocalRank solo{.rank = 0, .stream = FakeNcclApi::Stream(0)};
+  ASSERT_EQ(setenv("NCCL_COMM_BLOCKING", "1", 1), 0);
+  EXPECT_THAT(CreateNcclCommunicator(&store, "job/g/dp/0", &api, solo, 1,
+                                     Options()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("NCCL_COMM_BLOCKING=1")));
+  EXPECT_THAT(api.calls(), IsEmpty());
+  ASSERT_EQ(setenv("NCCL_COMM_BLOCKING", "0", 1), 0);
+  EXPECT_OK(CreateNcclCommunicator(&store, "job/g/dp/0", &api, solo, 1,
+                                   Options()));
+  ASSERT_EQ(unsetenv("NCCL_COMM_BLOCKING"), 0);
 }
 
 TEST(CreateNcclCommunicatorTest, SeveralLocalRanksInitInsideOneGroup) {
