@@ -143,7 +143,11 @@ class RealOpener final : public CudaIpcOpener {
                             void* dst) override {
     return CudaCopyFromHost(device, src, bytes, dst);
   }
-  bool HostPageable(const void* host, size_t) override {
+  bool HostPageable(int device, const void* host, size_t) override {
+    if (cudaSetDevice(device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
     return CudaHostPageable(host);
   }
   absl::StatusOr<int> DeviceOfPciBusId(const std::string& pci_bus_id) override {

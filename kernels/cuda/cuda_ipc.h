@@ -64,8 +64,10 @@ class CudaIpcOpener {
   // Whether the host side of such a copy, [host, host + bytes), is
   // pageable to the driver (kernels/base/cuda_host_memory.h): the copy then
   // goes through a bounce buffer, and the daemon counts it
-  // (StepResponse.pageable_copies).
-  virtual bool HostPageable(const void* host, size_t bytes) = 0;
+  // (StepResponse.pageable_copies). Asked on `device`, as the copy runs:
+  // the first CUDA call of a thread would otherwise make device 0 current
+  // (and create its context there).
+  virtual bool HostPageable(int device, const void* host, size_t bytes) = 0;
   // The GPU's identity across processes: the device index this process
   // sees for the GPU at `pci_bus_id` (cudaDeviceGetByPCIBusId; NOT_FOUND
   // when it cannot see that GPU), and the PCI bus id of `device`

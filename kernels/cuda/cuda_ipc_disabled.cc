@@ -27,7 +27,7 @@ class NoOpener final : public CudaIpcOpener {
   absl::Status CopyFromHost(int, const void*, size_t, void*) override {
     return NoCuda();
   }
-  bool HostPageable(const void*, size_t) override { return false; }
+  bool HostPageable(int, const void*, size_t) override { return false; }
   absl::StatusOr<int> DeviceOfPciBusId(const std::string&) override {
     return NoCuda();
   }

@@ -295,7 +295,7 @@ absl::Status TrainerBuffers::Write(DType from, const void* src, int j,
 void TrainerBuffers::CountIfPageable(absl::string_view what, const void* host,
                                      int64_t bytes,
                                      StagingCopier& copier) const {
-  if (opener_->HostPageable(host, static_cast<size_t>(bytes))) {
+  if (opener_->HostPageable(device_, host, static_cast<size_t>(bytes))) {
     copier.NotePageableCopy(what, host, bytes);
   }
 }

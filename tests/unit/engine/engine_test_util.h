@@ -215,7 +215,7 @@ class FakeCudaIpc final : public CudaIpcOpener {
   absl::Status CopyFromHost(int device, const void* src, size_t bytes,
                             void* dst) override;
   // With `pinned` set: outside what it calls page-locked.
-  bool HostPageable(const void* host, size_t bytes) override {
+  bool HostPageable(int, const void* host, size_t bytes) override {
     return pinned && !pinned(host, bytes);
   }
   // GPUs "0000:0d:00.0" for device d < devices.

@@ -135,20 +135,20 @@ void FakeCudaIpc::CloseEvent(void* event, int) {
   --events_open;
 }
 
-absl::Status FakeCudaIpc::CopyToHost(int, const void* src, size_t bytes,
-                                     void* dst) {
+absl::Status FakeCudaIpc::CopyToHost(int device, const void* src,
+                                     size_t bytes, void* dst) {
   std::memcpy(dst, src, bytes);
-  if (HostPageable(dst, bytes)) ++pageable_copies;
+  if (HostPageable(device, dst, bytes)) ++pageable_copies;
   copied_bytes += static_cast<int64_t>(bytes);
   ++to_host;
   to_host_bytes += static_cast<int64_t>(bytes);
   return absl::OkStatus();
 }
 
-absl::Status FakeCudaIpc::CopyFromHost(int, const void* src, size_t bytes,
-                                       void* dst) {
+absl::Status FakeCudaIpc::CopyFromHost(int device, const void* src,
+                                       size_t bytes, void* dst) {
   std::memcpy(dst, src, bytes);
-  if (HostPageable(src, bytes)) ++pageable_copies;
+  if (HostPageable(device, src, bytes)) ++pageable_copies;
   copied_bytes += static_cast<int64_t>(bytes);
   ++from_host;
   from_host_bytes += static_cast<int64_t>(bytes);
