@@ -94,6 +94,17 @@ absl::Status RankRuntime::SumGradients(std::vector<double>& sums) {
   return on_compute.Sum(compute(), sums);
 }
 
+RankRuntime::~RankRuntime() {
+  // The layerwise gather's buffer is the DP collectives' and page-locked
+  // with the rest of staging (RankBuilder::PinStaging), but they are
+  // declared after pinned_staging_ and would go first, freeing it while
+  // still registered: their copies end, then the pages are unlocked, then
+  // the members go in reverse order.
+  tp_.reset();
+  if (buckets_ != nullptr) (void)buckets_->copier().Finish();
+  pinned_staging_.reset();
+}
+
 absl::Status RankRuntime::AfterReductions(absl::Span<const int> reload) {
   CANZONA_RETURN_IF_ERROR(buckets_->AfterTrainer());
   CANZONA_RETURN_IF_ERROR(buckets_->ReloadMasters(reload));

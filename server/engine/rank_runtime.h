@@ -65,6 +65,7 @@ class RankRuntime {
   using WorldValues = std::array<float, kWorldValues>;
 
   RankRuntime(const RankRuntime&) = delete;
+  ~RankRuntime();
   RankRuntime& operator=(const RankRuntime&) = delete;
 
   // The backends (RankBackends).
