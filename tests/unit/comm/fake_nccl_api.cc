@@ -355,6 +355,8 @@ absl::Status FakeNcclApi::DataCall(const char* name, Kind kind,
   if (count < 0) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": negative count"));
   }
+  CANZONA_RETURN_IF_ERROR(CheckInPlace(name, kind, send, recv, count, dtype,
+                                       (*c)->rank, (*c)->world->nranks));
   if (options_.simulate_data) {
     // Device-like memory (the cpu backend standing in for a GPU) is worked
     // on at its host alias, and its ranges are checked as the device's.
@@ -405,6 +407,44 @@ absl::Status FakeNcclApi::DataCall(const char* name, Kind kind,
   op->entry = units.back().second.get();
   units.back().second->ops.push_back(std::move(op));
   return StartLocked({*c}, std::move(units));
+}
+
+absl::Status FakeNcclApi::CheckInPlace(absl::string_view name, Kind kind,
+                                       const void* send, const void* recv,
+                                       int64_t count, NcclDataType dtype,
+                                       int rank, int nranks) {
+  // NCCL defines in place only as its own layouts: recv == send for an
+  // all-reduce, recv == send + rank * count for a reduce-scatter, send ==
+  // recv + rank * count for an all-gather. Any other overlap of the two
+  // is undefined on a GPU, where this fake's sums-before-writes would pass.
+  if (send == nullptr || recv == nullptr || count == 0) return absl::OkStatus();
+  const int64_t unit = DTypeBytes(FromNcclDataType(dtype));
+  const auto s = reinterpret_cast<uintptr_t>(send);
+  const auto r = reinterpret_cast<uintptr_t>(recv);
+  const auto chunk = static_cast<uintptr_t>(count * unit);
+  uintptr_t send_bytes = chunk, recv_bytes = chunk;
+  bool in_place = s == r;
+  switch (kind) {
+    case Kind::kAllReduce:
+      break;
+    case Kind::kReduceScatter:
+      send_bytes = chunk * static_cast<uintptr_t>(nranks);
+      in_place = r == s + chunk * static_cast<uintptr_t>(rank);
+      break;
+    case Kind::kAllGather:
+      recv_bytes = chunk * static_cast<uintptr_t>(nranks);
+      in_place = s == r + chunk * static_cast<uintptr_t>(rank);
+      break;
+    default:
+      return absl::OkStatus();  // a root's or a peer's buffer is NCCL's rule
+  }
+  if (in_place || s + send_bytes <= r || r + recv_bytes <= s) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      name, ": send [", absl::Hex(s), ", +", send_bytes, " bytes) and recv [",
+      absl::Hex(r), ", +", recv_bytes,
+      " bytes) overlap other than in NCCL's in-place layout"));
 }
 
 absl::Status FakeNcclApi::Reduce(const void* send, void* recv, int64_t count,

@@ -367,6 +367,12 @@ class FakeNcclApi : public NcclApi {
   absl::Status DataCall(const char* name, Kind kind, const void* send,
                         void* recv, int64_t count, NcclDataType dtype, int root,
                         NcclComm comm, NcclStream stream);
+  // INVALID_ARGUMENT where a collective's send and recv overlap other than
+  // in NCCL's in-place layout (undefined on a GPU).
+  static absl::Status CheckInPlace(absl::string_view name, Kind kind,
+                                   const void* send, const void* recv,
+                                   int64_t count, NcclDataType dtype, int rank,
+                                   int nranks);
   void PushLocked(NcclStream stream, std::unique_ptr<Entry> entry)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -176,6 +176,34 @@ TEST(FakeNcclApiTest, KeepsCudaAndNcclRulesAboutDevices) {
   }
 }
 
+// NCCL's in place is its own layouts only; another overlap of send and
+// recv is undefined on a GPU (its ranks' kernels read and write at once),
+// which the fake, summing before it writes, would otherwise let pass.
+TEST(FakeNcclApiTest, SendAndRecvOverlapOnlyInNcclsInPlaceLayouts) {
+  FakeNcclApi api;
+  std::vector<float> buf(16);
+  float* p = buf.data();
+  ASSERT_OK_AND_ASSIGN(NcclStream stream, api.StreamCreate());
+  ASSERT_OK_AND_ASSIGN(NcclUniqueId solo, api.GetUniqueId());
+  ASSERT_OK_AND_ASSIGN(NcclComm comm, api.CommInitRank(1, solo, 0, true));
+  const auto overlap = [](const char* name) {
+    return StatusIs(absl::StatusCode::kInvalidArgument,
+                    AllOf(HasSubstr(name), HasSubstr("overlap other than in "
+                                                     "NCCL's in-place")));
+  };
+  EXPECT_THAT(api.AllReduce(p, p + 1, 4, kF32, comm, stream),
+              overlap("ncclAllReduce"));
+  EXPECT_THAT(api.ReduceScatter(p, p + 1, 4, kF32, comm, stream),
+              overlap("ncclReduceScatter"));
+  EXPECT_THAT(api.AllGather(p + 2, p, 4, kF32, comm, stream),
+              overlap("ncclAllGather"));
+  // In place (rank 0 of 1: at offset 0), and disjoint.
+  EXPECT_OK(api.AllReduce(p, p, 4, kF32, comm, stream));
+  EXPECT_OK(api.ReduceScatter(p, p, 4, kF32, comm, stream));
+  EXPECT_OK(api.AllGather(p, p, 4, kF32, comm, stream));
+  EXPECT_OK(api.ReduceScatter(p, p + 8, 4, kF32, comm, stream));
+}
+
 // --- Plan-to-call translation (record-only) ---------------------------------
 
 TEST(NcclCommunicatorTest, UnevenReduceScatterPerRootIsGroupedReduces) {
