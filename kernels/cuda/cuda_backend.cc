@@ -52,7 +52,9 @@ absl::Status CudaBackend::Init() {
   CANZONA_CUDA_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
   // CUBLAS_DEFAULT_MATH never lowers float32 GEMMs to TF32 (TF32 has fewer
   // mantissa bits than requested), keeping fp32 results within 1e-4 of the
-  // cpu backend. bf16 GemmEx calls still use tensor cores.
+  // cpu backend. bf16 GemmEx calls still use tensor cores, and may reduce
+  // split-K partial sums in bf16, as torch's default allows (no
+  // CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION; not measured apart).
   CANZONA_CUDA_RETURN_IF_ERROR(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
   CANZONA_CUDA_RETURN_IF_ERROR(cusolverDnCreate(&cusolver_));
   CANZONA_CUDA_RETURN_IF_ERROR(cusolverDnSetStream(cusolver_, stream_));

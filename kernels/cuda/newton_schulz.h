@@ -15,7 +15,10 @@
 // (NewtonSchulzSpec::symmetric_products): SYRK in float32 where it runs,
 // the lower tiles as one pointer-array batched GEMM in bf16
 // (kernels/symmetric_tiles.h), full GEMMs otherwise.
-// kBfloat16 keeps X, A, B in bf16 with float32 accumulation (tensor cores);
+// kBfloat16 keeps X, A, B in bf16 with float32 accumulation (tensor cores)
+// inside each product; cuBLAS may still add split-K partial sums in bf16
+// (the handle does not set CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION,
+// as torch by default allows it: allow_bf16_reduced_precision_reduction).
 // kFloat32 keeps everything in float32 with TF32 off.
 //
 // Thread-safety: as the owning CudaBackend (one thread per stream).
@@ -74,8 +77,9 @@ absl::Status RunNewtonSchulz(const NsContext& ctx, const NewtonSchulzSpec& spec,
                              void* workspace);
 
 // Column-major GEMM C = alpha op(A) op(B) + beta C over `batch` strided
-// matrices, in bf16 (tensor cores, float32 accumulate) or float32 (no TF32:
-// the handle is in CUBLAS_DEFAULT_MATH).
+// matrices, in bf16 (tensor cores, float32 accumulate; split-K partial sums
+// may be reduced in bf16, see above) or float32 (no TF32: the handle is in
+// CUBLAS_DEFAULT_MATH).
 absl::Status NsBatchedGemm(const NsContext& ctx, bool bf16,
                            cublasOperation_t ta, cublasOperation_t tb,
                            int64_t m, int64_t n, int64_t k, float alpha,
