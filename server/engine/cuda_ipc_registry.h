@@ -56,6 +56,13 @@ class CudaIpcRegistry {
     float* data() const { return data_; }
     int device() const { return device_; }
     void Reset();
+    // Lets go of the range without releasing it: the allocation stays
+    // open until the registry goes (device work that never finished may
+    // still read it).
+    void Abandon() {
+      registry_ = nullptr;
+      data_ = nullptr;
+    }
 
    private:
     friend class CudaIpcRegistry;

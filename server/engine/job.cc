@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "proto/names/rank_names.h"
 #include "server/engine/register_request.h"
+#include "spdlog/spdlog.h"
 
 namespace canzona {
 
@@ -16,6 +17,19 @@ LocalRank::LocalRank(canzona::v1::RankCoordinates coords, int global,
       global(global),
       trainer(std::move(trainer)),
       buffers(std::move(buffers)) {}
+
+LocalRank::~LocalRank() {
+  lane_.reset();  // joined first, as the declaration order had it
+  // Device work of the rank still queued (a stream stuck behind the
+  // trainer's event, the step that timed out) may read the trainer's IPC
+  // mappings: they stay open rather than closed under it.
+  if (rt != nullptr && buffers != nullptr && !rt->DeviceWorkFinished()) {
+    spdlog::warn("rank {}: device work did not finish; the trainer's CUDA "
+                 "IPC mappings stay open",
+                 global);
+    buffers->AbandonMappings();
+  }
+}
 
 void LocalRank::AddComm(Communicator* comm) {
   absl::MutexLock lock(&comm_mu_);

@@ -80,6 +80,7 @@ class LocalRank {
  public:
   LocalRank(canzona::v1::RankCoordinates coords, int global,
             TrainerProcess trainer, std::unique_ptr<TrainerBuffers> buffers);
+  ~LocalRank();
   LocalRank(const LocalRank&) = delete;
   LocalRank& operator=(const LocalRank&) = delete;
 

@@ -105,6 +105,11 @@ RankRuntime::~RankRuntime() {
   pinned_staging_.reset();
 }
 
+bool RankRuntime::DeviceWorkFinished() {
+  if (buckets_ != nullptr && !buckets_->copier().Finish().ok()) return false;
+  return !compute().stalled();
+}
+
 absl::Status RankRuntime::AfterReductions(absl::Span<const int> reload) {
   CANZONA_RETURN_IF_ERROR(buckets_->AfterTrainer());
   CANZONA_RETURN_IF_ERROR(buckets_->ReloadMasters(reload));

@@ -164,6 +164,10 @@ class RankRuntime {
   // come after the records the reductions waited for (each bucket's
   // GradReady).
   absl::Status AfterReductions(absl::Span<const int> reload = {});
+  // Whether the rank's device work has ended: the DP copier's stream
+  // finished (waiting up to its timeout) and the compute backend is not
+  // stalled. Teardown asks before the trainer's mappings go.
+  bool DeviceWorkFinished();
   absl::Status BeforeGathers();
 
   // Sums `values` over the job's ranks (through staging memory).

@@ -96,6 +96,11 @@ TrainerBuffers::~TrainerBuffers() {
   if (grad_event_ != nullptr) opener_->CloseEvent(grad_event_, device_);
 }
 
+void TrainerBuffers::AbandonMappings() {
+  for (CudaIpcRegistry::Mapping& mapping : ipc_) mapping.Abandon();
+  grad_event_ = nullptr;
+}
+
 absl::StatusOr<void*> TrainerBuffers::MapOne(const std::string& job_id,
                                              const std::string& where,
                                              const v1::BufferRef& ref,

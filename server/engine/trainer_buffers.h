@@ -82,6 +82,12 @@ class TrainerBuffers {
 
   ~TrainerBuffers();
   TrainerBuffers(const TrainerBuffers&) = delete;
+  // Keeps the CUDA IPC mappings and the opened event open for good rather
+  // than closing them at destruction: the rank's device work that reads
+  // them did not finish (a stream stuck behind a trainer's event), and
+  // would read unmapped memory, an illegal address that breaks every rank
+  // on the GPU, once it ran.
+  void AbandonMappings();
   TrainerBuffers& operator=(const TrainerBuffers&) = delete;
 
   int count() const { return static_cast<int>(param_.size()); }

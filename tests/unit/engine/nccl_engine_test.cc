@@ -341,8 +341,19 @@ TEST(NcclEngineTest, AStreamThatNeverFinishesEndsTheStepAtTheTimeout) {
               StatusIs(absl::StatusCode::kDeadlineExceeded,
                        HasSubstr("did not finish within the wait timeout")));
   EXPECT_LT(absl::Now() - start, 2 * timeout + absl::Seconds(2));
+  const int closed = ipc.closes.load();
+  const size_t destroyed = nccl.calls_named("cudaStreamDestroy").size();
   EXPECT_OK(run.Deregister(cluster));
   EXPECT_LT(absl::Now() - start, 4 * timeout + absl::Seconds(2));
+  // The rank is gone (its streams destroyed) with its device work still
+  // queued: the trainer's CUDA IPC mappings, which that work may read once
+  // it runs, stay open instead of being closed under it.
+  Eventually(
+      [&] {
+        return nccl.calls_named("cudaStreamDestroy").size() > destroyed;
+      },
+      absl::Seconds(30));
+  EXPECT_EQ(ipc.closes.load(), closed);
   SetDeviceLikeWorkBlocked(false);
   JobRun other(MakeJobConfig("nccl-after-stall", 1, 1, "cost"));
   EXPECT_OK(RunMatchesReference(cluster, other, 2, /*bitwise=*/true,
