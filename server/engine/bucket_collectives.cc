@@ -14,11 +14,18 @@ namespace canzona {
 BucketCollectives::~BucketCollectives() {
   // A failed step may leave reductions in flight (Reduce does not wait):
   // they end before the staging they write goes.
-  absl::Status finished = parts_.copier->Finish();
-  if (!finished.ok()) {
-    spdlog::warn("rank {}: DP copies in flight at teardown: {}", staging_.who,
-                 finished.ToString());
+  (void)FinishAtTeardown();
+}
+
+absl::Status BucketCollectives::FinishAtTeardown() {
+  if (!finished_at_teardown_.has_value()) {
+    finished_at_teardown_ = parts_.copier->Finish();
+    if (!finished_at_teardown_->ok()) {
+      spdlog::warn("rank {}: DP copies in flight at teardown: {}",
+                   staging_.who, finished_at_teardown_->ToString());
+    }
   }
+  return *finished_at_teardown_;
 }
 
 BucketCollectives::BucketCollectives(Staging staging, Parts parts)

@@ -40,6 +40,7 @@
 #define CANZONA_SERVER_ENGINE_BUCKET_COLLECTIVES_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -95,7 +96,12 @@ class BucketCollectives {
   };
 
   BucketCollectives(Staging staging, Parts parts);
+  // Waits for the DP copier's work unless FinishAtTeardown already did.
   ~BucketCollectives();
+  // Teardown (nothing is queued after it): waits, up to the copier's
+  // timeout, for the DP copier's work to end; later calls return the first
+  // answer without waiting again, so a stuck stream costs one timeout.
+  absl::Status FinishAtTeardown();
   BucketCollectives(const BucketCollectives&) = delete;
   BucketCollectives& operator=(const BucketCollectives&) = delete;
 
@@ -256,6 +262,7 @@ class BucketCollectives {
   absl::Mutex master_mu_;
   // Per bucket: its master weights are staged (see MastersSet).
   std::vector<bool> master_set_ ABSL_GUARDED_BY(master_mu_);
+  std::optional<absl::Status> finished_at_teardown_;
 };
 
 }  // namespace canzona

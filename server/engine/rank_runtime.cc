@@ -101,12 +101,12 @@ RankRuntime::~RankRuntime() {
   // still registered: their copies end, then the pages are unlocked, then
   // the members go in reverse order.
   tp_.reset();
-  if (buckets_ != nullptr) (void)buckets_->copier().Finish();
+  if (buckets_ != nullptr) (void)buckets_->FinishAtTeardown();
   pinned_staging_.reset();
 }
 
 bool RankRuntime::DeviceWorkFinished() {
-  if (buckets_ != nullptr && !buckets_->copier().Finish().ok()) return false;
+  if (buckets_ != nullptr && !buckets_->FinishAtTeardown().ok()) return false;
   return !compute().stalled();
 }
 

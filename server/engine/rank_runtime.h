@@ -165,7 +165,8 @@ class RankRuntime {
   // GradReady).
   absl::Status AfterReductions(absl::Span<const int> reload = {});
   // Whether the rank's device work has ended: the DP copier's stream
-  // finished (waiting up to its timeout) and the compute backend is not
+  // finished (BucketCollectives::FinishAtTeardown, one wait up to its
+  // timeout for the whole teardown) and the compute backend is not
   // stalled. Teardown asks before the trainer's mappings go.
   bool DeviceWorkFinished();
   absl::Status BeforeGathers();
