@@ -112,10 +112,10 @@ absl::Status CheckCopy(absl::string_view what, absl::string_view src_name,
 }
 
 using backend_ranges::CheckDisjoint;
-using backend_ranges::CheckSameOrDisjoint;
 using backend_ranges::CheckGemmRanges;
 using backend_ranges::CheckRanges;
 using backend_ranges::CheckReorder;
+using backend_ranges::CheckSameOrDisjoint;
 using backend_ranges::RowsOverlap;
 using backend_ranges::Side;
 using backend_ranges::Spanned;
@@ -402,9 +402,10 @@ absl::Status Backend::NesterovMomentum(int64_t n, float beta, const float* grad,
   CANZONA_RETURN_IF_ERROR(CheckRanges(
       *this, kWhat,
       {{"grad", grad, n}, {"momentum", momentum, n}, {"out", out, n}}));
-  CANZONA_RETURN_IF_ERROR(CheckSameOrDisjoint(
-      kWhat, n,
-      {{"grad", grad, false}, {"momentum", momentum, true}, {"out", out, true}}));
+  CANZONA_RETURN_IF_ERROR(CheckSameOrDisjoint(kWhat, n,
+                                              {{"grad", grad, false},
+                                               {"momentum", momentum, true},
+                                               {"out", out, true}}));
   return DoNesterovMomentum(n, beta, grad, momentum, out);
 }
 

@@ -307,14 +307,14 @@ TEST(CreateNcclCommunicatorTest, NcclCommBlockingInTheEnvironmentIsRefused) {
   InMemoryKvStore store;
   const NcclLocalRank solo{.rank = 0, .stream = FakeNcclApi::Stream(0)};
   ASSERT_EQ(setenv("NCCL_COMM_BLOCKING", "1", 1), 0);
-  EXPECT_THAT(CreateNcclCommunicator(&store, "job/g/dp/0", &api, solo, 1,
-                                     Options()),
-              StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("NCCL_COMM_BLOCKING=1")));
+  EXPECT_THAT(
+      CreateNcclCommunicator(&store, "job/g/dp/0", &api, solo, 1, Options()),
+      StatusIs(absl::StatusCode::kFailedPrecondition,
+               HasSubstr("NCCL_COMM_BLOCKING=1")));
   EXPECT_THAT(api.calls(), IsEmpty());
   ASSERT_EQ(setenv("NCCL_COMM_BLOCKING", "0", 1), 0);
-  EXPECT_OK(CreateNcclCommunicator(&store, "job/g/dp/0", &api, solo, 1,
-                                   Options()));
+  EXPECT_OK(
+      CreateNcclCommunicator(&store, "job/g/dp/0", &api, solo, 1, Options()));
   ASSERT_EQ(unsetenv("NCCL_COMM_BLOCKING"), 0);
 }
 

@@ -349,9 +349,7 @@ TEST(NcclEngineTest, AStreamThatNeverFinishesEndsTheStepAtTheTimeout) {
   // queued: the trainer's CUDA IPC mappings, which that work may read once
   // it runs, stay open instead of being closed under it.
   Eventually(
-      [&] {
-        return nccl.calls_named("cudaStreamDestroy").size() > destroyed;
-      },
+      [&] { return nccl.calls_named("cudaStreamDestroy").size() > destroyed; },
       absl::Seconds(30));
   EXPECT_EQ(ipc.closes.load(), closed);
   SetDeviceLikeWorkBlocked(false);
